@@ -1,0 +1,82 @@
+"""The totally ordered group bus.
+
+One interface, two implementations: :class:`chorus.bus.corosync.CorosyncBus` (Corosync CPG,
+the real daemon) and :class:`chorus.bus.simulated.SimulatedBus` (deterministic, in-process, for
+unit tests of pure logic only).
+
+Guarantees every implementation gives (the seed's GCS requirements, section 11):
+
+* **Agreed order.** Every member delivers the same messages in the same order.
+* **Self-delivery.** A member receives its own messages, in that order too.
+* **Virtual synchrony of views.** Membership changes (:class:`View`) are delivered in the same
+  order relative to messages on every member that stays connected.
+* **Whole messages.** ``send`` accepts payloads of any size up to ``MAX_MESSAGE``; larger ones
+  are fragmented below this interface and delivered once, whole, at the position of their
+  last fragment. A partly received message of a member that leaves is dropped.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import AsyncIterator, Union
+
+MAX_MESSAGE = 1 << 30
+
+
+class BusError(Exception):
+    """The bus failed (daemon gone, member evicted); the coordinator must rejoin."""
+
+
+@dataclass(frozen=True)
+class View:
+    """A membership change, delivered in total order with messages.
+
+    Member ids are strings ``"<nodeid>:<pid>"`` (Corosync) or the simulated member's name.
+    """
+
+    view_id: int
+    members: tuple[str, ...]
+    joined: tuple[str, ...]
+    left: tuple[str, ...]
+    local: str
+    quorate: bool
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One whole message, in agreed order."""
+
+    sender: str
+    payload: bytes
+
+
+Event = Union[View, Delivery]
+
+
+class Bus(abc.ABC):
+    """A connection of one member to one group."""
+
+    @property
+    @abc.abstractmethod
+    def local_id(self) -> str:
+        """This member's id (valid after :meth:`join`)."""
+
+    @abc.abstractmethod
+    async def join(self) -> None:
+        """Connect and join the group. The first event after it is a :class:`View` that
+        includes this member."""
+
+    @abc.abstractmethod
+    async def send(self, payload: bytes) -> None:
+        """Multicast ``payload`` in agreed order (fragmenting if needed). Retries with back-off
+        while the bus says "try again"; raises :class:`BusError` when it cannot send."""
+
+    @abc.abstractmethod
+    def events(self) -> AsyncIterator[Event]:
+        """Deliveries and views in agreed order. Raises :class:`BusError` if the connection
+        to the bus is lost."""
+
+    @abc.abstractmethod
+    async def leave(self) -> None:
+        """Leave the group and release the connection. Idempotent."""
