@@ -1,0 +1,23 @@
+"""Entry point: one click group; each concern registers its commands from its own module."""
+
+from __future__ import annotations
+
+import click
+
+from chorus.cli import local as local_cmds
+from chorus.cli import node as node_cmds
+
+
+@click.group()
+@click.version_option(package_name="pgchorus")
+def cli() -> None:
+    """Chorus: synchronous multi-master replication for PostgreSQL."""
+
+
+cli.add_command(local_cmds.local)
+for command in node_cmds.COMMANDS:
+    cli.add_command(command)
+
+
+def main() -> None:
+    cli()
