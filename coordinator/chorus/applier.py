@@ -1,0 +1,196 @@
+"""Apply sessions: turn a decoded writeset into rows in the local database.
+
+No SQL text is built from row values: statements are built from quoted identifiers only and
+cached per table shape; values travel as text parameters of prepared statements (PostgreSQL
+parses them with each column's input function, exactly as the origin printed them). Each apply
+transaction calls ``chorus.apply_begin(gid, wait_for)`` so its commit waits for its turn and
+records its GID in the commit record (docs/PROTOCOL.md section 4). Sessions run with
+``session_replication_role = replica``: user triggers and foreign-key checks do not fire again
+(their effects are in the writeset) and nothing is captured twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional, Sequence
+
+import psycopg
+from psycopg import sql
+
+from chorus import wire
+
+log = logging.getLogger("chorus.applier")
+
+TRANSIENT_SQLSTATES = {
+    "40001",  # serialization failure
+    "40P01",  # deadlock detected
+    "55P03",  # lock not available
+    "57014",  # query canceled (by the watchdog or a statement timeout)
+}
+
+
+class ApplyError(Exception):
+    """Applying a certified writeset failed in a way that retrying cannot fix: the node's data
+    would diverge, so the node must stop taking part."""
+
+
+class TransientApplyError(Exception):
+    """Retry the writeset (deadlock, lock timeout, lost connection)."""
+
+
+def _ident(name: str) -> sql.Identifier:
+    return sql.Identifier(name)
+
+
+class StatementCache:
+    """SQL for each (table shape, op), built once from identifiers."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[Any, ...], sql.Composed] = {}
+
+    def _table(self, t: wire.Table) -> sql.Composed:
+        return sql.SQL("{}.{}").format(_ident(t.nspname), _ident(t.relname))
+
+    def insert(self, t: wire.Table) -> sql.Composed:
+        key = ("I", t)
+        q = self._cache.get(key)
+        if q is None:
+            cols = [c for c in t.columns if not c.generated]
+            q = sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE VALUES ({})").format(
+                self._table(t),
+                sql.SQL(", ").join(_ident(c.name) for c in cols),
+                sql.SQL(", ").join(sql.Placeholder() * len(cols)),
+            )
+            self._cache[key] = q
+        return q
+
+    def _where(self, t: wire.Table) -> sql.Composable:
+        cols = [t.columns[i] for i in t.identity]
+        if self._full_identity(t):
+            cond = sql.SQL(" AND ").join(
+                sql.SQL("{} IS NOT DISTINCT FROM {}").format(_ident(c.name), sql.Placeholder()) for c in cols)
+            return sql.SQL("ctid = (SELECT ctid FROM {} WHERE {} LIMIT 1)").format(self._table(t), cond)
+        return sql.SQL(" AND ").join(sql.SQL("{} = {}").format(_ident(c.name), sql.Placeholder()) for c in cols)
+
+    @staticmethod
+    def _full_identity(t: wire.Table) -> bool:
+        return len(t.identity) == len(t.columns) and len(t.columns) > 0 and t.identity == tuple(range(len(t.columns)))
+
+    def update(self, t: wire.Table) -> sql.Composed:
+        key = ("U", t)
+        q = self._cache.get(key)
+        if q is None:
+            cols = [c for c in t.columns if not c.generated]
+            q = sql.SQL("UPDATE {} SET {} WHERE {}").format(
+                self._table(t),
+                sql.SQL(", ").join(sql.SQL("{} = {}").format(_ident(c.name), sql.Placeholder()) for c in cols),
+                self._where(t),
+            )
+            self._cache[key] = q
+        return q
+
+    def delete(self, t: wire.Table) -> sql.Composed:
+        key = ("D", t)
+        q = self._cache.get(key)
+        if q is None:
+            q = sql.SQL("DELETE FROM {} WHERE {}").format(self._table(t), self._where(t))
+            self._cache[key] = q
+        return q
+
+    def truncate(self, tables: Sequence[wire.Table]) -> sql.Composed:
+        return sql.SQL("TRUNCATE ONLY {}").format(sql.SQL(", ").join(self._table(t) for t in tables))
+
+
+def _new_values(t: wire.Table, row: wire.Row) -> list[Optional[str]]:
+    return [v for c, v in zip(t.columns, row.new) if not c.generated]
+
+
+class ApplySession:
+    """One PostgreSQL connection that applies writesets, one transaction each."""
+
+    def __init__(self, dsn: str, name: str) -> None:
+        self.dsn = dsn
+        self.name = name
+        self.conn: Optional[psycopg.AsyncConnection[Any]] = None
+        self.pid = 0
+        self.cache = StatementCache()
+
+    async def connect(self) -> None:
+        self.conn = await psycopg.AsyncConnection.connect(
+            self.dsn, autocommit=False, prepare_threshold=0, application_name=f"chorus apply {self.name}")
+        async with self.conn.cursor() as cur:
+            await cur.execute("SET session_replication_role = replica")
+            await cur.execute("SET chorus.capture = off")
+            await cur.execute("SELECT pg_backend_pid()")
+            row = await cur.fetchone()
+            self.pid = int(row[0]) if row else 0
+        await self.conn.commit()
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            try:
+                await self.conn.close()
+            finally:
+                self.conn = None
+
+    async def apply(self, gid: int, wait_for: int, ws: wire.Writeset) -> None:
+        """Apply and commit ``ws`` as GID ``gid``; raise TransientApplyError or ApplyError."""
+        if self.conn is None or self.conn.closed:
+            await self.connect()
+        conn = self.conn
+        assert conn is not None
+        try:
+            async with conn.cursor() as cur:
+                await cur.execute("SELECT chorus.apply_begin(%s, %s)", (gid, wait_for))
+                truncates: list[wire.Table] = []
+                for row in ws.rows:
+                    t = ws.tables[row.table]
+                    if row.op == "T":
+                        truncates.append(t)
+                        continue
+                    if truncates:
+                        await cur.execute(self.cache.truncate(truncates))
+                        truncates = []
+                    if row.op == "I":
+                        await cur.execute(self.cache.insert(t), _new_values(t, row))
+                    elif row.op == "U":
+                        await cur.execute(self.cache.update(t), _new_values(t, row) + list(row.old))
+                        self._check(cur.rowcount, gid, t, row)
+                    else:
+                        await cur.execute(self.cache.delete(t), list(row.old))
+                        self._check(cur.rowcount, gid, t, row)
+                if truncates:
+                    await cur.execute(self.cache.truncate(truncates))
+            await conn.commit()
+        except psycopg.OperationalError as e:
+            await self._reset()
+            raise TransientApplyError(f"GID {gid}: connection problem: {e}") from e
+        except psycopg.Error as e:
+            await self._rollback()
+            state = e.sqlstate or ""
+            if state in TRANSIENT_SQLSTATES:
+                raise TransientApplyError(f"GID {gid}: {state} {e}") from e
+            raise ApplyError(f"GID {gid}: {state} {e}") from e
+        except ApplyError:
+            await self._rollback()
+            raise
+
+    @staticmethod
+    def _check(rowcount: int, gid: int, t: wire.Table, row: wire.Row) -> None:
+        if rowcount != 1:
+            names = ", ".join(t.columns[i].name for i in t.identity)
+            raise ApplyError(f"GID {gid}: {row.op} on {t.qualified} ({names})=({', '.join(map(str, row.old))}) "
+                             f"matched {rowcount} rows: this node's data differs from the cluster's")
+
+    async def _rollback(self) -> None:
+        if self.conn is not None and not self.conn.closed:
+            try:
+                await self.conn.rollback()
+            except psycopg.Error:
+                await self._reset()
+
+    async def _reset(self) -> None:
+        try:
+            await self.close()
+        except psycopg.Error:
+            self.conn = None

@@ -1,0 +1,162 @@
+"""Messages coordinators exchange over the bus, version 1.
+
+Every message starts with ``u8 version`` and ``u8 type``; readers reject unknown versions and
+types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32``-length.
+
+| type | message | who sends it |
+| --- | --- | --- |
+| ``W`` | :class:`WritesetMsg` | a node committing a local transaction; consumes a GID |
+| ``Q`` | :class:`GidRequest` | a joining node (seed 8.1): "answer with the GID at this message" |
+| ``G`` | :class:`GidReply` | the lowest online member, answering a ``Q`` |
+| ``B`` | :class:`Bootstrap` | a node told to start a new cluster |
+| ``P`` | :class:`Progress` | every online node, periodically: its committed GID (purge horizon) |
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Union
+
+VERSION = 1
+
+
+class BusProtoError(ValueError):
+    """A malformed or unsupported bus message."""
+
+
+@dataclass(frozen=True)
+class WritesetMsg:
+    origin: str  # node name
+    ticket: int  # origin-local id matching the waiting backend
+    writeset: bytes
+
+
+@dataclass(frozen=True)
+class GidRequest:
+    node: str
+    request_id: str
+    cluster_uuid: str  # "" for a node that never joined a cluster
+    last_gid: int
+
+
+@dataclass(frozen=True)
+class GidReply:
+    node: str  # the requester
+    request_id: str
+    cluster_uuid: str
+    gid: int  # GID counter at the request's position in the order
+    online: tuple[tuple[str, str], ...]  # (node name, bus member id) online at that position
+    progress: tuple[tuple[str, int], ...]  # reported committed GIDs at that position
+    certifier: bytes  # certification index at that position
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    node: str
+    cluster_uuid: str
+    gid: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    node: str
+    committed_gid: int
+
+
+Message = Union[WritesetMsg, GidRequest, GidReply, Bootstrap, Progress]
+
+
+class _R:
+    def __init__(self, b: bytes) -> None:
+        self.b = b
+        self.p = 0
+
+    def take(self, n: int) -> bytes:
+        if self.p + n > len(self.b):
+            raise BusProtoError("bus message truncated")
+        out = self.b[self.p:self.p + n]
+        self.p += n
+        return out
+
+    def u16(self) -> int:
+        return int(struct.unpack(">H", self.take(2))[0])
+
+    def u32(self) -> int:
+        return int(struct.unpack(">I", self.take(4))[0])
+
+    def u64(self) -> int:
+        return int(struct.unpack(">Q", self.take(8))[0])
+
+    def s(self) -> str:
+        try:
+            return self.take(self.u16()).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BusProtoError("bus message string is not UTF-8") from e
+
+    def blob(self) -> bytes:
+        return self.take(self.u32())
+
+    def end(self) -> None:
+        if self.p != len(self.b):
+            raise BusProtoError("trailing bytes in bus message")
+
+
+def _s(x: str) -> bytes:
+    b = x.encode("utf-8")
+    if len(b) > 0xFFFF:
+        raise BusProtoError("string too long for a bus message")
+    return struct.pack(">H", len(b)) + b
+
+
+def _blob(x: bytes) -> bytes:
+    return struct.pack(">I", len(x)) + x
+
+
+def encode(m: Message) -> bytes:
+    head = bytes([VERSION])
+    if isinstance(m, WritesetMsg):
+        return head + b"W" + _s(m.origin) + struct.pack(">Q", m.ticket) + m.writeset
+    if isinstance(m, GidRequest):
+        return head + b"Q" + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid) + struct.pack(">Q", m.last_gid)
+    if isinstance(m, GidReply):
+        out = [head, b"G", _s(m.node), _s(m.request_id), _s(m.cluster_uuid), struct.pack(">QH", m.gid, len(m.online))]
+        out += [_s(n) + _s(mid) for n, mid in m.online]
+        out.append(struct.pack(">H", len(m.progress)))
+        out += [_s(n) + struct.pack(">Q", g) for n, g in m.progress]
+        out.append(_blob(m.certifier))
+        return b"".join(out)
+    if isinstance(m, Bootstrap):
+        return head + b"B" + _s(m.node) + _s(m.cluster_uuid) + struct.pack(">Q", m.gid)
+    if isinstance(m, Progress):
+        return head + b"P" + _s(m.node) + struct.pack(">Q", m.committed_gid)
+    raise TypeError(f"not a bus message: {m!r}")
+
+
+def decode(b: bytes) -> Message:
+    r = _R(b)
+    version = r.take(1)[0]
+    if version != VERSION:
+        raise BusProtoError(f"unsupported bus message version {version}")
+    t = r.take(1)
+    m: Message
+    if t == b"W":
+        origin = r.s()
+        ticket = r.u64()
+        return WritesetMsg(origin, ticket, b[r.p:])
+    if t == b"Q":
+        m = GidRequest(r.s(), r.s(), r.s(), r.u64())
+    elif t == b"G":
+        node, rid, uuid = r.s(), r.s(), r.s()
+        gid = r.u64()
+        online = tuple((r.s(), r.s()) for _ in range(r.u16()))
+        progress = tuple((r.s(), r.u64()) for _ in range(r.u16()))
+        m = GidReply(node, rid, uuid, gid, online, progress, r.blob())
+    elif t == b"B":
+        m = Bootstrap(r.s(), r.s(), r.u64())
+    elif t == b"P":
+        m = Progress(r.s(), r.u64())
+    else:
+        raise BusProtoError(f"unknown bus message type {t!r}")
+    r.end()
+    return m

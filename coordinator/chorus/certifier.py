@@ -1,0 +1,154 @@
+"""Deterministic certification (DESIGN.md invariant 2; seed section 6).
+
+A writeset W with snapshot watermark ``last_seen`` fails iff some certified W' with
+``last_seen < GID(W') < GID(W)``, from another node, holds a key of W in a conflicting mode.
+Writesets are certified in GID order, so every indexed entry has a smaller GID than W.
+
+Per hashed key and mode the index keeps the newest GID and the newest GID from a *different*
+origin than that one: together they answer "the newest GID from any origin other than X" in
+O(1). Entries at or below the purge horizon are dropped; a writeset whose ``last_seen`` is below
+the horizon fails as "snapshot too old" because the index can no longer prove it safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from chorus.wire import Key, KeyMode, modes_conflict
+
+_MODES = (KeyMode.REFERENCE, KeyMode.UPDATE, KeyMode.EXCLUSIVE)
+
+
+def key_hash(parts: Iterable[bytes]) -> bytes:
+    """16-byte hash of a key's parts; a collision can only add a false conflict."""
+    h = hashlib.blake2b(digest_size=16)
+    for p in parts:
+        h.update(struct.pack(">I", len(p)))
+        h.update(p)
+    return h.digest()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reason: str = ""
+    conflict_gid: int = 0
+    conflict_origin: str = ""
+
+
+OK = Verdict(True)
+
+
+class _Slot:
+    """Newest (gid, origin) for one key and mode, and the newest from another origin."""
+
+    __slots__ = ("gid", "origin", "gid2", "origin2")
+
+    def __init__(self) -> None:
+        self.gid = 0
+        self.origin = ""
+        self.gid2 = 0
+        self.origin2 = ""
+
+    def add(self, gid: int, origin: str) -> None:
+        if origin != self.origin:
+            self.gid2, self.origin2 = self.gid, self.origin
+        self.gid, self.origin = gid, origin
+
+    def newest_not_from(self, origin: str) -> tuple[int, str]:
+        if self.origin != origin:
+            return self.gid, self.origin
+        return self.gid2, self.origin2
+
+
+class Certifier:
+    """The certification index. Pure: no I/O, same inputs give the same verdicts everywhere."""
+
+    def __init__(self, horizon: int = 0) -> None:
+        self.horizon = horizon
+        self._index: dict[bytes, dict[KeyMode, _Slot]] = {}
+        self._by_gid: deque[tuple[int, list[bytes]]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def certify(self, gid: int, origin: str, last_seen: int, keys: Iterable[Key]) -> Verdict:
+        """Certify writeset ``gid`` and, if it passes, index its keys."""
+        keys = list(keys)
+        if last_seen < self.horizon:
+            return Verdict(False, f"snapshot too old: the transaction saw GID {last_seen}, "
+                                  f"certification history starts at GID {self.horizon}")
+        hashed = [(k, key_hash(k.parts)) for k in keys]
+        for k, h in hashed:
+            slots = self._index.get(h)
+            if not slots:
+                continue
+            for mode, slot in slots.items():
+                if not modes_conflict(k.mode, mode):
+                    continue
+                other_gid, other_origin = slot.newest_not_from(origin)
+                if other_gid > last_seen:
+                    return Verdict(
+                        False,
+                        f"certification conflict on {k.describe()}: GID {other_gid} from node "
+                        f"{other_origin} wrote it after this transaction's snapshot "
+                        f"(last seen GID {last_seen})",
+                        other_gid,
+                        other_origin,
+                    )
+        for k, h in hashed:
+            self._index.setdefault(h, {}).setdefault(k.mode, _Slot()).add(gid, origin)
+        if hashed:
+            self._by_gid.append((gid, [h for _, h in hashed]))
+        return OK
+
+    def purge(self, horizon: int) -> int:
+        """Forget entries with GID <= ``horizon``; returns how many keys were dropped."""
+        if horizon <= self.horizon:
+            return 0
+        self.horizon = horizon
+        dropped = 0
+        while self._by_gid and self._by_gid[0][0] <= horizon:
+            _, hashes = self._by_gid.popleft()
+            for h in hashes:
+                slots = self._index.get(h)
+                if slots is not None and all(s.gid <= horizon for s in slots.values()):
+                    del self._index[h]
+                    dropped += 1
+        return dropped
+
+    def snapshot(self) -> bytes:
+        """The index as bytes, for a joining node (restored with :meth:`restore`)."""
+        entries = []
+        for gid, hashes in self._by_gid:
+            entries.append([gid, [h.hex() for h in hashes]])
+        index = {
+            h.hex(): {str(int(m)): [s.gid, s.origin, s.gid2, s.origin2] for m, s in slots.items()}
+            for h, slots in self._index.items()
+        }
+        return json.dumps({"horizon": self.horizon, "index": index, "by_gid": entries},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def restore(cls, data: bytes) -> "Certifier":
+        obj = json.loads(data)
+        c = cls(int(obj["horizon"]))
+        for h, slots in obj["index"].items():
+            d: dict[KeyMode, _Slot] = {}
+            for m, (g, o, g2, o2) in slots.items():
+                s = _Slot()
+                s.gid, s.origin, s.gid2, s.origin2 = int(g), str(o), int(g2), str(o2)
+                d[KeyMode(int(m))] = s
+            c._index[bytes.fromhex(h)] = d
+        for gid, hashes in obj["by_gid"]:
+            c._by_gid.append((int(gid), [bytes.fromhex(h) for h in hashes]))
+        return c
+
+
+def describe_verdict(v: Verdict) -> Optional[str]:
+    return None if v.ok else v.reason

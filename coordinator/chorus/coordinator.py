@@ -1,0 +1,586 @@
+"""The coordinator daemon: one beside each postmaster (``chorus run --config FILE``).
+
+Thin I/O around the pure parts: it feeds bus events to the :class:`~chorus.replicator.Replicator`,
+answers backends on the local socket, runs apply sessions through the
+:class:`~chorus.scheduler.Scheduler`, and serves the admin socket. Database errors and bus errors
+are handled in separate places; :class:`FatalError` stops the daemon, anything else is logged and
+survived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import psycopg
+
+from chorus import backendproto as bpf
+from chorus import busproto as bp
+from chorus import wire
+from chorus.applier import ApplyError, ApplySession, TransientApplyError
+from chorus.bus import Bus, BusError, Delivery, View
+from chorus.certifier import key_hash
+from chorus.config import NodeConfig
+from chorus.replicator import Apply, Joined, LocalVerdict, Phase, PhaseChange, Replicator, Send
+from chorus.scheduler import Scheduler
+from chorus.state import NodeState, load_state, save_state
+
+log = logging.getLogger("chorus.coordinator")
+
+TICK_S = 0.2
+PROGRESS_EVERY_S = 1.0
+DB_RETRY_S = 0.5
+
+
+class FatalError(Exception):
+    """Stops the daemon."""
+
+
+@dataclass
+class _Backend:
+    writer: asyncio.StreamWriter
+    pid: int = 0
+    ticket: int = 0  # outstanding writeset ticket, 0 if none
+    certified: set[int] = field(default_factory=set)  # certified GIDs not yet reported committed
+    closed: bool = False
+
+
+@dataclass
+class _Pending:
+    gid: int
+    wait_for: int
+    origin: str
+    writeset: wire.Writeset
+    backend: Optional[_Backend] = None
+
+
+@dataclass
+class Counters:
+    local_commits: int = 0
+    applied: int = 0
+    replayed: int = 0
+    apply_retries: int = 0
+    malformed_frames: int = 0
+    refused: int = 0
+
+
+class Coordinator:
+    def __init__(self, cfg: NodeConfig, bus_factory: Callable[[], Bus]) -> None:
+        self.cfg = cfg
+        self.bus_factory = bus_factory
+        self.bus: Optional[Bus] = None
+        self.state: NodeState = load_state(cfg.state_file, cfg.name)
+        self.replicator: Optional[Replicator] = None
+        self.scheduler = Scheduler()
+        self.pending: dict[int, _Pending] = {}
+        self.tickets: dict[int, _Backend] = {}
+        self.next_ticket = 1
+        self.counters = Counters()
+        self.watermark = 0
+        self.db: Optional[psycopg.AsyncConnection[Any]] = None
+        self.workers = [ApplySession(cfg.dsn, f"{cfg.name}-{i}") for i in range(max(1, cfg.apply_workers))]
+        self.replay_session = ApplySession(cfg.dsn, f"{cfg.name}-replay")
+        self.idle = list(self.workers)
+        self.replay_busy = False
+        self.db_ok = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.fatal: Optional[str] = None
+        self.phase_reason = "starting"
+        self.started = time.time()
+        self.last_apply_ms = 0.0
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._send_lock = asyncio.Lock()
+        self._servers: list[asyncio.base_events.Server] = []
+
+    # ---- start and stop -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        await self._connect_db()
+        durable = await self._init_node()
+        self.watermark = durable
+        if self.state.cluster_uuid and durable != self.state.last_gid:
+            log.info("database is at GID %d (state file said %d)", durable, self.state.last_gid)
+        self.replicator = Replicator(
+            node=self.cfg.name,
+            cluster_uuid=self.state.cluster_uuid,
+            last_gid=durable,
+            bootstrap=self.state.bootstrap or self.state.safe_to_bootstrap,
+        )
+        self._servers.append(await _unix_server(self._serve_backend, self.cfg.socket_path))
+        self._servers.append(await _unix_server(self._serve_admin, self.cfg.admin_socket))
+        self.bus = self.bus_factory()
+        await self.bus.join()
+        log.info("node %s joined bus group as %s", self.cfg.name, self.bus.local_id)
+        self._tasks = [
+            asyncio.create_task(self._bus_loop(), name="bus"),
+            asyncio.create_task(self._tick_loop(), name="tick"),
+        ]
+        stop = asyncio.create_task(self.stopping.wait())
+        done, _ = await asyncio.wait([stop, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            if t is not stop and t.exception() is not None:
+                self.fatal = self.fatal or f"{t.get_name()} task failed: {t.exception()!r}"
+                log.error("%s", self.fatal)
+        await self._shutdown()
+        if self.fatal:
+            raise FatalError(self.fatal)
+
+    async def _shutdown(self) -> None:
+        log.info("shutting down")
+        await self._set_online(False)
+        for s in self._servers:
+            s.close()
+        deadline = time.monotonic() + 10
+        while (self.scheduler.queued or len(self.idle) < len(self.workers)) and time.monotonic() < deadline \
+                and self.db_ok.is_set() and not self.fatal:
+            await asyncio.sleep(0.05)
+        r = self.replicator
+        last = self.watermark
+        try:
+            last = await self._committed_gid()
+        except psycopg.Error:
+            pass
+        if r is not None:
+            alone = r.phase == Phase.ONLINE and set(r.online) <= {self.cfg.name}
+            self.state = self.state.with_(last_gid=last, safe_to_bootstrap=alone and not self.fatal,
+                                          cluster_uuid=r.cluster_uuid or self.state.cluster_uuid)
+            save_state(self.cfg.state_file, self.state)
+        for t in self._tasks:
+            t.cancel()
+        if self.bus is not None:
+            try:
+                await self.bus.leave()
+            except BusError as e:
+                log.warning("leaving the bus: %s", e)
+        for w in [*self.workers, self.replay_session]:
+            await w.close()
+        if self.db is not None:
+            await self.db.close()
+        for path in (self.cfg.socket_path, self.cfg.admin_socket):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    # ---- the database -------------------------------------------------------------------
+
+    async def _connect_db(self) -> None:
+        delay = DB_RETRY_S
+        while True:
+            try:
+                self.db = await psycopg.AsyncConnection.connect(
+                    self.cfg.dsn, autocommit=True, application_name=f"chorus coordinator {self.cfg.name}")
+                return
+            except psycopg.Error as e:
+                if self.stopping.is_set():
+                    raise FatalError("stopped while waiting for PostgreSQL") from e
+                log.warning("cannot connect to PostgreSQL (%s); retrying", str(e).strip())
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _q(self, query: str, params: tuple[Any, ...] = ()) -> Any:
+        assert self.db is not None
+        async with self.db.cursor() as cur:
+            await cur.execute(query, params)
+            row = await cur.fetchone()
+            return row[0] if row else None
+
+    async def _init_node(self) -> int:
+        try:
+            durable = int(await self._q("SELECT chorus.durable_gid()"))
+            await self._q("SELECT chorus.node_init(%s)", (durable,))
+            await self._q("SELECT chorus.set_online(false)")
+        except psycopg.errors.UndefinedFunction as e:
+            raise FatalError("the chorus extension is not installed in this database "
+                             "(CREATE EXTENSION chorus)") from e
+        except psycopg.errors.ObjectNotInPrerequisiteState as e:
+            raise FatalError(f"{e}".strip()) from e
+        self.db_ok.set()
+        return durable
+
+    async def _committed_gid(self) -> int:
+        return int(await self._q("SELECT chorus.committed_gid()"))
+
+    async def _set_online(self, online: bool) -> None:
+        if self.db is None or self.db.closed:
+            return
+        try:
+            await self._q("SELECT chorus.set_online(%s)", (online,))
+        except psycopg.Error as e:
+            log.warning("cannot set online=%s: %s", online, str(e).strip())
+
+    async def _database_lost(self, why: str) -> None:
+        """PostgreSQL restarted or vanished: reconnect, re-read the durable GID, re-apply."""
+        if not self.db_ok.is_set():
+            return
+        self.db_ok.clear()
+        log.warning("lost PostgreSQL (%s); reconnecting", why)
+        if self.db is not None:
+            try:
+                await self.db.close()
+            except psycopg.Error:
+                pass
+        while not self.stopping.is_set():
+            await self._connect_db()
+            try:
+                durable = await self._init_node()
+                break
+            except psycopg.Error as e:
+                log.warning("re-initialising after restart: %s", str(e).strip())
+                await asyncio.sleep(DB_RETRY_S)
+        else:
+            return
+        self.watermark = durable
+        self.scheduler.committed_upto(durable)
+        for g in [g for g in self.pending if g <= durable]:
+            del self.pending[g]
+        replays = self.scheduler.replay_all_from(durable)
+        log.info("PostgreSQL is back at GID %d; re-applying %d certified writesets", durable, len(replays))
+        for w in [*self.workers, self.replay_session]:
+            await w.close()
+        self.idle = list(self.workers)
+        self.replay_busy = False
+        if self.replicator is not None and self.replicator.accepts_writes:
+            await self._set_online(True)
+        self._dispatch()
+
+    # ---- the bus ------------------------------------------------------------------------
+
+    async def _bus_loop(self) -> None:
+        assert self.bus is not None and self.replicator is not None
+        r = self.replicator
+        try:
+            async for ev in self.bus.events():
+                if isinstance(ev, View):
+                    log.info("view %d: members %s, joined %s, left %s, quorate %s",
+                             ev.view_id, ev.members, ev.joined, ev.left, ev.quorate)
+                    actions = r.on_view(ev, time.monotonic())
+                else:
+                    actions = r.on_delivery(ev)
+                await self._act(actions)
+        except BusError as e:
+            self.fatal = f"bus failed: {e}"
+            raise
+
+    async def _send(self, msg: bp.Message) -> None:
+        assert self.bus is not None
+        async with self._send_lock:
+            await self.bus.send(bp.encode(msg))
+
+    async def _act(self, actions: list[Any]) -> None:
+        for a in actions:
+            if isinstance(a, LocalVerdict):
+                self._local_verdict(a)
+            elif isinstance(a, Apply):
+                self.pending[a.gid] = _Pending(a.gid, a.wait_for, a.origin, a.writeset)
+                self.scheduler.add(a.gid, _keys(a.writeset), local=False)
+                self._dispatch()
+            elif isinstance(a, Send):
+                asyncio.create_task(self._send_logged(a.message))
+            elif isinstance(a, PhaseChange):
+                self.phase_reason = a.reason
+                log.info("phase %s: %s", a.phase.value, a.reason)
+                await self._set_online(a.phase == Phase.ONLINE and self.replicator is not None
+                                       and self.replicator.accepts_writes)
+            elif isinstance(a, Joined):
+                self.state = self.state.with_(cluster_uuid=a.cluster_uuid, bootstrap=False,
+                                              safe_to_bootstrap=False, last_gid=a.gid)
+                save_state(self.cfg.state_file, self.state)
+
+    async def _send_logged(self, msg: bp.Message) -> None:
+        try:
+            await self._send(msg)
+        except BusError as e:
+            log.error("cannot send %s: %s", type(msg).__name__, e)
+
+    async def _tick_loop(self) -> None:
+        assert self.replicator is not None
+        last_progress = 0.0
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = time.monotonic()
+            await self._act(self.replicator.tick(now))
+            if not self.db_ok.is_set():
+                continue
+            try:
+                wm = await self._committed_gid()
+            except psycopg.Error as e:
+                asyncio.create_task(self._database_lost(str(e).strip()))
+                continue
+            if wm > self.watermark:
+                self.watermark = wm
+            self._reap_committed(wm)
+            if now - last_progress >= PROGRESS_EVERY_S:
+                last_progress = now
+                msg = self.replicator.progress_message(self.watermark)
+                if msg is not None:
+                    await self._act([msg])
+
+    def _reap_committed(self, watermark: int) -> None:
+        for g in [g for g in self.pending if g <= watermark and self.pending[g].backend is not None]:
+            self._local_done(g)
+
+    # ---- local backends -----------------------------------------------------------------
+
+    async def _serve_backend(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        b = _Backend(writer)
+        try:
+            while True:
+                frame = await bpf.read_frame(reader)
+                if frame.type == b"W":
+                    await self._local_writeset(b, frame.payload)
+                elif frame.type == b"C":
+                    gid, _ = bpf.parse_done(frame.payload)
+                    self._local_done(gid)
+                else:
+                    gid, xid = bpf.parse_done(frame.payload)
+                    log.info("backend %d aborted certified GID %d (xid %d): replaying it", b.pid, gid, xid)
+                    self._replay(gid)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except (bpf.FrameError, wire.WireError) as e:
+            self.counters.malformed_frames += 1
+            log.warning("closing backend connection (pid %d): malformed frame: %s", b.pid, e)
+        finally:
+            b.closed = True
+            writer.close()
+            if b.ticket:
+                self.tickets.pop(b.ticket, None)
+            for gid in list(b.certified):
+                asyncio.create_task(self._orphaned(b, gid))
+
+    async def _local_writeset(self, b: _Backend, payload: bytes) -> None:
+        ws = wire.decode(payload)  # validates before it reaches the bus
+        b.pid = ws.pid
+        r = self.replicator
+        if r is None or not r.accepts_writes or not self.db_ok.is_set():
+            self.counters.refused += 1
+            why = self.phase_reason if r is not None else "the coordinator is starting"
+            b.writer.write(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
+                                             f"this node does not accept writes: {why}"))
+            return
+        ticket = self.next_ticket
+        self.next_ticket += 1
+        b.ticket = ticket
+        self.tickets[ticket] = b
+        try:
+            await self._send(bp.WritesetMsg(self.cfg.name, ticket, payload))
+        except BusError as e:
+            self.tickets.pop(ticket, None)
+            b.ticket = 0
+            b.writer.write(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0, f"the group bus failed: {e}"))
+
+    def _local_verdict(self, v: LocalVerdict) -> None:
+        b = self.tickets.pop(v.ticket, None)
+        if b is not None:
+            b.ticket = 0
+        if not v.ok:
+            if b is not None and not b.closed:
+                kind = bpf.VERDICT_CONFLICT if v.gid else bpf.VERDICT_REFUSED
+                b.writer.write(bpf.verdict_frame(kind, v.gid, 0, v.reason))
+            return
+        assert v.writeset is not None
+        p = _Pending(v.gid, v.wait_for, self.cfg.name, v.writeset, b)
+        self.pending[v.gid] = p
+        self.scheduler.add(v.gid, _keys(v.writeset), local=True)
+        if b is None or b.closed:
+            log.info("backend of certified GID %d is gone: replaying it", v.gid)
+            self._replay(v.gid)
+            return
+        b.certified.add(v.gid)
+        b.writer.write(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, v.wait_for, ""))
+
+    def _local_done(self, gid: int) -> None:
+        p = self.pending.pop(gid, None)
+        if p is None:
+            return
+        if p.backend is not None:
+            p.backend.certified.discard(gid)
+        self.counters.local_commits += 1
+        self.scheduler.committed(gid)
+        self._dispatch()
+
+    def _replay(self, gid: int) -> None:
+        p = self.pending.get(gid)
+        if p is None:
+            return
+        if p.backend is not None:
+            p.backend.certified.discard(gid)
+            p.backend = None
+        self.scheduler.replay(gid)
+        self._dispatch()
+
+    async def _orphaned(self, b: _Backend, gid: int) -> None:
+        """A backend closed its socket holding a certified GID: wait until it committed (the
+        watermark passes it) or its process is gone without committing (replay)."""
+        deadline = time.monotonic() + 3600
+        while time.monotonic() < deadline and gid in self.pending and self.pending[gid].backend is b:
+            if not self.db_ok.is_set():
+                return  # the restart path re-applies everything above the durable GID
+            try:
+                wm = await self._committed_gid()
+                alive = await self._q("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (b.pid,))
+            except psycopg.Error:
+                return
+            if wm >= gid:
+                self._local_done(gid)
+                return
+            if not alive:
+                self._replay(gid)
+                return
+            await asyncio.sleep(0.05)
+
+    # ---- apply --------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        if not self.db_ok.is_set():
+            return
+        if not self.replay_busy:
+            gid = self.scheduler.next_replay()
+            if gid is not None:
+                self.replay_busy = True
+                asyncio.create_task(self._apply(self.replay_session, gid, replay=True))
+        for gid in self.scheduler.ready_remote(len(self.idle)):
+            session = self.idle.pop()
+            asyncio.create_task(self._apply(session, gid, replay=False))
+
+    async def _apply(self, session: ApplySession, gid: int, replay: bool) -> None:
+        p = self.pending.get(gid)
+        try:
+            if p is None:
+                return
+            t0 = time.monotonic()
+            await session.apply(gid, p.wait_for, p.writeset)
+            self.last_apply_ms = (time.monotonic() - t0) * 1000
+            if replay:
+                self.counters.replayed += 1
+            else:
+                self.counters.applied += 1
+            self.pending.pop(gid, None)
+            self.scheduler.committed(gid)
+        except TransientApplyError as e:
+            self.counters.apply_retries += 1
+            log.info("retrying GID %d: %s", gid, e)
+            self.scheduler.redispatch(gid)
+            if "connection problem" in str(e):
+                asyncio.create_task(self._database_lost(str(e)))
+            await asyncio.sleep(0.01)
+        except ApplyError as e:
+            self.fatal = f"cannot apply certified writeset: {e}"
+            log.error("%s; stopping so the node does not diverge", self.fatal)
+            self.stopping.set()
+        finally:
+            if replay:
+                self.replay_busy = False
+            else:
+                self.idle.append(session)
+            self._dispatch()
+
+    # ---- admin --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        r = self.replicator
+        phase = r.phase.value if r is not None else "starting"
+        if self.fatal:
+            phase = "failed"
+        return {
+            "node": self.cfg.name,
+            "state": phase,
+            "reason": self.fatal or self.phase_reason,
+            "accepts_writes": bool(r and r.accepts_writes and self.db_ok.is_set()),
+            "cluster_uuid": r.cluster_uuid if r else self.state.cluster_uuid,
+            "bus_member": self.bus.local_id if self.bus else "",
+            "members": sorted(r.online) if r else [],
+            "bus_members": list(r.members) if r else [],
+            "quorate": bool(r and r.quorate),
+            "committed_gid": self.watermark,
+            "delivered_gid": r.gid if r else 0,
+            "lag_gids": (r.gid - self.watermark) if r else 0,
+            "local_commits": self.counters.local_commits,
+            "certification_failures": r.stats.cert_failures if r else 0,
+            "local_certification_failures": r.stats.local_failed if r else 0,
+            "applied": self.counters.applied,
+            "replayed": self.counters.replayed,
+            "apply_retries": self.counters.apply_retries,
+            "apply_queue": self.scheduler.queued,
+            "pending": len(self.pending),
+            "workers": len(self.workers),
+            "workers_busy": len(self.workers) - len(self.idle),
+            "last_apply_ms": round(self.last_apply_ms, 3),
+            "certification_index_keys": len(r.certifier) if r else 0,
+            "certification_horizon": r.certifier.horizon if r else 0,
+            "refused": self.counters.refused,
+            "malformed_frames": self.counters.malformed_frames,
+            "uptime_s": round(time.time() - self.started, 1),
+        }
+
+    async def _serve_admin(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 10)
+            try:
+                req = json.loads(line or b"{}")
+                cmd = req.get("cmd", "status")
+            except (json.JSONDecodeError, AttributeError):
+                cmd = None
+            if cmd == "status":
+                resp: dict[str, Any] = {"ok": True, "status": self.status()}
+            elif cmd == "stop":
+                self.stopping.set()
+                resp = {"ok": True}
+            else:
+                resp = {"ok": False, "error": f"unknown admin command {cmd!r}"}
+            writer.write(json.dumps(resp).encode() + b"\n")
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def _keys(ws: wire.Writeset) -> list[tuple[bytes, wire.KeyMode]]:
+    return [(key_hash(k.parts), k.mode) for k in ws.keys]
+
+
+async def _unix_server(handler: Any, path: str) -> asyncio.base_events.Server:
+    """A Unix socket readable and writable by its owner only."""
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    old = os.umask(0o177)
+    try:
+        server = await asyncio.start_unix_server(handler, path=path, limit=bpf.MAX_FRAME + 16)
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    return server
+
+
+def admin_request(path: str, cmd: str = "status", timeout: float = 5.0) -> dict[str, Any]:
+    """Blocking client for the admin socket (used by the CLI)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.sendall(json.dumps({"cmd": cmd}).encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    out: dict[str, Any] = json.loads(buf)
+    return out
+
+

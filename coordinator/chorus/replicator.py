@@ -1,0 +1,312 @@
+"""The replication core: bus events in, decisions out (no I/O).
+
+It assigns GIDs in delivery order (seed 7.1), certifies (seed 6), runs the join handshake
+(seed 8.1: a joiner multicasts a GID request and the lowest online member answers with the GID at
+the request's own position plus the certification index there), bootstraps when told (seed 8.2),
+tracks which nodes are online and whether this node is in the primary component (seed 8.4), and
+purges the certification index below the cluster-wide committed minimum.
+
+The coordinator feeds it :meth:`on_view`, :meth:`on_delivery` and :meth:`tick`, and carries out
+the returned actions. Every node that sees the same event stream makes the same decisions.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from chorus import busproto as bp
+from chorus import wire
+from chorus.bus import Delivery, View
+from chorus.certifier import Certifier
+
+log = logging.getLogger("chorus.replicator")
+
+REQUEST_RETRY_S = 2.0
+BOOTSTRAP_WAIT_S = 3.0
+
+
+class Phase(enum.Enum):
+    CONNECTING = "connecting"  # not yet in a view of the group
+    JOINING = "joining"  # asked for the GID, waiting for the answer
+    ONLINE = "online"  # synced and in the primary component: takes writes
+    NON_PRIMARY = "non-primary"  # outside the quorate partition: reads only
+    NEEDS_RECOVERY = "needs-recovery"  # cannot join without recovery; stays out
+
+
+# ---- actions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Send:
+    message: bp.Message
+
+
+@dataclass(frozen=True)
+class LocalVerdict:
+    """Answer the backend that sent local writeset ``ticket``."""
+
+    ticket: int
+    ok: bool
+    gid: int
+    wait_for: int
+    reason: str
+    writeset: Optional[wire.Writeset]
+
+
+@dataclass(frozen=True)
+class Apply:
+    """Apply a certified remote writeset; commit after ``wait_for``."""
+
+    gid: int
+    wait_for: int
+    origin: str
+    writeset: wire.Writeset
+
+
+@dataclass(frozen=True)
+class PhaseChange:
+    phase: Phase
+    reason: str
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The node joined (or bootstrapped) cluster ``cluster_uuid`` at ``gid``."""
+
+    cluster_uuid: str
+    gid: int
+    bootstrapped: bool
+
+
+Action = Union[Send, LocalVerdict, Apply, PhaseChange, Joined]
+
+
+@dataclass
+class Stats:
+    delivered: int = 0
+    certified: int = 0
+    cert_failures: int = 0
+    local_certified: int = 0
+    local_failed: int = 0
+    remote_certified: int = 0
+    malformed: int = 0
+
+
+@dataclass
+class Replicator:
+    node: str
+    cluster_uuid: str  # "" until the node has joined a cluster
+    last_gid: int  # durable committed GID of the local database at start
+    bootstrap: bool = False  # told to start a new cluster if none answers
+    phase: Phase = Phase.CONNECTING
+    gid: int = 0
+    last_certified: int = 0
+    quorate: bool = False
+    local_member: str = ""
+    certifier: Certifier = field(default_factory=Certifier)
+    online: dict[str, str] = field(default_factory=dict)  # node name -> bus member id
+    progress: dict[str, int] = field(default_factory=dict)
+    members: tuple[str, ...] = ()
+    stats: Stats = field(default_factory=Stats)
+    _request_id: str = ""
+    _request_seen: bool = False
+    _request_at: float = 0.0
+    _joining_since: float = 0.0
+    _buffer: list[Delivery] = field(default_factory=list)
+    _requesters: dict[str, str] = field(default_factory=dict)  # GID request id -> bus member
+
+    # ---- inputs ------------------------------------------------------------------------
+
+    def on_view(self, view: View, now: float) -> list[Action]:
+        out: list[Action] = []
+        self.members = view.members
+        self.local_member = view.local
+        was_quorate, self.quorate = self.quorate, view.quorate
+        for rid, member in list(self._requesters.items()):
+            if member not in view.members:
+                del self._requesters[rid]
+        for name, member in list(self.online.items()):
+            if member not in view.members:
+                del self.online[name]
+                self.progress.pop(name, None)
+        if self.phase == Phase.CONNECTING:
+            self._joining_since = now
+            if self.bootstrap and view.members == (view.local,) and view.quorate:
+                out.append(Send(bp.Bootstrap(self.node, self.cluster_uuid or str(uuid.uuid4()), self.last_gid)))
+                self.phase = Phase.JOINING
+                self._request_at = now
+            else:
+                out += self._request(now)
+        elif self.phase == Phase.ONLINE and not view.quorate:
+            out += self._leave_primary("this node is outside the quorate partition of the group")
+        elif self.phase == Phase.NON_PRIMARY and view.quorate and not was_quorate:
+            self.last_gid = self.gid
+            out += self._request(now)
+        return out
+
+    def on_delivery(self, d: Delivery) -> list[Action]:
+        try:
+            msg = bp.decode(d.payload)
+        except bp.BusProtoError as e:
+            log.warning("dropping malformed bus message from %s: %s", d.sender, e)
+            return []
+        if self.phase == Phase.JOINING:
+            return self._joining(d, msg)
+        return self._handle(d.sender, msg)
+
+    def tick(self, now: float) -> list[Action]:
+        """Timers: re-ask for the GID; bootstrap if told to and nobody answered."""
+        if self.phase != Phase.JOINING:
+            return []
+        if self.bootstrap and now - self._joining_since >= BOOTSTRAP_WAIT_S:
+            self._joining_since = now
+            return [Send(bp.Bootstrap(self.node, self.cluster_uuid or str(uuid.uuid4()), self.last_gid))]
+        retry = REQUEST_RETRY_S if not self._request_seen else 5 * REQUEST_RETRY_S
+        if now - self._request_at >= retry:
+            return self._request(now)
+        return []
+
+    def progress_message(self, committed_gid: int) -> Optional[Send]:
+        if self.phase != Phase.ONLINE:
+            return None
+        return Send(bp.Progress(self.node, committed_gid))
+
+    @property
+    def accepts_writes(self) -> bool:
+        return self.phase == Phase.ONLINE and self.quorate
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _request(self, now: float) -> list[Action]:
+        self.phase = Phase.JOINING
+        self._request_id = uuid.uuid4().hex
+        self._request_seen = False
+        self._request_at = now
+        self._buffer.clear()
+        return [Send(bp.GidRequest(self.node, self._request_id, self.cluster_uuid, self.last_gid))]
+
+    def _leave_primary(self, reason: str) -> list[Action]:
+        self.phase = Phase.NON_PRIMARY
+        self.online.clear()
+        self.progress.clear()
+        return [PhaseChange(Phase.NON_PRIMARY, reason)]
+
+    def _joining(self, d: Delivery, msg: bp.Message) -> list[Action]:
+        if isinstance(msg, bp.Bootstrap) and msg.node == self.node and d.sender == self.local_member:
+            return self._bootstrapped(d.sender, msg)
+        if isinstance(msg, bp.GidRequest) and msg.request_id == self._request_id:
+            self._request_seen = True
+            self._buffer.clear()
+            return []
+        if not self._request_seen:
+            if isinstance(msg, bp.WritesetMsg) and msg.origin == self.node:
+                return [LocalVerdict(msg.ticket, False, 0, 0, "this node is not online", None)]
+            return []
+        if isinstance(msg, bp.GidReply) and msg.node == self.node and msg.request_id == self._request_id:
+            return self._joined(d, msg)
+        self._buffer.append(d)
+        return []
+
+    def _bootstrapped(self, sender: str, msg: bp.Bootstrap) -> list[Action]:
+        self.cluster_uuid = msg.cluster_uuid
+        self.gid = self.last_certified = msg.gid
+        self.certifier = Certifier(msg.gid)
+        self.online = {self.node: sender}
+        self.progress = {self.node: msg.gid}
+        self.phase = Phase.ONLINE
+        self.bootstrap = False
+        return [Joined(self.cluster_uuid, self.gid, True),
+                PhaseChange(Phase.ONLINE, f"bootstrapped cluster {self.cluster_uuid} at GID {self.gid}")]
+
+    def _joined(self, d: Delivery, msg: bp.GidReply) -> list[Action]:
+        if self.cluster_uuid and self.cluster_uuid != msg.cluster_uuid:
+            self.phase = Phase.NEEDS_RECOVERY
+            return [PhaseChange(Phase.NEEDS_RECOVERY,
+                                f"this node belongs to cluster {self.cluster_uuid}, the group runs "
+                                f"cluster {msg.cluster_uuid}: total recovery is needed")]
+        if self.last_gid != msg.gid:
+            self.phase = Phase.NEEDS_RECOVERY
+            return [PhaseChange(Phase.NEEDS_RECOVERY,
+                                f"this node's database is at GID {self.last_gid} but the cluster was "
+                                f"at GID {msg.gid} when it asked to join: it needs recovery")]
+        self.cluster_uuid = msg.cluster_uuid
+        self.gid = self.last_certified = msg.gid
+        self.certifier = Certifier.restore(msg.certifier)
+        self.online = dict(msg.online)
+        self.progress = dict(msg.progress)
+        self.phase = Phase.ONLINE
+        out: list[Action] = [Joined(self.cluster_uuid, self.gid, False)]
+        buffered, self._buffer = self._buffer, []
+        for b in buffered:
+            out += self._handle(b.sender, bp.decode(b.payload))
+        out += self._handle(d.sender, msg)
+        out.append(PhaseChange(Phase.ONLINE, f"joined cluster {self.cluster_uuid} at GID {msg.gid}"))
+        return out
+
+    def _handle(self, sender: str, msg: bp.Message) -> list[Action]:
+        if isinstance(msg, bp.WritesetMsg):
+            return self._writeset(msg)
+        if self.phase != Phase.ONLINE:
+            return []
+        if isinstance(msg, bp.GidRequest):
+            self._requesters[msg.request_id] = sender
+            if self.online and min(self.online) == self.node:
+                return [Send(bp.GidReply(
+                    msg.node, msg.request_id, self.cluster_uuid, self.gid,
+                    tuple(sorted(self.online.items())), tuple(sorted(self.progress.items())),
+                    self.certifier.snapshot()))]
+            return []
+        if isinstance(msg, bp.GidReply):
+            requester_seen = msg.request_id in self._requesters or msg.node == self.node
+            self._requesters.pop(msg.request_id, None)
+            if requester_seen and msg.cluster_uuid == self.cluster_uuid and msg.gid <= self.gid:
+                member = self.local_member if msg.node == self.node else self._requesters.get(msg.request_id, "")
+                if member in self.members:
+                    self.online[msg.node] = member
+                self.progress[msg.node] = msg.gid
+            return []
+        if isinstance(msg, bp.Progress):
+            if msg.node in self.online:
+                self.progress[msg.node] = max(self.progress.get(msg.node, 0), msg.committed_gid)
+                if all(n in self.progress for n in self.online):
+                    self.certifier.purge(min(self.progress[n] for n in self.online))
+            return []
+        if isinstance(msg, bp.Bootstrap):
+            log.warning("node %s tried to bootstrap cluster %s while cluster %s is online; ignored",
+                        msg.node, msg.cluster_uuid, self.cluster_uuid)
+        return []
+
+    def _writeset(self, msg: bp.WritesetMsg) -> list[Action]:
+        local = msg.origin == self.node
+        if self.phase != Phase.ONLINE or not self.quorate:
+            if local:
+                return [LocalVerdict(msg.ticket, False, 0, 0, "this node left the primary component", None)]
+            return []
+        self.gid += 1
+        gid = self.gid
+        self.stats.delivered += 1
+        try:
+            ws = wire.decode(msg.writeset)
+        except wire.WireError as e:
+            self.stats.malformed += 1
+            self.stats.cert_failures += 1
+            return [LocalVerdict(msg.ticket, False, gid, 0, f"malformed writeset: {e}", None)] if local else []
+        v = self.certifier.certify(gid, msg.origin, ws.last_seen, ws.keys)
+        if not v.ok:
+            self.stats.cert_failures += 1
+            if local:
+                self.stats.local_failed += 1
+                return [LocalVerdict(msg.ticket, False, gid, 0, v.reason, ws)]
+            return []
+        wait_for, self.last_certified = self.last_certified, gid
+        self.stats.certified += 1
+        if local:
+            self.stats.local_certified += 1
+            return [LocalVerdict(msg.ticket, True, gid, wait_for, "", ws)]
+        self.stats.remote_certified += 1
+        return [Apply(gid, wait_for, msg.origin, ws)]
+

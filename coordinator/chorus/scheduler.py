@@ -1,0 +1,141 @@
+"""Dependency tracking for apply (seed streams-parallel-apply 4.5; DESIGN.md invariant 4).
+
+Every certified writeset, local or remote, is registered in GID order with its hashed keys. A
+writeset depends on every earlier uncommitted one that shares a key in a conflicting mode. Remote
+writesets are dispatched to apply sessions in GID order (head of line: an earlier remote
+writeset is always dispatched before a later one, so a session waiting for its commit turn never
+holds up one that comes before it), each once its dependencies have committed. Local writesets
+are committed by their own backends; one whose backend could not commit it is *replayed*: it is
+dispatched at once, ahead of everything (it is the earliest the others wait for).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from chorus.wire import KeyMode, modes_conflict
+
+
+@dataclass
+class _Item:
+    gid: int
+    local: bool
+    keys: list[tuple[bytes, KeyMode]]
+    deps: set[int] = field(default_factory=set)
+    dispatched: bool = False
+    replay: bool = False
+
+
+class Scheduler:
+    def __init__(self) -> None:
+        self._items: dict[int, _Item] = {}
+        self._keys: dict[bytes, list[tuple[int, KeyMode]]] = {}
+        self._dependents: dict[int, set[int]] = {}
+        self._remote: deque[int] = deque()  # undispatched remote GIDs, in order
+        self._replays: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def queued(self) -> int:
+        return len(self._remote) + len(self._replays)
+
+    def add(self, gid: int, keys: Iterable[tuple[bytes, KeyMode]], local: bool) -> None:
+        """Register certified writeset ``gid`` (GIDs must arrive in increasing order)."""
+        item = _Item(gid, local, list(keys))
+        for h, mode in item.keys:
+            holders = self._keys.setdefault(h, [])
+            for other, omode in holders:
+                if modes_conflict(mode, omode):
+                    item.deps.add(other)
+                    self._dependents.setdefault(other, set()).add(gid)
+            holders.append((gid, mode))
+        self._items[gid] = item
+        if not local:
+            self._remote.append(gid)
+
+    def replay(self, gid: int) -> None:
+        """A local writeset's backend could not commit it: apply it from its writeset."""
+        item = self._items.get(gid)
+        if item is not None and item.local and not item.replay:
+            item.replay = True
+            self._replays.append(gid)
+
+    def replay_all_from(self, gid: int) -> list[int]:
+        """After a database restart: every uncommitted writeset above ``gid`` must be (re)applied,
+        local ones by replay. Returns the GIDs, in order."""
+        out = []
+        for g in sorted(self._items):
+            item = self._items[g]
+            item.dispatched = False
+            if item.local:
+                item.replay = True
+            out.append(g)
+        self._replays = [g for g in out if self._items[g].local]
+        self._remote = deque(g for g in out if not self._items[g].local)
+        return out
+
+    def next_replay(self) -> int | None:
+        """The next local writeset to replay, if any (replays use their own session)."""
+        if not self._replays:
+            return None
+        gid = self._replays.pop(0)
+        self._items[gid].dispatched = True
+        return gid
+
+    def ready_remote(self, limit: int) -> list[int]:
+        """Up to ``limit`` remote GIDs to dispatch now, in GID order."""
+        out: list[int] = []
+        while self._remote and len(out) < limit:
+            item = self._items[self._remote[0]]
+            if item.deps:
+                break
+            self._remote.popleft()
+            item.dispatched = True
+            out.append(item.gid)
+        return out
+
+    def redispatch(self, gid: int) -> None:
+        """An apply attempt failed transiently; put ``gid`` back at the front."""
+        item = self._items.get(gid)
+        if item is None:
+            return
+        item.dispatched = False
+        if item.local:
+            self._replays.insert(0, gid)
+        else:
+            self._remote.appendleft(gid)
+            self._remote = deque(sorted(self._remote))
+
+    def committed(self, gid: int) -> None:
+        """``gid`` committed on this node: release what waited for it."""
+        item = self._items.pop(gid, None)
+        if item is None:
+            return
+        for h, _ in item.keys:
+            holders = self._keys.get(h)
+            if holders is None:
+                continue
+            holders[:] = [(g, m) for g, m in holders if g != gid]
+            if not holders:
+                del self._keys[h]
+        for d in self._dependents.pop(gid, ()):
+            dep = self._items.get(d)
+            if dep is not None:
+                dep.deps.discard(gid)
+        if gid in self._replays:
+            self._replays.remove(gid)
+        try:
+            self._remote.remove(gid)
+        except ValueError:
+            pass
+
+    def committed_upto(self, gid: int) -> None:
+        for g in [g for g in self._items if g <= gid]:
+            self.committed(g)
+
+    def pending(self) -> list[int]:
+        return sorted(self._items)

@@ -1,0 +1,65 @@
+"""The node state file (seed 8.2): cluster UUID, last GID, bootstrap flags.
+
+Written atomically: write a temporary file, fsync it, rename it over the old one, fsync the
+directory. Mode 0600.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+
+
+class StateError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class NodeState:
+    node: str
+    cluster_uuid: str = ""
+    last_gid: int = 0
+    bootstrap: bool = False  # `chorus bootstrap` asked this node to start a cluster
+    safe_to_bootstrap: bool = False  # this node was the last to leave the cluster
+
+    def with_(self, **changes: object) -> "NodeState":
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def load_state(path: str, node: str) -> NodeState:
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        return NodeState(node)
+    except (OSError, json.JSONDecodeError) as e:
+        raise StateError(f"cannot read state file {path}: {e}") from e
+    try:
+        return NodeState(
+            node=str(raw.get("node", node)),
+            cluster_uuid=str(raw.get("cluster_uuid", "")),
+            last_gid=int(raw.get("last_gid", 0)),
+            bootstrap=bool(raw.get("bootstrap", False)),
+            safe_to_bootstrap=bool(raw.get("safe_to_bootstrap", False)),
+        )
+    except (TypeError, ValueError) as e:
+        raise StateError(f"state file {path} is invalid: {e}") from e
+
+
+def save_state(path: str, state: NodeState) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, (json.dumps(asdict(state), indent=2, sort_keys=True) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

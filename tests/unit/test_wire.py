@@ -1,0 +1,96 @@
+"""Writeset wire format v1 (docs/PROTOCOL.md section 2): round trip and rejection of bad input."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chorus import wire
+from chorus.wire import Column, Key, KeyMode, Row, Table, Writeset
+
+TABLE = Table("public", "accounts", (Column("id", "integer"), Column("owner", "text"),
+                                     Column("total", "numeric", wire.COL_GENERATED)), (0,))
+
+
+def sample() -> Writeset:
+    return Writeset(
+        xid=1234, pid=99, last_seen=41, tables=(TABLE,),
+        rows=(Row("I", 0, (), ("1", "ann", None)), Row("U", 0, ("1",), ("1", "bob", None)),
+              Row("D", 0, ("1",), ()), Row("T", 0)),
+        keys=(Key(KeyMode.EXCLUSIVE, (b"public", b"accounts", b"id", b"1")),
+              Key(KeyMode.REFERENCE, (b"public", b"accounts"))),
+    )
+
+
+def test_round_trip() -> None:
+    ws = sample()
+    assert wire.decode(wire.encode(ws)) == ws
+
+
+values = st.one_of(st.none(), st.text(max_size=20))
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.sampled_from("IUDT"), st.lists(values, min_size=2, max_size=2)), max_size=20),
+       st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1))
+def test_round_trip_random(rows: list[tuple[str, list[str | None]]], last_seen: int, xid: int) -> None:
+    t = Table("s", "t\"odd", (Column("a", "text"), Column("b", "text")), (0,))
+    out = []
+    for op, vals in rows:
+        old = (vals[0],) if op in "UD" else ()
+        new = tuple(vals) if op in "IU" else ()
+        out.append(Row(op, 0, old, new))
+    ws = Writeset(xid, 1, last_seen, (t,), tuple(out), (Key(KeyMode.UPDATE, (b"x",)),))
+    assert wire.decode(wire.encode(ws)) == ws
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda b: b"XX" + b[2:], "bad magic"),
+    (lambda b: b[:2] + b"\x02" + b[3:], "unsupported writeset version 2"),
+    (lambda b: b[:3] + b"\x01" + b[4:], "unknown writeset flags"),
+    (lambda b: b[:-1], "truncated"),
+    (lambda b: b + b"\x00", "trailing bytes"),
+])
+def test_rejects_malformed(mutate, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(wire.WireError, match=message):
+        wire.decode(mutate(wire.encode(sample())))
+
+
+def test_rejects_bad_table_index() -> None:
+    ws = Writeset(1, 1, 0, (TABLE,), (Row("I", 0, (), ("1", "a", None)),), ())
+    raw = bytearray(wire.encode(ws))
+    # the row's table index follows the op byte 'I'
+    i = raw.index(b"I\x00\x00")
+    raw[i + 1:i + 3] = struct.pack(">H", 7)
+    with pytest.raises(wire.WireError, match="row refers to table 7"):
+        wire.decode(bytes(raw))
+
+
+@settings(max_examples=500)
+@given(st.binary(max_size=300))
+def test_decoder_survives_garbage(data: bytes) -> None:
+    try:
+        wire.decode(data)
+    except wire.WireError:
+        pass
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_decoder_survives_corrupted_writesets(data: st.DataObject) -> None:
+    raw = bytearray(wire.encode(sample()))
+    for _ in range(data.draw(st.integers(1, 5))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        wire.decode(bytes(raw))
+    except wire.WireError:
+        pass
+
+
+def test_key_describe() -> None:
+    k = Key(KeyMode.EXCLUSIVE, (b"public", b"t", b"a,b", b"1", b"x"))
+    assert k.describe() == '"public"."t" (a,b)=(1, x)'
+    assert Key(KeyMode.EXCLUSIVE, (b"public", b"t")).describe() == '"public"."t" (table)'
