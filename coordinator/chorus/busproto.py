@@ -44,6 +44,7 @@ class GidRequest:
 class GidReply:
     node: str  # the requester
     request_id: str
+    member: str  # the requester's bus member id
     cluster_uuid: str
     gid: int  # GID counter at the request's position in the order
     online: tuple[tuple[str, str], ...]  # (node name, bus member id) online at that position
@@ -120,7 +121,7 @@ def encode(m: Message) -> bytes:
     if isinstance(m, GidRequest):
         return head + b"Q" + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid) + struct.pack(">Q", m.last_gid)
     if isinstance(m, GidReply):
-        out = [head, b"G", _s(m.node), _s(m.request_id), _s(m.cluster_uuid), struct.pack(">QH", m.gid, len(m.online))]
+        out = [head, b"G", _s(m.node), _s(m.request_id), _s(m.member), _s(m.cluster_uuid), struct.pack(">QH", m.gid, len(m.online))]
         out += [_s(n) + _s(mid) for n, mid in m.online]
         out.append(struct.pack(">H", len(m.progress)))
         out += [_s(n) + struct.pack(">Q", g) for n, g in m.progress]
@@ -147,11 +148,11 @@ def decode(b: bytes) -> Message:
     if t == b"Q":
         m = GidRequest(r.s(), r.s(), r.s(), r.u64())
     elif t == b"G":
-        node, rid, uuid = r.s(), r.s(), r.s()
+        node, rid, member, uuid = r.s(), r.s(), r.s(), r.s()
         gid = r.u64()
         online = tuple((r.s(), r.s()) for _ in range(r.u16()))
         progress = tuple((r.s(), r.u64()) for _ in range(r.u16()))
-        m = GidReply(node, rid, uuid, gid, online, progress, r.blob())
+        m = GidReply(node, rid, member, uuid, gid, online, progress, r.blob())
     elif t == b"B":
         m = Bootstrap(r.s(), r.s(), r.u64())
     elif t == b"P":

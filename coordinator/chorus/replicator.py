@@ -196,8 +196,11 @@ class Replicator:
         return [PhaseChange(Phase.NON_PRIMARY, reason)]
 
     def _joining(self, d: Delivery, msg: bp.Message) -> list[Action]:
-        if isinstance(msg, bp.Bootstrap) and msg.node == self.node and d.sender == self.local_member:
-            return self._bootstrapped(d.sender, msg)
+        if isinstance(msg, bp.Bootstrap):
+            if msg.node == self.node and d.sender == self.local_member:
+                return self._bootstrapped(d.sender, msg)
+            # Another node just started the cluster: ask it (our earlier request went unanswered).
+            return self._request(self._request_at)
         if isinstance(msg, bp.GidRequest) and msg.request_id == self._request_id:
             self._request_seen = True
             self._buffer.clear()
@@ -256,17 +259,14 @@ class Replicator:
             self._requesters[msg.request_id] = sender
             if self.online and min(self.online) == self.node:
                 return [Send(bp.GidReply(
-                    msg.node, msg.request_id, self.cluster_uuid, self.gid,
+                    msg.node, msg.request_id, sender, self.cluster_uuid, self.gid,
                     tuple(sorted(self.online.items())), tuple(sorted(self.progress.items())),
                     self.certifier.snapshot()))]
             return []
         if isinstance(msg, bp.GidReply):
-            requester_seen = msg.request_id in self._requesters or msg.node == self.node
             self._requesters.pop(msg.request_id, None)
-            if requester_seen and msg.cluster_uuid == self.cluster_uuid and msg.gid <= self.gid:
-                member = self.local_member if msg.node == self.node else self._requesters.get(msg.request_id, "")
-                if member in self.members:
-                    self.online[msg.node] = member
+            if msg.cluster_uuid == self.cluster_uuid and msg.gid <= self.gid and msg.member in self.members:
+                self.online[msg.node] = msg.member
                 self.progress[msg.node] = msg.gid
             return []
         if isinstance(msg, bp.Progress):
