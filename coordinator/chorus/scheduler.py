@@ -49,7 +49,7 @@ class Scheduler:
         for h, mode in item.keys:
             holders = self._keys.setdefault(h, [])
             for other, omode in holders:
-                if modes_conflict(mode, omode):
+                if other != gid and modes_conflict(mode, omode):
                     item.deps.add(other)
                     self._dependents.setdefault(other, set()).add(gid)
             holders.append((gid, mode))
