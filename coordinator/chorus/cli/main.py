@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from chorus.cli import demo as demo_cmds
 from chorus.cli import local as local_cmds
 from chorus.cli import node as node_cmds
 
@@ -15,6 +16,8 @@ def cli() -> None:
 
 
 cli.add_command(local_cmds.local)
+cli.add_command(local_cmds.sql_command)
+cli.add_command(demo_cmds.demo)
 for command in node_cmds.COMMANDS:
     cli.add_command(command)
 

@@ -1,0 +1,3 @@
+from chorus.cli.main import main
+
+main()
