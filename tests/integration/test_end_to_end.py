@@ -1,0 +1,190 @@
+"""End to end on real PostgreSQL and Corosync, 3 nodes (issue: capture → order → certify → apply)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from conftest import Cluster, chorus
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module", autouse=True)
+def schema(cluster: Cluster) -> None:
+    cluster.sql_all("CREATE TABLE IF NOT EXISTS kv (k integer PRIMARY KEY, v text, u text UNIQUE)")
+    cluster.sql_all("CREATE TABLE IF NOT EXISTS nopk (a integer, b text)")
+    cluster.sql_all("CREATE TABLE IF NOT EXISTS big (id integer PRIMARY KEY, n integer)")
+
+
+def test_row_written_on_any_node_appears_on_the_others(cluster: Cluster) -> None:
+    for i in range(3):
+        with cluster.connect(i) as c:
+            c.execute("INSERT INTO kv (k, v) VALUES (%s, %s)", (100 + i, f"from node {i}"))
+    cluster.quiesce()
+    for i in range(3):
+        with cluster.connect(i) as c:
+            rows = c.execute("SELECT k, v FROM kv WHERE k BETWEEN 100 AND 102 ORDER BY k").fetchall()
+            assert rows == [(100, "from node 0"), (101, "from node 1"), (102, "from node 2")]
+    with cluster.connect(2) as c:
+        c.execute("UPDATE kv SET v = 'changed' WHERE k = 100")
+        c.execute("DELETE FROM kv WHERE k = 101")
+    cluster.assert_identical()
+    with cluster.connect(0) as c:
+        assert c.execute("SELECT v FROM kv WHERE k = 100").fetchone() == ("changed",)
+        assert c.execute("SELECT count(*) FROM kv WHERE k = 101").fetchone() == (0,)
+
+
+def test_concurrent_updates_of_one_row_exactly_one_commits(cluster: Cluster) -> None:
+    with cluster.connect(0) as c:
+        c.execute("INSERT INTO kv (k, v) VALUES (200, 'start')")
+    cluster.quiesce()
+    conns = [cluster.connect(i, autocommit=False) for i in (0, 1)]
+    for i, c in enumerate(conns):
+        c.execute("UPDATE kv SET v = %s WHERE k = 200", (f"writer {i}",))
+    outcomes: list[Any] = [None, None]
+
+    def commit(i: int) -> None:
+        try:
+            conns[i].commit()
+            outcomes[i] = "ok"
+        except psycopg.Error as e:
+            outcomes[i] = e
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for c in conns:
+        c.close()
+    assert sorted(o == "ok" for o in outcomes) == [False, True], outcomes
+    loser = next(o for o in outcomes if o != "ok")
+    assert loser.sqlstate == "40001"
+    assert "kv" in str(loser) and "200" in str(loser)
+    winner = outcomes.index("ok")
+    cluster.assert_identical()
+    with cluster.connect(2) as c:
+        assert c.execute("SELECT v FROM kv WHERE k = 200").fetchone() == (f"writer {winner}",)
+
+
+def test_unique_value_collision_from_two_nodes(cluster: Cluster) -> None:
+    conns = [cluster.connect(i, autocommit=False) for i in (0, 1)]
+    for i, c in enumerate(conns):
+        c.execute("INSERT INTO kv (k, v, u) VALUES (%s, 'x', 'same-unique')", (300 + i,))
+    results = []
+    for c in conns:
+        try:
+            c.commit()
+            results.append("ok")
+        except psycopg.Error as e:
+            results.append(e.sqlstate)
+        c.close()
+    assert sorted(results) == ["40001", "ok"]
+    cluster.assert_identical()
+
+
+def test_read_only_transaction_sends_nothing(cluster: Cluster) -> None:
+    cluster.quiesce()
+    before = [cluster.status(i)["delivered_gid"] for i in range(3)]
+    with cluster.connect(1, autocommit=False) as c:
+        c.execute("SELECT count(*) FROM kv").fetchone()
+        c.execute("SELECT * FROM kv WHERE k = 100").fetchall()
+        c.commit()
+    time.sleep(0.5)
+    assert [cluster.status(i)["delivered_gid"] for i in range(3)] == before
+
+
+def test_table_without_primary_key(cluster: Cluster) -> None:
+    with cluster.connect(0) as c:
+        c.execute("INSERT INTO nopk VALUES (1, 'a'), (2, 'b')")
+        with pytest.raises(psycopg.Error, match="without a primary key"):
+            c.execute("UPDATE nopk SET b = 'z' WHERE a = 1")
+    cluster.assert_identical()
+    with cluster.connect(2) as c:
+        assert c.execute("SELECT count(*) FROM nopk").fetchone() == (2,)
+
+
+def test_truncate_replicates(cluster: Cluster) -> None:
+    with cluster.connect(1) as c:
+        c.execute("INSERT INTO nopk VALUES (9, 'x')")
+        c.execute("TRUNCATE nopk")
+    cluster.assert_identical()
+    with cluster.connect(0) as c:
+        assert c.execute("SELECT count(*) FROM nopk").fetchone() == (0,)
+
+
+def test_100k_row_update_commits_and_replicates(cluster: Cluster) -> None:
+    with cluster.connect(0) as c:
+        c.execute("INSERT INTO big SELECT g, 0 FROM generate_series(1, 100000) g")
+    cluster.quiesce(120)
+    with cluster.connect(1) as c:
+        c.execute("UPDATE big SET n = n + 1")
+    cluster.quiesce(180)
+    for i in range(3):
+        with cluster.connect(i) as c:
+            assert c.execute("SELECT count(*), sum(n) FROM big").fetchone() == (100000, 100000)
+    cluster.assert_identical()
+
+
+def test_malformed_frame_closes_only_that_connection(cluster: Cluster) -> None:
+    sock_path = os.path.join(cluster.dir, "nodes", cluster.nodes[0].name, "run", "chorus.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(sock_path)
+        s.sendall(struct.pack(">I", 5) + b"Wjunk")
+        s.settimeout(5)
+        assert s.recv(100) == b""  # closed by the coordinator
+    with cluster.connect(0) as c:
+        c.execute("INSERT INTO kv (k, v) VALUES (400, 'after garbage')")
+    assert cluster.status(0)["malformed_frames"] >= 1
+    cluster.assert_identical()
+
+
+def test_pgbench_on_all_nodes_then_identical(cluster: Cluster) -> None:
+    pgbench = shutil.which("pgbench") or "/usr/lib/postgresql/15/bin/pgbench"
+    env = dict(os.environ, PGOPTIONS="-c chorus.capture=off")
+    for i in range(3):
+        subprocess.run([pgbench, "-i", "-q", "-s", "1", cluster.dsn(i)], env=env, check=True,
+                       capture_output=True, timeout=120)
+    cluster.assert_identical()
+    procs = [subprocess.Popen([pgbench, "-c", "4", "-j", "2", "-T", "8", "--max-tries", "100", "-n",
+                               cluster.dsn(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(3)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out
+        assert "number of transactions actually processed" in out, out
+    cluster.assert_identical()
+    with cluster.connect(0) as c:
+        tb = c.execute("SELECT sum(bbalance) FROM pgbench_branches").fetchone()
+        ta = c.execute("SELECT sum(abalance) FROM pgbench_accounts").fetchone()
+        th = c.execute("SELECT sum(delta) FROM pgbench_history").fetchone()
+        assert tb == ta == th
+
+
+def test_coordinator_down_refuses_writes_but_serves_reads(cluster: Cluster) -> None:
+    cluster.quiesce()
+    name = cluster.nodes[2].name
+    r = chorus("local", "kill", "--dir", cluster.dir, name, "--what", "coordinator")
+    assert r.returncode == 0, r.stderr
+    time.sleep(0.5)
+    with cluster.connect(2) as c:
+        assert c.execute("SELECT count(*) FROM kv WHERE k = 100").fetchone() == (1,)
+        with pytest.raises(psycopg.Error) as e:
+            c.execute("INSERT INTO kv (k, v) VALUES (500, 'no coordinator')")
+        assert "coordinator" in str(e.value)
+    r = chorus("local", "start", "--dir", cluster.dir, name)
+    assert r.returncode == 0, r.stderr
+    cluster.wait_online(2)
+    with cluster.connect(2) as c:
+        c.execute("INSERT INTO kv (k, v) VALUES (501, 'coordinator back')")
+    cluster.assert_identical()
