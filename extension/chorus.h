@@ -1,0 +1,132 @@
+/*
+ * chorus.h
+ *		Shared declarations of the Chorus extension: shared memory, GUCs, the
+ *		per-transaction writeset, and the entry points of each file.
+ */
+#ifndef CHORUS_H
+#define CHORUS_H
+
+#include "postgres.h"
+
+#include "access/htup.h"
+#include "lib/stringinfo.h"
+#include "storage/condition_variable.h"
+#include "storage/lwlock.h"
+#include "utils/rel.h"
+
+#define CHORUS_RING_SIZE 8192
+#define CHORUS_ORIGIN_NAME "chorus"
+
+/* Key modes (docs/PROTOCOL.md section 3). */
+#define CHORUS_KEY_REFERENCE 1
+#define CHORUS_KEY_UPDATE 2
+#define CHORUS_KEY_EXCLUSIVE 3
+
+typedef struct ChorusCommit
+{
+	uint64		gid;
+	TransactionId xid;
+} ChorusCommit;
+
+/* Node-wide state in shared memory. */
+typedef struct ChorusShared
+{
+	LWLock	   *lock;
+	ConditionVariable commit_cv;
+	bool		ready;			/* the coordinator initialised the watermark */
+	bool		online;			/* writes allowed (primary component) */
+	uint64		committed_gid;	/* the watermark: last GID committed here */
+	uint64		base_gid;		/* watermark at node_init; the ring starts after it */
+	uint64		ring_count;		/* entries ever appended since node_init */
+	ChorusCommit ring[CHORUS_RING_SIZE];
+} ChorusShared;
+
+extern ChorusShared *chorus_shared;
+
+/* GUCs */
+extern char *chorus_socket_path;
+extern bool chorus_capture_enabled;
+extern int	chorus_max_writeset_mb;
+extern char *chorus_exclude_schemas;
+
+/* One replicated table as seen by the current transaction. */
+typedef struct ChorusUniqueKey
+{
+	char	   *colnames;		/* "a,b" */
+	int			ncols;
+	int		   *cols;			/* indexes into ChorusTable.attnums */
+	bool		is_pk;
+} ChorusUniqueKey;
+
+typedef struct ChorusTable
+{
+	Oid			relid;
+	int			index;			/* position in the writeset's table list */
+	char	   *nspname;
+	char	   *relname;
+	int			ncols;
+	AttrNumber *attnums;
+	char	  **attnames;
+	char	  **typnames;
+	uint8	   *colflags;
+	Oid		   *typoutput;
+	int			nidentity;
+	int		   *identity;		/* indexes into attnums */
+	int			nunique;
+	ChorusUniqueKey *uniques;
+	bool		has_pk;
+	bool		table_key_done;
+	bool		truncate_key_done;
+} ChorusTable;
+
+/* The current top-level transaction's replication state. */
+typedef struct ChorusXact
+{
+	MemoryContext cxt;
+	int			ntables;
+	int			maxtables;
+	ChorusTable **tables;
+	StringInfoData rows;
+	uint32		nrows;
+	StringInfoData keys;
+	uint32		nkeys;
+	uint64		last_seen;
+	bool		has_last_seen;
+	/* savepoints: row buffer length at each open subtransaction's start */
+	int			nsubs;
+	int			maxsubs;
+	SubTransactionId *sub_ids;
+	int		   *sub_rowlen;
+	uint32	   *sub_nrows;
+	/* commit path */
+	bool		applying;		/* chorus.apply_begin() was called */
+	bool		certified;		/* the coordinator said COMMIT */
+	bool		origin_held;
+	uint64		gid;
+	uint64		wait_for;
+	TransactionId xid;
+} ChorusXact;
+
+extern ChorusXact chorus_xact;
+
+/* chorus_capture.c */
+extern void chorus_xact_reset(void);
+extern void chorus_subxact_start(SubTransactionId subid);
+extern void chorus_subxact_abort(SubTransactionId subid);
+extern uint64 chorus_visible_gid(void);
+
+/* chorus_writeset.c */
+extern void chorus_put_u8(StringInfo buf, uint8 v);
+extern void chorus_put_u16(StringInfo buf, uint16 v);
+extern void chorus_put_u32(StringInfo buf, uint32 v);
+extern void chorus_put_u64(StringInfo buf, uint64 v);
+extern void chorus_put_str(StringInfo buf, const char *s);
+extern void chorus_put_blob(StringInfo buf, const char *data, uint32 len);
+extern void chorus_serialize_writeset(StringInfo out, TransactionId xid);
+
+/* chorus_commit.c */
+extern void chorus_register_callbacks(void);
+extern void chorus_wait_for_turn(uint64 wait_for);
+extern void chorus_check_writable(void);
+
+#endif							/* CHORUS_H */

@@ -1,0 +1,433 @@
+/*
+ * chorus_commit.c
+ *		The commit path: at PRE_COMMIT a local transaction sends its writeset to
+ *		the coordinator and waits for the verdict; every replicated commit (local
+ *		or applied) then waits for its turn in GID order, records its GID in the
+ *		commit record through the replication origin "chorus", and advances the
+ *		node's watermark (docs/PROTOCOL.md section 1).
+ */
+#include "postgres.h"
+
+#include <errno.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "access/xact.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "replication/origin.h"
+#include "storage/latch.h"
+#include "utils/timestamp.h"
+#include "utils/wait_event.h"
+
+#include "chorus.h"
+
+#define VERDICT_COMMIT 0
+#define VERDICT_CONFLICT 1
+#define VERDICT_REFUSED 2
+
+/* This backend's connection to the coordinator, kept for the session. */
+static pgsocket chorus_sock = PGINVALID_SOCKET;
+
+static void
+chorus_disconnect(void)
+{
+	if (chorus_sock != PGINVALID_SOCKET)
+		close(chorus_sock);
+	chorus_sock = PGINVALID_SOCKET;
+}
+
+/*
+ * chorus_check_writable
+ *		Called at the first captured change of a transaction: refuse the write
+ *		right away when this node cannot commit it.
+ */
+void
+chorus_check_writable(void)
+{
+	bool		ready,
+				online;
+
+	if (chorus_socket_path == NULL || chorus_socket_path[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("chorus: this node does not accept writes"),
+				 errdetail("chorus.socket_path is not set: no coordinator is configured.")));
+	LWLockAcquire(chorus_shared->lock, LW_SHARED);
+	ready = chorus_shared->ready;
+	online = chorus_shared->online;
+	LWLockRelease(chorus_shared->lock);
+	if (!ready)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("chorus: this node does not accept writes"),
+				 errdetail("The Chorus coordinator has not started on this node (or PostgreSQL restarted since)."),
+				 errhint("Start it with \"chorus run\"; reads keep working.")));
+	if (!online)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("chorus: this node does not accept writes"),
+				 errdetail("The node is not online in the primary component of its cluster (joining, recovering, or partitioned away)."),
+				 errhint("See \"chorus status\"; reads keep working.")));
+}
+
+/*
+ * chorus_connect
+ *		Open the coordinator socket if this backend has none.
+ */
+static void
+chorus_connect(void)
+{
+	struct sockaddr_un addr;
+	pgsocket	s;
+
+	if (chorus_sock != PGINVALID_SOCKET)
+		return;
+	if (strlen(chorus_socket_path) >= sizeof(addr.sun_path))
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("chorus: chorus.socket_path is too long")));
+	s = socket(AF_UNIX, SOCK_STREAM, 0);
+	if (s < 0)
+		ereport(ERROR, (errcode(ERRCODE_CONNECTION_FAILURE),
+						errmsg("chorus: could not create a socket: %m")));
+	memset(&addr, 0, sizeof(addr));
+	addr.sun_family = AF_UNIX;
+	strlcpy(addr.sun_path, chorus_socket_path, sizeof(addr.sun_path));
+	if (connect(s, (struct sockaddr *) &addr, sizeof(addr)) < 0)
+	{
+		int			save = errno;
+
+		close(s);
+		errno = save;
+		ereport(ERROR,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("chorus: coordinator unreachable; write transactions are refused"),
+				 errdetail("Could not connect to \"%s\": %m.", chorus_socket_path),
+				 errhint("Start the coordinator (\"chorus run\"); reads keep working.")));
+	}
+	chorus_sock = s;
+}
+
+/*
+ * chorus_send_all
+ *		Write len bytes; on failure drop the connection and report.
+ */
+static void
+chorus_send_all(const char *data, size_t len, bool report)
+{
+	while (len > 0)
+	{
+		ssize_t		n = send(chorus_sock, data, len, MSG_NOSIGNAL);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+		{
+			chorus_disconnect();
+			if (report)
+				ereport(ERROR,
+						(errcode(ERRCODE_CONNECTION_FAILURE),
+						 errmsg("chorus: coordinator unreachable; write transactions are refused"),
+						 errdetail("Sending the writeset to \"%s\" failed: %m.", chorus_socket_path)));
+			return;
+		}
+		data += n;
+		len -= n;
+	}
+}
+
+/*
+ * chorus_recv_exact
+ *		Read len bytes, sleeping on the latch so the backend stays cancellable.
+ */
+static void
+chorus_recv_exact(char *buf, size_t len)
+{
+	while (len > 0)
+	{
+		ssize_t		n = recv(chorus_sock, buf, len, MSG_DONTWAIT);
+
+		if (n > 0)
+		{
+			buf += n;
+			len -= n;
+			continue;
+		}
+		if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+		{
+			chorus_disconnect();
+			ereport(ERROR,
+					(errcode(ERRCODE_CONNECTION_FAILURE),
+					 errmsg("chorus: lost the coordinator while waiting for the commit verdict"),
+					 errdetail("The transaction was rolled back here. If the cluster certified it, "
+							   "this node applies it when its coordinator recovers.")));
+		}
+		(void) WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_SOCKET_READABLE | WL_EXIT_ON_PM_DEATH,
+								 chorus_sock, -1L, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
+}
+
+/*
+ * chorus_request_verdict
+ *		Send the writeset (frame 'W') and wait for the verdict (frame 'V').
+ *		If the wait is interrupted the connection is closed, so the coordinator
+ *		knows nobody waits for this writeset any more (it replays it if certified).
+ */
+static void
+chorus_request_verdict(TransactionId xid)
+{
+	StringInfoData frame;
+	char		head[5];
+	char		body[1 + 1 + 8 + 8 + 2];
+	uint32		len;
+	uint16		msglen;
+	uint8		verdict;
+	uint64		gid,
+				wait_for;
+	char	   *msg;
+
+	chorus_connect();
+	initStringInfo(&frame);
+	chorus_put_u32(&frame, 0);	/* length, patched below */
+	chorus_put_u8(&frame, 'W');
+	chorus_serialize_writeset(&frame, xid);
+	len = pg_hton32((uint32) (frame.len - 4));
+	memcpy(frame.data, &len, 4);
+	chorus_send_all(frame.data, frame.len, true);
+	pfree(frame.data);
+
+	PG_TRY();
+	{
+		chorus_recv_exact(head, 5);
+		memcpy(&len, head, 4);
+		len = pg_ntoh32(len);
+		if (head[4] != 'V' || len < sizeof(body) || len > sizeof(body) + PG_UINT16_MAX)
+		{
+			chorus_disconnect();
+			ereport(ERROR, (errcode(ERRCODE_PROTOCOL_VIOLATION),
+							errmsg("chorus: malformed reply from the coordinator")));
+		}
+		chorus_recv_exact(body + 1, sizeof(body) - 1);
+		msglen = pg_ntoh16(*(uint16 *) (body + 18));
+		msg = palloc(msglen + 1);
+		chorus_recv_exact(msg, msglen);
+		msg[msglen] = '\0';
+	}
+	PG_CATCH();
+	{
+		chorus_disconnect();
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+
+	verdict = (uint8) body[1];
+	memcpy(&gid, body + 2, 8);
+	memcpy(&wait_for, body + 10, 8);
+	gid = pg_ntoh64(gid);
+	wait_for = pg_ntoh64(wait_for);
+
+	if (verdict == VERDICT_CONFLICT)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("chorus: %s", msg),
+				 errdetail("Another node's transaction, ordered first, wrote the same data (this transaction was GID %llu).",
+						   (unsigned long long) gid),
+				 errhint("Retry the transaction.")));
+	if (verdict != VERDICT_COMMIT)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("chorus: %s", msg)));
+	chorus_xact.certified = true;
+	chorus_xact.gid = gid;
+	chorus_xact.wait_for = wait_for;
+}
+
+/*
+ * chorus_wait_for_turn
+ *		Sleep until every certified writeset before ours has committed here.
+ */
+void
+chorus_wait_for_turn(uint64 wait_for)
+{
+	ConditionVariablePrepareToSleep(&chorus_shared->commit_cv);
+	for (;;)
+	{
+		uint64		committed;
+		bool		ready;
+
+		LWLockAcquire(chorus_shared->lock, LW_SHARED);
+		committed = chorus_shared->committed_gid;
+		ready = chorus_shared->ready;
+		LWLockRelease(chorus_shared->lock);
+		if (!ready)
+		{
+			ConditionVariableCancelSleep();
+			ereport(ERROR, (errcode(ERRCODE_CONNECTION_FAILURE),
+							errmsg("chorus: the node was reset while this transaction waited to commit")));
+		}
+		if (committed >= wait_for)
+			break;
+		ConditionVariableSleep(&chorus_shared->commit_cv, PG_WAIT_EXTENSION);
+	}
+	ConditionVariableCancelSleep();
+}
+
+/*
+ * chorus_take_origin
+ *		Record our GID in the commit record: the replication origin's progress
+ *		is written with the commit and replayed by crash recovery, so the
+ *		node's last GID is durable atomically with the commit. Commits happen
+ *		one at a time in GID order, so one origin is enough; it is held only
+ *		from our turn until our commit.
+ */
+static void
+chorus_take_origin(void)
+{
+	RepOriginId origin = replorigin_by_name(CHORUS_ORIGIN_NAME, true);
+
+	if (origin == InvalidRepOriginId)
+		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						errmsg("chorus: replication origin \"%s\" is missing", CHORUS_ORIGIN_NAME),
+						errhint("Run CREATE EXTENSION chorus in this database.")));
+	replorigin_session_setup(origin);
+	chorus_xact.origin_held = true;
+	replorigin_session_origin = origin;
+	replorigin_session_origin_lsn = (XLogRecPtr) chorus_xact.gid;
+	replorigin_session_origin_timestamp = GetCurrentTimestamp();
+}
+
+static void
+chorus_release_origin(void)
+{
+	if (!chorus_xact.origin_held)
+		return;
+	replorigin_session_origin = InvalidRepOriginId;
+	replorigin_session_origin_lsn = InvalidXLogRecPtr;
+	replorigin_session_origin_timestamp = 0;
+	replorigin_session_reset();
+	chorus_xact.origin_held = false;
+}
+
+/*
+ * chorus_committed
+ *		After our commit: advance the watermark, remember (gid, xid) for
+ *		last_seen, wake the next committer.
+ */
+static void
+chorus_committed(void)
+{
+	ChorusCommit *c;
+
+	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
+	if (chorus_xact.gid > chorus_shared->committed_gid)
+		chorus_shared->committed_gid = chorus_xact.gid;
+	c = &chorus_shared->ring[chorus_shared->ring_count % CHORUS_RING_SIZE];
+	c->gid = chorus_xact.gid;
+	c->xid = chorus_xact.xid;
+	chorus_shared->ring_count++;
+	LWLockRelease(chorus_shared->lock);
+	ConditionVariableBroadcast(&chorus_shared->commit_cv);
+}
+
+static void
+chorus_send_done(char kind)
+{
+	StringInfoData f;
+
+	if (chorus_sock == PGINVALID_SOCKET)
+		return;
+	initStringInfo(&f);
+	chorus_put_u32(&f, 13);
+	chorus_put_u8(&f, (uint8) kind);
+	chorus_put_u64(&f, chorus_xact.gid);
+	chorus_put_u32(&f, chorus_xact.xid);
+	chorus_send_all(f.data, f.len, false);
+	pfree(f.data);
+}
+
+/*
+ * chorus_xact_callback
+ *		PRE_COMMIT: certify (local) and wait for our turn (local and applied).
+ *		COMMIT: advance the watermark. ABORT: a certified local transaction that
+ *		did not commit is reported, so the coordinator replays it.
+ */
+static void
+chorus_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+			if (chorus_xact.applying)
+			{
+				chorus_xact.xid = GetTopTransactionId();
+				chorus_wait_for_turn(chorus_xact.wait_for);
+				chorus_take_origin();
+			}
+			else if (chorus_xact.nrows > 0)
+			{
+				chorus_xact.xid = GetTopTransactionId();
+				chorus_request_verdict(chorus_xact.xid);
+				chorus_wait_for_turn(chorus_xact.wait_for);
+				chorus_take_origin();
+			}
+			break;
+		case XACT_EVENT_COMMIT:
+			if (chorus_xact.applying || chorus_xact.certified)
+			{
+				chorus_release_origin();
+				chorus_committed();
+				if (chorus_xact.certified)
+					chorus_send_done('C');
+			}
+			chorus_xact_reset();
+			break;
+		case XACT_EVENT_ABORT:
+			chorus_release_origin();
+			if (chorus_xact.certified)
+				chorus_send_done('A');
+			chorus_xact_reset();
+			break;
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			chorus_xact_reset();
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * chorus_subxact_callback
+ *		Savepoints: rows captured in a rolled-back subtransaction are dropped.
+ */
+static void
+chorus_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+						SubTransactionId parentSubid, void *arg)
+{
+	switch (event)
+	{
+		case SUBXACT_EVENT_START_SUB:
+			chorus_subxact_start(mySubid);
+			break;
+		case SUBXACT_EVENT_ABORT_SUB:
+			chorus_subxact_abort(mySubid);
+			break;
+		case SUBXACT_EVENT_COMMIT_SUB:
+			/* rows stay; forget the savepoint mark */
+			if (chorus_xact.nsubs > 0 && chorus_xact.sub_ids[chorus_xact.nsubs - 1] == mySubid)
+				chorus_xact.nsubs--;
+			break;
+		default:
+			break;
+	}
+}
+
+void
+chorus_register_callbacks(void)
+{
+	RegisterXactCallback(chorus_xact_callback, NULL);
+	RegisterSubXactCallback(chorus_subxact_callback, NULL);
+}
