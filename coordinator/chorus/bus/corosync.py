@@ -1,0 +1,292 @@
+"""The bus on Corosync's closed process groups (libcpg) and votequorum, through cffi.
+
+CPG gives what :class:`chorus.bus.Bus` promises: agreed order (``CPG_TYPE_AGREED``),
+self-delivery, and configuration changes delivered in the same order as messages. Each
+coordinator is its own CPG member (``"nodeid:pid"``), so several nodes on one machine share one
+daemon. The CPG file descriptor is read in the asyncio loop (``loop.add_reader``), and
+``cpg_dispatch`` runs the callbacks, which only queue events. Whether this node is in the quorate
+partition comes from ``votequorum_getinfo`` at every configuration change (and every second).
+
+Corosync checks IPC permissions: root always connects; another user needs
+``uidgid { uid: USER gid: GROUP }`` in corosync.conf.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any, AsyncIterator, Optional
+
+from cffi import FFI
+
+from chorus.bus import Bus, BusError, Delivery, Event, View
+from chorus.bus.fragment import DEFAULT_FRAME_LIMIT, FragmentError, Reassembler, fragments
+
+log = logging.getLogger("chorus.bus.corosync")
+
+_CDEF = """
+typedef uint64_t cpg_handle_t;
+typedef int cs_error_t;
+typedef int cs_dispatch_flags_t;
+typedef int cpg_model_t;
+typedef int cpg_guarantee_t;
+struct cpg_address { uint32_t nodeid; uint32_t pid; uint32_t reason; };
+struct cpg_name { uint32_t length; char value[128]; };
+struct cpg_ring_id { uint32_t nodeid; uint64_t seq; };
+typedef void (*cpg_deliver_fn_t)(cpg_handle_t handle, const struct cpg_name *group_name,
+    uint32_t nodeid, uint32_t pid, void *msg, size_t msg_len);
+typedef void (*cpg_confchg_fn_t)(cpg_handle_t handle, const struct cpg_name *group_name,
+    const struct cpg_address *member_list, size_t member_list_entries,
+    const struct cpg_address *left_list, size_t left_list_entries,
+    const struct cpg_address *joined_list, size_t joined_list_entries);
+typedef void (*cpg_totem_confchg_fn_t)(cpg_handle_t handle, struct cpg_ring_id ring_id,
+    uint32_t member_list_entries, const uint32_t *member_list);
+typedef struct {
+    cpg_model_t model;
+    cpg_deliver_fn_t cpg_deliver_fn;
+    cpg_confchg_fn_t cpg_confchg_fn;
+    cpg_totem_confchg_fn_t cpg_totem_confchg_fn;
+    unsigned int flags;
+} cpg_model_v1_data_t;
+struct iovec { void *iov_base; size_t iov_len; };
+cs_error_t cpg_model_initialize(cpg_handle_t *handle, cpg_model_t model, void *model_data, void *context);
+cs_error_t cpg_finalize(cpg_handle_t handle);
+cs_error_t cpg_fd_get(cpg_handle_t handle, int *fd);
+cs_error_t cpg_dispatch(cpg_handle_t handle, cs_dispatch_flags_t dispatch_types);
+cs_error_t cpg_join(cpg_handle_t handle, const struct cpg_name *group);
+cs_error_t cpg_leave(cpg_handle_t handle, const struct cpg_name *group);
+cs_error_t cpg_mcast_joined(cpg_handle_t handle, cpg_guarantee_t guarantee, const struct iovec *iovec, unsigned int iov_len);
+cs_error_t cpg_local_get(cpg_handle_t handle, unsigned int *local_nodeid);
+cs_error_t cpg_max_atomic_msgsize_get(cpg_handle_t handle, uint32_t *size);
+
+typedef uint64_t votequorum_handle_t;
+struct votequorum_info {
+    unsigned int node_id; unsigned int node_state; unsigned int node_votes;
+    unsigned int node_expected_votes; unsigned int highest_expected; unsigned int total_votes;
+    unsigned int quorum; unsigned int flags; unsigned int qdevice_votes; char qdevice_name[255];
+};
+typedef struct { void *q; void *e; void *n; } votequorum_callbacks_t;
+cs_error_t votequorum_initialize(votequorum_handle_t *handle, votequorum_callbacks_t *callbacks);
+cs_error_t votequorum_finalize(votequorum_handle_t handle);
+cs_error_t votequorum_getinfo(votequorum_handle_t handle, unsigned int nodeid, struct votequorum_info *info);
+"""
+
+CS_OK = 1
+CS_ERR_TRY_AGAIN = 6
+CS_DISPATCH_ALL = 2
+CPG_MODEL_V1 = 1
+CPG_TYPE_AGREED = 2
+VOTEQUORUM_INFO_QUORATE = 2
+
+_ffi = FFI()
+_ffi.cdef(_CDEF)
+_libs: dict[str, Any] = {}
+
+
+def _lib(name: str) -> Any:
+    if name not in _libs:
+        try:
+            _libs[name] = _ffi.dlopen(name)
+        except OSError as e:
+            raise BusError(f"cannot load {name} (install Debian's libcpg-dev/libvotequorum-dev): {e}") from e
+    return _libs[name]
+
+
+def _member(nodeid: int, pid: int) -> str:
+    return f"{nodeid}:{pid}"
+
+
+class CorosyncBus(Bus):
+    """One CPG member in group ``group``."""
+
+    def __init__(self, group: str, frame_limit: int = DEFAULT_FRAME_LIMIT, join_timeout: float = 30.0,
+                 send_timeout: float = 30.0) -> None:
+        if not group or len(group.encode()) > 127:
+            raise ValueError("CPG group name must have 1 to 127 bytes")
+        self.group = group
+        self.frame_limit = frame_limit
+        self.join_timeout = join_timeout
+        self.send_timeout = send_timeout
+        self._cpg = _lib("libcpg.so.4")
+        self._handle = _ffi.new("cpg_handle_t *")
+        self._name = _ffi.new("struct cpg_name *")
+        raw = group.encode()
+        self._name.length = len(raw)
+        _ffi.memmove(self._name.value, raw, len(raw))
+        self._vq: Optional[Any] = None
+        self._vq_handle = _ffi.new("votequorum_handle_t *")
+        self._queue: asyncio.Queue[Event | BusError] = asyncio.Queue()
+        self._reassembler = Reassembler()
+        self._send_lock = asyncio.Lock()
+        self._seq = 0
+        self._nodeid = 0
+        self._local = ""
+        self._fd = -1
+        self._joined = False
+        self._view_id = 0
+        self._members: tuple[str, ...] = ()
+        self._quorate = False
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._quorum_task: Optional[asyncio.Task[None]] = None
+        # keep the callbacks alive as long as the handle
+        self._cb_deliver = _ffi.callback("cpg_deliver_fn_t", self._on_deliver)
+        self._cb_confchg = _ffi.callback("cpg_confchg_fn_t", self._on_confchg)
+        self._model = _ffi.new("cpg_model_v1_data_t *")
+        self._model.model = CPG_MODEL_V1
+        self._model.cpg_deliver_fn = self._cb_deliver
+        self._model.cpg_confchg_fn = self._cb_confchg
+        self._model.cpg_totem_confchg_fn = _ffi.NULL
+        self._model.flags = 0
+
+    @property
+    def local_id(self) -> str:
+        return self._local
+
+    # ---- joining ------------------------------------------------------------------------
+
+    async def _retry(self, what: str, call: Any, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        delay = 0.001
+        while True:
+            rc = call()
+            if rc == CS_OK:
+                return
+            if rc != CS_ERR_TRY_AGAIN or time.monotonic() > deadline:
+                raise BusError(f"{what} failed with corosync error {rc}"
+                               + (" (is corosync running, and may this user use it?)" if what == "cpg_initialize" else ""))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    async def join(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self._retry("cpg_initialize",
+                          lambda: self._cpg.cpg_model_initialize(self._handle, CPG_MODEL_V1, self._model, _ffi.NULL),
+                          self.join_timeout)
+        h = self._handle[0]
+        nodeid = _ffi.new("unsigned int *")
+        await self._retry("cpg_local_get", lambda: self._cpg.cpg_local_get(h, nodeid), self.join_timeout)
+        self._nodeid = int(nodeid[0])
+        self._local = _member(self._nodeid, os.getpid())
+        maxsize = _ffi.new("uint32_t *")
+        if self._cpg.cpg_max_atomic_msgsize_get(h, maxsize) == CS_OK and maxsize[0] > 1024:
+            self.frame_limit = min(self.frame_limit, int(maxsize[0]))
+        self._init_quorum()
+        fd = _ffi.new("int *")
+        await self._retry("cpg_fd_get", lambda: self._cpg.cpg_fd_get(h, fd), self.join_timeout)
+        self._fd = int(fd[0])
+        self._loop.add_reader(self._fd, self._dispatch)
+        await self._retry("cpg_join", lambda: self._cpg.cpg_join(h, self._name), self.join_timeout)
+        self._joined = True
+        self._quorum_task = asyncio.create_task(self._watch_quorum())
+
+    def _init_quorum(self) -> None:
+        try:
+            self._vq = _lib("libvotequorum.so.8")
+        except BusError as e:
+            log.warning("votequorum unavailable (%s); treating this partition as quorate", e)
+            self._vq = None
+            return
+        cbs = _ffi.new("votequorum_callbacks_t *")
+        rc = self._vq.votequorum_initialize(self._vq_handle, cbs)
+        if rc != CS_OK:
+            log.warning("votequorum_initialize failed (%d); treating this partition as quorate", rc)
+            self._vq = None
+
+    def _read_quorate(self) -> bool:
+        if self._vq is None:
+            return True
+        info = _ffi.new("struct votequorum_info *")
+        rc = self._vq.votequorum_getinfo(self._vq_handle[0], self._nodeid, info)
+        if rc != CS_OK:
+            return False
+        return bool(info.flags & VOTEQUORUM_INFO_QUORATE)
+
+    async def _watch_quorum(self) -> None:
+        """Quorum can change without a CPG configuration change of our group: re-check."""
+        while self._joined:
+            await asyncio.sleep(1.0)
+            q = self._read_quorate()
+            if q != self._quorate and self._members:
+                self._quorate = q
+                self._view_id += 1
+                self._queue.put_nowait(View(self._view_id, self._members, (), (), self._local, q))
+
+    # ---- callbacks (run inside cpg_dispatch) --------------------------------------------
+
+    def _dispatch(self) -> None:
+        rc = self._cpg.cpg_dispatch(self._handle[0], CS_DISPATCH_ALL)
+        if rc not in (CS_OK, CS_ERR_TRY_AGAIN):
+            self._fail(f"cpg_dispatch failed with corosync error {rc} (daemon gone?)")
+
+    def _fail(self, why: str) -> None:
+        if self._loop is not None and self._fd >= 0:
+            self._loop.remove_reader(self._fd)
+            self._fd = -1
+        self._queue.put_nowait(BusError(why))
+
+    def _on_deliver(self, handle: Any, group: Any, nodeid: int, pid: int, msg: Any, msg_len: int) -> None:
+        sender = _member(nodeid, pid)
+        frame = bytes(_ffi.buffer(msg, msg_len))
+        try:
+            whole = self._reassembler.feed(sender, frame)
+        except FragmentError as e:
+            log.warning("dropping malformed frame: %s", e)
+            return
+        if whole is not None:
+            self._queue.put_nowait(Delivery(sender, whole))
+
+    def _on_confchg(self, handle: Any, group: Any, members: Any, nmembers: int, left: Any, nleft: int,
+                    joined: Any, njoined: int) -> None:
+        m = tuple(_member(members[i].nodeid, members[i].pid) for i in range(nmembers))
+        lf = tuple(_member(left[i].nodeid, left[i].pid) for i in range(nleft))
+        jn = tuple(_member(joined[i].nodeid, joined[i].pid) for i in range(njoined))
+        for s in lf:
+            self._reassembler.drop(s)
+        self._members = m
+        self._quorate = self._read_quorate()
+        self._view_id += 1
+        self._queue.put_nowait(View(self._view_id, m, jn, lf, self._local, self._quorate))
+        if self._local and self._local in lf:
+            self._fail("this member was removed from the CPG group")
+
+    # ---- sending ------------------------------------------------------------------------
+
+    async def send(self, payload: bytes) -> None:
+        if not self._joined:
+            raise BusError("not joined to the CPG group")
+        async with self._send_lock:
+            self._seq += 1
+            for frame in fragments(payload, self._seq, self.frame_limit):
+                buf = _ffi.from_buffer(frame)
+                iov = _ffi.new("struct iovec *")
+                iov.iov_base = buf
+                iov.iov_len = len(frame)
+                await self._retry("cpg_mcast_joined",
+                                  lambda: self._cpg.cpg_mcast_joined(self._handle[0], CPG_TYPE_AGREED, iov, 1),
+                                  self.send_timeout)
+
+    async def events(self) -> AsyncIterator[Event]:  # type: ignore[override]
+        while True:
+            ev = await self._queue.get()
+            if isinstance(ev, BusError):
+                raise ev
+            yield ev
+
+    async def leave(self) -> None:
+        if self._quorum_task is not None:
+            self._quorum_task.cancel()
+            self._quorum_task = None
+        if self._loop is not None and self._fd >= 0:
+            self._loop.remove_reader(self._fd)
+            self._fd = -1
+        if self._joined:
+            self._joined = False
+            self._cpg.cpg_leave(self._handle[0], self._name)
+        if self._handle[0]:
+            self._cpg.cpg_finalize(self._handle[0])
+            self._handle[0] = 0
+        if self._vq is not None:
+            self._vq.votequorum_finalize(self._vq_handle[0])
+            self._vq = None

@@ -1,0 +1,88 @@
+"""Fragmentation of bus messages larger than one frame, and reassembly in delivery order.
+
+Frame header (10 bytes, big-endian): ``u8 version (1)``, ``u8 flags`` (bit 0 FIRST, bit 1 LAST),
+``u32 message sequence`` (per sender), ``u32 fragment index``. Frames of one sender arrive in
+the order it sent them (agreed order is FIFO per sender), so a message is whole when its LAST
+frame arrives, and it takes the position of that frame in the total order.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+VERSION = 1
+FIRST = 1
+LAST = 2
+HEADER = struct.Struct(">BBII")
+DEFAULT_FRAME_LIMIT = 512 * 1024
+
+
+class FragmentError(ValueError):
+    """A frame that does not fit the sender's message in progress."""
+
+
+def fragments(payload: bytes, seq: int, frame_limit: int = DEFAULT_FRAME_LIMIT) -> Iterator[bytes]:
+    """Frames of one message, each at most ``frame_limit`` bytes including the header."""
+    chunk = frame_limit - HEADER.size
+    if chunk <= 0:
+        raise ValueError("frame limit smaller than the frame header")
+    n = max(1, -(-len(payload) // chunk))
+    for i in range(n):
+        flags = (FIRST if i == 0 else 0) | (LAST if i == n - 1 else 0)
+        yield HEADER.pack(VERSION, flags, seq & 0xFFFFFFFF, i) + payload[i * chunk:(i + 1) * chunk]
+
+
+@dataclass
+class _Partial:
+    seq: int
+    next_index: int
+    parts: list[bytes] = field(default_factory=list)
+
+
+class Reassembler:
+    """Per-sender reassembly. Feed frames in delivery order."""
+
+    def __init__(self, max_message: int = 1 << 30) -> None:
+        self._partial: dict[str, _Partial] = {}
+        self.max_message = max_message
+
+    def feed(self, sender: str, frame: bytes) -> Optional[bytes]:
+        """Returns the whole message when ``frame`` completes one, else None."""
+        if len(frame) < HEADER.size:
+            self._partial.pop(sender, None)
+            raise FragmentError(f"frame of {len(frame)} bytes from {sender} is shorter than its header")
+        version, flags, seq, index = HEADER.unpack_from(frame)
+        if version != VERSION:
+            self._partial.pop(sender, None)
+            raise FragmentError(f"unsupported frame version {version} from {sender}")
+        body = frame[HEADER.size:]
+        p = self._partial.get(sender)
+        if flags & FIRST:
+            if index != 0:
+                raise FragmentError(f"first frame with index {index} from {sender}")
+            if p is not None:
+                self._partial.pop(sender)
+                raise FragmentError(f"{sender} started message {seq} before finishing {p.seq}")
+            p = _Partial(seq, 0)
+        elif p is None or p.seq != seq or p.next_index != index:
+            self._partial.pop(sender, None)
+            raise FragmentError(f"out-of-order frame {index} of message {seq} from {sender}")
+        p.parts.append(body)
+        p.next_index += 1
+        if sum(len(x) for x in p.parts) > self.max_message:
+            self._partial.pop(sender, None)
+            raise FragmentError(f"message from {sender} exceeds {self.max_message} bytes")
+        if flags & LAST:
+            self._partial.pop(sender, None)
+            return b"".join(p.parts)
+        self._partial[sender] = p
+        return None
+
+    def drop(self, sender: str) -> None:
+        """The sender left: forget its partial message."""
+        self._partial.pop(sender, None)
+
+    def pending(self) -> int:
+        return len(self._partial)
