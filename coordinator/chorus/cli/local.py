@@ -1,0 +1,141 @@
+"""``chorus local ...`` and ``chorus sql``: a development cluster on this machine."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import click
+import psycopg
+
+from chorus.cli.common import ChorusCliError, dir_option, json_option, print_json, print_table
+from chorus.localcluster import LocalCluster, LocalClusterError
+
+
+def _cluster(directory: str, quiet: bool = False) -> LocalCluster:
+    return LocalCluster(directory, log=(lambda s: None) if quiet else (lambda s: click.echo(s, err=True)))
+
+
+def _node_status(admin: str) -> dict[str, Any]:
+    from chorus.coordinator import admin_request
+
+    try:
+        st: dict[str, Any] = admin_request(admin, timeout=2)["status"]
+        return st
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def _show(nodes: list[dict[str, Any]], as_json: bool, directory: str) -> None:
+    for n in nodes:
+        st = _node_status(n["admin"]) if n["coordinator_pid"] else {}
+        n["state"] = st.get("state", "down")
+        n["committed_gid"] = st.get("committed_gid")
+    if as_json:
+        print_json({"dir": directory, "nodes": nodes})
+        return
+    print_table(["name", "dsn", "state", "committed GID", "postgres pid", "coordinator pid"],
+                [[n["name"], n["dsn"], n["state"], n["committed_gid"] if n["committed_gid"] is not None else "-",
+                  n["pg_pid"] or "-", n["coordinator_pid"] or "-"] for n in nodes])
+
+
+@click.group()
+def local() -> None:
+    """A local cluster of several nodes on this machine (development, demos, tests)."""
+
+
+@local.command()
+@dir_option
+@click.option("--nodes", default=3, show_default=True, help="Number of nodes (when creating).")
+@click.option("--port-base", default=5433, show_default=True, help="PostgreSQL port of the first node.")
+@json_option
+def up(directory: str, nodes: int, port_base: int, as_json: bool) -> None:
+    """Create, or restart, a local cluster and wait until every node is online."""
+    c = _cluster(directory)
+    try:
+        desc = c.up(nodes, port_base)
+    except LocalClusterError as e:
+        raise ChorusCliError(str(e)) from e
+    _show(desc, as_json, str(c.dir))
+
+
+@local.command()
+@dir_option
+@json_option
+def status(directory: str, as_json: bool) -> None:
+    """Processes and replication state of each node."""
+    c = _cluster(directory)
+    try:
+        _show(c.describe(c.load()), as_json, str(c.dir))
+    except LocalClusterError as e:
+        raise ChorusCliError(str(e)) from e
+
+
+@local.command()
+@dir_option
+def down(directory: str) -> None:
+    """Stop exactly the processes this cluster started."""
+    try:
+        _cluster(directory).down()
+    except LocalClusterError as e:
+        raise ChorusCliError(str(e)) from e
+
+
+@local.command()
+@dir_option
+@click.argument("name")
+def stop(directory: str, name: str) -> None:
+    """Stop one node (coordinator, then PostgreSQL)."""
+    try:
+        _cluster(directory).stop(name)
+    except LocalClusterError as e:
+        raise ChorusCliError(str(e)) from e
+
+
+@local.command()
+@dir_option
+@click.argument("name")
+def start(directory: str, name: str) -> None:
+    """Start one node and wait until it is online."""
+    try:
+        _cluster(directory).start(name)
+    except LocalClusterError as e:
+        raise ChorusCliError(str(e)) from e
+
+
+@local.command()
+@dir_option
+@click.argument("name")
+@click.option("--what", type=click.Choice(["postgres", "coordinator", "all"]), default="all", show_default=True)
+def kill(directory: str, name: str, what: str) -> None:
+    """SIGKILL a node's PostgreSQL postmaster and/or coordinator (fault tests)."""
+    try:
+        _cluster(directory).kill(name, what)
+    except LocalClusterError as e:
+        raise ChorusCliError(str(e)) from e
+
+
+@click.command("sql")
+@dir_option
+@click.option("--all", "all_nodes", is_flag=True, help="Run on every node.")
+@click.option("--node", help="Run on this node only.")
+@click.argument("statement")
+def sql_command(directory: str, all_nodes: bool, node: Optional[str], statement: str) -> None:
+    """Run a statement on every node (or one) of a local cluster, locally on each."""
+    if all_nodes == bool(node):
+        raise ChorusCliError("give exactly one of --all or --node NAME")
+    c = _cluster(directory, quiet=True)
+    try:
+        nodes = c.describe(c.load())
+    except LocalClusterError as e:
+        raise ChorusCliError(str(e)) from e
+    for n in nodes:
+        if node and n["name"] != node:
+            continue
+        try:
+            with psycopg.connect(n["dsn"], autocommit=True) as conn:
+                cur = conn.execute(statement)
+                if cur.description:
+                    for row in cur.fetchall():
+                        click.echo(f"{n['name']}: " + "\t".join("" if v is None else str(v) for v in row))
+        except psycopg.Error as e:
+            raise ChorusCliError(f"{n['name']}: {str(e).strip()}") from e

@@ -1,0 +1,434 @@
+"""A local development cluster: N PostgreSQL instances, one shared Corosync, N coordinators.
+
+Everything lives under one directory; ``cluster.json`` records the pid of every process the
+cluster started, so ``down``/``stop``/``kill`` act on exactly those (by pid, never by name).
+Run as root, PostgreSQL and the coordinators run as the ``postgres`` OS user.
+
+```
+DIR/cluster.json
+DIR/corosync/corosync.conf, corosync.log
+DIR/nodes/<name>/pgdata, postgres.log, coordinator.log, chorus.toml, state.json
+DIR/nodes/<name>/run/          (0700: PostgreSQL's socket, chorus.sock, admin.sock)
+```
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from chorus.config import NodeConfig, write_config
+from chorus.state import load_state, save_state
+
+PGBIN = Path("/usr/lib/postgresql/15/bin")
+SERVICE_USER = "postgres"
+
+
+class LocalClusterError(Exception):
+    pass
+
+
+@dataclass
+class NodeMeta:
+    name: str
+    port: int
+    pg_pid: int = 0
+    coordinator_pid: int = 0
+
+
+@dataclass
+class Meta:
+    group: str
+    nodes: list[NodeMeta] = field(default_factory=list)
+    corosync_pid: int = 0
+    corosync_ours: bool = False
+
+
+def _alive(pid: int, needle: str) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().split(") ", 1)[1].startswith("Z"):
+                return False
+    except OSError:
+        return False
+    return needle in cmd
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class LocalCluster:
+    def __init__(self, directory: str, log: Callable[[str], None] = lambda s: None) -> None:
+        self.dir = Path(directory).resolve()
+        self.meta_path = self.dir / "cluster.json"
+        self.log = log
+        self.as_root = os.geteuid() == 0
+        self.venv_chorus = str(Path(sys.executable).parent / "chorus")
+
+    # ---- metadata -----------------------------------------------------------------------
+
+    def load(self) -> Meta:
+        try:
+            raw = json.loads(self.meta_path.read_text())
+        except FileNotFoundError as e:
+            raise LocalClusterError(f"no local cluster in {self.dir} (run `chorus local up`)") from e
+        return Meta(raw["group"], [NodeMeta(**n) for n in raw["nodes"]], raw.get("corosync_pid", 0),
+                    raw.get("corosync_ours", False))
+
+    def save(self, meta: Meta) -> None:
+        tmp = self.meta_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(meta), indent=2))
+        tmp.replace(self.meta_path)
+
+    def node_dir(self, name: str) -> Path:
+        return self.dir / "nodes" / name
+
+    def run_dir(self, name: str) -> Path:
+        return self.node_dir(name) / "run"
+
+    def config(self, meta: Meta, n: NodeMeta) -> NodeConfig:
+        d = self.node_dir(n.name)
+        run = self.run_dir(n.name)
+        return NodeConfig(
+            name=n.name, dsn=f"host={run} port={n.port} dbname=postgres user=postgres",
+            socket_path=str(run / "chorus.sock"), admin_socket=str(run / "admin.sock"),
+            state_file=str(d / "state.json"), data_dir=str(d), cluster_group=meta.group)
+
+    def describe(self, meta: Meta) -> list[dict[str, Any]]:
+        out = []
+        for n in meta.nodes:
+            cfg = self.config(meta, n)
+            out.append({
+                "name": n.name, "port": n.port,
+                "dsn": f"host=127.0.0.1 port={n.port} dbname=postgres user=postgres",
+                "socket_dsn": cfg.dsn, "admin": cfg.admin_socket,
+                "config": str(self.node_dir(n.name) / "chorus.toml"),
+                "pg_pid": n.pg_pid if _alive(n.pg_pid, "postgres") else 0,
+                "coordinator_pid": n.coordinator_pid if _alive(n.coordinator_pid, "chorus") else 0,
+            })
+        return out
+
+    # ---- processes ----------------------------------------------------------------------
+
+    def _as_service(self) -> dict[str, Any]:
+        if not self.as_root:
+            return {}
+        return {"user": SERVICE_USER, "group": SERVICE_USER, "extra_groups": []}
+
+    def _chown(self, path: Path) -> None:
+        if self.as_root:
+            pw = pwd.getpwnam(SERVICE_USER)
+            for root, dirs, files in os.walk(path):
+                os.chown(root, pw.pw_uid, pw.pw_gid)
+                for f in files:
+                    os.chown(os.path.join(root, f), pw.pw_uid, pw.pw_gid)
+
+    def _run(self, cmd: list[str], what: str, timeout: float = 120) -> None:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **self._as_service())
+        if p.returncode != 0:
+            raise LocalClusterError(f"{what} failed:\n{p.stderr.strip() or p.stdout.strip()}")
+
+    def _corosync_reachable(self) -> bool:
+        tool = shutil.which("corosync-quorumtool") or "/usr/sbin/corosync-quorumtool"
+        try:
+            return subprocess.run([tool, "-s"], capture_output=True, timeout=10).returncode in (0, 2)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+    def _start_corosync(self, meta: Meta) -> None:
+        if meta.corosync_ours and _alive(meta.corosync_pid, "corosync"):
+            return
+        if self._corosync_reachable():
+            self.log("reusing the corosync daemon already running on this machine")
+            meta.corosync_ours, meta.corosync_pid = False, 0
+            return
+        if not self.as_root:
+            raise LocalClusterError("corosync is not running and only root can start it")
+        cdir = self.dir / "corosync"
+        cdir.mkdir(parents=True, exist_ok=True)
+        conf = cdir / "corosync.conf"
+        conf.write_text(COROSYNC_CONF.format(name=meta.group, log=cdir / "corosync.log", user=SERVICE_USER))
+        binary = shutil.which("corosync") or "/usr/sbin/corosync"
+        with open(cdir / "corosync.out", "ab") as out:
+            p = subprocess.Popen([binary, "-f", "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        meta.corosync_pid, meta.corosync_ours = p.pid, True
+        self.save(meta)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if p.poll() is not None:
+                raise LocalClusterError(f"corosync exited:\n{_tail(cdir / 'corosync.out')}\n{_tail(cdir / 'corosync.log')}")
+            if self._corosync_reachable():
+                self.log(f"corosync started (pid {p.pid})")
+                return
+            time.sleep(0.2)
+        raise LocalClusterError(f"corosync did not become ready:\n{_tail(cdir / 'corosync.log')}")
+
+    def _init_node(self, meta: Meta, n: NodeMeta) -> None:
+        d = self.node_dir(n.name)
+        run = self.run_dir(n.name)
+        d.mkdir(parents=True, exist_ok=True)
+        run.mkdir(mode=0o700, exist_ok=True)
+        self._chown(d)
+        pgdata = d / "pgdata"
+        if not (pgdata / "PG_VERSION").exists():
+            self.log(f"{n.name}: initdb")
+            self._run([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
+                       "-E", "UTF8", "--locale=C.UTF-8"], f"initdb of {n.name}")
+            with open(pgdata / "postgresql.conf", "a") as f:
+                f.write(PG_CONF.format(port=n.port, run=run))
+        cfg = self.config(meta, n)
+        toml = d / "chorus.toml"
+        write_config(cfg, str(toml))
+        self._chown(d)
+
+    def _start_postgres(self, n: NodeMeta) -> None:
+        d = self.node_dir(n.name)
+        if _alive(n.pg_pid, "postgres"):
+            return
+        _port_free_or_fail(n.port, n.name)
+        self.log(f"{n.name}: starting PostgreSQL on port {n.port}")
+        try:
+            self._run([str(PGBIN / "pg_ctl"), "-D", str(d / "pgdata"), "-l", str(d / "postgres.log"),
+                       "-w", "-t", "60", "start"], f"starting PostgreSQL of {n.name}")
+        except LocalClusterError as e:
+            raise LocalClusterError(f"{e}\n{_tail(d / 'postgres.log')}") from None
+        n.pg_pid = int((d / "pgdata" / "postmaster.pid").read_text().split()[0])
+        self._run([str(PGBIN / "psql"), "-X", "-q", "-h", str(self.run_dir(n.name)), "-p", str(n.port),
+                   "-U", "postgres", "-d", "postgres", "-c", "CREATE EXTENSION IF NOT EXISTS chorus"],
+                  f"CREATE EXTENSION chorus on {n.name} (is the extension installed? run scripts/setup.sh)")
+
+    def _start_coordinator(self, n: NodeMeta) -> None:
+        if _alive(n.coordinator_pid, "chorus"):
+            return
+        d = self.node_dir(n.name)
+        self.log(f"{n.name}: starting the coordinator")
+        with open(d / "coordinator.log", "ab") as out:
+            p = subprocess.Popen([self.venv_chorus, "run", "--config", str(d / "chorus.toml")],
+                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, cwd=str(d), **self._as_service())
+        n.coordinator_pid = p.pid
+
+    def _plan_bootstrap(self, meta: Meta, fresh: bool) -> None:
+        """A fresh cluster bootstraps on its first node. A restarted cluster with no coordinator
+        running bootstraps on the node that left last, else on the one with the highest GID."""
+        running = [n for n in meta.nodes if _alive(n.coordinator_pid, "chorus")]
+        if running:
+            return
+        states = {n.name: load_state(self.config(meta, n).state_file, n.name) for n in meta.nodes}
+        if fresh or not any(s.cluster_uuid for s in states.values()):
+            chosen = meta.nodes[0].name
+        elif any(s.safe_to_bootstrap for s in states.values()):
+            return
+        else:
+            chosen = max(states.values(), key=lambda s: (s.last_gid, -int(s.node[1:] or 0))).node
+            self.log(f"no node left the cluster last; bootstrapping from {chosen} (highest GID)")
+        n = next(x for x in meta.nodes if x.name == chosen)
+        path = self.config(meta, n).state_file
+        save_state(path, states[chosen].with_(bootstrap=True))
+        self._chown(Path(path).parent)
+
+    def wait_online(self, meta: Meta, names: Optional[list[str]] = None, timeout: float = 60) -> None:
+        from chorus.coordinator import admin_request
+
+        deadline = time.monotonic() + timeout
+        pending = [n for n in meta.nodes if names is None or n.name in names]
+        last: dict[str, str] = {}
+        while pending and time.monotonic() < deadline:
+            for n in list(pending):
+                if not _alive(n.coordinator_pid, "chorus"):
+                    raise LocalClusterError(f"{n.name}: the coordinator exited:\n"
+                                            f"{_tail(self.node_dir(n.name) / 'coordinator.log')}")
+                try:
+                    st = admin_request(self.config(meta, n).admin_socket, timeout=2)["status"]
+                    last[n.name] = f"{st['state']}: {st['reason']}"
+                    if st["state"] == "online":
+                        pending.remove(n)
+                except (OSError, ValueError, KeyError):
+                    last[n.name] = "not answering yet"
+            time.sleep(0.2)
+        if pending:
+            raise LocalClusterError("nodes not online in time: " + "; ".join(
+                f"{n.name} ({last.get(n.name, '?')})" for n in pending))
+
+    # ---- commands -----------------------------------------------------------------------
+
+    def up(self, nodes: int, port_base: int) -> list[dict[str, Any]]:
+        fresh = not self.meta_path.exists()
+        if fresh:
+            if len(str(self.dir)) > 70:
+                raise LocalClusterError(f"directory path too long for Unix sockets: {self.dir}")
+            self.dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.dir, 0o755)
+            group = "chorus-" + hashlib.sha1(str(self.dir).encode()).hexdigest()[:10]
+            meta = Meta(group, [NodeMeta(f"n{i + 1}", port_base + i) for i in range(nodes)])
+            self.save(meta)
+        else:
+            meta = self.load()
+        self._start_corosync(meta)
+        for n in meta.nodes:
+            self._init_node(meta, n)
+            self._start_postgres(n)
+            self.save(meta)
+        self._plan_bootstrap(meta, fresh)
+        for n in meta.nodes:
+            self._start_coordinator(n)
+            self.save(meta)
+        self.wait_online(meta)
+        return self.describe(meta)
+
+    def start(self, name: str) -> None:
+        meta = self.load()
+        n = self._node(meta, name)
+        self._start_corosync(meta)
+        self._start_postgres(n)
+        self._start_coordinator(n)
+        self.save(meta)
+        self.wait_online(meta, [name])
+
+    def stop(self, name: str) -> None:
+        meta = self.load()
+        n = self._node(meta, name)
+        self._stop_coordinator(n)
+        self._stop_postgres(n)
+        self.save(meta)
+
+    def kill(self, name: str, what: str) -> None:
+        meta = self.load()
+        n = self._node(meta, name)
+        if what in ("coordinator", "all") and _alive(n.coordinator_pid, "chorus"):
+            os.kill(n.coordinator_pid, signal.SIGKILL)
+            _wait_gone(n.coordinator_pid, "chorus", 10)
+        if what in ("postgres", "all") and _alive(n.pg_pid, "postgres"):
+            os.kill(n.pg_pid, signal.SIGKILL)
+            _wait_gone(n.pg_pid, "postgres", 10)
+
+    def down(self) -> None:
+        if not self.meta_path.exists():
+            return
+        meta = self.load()
+        for n in meta.nodes:  # one at a time: the last to leave may bootstrap next time
+            self._stop_coordinator(n)
+        for n in meta.nodes:
+            self._stop_postgres(n)
+        if meta.corosync_ours and _alive(meta.corosync_pid, "corosync"):
+            _terminate(meta.corosync_pid, "corosync", 15)
+        meta.corosync_pid, meta.corosync_ours = 0, False
+        self.save(meta)
+
+    def _node(self, meta: Meta, name: str) -> NodeMeta:
+        for n in meta.nodes:
+            if n.name == name:
+                return n
+        raise LocalClusterError(f"no node {name!r} in {self.dir} (nodes: {', '.join(x.name for x in meta.nodes)})")
+
+    def _stop_coordinator(self, n: NodeMeta) -> None:
+        if _alive(n.coordinator_pid, "chorus"):
+            _terminate(n.coordinator_pid, "chorus", 15)
+        n.coordinator_pid = 0
+
+    def _stop_postgres(self, n: NodeMeta) -> None:
+        d = self.node_dir(n.name)
+        if _alive(n.pg_pid, "postgres"):
+            try:
+                self._run([str(PGBIN / "pg_ctl"), "-D", str(d / "pgdata"), "-m", "fast", "-w", "-t", "30",
+                           "stop"], f"stopping PostgreSQL of {n.name}", timeout=60)
+            except (LocalClusterError, subprocess.TimeoutExpired):
+                if _alive(n.pg_pid, "postgres"):
+                    os.kill(n.pg_pid, signal.SIGKILL)
+        n.pg_pid = 0
+
+
+def _wait_gone(pid: int, needle: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid, needle):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _terminate(pid: int, needle: str, timeout: float) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    if not _wait_gone(pid, needle, timeout):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _wait_gone(pid, needle, 5)
+
+
+def _port_free_or_fail(port: int, name: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise LocalClusterError(f"{name}: port {port} is in use ({e}); choose another --port-base") from e
+
+
+PG_CONF = """
+# --- chorus local cluster ---
+port = {port}
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '{run}'
+shared_preload_libraries = 'chorus'
+chorus.socket_path = '{run}/chorus.sock'
+max_connections = 100
+max_replication_slots = 10
+shared_buffers = 128MB
+log_line_prefix = '%m [%p] '
+"""
+
+COROSYNC_CONF = """totem {{
+  version: 2
+  cluster_name: {name}
+  transport: knet
+  crypto_cipher: none
+  crypto_hash: none
+  token: 1000
+}}
+logging {{
+  to_stderr: no
+  to_logfile: yes
+  logfile: {log}
+  to_syslog: no
+  timestamp: on
+}}
+quorum {{
+  provider: corosync_votequorum
+}}
+nodelist {{
+  node {{
+    name: local
+    nodeid: 1
+    ring0_addr: 127.0.0.1
+  }}
+}}
+uidgid {{
+  uid: {user}
+  gid: {user}
+}}
+"""
