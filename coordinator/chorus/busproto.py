@@ -47,6 +47,7 @@ class GidReply:
     member: str  # the requester's bus member id
     cluster_uuid: str
     gid: int  # GID counter at the request's position in the order
+    certified: int  # the last certified GID at that position (what a synced node has committed)
     online: tuple[tuple[str, str], ...]  # (node name, bus member id) online at that position
     progress: tuple[tuple[str, int], ...]  # reported committed GIDs at that position
     certifier: bytes  # certification index at that position
@@ -121,7 +122,7 @@ def encode(m: Message) -> bytes:
     if isinstance(m, GidRequest):
         return head + b"Q" + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid) + struct.pack(">Q", m.last_gid)
     if isinstance(m, GidReply):
-        out = [head, b"G", _s(m.node), _s(m.request_id), _s(m.member), _s(m.cluster_uuid), struct.pack(">QH", m.gid, len(m.online))]
+        out = [head, b"G", _s(m.node), _s(m.request_id), _s(m.member), _s(m.cluster_uuid), struct.pack(">QQH", m.gid, m.certified, len(m.online))]
         out += [_s(n) + _s(mid) for n, mid in m.online]
         out.append(struct.pack(">H", len(m.progress)))
         out += [_s(n) + struct.pack(">Q", g) for n, g in m.progress]
@@ -150,9 +151,10 @@ def decode(b: bytes) -> Message:
     elif t == b"G":
         node, rid, member, uuid = r.s(), r.s(), r.s(), r.s()
         gid = r.u64()
+        certified = r.u64()
         online = tuple((r.s(), r.s()) for _ in range(r.u16()))
         progress = tuple((r.s(), r.u64()) for _ in range(r.u16()))
-        m = GidReply(node, rid, member, uuid, gid, online, progress, r.blob())
+        m = GidReply(node, rid, member, uuid, gid, certified, online, progress, r.blob())
     elif t == b"B":
         m = Bootstrap(r.s(), r.s(), r.u64())
     elif t == b"P":

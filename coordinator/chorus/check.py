@@ -49,9 +49,9 @@ def wait_quiescent(nodes: Sequence[NodeRef], timeout: float = 60.0,
         except OSError as e:
             raise CheckError(f"a coordinator is not reachable: {e}") from e
         delivered = {s["delivered_gid"] for s in last.values()}
-        committed = {s["committed_gid"] for s in last.values()}
+        caught_up = all(s["committed_gid"] == s["certified_gid"] for s in last.values())
         idle = all(s["pending"] == 0 and s["apply_queue"] == 0 for s in last.values())
-        if len(delivered) == 1 and committed == delivered and idle:
+        if len(delivered) == 1 and caught_up and idle:
             stable += 1
             if stable >= 2:
                 return last

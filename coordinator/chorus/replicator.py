@@ -144,7 +144,7 @@ class Replicator:
         elif self.phase == Phase.ONLINE and not view.quorate:
             out += self._leave_primary("this node is outside the quorate partition of the group")
         elif self.phase == Phase.NON_PRIMARY and view.quorate and not was_quorate:
-            self.last_gid = self.gid
+            self.last_gid = self.last_certified
             out += self._request(now)
         return out
 
@@ -231,13 +231,15 @@ class Replicator:
             return [PhaseChange(Phase.NEEDS_RECOVERY,
                                 f"this node belongs to cluster {self.cluster_uuid}, the group runs "
                                 f"cluster {msg.cluster_uuid}: total recovery is needed")]
-        if self.last_gid != msg.gid:
+        if self.last_gid != msg.certified:
             self.phase = Phase.NEEDS_RECOVERY
             return [PhaseChange(Phase.NEEDS_RECOVERY,
-                                f"this node's database is at GID {self.last_gid} but the cluster was "
-                                f"at GID {msg.gid} when it asked to join: it needs recovery")]
+                                f"this node's database is at GID {self.last_gid} but the cluster had "
+                                f"committed up to GID {msg.certified} when it asked to join: it needs "
+                                f"recovery (partial recovery from a member's writeset log is not built yet)")]
         self.cluster_uuid = msg.cluster_uuid
-        self.gid = self.last_certified = msg.gid
+        self.gid = msg.gid
+        self.last_certified = msg.certified
         self.certifier = Certifier.restore(msg.certifier)
         self.online = dict(msg.online)
         self.progress = dict(msg.progress)
@@ -259,7 +261,7 @@ class Replicator:
             self._requesters[msg.request_id] = sender
             if self.online and min(self.online) == self.node:
                 return [Send(bp.GidReply(
-                    msg.node, msg.request_id, sender, self.cluster_uuid, self.gid,
+                    msg.node, msg.request_id, sender, self.cluster_uuid, self.gid, self.last_certified,
                     tuple(sorted(self.online.items())), tuple(sorted(self.progress.items())),
                     self.certifier.snapshot()))]
             return []
