@@ -102,6 +102,8 @@ typedef struct ChorusXact
 	bool		applying;		/* chorus.apply_begin() was called */
 	bool		certified;		/* the coordinator said COMMIT */
 	bool		origin_held;
+	bool		sync_commit_saved;	/* synchronous_commit changed for this commit */
+	int			saved_sync_commit;
 	uint64		gid;
 	uint64		wait_for;
 	TransactionId xid;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "replication/origin.h"
@@ -297,6 +298,31 @@ chorus_take_origin(void)
 	replorigin_session_origin = origin;
 	replorigin_session_origin_lsn = (XLogRecPtr) chorus_xact.gid;
 	replorigin_session_origin_timestamp = GetCurrentTimestamp();
+
+	/*
+	 * Commit without waiting for the WAL flush, so that the next GID can take
+	 * its turn as soon as our commit record is in WAL and visible; the COMMIT
+	 * callback flushes before the client hears of the commit. Several commits
+	 * then share one flush (group commit), in GID order.
+	 */
+	chorus_xact.saved_sync_commit = synchronous_commit;
+	chorus_xact.sync_commit_saved = true;
+	synchronous_commit = SYNCHRONOUS_COMMIT_OFF;
+}
+
+/*
+ * chorus_restore_sync_commit
+ *		Undo the per-commit synchronous_commit change; returns the value the
+ *		session had (SYNCHRONOUS_COMMIT_OFF if it was not changed).
+ */
+static int
+chorus_restore_sync_commit(void)
+{
+	if (!chorus_xact.sync_commit_saved)
+		return SYNCHRONOUS_COMMIT_OFF;
+	synchronous_commit = chorus_xact.saved_sync_commit;
+	chorus_xact.sync_commit_saved = false;
+	return chorus_xact.saved_sync_commit;
 }
 
 static void
@@ -377,14 +403,20 @@ chorus_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_COMMIT:
 			if (chorus_xact.applying || chorus_xact.certified)
 			{
+				int			sync = chorus_restore_sync_commit();
+
 				chorus_release_origin();
 				chorus_committed();
+				/* durable before the client is told: one flush for many commits */
+				if (sync > SYNCHRONOUS_COMMIT_OFF)
+					XLogFlush(XactLastCommitEnd);
 				if (chorus_xact.certified)
 					chorus_send_done('C');
 			}
 			chorus_xact_reset();
 			break;
 		case XACT_EVENT_ABORT:
+			chorus_restore_sync_commit();
 			chorus_release_origin();
 			if (chorus_xact.certified)
 				chorus_send_done('A');

@@ -6,6 +6,7 @@ types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32
 | type | message | who sends it |
 | --- | --- | --- |
 | ``W`` | :class:`WritesetMsg` | a node committing a local transaction; consumes a GID |
+| ``M`` | :class:`WritesetBatch` | several local writesets of one node sent together; one GID each, in order |
 | ``Q`` | :class:`GidRequest` | a joining node (seed 8.1): "answer with the GID at this message" |
 | ``G`` | :class:`GidReply` | the lowest online member, answering a ``Q`` |
 | ``B`` | :class:`Bootstrap` | a node told to start a new cluster |
@@ -30,6 +31,18 @@ class WritesetMsg:
     origin: str  # node name
     ticket: int  # origin-local id matching the waiting backend
     writeset: bytes
+
+
+@dataclass(frozen=True)
+class WritesetBatch:
+    """Writesets a coordinator collected while its previous send was in flight: one bus
+    message, so the bus's per-message cost is shared (they take consecutive positions)."""
+
+    origin: str
+    items: tuple[tuple[int, bytes], ...]  # (ticket, writeset)
+
+    def messages(self) -> list[WritesetMsg]:
+        return [WritesetMsg(self.origin, t, w) for t, w in self.items]
 
 
 @dataclass(frozen=True)
@@ -66,7 +79,7 @@ class Progress:
     committed_gid: int
 
 
-Message = Union[WritesetMsg, GidRequest, GidReply, Bootstrap, Progress]
+Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress]
 
 
 class _R:
@@ -119,6 +132,10 @@ def encode(m: Message) -> bytes:
     head = bytes([VERSION])
     if isinstance(m, WritesetMsg):
         return head + b"W" + _s(m.origin) + struct.pack(">Q", m.ticket) + m.writeset
+    if isinstance(m, WritesetBatch):
+        out = [head, b"M", _s(m.origin), struct.pack(">I", len(m.items))]
+        out += [struct.pack(">Q", t) + _blob(w) for t, w in m.items]
+        return b"".join(out)
     if isinstance(m, GidRequest):
         return head + b"Q" + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid) + struct.pack(">Q", m.last_gid)
     if isinstance(m, GidReply):
@@ -146,7 +163,13 @@ def decode(b: bytes) -> Message:
         origin = r.s()
         ticket = r.u64()
         return WritesetMsg(origin, ticket, b[r.p:])
-    if t == b"Q":
+    if t == b"M":
+        origin = r.s()
+        n = r.u32()
+        if n > len(b):
+            raise BusProtoError("batch count exceeds the message length")
+        m = WritesetBatch(origin, tuple((r.u64(), r.blob()) for _ in range(n)))
+    elif t == b"Q":
         m = GidRequest(r.s(), r.s(), r.s(), r.u64())
     elif t == b"G":
         node, rid, member, uuid = r.s(), r.s(), r.s(), r.s()

@@ -35,6 +35,7 @@ log = logging.getLogger("chorus.coordinator")
 
 TICK_S = 0.2
 PROGRESS_EVERY_S = 1.0
+BATCH_BYTES = 256 * 1024
 DB_RETRY_S = 0.5
 
 
@@ -96,6 +97,8 @@ class Coordinator:
         self.last_apply_ms = 0.0
         self._tasks: list[asyncio.Task[Any]] = []
         self._send_lock = asyncio.Lock()
+        self._outbox: list[tuple[int, bytes]] = []  # local writesets waiting for the bus
+        self._outbox_ready = asyncio.Event()
         self._servers: list[asyncio.base_events.Server] = []
 
     # ---- start and stop -----------------------------------------------------------------
@@ -122,6 +125,7 @@ class Coordinator:
         log.info("node %s joined bus group as %s", self.cfg.name, self.bus.local_id)
         self._tasks = [
             asyncio.create_task(self._bus_loop(), name="bus"),
+            asyncio.create_task(self._sender_loop(), name="sender"),
             asyncio.create_task(self._tick_loop(), name="tick"),
         ]
         stop = asyncio.create_task(self.stopping.wait())
@@ -372,12 +376,36 @@ class Coordinator:
         self.next_ticket += 1
         b.ticket = ticket
         self.tickets[ticket] = b
-        try:
-            await self._send(bp.WritesetMsg(self.cfg.name, ticket, payload))
-        except BusError as e:
-            self.tickets.pop(ticket, None)
-            b.ticket = 0
-            b.writer.write(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0, f"the group bus failed: {e}"))
+        r.local_decoded[ticket] = ws
+        self._outbox.append((ticket, payload))
+        self._outbox_ready.set()
+
+    async def _sender_loop(self) -> None:
+        """Send queued local writesets; those that queue up while a send is in flight go
+        together in one batch message (their order is kept)."""
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready.clear()
+            while self._outbox:
+                batch: list[tuple[int, bytes]] = []
+                size = 0
+                while self._outbox and (not batch or size + len(self._outbox[0][1]) <= BATCH_BYTES):
+                    item = self._outbox.pop(0)
+                    batch.append(item)
+                    size += len(item[1])
+                msg: bp.Message = (bp.WritesetMsg(self.cfg.name, *batch[0]) if len(batch) == 1
+                                   else bp.WritesetBatch(self.cfg.name, tuple(batch)))
+                try:
+                    await self._send(msg)
+                except BusError as e:
+                    for ticket, _ in batch:
+                        if self.replicator is not None:
+                            self.replicator.local_decoded.pop(ticket, None)
+                        b = self.tickets.pop(ticket, None)
+                        if b is not None and not b.closed:
+                            b.ticket = 0
+                            b.writer.write(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
+                                                             f"the group bus failed: {e}"))
 
     def _local_verdict(self, v: LocalVerdict) -> None:
         b = self.tickets.pop(v.ticket, None)
@@ -513,6 +541,7 @@ class Coordinator:
             "replayed": self.counters.replayed,
             "apply_retries": self.counters.apply_retries,
             "apply_queue": self.scheduler.queued,
+            "send_queue": len(self._outbox),
             "pending": len(self.pending),
             "workers": len(self.workers),
             "workers_busy": len(self.workers) - len(self.idle),

@@ -402,7 +402,11 @@ shared_buffers = 128MB
 log_line_prefix = '%m [%p] '
 """
 
-COROSYNC_CONF = """totem {{
+COROSYNC_CONF = """# sched_rr off: a realtime corosync would starve PostgreSQL on a machine they share
+system {{
+  sched_rr: no
+}}
+totem {{
   version: 2
   cluster_name: {name}
   transport: knet

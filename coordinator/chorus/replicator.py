@@ -118,6 +118,8 @@ class Replicator:
     _joining_since: float = 0.0
     _buffer: list[Delivery] = field(default_factory=list)
     _requesters: dict[str, str] = field(default_factory=dict)  # GID request id -> bus member
+    # local writesets the coordinator already decoded (validated) when the backend sent them
+    local_decoded: dict[int, wire.Writeset] = field(default_factory=dict)
 
     # ---- inputs ------------------------------------------------------------------------
 
@@ -206,9 +208,12 @@ class Replicator:
             self._buffer.clear()
             return []
         if not self._request_seen:
-            if isinstance(msg, bp.WritesetMsg) and msg.origin == self.node:
-                return [LocalVerdict(msg.ticket, False, 0, 0, "this node is not online", None)]
-            return []
+            own = [msg] if isinstance(msg, bp.WritesetMsg) else (
+                msg.messages() if isinstance(msg, bp.WritesetBatch) else [])
+            mine = [m for m in own if m.origin == self.node]
+            for m in mine:
+                self.local_decoded.pop(m.ticket, None)
+            return [LocalVerdict(m.ticket, False, 0, 0, "this node is not online", None) for m in mine]
         if isinstance(msg, bp.GidReply) and msg.node == self.node and msg.request_id == self._request_id:
             return self._joined(d, msg)
         self._buffer.append(d)
@@ -255,6 +260,11 @@ class Replicator:
     def _handle(self, sender: str, msg: bp.Message) -> list[Action]:
         if isinstance(msg, bp.WritesetMsg):
             return self._writeset(msg)
+        if isinstance(msg, bp.WritesetBatch):
+            out: list[Action] = []
+            for m in msg.messages():
+                out += self._writeset(m)
+            return out
         if self.phase != Phase.ONLINE:
             return []
         if isinstance(msg, bp.GidRequest):
@@ -286,13 +296,15 @@ class Replicator:
         local = msg.origin == self.node
         if self.phase != Phase.ONLINE or not self.quorate:
             if local:
+                self.local_decoded.pop(msg.ticket, None)
                 return [LocalVerdict(msg.ticket, False, 0, 0, "this node left the primary component", None)]
             return []
         self.gid += 1
         gid = self.gid
         self.stats.delivered += 1
         try:
-            ws = wire.decode(msg.writeset)
+            cached = self.local_decoded.pop(msg.ticket, None) if local else None
+            ws = cached if cached is not None else wire.decode(msg.writeset)
         except wire.WireError as e:
             self.stats.malformed += 1
             self.stats.cert_failures += 1

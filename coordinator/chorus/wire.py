@@ -109,124 +109,138 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-class _Reader:
-    __slots__ = ("buf", "pos")
+_TABLES: dict[bytes, Table] = {}  # interned table descriptions: equal tables share one object
 
-    def __init__(self, buf: bytes) -> None:
-        self.buf = memoryview(buf)
-        self.pos = 0
-
-    def take(self, n: int, what: str) -> bytes:
-        end = self.pos + n
-        if n < 0 or end > len(self.buf):
-            raise WireError(f"writeset truncated reading {what} at byte {self.pos}")
-        out = self.buf[self.pos:end].tobytes()
-        self.pos = end
-        return out
-
-    def u8(self, what: str) -> int:
-        return self.take(1, what)[0]
-
-    def u16(self, what: str) -> int:
-        return int(struct.unpack(">H", self.take(2, what))[0])
-
-    def u32(self, what: str) -> int:
-        return int(struct.unpack(">I", self.take(4, what))[0])
-
-    def u64(self, what: str) -> int:
-        return int(struct.unpack(">Q", self.take(8, what))[0])
-
-    def text(self, what: str) -> str:
-        raw = self.take(self.u16(what), what)
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise WireError(f"{what} is not valid UTF-8") from e
-
-    def blob(self, what: str) -> bytes:
-        return self.take(self.u32(what), what)
-
-    def tuple_(self, expected: int, what: str) -> tuple[Value, ...]:
-        n = self.u16(what)
-        if n != expected:
-            raise WireError(f"{what} has {n} values, expected {expected}")
-        out: list[Value] = []
-        for _ in range(n):
-            kind = self.u8(what)
-            if kind == ord("n"):
-                out.append(None)
-            elif kind == ord("t"):
-                raw = self.blob(what)
-                try:
-                    out.append(raw.decode("utf-8"))
-                except UnicodeDecodeError as e:
-                    raise WireError(f"{what} value is not valid UTF-8") from e
-            else:
-                raise WireError(f"{what} has unknown value kind {kind:#x}")
-        return tuple(out)
+_HEAD = struct.Struct(">2sBBIIQHII")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_KEYHEAD = struct.Struct(">BH")
 
 
 def decode(buf: bytes) -> Writeset:
     """Parse writeset bytes; raise :class:`WireError` on anything malformed."""
-    r = _Reader(buf)
-    if r.take(2, "magic") != MAGIC:
-        raise WireError("not a writeset (bad magic)")
-    version = r.u8("version")
+    try:
+        return _decode(bytes(buf))
+    except (struct.error, IndexError) as e:
+        raise WireError(f"writeset truncated: {e}") from e
+    except UnicodeDecodeError as e:
+        raise WireError(f"writeset text is not valid UTF-8: {e.reason}") from e
+
+
+def _decode(buf: bytes) -> Writeset:
+    n = len(buf)
+    if n < _HEAD.size or buf[:2] != MAGIC:
+        raise WireError("not a writeset (bad magic)" if buf[:2] != MAGIC else "writeset truncated in header")
+    magic, version, flags, xid, pid, last_seen, ntables, nrows, nkeys = _HEAD.unpack_from(buf, 0)
     if version != VERSION:
         raise WireError(f"unsupported writeset version {version} (this coordinator reads {VERSION})")
-    flags = r.u8("flags")
     if flags:
         raise WireError(f"unknown writeset flags {flags:#x}")
-    xid = r.u32("xid")
-    pid = r.u32("pid")
-    last_seen = r.u64("last_seen")
-    ntables = r.u16("ntables")
-    nrows = r.u32("nrows")
-    nkeys = r.u32("nkeys")
-    remaining = len(buf) - r.pos
-    if nrows > remaining or nkeys > remaining or ntables > remaining:
+    pos = _HEAD.size
+    if nrows > n or nkeys > n or ntables > n:
         raise WireError("writeset counts exceed its length")
+    u16 = _U16.unpack_from
+    u32 = _U32.unpack_from
+
+    def text(pos: int) -> tuple[str, int]:
+        (ln,) = u16(buf, pos)
+        end = pos + 2 + ln
+        if end > n:
+            raise WireError(f"writeset truncated reading a name at byte {pos}")
+        return buf[pos + 2:end].decode("utf-8"), end
+
     tables: list[Table] = []
     for _ in range(ntables):
-        nsp = r.text("nspname")
-        rel = r.text("relname")
-        ncols = r.u16("ncols")
-        cols = tuple(Column(r.text("attname"), r.text("typname"), r.u8("column flags")) for _ in range(ncols))
-        nident = r.u16("nidentity")
-        ident = tuple(r.u16("identity column") for _ in range(nident))
+        start = pos
+        nsp, pos = text(pos)
+        rel, pos = text(pos)
+        (ncols,) = u16(buf, pos)
+        pos += 2
+        cols = []
+        for _c in range(ncols):
+            name, pos = text(pos)
+            typ, pos = text(pos)
+            cols.append(Column(name, typ, buf[pos]))
+            pos += 1
+        (nident,) = u16(buf, pos)
+        ident = tuple(u16(buf, pos + 2 + 2 * i)[0] for i in range(nident))
+        pos += 2 + 2 * nident
         if any(i >= ncols for i in ident):
             raise WireError(f"identity column index out of range in table {nsp}.{rel}")
-        tables.append(Table(nsp, rel, cols, ident))
+        raw = buf[start:pos]
+        t = _TABLES.get(raw)
+        if t is None:
+            t = Table(nsp, rel, tuple(cols), ident)
+            if len(_TABLES) >= 4096:
+                _TABLES.clear()
+            _TABLES[raw] = t
+        tables.append(t)
+
+    def values(pos: int, expected: int, what: str) -> tuple[tuple[Value, ...], int]:
+        (cnt,) = u16(buf, pos)
+        if cnt != expected:
+            raise WireError(f"{what} has {cnt} values, expected {expected}")
+        pos += 2
+        out: list[Value] = []
+        for _v in range(cnt):
+            kind = buf[pos]
+            if kind == 0x6E:  # 'n'
+                out.append(None)
+                pos += 1
+            elif kind == 0x74:  # 't'
+                (ln,) = u32(buf, pos + 1)
+                end = pos + 5 + ln
+                if end > n:
+                    raise WireError(f"writeset truncated reading {what}")
+                out.append(buf[pos + 5:end].decode("utf-8"))
+                pos = end
+            else:
+                raise WireError(f"{what} has unknown value kind {kind:#x}")
+        return tuple(out), pos
+
     rows: list[Row] = []
     for _ in range(nrows):
-        op = chr(r.u8("op"))
-        if op.encode() not in OPS:
+        op = chr(buf[pos])
+        if op not in "IUDT":
             raise WireError(f"unknown row op {op!r}")
-        ti = r.u16("table index")
+        (ti,) = u16(buf, pos + 1)
+        pos += 3
         if ti >= len(tables):
             raise WireError(f"row refers to table {ti} of {len(tables)}")
         t = tables[ti]
         old: tuple[Value, ...] = ()
         new: tuple[Value, ...] = ()
-        if op in ("U", "D"):
+        if op == "U" or op == "D":
             if not t.identity:
                 raise WireError(f"{op} row on table {t.nspname}.{t.relname} without identity")
-            old = r.tuple_(len(t.identity), "old tuple")
-        if op in ("I", "U"):
-            new = r.tuple_(len(t.columns), "new tuple")
+            old, pos = values(pos, len(t.identity), "old tuple")
+        if op == "I" or op == "U":
+            new, pos = values(pos, len(t.columns), "new tuple")
         rows.append(Row(op, ti, old, new))
+
     keys: list[Key] = []
     for _ in range(nkeys):
-        mode = r.u8("key mode")
+        mode, nparts = _KEYHEAD.unpack_from(buf, pos)
+        pos += 3
         if mode not in (1, 2, 3):
             raise WireError(f"unknown key mode {mode}")
-        nparts = r.u16("key parts")
         if nparts == 0 or nparts > MAX_PARTS:
             raise WireError(f"key with {nparts} parts")
-        keys.append(Key(KeyMode(mode), tuple(r.blob("key part") for _ in range(nparts))))
-    if r.pos != len(buf):
-        raise WireError(f"{len(buf) - r.pos} trailing bytes after writeset")
+        parts = []
+        for _p in range(nparts):
+            (ln,) = u32(buf, pos)
+            end = pos + 4 + ln
+            if end > n:
+                raise WireError("writeset truncated reading a key part")
+            parts.append(buf[pos + 4:end])
+            pos = end
+        keys.append(Key(_MODES[mode], tuple(parts)))
+    if pos != n:
+        raise WireError(f"{n - pos} trailing bytes after writeset")
     return Writeset(xid, pid, last_seen, tuple(tables), tuple(rows), tuple(keys), flags)
+
+
+_MODES = {1: KeyMode.REFERENCE, 2: KeyMode.UPDATE, 3: KeyMode.EXCLUSIVE}
 
 
 def _text(s: str) -> bytes:

@@ -1,0 +1,154 @@
+"""pgbench -N: plain PostgreSQL vs a 1-node and a 3-node Chorus cluster, in one run.
+
+    .venv/bin/python bench/pgbench_compare.py [--seconds 15] [--rounds 3] [--clients 8] [--scale 10]
+
+Every configuration runs on this machine with the same PostgreSQL settings; rounds are
+interleaved and the median of each is reported, with latency p50/p95 from pgbench's
+per-transaction log, and the ratio to plain PostgreSQL. The 3-node load is spread over all
+nodes (clients divided between them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
+
+from chorus.localcluster import PG_CONF, PGBIN, LocalCluster  # noqa: E402
+
+PGBENCH = str(PGBIN / "pgbench")
+
+
+def run_as_postgres(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    extra = {"user": "postgres", "group": "postgres", "extra_groups": []} if os.geteuid() == 0 else {}
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, **extra, **kw)  # type: ignore[call-overload]
+
+
+class Plain:
+    """A plain PostgreSQL with the same settings, without Chorus."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        self.dir = root / "plain"
+        self.port = port
+        self.dsn = f"host=127.0.0.1 port={port} dbname=postgres user=postgres"
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        run = self.dir / "run"
+        run.mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+            shutil.chown(run, "postgres", "postgres")
+        pgdata = self.dir / "pgdata"
+        if not pgdata.exists():
+            run_as_postgres([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
+                             "-E", "UTF8", "--locale=C.UTF-8"])
+            conf = PG_CONF.format(port=self.port, run=run)
+            conf = "\n".join(l for l in conf.splitlines() if "chorus" not in l)
+            with open(pgdata / "postgresql.conf", "a") as f:
+                f.write(conf + "\n")
+        run_as_postgres([str(PGBIN / "pg_ctl"), "-D", str(pgdata), "-l", str(self.dir / "postgres.log"),
+                         "-w", "start"])
+
+    def stop(self) -> None:
+        subprocess.run([str(PGBIN / "pg_ctl"), "-D", str(self.dir / "pgdata"), "-m", "fast", "stop"],
+                       capture_output=True, **({"user": "postgres"} if os.geteuid() == 0 else {}))
+
+
+def pgbench_init(dsn: str, scale: int) -> None:
+    env = dict(os.environ, PGOPTIONS="-c chorus.capture=off")
+    subprocess.run([PGBENCH, "-i", "-q", "-s", str(scale), dsn], env=env, check=True, capture_output=True)
+
+
+def pgbench_run(dsns: list[str], clients: int, seconds: int, logdir: Path) -> dict[str, float]:
+    """Run pgbench -N on every DSN at once, ``clients`` in all; total TPS and latency percentiles."""
+    shutil.rmtree(logdir, ignore_errors=True)
+    logdir.mkdir(parents=True)
+    per = [clients // len(dsns) + (1 if i < clients % len(dsns) else 0) for i in range(len(dsns))]
+    procs = []
+    for i, (dsn, c) in enumerate(zip(dsns, per)):
+        procs.append(subprocess.Popen(
+            [PGBENCH, "-N", "-n", "-c", str(c), "-j", str(min(c, 2)), "-T", str(seconds), "--max-tries", "50",
+             "-l", "--log-prefix", str(logdir / f"n{i}"), dsn],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    tps = 0.0
+    for p in procs:
+        out = p.communicate(timeout=seconds + 120)[0]
+        m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
+        if p.returncode != 0 or not m:
+            raise RuntimeError(f"pgbench failed:\n{out}")
+        tps += float(m.group(1))
+    lat: list[float] = []
+    for f in glob.glob(str(logdir / "n*")):
+        with open(f) as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 3 and parts[2].isdigit():
+                    lat.append(int(parts[2]) / 1000.0)
+    lat.sort()
+    return {"tps": tps, "p50_ms": lat[len(lat) // 2] if lat else 0.0,
+            "p95_ms": lat[int(len(lat) * 0.95)] if lat else 0.0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--scale", type=int, default=10)
+    ap.add_argument("--port-base", type=int, default=56433)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="chorus-bench-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    plain = Plain(root, args.port_base)
+    one = LocalCluster(str(root / "c1"))
+    three = LocalCluster(str(root / "c3"))
+    results: dict[str, list[dict[str, float]]] = {"plain": [], "chorus-1": [], "chorus-3": []}
+    try:
+        plain.start()
+        n1 = one.up(1, args.port_base + 1)
+        n3 = three.up(3, args.port_base + 2)
+        configs = {"plain": [plain.dsn], "chorus-1": [n["dsn"] for n in n1], "chorus-3": [n["dsn"] for n in n3]}
+        for dsns in configs.values():
+            for dsn in dsns:
+                pgbench_init(dsn, args.scale)
+        for r in range(args.rounds):
+            for name, dsns in configs.items():
+                res = pgbench_run(dsns, args.clients, args.seconds, root / "logs" / name)
+                results[name].append(res)
+                print(f"round {r + 1} {name}: {res['tps']:.0f} tps, p50 {res['p50_ms']:.2f} ms, "
+                      f"p95 {res['p95_ms']:.2f} ms", file=sys.stderr, flush=True)
+    finally:
+        three.down()
+        one.down()
+        plain.stop()
+    med = {k: {m: statistics.median(x[m] for x in v) for m in ("tps", "p50_ms", "p95_ms")}
+           for k, v in results.items()}
+    base = med["plain"]["tps"]
+    if args.json:
+        print(json.dumps({"median": med, "ratio_to_plain": {k: v["tps"] / base for k, v in med.items()},
+                          "rounds": results, "args": vars(args)}, indent=2))
+    else:
+        print(f"pgbench -N, {args.clients} clients, scale {args.scale}, {args.seconds} s x {args.rounds} rounds "
+              f"(medians)")
+        print(f"{'configuration':<12} {'tps':>8} {'p50 ms':>8} {'p95 ms':>8} {'ratio':>6}")
+        for k, v in med.items():
+            print(f"{k:<12} {v['tps']:>8.0f} {v['p50_ms']:>8.2f} {v['p95_ms']:>8.2f} {v['tps'] / base:>6.2f}")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
