@@ -29,6 +29,9 @@ TRANSIENT_SQLSTATES = {
 }
 
 
+SYNC_EVERY = 1000  # statements between pipeline syncs in a large writeset
+
+
 class ApplyError(Exception):
     """Applying a certified writeset failed in a way that retrying cannot fix: the node's data
     would diverge, so the node must stop taking part."""
@@ -140,8 +143,11 @@ class ApplySession:
         conn = self.conn
         assert conn is not None
         try:
-            async with conn.cursor() as cur:
-                await cur.execute("SELECT chorus.apply_begin(%s, %s)", (gid, wait_for))
+            # One pipeline: every statement goes out at once; results are checked at the sync,
+            # before the commit (two round trips per writeset, whatever its size).
+            checks: list[tuple[Any, wire.Table, wire.Row]] = []
+            async with conn.pipeline() as pipe:
+                await conn.execute("SELECT chorus.apply_begin(%s, %s)", (gid, wait_for))
                 truncates: list[wire.Table] = []
                 for row in ws.rows:
                     t = ws.tables[row.table]
@@ -149,18 +155,25 @@ class ApplySession:
                         truncates.append(t)
                         continue
                     if truncates:
-                        await cur.execute(self.cache.truncate(truncates))
+                        await conn.execute(self.cache.truncate(truncates))
                         truncates = []
                     if row.op == "I":
-                        await cur.execute(self.cache.insert(t), _new_values(t, row))
+                        await conn.execute(self.cache.insert(t), _new_values(t, row))
                     elif row.op == "U":
-                        await cur.execute(self.cache.update(t), _new_values(t, row) + list(row.old))
-                        self._check(cur.rowcount, gid, t, row)
+                        checks.append((await conn.execute(self.cache.update(t), _new_values(t, row) + list(row.old)),
+                                       t, row))
                     else:
-                        await cur.execute(self.cache.delete(t), list(row.old))
-                        self._check(cur.rowcount, gid, t, row)
+                        checks.append((await conn.execute(self.cache.delete(t), list(row.old)), t, row))
+                    if len(checks) >= SYNC_EVERY:
+                        await pipe.sync()
+                        for cur, ct, crow in checks:
+                            self._check(cur.rowcount, gid, ct, crow)
+                        checks.clear()
                 if truncates:
-                    await cur.execute(self.cache.truncate(truncates))
+                    await conn.execute(self.cache.truncate(truncates))
+                await pipe.sync()
+                for cur, t, row in checks:
+                    self._check(cur.rowcount, gid, t, row)
             await conn.commit()
         except psycopg.OperationalError as e:
             await self._reset()
