@@ -5,20 +5,32 @@
  */
 #include "postgres.h"
 
+#include <signal.h>
+
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "access/htup_details.h"
+#include "access/twophase.h"
+#include "access/xact.h"
+#include "tcop/utility.h"
 #include "storage/ipc.h"
+#include "storage/proc.h"
+#include "storage/procarray.h"
 #include "storage/shmem.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "executor/executor.h"
+#include "storage/latch.h"
+#include "utils/wait_event.h"
 
 #include "chorus.h"
 
 PG_MODULE_MAGIC;
 
 ChorusShared *chorus_shared = NULL;
+ChorusAbortSlot *chorus_abort_slots = NULL;
+int			chorus_abort_nslots = 0;
 
 char	   *chorus_socket_path = NULL;
 bool		chorus_capture_enabled = true;
@@ -27,6 +39,159 @@ char	   *chorus_exclude_schemas = NULL;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+static ExecutorStart_hook_type prev_executor_start = NULL;
+static emit_log_hook_type prev_emit_log_hook = NULL;
+static ProcessUtility_hook_type prev_process_utility = NULL;
+
+#define CHORUS_FLOW_WAIT_MAX_MS 10000
+
+/*
+ * chorus_executor_start
+ *		Flow control: while a node of the cluster has asked to slow down, a
+ *		write statement of a transaction that has not written replicated rows
+ *		yet waits (at most CHORUS_FLOW_WAIT_MAX_MS) before it takes any row lock,
+ *		so it can never hold up an applier while it waits.
+ */
+static void
+chorus_executor_start(QueryDesc *queryDesc, int eflags)
+{
+	chorus_check_aborted();
+	if (chorus_shared != NULL && queryDesc->operation != CMD_SELECT && chorus_capture_enabled &&
+		!chorus_xact.applying && chorus_xact.nrows == 0 && chorus_shared->paused)
+	{
+		int			waited = 0;
+
+		while (chorus_shared->paused && waited < CHORUS_FLOW_WAIT_MAX_MS)
+		{
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 2, PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+			waited += 2;
+		}
+	}
+	if (prev_executor_start)
+		prev_executor_start(queryDesc, eflags);
+	else
+		standard_ExecutorStart(queryDesc, eflags);
+}
+
+/*
+ * chorus_abort_slot
+ *		This backend's abort slot if it holds a request for its current
+ *		transaction: the GID that aborted it, else 0. A stale request (for an
+ *		earlier transaction) is dropped.
+ */
+static uint64
+chorus_abort_request(void)
+{
+	ChorusAbortSlot *slot;
+	uint64		gid;
+
+	if (chorus_abort_slots == NULL || MyProc == NULL || MyProc->pgprocno >= chorus_abort_nslots)
+		return 0;
+	slot = &chorus_abort_slots[MyProc->pgprocno];
+	gid = pg_atomic_read_u64(&slot->gid);
+	if (gid == 0)
+		return 0;
+	if (pg_atomic_read_u32(&slot->xid) != GetTopTransactionIdIfAny())
+	{
+		if (!TransactionIdIsValid(GetTopTransactionIdIfAny()))
+			return 0;
+		pg_atomic_write_u64(&slot->gid, 0);
+		return 0;
+	}
+	return gid;
+}
+
+/*
+ * chorus_check_aborted
+ *		At each statement and at commit: a transaction the coordinator aborted
+ *		while it was idle fails here with 40001 (its locks were taken by a remote
+ *		writeset that was certified first; it would lose certification anyway).
+ */
+void
+chorus_check_aborted(void)
+{
+	uint64		gid = chorus_abort_request();
+
+	if (gid == 0)
+		return;
+	pg_atomic_write_u64(&chorus_abort_slots[MyProc->pgprocno].gid, 0);
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("could not serialize access: aborted by the certified remote transaction GID %llu",
+					(unsigned long long) gid),
+			 errdetail("This transaction held a row lock the remote transaction needed; transactions certified first always win."),
+			 errhint("Retry the transaction.")));
+}
+
+/*
+ * chorus_emit_log
+ *		A running statement the coordinator aborted is cancelled (as by
+ *		pg_cancel_backend), a session still idle after the grace period is
+ *		terminated (as by pg_terminate_backend); their errors are reported as
+ *		what they are, a certification loss: SQLSTATE 40001 and the GID that won.
+ */
+static void
+chorus_emit_log(ErrorData *edata)
+{
+	if (edata->elevel >= ERROR &&
+		(edata->sqlerrcode == ERRCODE_QUERY_CANCELED ||
+		 edata->sqlerrcode == ERRCODE_ADMIN_SHUTDOWN ||
+		 edata->sqlerrcode == ERRCODE_T_R_SERIALIZATION_FAILURE))
+	{
+		uint64		gid = chorus_abort_request();
+
+		if (gid != 0)
+		{
+			pg_atomic_write_u64(&chorus_abort_slots[MyProc->pgprocno].gid, 0);
+			edata->sqlerrcode = ERRCODE_T_R_SERIALIZATION_FAILURE;
+			edata->message = psprintf("could not serialize access: aborted by the certified "
+									  "remote transaction GID %llu", (unsigned long long) gid);
+			edata->detail = pstrdup(edata->elevel == ERROR
+									? "This transaction held a row lock the remote transaction needed; transactions certified first always win."
+									: "This session stayed idle in a transaction holding a row lock the remote transaction needed; its connection was closed.");
+			edata->hint = pstrdup("Retry the transaction.");
+		}
+	}
+	if (prev_emit_log_hook)
+		prev_emit_log_hook(edata);
+}
+
+/*
+ * chorus_clear_aborted
+ *		At the end of each transaction that had an xid.
+ */
+void
+chorus_clear_aborted(void)
+{
+	if (chorus_abort_request() != 0)
+		pg_atomic_write_u64(&chorus_abort_slots[MyProc->pgprocno].gid, 0);
+}
+
+/*
+ * chorus_process_utility
+ *		Utility statements inside an aborted transaction fail like DML (COMMIT is
+ *		checked in the pre-commit callback, so the block ends cleanly).
+ */
+static void
+chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
+					   ProcessUtilityContext context, ParamListInfo params,
+					   QueryEnvironment *queryEnv, DestReceiver *dest, QueryCompletion *qc)
+{
+	if (!IsA(pstmt->utilityStmt, TransactionStmt))
+		chorus_check_aborted();
+	if (prev_process_utility)
+		prev_process_utility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
+}
+
+static int
+chorus_proc_slots(void)
+{
+	return MaxBackends + NUM_AUXILIARY_PROCS + max_prepared_xacts;
+}
 
 void		_PG_init(void);
 
@@ -40,6 +205,7 @@ chorus_shmem_request(void)
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(MAXALIGN(sizeof(ChorusShared)));
+	RequestAddinShmemSpace(MAXALIGN(sizeof(ChorusAbortSlot) * chorus_proc_slots()));
 	RequestNamedLWLockTranche("chorus", 1);
 }
 
@@ -63,6 +229,17 @@ chorus_shmem_startup(void)
 		memset(chorus_shared, 0, sizeof(ChorusShared));
 		chorus_shared->lock = &(GetNamedLWLockTranche("chorus"))->lock;
 		ConditionVariableInit(&chorus_shared->commit_cv);
+	}
+	chorus_abort_nslots = chorus_proc_slots();
+	chorus_abort_slots = ShmemInitStruct("chorus abort slots",
+										 sizeof(ChorusAbortSlot) * chorus_abort_nslots, &found);
+	if (!found)
+	{
+		for (int i = 0; i < chorus_abort_nslots; i++)
+		{
+			pg_atomic_init_u64(&chorus_abort_slots[i].gid, 0);
+			pg_atomic_init_u32(&chorus_abort_slots[i].xid, InvalidTransactionId);
+		}
 	}
 	LWLockRelease(AddinShmemInitLock);
 }
@@ -103,14 +280,23 @@ _PG_init(void)
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = chorus_shmem_startup;
 
+	prev_executor_start = ExecutorStart_hook;
+	ExecutorStart_hook = chorus_executor_start;
+	prev_emit_log_hook = emit_log_hook;
+	emit_log_hook = chorus_emit_log;
+	prev_process_utility = ProcessUtility_hook;
+	ProcessUtility_hook = chorus_process_utility;
+
 	chorus_register_callbacks();
 }
 
 PG_FUNCTION_INFO_V1(chorus_node_init);
 PG_FUNCTION_INFO_V1(chorus_set_online);
+PG_FUNCTION_INFO_V1(chorus_set_paused);
 PG_FUNCTION_INFO_V1(chorus_committed_gid);
 PG_FUNCTION_INFO_V1(chorus_apply_begin);
 PG_FUNCTION_INFO_V1(chorus_status);
+PG_FUNCTION_INFO_V1(chorus_abort_local);
 
 /*
  * chorus_node_init(committed_gid bigint)
@@ -130,6 +316,7 @@ chorus_node_init(PG_FUNCTION_ARGS)
 	chorus_shared->base_gid = (uint64) gid;
 	chorus_shared->ring_count = 0;
 	chorus_shared->online = false;
+	chorus_shared->paused = false;
 	chorus_shared->ready = true;
 	LWLockRelease(chorus_shared->lock);
 	ConditionVariableBroadcast(&chorus_shared->commit_cv);
@@ -154,6 +341,17 @@ chorus_set_online(PG_FUNCTION_ARGS)
 	}
 	chorus_shared->online = online;
 	LWLockRelease(chorus_shared->lock);
+	PG_RETURN_VOID();
+}
+
+/*
+ * chorus_set_paused(bool)
+ *		Flow control on or off (the coordinator follows the cluster's requests).
+ */
+Datum
+chorus_set_paused(PG_FUNCTION_ARGS)
+{
+	chorus_shared->paused = PG_GETARG_BOOL(0);
 	PG_RETURN_VOID();
 }
 
@@ -216,4 +414,53 @@ chorus_status(PG_FUNCTION_ARGS)
 	values[2] = Int64GetDatum((int64) chorus_shared->committed_gid);
 	LWLockRelease(chorus_shared->lock);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/*
+ * chorus_abort_local(pid int, gid bigint, how text)
+ *		Abort the transaction of local backend pid because certified writeset gid
+ *		waits for a lock it holds. how = 'flag': its next statement or its COMMIT
+ *		fails with 40001; 'cancel': also cancel its running statement now (40001;
+ *		ignored by PostgreSQL while the session is idle); 'close': terminate the
+ *		session (for one idle in transaction past the grace period: PostgreSQL
+ *		cannot abort an idle transaction and keep its connection). Returns false
+ *		if pid is not a backend with a transaction id.
+ */
+Datum
+chorus_abort_local(PG_FUNCTION_ARGS)
+{
+	int			pid = PG_GETARG_INT32(0);
+	int64		gid = PG_GETARG_INT64(1);
+	char	   *how = text_to_cstring(PG_GETARG_TEXT_PP(2));
+	int			sig;
+	PGPROC	   *proc;
+	TransactionId xid;
+	ChorusAbortSlot *slot;
+
+	if (strcmp(how, "flag") == 0)
+		sig = 0;
+	else if (strcmp(how, "cancel") == 0)
+		sig = SIGINT;
+	else if (strcmp(how, "close") == 0)
+		sig = SIGTERM;
+	else
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("chorus: abort_local: how must be flag, cancel or close, not \"%s\"", how)));
+	if (gid <= 0)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("chorus: invalid GID %lld", (long long) gid)));
+	proc = BackendPidGetProc(pid);
+	if (proc == NULL || proc == MyProc || proc->pgprocno >= chorus_abort_nslots)
+		PG_RETURN_BOOL(false);
+	xid = proc->xid;
+	if (!TransactionIdIsValid(xid))
+		PG_RETURN_BOOL(false);
+	slot = &chorus_abort_slots[proc->pgprocno];
+	pg_atomic_write_u32(&slot->xid, xid);
+	pg_write_barrier();
+	pg_atomic_write_u64(&slot->gid, (uint64) gid);
+	/* the backend runs as our OS user; this is what pg_cancel/terminate_backend do */
+	if (sig != 0 && kill(pid, sig) != 0)
+		PG_RETURN_BOOL(false);
+	PG_RETURN_BOOL(true);
 }

@@ -10,6 +10,7 @@
 
 #include "access/htup.h"
 #include "lib/stringinfo.h"
+#include "port/atomics.h"
 #include "storage/condition_variable.h"
 #include "storage/lwlock.h"
 #include "utils/rel.h"
@@ -35,6 +36,7 @@ typedef struct ChorusShared
 	ConditionVariable commit_cv;
 	bool		ready;			/* the coordinator initialised the watermark */
 	bool		online;			/* writes allowed (primary component) */
+	bool		paused;			/* flow control: new write statements wait */
 	uint64		committed_gid;	/* the watermark: last GID committed here */
 	uint64		base_gid;		/* watermark at node_init; the ring starts after it */
 	uint64		ring_count;		/* entries ever appended since node_init */
@@ -42,6 +44,22 @@ typedef struct ChorusShared
 } ChorusShared;
 
 extern ChorusShared *chorus_shared;
+
+/*
+ * Per PGPROC slot: set by chorus.abort_local() when the coordinator aborts the
+ * backend's transaction xid because the certified remote writeset gid needs a
+ * lock it holds (DESIGN.md invariant 6). gid 0: no request.
+ */
+typedef struct ChorusAbortSlot
+{
+	pg_atomic_uint64 gid;
+	pg_atomic_uint32 xid;
+} ChorusAbortSlot;
+
+extern ChorusAbortSlot *chorus_abort_slots;
+extern int	chorus_abort_nslots;
+extern void chorus_check_aborted(void);
+extern void chorus_clear_aborted(void);
 
 /* GUCs */
 extern char *chorus_socket_path;

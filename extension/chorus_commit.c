@@ -386,6 +386,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 	switch (event)
 	{
 		case XACT_EVENT_PRE_COMMIT:
+			chorus_check_aborted();
 			if (chorus_xact.applying)
 			{
 				chorus_xact.xid = GetTopTransactionId();
@@ -413,6 +414,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 				if (chorus_xact.certified)
 					chorus_send_done('C');
 			}
+			chorus_clear_aborted();
 			chorus_xact_reset();
 			break;
 		case XACT_EVENT_ABORT:
@@ -420,6 +422,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 			chorus_release_origin();
 			if (chorus_xact.certified)
 				chorus_send_done('A');
+			chorus_clear_aborted();
 			chorus_xact_reset();
 			break;
 		case XACT_EVENT_PARALLEL_COMMIT:

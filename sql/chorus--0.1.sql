@@ -15,11 +15,17 @@ CREATE FUNCTION chorus.node_init(committed_gid bigint) RETURNS void
 CREATE FUNCTION chorus.set_online(online boolean) RETURNS void
     AS 'MODULE_PATHNAME', 'chorus_set_online' LANGUAGE C STRICT;
 
+CREATE FUNCTION chorus.set_paused(paused boolean) RETURNS void
+    AS 'MODULE_PATHNAME', 'chorus_set_paused' LANGUAGE C STRICT;
+
 CREATE FUNCTION chorus.committed_gid() RETURNS bigint
     AS 'MODULE_PATHNAME', 'chorus_committed_gid' LANGUAGE C STRICT;
 
 CREATE FUNCTION chorus.apply_begin(gid bigint, wait_for bigint) RETURNS void
     AS 'MODULE_PATHNAME', 'chorus_apply_begin' LANGUAGE C STRICT;
+
+CREATE FUNCTION chorus.abort_local(pid integer, gid bigint, how text) RETURNS boolean
+    AS 'MODULE_PATHNAME', 'chorus_abort_local' LANGUAGE C STRICT;
 
 CREATE FUNCTION chorus.status(OUT ready boolean, OUT online boolean, OUT committed_gid bigint)
     AS 'MODULE_PATHNAME', 'chorus_status' LANGUAGE C STRICT;
@@ -95,7 +101,7 @@ CREATE EVENT TRIGGER chorus_attach_new_tables ON ddl_command_end
     WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO')
     EXECUTE FUNCTION chorus.on_ddl_end();
 
-REVOKE ALL ON FUNCTION chorus.node_init(bigint), chorus.set_online(boolean),
-    chorus.apply_begin(bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION chorus.node_init(bigint), chorus.set_online(boolean), chorus.set_paused(boolean),
+    chorus.apply_begin(bigint, bigint), chorus.abort_local(integer, bigint, text) FROM PUBLIC;
 
 SELECT chorus.attach_all();

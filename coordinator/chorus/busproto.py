@@ -11,6 +11,7 @@ types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32
 | ``G`` | :class:`GidReply` | the lowest online member, answering a ``Q`` |
 | ``B`` | :class:`Bootstrap` | a node told to start a new cluster |
 | ``P`` | :class:`Progress` | every online node, periodically: its committed GID (purge horizon) |
+| ``F`` | :class:`FlowControl` | a node whose apply queue is too long (pause) or drained again (resume) |
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class GidReply:
     online: tuple[tuple[str, str], ...]  # (node name, bus member id) online at that position
     progress: tuple[tuple[str, int], ...]  # reported committed GIDs at that position
     certifier: bytes  # certification index at that position
+    paused: tuple[str, ...] = ()  # nodes holding flow control at that position
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,13 @@ class Progress:
     committed_gid: int
 
 
-Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress]
+@dataclass(frozen=True)
+class FlowControl:
+    node: str
+    pause: bool
+
+
+Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress, FlowControl]
 
 
 class _R:
@@ -144,11 +152,15 @@ def encode(m: Message) -> bytes:
         out.append(struct.pack(">H", len(m.progress)))
         out += [_s(n) + struct.pack(">Q", g) for n, g in m.progress]
         out.append(_blob(m.certifier))
+        out.append(struct.pack(">H", len(m.paused)))
+        out += [_s(n) for n in m.paused]
         return b"".join(out)
     if isinstance(m, Bootstrap):
         return head + b"B" + _s(m.node) + _s(m.cluster_uuid) + struct.pack(">Q", m.gid)
     if isinstance(m, Progress):
         return head + b"P" + _s(m.node) + struct.pack(">Q", m.committed_gid)
+    if isinstance(m, FlowControl):
+        return head + b"F" + _s(m.node) + bytes([1 if m.pause else 0])
     raise TypeError(f"not a bus message: {m!r}")
 
 
@@ -177,11 +189,15 @@ def decode(b: bytes) -> Message:
         certified = r.u64()
         online = tuple((r.s(), r.s()) for _ in range(r.u16()))
         progress = tuple((r.s(), r.u64()) for _ in range(r.u16()))
-        m = GidReply(node, rid, member, uuid, gid, certified, online, progress, r.blob())
+        cert = r.blob()
+        paused = tuple(r.s() for _ in range(r.u16()))
+        m = GidReply(node, rid, member, uuid, gid, certified, online, progress, cert, paused)
     elif t == b"B":
         m = Bootstrap(r.s(), r.s(), r.u64())
     elif t == b"P":
         m = Progress(r.s(), r.u64())
+    elif t == b"F":
+        m = FlowControl(r.s(), r.take(1) == b"\x01")
     else:
         raise BusProtoError(f"unknown bus message type {t!r}")
     r.end()

@@ -40,6 +40,9 @@ class NodeConfig:
     cluster_group: str = "chorus"
     apply_workers: int = 4
     log_level: str = "info"
+    idle_blocker_grace_ms: int = 1000
+    flow_pause_at: int = 50  # certified writesets not committed here yet: ask the cluster to pause
+    flow_resume_at: int = 10  # ... and release the request at or below this
 
 
 _SCHEMA: dict[str, dict[str, tuple[str, type, bool]]] = {
@@ -54,7 +57,10 @@ _SCHEMA: dict[str, dict[str, tuple[str, type, bool]]] = {
     },
     "postgres": {"dsn": ("dsn", str, True)},
     "bus": {"group": ("cluster_group", str, False)},
-    "apply": {"workers": ("apply_workers", int, False)},
+    "apply": {"workers": ("apply_workers", int, False),
+              "idle_blocker_grace_ms": ("idle_blocker_grace_ms", int, False),
+              "flow_pause_at": ("flow_pause_at", int, False),
+              "flow_resume_at": ("flow_resume_at", int, False)},
 }
 
 
@@ -85,6 +91,8 @@ def load_config(path: str) -> NodeConfig:
                 raise ChorusConfigError(f"{path}: missing {section}.{key}")
     if values.get("apply_workers", 1) < 1:
         raise ChorusConfigError(f"{path}: apply.workers must be at least 1")
+    if not 0 <= values.get("flow_resume_at", 10) < values.get("flow_pause_at", 50):
+        raise ChorusConfigError(f"{path}: apply.flow_resume_at must be below apply.flow_pause_at")
     if values.get("log_level", "info").lower() not in ("debug", "info", "warning", "error"):
         raise ChorusConfigError(f"{path}: node.log_level must be debug, info, warning or error")
     return NodeConfig(**values)
@@ -109,6 +117,9 @@ def write_config(cfg: NodeConfig, path: str) -> None:
         f"group = {_toml_str(cfg.cluster_group)}\n"
         "[apply]\n"
         f"workers = {cfg.apply_workers}\n"
+        f"idle_blocker_grace_ms = {cfg.idle_blocker_grace_ms}\n"
+        f"flow_pause_at = {cfg.flow_pause_at}\n"
+        f"flow_resume_at = {cfg.flow_resume_at}\n"
     )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -36,6 +36,7 @@ log = logging.getLogger("chorus.coordinator")
 TICK_S = 0.2
 PROGRESS_EVERY_S = 1.0
 BATCH_BYTES = 256 * 1024
+BLOCKER_CHECK_S = 0.002  # an apply waiting this long has its lock blockers checked
 DB_RETRY_S = 0.5
 
 
@@ -69,6 +70,7 @@ class Counters:
     apply_retries: int = 0
     malformed_frames: int = 0
     refused: int = 0
+    local_aborts: int = 0
 
 
 class Coordinator:
@@ -99,6 +101,8 @@ class Coordinator:
         self._send_lock = asyncio.Lock()
         self._outbox: list[tuple[int, bytes]] = []  # local writesets waiting for the bus
         self._outbox_ready = asyncio.Event()
+        self._flow_requested = False
+        self._flow_paused = False  # what the extension was last told
         self._servers: list[asyncio.base_events.Server] = []
 
     # ---- start and stop -----------------------------------------------------------------
@@ -198,6 +202,12 @@ class Coordinator:
             row = await cur.fetchone()
             return row[0] if row else None
 
+    async def _q_all(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        assert self.db is not None
+        async with self.db.cursor() as cur:
+            await cur.execute(query, params)
+            return await cur.fetchall()
+
     async def _init_node(self) -> int:
         try:
             durable = int(await self._q("SELECT chorus.durable_gid()"))
@@ -281,6 +291,10 @@ class Coordinator:
             await self.bus.send(bp.encode(msg))
 
     async def _act(self, actions: list[Any]) -> None:
+        r = self.replicator
+        if r is not None and bool(r.paused_by) != self._flow_paused and self.db_ok.is_set():
+            self._flow_paused = bool(r.paused_by)
+            asyncio.create_task(self._q_logged("SELECT chorus.set_paused(%s)", (self._flow_paused,)))
         for a in actions:
             if isinstance(a, LocalVerdict):
                 self._local_verdict(a)
@@ -299,6 +313,12 @@ class Coordinator:
                 self.state = self.state.with_(cluster_uuid=a.cluster_uuid, bootstrap=False,
                                               safe_to_bootstrap=False, last_gid=a.gid)
                 save_state(self.cfg.state_file, self.state)
+
+    async def _q_logged(self, query: str, params: tuple[Any, ...]) -> None:
+        try:
+            await self._q(query, params)
+        except psycopg.Error as e:
+            log.warning("%s: %s", query, str(e).strip())
 
     async def _send_logged(self, msg: bp.Message) -> None:
         try:
@@ -469,7 +489,17 @@ class Coordinator:
 
     # ---- apply --------------------------------------------------------------------------
 
+    def _flow_check(self) -> None:
+        backlog = len(self.pending)
+        if not self._flow_requested and backlog >= self.cfg.flow_pause_at:
+            self._flow_requested = True
+            asyncio.create_task(self._send_logged(bp.FlowControl(self.cfg.name, True)))
+        elif self._flow_requested and backlog <= self.cfg.flow_resume_at:
+            self._flow_requested = False
+            asyncio.create_task(self._send_logged(bp.FlowControl(self.cfg.name, False)))
+
     def _dispatch(self) -> None:
+        self._flow_check()
         if not self.db_ok.is_set():
             return
         if not self.replay_busy:
@@ -487,7 +517,11 @@ class Coordinator:
             if p is None:
                 return
             t0 = time.monotonic()
-            await session.apply(gid, p.wait_for, p.writeset)
+            watchdog = asyncio.create_task(self._watch_apply(session, gid))
+            try:
+                await session.apply(gid, p.wait_for, p.writeset)
+            finally:
+                watchdog.cancel()
             self.last_apply_ms = (time.monotonic() - t0) * 1000
             if replay:
                 self.counters.replayed += 1
@@ -512,6 +546,46 @@ class Coordinator:
             else:
                 self.idle.append(session)
             self._dispatch()
+
+    async def _watch_apply(self, session: ApplySession, gid: int) -> None:
+        """Local loses to remote (DESIGN.md invariant 6). A certified writeset that waits for a
+        lock held by a local transaction that is not certified aborts that transaction: that one
+        comes later in the total order and would lose certification anyway. A running statement
+        is interrupted with 40001 at once; a session idle in transaction gets 40001 at its next
+        statement or COMMIT, and is closed if it is still idle after the grace period (PostgreSQL
+        cannot abort an idle transaction and keep the connection). Certified local transactions
+        and other appliers are never touched."""
+        grace = self.cfg.idle_blocker_grace_ms / 1000
+        first_seen: dict[tuple[int, Any], float] = {}  # (pid, xact_start) -> first seen blocking
+        await asyncio.sleep(BLOCKER_CHECK_S)
+        while True:
+            if self.db is None or not self.db_ok.is_set() or not session.pid:
+                return
+            protected = {w.pid for w in [*self.workers, self.replay_session]}
+            protected |= {p.backend.pid for p in self.pending.values() if p.backend is not None}
+            try:
+                rows = await self._q_all(
+                    "SELECT a.pid, a.state, a.xact_start FROM unnest(pg_blocking_pids(%s)) AS b(pid)"
+                    " JOIN pg_stat_activity a USING (pid)", (session.pid,))
+                now = time.monotonic()
+                for pid, state, xact_start in rows:
+                    if pid in protected:
+                        continue
+                    since = first_seen.setdefault((pid, xact_start), now)
+                    idle = state is not None and state.startswith("idle")
+                    interrupt = not idle or now - since >= grace
+                    if since == now or interrupt:
+                        how = ("close" if interrupt else "flag") if idle else "cancel"
+                        if since == now or how == "close":
+                            log.info("GID %d waits for local backend %d (%s, not certified): %s",
+                                     gid, pid, state, "closing the session" if how == "close"
+                                     else "aborting its transaction")
+                        if await self._q("SELECT chorus.abort_local(%s, %s, %s)",
+                                         (pid, gid, how)) and since == now:
+                            self.counters.local_aborts += 1
+            except psycopg.Error as e:
+                log.warning("checking what blocks GID %d: %s", gid, str(e).strip())
+            await asyncio.sleep(BLOCKER_CHECK_S)
 
     # ---- admin --------------------------------------------------------------------------
 
@@ -542,6 +616,8 @@ class Coordinator:
             "apply_retries": self.counters.apply_retries,
             "apply_queue": self.scheduler.queued,
             "send_queue": len(self._outbox),
+            "flow_control": {"requested_by_this_node": self._flow_requested,
+                             "paused_by": sorted(r.paused_by) if r else []},
             "pending": len(self.pending),
             "workers": len(self.workers),
             "workers_busy": len(self.workers) - len(self.idle),
@@ -549,6 +625,7 @@ class Coordinator:
             "certification_index_keys": len(r.certifier) if r else 0,
             "certification_horizon": r.certifier.horizon if r else 0,
             "refused": self.counters.refused,
+            "local_aborts_for_appliers": self.counters.local_aborts,
             "malformed_frames": self.counters.malformed_frames,
             "uptime_s": round(time.time() - self.started, 1),
         }

@@ -108,6 +108,9 @@ class Replicator:
     quorate: bool = False
     local_member: str = ""
     certifier: Certifier = field(default_factory=Certifier)
+    # certification history kept below the cluster-wide committed minimum, in GIDs: a
+    # transaction whose snapshot is older than this fails as "snapshot too old"
+    history: int = 20000
     online: dict[str, str] = field(default_factory=dict)  # node name -> bus member id
     progress: dict[str, int] = field(default_factory=dict)
     members: tuple[str, ...] = ()
@@ -120,6 +123,7 @@ class Replicator:
     _requesters: dict[str, str] = field(default_factory=dict)  # GID request id -> bus member
     # local writesets the coordinator already decoded (validated) when the backend sent them
     local_decoded: dict[int, wire.Writeset] = field(default_factory=dict)
+    paused_by: set[str] = field(default_factory=set)  # nodes that asked the cluster to slow down
 
     # ---- inputs ------------------------------------------------------------------------
 
@@ -135,6 +139,7 @@ class Replicator:
             if member not in view.members:
                 del self.online[name]
                 self.progress.pop(name, None)
+                self.paused_by.discard(name)
         if self.phase == Phase.CONNECTING:
             self._joining_since = now
             if self.bootstrap and view.members == (view.local,) and view.quorate:
@@ -194,6 +199,7 @@ class Replicator:
     def _leave_primary(self, reason: str) -> list[Action]:
         self.phase = Phase.NON_PRIMARY
         self.online.clear()
+        self.paused_by.clear()
         self.progress.clear()
         return [PhaseChange(Phase.NON_PRIMARY, reason)]
 
@@ -248,6 +254,7 @@ class Replicator:
         self.certifier = Certifier.restore(msg.certifier)
         self.online = dict(msg.online)
         self.progress = dict(msg.progress)
+        self.paused_by = set(msg.paused)
         self.phase = Phase.ONLINE
         out: list[Action] = [Joined(self.cluster_uuid, self.gid, False)]
         buffered, self._buffer = self._buffer, []
@@ -273,7 +280,7 @@ class Replicator:
                 return [Send(bp.GidReply(
                     msg.node, msg.request_id, sender, self.cluster_uuid, self.gid, self.last_certified,
                     tuple(sorted(self.online.items())), tuple(sorted(self.progress.items())),
-                    self.certifier.snapshot()))]
+                    self.certifier.snapshot(), tuple(sorted(self.paused_by))))]
             return []
         if isinstance(msg, bp.GidReply):
             self._requesters.pop(msg.request_id, None)
@@ -285,7 +292,13 @@ class Replicator:
             if msg.node in self.online:
                 self.progress[msg.node] = max(self.progress.get(msg.node, 0), msg.committed_gid)
                 if all(n in self.progress for n in self.online):
-                    self.certifier.purge(min(self.progress[n] for n in self.online))
+                    self.certifier.purge(min(self.progress[n] for n in self.online) - self.history)
+            return []
+        if isinstance(msg, bp.FlowControl):
+            if msg.pause and msg.node in self.online:
+                self.paused_by.add(msg.node)
+            else:
+                self.paused_by.discard(msg.node)
             return []
         if isinstance(msg, bp.Bootstrap):
             log.warning("node %s tried to bootstrap cluster %s while cluster %s is online; ignored",

@@ -77,6 +77,55 @@ def test_concurrent_updates_of_one_row_exactly_one_commits(cluster: Cluster) -> 
         assert c.execute("SELECT v FROM kv WHERE k = 200").fetchone() == (f"writer {winner}",)
 
 
+def test_running_local_statement_loses_to_certified_remote_writeset(cluster: Cluster) -> None:
+    with cluster.connect(0) as c:
+        c.execute("INSERT INTO kv (k, v) VALUES (210, 'start')")
+    cluster.quiesce()
+    local = cluster.connect(1, autocommit=False)
+    local.execute("UPDATE kv SET v = 'local, uncertified' WHERE k = 210")
+    errors: list[Any] = []
+
+    def busy() -> None:  # a long statement in the transaction that holds the row lock
+        try:
+            local.execute("SELECT pg_sleep(20)")
+        except psycopg.Error as e:
+            errors.append(e)
+
+    t = threading.Thread(target=busy)
+    t.start()
+    time.sleep(0.3)
+    with cluster.connect(0) as c:  # certified first: must win on node 1 as well
+        c.execute("UPDATE kv SET v = 'remote' WHERE k = 210")
+    t.join(15)
+    assert not t.is_alive(), "the applier waited for the local transaction"
+    local.close()
+    assert len(errors) == 1 and errors[0].sqlstate == "40001", errors
+    assert "aborted by the certified remote transaction" in str(errors[0])
+    cluster.assert_identical()
+    with cluster.connect(1) as c:
+        assert c.execute("SELECT v FROM kv WHERE k = 210").fetchone() == ("remote",)
+    assert cluster.status(1)["local_aborts_for_appliers"] >= 1
+
+
+def test_idle_in_transaction_local_session_is_ended_after_grace(cluster: Cluster) -> None:
+    with cluster.connect(0) as c:
+        c.execute("INSERT INTO kv (k, v) VALUES (211, 'start')")
+    cluster.quiesce()
+    local = cluster.connect(2, autocommit=False)
+    local.execute("UPDATE kv SET v = 'local, idle' WHERE k = 211")  # then idle in transaction
+    with cluster.connect(0) as c:
+        c.execute("UPDATE kv SET v = 'remote' WHERE k = 211")
+    cluster.quiesce(timeout=30)  # the applier on node 2 got through: the idle session was ended
+    with pytest.raises(psycopg.Error) as exc:
+        local.execute("SELECT 1")
+        local.commit()
+    assert exc.value.sqlstate in ("40001", None), exc.value  # None: libpq saw only the closed socket
+    local.close()
+    cluster.assert_identical()
+    with cluster.connect(2) as c:
+        assert c.execute("SELECT v FROM kv WHERE k = 211").fetchone() == ("remote",)
+
+
 def test_unique_value_collision_from_two_nodes(cluster: Cluster) -> None:
     conns = [cluster.connect(i, autocommit=False) for i in (0, 1)]
     for i, c in enumerate(conns):
