@@ -171,20 +171,34 @@ chorus_clear_aborted(void)
 
 /*
  * chorus_process_utility
- *		Utility statements inside an aborted transaction fail like DML (COMMIT is
- *		checked in the pre-commit callback, so the block ends cleanly).
+ *		Schema changes are ordered through the cluster before they run
+ *		(chorus_ddl.c). Utility statements inside a transaction aborted for a
+ *		remote writeset fail like DML (COMMIT is checked in the pre-commit
+ *		callback, so the block ends cleanly).
  */
 static void
 chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 					   ProcessUtilityContext context, ParamListInfo params,
 					   QueryEnvironment *queryEnv, DestReceiver *dest, QueryCompletion *qc)
 {
+	bool		replicated;
+
 	if (!IsA(pstmt->utilityStmt, TransactionStmt))
 		chorus_check_aborted();
-	if (prev_process_utility)
-		prev_process_utility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
-	else
-		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
+	replicated = chorus_shared != NULL && chorus_ddl_utility(pstmt, queryString, context);
+	PG_TRY();
+	{
+		if (prev_process_utility)
+			prev_process_utility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
+		else
+			standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
+	}
+	PG_FINALLY();
+	{
+		if (replicated)
+			chorus_ddl_done();
+	}
+	PG_END_TRY();
 }
 
 static int
@@ -273,6 +287,7 @@ _PG_init(void)
 	DefineCustomStringVariable("chorus.exclude_schemas",
 							   "Comma-separated schemas whose new tables are not replicated.",
 							   NULL, &chorus_exclude_schemas, "", PGC_SUSET, 0, NULL, NULL, NULL);
+	chorus_define_ddl_gucs();
 	MarkGUCPrefixReserved("chorus");
 
 	prev_shmem_request_hook = shmem_request_hook;
@@ -297,6 +312,7 @@ PG_FUNCTION_INFO_V1(chorus_committed_gid);
 PG_FUNCTION_INFO_V1(chorus_apply_begin);
 PG_FUNCTION_INFO_V1(chorus_status);
 PG_FUNCTION_INFO_V1(chorus_abort_local);
+PG_FUNCTION_INFO_V1(chorus_wait_turn);
 
 /*
  * chorus_node_init(committed_gid bigint)
@@ -463,4 +479,19 @@ chorus_abort_local(PG_FUNCTION_ARGS)
 	if (sig != 0 && kill(pid, sig) != 0)
 		PG_RETURN_BOOL(false);
 	PG_RETURN_BOOL(true);
+}
+
+/*
+ * chorus_wait_turn(wait_for bigint)
+ *		Wait until every GID up to wait_for has committed here (an applier runs a
+ *		schema change only then).
+ */
+Datum
+chorus_wait_turn(PG_FUNCTION_ARGS)
+{
+	int64		wait_for = PG_GETARG_INT64(0);
+
+	if (wait_for > 0)
+		chorus_wait_for_turn((uint64) wait_for);
+	PG_RETURN_VOID();
 }

@@ -14,6 +14,8 @@
 #include "storage/condition_variable.h"
 #include "storage/lwlock.h"
 #include "utils/rel.h"
+#include "nodes/plannodes.h"
+#include "tcop/utility.h"
 
 #define CHORUS_RING_SIZE 8192
 #define CHORUS_ORIGIN_NAME "chorus"
@@ -119,6 +121,7 @@ typedef struct ChorusXact
 	/* commit path */
 	bool		applying;		/* chorus.apply_begin() was called */
 	bool		certified;		/* the coordinator said COMMIT */
+	bool		ddl;			/* a schema change ordered by chorus_ddl_order() */
 	bool		origin_held;
 	bool		sync_commit_saved;	/* synchronous_commit changed for this commit */
 	int			saved_sync_commit;
@@ -148,5 +151,17 @@ extern void chorus_serialize_writeset(StringInfo out, TransactionId xid);
 extern void chorus_register_callbacks(void);
 extern void chorus_wait_for_turn(uint64 wait_for);
 extern void chorus_check_writable(void);
+extern void chorus_ddl_order(StringInfo ws);
+
+/* chorus_ddl.c */
+extern bool chorus_replicate_ddl;
+extern bool chorus_replicate_roles;
+extern int	chorus_node_number;
+extern int	chorus_max_nodes;
+extern void chorus_define_ddl_gucs(void);
+extern bool chorus_ddl_utility(PlannedStmt *pstmt, const char *queryString,
+							   ProcessUtilityContext context);
+extern void chorus_ddl_done(void);
+extern void chorus_ddl_reset(void);
 
 #endif							/* CHORUS_H */

@@ -172,33 +172,36 @@ chorus_recv_exact(char *buf, size_t len)
 }
 
 /*
- * chorus_request_verdict
- *		Send the writeset (frame 'W') and wait for the verdict (frame 'V').
- *		If the wait is interrupted the connection is closed, so the coordinator
- *		knows nobody waits for this writeset any more (it replays it if certified).
+ * chorus_send_frame
+ *		Send one frame: u32 length, type byte, body.
  */
 static void
-chorus_request_verdict(TransactionId xid)
+chorus_send_frame(char type, const char *body, int len)
 {
 	StringInfoData frame;
+
+	chorus_connect();
+	initStringInfo(&frame);
+	chorus_put_u32(&frame, (uint32) len + 1);
+	chorus_put_u8(&frame, (uint8) type);
+	appendBinaryStringInfo(&frame, body, len);
+	chorus_send_all(frame.data, frame.len, true);
+	pfree(frame.data);
+}
+
+/*
+ * chorus_read_verdict
+ *		Wait for a verdict frame ('V'). If the wait is interrupted the
+ *		connection is closed, so the coordinator knows nobody waits for this
+ *		writeset any more (it replays it if certified).
+ */
+static uint8
+chorus_read_verdict(uint64 *gid, uint64 *wait_for, char **msg)
+{
 	char		head[5];
 	char		body[1 + 1 + 8 + 8 + 2];
 	uint32		len;
 	uint16		msglen;
-	uint8		verdict;
-	uint64		gid,
-				wait_for;
-	char	   *msg;
-
-	chorus_connect();
-	initStringInfo(&frame);
-	chorus_put_u32(&frame, 0);	/* length, patched below */
-	chorus_put_u8(&frame, 'W');
-	chorus_serialize_writeset(&frame, xid);
-	len = pg_hton32((uint32) (frame.len - 4));
-	memcpy(frame.data, &len, 4);
-	chorus_send_all(frame.data, frame.len, true);
-	pfree(frame.data);
 
 	PG_TRY();
 	{
@@ -213,9 +216,9 @@ chorus_request_verdict(TransactionId xid)
 		}
 		chorus_recv_exact(body + 1, sizeof(body) - 1);
 		msglen = pg_ntoh16(*(uint16 *) (body + 18));
-		msg = palloc(msglen + 1);
-		chorus_recv_exact(msg, msglen);
-		msg[msglen] = '\0';
+		*msg = palloc(msglen + 1);
+		chorus_recv_exact(*msg, msglen);
+		(*msg)[msglen] = '\0';
 	}
 	PG_CATCH();
 	{
@@ -223,12 +226,31 @@ chorus_request_verdict(TransactionId xid)
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
+	memcpy(gid, body + 2, 8);
+	memcpy(wait_for, body + 10, 8);
+	*gid = pg_ntoh64(*gid);
+	*wait_for = pg_ntoh64(*wait_for);
+	return (uint8) body[1];
+}
 
-	verdict = (uint8) body[1];
-	memcpy(&gid, body + 2, 8);
-	memcpy(&wait_for, body + 10, 8);
-	gid = pg_ntoh64(gid);
-	wait_for = pg_ntoh64(wait_for);
+/*
+ * chorus_request_verdict
+ *		Send the writeset (frame 'W') and wait for the verdict (frame 'V').
+ */
+static void
+chorus_request_verdict(TransactionId xid)
+{
+	StringInfoData ws;
+	uint8		verdict;
+	uint64		gid,
+				wait_for;
+	char	   *msg;
+
+	initStringInfo(&ws);
+	chorus_serialize_writeset(&ws, xid);
+	chorus_send_frame('W', ws.data, ws.len);
+	pfree(ws.data);
+	verdict = chorus_read_verdict(&gid, &wait_for, &msg);
 
 	if (verdict == VERDICT_CONFLICT)
 		ereport(ERROR,
@@ -244,6 +266,60 @@ chorus_request_verdict(TransactionId xid)
 	chorus_xact.certified = true;
 	chorus_xact.gid = gid;
 	chorus_xact.wait_for = wait_for;
+}
+
+/*
+ * chorus_ddl_order
+ *		Send a schema change (a writeset with the DDL flag) and wait for its
+ *		place in the total order; then wait until everything before it has
+ *		committed here. The statement runs after this, holding the turn.
+ */
+void
+chorus_ddl_order(StringInfo ws)
+{
+	uint8		verdict;
+	uint64		gid,
+				wait_for;
+	char	   *msg;
+
+	chorus_send_frame('W', ws->data, ws->len);
+	verdict = chorus_read_verdict(&gid, &wait_for, &msg);
+	if (verdict != VERDICT_COMMIT)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("chorus: %s", msg)));
+	chorus_xact.certified = true;
+	chorus_xact.ddl = true;
+	chorus_xact.gid = gid;
+	chorus_xact.wait_for = wait_for;
+	chorus_wait_for_turn(wait_for);
+}
+
+/*
+ * chorus_ddl_confirm
+ *		The schema change ran here: tell the cluster (every node runs it) and
+ *		wait until that report is in the total order before committing, so no
+ *		node can end up with the change while the others skip it.
+ */
+static void
+chorus_ddl_confirm(void)
+{
+	StringInfoData body;
+	uint8		verdict;
+	uint64		gid,
+				wait_for;
+	char	   *msg;
+
+	initStringInfo(&body);
+	chorus_put_u64(&body, chorus_xact.gid);
+	chorus_put_u32(&body, chorus_xact.xid);
+	chorus_send_frame('R', body.data, body.len);
+	pfree(body.data);
+	verdict = chorus_read_verdict(&gid, &wait_for, &msg);
+	if (verdict != VERDICT_COMMIT)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("chorus: the schema change was not committed: %s", msg)));
 }
 
 /*
@@ -387,7 +463,17 @@ chorus_xact_callback(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_PRE_COMMIT:
 			chorus_check_aborted();
-			if (chorus_xact.applying)
+			if (chorus_xact.ddl)
+			{
+				if (chorus_xact.nrows > 0)
+					ereport(ERROR,
+							(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+							 errmsg("chorus: a replicated schema change cannot also write rows of replicated tables")));
+				chorus_xact.xid = GetTopTransactionId();
+				chorus_ddl_confirm();
+				chorus_take_origin();
+			}
+			else if (chorus_xact.applying)
 			{
 				chorus_xact.xid = GetTopTransactionId();
 				chorus_wait_for_turn(chorus_xact.wait_for);
@@ -415,6 +501,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 					chorus_send_done('C');
 			}
 			chorus_clear_aborted();
+			chorus_ddl_reset();
 			chorus_xact_reset();
 			break;
 		case XACT_EVENT_ABORT:
@@ -423,6 +510,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 			if (chorus_xact.certified)
 				chorus_send_done('A');
 			chorus_clear_aborted();
+			chorus_ddl_reset();
 			chorus_xact_reset();
 			break;
 		case XACT_EVENT_PARALLEL_COMMIT:

@@ -27,6 +27,9 @@ CREATE FUNCTION chorus.apply_begin(gid bigint, wait_for bigint) RETURNS void
 CREATE FUNCTION chorus.abort_local(pid integer, gid bigint, how text) RETURNS boolean
     AS 'MODULE_PATHNAME', 'chorus_abort_local' LANGUAGE C STRICT;
 
+CREATE FUNCTION chorus.wait_turn(wait_for bigint) RETURNS void
+    AS 'MODULE_PATHNAME', 'chorus_wait_turn' LANGUAGE C STRICT;
+
 CREATE FUNCTION chorus.status(OUT ready boolean, OUT online boolean, OUT committed_gid bigint)
     AS 'MODULE_PATHNAME', 'chorus_status' LANGUAGE C STRICT;
 
@@ -49,7 +52,8 @@ CREATE FUNCTION chorus.replicable(rel regclass) RETURNS boolean LANGUAGE sql STA
      WHERE c.oid = rel
 $$;
 
-CREATE FUNCTION chorus.attach(rel regclass) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION chorus.attach(rel regclass) RETURNS void LANGUAGE plpgsql
+SET chorus.replicate_ddl = off AS $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = rel AND tgname = 'chorus_capture') THEN
         EXECUTE format('CREATE TRIGGER chorus_capture AFTER INSERT OR UPDATE OR DELETE ON %s '
@@ -62,7 +66,8 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION chorus.detach(rel regclass) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION chorus.detach(rel regclass) RETURNS void LANGUAGE plpgsql
+SET chorus.replicate_ddl = off AS $$
 BEGIN
     EXECUTE format('DROP TRIGGER IF EXISTS chorus_capture ON %s', rel);
     EXECUTE format('DROP TRIGGER IF EXISTS chorus_capture_truncate ON %s', rel);
@@ -83,25 +88,82 @@ BEGIN
 END
 $$;
 
--- New tables are replicated as soon as they are created.
-CREATE FUNCTION chorus.on_ddl_end() RETURNS event_trigger LANGUAGE plpgsql AS $$
+-- Sequences never collide between nodes (docs/DDL.md): node k of at most chorus.max_nodes
+-- draws start + (k-1)*increment, then steps by increment * max_nodes.
+CREATE FUNCTION chorus.spread_sequence(seq regclass, restart_above bigint DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql SET chorus.replicate_ddl = off AS $$
+DECLARE
+    k integer := current_setting('chorus.node_number')::integer;
+    m integer := current_setting('chorus.max_nodes')::integer;
+    inc bigint;
+    st bigint;
+    first bigint;
+BEGIN
+    IF k = 0 OR m <= 1 THEN
+        RETURN;
+    END IF;
+    IF k > m THEN
+        RAISE EXCEPTION 'chorus: chorus.node_number (%) is larger than chorus.max_nodes (%)', k, m;
+    END IF;
+    SELECT s.seqincrement, s.seqstart INTO inc, st FROM pg_sequence s WHERE s.seqrelid = seq;
+    IF inc IS NULL THEN
+        RETURN;
+    END IF;
+    first := st + (k - 1) * inc;
+    IF restart_above IS NOT NULL THEN
+        -- the first value of this node's class beyond restart_above (ascending sequences)
+        first := first + greatest(0, ((restart_above - first) / (inc * m)) + 1) * inc * m;
+    END IF;
+    EXECUTE format('ALTER SEQUENCE %s INCREMENT BY %s START WITH %s RESTART WITH %s',
+                   seq, inc * m, st + (k - 1) * inc, first);
+END
+$$;
+
+-- Re-spread every sequence after chorus.max_nodes changed: run on every node with the same
+-- restart_above, larger than any value any node has drawn (docs/DDL.md).
+CREATE FUNCTION chorus.spread_all_sequences(restart_above bigint) RETURNS integer
+LANGUAGE plpgsql SET chorus.replicate_ddl = off AS $$
+DECLARE
+    s regclass;
+    n integer := 0;
+BEGIN
+    FOR s IN SELECT c.oid::regclass FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace
+              WHERE c.relkind = 'S' AND c.relpersistence = 'p'
+                AND ns.nspname NOT IN ('pg_catalog', 'information_schema', 'chorus') LOOP
+        PERFORM chorus.spread_sequence(s, restart_above);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END
+$$;
+
+-- New tables are replicated as soon as they are created, on every node (the trigger fires in
+-- apply sessions too); new sequences get this node's residue class.
+CREATE FUNCTION chorus.on_ddl_end() RETURNS event_trigger LANGUAGE plpgsql
+SET chorus.replicate_ddl = off AS $$
 DECLARE
     cmd record;
 BEGIN
-    FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands()
-                WHERE object_type = 'table' AND command_tag IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO') LOOP
-        IF chorus.replicable(cmd.objid::regclass) THEN
+    FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands() LOOP
+        IF cmd.object_type = 'table' AND cmd.command_tag IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO')
+           AND chorus.replicable(cmd.objid::regclass) THEN
             PERFORM chorus.attach(cmd.objid::regclass);
+        ELSIF cmd.object_type = 'sequence' AND cmd.command_tag = 'CREATE SEQUENCE'
+              AND NOT cmd.in_extension THEN
+            PERFORM chorus.spread_sequence(cmd.objid::regclass);
         END IF;
     END LOOP;
 END
 $$;
 
-CREATE EVENT TRIGGER chorus_attach_new_tables ON ddl_command_end
-    WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO')
+CREATE EVENT TRIGGER chorus_on_ddl_end ON ddl_command_end
+    WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'CREATE SEQUENCE', 'ALTER TABLE')
     EXECUTE FUNCTION chorus.on_ddl_end();
+ALTER EVENT TRIGGER chorus_on_ddl_end ENABLE ALWAYS;
 
 REVOKE ALL ON FUNCTION chorus.node_init(bigint), chorus.set_online(boolean), chorus.set_paused(boolean),
-    chorus.apply_begin(bigint, bigint), chorus.abort_local(integer, bigint, text) FROM PUBLIC;
+    chorus.apply_begin(bigint, bigint), chorus.abort_local(integer, bigint, text),
+    chorus.wait_turn(bigint), chorus.spread_sequence(regclass, bigint),
+    chorus.spread_all_sequences(bigint) FROM PUBLIC;
 
 SELECT chorus.attach_all();

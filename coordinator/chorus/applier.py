@@ -136,12 +136,16 @@ class ApplySession:
             finally:
                 self.conn = None
 
-    async def apply(self, gid: int, wait_for: int, ws: wire.Writeset) -> None:
-        """Apply and commit ``ws`` as GID ``gid``; raise TransientApplyError or ApplyError."""
+    async def apply(self, gid: int, wait_for: int, ws: wire.Writeset, ddl_ok: bool = True) -> None:
+        """Apply and commit ``ws`` as GID ``gid``; raise TransientApplyError or ApplyError. A
+        schema change runs once every earlier GID has committed here; one that failed on its
+        origin (``ddl_ok`` false) commits nothing but its GID."""
         if self.conn is None or self.conn.closed:
             await self.connect()
         conn = self.conn
         assert conn is not None
+        if ws.ddl is not None:
+            return await self._apply_ddl(gid, wait_for, ws.ddl, ddl_ok)
         try:
             # One pipeline: every statement goes out at once; results are checked at the sync,
             # before the commit (two round trips per writeset, whatever its size).
@@ -187,6 +191,36 @@ class ApplySession:
         except ApplyError:
             await self._rollback()
             raise
+
+    async def _apply_ddl(self, gid: int, wait_for: int, ddl: wire.Ddl, ok: bool) -> None:
+        conn = self.conn
+        assert conn is not None
+        try:
+            async with conn.cursor() as cur:
+                await cur.execute("SELECT chorus.apply_begin(%s, %s)", (gid, wait_for))
+                await cur.execute("SELECT chorus.wait_turn(%s)", (wait_for,))
+                if not ok:
+                    await cur.execute("SELECT pg_current_xact_id()")  # a commit record for the GID
+                else:
+                    await cur.execute("SELECT set_config('search_path', %s, true)", (ddl.search_path,))
+                    await cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (ddl.role,))
+                    if await cur.fetchone() is not None:
+                        await cur.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(ddl.role)))
+                    else:
+                        log.warning("GID %d: role %s does not exist here; running the schema change "
+                                    "as %s", gid, ddl.role, conn.info.user)
+                    await cur.execute(ddl.statement.encode("utf-8"))
+            await conn.commit()
+        except psycopg.OperationalError as e:
+            await self._reset()
+            raise TransientApplyError(f"GID {gid}: connection problem: {e}") from e
+        except psycopg.Error as e:
+            await self._rollback()
+            state = e.sqlstate or ""
+            if state in TRANSIENT_SQLSTATES:
+                raise TransientApplyError(f"GID {gid}: {state} {e}") from e
+            raise ApplyError(f"GID {gid}: the schema change that succeeded on its origin failed "
+                             f"here: {state} {str(e).strip()} (statement: {ddl.statement[:200]})") from e
 
     @staticmethod
     def _check(rowcount: int, gid: int, t: wire.Table, row: wire.Row) -> None:

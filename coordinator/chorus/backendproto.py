@@ -31,15 +31,15 @@ async def read_frame(reader: asyncio.StreamReader) -> Frame:
         raise FrameError(f"frame length {length} out of range")
     body = await reader.readexactly(length)
     ftype = body[:1]
-    if ftype not in (b"W", b"C", b"A"):
+    if ftype not in (b"W", b"C", b"A", b"R"):
         raise FrameError(f"unknown frame type {ftype!r}")
-    if ftype in (b"C", b"A") and len(body) != 13:
+    if ftype in (b"C", b"A", b"R") and len(body) != 13:
         raise FrameError(f"frame {ftype!r} has {len(body) - 1} payload bytes, expected 12")
     return Frame(ftype, body[1:])
 
 
 def parse_done(payload: bytes) -> tuple[int, int]:
-    """(gid, xid) of a C or A frame."""
+    """(gid, xid) of a C, A or R frame."""
     gid, xid = struct.unpack(">QI", payload)
     return int(gid), int(xid)
 

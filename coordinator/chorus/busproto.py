@@ -12,6 +12,7 @@ types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32
 | ``B`` | :class:`Bootstrap` | a node told to start a new cluster |
 | ``P`` | :class:`Progress` | every online node, periodically: its committed GID (purge horizon) |
 | ``F`` | :class:`FlowControl` | a node whose apply queue is too long (pause) or drained again (resume) |
+| ``D`` | :class:`DdlResult` | the origin of a schema change: it ran (the others run it too) or failed (all skip it) |
 """
 
 from __future__ import annotations
@@ -87,7 +88,16 @@ class FlowControl:
     pause: bool
 
 
-Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress, FlowControl]
+@dataclass(frozen=True)
+class DdlResult:
+    node: str
+    gid: int
+    ok: bool
+    error: str = ""
+
+
+Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress, FlowControl,
+                DdlResult]
 
 
 class _R:
@@ -161,6 +171,9 @@ def encode(m: Message) -> bytes:
         return head + b"P" + _s(m.node) + struct.pack(">Q", m.committed_gid)
     if isinstance(m, FlowControl):
         return head + b"F" + _s(m.node) + bytes([1 if m.pause else 0])
+    if isinstance(m, DdlResult):
+        return (head + b"D" + _s(m.node) + struct.pack(">QB", m.gid, 1 if m.ok else 0)
+                + _s(m.error[:4000]))
     raise TypeError(f"not a bus message: {m!r}")
 
 
@@ -198,6 +211,9 @@ def decode(b: bytes) -> Message:
         m = Progress(r.s(), r.u64())
     elif t == b"F":
         m = FlowControl(r.s(), r.take(1) == b"\x01")
+    elif t == b"D":
+        node, gid, ok = r.s(), r.u64(), r.take(1) == b"\x01"
+        m = DdlResult(node, gid, ok, r.s())
     else:
         raise BusProtoError(f"unknown bus message type {t!r}")
     r.end()

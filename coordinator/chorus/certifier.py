@@ -44,6 +44,9 @@ class Verdict:
 OK = Verdict(True)
 
 
+DDL_ORIGIN = ""  # the "origin" schema-change keys are recorded under
+
+
 class _Slot:
     """Newest (gid, origin) for one key and mode, and the newest from another origin."""
 
@@ -93,11 +96,12 @@ class Certifier:
                     continue
                 other_gid, other_origin = slot.newest_not_from(origin)
                 if other_gid > last_seen:
+                    by = (f"the schema change GID {other_gid} altered it" if other_origin == DDL_ORIGIN
+                          else f"GID {other_gid} from node {other_origin} wrote it")
                     return Verdict(
                         False,
-                        f"certification conflict on {k.describe()}: GID {other_gid} from node "
-                        f"{other_origin} wrote it after this transaction's snapshot "
-                        f"(last seen GID {last_seen})",
+                        f"certification conflict on {k.describe()}: {by} after this "
+                        f"transaction's snapshot (last seen GID {last_seen})",
                         other_gid,
                         other_origin,
                     )
@@ -106,6 +110,17 @@ class Certifier:
         if hashed:
             self._by_gid.append((gid, [h for _, h in hashed]))
         return OK
+
+    def record(self, gid: int, keys: Iterable[Key]) -> None:
+        """Index the keys of schema change ``gid`` without certifying it: a schema change runs in
+        total order and never fails certification; instead, writesets that did not see it and
+        touch its tables fail. Its keys count as written by no node, so they conflict with the
+        origin's own transactions too."""
+        hashed = [key_hash(k.parts) for k in keys]
+        for k, h in zip(keys, hashed):
+            self._index.setdefault(h, {}).setdefault(k.mode, _Slot()).add(gid, DDL_ORIGIN)
+        if hashed:
+            self._by_gid.append((gid, hashed))
 
     def purge(self, horizon: int) -> int:
         """Forget entries with GID <= ``horizon``; returns how many keys were dropped."""

@@ -27,7 +27,8 @@ from chorus.applier import ApplyError, ApplySession, TransientApplyError
 from chorus.bus import Bus, BusError, Delivery, View
 from chorus.certifier import key_hash
 from chorus.config import NodeConfig
-from chorus.replicator import Apply, Joined, LocalVerdict, Phase, PhaseChange, Replicator, Send
+from chorus.replicator import (Apply, DdlOutcome, Joined, LocalVerdict, Phase, PhaseChange, Replicator,
+                               Send)
 from chorus.scheduler import Scheduler
 from chorus.state import NodeState, load_state, save_state
 
@@ -60,6 +61,14 @@ class _Pending:
     origin: str
     writeset: wire.Writeset
     backend: Optional[_Backend] = None
+    # schema changes: the outcome on the origin (None until the cluster knows it)
+    ddl_ok: Optional[bool] = None
+    ddl_known: Optional[asyncio.Event] = None
+    ddl_failure_sent: bool = False
+
+    def __post_init__(self) -> None:
+        if self.writeset.ddl is not None:
+            self.ddl_known = asyncio.Event()
 
 
 @dataclass
@@ -300,8 +309,11 @@ class Coordinator:
                 self._local_verdict(a)
             elif isinstance(a, Apply):
                 self.pending[a.gid] = _Pending(a.gid, a.wait_for, a.origin, a.writeset)
-                self.scheduler.add(a.gid, _keys(a.writeset), local=False)
+                self.scheduler.add(a.gid, _keys(a.writeset), local=False,
+                                   barrier=a.writeset.ddl is not None)
                 self._dispatch()
+            elif isinstance(a, DdlOutcome):
+                self._ddl_outcome(a)
             elif isinstance(a, Send):
                 asyncio.create_task(self._send_logged(a.message))
             elif isinstance(a, PhaseChange):
@@ -365,6 +377,11 @@ class Coordinator:
                 elif frame.type == b"C":
                     gid, _ = bpf.parse_done(frame.payload)
                     self._local_done(gid)
+                elif frame.type == b"R":
+                    gid, _ = bpf.parse_done(frame.payload)
+                    p = self.pending.get(gid)
+                    if p is not None and p.writeset.ddl is not None and p.backend is b:
+                        asyncio.create_task(self._send_logged(bp.DdlResult(self.cfg.name, gid, True)))
                 else:
                     gid, xid = bpf.parse_done(frame.payload)
                     log.info("backend %d aborted certified GID %d (xid %d): replaying it", b.pid, gid, xid)
@@ -439,13 +456,35 @@ class Coordinator:
         assert v.writeset is not None
         p = _Pending(v.gid, v.wait_for, self.cfg.name, v.writeset, b)
         self.pending[v.gid] = p
-        self.scheduler.add(v.gid, _keys(v.writeset), local=True)
+        self.scheduler.add(v.gid, _keys(v.writeset), local=True, barrier=v.writeset.ddl is not None)
         if b is None or b.closed:
             log.info("backend of certified GID %d is gone: replaying it", v.gid)
             self._replay(v.gid)
             return
         b.certified.add(v.gid)
         b.writer.write(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, v.wait_for, ""))
+        if v.writeset.ddl is not None:  # it runs now: local transactions in its way lose
+            asyncio.create_task(self._watch_blockers(lambda: b.pid if p.backend is b else 0, v.gid))
+
+    def _ddl_outcome(self, o: DdlOutcome) -> None:
+        p = self.pending.get(o.gid)
+        if p is None or p.ddl_known is None:
+            return
+        p.ddl_ok = o.ok
+        p.ddl_known.set()
+        if not o.ok:
+            log.info("schema change GID %d from %s is skipped: %s", o.gid, p.origin, o.error)
+        if p.backend is not None:
+            b = p.backend
+            if not b.closed:
+                b.writer.write(bpf.verdict_frame(bpf.VERDICT_COMMIT if o.ok else bpf.VERDICT_REFUSED,
+                                                 o.gid, p.wait_for, o.error))
+            if o.ok:
+                return  # the backend commits it
+            self._replay(o.gid)  # commit the GID without the change
+        elif p.origin == self.cfg.name:
+            self.scheduler.replay(o.gid)
+        self._dispatch()
 
     def _local_done(self, gid: int) -> None:
         p = self.pending.pop(gid, None)
@@ -464,6 +503,14 @@ class Coordinator:
         if p.backend is not None:
             p.backend.certified.discard(gid)
             p.backend = None
+        if p.ddl_known is not None and p.ddl_ok is None:
+            # A schema change whose origin backend gave up: the cluster must learn that it did not
+            # run here; the outcome (the first result delivered) decides what every node does.
+            if not p.ddl_failure_sent:
+                p.ddl_failure_sent = True
+                asyncio.create_task(self._send_logged(bp.DdlResult(
+                    self.cfg.name, gid, False, f"it failed on its origin {self.cfg.name}")))
+            return
         self.scheduler.replay(gid)
         self._dispatch()
 
@@ -516,10 +563,12 @@ class Coordinator:
         try:
             if p is None:
                 return
+            if p.ddl_known is not None:
+                await p.ddl_known.wait()
             t0 = time.monotonic()
-            watchdog = asyncio.create_task(self._watch_apply(session, gid))
+            watchdog = asyncio.create_task(self._watch_blockers(lambda: session.pid, gid))
             try:
-                await session.apply(gid, p.wait_for, p.writeset)
+                await session.apply(gid, p.wait_for, p.writeset, ddl_ok=p.ddl_ok is not False)
             finally:
                 watchdog.cancel()
             self.last_apply_ms = (time.monotonic() - t0) * 1000
@@ -547,7 +596,7 @@ class Coordinator:
                 self.idle.append(session)
             self._dispatch()
 
-    async def _watch_apply(self, session: ApplySession, gid: int) -> None:
+    async def _watch_blockers(self, waiter: Callable[[], int], gid: int) -> None:
         """Local loses to remote (DESIGN.md invariant 6). A certified writeset that waits for a
         lock held by a local transaction that is not certified aborts that transaction: that one
         comes later in the total order and would lose certification anyway. A running statement
@@ -559,14 +608,15 @@ class Coordinator:
         first_seen: dict[tuple[int, Any], float] = {}  # (pid, xact_start) -> first seen blocking
         await asyncio.sleep(BLOCKER_CHECK_S)
         while True:
-            if self.db is None or not self.db_ok.is_set() or not session.pid:
+            pid = waiter()
+            if self.db is None or not self.db_ok.is_set() or not pid or gid not in self.pending:
                 return
             protected = {w.pid for w in [*self.workers, self.replay_session]}
             protected |= {p.backend.pid for p in self.pending.values() if p.backend is not None}
             try:
                 rows = await self._q_all(
                     "SELECT a.pid, a.state, a.xact_start FROM unnest(pg_blocking_pids(%s)) AS b(pid)"
-                    " JOIN pg_stat_activity a USING (pid)", (session.pid,))
+                    " JOIN pg_stat_activity a USING (pid)", (pid,))
                 now = time.monotonic()
                 for pid, state, xact_start in rows:
                     if pid in protected:

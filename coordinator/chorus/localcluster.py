@@ -195,7 +195,8 @@ class LocalCluster:
             self._run([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
                        "-E", "UTF8", "--locale=C.UTF-8"], f"initdb of {n.name}")
             with open(pgdata / "postgresql.conf", "a") as f:
-                f.write(PG_CONF.format(port=n.port, run=run))
+                f.write(PG_CONF.format(port=n.port, run=run,
+                                       number=meta.nodes.index(n) + 1))
         cfg = self.config(meta, n)
         toml = d / "chorus.toml"
         write_config(cfg, str(toml))
@@ -396,6 +397,7 @@ listen_addresses = '127.0.0.1'
 unix_socket_directories = '{run}'
 shared_preload_libraries = 'chorus'
 chorus.socket_path = '{run}/chorus.sock'
+chorus.node_number = {number}
 max_connections = 100
 max_replication_slots = 10
 shared_buffers = 128MB

@@ -21,7 +21,7 @@ from typing import Optional, Union
 from chorus import busproto as bp
 from chorus import wire
 from chorus.bus import Delivery, View
-from chorus.certifier import Certifier
+from chorus.certifier import OK, Certifier
 
 log = logging.getLogger("chorus.replicator")
 
@@ -82,7 +82,17 @@ class Joined:
     bootstrapped: bool
 
 
-Action = Union[Send, LocalVerdict, Apply, PhaseChange, Joined]
+@dataclass(frozen=True)
+class DdlOutcome:
+    """Schema change ``gid`` ran on its origin (every node runs it) or not (every node skips
+    it). Decided by the origin's DdlResult, or by the origin leaving the group first."""
+
+    gid: int
+    ok: bool
+    error: str
+
+
+Action = Union[Send, LocalVerdict, Apply, PhaseChange, Joined, DdlOutcome]
 
 
 @dataclass
@@ -111,6 +121,7 @@ class Replicator:
     # certification history kept below the cluster-wide committed minimum, in GIDs: a
     # transaction whose snapshot is older than this fails as "snapshot too old"
     history: int = 20000
+    ddl_open: dict[int, str] = field(default_factory=dict)  # schema change GID -> origin node
     online: dict[str, str] = field(default_factory=dict)  # node name -> bus member id
     progress: dict[str, int] = field(default_factory=dict)
     members: tuple[str, ...] = ()
@@ -140,6 +151,11 @@ class Replicator:
                 del self.online[name]
                 self.progress.pop(name, None)
                 self.paused_by.discard(name)
+        for gid, origin in sorted(self.ddl_open.items()):
+            if origin != self.node and origin not in self.online:
+                del self.ddl_open[gid]
+                out.append(DdlOutcome(gid, False, f"its origin {origin} left the group before "
+                                                  "reporting the outcome"))
         if self.phase == Phase.CONNECTING:
             self._joining_since = now
             if self.bootstrap and view.members == (view.local,) and view.quorate:
@@ -294,6 +310,11 @@ class Replicator:
                 if all(n in self.progress for n in self.online):
                     self.certifier.purge(min(self.progress[n] for n in self.online) - self.history)
             return []
+        if isinstance(msg, bp.DdlResult):
+            if self.ddl_open.get(msg.gid) == msg.node:
+                del self.ddl_open[msg.gid]
+                return [DdlOutcome(msg.gid, msg.ok, msg.error)]
+            return []
         if isinstance(msg, bp.FlowControl):
             if msg.pause and msg.node in self.online:
                 self.paused_by.add(msg.node)
@@ -322,7 +343,12 @@ class Replicator:
             self.stats.malformed += 1
             self.stats.cert_failures += 1
             return [LocalVerdict(msg.ticket, False, gid, 0, f"malformed writeset: {e}", None)] if local else []
-        v = self.certifier.certify(gid, msg.origin, ws.last_seen, ws.keys)
+        if ws.ddl is not None:  # total order isolation: never fails, runs after all before it
+            self.certifier.record(gid, list(ws.keys))
+            self.ddl_open[gid] = msg.origin
+            v = OK
+        else:
+            v = self.certifier.certify(gid, msg.origin, ws.last_seen, ws.keys)
         if not v.ok:
             self.stats.cert_failures += 1
             if local:

@@ -35,6 +35,7 @@ class Scheduler:
         self._dependents: dict[int, set[int]] = {}
         self._remote: deque[int] = deque()  # undispatched remote GIDs, in order
         self._replays: list[int] = []
+        self._barrier = 0  # the newest schema change registered
 
     def __len__(self) -> int:
         return len(self._items)
@@ -43,9 +44,20 @@ class Scheduler:
     def queued(self) -> int:
         return len(self._remote) + len(self._replays)
 
-    def add(self, gid: int, keys: Iterable[tuple[bytes, KeyMode]], local: bool) -> None:
-        """Register certified writeset ``gid`` (GIDs must arrive in increasing order)."""
+    def add(self, gid: int, keys: Iterable[tuple[bytes, KeyMode]], local: bool,
+            barrier: bool = False) -> None:
+        """Register certified writeset ``gid`` (GIDs must arrive in increasing order). A
+        ``barrier`` (a schema change) waits for every earlier writeset and every later one waits
+        for it."""
         item = _Item(gid, local, list(keys))
+        if barrier:
+            item.deps.update(self._items)
+            for other in self._items:
+                self._dependents.setdefault(other, set()).add(gid)
+            self._barrier = gid
+        elif self._barrier in self._items:
+            item.deps.add(self._barrier)
+            self._dependents.setdefault(self._barrier, set()).add(gid)
         for h, mode in item.keys:
             holders = self._keys.setdefault(h, [])
             for other, omode in holders:

@@ -42,6 +42,8 @@ COL_GENERATED = 0x02
 
 OPS = (b"I", b"U", b"D", b"T")
 
+FLAG_DDL = 0x01  # the writeset is a schema change run in total order (DDL section follows the keys)
+
 Value = Optional[str]
 
 
@@ -93,6 +95,15 @@ class Key:
 
 
 @dataclass(frozen=True)
+class Ddl:
+    """A replicated schema change: the statement and the session state it needs."""
+
+    statement: str
+    search_path: str
+    role: str
+
+
+@dataclass(frozen=True)
 class Writeset:
     xid: int
     pid: int
@@ -101,7 +112,7 @@ class Writeset:
     rows: tuple[Row, ...]
     keys: tuple[Key, ...]
     flags: int = 0
-    extra: dict[str, str] = field(default_factory=dict, compare=False)
+    ddl: Optional[Ddl] = None
 
 
 def quote_ident(name: str) -> str:
@@ -134,7 +145,7 @@ def _decode(buf: bytes) -> Writeset:
     magic, version, flags, xid, pid, last_seen, ntables, nrows, nkeys = _HEAD.unpack_from(buf, 0)
     if version != VERSION:
         raise WireError(f"unsupported writeset version {version} (this coordinator reads {VERSION})")
-    if flags:
+    if flags & ~FLAG_DDL:
         raise WireError(f"unknown writeset flags {flags:#x}")
     pos = _HEAD.size
     if nrows > n or nkeys > n or ntables > n:
@@ -235,9 +246,21 @@ def _decode(buf: bytes) -> Writeset:
             parts.append(buf[pos + 4:end])
             pos = end
         keys.append(Key(_MODES[mode], tuple(parts)))
+    ddl = None
+    if flags & FLAG_DDL:
+        if nrows or ntables:
+            raise WireError("a schema-change writeset carries no rows")
+        (ln,) = u32(buf, pos)
+        end = pos + 4 + ln
+        if end > n:
+            raise WireError("writeset truncated reading the DDL statement")
+        statement = buf[pos + 4:end].decode("utf-8")
+        search_path, pos = text(end)
+        role, pos = text(pos)
+        ddl = Ddl(statement, search_path, role)
     if pos != n:
         raise WireError(f"{n - pos} trailing bytes after writeset")
-    return Writeset(xid, pid, last_seen, tuple(tables), tuple(rows), tuple(keys), flags)
+    return Writeset(xid, pid, last_seen, tuple(tables), tuple(rows), tuple(keys), flags, ddl)
 
 
 _MODES = {1: KeyMode.REFERENCE, 2: KeyMode.UPDATE, 3: KeyMode.EXCLUSIVE}
@@ -261,7 +284,8 @@ def _tuple(values: tuple[Value, ...]) -> bytes:
 
 def encode(ws: Writeset) -> bytes:
     """Write a writeset (the inverse of :func:`decode`); the extension does the same in C."""
-    out = [MAGIC, struct.pack(">BBIIQHII", VERSION, ws.flags, ws.xid, ws.pid, ws.last_seen,
+    flags = ws.flags | (FLAG_DDL if ws.ddl is not None else 0)
+    out = [MAGIC, struct.pack(">BBIIQHII", VERSION, flags, ws.xid, ws.pid, ws.last_seen,
                               len(ws.tables), len(ws.rows), len(ws.keys))]
     for t in ws.tables:
         out += [_text(t.nspname), _text(t.relname), struct.pack(">H", len(t.columns))]
@@ -278,4 +302,7 @@ def encode(ws: Writeset) -> bytes:
     for k in ws.keys:
         out.append(struct.pack(">BH", int(k.mode), len(k.parts)))
         out += [struct.pack(">I", len(p)) + p for p in k.parts]
+    if ws.ddl is not None:
+        stmt = ws.ddl.statement.encode("utf-8")
+        out += [struct.pack(">I", len(stmt)), stmt, _text(ws.ddl.search_path), _text(ws.ddl.role)]
     return b"".join(out)

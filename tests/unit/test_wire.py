@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chorus import wire
-from chorus.wire import Column, Key, KeyMode, Row, Table, Writeset
+from chorus.wire import (FLAG_DDL, Column, Ddl, Key, KeyMode, Row, Table, WireError, Writeset, decode,
+                         encode)
 
 TABLE = Table("public", "accounts", (Column("id", "integer"), Column("owner", "text"),
                                      Column("total", "numeric", wire.COL_GENERATED)), (0,))
@@ -50,7 +51,7 @@ def test_round_trip_random(rows: list[tuple[str, list[str | None]]], last_seen: 
 @pytest.mark.parametrize("mutate, message", [
     (lambda b: b"XX" + b[2:], "bad magic"),
     (lambda b: b[:2] + b"\x02" + b[3:], "unsupported writeset version 2"),
-    (lambda b: b[:3] + b"\x01" + b[4:], "unknown writeset flags"),
+    (lambda b: b[:3] + b"\x80" + b[4:], "unknown writeset flags"),
     (lambda b: b[:-1], "truncated"),
     (lambda b: b + b"\x00", "trailing bytes"),
 ])
@@ -94,3 +95,12 @@ def test_key_describe() -> None:
     k = Key(KeyMode.EXCLUSIVE, (b"public", b"t", b"a,b", b"1", b"x"))
     assert k.describe() == '"public"."t" (a,b)=(1, x)'
     assert Key(KeyMode.EXCLUSIVE, (b"public", b"t")).describe() == '"public"."t" (table)'
+
+
+def test_schema_change_round_trip() -> None:
+    ws = Writeset(0, 42, 17, (), (), (Key(KeyMode.EXCLUSIVE, (b"public", b"t")),),
+                  ddl=Ddl("ALTER TABLE t ADD COLUMN \"x%\" text DEFAULT 'é'", '"$user", public', "alice"))
+    back = decode(encode(ws))
+    assert back.ddl == ws.ddl and back.keys == ws.keys and back.flags & FLAG_DDL
+    with pytest.raises(WireError, match="truncated"):
+        decode(encode(ws)[:-3])

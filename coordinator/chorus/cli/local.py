@@ -132,7 +132,8 @@ def sql_command(directory: str, all_nodes: bool, node: Optional[str], statement:
         if node and n["name"] != node:
             continue
         try:
-            with psycopg.connect(n["dsn"], autocommit=True) as conn:
+            with psycopg.connect(n["dsn"], autocommit=True,
+                                 options="-c chorus.replicate_ddl=off -c chorus.capture=off") as conn:
                 cur = conn.execute(statement)
                 if cur.description:
                     for row in cur.fetchall():
