@@ -154,6 +154,7 @@ class Replicator:
         for gid, origin in sorted(self.ddl_open.items()):
             if origin != self.node and origin not in self.online:
                 del self.ddl_open[gid]
+                self.certifier.ddl_outcome(gid, False)
                 out.append(DdlOutcome(gid, False, f"its origin {origin} left the group before "
                                                   "reporting the outcome"))
         if self.phase == Phase.CONNECTING:
@@ -313,6 +314,7 @@ class Replicator:
         if isinstance(msg, bp.DdlResult):
             if self.ddl_open.get(msg.gid) == msg.node:
                 del self.ddl_open[msg.gid]
+                self.certifier.ddl_outcome(msg.gid, msg.ok)
                 return [DdlOutcome(msg.gid, msg.ok, msg.error)]
             return []
         if isinstance(msg, bp.FlowControl):

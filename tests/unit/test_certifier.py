@@ -97,3 +97,34 @@ def test_snapshot_restore_gives_same_verdicts() -> None:
             verdicts.append(a.certify(3, origin, ls, [k]).ok)
             assert b.certify(3, origin, ls, [k]).ok == verdicts[-1]
     assert verdicts == [False, False, True, False, True, True, False, False, True]
+
+
+def _table(name: bytes, mode: KeyMode = KeyMode.EXCLUSIVE) -> Key:
+    return Key(mode, (b"public", name))
+
+
+def test_schema_change_fails_writers_that_did_not_see_it_even_from_its_origin() -> None:
+    c = Certifier()
+    assert c.certify(1, "a", 0, [_table(b"t", KeyMode.REFERENCE)]).ok
+    c.record(2, [_table(b"t")])  # a schema change never fails itself
+    v = c.certify(3, "a", 1, [_table(b"t", KeyMode.REFERENCE)])
+    assert not v.ok and "schema change GID 2" in v.reason
+    assert c.certify(4, "b", 2, [_table(b"t", KeyMode.REFERENCE)]).ok  # saw it
+    assert c.certify(5, "b", 1, [_table(b"u", KeyMode.REFERENCE)]).ok  # other table
+
+
+def test_failed_schema_change_is_taken_back() -> None:
+    c = Certifier()
+    assert c.certify(1, "a", 0, [_table(b"t", KeyMode.REFERENCE)]).ok
+    c.record(2, [_table(b"t"), _table(b"new")])
+    c.ddl_outcome(2, False)
+    assert c.certify(3, "b", 1, [_table(b"t", KeyMode.REFERENCE)]).ok
+    assert c.certify(4, "b", 0, [_table(b"new", KeyMode.REFERENCE)]).ok
+    c.record(5, [_table(b"t")])
+    c.ddl_outcome(5, True)
+    assert not c.certify(6, "b", 4, [_table(b"t", KeyMode.REFERENCE)]).ok
+    # the undo information travels to a joining node
+    c.record(7, [_table(b"x")])
+    d = Certifier.restore(c.snapshot())
+    d.ddl_outcome(7, False)
+    assert d.certify(8, "b", 6, [_table(b"x", KeyMode.REFERENCE)]).ok

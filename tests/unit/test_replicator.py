@@ -12,7 +12,7 @@ from collections import deque
 from chorus import busproto as bp
 from chorus import wire
 from chorus.bus import Delivery, View
-from chorus.replicator import Apply, LocalVerdict, Phase, Replicator, Send
+from chorus.replicator import Apply, DdlOutcome, LocalVerdict, Phase, Replicator, Send
 from chorus.wire import Key, KeyMode, Row, Table, Writeset
 
 NAMES = ["n1", "n2", "n3"]
@@ -21,7 +21,8 @@ T = Table("public", "t", (wire.Column("id", "integer"), wire.Column("v", "text")
 
 def writeset(last_seen: int, key: int) -> bytes:
     ws = Writeset(1, 1, last_seen, (T,), (Row("U", 0, (str(key),), (str(key), "x")),),
-                  (Key(KeyMode.UPDATE, (b"public", b"t", b"id", str(key).encode())),))
+                  (Key(KeyMode.REFERENCE, (b"public", b"t")),  # as the extension writes them
+                   Key(KeyMode.UPDATE, (b"public", b"t", b"id", str(key).encode()))))
     return wire.encode(ws)
 
 
@@ -141,3 +142,47 @@ def test_minority_refuses_writes() -> None:
     r = c.nodes["n3"]
     c.act("n3", r.on_view(View(2, ("n3",), (), ("n1", "n2"), "n3", False), c.now))
     assert r.phase == Phase.NON_PRIMARY and not r.accepts_writes
+
+
+def _ddl(table: bytes = b"t") -> bytes:
+    return wire.encode(Writeset(0, 1, 0, (), (), (Key(KeyMode.EXCLUSIVE, (b"public", table)),),
+                                ddl=wire.Ddl("ALTER TABLE t ADD COLUMN c int", "public", "postgres")))
+
+
+def test_schema_change_outcome_is_the_same_everywhere() -> None:
+    c = form()
+    outcomes: dict[str, list[tuple[int, bool]]] = {n: [] for n in NAMES}
+    c.ticket += 1
+    c.order.append(("n1", bp.encode(bp.WritesetMsg("n1", c.ticket, _ddl()))))
+    c.drain()
+    gid = c.nodes["n1"].gid
+    assert all(r.ddl_open == {gid: "n1"} for r in c.nodes.values())
+    # a writer on n2 that did not see the change loses, even though no row key conflicts
+    c.submit("n2", gid - 1, 5)
+    c.drain()
+    assert c.log["n2"][-1] == (gid + 1, False)
+    # the origin reports; a second, later report is ignored
+    c.order.append(("n1", bp.encode(bp.DdlResult("n1", gid, True))))
+    c.order.append(("n1", bp.encode(bp.DdlResult("n1", gid, False, "late"))))
+    while c.order:
+        sender, payload = c.order.popleft()
+        for n, r in c.nodes.items():
+            for a in r.on_delivery(Delivery(sender, payload)):
+                if isinstance(a, DdlOutcome):
+                    outcomes[n].append((a.gid, a.ok))
+    assert all(o == [(gid, True)] for o in outcomes.values()), outcomes
+
+
+def test_schema_change_whose_origin_leaves_is_skipped_everywhere() -> None:
+    c = form()
+    c.ticket += 1
+    c.order.append(("n3", bp.encode(bp.WritesetMsg("n3", c.ticket, _ddl()))))
+    c.drain()
+    gid = c.nodes["n1"].gid
+    for n in ("n1", "n2"):
+        acts = c.nodes[n].on_view(View(2, ("n1", "n2"), (), ("n3",), n, True), c.now)
+        assert [(a.gid, a.ok) for a in acts if isinstance(a, DdlOutcome)] == [(gid, False)]
+        # its keys are taken back: a writer that did not see it now passes
+    c.submit("n2", gid - 1, 6)
+    c.drain()
+    assert c.log["n2"][-1] == (gid + 1, True)

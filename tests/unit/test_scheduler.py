@@ -75,3 +75,18 @@ def test_same_final_state_as_serial(keysets: list[list[int]], seed: int) -> None
         for x in ks:
             serial[x] = g
     assert final == serial
+
+
+def test_schema_change_is_a_barrier() -> None:
+    s = Scheduler()
+    s.add(1, [(k(1), KeyMode.UPDATE)], local=False)
+    s.add(2, [(k(2), KeyMode.UPDATE)], local=False)
+    s.add(3, [], local=False, barrier=True)
+    s.add(4, [(k(4), KeyMode.UPDATE)], local=False)
+    assert s.ready_remote(8) == [1, 2]  # the barrier waits for both, and 4 waits behind it
+    s.committed(1)
+    assert s.ready_remote(8) == []
+    s.committed(2)
+    assert s.ready_remote(8) == [3]
+    s.committed(3)
+    assert s.ready_remote(8) == [4]
