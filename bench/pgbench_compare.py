@@ -54,7 +54,7 @@ class Plain:
         if not pgdata.exists():
             run_as_postgres([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
                              "-E", "UTF8", "--locale=C.UTF-8"])
-            conf = PG_CONF.format(port=self.port, run=run)
+            conf = PG_CONF.format(port=self.port, run=run, number=0)
             conf = "\n".join(l for l in conf.splitlines() if "chorus" not in l)
             with open(pgdata / "postgresql.conf", "a") as f:
                 f.write(conf + "\n")

@@ -37,6 +37,7 @@ log = logging.getLogger("chorus.coordinator")
 TICK_S = 0.2
 PROGRESS_EVERY_S = 1.0
 BATCH_BYTES = 256 * 1024
+SEND_LINGER_S = 0.0005
 BLOCKER_CHECK_S = 0.002  # an apply waiting this long has its lock blockers checked
 DB_RETRY_S = 0.5
 
@@ -80,6 +81,8 @@ class Counters:
     malformed_frames: int = 0
     refused: int = 0
     local_aborts: int = 0
+    bus_batches: int = 0  # bus messages carrying local writesets
+    bus_writesets: int = 0  # local writesets sent
 
 
 class Coordinator:
@@ -422,6 +425,9 @@ class Coordinator:
         together in one batch message (their order is kept)."""
         while True:
             await self._outbox_ready.wait()
+            # linger: writesets of other backends join this message (fewer, larger bus messages;
+            # 0.5 ms measured best against 0 and 1 ms with pgbench -N, 8 clients)
+            await asyncio.sleep(SEND_LINGER_S)
             self._outbox_ready.clear()
             while self._outbox:
                 batch: list[tuple[int, bytes]] = []
@@ -432,6 +438,8 @@ class Coordinator:
                     size += len(item[1])
                 msg: bp.Message = (bp.WritesetMsg(self.cfg.name, *batch[0]) if len(batch) == 1
                                    else bp.WritesetBatch(self.cfg.name, tuple(batch)))
+                self.counters.bus_batches += 1
+                self.counters.bus_writesets += len(batch)
                 try:
                     await self._send(msg)
                 except BusError as e:
@@ -677,6 +685,8 @@ class Coordinator:
             "refused": self.counters.refused,
             "local_aborts_for_appliers": self.counters.local_aborts,
             "malformed_frames": self.counters.malformed_frames,
+            "bus_batches": self.counters.bus_batches,
+            "bus_writesets": self.counters.bus_writesets,
             "uptime_s": round(time.time() - self.started, 1),
         }
 

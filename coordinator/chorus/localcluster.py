@@ -404,16 +404,17 @@ shared_buffers = 128MB
 log_line_prefix = '%m [%p] '
 """
 
-COROSYNC_CONF = """# sched_rr off: a realtime corosync would starve PostgreSQL on a machine they share
+COROSYNC_CONF = """# sched_rr off: a realtime corosync would starve PostgreSQL on a machine they share.
+# udpu on loopback: every node of a local cluster is on this host, so knet's link management,
+# heartbeats and crypto buy nothing here and cost half of corosync's CPU (measured with
+# bench/pgbench_compare.py); the multi-host lab rig uses knet with crypto.
 system {{
   sched_rr: no
 }}
 totem {{
   version: 2
   cluster_name: {name}
-  transport: knet
-  crypto_cipher: none
-  crypto_hash: none
+  transport: udpu
   token: 1000
 }}
 logging {{
