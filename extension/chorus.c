@@ -91,13 +91,14 @@ chorus_abort_request(void)
 		return 0;
 	slot = &chorus_abort_slots[MyProc->pgprocno];
 	gid = pg_atomic_read_u64(&slot->gid);
-	if (gid == 0)
+	if (gid == 0 || gid == CHORUS_ABORT_PROTECTED)
 		return 0;
 	if (pg_atomic_read_u32(&slot->xid) != GetTopTransactionIdIfAny())
 	{
 		if (!TransactionIdIsValid(GetTopTransactionIdIfAny()))
 			return 0;
-		pg_atomic_write_u64(&slot->gid, 0);
+		/* stale; a fresh request racing in wins the swap and stays */
+		(void) pg_atomic_compare_exchange_u64(&slot->gid, &gid, 0);
 		return 0;
 	}
 	return gid;
@@ -160,13 +161,45 @@ chorus_emit_log(ErrorData *edata)
 
 /*
  * chorus_clear_aborted
- *		At the end of each transaction that had an xid.
+ *		At the end of each transaction: drop a request and the protection. A
+ *		request that races in later names an xid that has ended and is dropped
+ *		as stale.
  */
 void
 chorus_clear_aborted(void)
 {
-	if (chorus_abort_request() != 0)
+	if (chorus_abort_slots != NULL && MyProc != NULL && MyProc->pgprocno < chorus_abort_nslots)
 		pg_atomic_write_u64(&chorus_abort_slots[MyProc->pgprocno].gid, 0);
+}
+
+/*
+ * chorus_protect_commit
+ *		Just before the writeset goes to the coordinator: either an abort request
+ *		already holds the slot (the transaction fails with 40001 here, before the
+ *		cluster has seen it), or the slot becomes protected and chorus.abort_local()
+ *		leaves this transaction alone until it ends. A certified transaction must
+ *		never be aborted with 40001: its client would retry it while the
+ *		coordinator replays it.
+ */
+void
+chorus_protect_commit(void)
+{
+	ChorusAbortSlot *slot;
+	uint64		old;
+
+	if (chorus_abort_slots == NULL || MyProc == NULL || MyProc->pgprocno >= chorus_abort_nslots)
+		return;
+	slot = &chorus_abort_slots[MyProc->pgprocno];
+	old = pg_atomic_read_u64(&slot->gid);
+	for (;;)
+	{
+		if (old == CHORUS_ABORT_PROTECTED)
+			return;
+		if (old != 0 && chorus_abort_request() != 0)
+			chorus_check_aborted();		/* does not return */
+		if (pg_atomic_compare_exchange_u64(&slot->gid, &old, CHORUS_ABORT_PROTECTED))
+			return;
+	}
 }
 
 /*
@@ -436,11 +469,17 @@ chorus_status(PG_FUNCTION_ARGS)
  * chorus_abort_local(pid int, gid bigint, how text)
  *		Abort the transaction of local backend pid because certified writeset gid
  *		waits for a lock it holds. how = 'flag': its next statement or its COMMIT
- *		fails with 40001; 'cancel': also cancel its running statement now (40001;
- *		ignored by PostgreSQL while the session is idle); 'close': terminate the
+ *		fails with 40001; 'cancel': also cancel its running statement now if it
+ *		waits for a lock (40001); 'interrupt': cancel whatever statement runs;
+ *		'close': terminate the
  *		session (for one idle in transaction past the grace period: PostgreSQL
- *		cannot abort an idle transaction and keep its connection). Returns false
- *		if pid is not a backend with a transaction id.
+ *		cannot abort an idle transaction and keep its connection); 'terminate':
+ *		end the session even if its transaction is certified (a certified local
+ *		transaction ordered after gid that holds a row lock gid needs, taken
+ *		without writing the row: the coordinator commits it from its writeset
+ *		after gid). Returns false
+ *		if pid is not a backend with a transaction id, or if that transaction
+ *		has sent its writeset to be certified (chorus_protect_commit).
  */
 Datum
 chorus_abort_local(PG_FUNCTION_ARGS)
@@ -452,29 +491,49 @@ chorus_abort_local(PG_FUNCTION_ARGS)
 	PGPROC	   *proc;
 	TransactionId xid;
 	ChorusAbortSlot *slot;
+	uint64		old;
 
 	if (strcmp(how, "flag") == 0)
 		sig = 0;
-	else if (strcmp(how, "cancel") == 0)
+	else if (strcmp(how, "cancel") == 0 || strcmp(how, "interrupt") == 0)
 		sig = SIGINT;
-	else if (strcmp(how, "close") == 0)
+	else if (strcmp(how, "close") == 0 || strcmp(how, "terminate") == 0)
 		sig = SIGTERM;
 	else
 		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						errmsg("chorus: abort_local: how must be flag, cancel or close, not \"%s\"", how)));
+						errmsg("chorus: abort_local: how must be flag, cancel, interrupt, close or terminate, not \"%s\"", how)));
 	if (gid <= 0)
 		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						errmsg("chorus: invalid GID %lld", (long long) gid)));
 	proc = BackendPidGetProc(pid);
 	if (proc == NULL || proc == MyProc || proc->pgprocno >= chorus_abort_nslots)
 		PG_RETURN_BOOL(false);
+	if (strcmp(how, "terminate") == 0)
+		PG_RETURN_BOOL(kill(pid, SIGTERM) == 0);
 	xid = proc->xid;
 	if (!TransactionIdIsValid(xid))
 		PG_RETURN_BOOL(false);
 	slot = &chorus_abort_slots[proc->pgprocno];
-	pg_atomic_write_u32(&slot->xid, xid);
-	pg_write_barrier();
-	pg_atomic_write_u64(&slot->gid, (uint64) gid);
+	old = pg_atomic_read_u64(&slot->gid);
+	for (;;)
+	{
+		if (old == CHORUS_ABORT_PROTECTED)
+			PG_RETURN_BOOL(false);	/* its writeset is with the cluster already */
+		pg_atomic_write_u32(&slot->xid, xid);
+		if (pg_atomic_compare_exchange_u64(&slot->gid, &old, (uint64) gid))
+			break;
+	}
+
+	/*
+	 * A cancel is sent only to a statement waiting for a lock: one that runs
+	 * on gets the 40001 at its next statement or COMMIT from the flag, so a
+	 * signal cannot land in the COMMIT the client sends next (PostgreSQL would
+	 * then leave the block aborted instead of ending it). 'interrupt' cancels
+	 * whatever runs (a long statement, after the grace period).
+	 */
+	if (sig == SIGINT && strcmp(how, "cancel") == 0 &&
+		(*(volatile uint32 *) &proc->wait_event_info & 0xFF000000) != PG_WAIT_LOCK)
+		sig = 0;
 	/* the backend runs as our OS user; this is what pg_cancel/terminate_backend do */
 	if (sig != 0 && kill(pid, sig) != 0)
 		PG_RETURN_BOOL(false);

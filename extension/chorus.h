@@ -50,8 +50,13 @@ extern ChorusShared *chorus_shared;
 /*
  * Per PGPROC slot: set by chorus.abort_local() when the coordinator aborts the
  * backend's transaction xid because the certified remote writeset gid needs a
- * lock it holds (DESIGN.md invariant 6). gid 0: no request.
+ * lock it holds (DESIGN.md invariant 6). gid 0: no request. The backend sets
+ * CHORUS_ABORT_PROTECTED (by compare-and-swap, so exactly one of the two wins)
+ * before it sends its writeset: from then on the transaction may be certified
+ * and nothing but the cluster's verdict decides its fate.
  */
+#define CHORUS_ABORT_PROTECTED PG_UINT64_MAX
+
 typedef struct ChorusAbortSlot
 {
 	pg_atomic_uint64 gid;
@@ -62,6 +67,7 @@ extern ChorusAbortSlot *chorus_abort_slots;
 extern int	chorus_abort_nslots;
 extern void chorus_check_aborted(void);
 extern void chorus_clear_aborted(void);
+extern void chorus_protect_commit(void);
 
 /* GUCs */
 extern char *chorus_socket_path;
@@ -77,6 +83,16 @@ typedef struct ChorusUniqueKey
 	int		   *cols;			/* indexes into ChorusTable.attnums */
 	bool		is_pk;
 } ChorusUniqueKey;
+
+/* A foreign key of the table: its rows reference a unique key of the parent. */
+typedef struct ChorusForeignKey
+{
+	char	   *nspname;		/* the parent */
+	char	   *relname;
+	char	   *colnames;		/* the parent key's columns, as its own row keys name them */
+	int			ncols;
+	int		   *cols;			/* the child columns holding them, indexes into attnums */
+} ChorusForeignKey;
 
 typedef struct ChorusTable
 {
@@ -94,6 +110,8 @@ typedef struct ChorusTable
 	int		   *identity;		/* indexes into attnums */
 	int			nunique;
 	ChorusUniqueKey *uniques;
+	int			nfkeys;
+	ChorusForeignKey *fkeys;
 	bool		has_pk;
 	bool		table_key_done;
 	bool		truncate_key_done;

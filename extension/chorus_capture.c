@@ -11,6 +11,7 @@
 #include "access/genam.h"
 #include "access/htup_details.h"
 #include "access/xact.h"
+#include "catalog/pg_constraint.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
@@ -20,6 +21,7 @@
 #include "utils/rel.h"
 #include "utils/relcache.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 
 #include "chorus.h"
 
@@ -172,6 +174,67 @@ chorus_visible_gid(void)
  *		this transaction: columns, identity (primary key, or every column for
  *		REPLICA IDENTITY FULL) and unique keys.
  */
+/*
+ * chorus_foreign_keys
+ *		The table's foreign keys, each as the parent's unique key (in the parent
+ *		index's column order, so the reference key equals the key the parent's
+ *		own row changes carry) and the child columns that hold it.
+ */
+static void
+chorus_foreign_keys(Relation rel, ChorusTable *t, const int *colof)
+{
+	List	   *fks = RelationGetFKeyList(rel);
+	ListCell   *lc;
+
+	t->fkeys = palloc0(sizeof(ChorusForeignKey) * Max(list_length(fks), 1));
+	foreach(lc, fks)
+	{
+		ForeignKeyCacheInfo *fk = lfirst_node(ForeignKeyCacheInfo, lc);
+		HeapTuple	ctup = SearchSysCache1(CONSTROID, ObjectIdGetDatum(fk->conoid));
+		Oid			indid;
+		Relation	idx;
+		Form_pg_index ind;
+		ChorusForeignKey *f = &t->fkeys[t->nfkeys];
+		StringInfoData names;
+		bool		ok = true;
+		int			k,
+					j;
+
+		if (!HeapTupleIsValid(ctup))
+			continue;
+		indid = ((Form_pg_constraint) GETSTRUCT(ctup))->conindid;
+		ReleaseSysCache(ctup);
+		if (!OidIsValid(indid))
+			continue;
+		idx = index_open(indid, AccessShareLock);
+		ind = idx->rd_index;
+		f->ncols = ind->indnkeyatts;
+		f->cols = palloc(sizeof(int) * f->ncols);
+		initStringInfo(&names);
+		for (k = 0; k < ind->indnkeyatts && ok; k++)
+		{
+			AttrNumber	pa = ind->indkey.values[k];
+
+			for (j = 0; j < fk->nkeys && fk->confkey[j] != pa; j++)
+				;
+			if (pa <= 0 || j == fk->nkeys || colof[fk->conkey[j]] < 0)
+			{
+				ok = false;
+				break;
+			}
+			f->cols[k] = colof[fk->conkey[j]];
+			appendStringInfo(&names, "%s%s", k ? "," : "", get_attname(fk->confrelid, pa, false));
+		}
+		index_close(idx, AccessShareLock);
+		if (!ok)
+			continue;
+		f->colnames = names.data;
+		f->nspname = get_namespace_name(get_rel_namespace(fk->confrelid));
+		f->relname = get_rel_name(fk->confrelid);
+		t->nfkeys++;
+	}
+}
+
 static ChorusTable *
 chorus_table_for(Relation rel)
 {
@@ -274,6 +337,8 @@ chorus_table_for(Relation rel)
 	}
 	list_free(indexes);
 
+	chorus_foreign_keys(rel, t, colof);
+
 	t->has_pk = (t->nunique > 0 && t->uniques[0].is_pk);
 	if (t->has_pk)
 	{
@@ -343,16 +408,16 @@ chorus_put_value(StringInfo buf, const char *v)
  *		when colnames is NULL.
  */
 static void
-chorus_add_key(ChorusTable *t, uint8 mode, const char *colnames, int ncols,
-			   const int *cols, char **vals)
+chorus_add_key_of(const char *nspname, const char *relname, uint8 mode, const char *colnames,
+				  int ncols, const int *cols, char **vals)
 {
 	StringInfo	buf = &chorus_xact.keys;
 	int			k;
 
 	chorus_put_u8(buf, mode);
 	chorus_put_u16(buf, (uint16) (colnames ? 3 + ncols : 2));
-	chorus_put_blob(buf, t->nspname, strlen(t->nspname));
-	chorus_put_blob(buf, t->relname, strlen(t->relname));
+	chorus_put_blob(buf, nspname, strlen(nspname));
+	chorus_put_blob(buf, relname, strlen(relname));
 	if (colnames)
 	{
 		chorus_put_blob(buf, colnames, strlen(colnames));
@@ -360,6 +425,13 @@ chorus_add_key(ChorusTable *t, uint8 mode, const char *colnames, int ncols,
 			chorus_put_blob(buf, vals[cols[k]], strlen(vals[cols[k]]));
 	}
 	chorus_xact.nkeys++;
+}
+
+static void
+chorus_add_key(ChorusTable *t, uint8 mode, const char *colnames, int ncols,
+			   const int *cols, char **vals)
+{
+	chorus_add_key_of(t->nspname, t->relname, mode, colnames, ncols, cols, vals);
 }
 
 static bool
@@ -421,6 +493,19 @@ chorus_row_keys(ChorusTable *t, char op, char **oldv, char **newv)
 			if (chorus_key_complete(u, newv))
 				chorus_add_key(t, CHORUS_KEY_EXCLUSIVE, u->colnames, u->ncols, u->cols, newv);
 		}
+	}
+	/* a new or re-pointed reference to a parent row: it must still exist (invariant 2) */
+	for (i = 0; i < t->nfkeys && op != 'D'; i++)
+	{
+		ChorusForeignKey *f = &t->fkeys[i];
+		ChorusUniqueKey fk = {f->colnames, f->ncols, f->cols, false};
+
+		if (!chorus_key_complete(&fk, newv))
+			continue;
+		if (op == 'U' && chorus_key_equal(&fk, oldv, newv))
+			continue;
+		chorus_add_key_of(f->nspname, f->relname, CHORUS_KEY_REFERENCE, f->colnames, f->ncols,
+						  f->cols, newv);
 	}
 	if (!t->has_pk && t->nidentity > 0 && op != 'I')
 	{

@@ -282,6 +282,7 @@ chorus_ddl_order(StringInfo ws)
 				wait_for;
 	char	   *msg;
 
+	chorus_protect_commit();
 	chorus_send_frame('W', ws->data, ws->len);
 	verdict = chorus_read_verdict(&gid, &wait_for, &msg);
 	if (verdict != VERDICT_COMMIT)
@@ -450,6 +451,35 @@ chorus_send_done(char kind)
 	pfree(f.data);
 }
 
+static bool chorus_cancel_held = false;
+
+/*
+ * chorus_hold_cancel / chorus_resume_cancel
+ *		Query cancels wait while a writeset is with the cluster, until the
+ *		transaction has ended. Error recovery may have reset the hold count
+ *		already.
+ */
+static void
+chorus_hold_cancel(void)
+{
+	if (!chorus_cancel_held)
+	{
+		HOLD_CANCEL_INTERRUPTS();
+		chorus_cancel_held = true;
+	}
+}
+
+static void
+chorus_resume_cancel(void)
+{
+	if (chorus_cancel_held)
+	{
+		chorus_cancel_held = false;
+		if (QueryCancelHoldoffCount > 0)
+			RESUME_CANCEL_INTERRUPTS();
+	}
+}
+
 /*
  * chorus_xact_callback
  *		PRE_COMMIT: certify (local) and wait for our turn (local and applied).
@@ -482,6 +512,16 @@ chorus_xact_callback(XactEvent event, void *arg)
 			else if (chorus_xact.nrows > 0)
 			{
 				chorus_xact.xid = GetTopTransactionId();
+				chorus_protect_commit();
+
+				/*
+				 * From here the cluster decides: a cancel cannot take back a
+				 * writeset that may be certified (like a commit, this wait is
+				 * not cancellable until the commit record is written;
+				 * terminating the session still works and the coordinator then
+				 * commits the writeset itself if certified).
+				 */
+				chorus_hold_cancel();
 				chorus_request_verdict(chorus_xact.xid);
 				chorus_wait_for_turn(chorus_xact.wait_for);
 				chorus_take_origin();
@@ -500,6 +540,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 				if (chorus_xact.certified)
 					chorus_send_done('C');
 			}
+			chorus_resume_cancel();
 			chorus_clear_aborted();
 			chorus_ddl_reset();
 			chorus_xact_reset();
@@ -509,6 +550,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 			chorus_release_origin();
 			if (chorus_xact.certified)
 				chorus_send_done('A');
+			chorus_resume_cancel();
 			chorus_clear_aborted();
 			chorus_ddl_reset();
 			chorus_xact_reset();

@@ -55,6 +55,12 @@ class _Backend:
     closed: bool = False
 
 
+# The status of a 32-bit xid of this epoch's recent past (pg_xact_status wants the full xid8).
+_XACT_STATUS = ("SELECT pg_xact_status((CASE WHEN f > c THEN f - 4294967296 ELSE f END)::text::xid8)"
+                " FROM (SELECT c, (c >> 32 << 32) + %s AS f"
+                " FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS c) s) t")
+
+
 @dataclass
 class _Pending:
     gid: int
@@ -537,22 +543,29 @@ class Coordinator:
         self._dispatch()
 
     async def _orphaned(self, b: _Backend, gid: int) -> None:
-        """A backend closed its socket holding a certified GID: wait until it committed (the
-        watermark passes it) or its process is gone without committing (replay)."""
-        deadline = time.monotonic() + 3600
-        while time.monotonic() < deadline and gid in self.pending and self.pending[gid].backend is b:
+        """A backend closed its socket holding a certified GID: wait until its transaction
+        committed (the watermark passes the GID) or ended without committing (replay). The
+        session itself may live on: a backend whose wait was interrupted rolls back and goes on
+        with its next transaction."""
+        p = self.pending.get(gid)
+        xid = p.writeset.xid if p is not None else 0
+        while gid in self.pending and self.pending[gid].backend is b:
             if not self.db_ok.is_set():
                 return  # the restart path re-applies everything above the durable GID
             try:
                 wm = await self._committed_gid()
-                alive = await self._q("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (b.pid,))
+                if wm >= gid:
+                    self._local_done(gid)
+                    return
+                if xid:  # the commit log knows: committed, aborted or in progress
+                    ended = await self._q(_XACT_STATUS, (xid,)) == "aborted"
+                else:  # a schema change runs as one statement: it ended when the session is idle
+                    ended = not await self._q("SELECT count(*) FROM pg_stat_activity"
+                                              " WHERE pid = %s AND state = 'active'", (b.pid,))
+                if ended and await self._committed_gid() < gid:
+                    self._replay(gid)
+                    return
             except psycopg.Error:
-                return
-            if wm >= gid:
-                self._local_done(gid)
-                return
-            if not alive:
-                self._replay(gid)
                 return
             await asyncio.sleep(0.05)
 
@@ -628,26 +641,45 @@ class Coordinator:
         and other appliers are never touched."""
         grace = self.cfg.idle_blocker_grace_ms / 1000
         first_seen: dict[tuple[int, Any], float] = {}  # (pid, xact_start) -> first seen blocking
+        ended: set[int] = set()  # certified local sessions terminated for this GID
         await asyncio.sleep(BLOCKER_CHECK_S)
         while True:
-            pid = waiter()
-            if self.db is None or not self.db_ok.is_set() or not pid or gid not in self.pending:
+            if self.db is None or not self.db_ok.is_set() or gid not in self.pending:
                 return
-            protected = {w.pid for w in [*self.workers, self.replay_session]}
-            protected |= {p.backend.pid for p in self.pending.values() if p.backend is not None}
+            pid = waiter()
+            if not pid:  # an apply session still connecting, or the DDL's backend is gone
+                await asyncio.sleep(BLOCKER_CHECK_S)
+                continue
             try:
                 rows = await self._q_all(
                     "SELECT a.pid, a.state, a.xact_start FROM unnest(pg_blocking_pids(%s)) AS b(pid)"
                     " JOIN pg_stat_activity a USING (pid)", (pid,))
                 now = time.monotonic()
+                appliers = {w.pid for w in [*self.workers, self.replay_session]}
+                certified = {p.backend.pid: g for g, p in self.pending.items() if p.backend is not None}
                 for pid, state, xact_start in rows:
-                    if pid in protected:
+                    if pid in appliers:
+                        continue
+                    if pid in certified:
+                        # It commits before us, unless it comes later in the order: then it waits
+                        # for our turn while we wait for its lock (one it took without writing the
+                        # row, e.g. SELECT FOR UPDATE). Its session is ended after the grace and
+                        # its writeset committed after ours (invariant 3).
+                        since = first_seen.setdefault((pid, xact_start), now)
+                        if certified[pid] > gid and now - since >= grace and pid not in ended:
+                            log.warning("GID %d waits for a lock of local backend %d whose certified GID %d "
+                                        "comes later: ending that session, GID %d is committed from its "
+                                        "writeset", gid, pid, certified[pid], certified[pid])
+                            await self._q("SELECT chorus.abort_local(%s, %s, 'terminate')", (pid, gid))
+                            ended.add(pid)
                         continue
                     since = first_seen.setdefault((pid, xact_start), now)
                     idle = state is not None and state.startswith("idle")
-                    interrupt = not idle or now - since >= grace
-                    if since == now or interrupt:
-                        how = ("close" if interrupt else "flag") if idle else "cancel"
+                    late = now - since >= grace
+                    if since == now or not idle or late:
+                        # a statement waiting for a lock is cancelled at once, one still running
+                        # after the grace too; an idle session is flagged, then closed
+                        how = ("close" if late else "flag") if idle else ("interrupt" if late else "cancel")
                         if since == now or how == "close":
                             log.info("GID %d waits for local backend %d (%s, not certified): %s",
                                      gid, pid, state, "closing the session" if how == "close"
@@ -691,6 +723,9 @@ class Coordinator:
             "flow_control": {"requested_by_this_node": self._flow_requested,
                              "paused_by": sorted(r.paused_by) if r else []},
             "pending": len(self.pending),
+            "pending_head": [self._describe_pending(g) for g in sorted(self.pending)[:5]],
+            "local_waiting": sorted((g, p.backend.pid) for g, p in self.pending.items()
+                                    if p.backend is not None)[:50],
             "workers": len(self.workers),
             "workers_busy": len(self.workers) - len(self.idle),
             "last_apply_ms": round(self.last_apply_ms, 3),
@@ -703,6 +738,12 @@ class Coordinator:
             "bus_writesets": self.counters.bus_writesets,
             "uptime_s": round(time.time() - self.started, 1),
         }
+
+    def _describe_pending(self, gid: int) -> dict[str, Any]:
+        p = self.pending[gid]
+        return {"gid": gid, "wait_for": p.wait_for, "origin": p.origin,
+                "backend_pid": p.backend.pid if p.backend is not None else None,
+                "ddl": p.writeset.ddl is not None, **self.scheduler.describe(gid)}
 
     async def _serve_admin(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

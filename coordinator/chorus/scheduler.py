@@ -149,5 +149,12 @@ class Scheduler:
         for g in [g for g in self._items if g <= gid]:
             self.committed(g)
 
+    def describe(self, gid: int) -> dict[str, object]:
+        item = self._items.get(gid)
+        if item is None:
+            return {"scheduled": False}
+        return {"scheduled": True, "local": item.local, "dispatched": item.dispatched,
+                "replay": item.replay, "waits_for": sorted(item.deps)[:5]}
+
     def pending(self) -> list[int]:
         return sorted(self._items)

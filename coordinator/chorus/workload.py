@@ -10,7 +10,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import psycopg
 
@@ -24,6 +24,122 @@ class WorkerResult:
     conflicts: int = 0
     errors: list[str] = field(default_factory=list)
     latencies_ms: list[float] = field(default_factory=list)
+    acked: list[Any] = field(default_factory=list)  # what clients were told committed
+    refused: int = 0  # expected refusals (a local constraint said no): not acknowledged
+
+
+# An operation: given a connection and a random source, run one transaction and return what to
+# record as acknowledged (or None). Raising psycopg.Error with a SQLSTATE in ``expected`` counts
+# as a refusal; 40001 is retried as a new operation.
+Operation = Callable[[psycopg.Connection[Any], random.Random, str], Any]
+
+
+def _recover(conn: psycopg.Connection[Any], out: WorkerResult) -> bool:
+    """After an error: end a transaction block the server left aborted (a cancel that lands on
+    COMMIT leaves it so, as in PostgreSQL). False if the connection is gone."""
+    if conn.closed:
+        out.errors.append("the connection was closed")
+        return False
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        try:
+            conn.rollback()
+        except psycopg.Error as e:
+            out.errors.append(f"rollback: {e}")
+            return False
+    return True
+
+
+def _worker(dsn: str, node: str, op: Operation, until: float, seed: int, out: WorkerResult,
+            expected: frozenset[str]) -> None:
+    rnd = random.Random(seed)
+    try:
+        conn = psycopg.connect(dsn, autocommit=True)
+    except psycopg.Error as e:
+        out.errors.append(f"connect: {e}")
+        return
+    with conn:
+        while time.monotonic() < until:
+            t0 = time.monotonic()
+            try:
+                with conn.transaction():
+                    ack = op(conn, rnd, node)
+                out.commits += 1
+                out.latencies_ms.append((time.monotonic() - t0) * 1000)
+                if ack is not None:
+                    out.acked.append(ack)
+            except psycopg.Error as e:
+                if not _recover(conn, out):
+                    return
+                if e.sqlstate in RETRYABLE:
+                    out.conflicts += 1
+                elif e.sqlstate in expected:
+                    out.refused += 1
+                else:
+                    out.errors.append(f"{e.sqlstate}: {str(e).strip()}")
+                    if len(out.errors) > 20:
+                        return
+                    time.sleep(0.05)
+
+
+def run_workload(nodes: Sequence[tuple[str, str]], op: Operation, seconds: float,
+                 workers_per_node: int = 2, expected: frozenset[str] = frozenset()) -> list[WorkerResult]:
+    """Run ``op`` in a loop on every node for ``seconds``, ``workers_per_node`` clients each."""
+    until = time.monotonic() + seconds
+    results: list[WorkerResult] = []
+    threads = []
+    for i, (name, dsn) in enumerate(nodes):
+        for w in range(workers_per_node):
+            r = WorkerResult(name)
+            results.append(r)
+            t = threading.Thread(target=_worker, args=(dsn, name, op, until, i * 100 + w, r, expected))
+            t.start()
+            threads.append(t)
+    for t in threads:
+        t.join(seconds + 60)
+    return results
+
+
+# ---- counter: increments of one row from every node ---------------------------------------
+
+COUNTER_SCHEMA = "CREATE TABLE IF NOT EXISTS jepsen_counter (id integer PRIMARY KEY, n bigint NOT NULL)"
+
+
+def counter_op(conn: psycopg.Connection[Any], rnd: random.Random, node: str) -> Any:
+    conn.execute("UPDATE jepsen_counter SET n = n + 1 WHERE id = 1")
+    return 1
+
+
+# ---- set: inserts with colliding primary keys and unique values ----------------------------
+
+SET_SCHEMA = ("CREATE TABLE IF NOT EXISTS jepsen_set (id integer PRIMARY KEY, u integer NOT NULL UNIQUE, "
+              "node text NOT NULL)")
+SET_KEYS = 3000  # ids and unique values are drawn from this range: many collisions
+
+
+def set_op(conn: psycopg.Connection[Any], rnd: random.Random, node: str) -> Any:
+    row = (rnd.randrange(SET_KEYS), rnd.randrange(SET_KEYS), node)
+    conn.execute("INSERT INTO jepsen_set (id, u, node) VALUES (%s, %s, %s)", row)
+    return row
+
+
+# ---- foreign keys: child inserts against parent deletes ------------------------------------
+
+FK_SCHEMA = ("CREATE TABLE IF NOT EXISTS jepsen_parent (id integer PRIMARY KEY)",
+             "CREATE TABLE IF NOT EXISTS jepsen_child (id bigserial PRIMARY KEY, "
+             "parent integer NOT NULL REFERENCES jepsen_parent (id), node text NOT NULL)")
+FK_PARENTS = 200
+
+
+def fk_op(conn: psycopg.Connection[Any], rnd: random.Random, node: str) -> Any:
+    p = rnd.randrange(FK_PARENTS)
+    if rnd.random() < 0.5:
+        conn.execute("INSERT INTO jepsen_child (parent, node) VALUES (%s, %s)", (p, node))
+        return ("child", p)
+    cur = conn.execute("DELETE FROM jepsen_parent WHERE id = %s", (p,))
+    if cur.rowcount == 0:  # deleted already: put it back, so the run keeps deleting
+        conn.execute("INSERT INTO jepsen_parent (id) VALUES (%s)", (p,))
+        return ("parent+", p)
+    return ("parent-", p)
 
 
 BANK_SCHEMA = ("CREATE TABLE IF NOT EXISTS bank_accounts (id integer PRIMARY KEY, "
@@ -40,52 +156,23 @@ def bank_setup(dsn: str, accounts: int, initial: int) -> None:
                     cp.write_row((i, initial))
 
 
-def _bank_worker(dsn: str, node: str, accounts: int, until: float, seed: int, out: WorkerResult) -> None:
-    rnd = random.Random(seed)
-    try:
-        conn = psycopg.connect(dsn, autocommit=True)
-    except psycopg.Error as e:
-        out.errors.append(f"connect: {e}")
-        return
-    with conn:
-        while time.monotonic() < until:
-            a, b = rnd.sample(range(accounts), 2)
-            amount = rnd.randint(1, 10)
-            t0 = time.monotonic()
-            try:
-                with conn.transaction():
-                    conn.execute("UPDATE bank_accounts SET balance = balance - %s, updated_by = %s WHERE id = %s",
-                                 (amount, node, a))
-                    conn.execute("UPDATE bank_accounts SET balance = balance + %s, updated_by = %s WHERE id = %s",
-                                 (amount, node, b))
-                out.commits += 1
-                out.latencies_ms.append((time.monotonic() - t0) * 1000)
-            except psycopg.Error as e:
-                if e.sqlstate in RETRYABLE:
-                    out.conflicts += 1
-                    continue
-                out.errors.append(f"{e.sqlstate}: {str(e).strip()}")
-                if len(out.errors) > 20:
-                    return
-                time.sleep(0.05)
+def bank_op(accounts: int) -> Operation:
+    """A transfer of a small amount between two random accounts."""
+    def op(conn: psycopg.Connection[Any], rnd: random.Random, node: str) -> Any:
+        a, b = rnd.sample(range(accounts), 2)
+        amount = rnd.randint(1, 10)
+        conn.execute("UPDATE bank_accounts SET balance = balance - %s, updated_by = %s WHERE id = %s",
+                     (amount, node, a))
+        conn.execute("UPDATE bank_accounts SET balance = balance + %s, updated_by = %s WHERE id = %s",
+                     (amount, node, b))
+        return None
+    return op
 
 
 def run_bank(nodes: Sequence[tuple[str, str]], accounts: int, seconds: float,
              workers_per_node: int = 2) -> list[WorkerResult]:
     """Transfers between random accounts from every node for ``seconds``."""
-    until = time.monotonic() + seconds
-    results: list[WorkerResult] = []
-    threads = []
-    for i, (name, dsn) in enumerate(nodes):
-        for w in range(workers_per_node):
-            r = WorkerResult(name)
-            results.append(r)
-            t = threading.Thread(target=_bank_worker, args=(dsn, name, accounts, until, i * 100 + w, r))
-            t.start()
-            threads.append(t)
-    for t in threads:
-        t.join(seconds + 60)
-    return results
+    return run_workload(nodes, bank_op(accounts), seconds, workers_per_node)
 
 
 def bank_total(dsn: str) -> int:

@@ -82,6 +82,9 @@ def cluster() -> Iterator[Cluster]:
     try:
         yield c
     finally:
+        if os.environ.get("CHORUS_KEEP_CLUSTER"):  # debugging: leave it running
+            print(f"\ncluster left running in {directory}")
+            return
         d = chorus("local", "down", "--dir", directory)
         if d.returncode == 0 and not os.environ.get("CHORUS_KEEP_TEST_DIR"):
             shutil.rmtree(directory, ignore_errors=True)

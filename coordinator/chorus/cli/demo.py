@@ -39,9 +39,9 @@ def demo(directory: str, nodes: int, seconds: float, port_base: int, keep: bool)
     ok = False
     try:
         first = refs[0].dsn
-        for r in refs:
-            with psycopg.connect(r.dsn, autocommit=True) as conn:
-                conn.execute(BANK_SCHEMA)
+        with psycopg.connect(first, autocommit=True) as conn:
+            conn.execute(BANK_SCHEMA)  # a schema change: every node runs it
+        wait_quiescent(refs, 60)
         accounts, initial = 100, 1000
         bank_setup(first, accounts, initial)
         wait_quiescent(refs, 60)

@@ -1,0 +1,236 @@
+"""Jepsen-style consistency suite on a 3-node cluster (issue: certification under concurrency).
+
+Workers are bound to one node each, retry certification losses (40001) and record what they were
+told committed. After the load the cluster must be quiescent and every node must hold exactly
+what the clients were told. Each check names what differs (node, table, key).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import psycopg
+import pytest
+
+from chorus import workload as wl
+from conftest import Cluster
+
+pytestmark = pytest.mark.integration
+
+SECONDS = float(os.environ.get("CHORUS_CONSISTENCY_SECONDS", "8"))
+
+
+def _nodes(cluster: Cluster) -> list[tuple[str, str]]:
+    return [(n.name, n.dsn) for n in cluster.nodes]
+
+
+def _summary(name: str, results: list[wl.WorkerResult]) -> dict[str, Any]:
+    commits = sum(r.commits for r in results)
+    conflicts = sum(r.conflicts for r in results)
+    errors = [e for r in results for e in r.errors]
+    out = {"workload": name, "commits": commits, "tps": round(commits / SECONDS, 1),
+           "abort_rate": round(conflicts / max(1, commits + conflicts), 3),
+           "refused": sum(r.refused for r in results)}
+    print(f"\n{name}: {out}")
+    assert not errors, f"{name}: unexpected errors: {errors[:5]}"
+    assert commits > 0, f"{name}: nothing committed"
+    return out
+
+
+def _on_every_node(cluster: Cluster, query: str) -> dict[str, list[tuple[Any, ...]]]:
+    out = {}
+    for i, n in enumerate(cluster.nodes):
+        with cluster.connect(i) as c:
+            out[n.name] = c.execute(query).fetchall()
+    return out
+
+
+def test_bank_total_never_changes(cluster: Cluster) -> None:
+    with cluster.connect(0) as c:
+        c.execute(wl.BANK_SCHEMA)
+    cluster.quiesce()
+    wl.bank_setup(cluster.dsn(0), 50, 1000)
+    cluster.quiesce()
+    results = wl.run_bank(_nodes(cluster), 50, SECONDS)
+    _summary("bank", results)
+    cluster.assert_identical()
+    for name, rows in _on_every_node(cluster, "SELECT sum(balance), count(*) FROM bank_accounts").items():
+        assert rows == [(50 * 1000, 50)], f"{name}: bank total {rows}"
+
+
+def test_counter_equals_acknowledged_increments(cluster: Cluster) -> None:
+    with cluster.connect(0) as c:
+        c.execute(wl.COUNTER_SCHEMA)
+        c.execute("INSERT INTO jepsen_counter VALUES (1, 0) ON CONFLICT (id) DO UPDATE SET n = 0")
+    cluster.quiesce()
+    results = wl.run_workload(_nodes(cluster), wl.counter_op, SECONDS)
+    _summary("counter", results)
+    acked = sum(len(r.acked) for r in results)
+    cluster.assert_identical()
+    for name, rows in _on_every_node(cluster, "SELECT n FROM jepsen_counter WHERE id = 1").items():
+        assert rows == [(acked,)], f"{name}: counter is {rows[0][0]}, clients were told {acked}"
+
+
+def test_set_holds_exactly_the_acknowledged_rows(cluster: Cluster) -> None:
+    with cluster.connect(0) as c:
+        c.execute(wl.SET_SCHEMA)
+    cluster.quiesce()
+    results = wl.run_workload(_nodes(cluster), wl.set_op, SECONDS, expected=frozenset({"23505"}))
+    _summary("set", results)
+    acked = [tuple(a) for r in results for a in r.acked]
+    assert len(set(a[0] for a in acked)) == len(acked), "two acknowledged rows share a primary key"
+    assert len(set(a[1] for a in acked)) == len(acked), "two acknowledged rows share a unique value"
+    cluster.assert_identical()
+    want = set(acked)
+    for name, rows in _on_every_node(cluster, "SELECT id, u, node FROM jepsen_set").items():
+        have = set(rows)
+        missing, extra = want - have, have - want
+        assert not missing, f"{name}: acknowledged rows missing (id, u, node): {sorted(missing)[:10]}"
+        assert not extra, f"{name}: rows nobody was told committed: {sorted(extra)[:10]}"
+
+
+def test_foreign_keys_never_leave_orphans(cluster: Cluster) -> None:
+    with cluster.connect(0) as c:
+        for stmt in wl.FK_SCHEMA:
+            c.execute(stmt)
+        c.execute("INSERT INTO jepsen_parent SELECT g FROM generate_series(0, %s) g ON CONFLICT DO NOTHING",
+                  (wl.FK_PARENTS - 1,))
+    cluster.quiesce()
+    results = wl.run_workload(_nodes(cluster), wl.fk_op, SECONDS,
+                              expected=frozenset({"23503", "23505"}))
+    out = _summary("foreign keys", results)
+    kinds = Counter(a[0] for r in results for a in r.acked)
+    assert kinds["child"] > 0 and kinds["parent-"] > 0, kinds
+    cluster.assert_identical()
+    for name, rows in _on_every_node(
+            cluster, "SELECT c.id, c.parent FROM jepsen_child c "
+                     "LEFT JOIN jepsen_parent p ON p.id = c.parent WHERE p.id IS NULL").items():
+        assert not rows, f"{name}: children without their parent (id, parent): {rows[:10]}"
+    assert out["commits"] > 0
+
+
+def test_children_of_one_parent_from_two_nodes_both_commit(cluster: Cluster) -> None:
+    with cluster.connect(0) as c:
+        for stmt in wl.FK_SCHEMA:
+            c.execute(stmt)
+        c.execute("INSERT INTO jepsen_parent VALUES (100000) ON CONFLICT DO NOTHING")
+    cluster.quiesce()
+    conns = [cluster.connect(i, autocommit=False) for i in (1, 2)]
+    for i, c in zip((1, 2), conns):
+        c.execute("INSERT INTO jepsen_child (parent, node) VALUES (100000, %s)", (f"n{i}",))
+    for c in conns:  # both reference the parent: reference keys do not conflict
+        c.commit()
+        c.close()
+    # a child and a delete of its parent, concurrently: exactly one wins
+    child = cluster.connect(1, autocommit=False)
+    child.execute("INSERT INTO jepsen_parent VALUES (100001)")
+    child.commit()
+    cluster.quiesce()
+    child.execute("INSERT INTO jepsen_child (parent, node) VALUES (100001, 'n1')")
+    deleter = cluster.connect(2, autocommit=False)
+    deleter.execute("DELETE FROM jepsen_parent WHERE id = 100001")
+    outcomes = []
+    for c in (child, deleter):
+        try:
+            c.commit()
+            outcomes.append("ok")
+        except psycopg.errors.SerializationFailure:
+            outcomes.append("40001")
+        c.close()
+    assert sorted(outcomes) == ["40001", "ok"], outcomes
+    cluster.assert_identical()
+
+
+def test_lost_update_is_impossible(cluster: Cluster) -> None:
+    """Two REPEATABLE READ read-modify-writes of one row on two nodes: one loses (40001)."""
+    with cluster.connect(0) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS iso_acct (id integer PRIMARY KEY, v integer NOT NULL)")
+        c.execute("INSERT INTO iso_acct VALUES (1, 100) ON CONFLICT (id) DO UPDATE SET v = 100")
+    cluster.quiesce()
+    conns = [cluster.connect(i, autocommit=False) for i in (0, 1)]
+    for c in conns:
+        c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        v = c.execute("SELECT v FROM iso_acct WHERE id = 1").fetchone()[0]
+        c.execute("UPDATE iso_acct SET v = %s WHERE id = 1", (v + 10,))
+    results = []
+    for c in conns:
+        try:
+            c.commit()
+            results.append("ok")
+        except psycopg.errors.SerializationFailure:
+            results.append("40001")
+        c.close()
+    assert sorted(results) == ["40001", "ok"], results
+    cluster.assert_identical()
+    with cluster.connect(2) as c:
+        assert c.execute("SELECT v FROM iso_acct WHERE id = 1").fetchone() == (110,)
+
+
+def test_write_skew_behaves_as_snapshot_isolation(cluster: Cluster) -> None:
+    """As in one PostgreSQL under REPEATABLE READ: disjoint writes based on the same snapshot
+    both commit (write skew is allowed by snapshot isolation)."""
+    with cluster.connect(0) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS iso_oncall (doctor text PRIMARY KEY, on_call boolean NOT NULL)")
+        c.execute("INSERT INTO iso_oncall VALUES ('alice', true), ('bob', true) "
+                  "ON CONFLICT (doctor) DO UPDATE SET on_call = true")
+    cluster.quiesce()
+    conns = [cluster.connect(i, autocommit=False) for i in (0, 1)]
+    for c, who in zip(conns, ("alice", "bob")):
+        c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        n = c.execute("SELECT count(*) FROM iso_oncall WHERE on_call").fetchone()[0]
+        assert n == 2
+        c.execute("UPDATE iso_oncall SET on_call = false WHERE doctor = %s", (who,))
+    for c in conns:
+        c.commit()
+        c.close()
+    cluster.assert_identical()
+    with cluster.connect(2) as c:
+        assert c.execute("SELECT count(*) FROM iso_oncall WHERE on_call").fetchone() == (0,)
+
+
+def test_certified_transaction_whose_backend_dies_is_replayed(cluster: Cluster) -> None:
+    """A backend killed after its transaction was certified, while it waits for its commit turn:
+    the coordinator commits it from its writeset, on its own node as on the others."""
+    with cluster.connect(0) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS replay_t (id integer PRIMARY KEY, v text)")
+        c.execute("INSERT INTO replay_t VALUES (1, 'a'), (2, 'b') ON CONFLICT (id) DO NOTHING")
+    cluster.quiesce()
+    # hold node 0's applier: an idle transaction there holds row 1 (ended after the grace period)
+    holder = cluster.connect(0, autocommit=False)
+    holder.execute("UPDATE replay_t SET v = 'held' WHERE id = 1")
+    with cluster.connect(1) as c:
+        c.execute("UPDATE replay_t SET v = 'remote' WHERE id = 1")  # certified; waits on node 0
+    # a local transaction on node 0, certified after it, waits for its commit turn
+    victim = cluster.connect(0, autocommit=False)
+    pid = victim.execute("SELECT pg_backend_pid()").fetchone()[0]
+    victim.execute("UPDATE replay_t SET v = 'replayed' WHERE id = 2")
+    errors: list[Any] = []
+
+    def commit() -> None:
+        try:
+            victim.commit()
+        except psycopg.Error as e:
+            errors.append(e)
+
+    t = threading.Thread(target=commit)
+    t.start()
+    deadline = time.monotonic() + 10
+    with cluster.connect(0) as c:
+        while time.monotonic() < deadline:
+            state = c.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+            if state and state[0] == "Extension":
+                break
+            time.sleep(0.02)
+        c.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    t.join(10)
+    assert errors, "the killed backend's client should see its connection end"
+    holder.close()
+    cluster.assert_identical()
+    for i in range(3):
+        with cluster.connect(i) as c:
+            assert c.execute("SELECT v FROM replay_t ORDER BY id").fetchall() == [("remote",), ("replayed",)]
+    assert cluster.status(0)["replayed"] >= 1
