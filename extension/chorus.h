@@ -112,6 +112,9 @@ typedef struct ChorusTable
 	ChorusUniqueKey *uniques;
 	int			nfkeys;
 	ChorusForeignKey *fkeys;
+	int			nexpr;			/* unique indexes on expressions */
+	Oid		   *expr_indexes;
+	char	  **expr_names;		/* "(index name)": their keys' column part */
 	bool		has_pk;
 	bool		table_key_done;
 	bool		truncate_key_done;

@@ -11,10 +11,12 @@
 #include "access/genam.h"
 #include "access/htup_details.h"
 #include "access/xact.h"
+#include "catalog/index.h"
 #include "catalog/pg_constraint.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
+#include "executor/executor.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -294,6 +296,8 @@ chorus_table_for(Relation rel)
 	pkoid = RelationGetPrimaryKeyIndex(rel);
 	indexes = RelationGetIndexList(rel);
 	t->uniques = palloc0(sizeof(ChorusUniqueKey) * (list_length(indexes) + 1));
+	t->expr_indexes = palloc0(sizeof(Oid) * (list_length(indexes) + 1));
+	t->expr_names = palloc0(sizeof(char *) * (list_length(indexes) + 1));
 	foreach(lc, indexes)
 	{
 		Oid			indexoid = lfirst_oid(lc);
@@ -331,6 +335,13 @@ chorus_table_for(Relation rel)
 					appendStringInfo(&names, "%s%s", k ? "," : "", t->attnames[u->cols[k]]);
 				}
 				u->colnames = names.data;
+			}
+			else
+			{
+				/* not plain: some key column is an expression */
+				t->expr_indexes[t->nexpr] = indexoid;
+				t->expr_names[t->nexpr] = psprintf("(%s)", RelationGetRelationName(idx));
+				t->nexpr++;
 			}
 		}
 		index_close(idx, AccessShareLock);
@@ -530,6 +541,86 @@ chorus_row_keys(ChorusTable *t, char op, char **oldv, char **newv)
 }
 
 /*
+ * chorus_expr_values
+ *		The values a unique index on expressions holds for tuple, as text
+ *		(palloc'd), or NULL when the index does not constrain it (a NULL part,
+ *		unless the index treats NULLs as equal).
+ */
+static char **
+chorus_expr_values(Relation idx, IndexInfo *ii, EState *estate, TupleTableSlot *slot, HeapTuple tuple)
+{
+	Datum		values[INDEX_MAX_KEYS];
+	bool		isnull[INDEX_MAX_KEYS];
+	char	  **out;
+	int			k;
+
+	ExecStoreHeapTuple(tuple, slot, false);
+	GetPerTupleExprContext(estate)->ecxt_scantuple = slot;
+	FormIndexDatum(ii, slot, estate, values, isnull);
+	out = palloc(sizeof(char *) * ii->ii_NumIndexKeyAttrs);
+	for (k = 0; k < ii->ii_NumIndexKeyAttrs; k++)
+	{
+		Oid			typoutput;
+		bool		varlena;
+
+		if (isnull[k])
+		{
+			if (!ii->ii_NullsNotDistinct)
+				return NULL;
+			out[k] = "\\N";
+			continue;
+		}
+		getTypeOutputInfo(TupleDescAttr(RelationGetDescr(idx), k)->atttypid, &typoutput, &varlena);
+		out[k] = OidOutputFunctionCall(typoutput, values[k]);
+	}
+	ResetPerTupleExprContext(estate);
+	return out;
+}
+
+/*
+ * chorus_expr_keys
+ *		Keys of one row change for the table's unique indexes on expressions
+ *		(e.g. UNIQUE (lower(email))): the computed index values, exclusive, for
+ *		the inserted or deleted row, and for both images of an update that
+ *		changes them.
+ */
+static void
+chorus_expr_keys(Relation rel, ChorusTable *t, char op, HeapTuple oldtup, HeapTuple newtup)
+{
+	EState	   *estate = CreateExecutorState();
+	TupleTableSlot *slot = MakeSingleTupleTableSlot(RelationGetDescr(rel), &TTSOpsHeapTuple);
+	int			i;
+
+	for (i = 0; i < t->nexpr; i++)
+	{
+		Relation	idx = index_open(t->expr_indexes[i], AccessShareLock);
+		IndexInfo  *ii = BuildIndexInfo(idx);
+		int			n = ii->ii_NumIndexKeyAttrs;
+		int			cols[INDEX_MAX_KEYS];
+		char	  **oldv = oldtup ? chorus_expr_values(idx, ii, estate, slot, oldtup) : NULL;
+		char	  **newv = newtup ? chorus_expr_values(idx, ii, estate, slot, newtup) : NULL;
+		int			k;
+
+		for (k = 0; k < n; k++)
+			cols[k] = k;
+		if (op == 'U' && oldv && newv)
+		{
+			for (k = 0; k < n && strcmp(oldv[k], newv[k]) == 0; k++)
+				;
+			if (k == n)
+				oldv = newv = NULL;		/* unchanged: no conflict to find */
+		}
+		if (oldv)
+			chorus_add_key(t, CHORUS_KEY_EXCLUSIVE, t->expr_names[i], n, cols, oldv);
+		if (newv)
+			chorus_add_key(t, CHORUS_KEY_EXCLUSIVE, t->expr_names[i], n, cols, newv);
+		index_close(idx, AccessShareLock);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	FreeExecutorState(estate);
+}
+
+/*
  * chorus_note_snapshot
  *		last_seen of the transaction = the minimum over its captures of the
  *		newest GID visible to the snapshot the capture ran under.
@@ -630,6 +721,9 @@ chorus_capture(PG_FUNCTION_ARGS)
 		t->table_key_done = true;
 	}
 	chorus_row_keys(t, op, oldv, newv);
+	if (t->nexpr > 0)
+		chorus_expr_keys(rel, t, op, op != 'I' ? td->tg_trigtuple : NULL,
+						 op == 'I' ? td->tg_trigtuple : op == 'U' ? td->tg_newtuple : NULL);
 
 	chorus_put_u8(&chorus_xact.rows, (uint8) op);
 	chorus_put_u16(&chorus_xact.rows, (uint16) t->index);

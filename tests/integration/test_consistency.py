@@ -93,6 +93,50 @@ def test_set_holds_exactly_the_acknowledged_rows(cluster: Cluster) -> None:
         assert not extra, f"{name}: rows nobody was told committed: {sorted(extra)[:10]}"
 
 
+def _two_nodes_commit(cluster: Cluster, statements: tuple[str, str]) -> list[str]:
+    """Run one statement on node 0 and one on node 1, each in its own open transaction, then
+    commit both: the outcomes ("ok" or the SQLSTATE), in commit order."""
+    conns = [cluster.connect(i, autocommit=False) for i in (0, 1)]
+    for c, stmt in zip(conns, statements):
+        c.execute(stmt)
+    out = []
+    for c in conns:
+        try:
+            c.commit()
+            out.append("ok")
+        except psycopg.Error as e:
+            out.append(e.sqlstate or "?")
+        c.close()
+    return out
+
+
+@pytest.mark.parametrize("index, rows", [
+    ("CREATE UNIQUE INDEX IF NOT EXISTS uk_email_lower ON uk_t (lower(email))",
+     ("INSERT INTO uk_t VALUES (1, 'Ann@Example.org', 1, 1)", "INSERT INTO uk_t VALUES (2, 'ann@example.ORG', 2, 2)")),
+    ("CREATE UNIQUE INDEX IF NOT EXISTS uk_ab ON uk_t (a, b)",
+     ("INSERT INTO uk_t VALUES (3, 'x3', 7, 8)", "INSERT INTO uk_t VALUES (4, 'x4', 7, 8)")),
+    ("CREATE UNIQUE INDEX IF NOT EXISTS uk_a_partial ON uk_t (a) WHERE b > 100",
+     ("INSERT INTO uk_t VALUES (5, 'x5', 9, 101)", "INSERT INTO uk_t VALUES (6, 'x6', 9, 102)")),
+])
+def test_unique_indexes_of_every_kind_conflict_across_nodes(cluster: Cluster, index: str,
+                                                            rows: tuple[str, str]) -> None:
+    """Different primary keys, same value in a unique index on an expression, on several columns,
+    or a partial one: exactly one commits, and every node holds that one."""
+    with cluster.connect(0) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS uk_t (id integer PRIMARY KEY, email text, a integer, b integer)")
+    with cluster.connect(0) as c:
+        c.execute(index)
+    cluster.quiesce()
+    outcomes = _two_nodes_commit(cluster, rows)
+    assert sorted(outcomes) == ["40001", "ok"], outcomes
+    cluster.quiesce()
+    cluster.assert_identical()
+    with cluster.connect(0) as c:
+        c.execute("DROP INDEX " + index.split()[6])
+        c.execute("DELETE FROM uk_t")
+    cluster.quiesce()
+
+
 def test_foreign_keys_never_leave_orphans(cluster: Cluster) -> None:
     with cluster.connect(0) as c:
         for stmt in wl.FK_SCHEMA:
