@@ -23,6 +23,8 @@
 #include "executor/executor.h"
 #include "storage/latch.h"
 #include "utils/wait_event.h"
+#include "utils/timestamp.h"
+#include "utils/snapmgr.h"
 
 #include "chorus.h"
 
@@ -35,6 +37,8 @@ int			chorus_abort_nslots = 0;
 char	   *chorus_socket_path = NULL;
 bool		chorus_capture_enabled = true;
 int			chorus_max_writeset_mb = 256;
+bool		chorus_causal_reads = false;
+int			chorus_causal_reads_timeout = 10000;
 char	   *chorus_exclude_schemas = NULL;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
@@ -44,6 +48,8 @@ static emit_log_hook_type prev_emit_log_hook = NULL;
 static ProcessUtility_hook_type prev_process_utility = NULL;
 
 #define CHORUS_FLOW_WAIT_MAX_MS 10000
+
+static TimestampTz chorus_causal_waited = 0;	/* start of the statement that waited last */
 
 /*
  * chorus_executor_start
@@ -69,6 +75,22 @@ chorus_executor_start(QueryDesc *queryDesc, int eflags)
 			waited += 2;
 		}
 	}
+	if (chorus_causal_reads && chorus_shared != NULL && !chorus_xact.applying &&
+		!IsolationUsesXactSnapshot() && (eflags & EXEC_FLAG_EXPLAIN_ONLY) == 0 &&
+		chorus_causal_waited != GetCurrentStatementStartTimestamp())
+	{
+		/*
+		 * Causal reads (READ COMMITTED): wait until this node has what the
+		 * cluster had committed when the statement began, then run the
+		 * statement on a fresh snapshot (the one it came with predates the
+		 * wait). Once per client statement: queries a function runs share its
+		 * start time.
+		 */
+		chorus_sync_wait(chorus_causal_reads_timeout);
+		chorus_causal_waited = GetCurrentStatementStartTimestamp();
+		UnregisterSnapshot(queryDesc->snapshot);
+		queryDesc->snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	}
 	if (prev_executor_start)
 		prev_executor_start(queryDesc, eflags);
 	else
@@ -93,10 +115,8 @@ chorus_abort_request(void)
 	gid = pg_atomic_read_u64(&slot->gid);
 	if (gid == 0 || gid == CHORUS_ABORT_PROTECTED)
 		return 0;
-	if (pg_atomic_read_u32(&slot->xid) != GetTopTransactionIdIfAny())
+	if (pg_atomic_read_u32(&slot->xid) != MyProc->lxid)
 	{
-		if (!TransactionIdIsValid(GetTopTransactionIdIfAny()))
-			return 0;
 		/* stale; a fresh request racing in wins the swap and stays */
 		(void) pg_atomic_compare_exchange_u64(&slot->gid, &gid, 0);
 		return 0;
@@ -122,7 +142,7 @@ chorus_check_aborted(void)
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 			 errmsg("could not serialize access: aborted by the certified remote transaction GID %llu",
 					(unsigned long long) gid),
-			 errdetail("This transaction held a row lock the remote transaction needed; transactions certified first always win."),
+			 errdetail("This transaction held a lock the remote transaction needed; transactions certified first always win."),
 			 errhint("Retry the transaction.")));
 }
 
@@ -150,8 +170,8 @@ chorus_emit_log(ErrorData *edata)
 			edata->message = psprintf("could not serialize access: aborted by the certified "
 									  "remote transaction GID %llu", (unsigned long long) gid);
 			edata->detail = pstrdup(edata->elevel == ERROR
-									? "This transaction held a row lock the remote transaction needed; transactions certified first always win."
-									: "This session stayed idle in a transaction holding a row lock the remote transaction needed; its connection was closed.");
+									? "This transaction held a lock the remote transaction needed; transactions certified first always win."
+									: "This session stayed idle in a transaction holding a lock the remote transaction needed; its connection was closed.");
 			edata->hint = pstrdup("Retry the transaction.");
 		}
 	}
@@ -313,6 +333,14 @@ _PG_init(void)
 							 "Capture this session's writes to replicated tables.",
 							 "Off: the session's writes stay local (for loading identical data on every node).",
 							 &chorus_capture_enabled, true, PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("chorus.causal_reads",
+							 "Each READ COMMITTED statement first waits until this node has committed everything the cluster had committed when it began.",
+							 "Like Galera's wsrep_sync_wait. For REPEATABLE READ, call chorus.sync_wait() before BEGIN.",
+							 &chorus_causal_reads, false, PGC_USERSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("chorus.causal_reads_timeout",
+							"How long a causal read waits for this node to catch up before it fails.",
+							NULL, &chorus_causal_reads_timeout, 10000, 1, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
 	DefineCustomIntVariable("chorus.max_writeset_size",
 							"Largest writeset a transaction may produce, in megabytes.",
 							NULL, &chorus_max_writeset_mb, 256, 1, 900, PGC_SUSET,
@@ -345,6 +373,7 @@ PG_FUNCTION_INFO_V1(chorus_committed_gid);
 PG_FUNCTION_INFO_V1(chorus_apply_begin);
 PG_FUNCTION_INFO_V1(chorus_status);
 PG_FUNCTION_INFO_V1(chorus_abort_local);
+PG_FUNCTION_INFO_V1(chorus_sync_wait_sql);
 PG_FUNCTION_INFO_V1(chorus_wait_turn);
 
 /*
@@ -478,7 +507,7 @@ chorus_status(PG_FUNCTION_ARGS)
  *		transaction ordered after gid that holds a row lock gid needs, taken
  *		without writing the row: the coordinator commits it from its writeset
  *		after gid). Returns false
- *		if pid is not a backend with a transaction id, or if that transaction
+ *		if pid is not a backend in a transaction, or if that transaction
  *		has sent its writeset to be certified (chorus_protect_commit).
  */
 Datum
@@ -489,7 +518,7 @@ chorus_abort_local(PG_FUNCTION_ARGS)
 	char	   *how = text_to_cstring(PG_GETARG_TEXT_PP(2));
 	int			sig;
 	PGPROC	   *proc;
-	TransactionId xid;
+	LocalTransactionId lxid;
 	ChorusAbortSlot *slot;
 	uint64		old;
 
@@ -510,8 +539,9 @@ chorus_abort_local(PG_FUNCTION_ARGS)
 		PG_RETURN_BOOL(false);
 	if (strcmp(how, "terminate") == 0)
 		PG_RETURN_BOOL(kill(pid, SIGTERM) == 0);
-	xid = proc->xid;
-	if (!TransactionIdIsValid(xid))
+	/* the local transaction id: read-only transactions holding a table lock have one too */
+	lxid = proc->lxid;
+	if (!LocalTransactionIdIsValid(lxid))
 		PG_RETURN_BOOL(false);
 	slot = &chorus_abort_slots[proc->pgprocno];
 	old = pg_atomic_read_u64(&slot->gid);
@@ -519,7 +549,7 @@ chorus_abort_local(PG_FUNCTION_ARGS)
 	{
 		if (old == CHORUS_ABORT_PROTECTED)
 			PG_RETURN_BOOL(false);	/* its writeset is with the cluster already */
-		pg_atomic_write_u32(&slot->xid, xid);
+		pg_atomic_write_u32(&slot->xid, lxid);
 		if (pg_atomic_compare_exchange_u64(&slot->gid, &old, (uint64) gid))
 			break;
 	}
@@ -538,6 +568,20 @@ chorus_abort_local(PG_FUNCTION_ARGS)
 	if (sig != 0 && kill(pid, sig) != 0)
 		PG_RETURN_BOOL(false);
 	PG_RETURN_BOOL(true);
+}
+
+/*
+ * chorus_sync_wait(timeout_ms int)
+ *		Causal reads on demand: wait until this node has committed everything
+ *		certified in the cluster before the call. Run it before BEGIN of a
+ *		REPEATABLE READ transaction (whose snapshot is taken by its first
+ *		statement). NULL timeout: chorus.causal_reads_timeout.
+ */
+Datum
+chorus_sync_wait_sql(PG_FUNCTION_ARGS)
+{
+	chorus_sync_wait(PG_ARGISNULL(0) ? chorus_causal_reads_timeout : Max(PG_GETARG_INT32(0), 1));
+	PG_RETURN_VOID();
 }
 
 /*

@@ -49,7 +49,7 @@ extern ChorusShared *chorus_shared;
 
 /*
  * Per PGPROC slot: set by chorus.abort_local() when the coordinator aborts the
- * backend's transaction xid because the certified remote writeset gid needs a
+ * backend's transaction (by local transaction id, lxid) because the certified remote writeset gid needs a
  * lock it holds (DESIGN.md invariant 6). gid 0: no request. The backend sets
  * CHORUS_ABORT_PROTECTED (by compare-and-swap, so exactly one of the two wins)
  * before it sends its writeset: from then on the transaction may be certified
@@ -60,7 +60,7 @@ extern ChorusShared *chorus_shared;
 typedef struct ChorusAbortSlot
 {
 	pg_atomic_uint64 gid;
-	pg_atomic_uint32 xid;
+	pg_atomic_uint32 xid;		/* the local transaction id (PGPROC.lxid) */
 } ChorusAbortSlot;
 
 extern ChorusAbortSlot *chorus_abort_slots;
@@ -68,6 +68,9 @@ extern int	chorus_abort_nslots;
 extern void chorus_check_aborted(void);
 extern void chorus_clear_aborted(void);
 extern void chorus_protect_commit(void);
+extern void chorus_sync_wait(int timeout_ms);
+extern bool chorus_causal_reads;
+extern int	chorus_causal_reads_timeout;
 
 /* GUCs */
 extern char *chorus_socket_path;

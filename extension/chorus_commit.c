@@ -184,7 +184,8 @@ chorus_send_frame(char type, const char *body, int len)
 	initStringInfo(&frame);
 	chorus_put_u32(&frame, (uint32) len + 1);
 	chorus_put_u8(&frame, (uint8) type);
-	appendBinaryStringInfo(&frame, body, len);
+	if (len > 0)
+		appendBinaryStringInfo(&frame, body, len);
 	chorus_send_all(frame.data, frame.len, true);
 	pfree(frame.data);
 }
@@ -321,6 +322,56 @@ chorus_ddl_confirm(void)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("chorus: the schema change was not committed: %s", msg)));
+}
+
+/*
+ * chorus_sync_wait
+ *		Causal reads: ask the coordinator for a marker through the total order
+ *		(frame 'S'); its answer is the last GID certified before the marker.
+ *		Wait until this node has committed it, at most timeout_ms. Everything
+ *		committed anywhere in the cluster before this call is then visible to a
+ *		snapshot taken here afterwards.
+ */
+void
+chorus_sync_wait(int timeout_ms)
+{
+	uint8		verdict;
+	uint64		gid,
+				wait_for;
+	char	   *msg;
+	TimestampTz deadline;
+
+	chorus_send_frame('S', NULL, 0);
+	verdict = chorus_read_verdict(&gid, &wait_for, &msg);
+	if (verdict != VERDICT_COMMIT)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("chorus: causal read refused: %s", msg)));
+	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+	ConditionVariablePrepareToSleep(&chorus_shared->commit_cv);
+	for (;;)
+	{
+		uint64		committed;
+		long		left;
+
+		LWLockAcquire(chorus_shared->lock, LW_SHARED);
+		committed = chorus_shared->committed_gid;
+		LWLockRelease(chorus_shared->lock);
+		if (committed >= gid)
+			break;
+		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+		if (left <= 0)
+		{
+			ConditionVariableCancelSleep();
+			ereport(ERROR,
+					(errcode(ERRCODE_QUERY_CANCELED),
+					 errmsg("chorus: causal read timed out: this node has committed GID %llu, the cluster was at GID %llu",
+							(unsigned long long) committed, (unsigned long long) gid),
+					 errhint("The node lags behind the cluster; raise chorus.causal_reads_timeout or read elsewhere.")));
+		}
+		(void) ConditionVariableTimedSleep(&chorus_shared->commit_cv, Min(left, 100), PG_WAIT_EXTENSION);
+	}
+	ConditionVariableCancelSleep();
 }
 
 /*

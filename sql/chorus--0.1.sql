@@ -27,6 +27,11 @@ CREATE FUNCTION chorus.apply_begin(gid bigint, wait_for bigint) RETURNS void
 CREATE FUNCTION chorus.abort_local(pid integer, gid bigint, how text) RETURNS boolean
     AS 'MODULE_PATHNAME', 'chorus_abort_local' LANGUAGE C STRICT;
 
+-- causal reads on demand: wait until this node has committed everything certified in the
+-- cluster before the call (run it before BEGIN of a REPEATABLE READ transaction)
+CREATE FUNCTION chorus.sync_wait(timeout_ms integer DEFAULT NULL) RETURNS void
+    AS 'MODULE_PATHNAME', 'chorus_sync_wait_sql' LANGUAGE C;
+
 CREATE FUNCTION chorus.wait_turn(wait_for bigint) RETURNS void
     AS 'MODULE_PATHNAME', 'chorus_wait_turn' LANGUAGE C STRICT;
 

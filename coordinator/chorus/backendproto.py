@@ -31,8 +31,10 @@ async def read_frame(reader: asyncio.StreamReader) -> Frame:
         raise FrameError(f"frame length {length} out of range")
     body = await reader.readexactly(length)
     ftype = body[:1]
-    if ftype not in (b"W", b"C", b"A", b"R"):
+    if ftype not in (b"W", b"C", b"A", b"R", b"S"):
         raise FrameError(f"unknown frame type {ftype!r}")
+    if ftype == b"S" and len(body) != 1:
+        raise FrameError("frame b'S' (causal read) carries no payload")
     if ftype in (b"C", b"A", b"R") and len(body) != 13:
         raise FrameError(f"frame {ftype!r} has {len(body) - 1} payload bytes, expected 12")
     return Frame(ftype, body[1:])

@@ -96,8 +96,15 @@ class DdlResult:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class SyncMarker:
+    """Causal reads: its position in the total order tells the sender how far to catch up."""
+    node: str
+    token: int
+
+
 Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress, FlowControl,
-                DdlResult]
+                DdlResult, SyncMarker]
 
 
 class _R:
@@ -174,6 +181,8 @@ def encode(m: Message) -> bytes:
     if isinstance(m, DdlResult):
         return (head + b"D" + _s(m.node) + struct.pack(">QB", m.gid, 1 if m.ok else 0)
                 + _s(m.error[:4000]))
+    if isinstance(m, SyncMarker):
+        return head + b"S" + _s(m.node) + struct.pack(">Q", m.token)
     raise TypeError(f"not a bus message: {m!r}")
 
 
@@ -214,6 +223,8 @@ def decode(b: bytes) -> Message:
     elif t == b"D":
         node, gid, ok = r.s(), r.u64(), r.take(1) == b"\x01"
         m = DdlResult(node, gid, ok, r.s())
+    elif t == b"S":
+        m = SyncMarker(r.s(), r.u64())
     else:
         raise BusProtoError(f"unknown bus message type {t!r}")
     r.end()

@@ -28,7 +28,7 @@ from chorus.bus import Bus, BusError, Delivery, View
 from chorus.certifier import key_hash
 from chorus.config import NodeConfig
 from chorus.replicator import (Apply, DdlOutcome, Joined, LocalVerdict, Phase, PhaseChange, Replicator,
-                               Send)
+                               Send, SyncReached)
 from chorus.scheduler import Scheduler
 from chorus.state import NodeState, load_state, save_state
 
@@ -120,6 +120,9 @@ class Coordinator:
         self._outbox: list[tuple[int, bytes]] = []  # local writesets waiting for the bus
         self._outbox_ready = asyncio.Event()
         self._in_flight = 0
+        self._sync_waiting: list[_Backend] = []  # causal readers waiting for the next marker
+        self._sync_on_bus: dict[int, list[_Backend]] = {}  # marker token -> its readers
+        self._sync_token = 0
         self._flow_requested = False
         self._flow_paused = False  # what the extension was last told
         self._servers: list[asyncio.base_events.Server] = []
@@ -298,6 +301,7 @@ class Coordinator:
                              ev.view_id, ev.members, ev.joined, ev.left, ev.quorate)
                     actions = r.on_view(ev, time.monotonic())
                     self._in_flight = 0  # what was not delivered before a view change never will be
+                    self._sync_resend()
                     if self._outbox:
                         self._outbox_ready.set()
                 else:
@@ -331,6 +335,8 @@ class Coordinator:
                 self._dispatch()
             elif isinstance(a, DdlOutcome):
                 self._ddl_outcome(a)
+            elif isinstance(a, SyncReached):
+                self._sync_reached(a)
             elif isinstance(a, Send):
                 asyncio.create_task(self._send_logged(a.message))
             elif isinstance(a, PhaseChange):
@@ -394,6 +400,8 @@ class Coordinator:
                 elif frame.type == b"C":
                     gid, _ = bpf.parse_done(frame.payload)
                     self._local_done(gid)
+                elif frame.type == b"S":
+                    self._sync_request(b)
                 elif frame.type == b"R":
                     gid, _ = bpf.parse_done(frame.payload)
                     p = self.pending.get(gid)
@@ -471,6 +479,45 @@ class Coordinator:
                                                          f"the group bus failed: {e}"))
             if self._outbox and self._in_flight < MAX_IN_FLIGHT:
                 self._outbox_ready.set()
+
+    # ---- causal reads --------------------------------------------------------------------
+
+    def _sync_request(self, b: _Backend) -> None:
+        """A backend wants to read causally: answer with the GID certified before a marker sent
+        after its request. Requests that arrive while a marker is on the bus share the next."""
+        r = self.replicator
+        if r is None or not r.accepts_writes or not self.db_ok.is_set():
+            b.writer.write(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
+                                             f"this node is not in the primary component: {self.phase_reason}"))
+            return
+        self._sync_waiting.append(b)
+        if not self._sync_on_bus:
+            self._sync_send()
+
+    def _sync_send(self) -> None:
+        self._sync_token += 1
+        self._sync_on_bus[self._sync_token] = self._sync_waiting
+        self._sync_waiting = []
+        asyncio.create_task(self._send_logged(bp.SyncMarker(self.cfg.name, self._sync_token)))
+
+    def _sync_reached(self, s: SyncReached) -> None:
+        for b in self._sync_on_bus.pop(s.token, []):
+            if b.closed:
+                continue
+            if s.ok:
+                b.writer.write(bpf.verdict_frame(bpf.VERDICT_COMMIT, s.gid, 0, ""))
+            else:
+                b.writer.write(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
+                                                 "this node left the primary component"))
+        if self._sync_waiting and not self._sync_on_bus:
+            self._sync_send()
+
+    def _sync_resend(self) -> None:
+        """A view change: markers not delivered yet never will be; send a new one."""
+        for token in sorted(self._sync_on_bus):
+            self._sync_waiting = self._sync_on_bus.pop(token) + self._sync_waiting
+        if self._sync_waiting:
+            self._sync_send()
 
     def _local_verdict(self, v: LocalVerdict) -> None:
         b = self.tickets.pop(v.ticket, None)

@@ -92,7 +92,16 @@ class DdlOutcome:
     error: str
 
 
-Action = Union[Send, LocalVerdict, Apply, PhaseChange, Joined, DdlOutcome]
+@dataclass(frozen=True)
+class SyncReached:
+    """This node's causal-read marker was delivered: readers wait for ``gid`` (the last GID
+    certified before it) to commit here. ``ok`` false: the node is not in the primary component."""
+    token: int
+    gid: int
+    ok: bool
+
+
+Action = Union[Send, LocalVerdict, Apply, PhaseChange, Joined, DdlOutcome, SyncReached]
 
 
 @dataclass
@@ -289,6 +298,10 @@ class Replicator:
             for m in msg.messages():
                 out += self._writeset(m)
             return out
+        if isinstance(msg, bp.SyncMarker):
+            if msg.node != self.node:
+                return []
+            return [SyncReached(msg.token, self.last_certified, self.accepts_writes)]
         if self.phase != Phase.ONLINE:
             return []
         if isinstance(msg, bp.GidRequest):
