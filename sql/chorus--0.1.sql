@@ -24,6 +24,9 @@ CREATE FUNCTION chorus.committed_gid() RETURNS bigint
 CREATE FUNCTION chorus.apply_begin(gid bigint, wait_for bigint) RETURNS void
     AS 'MODULE_PATHNAME', 'chorus_apply_begin' LANGUAGE C STRICT;
 
+CREATE FUNCTION chorus.apply_writeset(gid bigint, wait_for bigint, ws bytea) RETURNS bigint
+    AS 'MODULE_PATHNAME', 'chorus_apply_writeset' LANGUAGE C STRICT;
+
 CREATE FUNCTION chorus.abort_local(pid integer, gid bigint, how text) RETURNS boolean
     AS 'MODULE_PATHNAME', 'chorus_abort_local' LANGUAGE C STRICT;
 
@@ -167,7 +170,8 @@ CREATE EVENT TRIGGER chorus_on_ddl_end ON ddl_command_end
 ALTER EVENT TRIGGER chorus_on_ddl_end ENABLE ALWAYS;
 
 REVOKE ALL ON FUNCTION chorus.node_init(bigint), chorus.set_online(boolean), chorus.set_paused(boolean),
-    chorus.apply_begin(bigint, bigint), chorus.abort_local(integer, bigint, text),
+    chorus.apply_begin(bigint, bigint), chorus.apply_writeset(bigint, bigint, bytea),
+    chorus.abort_local(integer, bigint, text),
     chorus.wait_turn(bigint), chorus.spread_sequence(regclass, bigint),
     chorus.spread_all_sequences(bigint) FROM PUBLIC;
 

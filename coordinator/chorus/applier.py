@@ -111,9 +111,10 @@ def _new_values(t: wire.Table, row: wire.Row) -> list[Optional[str]]:
 class ApplySession:
     """One PostgreSQL connection that applies writesets, one transaction each."""
 
-    def __init__(self, dsn: str, name: str) -> None:
+    def __init__(self, dsn: str, name: str, fast: bool = True) -> None:
         self.dsn = dsn
         self.name = name
+        self.fast = fast  # apply rows with chorus.apply_writeset (C) rather than SQL statements
         self.conn: Optional[psycopg.AsyncConnection[Any]] = None
         self.pid = 0
         self.cache = StatementCache()
@@ -147,37 +148,13 @@ class ApplySession:
         if ws.ddl is not None:
             return await self._apply_ddl(gid, wait_for, ws.ddl, ddl_ok)
         try:
-            # One pipeline: every statement goes out at once; results are checked at the sync,
-            # before the commit (two round trips per writeset, whatever its size).
-            checks: list[tuple[Any, wire.Table, wire.Row]] = []
-            async with conn.pipeline() as pipe:
-                await conn.execute("SELECT chorus.apply_begin(%s, %s)", (gid, wait_for))
-                truncates: list[wire.Table] = []
-                for row in ws.rows:
-                    t = ws.tables[row.table]
-                    if row.op == "T":
-                        truncates.append(t)
-                        continue
-                    if truncates:
-                        await conn.execute(self.cache.truncate(truncates))
-                        truncates = []
-                    if row.op == "I":
-                        await conn.execute(self.cache.insert(t), _new_values(t, row))
-                    elif row.op == "U":
-                        checks.append((await conn.execute(self.cache.update(t), _new_values(t, row) + list(row.old)),
-                                       t, row))
-                    else:
-                        checks.append((await conn.execute(self.cache.delete(t), list(row.old)), t, row))
-                    if len(checks) >= SYNC_EVERY:
-                        await pipe.sync()
-                        for cur, ct, crow in checks:
-                            self._check(cur.rowcount, gid, ct, crow)
-                        checks.clear()
-                if truncates:
-                    await conn.execute(self.cache.truncate(truncates))
-                await pipe.sync()
-                for cur, t, row in checks:
-                    self._check(cur.rowcount, gid, t, row)
+            if self.fast:
+                # One call: the extension parses the writeset and applies its rows with plans it
+                # prepared once per table shape (chorus_apply.c); then the commit.
+                raw = ws.raw or wire.encode(ws)
+                await conn.execute("SELECT chorus.apply_writeset(%s, %s, %s)", (gid, wait_for, raw))
+            else:
+                await self._apply_pipelined(conn, gid, wait_for, ws)
             await conn.commit()
         except psycopg.OperationalError as e:
             await self._reset()
@@ -191,6 +168,41 @@ class ApplySession:
         except ApplyError:
             await self._rollback()
             raise
+
+    async def _apply_pipelined(self, conn: psycopg.AsyncConnection[Any], gid: int, wait_for: int,
+                               ws: wire.Writeset) -> None:
+        """The same in SQL from Python: statements in one pipeline (apply.method = "sql")."""
+        # One pipeline: every statement goes out at once; results are checked at the sync,
+        # before the commit (two round trips per writeset, whatever its size).
+        checks: list[tuple[Any, wire.Table, wire.Row]] = []
+        async with conn.pipeline() as pipe:
+            await conn.execute("SELECT chorus.apply_begin(%s, %s)", (gid, wait_for))
+            truncates: list[wire.Table] = []
+            for row in ws.rows:
+                t = ws.tables[row.table]
+                if row.op == "T":
+                    truncates.append(t)
+                    continue
+                if truncates:
+                    await conn.execute(self.cache.truncate(truncates))
+                    truncates = []
+                if row.op == "I":
+                    await conn.execute(self.cache.insert(t), _new_values(t, row))
+                elif row.op == "U":
+                    checks.append((await conn.execute(self.cache.update(t), _new_values(t, row) + list(row.old)),
+                                   t, row))
+                else:
+                    checks.append((await conn.execute(self.cache.delete(t), list(row.old)), t, row))
+                if len(checks) >= SYNC_EVERY:
+                    await pipe.sync()
+                    for cur, ct, crow in checks:
+                        self._check(cur.rowcount, gid, ct, crow)
+                    checks.clear()
+            if truncates:
+                await conn.execute(self.cache.truncate(truncates))
+            await pipe.sync()
+            for cur, t, row in checks:
+                self._check(cur.rowcount, gid, t, row)
 
     async def _apply_ddl(self, gid: int, wait_for: int, ddl: wire.Ddl, ok: bool) -> None:
         conn = self.conn

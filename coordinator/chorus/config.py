@@ -43,6 +43,7 @@ class NodeConfig:
     idle_blocker_grace_ms: int = 1000
     flow_pause_at: int = 50  # certified writesets not committed here yet: ask the cluster to pause
     flow_resume_at: int = 10  # ... and release the request at or below this
+    apply_method: str = "c"  # "c": chorus.apply_writeset in the extension; "sql": statements from Python
 
 
 _SCHEMA: dict[str, dict[str, tuple[str, type, bool]]] = {
@@ -60,7 +61,8 @@ _SCHEMA: dict[str, dict[str, tuple[str, type, bool]]] = {
     "apply": {"workers": ("apply_workers", int, False),
               "idle_blocker_grace_ms": ("idle_blocker_grace_ms", int, False),
               "flow_pause_at": ("flow_pause_at", int, False),
-              "flow_resume_at": ("flow_resume_at", int, False)},
+              "flow_resume_at": ("flow_resume_at", int, False),
+              "method": ("apply_method", str, False)},
 }
 
 
@@ -93,6 +95,8 @@ def load_config(path: str) -> NodeConfig:
         raise ChorusConfigError(f"{path}: apply.workers must be at least 1")
     if not 0 <= values.get("flow_resume_at", 10) < values.get("flow_pause_at", 50):
         raise ChorusConfigError(f"{path}: apply.flow_resume_at must be below apply.flow_pause_at")
+    if values.get("apply_method", "c") not in ("c", "sql"):
+        raise ChorusConfigError(f"{path}: apply.method must be \"c\" or \"sql\"")
     if values.get("log_level", "info").lower() not in ("debug", "info", "warning", "error"):
         raise ChorusConfigError(f"{path}: node.log_level must be debug, info, warning or error")
     return NodeConfig(**values)
@@ -120,6 +124,7 @@ def write_config(cfg: NodeConfig, path: str) -> None:
         f"idle_blocker_grace_ms = {cfg.idle_blocker_grace_ms}\n"
         f"flow_pause_at = {cfg.flow_pause_at}\n"
         f"flow_resume_at = {cfg.flow_resume_at}\n"
+        f"method = {_toml_str(cfg.apply_method)}\n"
     )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -38,7 +38,7 @@ TICK_S = 0.2
 PROGRESS_EVERY_S = 1.0
 BATCH_BYTES = 256 * 1024
 MAX_IN_FLIGHT = 1  # own writeset messages sent and not yet delivered
-BLOCKER_CHECK_S = 0.002  # an apply waiting this long has its lock blockers checked
+BLOCKER_CHECK_S = 0.005  # how often (and after how long) applies have their lock blockers checked
 DB_RETRY_S = 0.5
 
 
@@ -59,6 +59,13 @@ class _Backend:
 _XACT_STATUS = ("SELECT pg_xact_status((CASE WHEN f > c THEN f - 4294967296 ELSE f END)::text::xid8)"
                 " FROM (SELECT c, (c >> 32 << 32) + %s AS f"
                 " FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS c) s) t")
+
+
+@dataclass
+class _Waiter:
+    """A session committing a certified writeset, watched for local lock blockers."""
+    pid: Callable[[], int]  # 0 while unknown (connecting) or gone
+    since: float
 
 
 @dataclass
@@ -105,8 +112,9 @@ class Coordinator:
         self.counters = Counters()
         self.watermark = 0
         self.db: Optional[psycopg.AsyncConnection[Any]] = None
-        self.workers = [ApplySession(cfg.dsn, f"{cfg.name}-{i}") for i in range(max(1, cfg.apply_workers))]
-        self.replay_session = ApplySession(cfg.dsn, f"{cfg.name}-replay")
+        fast = cfg.apply_method == "c"
+        self.workers = [ApplySession(cfg.dsn, f"{cfg.name}-{i}", fast) for i in range(max(1, cfg.apply_workers))]
+        self.replay_session = ApplySession(cfg.dsn, f"{cfg.name}-replay", fast)
         self.idle = list(self.workers)
         self.replay_busy = False
         self.db_ok = asyncio.Event()
@@ -123,6 +131,7 @@ class Coordinator:
         self._sync_waiting: list[_Backend] = []  # causal readers waiting for the next marker
         self._sync_on_bus: dict[int, list[_Backend]] = {}  # marker token -> its readers
         self._sync_token = 0
+        self._waiters: dict[int, _Waiter] = {}  # GID -> the session committing it
         self._flow_requested = False
         self._flow_paused = False  # what the extension was last told
         self._servers: list[asyncio.base_events.Server] = []
@@ -153,6 +162,7 @@ class Coordinator:
             asyncio.create_task(self._bus_loop(), name="bus"),
             asyncio.create_task(self._sender_loop(), name="sender"),
             asyncio.create_task(self._tick_loop(), name="tick"),
+            asyncio.create_task(self._blocker_loop(), name="blockers"),
         ]
         stop = asyncio.create_task(self.stopping.wait())
         done, _ = await asyncio.wait([stop, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -539,7 +549,7 @@ class Coordinator:
         b.certified.add(v.gid)
         b.writer.write(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, v.wait_for, ""))
         if v.writeset.ddl is not None:  # it runs now: local transactions in its way lose
-            asyncio.create_task(self._watch_blockers(lambda: b.pid if p.backend is b else 0, v.gid))
+            self._waiters[v.gid] = _Waiter(lambda: b.pid if p.backend is b else 0, time.monotonic())
 
     def _ddl_outcome(self, o: DdlOutcome) -> None:
         p = self.pending.get(o.gid)
@@ -648,11 +658,11 @@ class Coordinator:
             if p.ddl_known is not None:
                 await p.ddl_known.wait()
             t0 = time.monotonic()
-            watchdog = asyncio.create_task(self._watch_blockers(lambda: session.pid, gid))
+            self._waiters[gid] = _Waiter(lambda: session.pid, t0)
             try:
                 await session.apply(gid, p.wait_for, p.writeset, ddl_ok=p.ddl_ok is not False)
             finally:
-                watchdog.cancel()
+                self._waiters.pop(gid, None)
             self.last_apply_ms = (time.monotonic() - t0) * 1000
             if replay:
                 self.counters.replayed += 1
@@ -678,65 +688,79 @@ class Coordinator:
                 self.idle.append(session)
             self._dispatch()
 
-    async def _watch_blockers(self, waiter: Callable[[], int], gid: int) -> None:
-        """Local loses to remote (DESIGN.md invariant 6). A certified writeset that waits for a
-        lock held by a local transaction that is not certified aborts that transaction: that one
-        comes later in the total order and would lose certification anyway. A running statement
-        is interrupted with 40001 at once; a session idle in transaction gets 40001 at its next
-        statement or COMMIT, and is closed if it is still idle after the grace period (PostgreSQL
-        cannot abort an idle transaction and keep the connection). Certified local transactions
-        and other appliers are never touched."""
+    async def _blocker_loop(self) -> None:
+        """Local loses to remote (DESIGN.md invariant 6). Every BLOCKER_CHECK_S, one query asks
+        what blocks the sessions of certified writesets that have been running a while (apply
+        sessions, and the backend of a schema change while it runs). A local transaction that is
+        not certified and holds a lock one of them needs is aborted: it comes later in the total
+        order and would lose anyway. A statement waiting for a lock is cancelled at once (40001);
+        one still running after the grace period too; a session idle in transaction gets 40001
+        at its next statement or COMMIT and is closed if still idle after the grace (PostgreSQL
+        cannot abort an idle transaction and keep the connection). Appliers are never touched; a
+        certified local transaction only in the deadlock case described below."""
         grace = self.cfg.idle_blocker_grace_ms / 1000
-        first_seen: dict[tuple[int, Any], float] = {}  # (pid, xact_start) -> first seen blocking
-        ended: set[int] = set()  # certified local sessions terminated for this GID
-        await asyncio.sleep(BLOCKER_CHECK_S)
+        first_seen: dict[tuple[int, int, Any], float] = {}  # (gid, pid, xact_start) -> first seen
+        ended: set[tuple[int, int]] = set()  # (gid, pid): certified sessions terminated
         while True:
-            if self.db is None or not self.db_ok.is_set() or gid not in self.pending:
-                return
-            pid = waiter()
-            if not pid:  # an apply session still connecting, or the DDL's backend is gone
-                await asyncio.sleep(BLOCKER_CHECK_S)
+            await asyncio.sleep(BLOCKER_CHECK_S)
+            if self.db is None or not self.db_ok.is_set():
+                continue
+            now = time.monotonic()
+            for g in [g for g in self._waiters if g not in self.pending]:
+                del self._waiters[g]
+            waiting = {w.pid(): g for g, w in self._waiters.items()
+                       if now - w.since >= BLOCKER_CHECK_S and w.pid()}
+            if not waiting:
+                first_seen.clear()
+                ended.clear()
                 continue
             try:
                 rows = await self._q_all(
-                    "SELECT a.pid, a.state, a.xact_start FROM unnest(pg_blocking_pids(%s)) AS b(pid)"
-                    " JOIN pg_stat_activity a USING (pid)", (pid,))
-                now = time.monotonic()
-                appliers = {w.pid for w in [*self.workers, self.replay_session]}
-                certified = {p.backend.pid: g for g, p in self.pending.items() if p.backend is not None}
-                for pid, state, xact_start in rows:
-                    if pid in appliers:
-                        continue
-                    if pid in certified:
-                        # It commits before us, unless it comes later in the order: then it waits
-                        # for our turn while we wait for its lock (one it took without writing the
-                        # row, e.g. SELECT FOR UPDATE). Its session is ended after the grace and
-                        # its writeset committed after ours (invariant 3).
-                        since = first_seen.setdefault((pid, xact_start), now)
-                        if certified[pid] > gid and now - since >= grace and pid not in ended:
-                            log.warning("GID %d waits for a lock of local backend %d whose certified GID %d "
-                                        "comes later: ending that session, GID %d is committed from its "
-                                        "writeset", gid, pid, certified[pid], certified[pid])
-                            await self._q("SELECT chorus.abort_local(%s, %s, 'terminate')", (pid, gid))
-                            ended.add(pid)
-                        continue
-                    since = first_seen.setdefault((pid, xact_start), now)
-                    idle = state is not None and state.startswith("idle")
-                    late = now - since >= grace
-                    if since == now or not idle or late:
-                        # a statement waiting for a lock is cancelled at once, one still running
-                        # after the grace too; an idle session is flagged, then closed
-                        how = ("close" if late else "flag") if idle else ("interrupt" if late else "cancel")
-                        if since == now or how == "close":
-                            log.info("GID %d waits for local backend %d (%s, not certified): %s",
-                                     gid, pid, state, "closing the session" if how == "close"
-                                     else "aborting its transaction")
-                        if await self._q("SELECT chorus.abort_local(%s, %s, %s)",
-                                         (pid, gid, how)) and since == now:
-                            self.counters.local_aborts += 1
+                    "SELECT w.pid, a.pid, a.state, a.xact_start FROM unnest(%s::int[]) AS w(pid),"
+                    " unnest(pg_blocking_pids(w.pid)) AS b(pid) JOIN pg_stat_activity a ON a.pid = b.pid",
+                    (list(waiting),))
+                await self._abort_blockers(rows, waiting, grace, first_seen, ended)
             except psycopg.Error as e:
-                log.warning("checking what blocks GID %d: %s", gid, str(e).strip())
-            await asyncio.sleep(BLOCKER_CHECK_S)
+                log.warning("checking what blocks the appliers: %s", str(e).strip())
+            live = set(waiting.values())
+            for k in [k for k in first_seen if k[0] not in live]:
+                del first_seen[k]
+
+    async def _abort_blockers(self, rows: list[tuple[Any, ...]], waiting: dict[int, int], grace: float,
+                              first_seen: dict[tuple[int, int, Any], float],
+                              ended: set[tuple[int, int]]) -> None:
+        now = time.monotonic()
+        appliers = {w.pid for w in [*self.workers, self.replay_session]}
+        certified = {p.backend.pid: g for g, p in self.pending.items() if p.backend is not None}
+        for waiter, pid, state, xact_start in rows:
+            gid = waiting[waiter]
+            if pid in appliers:
+                continue
+            since = first_seen.setdefault((gid, pid, xact_start), now)
+            if pid in certified:
+                # It commits before us, unless it comes later in the order: then it waits for our
+                # turn while we wait for its lock (one it took without writing the row, e.g.
+                # SELECT FOR UPDATE). Its session is ended after the grace and its writeset
+                # committed after ours (invariant 3).
+                if certified[pid] > gid and now - since >= grace and (gid, pid) not in ended:
+                    log.warning("GID %d waits for a lock of local backend %d whose certified GID %d comes "
+                                "later: ending that session, GID %d is committed from its writeset",
+                                gid, pid, certified[pid], certified[pid])
+                    await self._q("SELECT chorus.abort_local(%s, %s, 'terminate')", (pid, gid))
+                    ended.add((gid, pid))
+                continue
+            idle = state is not None and state.startswith("idle")
+            late = now - since >= grace
+            if since == now or not idle or late:
+                # a statement waiting for a lock is cancelled at once, one still running after the
+                # grace too; an idle session is flagged, then closed
+                how = ("close" if late else "flag") if idle else ("interrupt" if late else "cancel")
+                if since == now or how == "close":
+                    log.info("GID %d waits for local backend %d (%s, not certified): %s",
+                             gid, pid, state, "closing the session" if how == "close"
+                             else "aborting its transaction")
+                if await self._q("SELECT chorus.abort_local(%s, %s, %s)", (pid, gid, how)) and since == now:
+                    self.counters.local_aborts += 1
 
     # ---- admin --------------------------------------------------------------------------
 

@@ -113,6 +113,7 @@ class Writeset:
     keys: tuple[Key, ...]
     flags: int = 0
     ddl: Optional[Ddl] = None
+    raw: bytes = field(default=b"", compare=False, repr=False)  # the encoded form, when decoded
 
 
 def quote_ident(name: str) -> str:
@@ -260,7 +261,7 @@ def _decode(buf: bytes) -> Writeset:
         ddl = Ddl(statement, search_path, role)
     if pos != n:
         raise WireError(f"{n - pos} trailing bytes after writeset")
-    return Writeset(xid, pid, last_seen, tuple(tables), tuple(rows), tuple(keys), flags, ddl)
+    return Writeset(xid, pid, last_seen, tuple(tables), tuple(rows), tuple(keys), flags, ddl, buf)
 
 
 _MODES = {1: KeyMode.REFERENCE, 2: KeyMode.UPDATE, 3: KeyMode.EXCLUSIVE}
