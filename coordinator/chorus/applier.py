@@ -156,15 +156,8 @@ class ApplySession:
             else:
                 await self._apply_pipelined(conn, gid, wait_for, ws)
             await conn.commit()
-        except psycopg.OperationalError as e:
-            await self._reset()
-            raise TransientApplyError(f"GID {gid}: connection problem: {e}") from e
         except psycopg.Error as e:
-            await self._rollback()
-            state = e.sqlstate or ""
-            if state in TRANSIENT_SQLSTATES:
-                raise TransientApplyError(f"GID {gid}: {state} {e}") from e
-            raise ApplyError(f"GID {gid}: {state} {e}") from e
+            raise await self._failure(gid, e) from e
         except ApplyError:
             await self._rollback()
             raise
@@ -223,16 +216,21 @@ class ApplySession:
                                     "as %s", gid, ddl.role, conn.info.user)
                     await cur.execute(ddl.statement.encode("utf-8"))
             await conn.commit()
-        except psycopg.OperationalError as e:
-            await self._reset()
-            raise TransientApplyError(f"GID {gid}: connection problem: {e}") from e
         except psycopg.Error as e:
-            await self._rollback()
-            state = e.sqlstate or ""
-            if state in TRANSIENT_SQLSTATES:
-                raise TransientApplyError(f"GID {gid}: {state} {e}") from e
-            raise ApplyError(f"GID {gid}: the schema change that succeeded on its origin failed "
-                             f"here: {state} {str(e).strip()} (statement: {ddl.statement[:200]})") from e
+            raise await self._failure(gid, e, "the schema change that succeeded on its origin failed here: ",
+                                      f" (statement: {ddl.statement[:200]})") from e
+
+    async def _failure(self, gid: int, e: psycopg.Error, what: str = "", tail: str = "") -> Exception:
+        """Clean up the session after a failed apply and say what to raise: a lost connection or a
+        transient SQLSTATE is retried (TransientApplyError), anything else stops the node."""
+        if isinstance(e, psycopg.OperationalError):
+            await self._reset()
+            return TransientApplyError(f"GID {gid}: connection problem: {e}")
+        await self._rollback()
+        state = e.sqlstate or ""
+        if state in TRANSIENT_SQLSTATES:
+            return TransientApplyError(f"GID {gid}: {state} {e}")
+        return ApplyError(f"GID {gid}: {what}{state} {str(e).strip()}{tail}")
 
     @staticmethod
     def _check(rowcount: int, gid: int, t: wire.Table, row: wire.Row) -> None:
