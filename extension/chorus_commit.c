@@ -325,6 +325,60 @@ chorus_ddl_confirm(void)
 }
 
 /*
+ * chorus_wait_committed
+ *		Sleep until this node has committed GID gid, at most timeout_ms (-1: no
+ *		limit). Returns the committed GID: below gid if the time ran out. what
+ *		says who waits, for the error if the node is reset meanwhile.
+ */
+static uint64
+chorus_wait_committed(uint64 gid, int timeout_ms, const char *what)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), Max(timeout_ms, 0));
+	uint64		committed;
+
+	ConditionVariablePrepareToSleep(&chorus_shared->commit_cv);
+	for (;;)
+	{
+		bool		ready;
+		long		left;
+
+		LWLockAcquire(chorus_shared->lock, LW_SHARED);
+		committed = chorus_shared->committed_gid;
+		ready = chorus_shared->ready;
+		LWLockRelease(chorus_shared->lock);
+		if (!ready)
+		{
+			ConditionVariableCancelSleep();
+			ereport(ERROR, (errcode(ERRCODE_CONNECTION_FAILURE),
+							errmsg("chorus: the node was reset while %s", what)));
+		}
+		if (committed >= gid)
+			break;
+		if (timeout_ms < 0)
+		{
+			ConditionVariableSleep(&chorus_shared->commit_cv, PG_WAIT_EXTENSION);
+			continue;
+		}
+		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+		if (left <= 0)
+			break;
+		(void) ConditionVariableTimedSleep(&chorus_shared->commit_cv, left, PG_WAIT_EXTENSION);
+	}
+	ConditionVariableCancelSleep();
+	return committed;
+}
+
+/*
+ * chorus_wait_for_turn
+ *		Sleep until every certified writeset before ours has committed here.
+ */
+void
+chorus_wait_for_turn(uint64 wait_for)
+{
+	(void) chorus_wait_committed(wait_for, -1, "this transaction waited to commit");
+}
+
+/*
  * chorus_sync_wait
  *		Causal reads: ask the coordinator for a marker through the total order
  *		(frame 'S'); its answer is the last GID certified before the marker.
@@ -339,7 +393,7 @@ chorus_sync_wait(int timeout_ms)
 	uint64		gid,
 				wait_for;
 	char	   *msg;
-	TimestampTz deadline;
+	uint64		committed;
 
 	chorus_send_frame('S', NULL, 0);
 	verdict = chorus_read_verdict(&gid, &wait_for, &msg);
@@ -347,61 +401,13 @@ chorus_sync_wait(int timeout_ms)
 		ereport(ERROR,
 				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
 				 errmsg("chorus: causal read refused: %s", msg)));
-	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
-	ConditionVariablePrepareToSleep(&chorus_shared->commit_cv);
-	for (;;)
-	{
-		uint64		committed;
-		long		left;
-
-		LWLockAcquire(chorus_shared->lock, LW_SHARED);
-		committed = chorus_shared->committed_gid;
-		LWLockRelease(chorus_shared->lock);
-		if (committed >= gid)
-			break;
-		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
-		if (left <= 0)
-		{
-			ConditionVariableCancelSleep();
-			ereport(ERROR,
-					(errcode(ERRCODE_QUERY_CANCELED),
-					 errmsg("chorus: causal read timed out: this node has committed GID %llu, the cluster was at GID %llu",
-							(unsigned long long) committed, (unsigned long long) gid),
-					 errhint("The node lags behind the cluster; raise chorus.causal_reads_timeout or read elsewhere.")));
-		}
-		(void) ConditionVariableTimedSleep(&chorus_shared->commit_cv, Min(left, 100), PG_WAIT_EXTENSION);
-	}
-	ConditionVariableCancelSleep();
-}
-
-/*
- * chorus_wait_for_turn
- *		Sleep until every certified writeset before ours has committed here.
- */
-void
-chorus_wait_for_turn(uint64 wait_for)
-{
-	ConditionVariablePrepareToSleep(&chorus_shared->commit_cv);
-	for (;;)
-	{
-		uint64		committed;
-		bool		ready;
-
-		LWLockAcquire(chorus_shared->lock, LW_SHARED);
-		committed = chorus_shared->committed_gid;
-		ready = chorus_shared->ready;
-		LWLockRelease(chorus_shared->lock);
-		if (!ready)
-		{
-			ConditionVariableCancelSleep();
-			ereport(ERROR, (errcode(ERRCODE_CONNECTION_FAILURE),
-							errmsg("chorus: the node was reset while this transaction waited to commit")));
-		}
-		if (committed >= wait_for)
-			break;
-		ConditionVariableSleep(&chorus_shared->commit_cv, PG_WAIT_EXTENSION);
-	}
-	ConditionVariableCancelSleep();
+	committed = chorus_wait_committed(gid, timeout_ms, "this session waited for a causal read");
+	if (committed < gid)
+		ereport(ERROR,
+				(errcode(ERRCODE_QUERY_CANCELED),
+				 errmsg("chorus: causal read timed out: this node has committed GID %llu, the cluster was at GID %llu",
+						(unsigned long long) committed, (unsigned long long) gid),
+				 errhint("The node lags behind the cluster; raise chorus.causal_reads_timeout or read elsewhere.")));
 }
 
 /*
