@@ -63,6 +63,8 @@ typedef struct ApplyTable
 	SPIPlanPtr	plans[3];		/* insert, update, delete */
 	Oid		   *coltypes;		/* local types of the columns, InvalidOid for generated */
 	int32	   *coltypmods;
+	FmgrInfo   *colinput;		/* their input functions */
+	Oid		   *colioparam;
 } ApplyTable;
 
 /* plans survive across calls, keyed by their SQL text */
@@ -154,11 +156,14 @@ static void
 resolve_types(ApplyTable *t)
 {
 	Oid			relid;
+	Oid			typinput;
 	int			i;
 
 	relid = RangeVarGetRelid(makeRangeVar(t->nspname, t->relname, -1), RowExclusiveLock, false);
 	t->coltypes = palloc0(sizeof(Oid) * Max(t->ncols, 1));
 	t->coltypmods = palloc0(sizeof(int32) * Max(t->ncols, 1));
+	t->colinput = palloc0(sizeof(FmgrInfo) * Max(t->ncols, 1));
+	t->colioparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
 	for (i = 0; i < t->ncols; i++)
 	{
 		HeapTuple	tup;
@@ -175,6 +180,8 @@ resolve_types(ApplyTable *t)
 		t->coltypes[i] = att->atttypid;
 		t->coltypmods[i] = att->atttypmod;
 		ReleaseSysCache(tup);
+		getTypeInputInfo(t->coltypes[i], &typinput, &t->colioparam[i]);
+		fmgr_info(typinput, &t->colinput[i]);
 	}
 }
 
@@ -235,15 +242,14 @@ static SPIPlanPtr
 table_plan(ApplyTable *t, int op)
 {
 	StringInfoData sql;
-	Oid		   *types = palloc(sizeof(Oid) * (t->ncols + t->nident + 1));
+	Oid		   *types;
 	int			n = 0,
 				i;
 	bool		first = true;
 
 	if (t->plans[op] != NULL)
 		return t->plans[op];
-	if (t->coltypes == NULL)
-		resolve_types(t);
+	types = palloc(sizeof(Oid) * (t->ncols + t->nident + 1));
 	initStringInfo(&sql);
 	if (op == 0)
 	{
@@ -300,17 +306,8 @@ table_plan(ApplyTable *t, int op)
 static Datum
 to_datum(ApplyTable *t, int col, char *text, char *isnull)
 {
-	Oid			typinput,
-				typioparam;
-
-	if (text == NULL)
-	{
-		*isnull = 'n';
-		return (Datum) 0;
-	}
-	*isnull = ' ';
-	getTypeInputInfo(t->coltypes[col], &typinput, &typioparam);
-	return OidInputFunctionCall(typinput, text, typioparam, t->coltypmods[col]);
+	*isnull = (text == NULL) ? 'n' : ' ';
+	return InputFunctionCall(&t->colinput[col], text, t->colioparam[col], t->coltypmods[col]);
 }
 
 static void
