@@ -710,9 +710,11 @@ class Coordinator:
                 del self._waiters[g]
             waiting = {w.pid(): g for g, w in self._waiters.items()
                        if now - w.since >= BLOCKER_CHECK_S and w.pid()}
+            live = set(waiting.values())
+            for k in [k for k in first_seen if k[0] not in live]:
+                del first_seen[k]
+            ended = {e for e in ended if e[0] in live}
             if not waiting:
-                first_seen.clear()
-                ended.clear()
                 continue
             try:
                 rows = await self._q_all(
@@ -722,9 +724,6 @@ class Coordinator:
                 await self._abort_blockers(rows, waiting, grace, first_seen, ended)
             except psycopg.Error as e:
                 log.warning("checking what blocks the appliers: %s", str(e).strip())
-            live = set(waiting.values())
-            for k in [k for k in first_seen if k[0] not in live]:
-                del first_seen[k]
 
     async def _abort_blockers(self, rows: list[tuple[Any, ...]], waiting: dict[int, int], grace: float,
                               first_seen: dict[tuple[int, int, Any], float],
@@ -795,8 +794,6 @@ class Coordinator:
                              "paused_by": sorted(r.paused_by) if r else []},
             "pending": len(self.pending),
             "pending_head": [self._describe_pending(g) for g in sorted(self.pending)[:5]],
-            "local_waiting": sorted((g, p.backend.pid) for g, p in self.pending.items()
-                                    if p.backend is not None)[:50],
             "workers": len(self.workers),
             "workers_busy": len(self.workers) - len(self.idle),
             "last_apply_ms": round(self.last_apply_ms, 3),
