@@ -88,3 +88,17 @@ def cluster() -> Iterator[Cluster]:
         d = chorus("local", "down", "--dir", directory)
         if d.returncode == 0 and not os.environ.get("CHORUS_KEEP_TEST_DIR"):
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def commit_all(conns: list[psycopg.Connection[Any]]) -> list[str]:
+    """Commit each open transaction in turn and close its connection: the outcomes ("ok" or the
+    SQLSTATE), in commit order."""
+    out = []
+    for c in conns:
+        try:
+            c.commit()
+            out.append("ok")
+        except psycopg.Error as e:
+            out.append(e.sqlstate or "?")
+        c.close()
+    return out

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from chorus import workload as wl
-from conftest import Cluster
+from conftest import Cluster, commit_all
 
 pytestmark = pytest.mark.integration
 
@@ -93,27 +93,13 @@ def test_set_holds_exactly_the_acknowledged_rows(cluster: Cluster) -> None:
         assert not extra, f"{name}: rows nobody was told committed: {sorted(extra)[:10]}"
 
 
-def _commit_all(conns: list[psycopg.Connection[Any]]) -> list[str]:
-    """Commit each open transaction in turn and close its connection: the outcomes ("ok" or the
-    SQLSTATE), in commit order."""
-    out = []
-    for c in conns:
-        try:
-            c.commit()
-            out.append("ok")
-        except psycopg.Error as e:
-            out.append(e.sqlstate or "?")
-        c.close()
-    return out
-
-
 def _two_nodes_commit(cluster: Cluster, statements: tuple[str, str]) -> list[str]:
     """Run one statement on node 0 and one on node 1, each in its own open transaction, then
     commit both."""
     conns = [cluster.connect(i, autocommit=False) for i in (0, 1)]
     for c, stmt in zip(conns, statements):
         c.execute(stmt)
-    return _commit_all(conns)
+    return commit_all(conns)
 
 
 @pytest.mark.parametrize("index, rows", [
@@ -183,7 +169,7 @@ def test_children_of_one_parent_from_two_nodes_both_commit(cluster: Cluster) -> 
     child.execute("INSERT INTO jepsen_child (parent, node) VALUES (100001, 'n1')")
     deleter = cluster.connect(2, autocommit=False)
     deleter.execute("DELETE FROM jepsen_parent WHERE id = 100001")
-    outcomes = _commit_all([child, deleter])
+    outcomes = commit_all([child, deleter])
     assert sorted(outcomes) == ["40001", "ok"], outcomes
     cluster.assert_identical()
 
@@ -199,7 +185,7 @@ def test_lost_update_is_impossible(cluster: Cluster) -> None:
         c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         v = c.execute("SELECT v FROM iso_acct WHERE id = 1").fetchone()[0]
         c.execute("UPDATE iso_acct SET v = %s WHERE id = 1", (v + 10,))
-    results = _commit_all(conns)
+    results = commit_all(conns)
     assert sorted(results) == ["40001", "ok"], results
     cluster.assert_identical()
     with cluster.connect(2) as c:

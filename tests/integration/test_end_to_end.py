@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from conftest import Cluster, chorus
+from conftest import Cluster, chorus, commit_all
 
 pytestmark = pytest.mark.integration
 
@@ -130,14 +130,7 @@ def test_unique_value_collision_from_two_nodes(cluster: Cluster) -> None:
     conns = [cluster.connect(i, autocommit=False) for i in (0, 1)]
     for i, c in enumerate(conns):
         c.execute("INSERT INTO kv (k, v, u) VALUES (%s, 'x', 'same-unique')", (300 + i,))
-    results = []
-    for c in conns:
-        try:
-            c.commit()
-            results.append("ok")
-        except psycopg.Error as e:
-            results.append(e.sqlstate)
-        c.close()
+    results = commit_all(conns)
     assert sorted(results) == ["40001", "ok"]
     cluster.assert_identical()
 
