@@ -24,7 +24,7 @@ from chorus import backendproto as bpf
 from chorus import busproto as bp
 from chorus import wire
 from chorus.applier import ApplyError, ApplySession, TransientApplyError
-from chorus.bus import Bus, BusError, Delivery, View
+from chorus.bus import Bus, BusError, View
 from chorus.certifier import key_hash
 from chorus.config import NodeConfig
 from chorus.replicator import (Apply, DdlOutcome, Joined, LocalVerdict, Phase, PhaseChange, Replicator,
@@ -79,6 +79,7 @@ class _Pending:
     ddl_ok: Optional[bool] = None
     ddl_known: Optional[asyncio.Event] = None
     ddl_failure_sent: bool = False
+    delivered_at: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         if self.writeset.ddl is not None:
@@ -96,6 +97,8 @@ class Counters:
     local_aborts: int = 0
     bus_batches: int = 0  # bus messages carrying local writesets
     bus_writesets: int = 0  # local writesets sent
+    max_workers_busy: int = 0  # the most apply sessions ever busy at once
+    overlapped_applies: int = 0  # applies dispatched while another was still running
 
 
 class Coordinator:
@@ -263,6 +266,14 @@ class Coordinator:
             await self._q("SELECT chorus.set_online(%s)", (online,))
         except psycopg.Error as e:
             log.warning("cannot set online=%s: %s", online, str(e).strip())
+
+    async def _check_database(self, why: str) -> None:
+        """An apply session lost its connection: if only that session ended (terminated by an
+        administrator, say) its writeset is simply retried; if PostgreSQL went away, recover."""
+        try:
+            await self._q("SELECT 1")
+        except psycopg.Error:
+            await self._database_lost(why)
 
     async def _database_lost(self, why: str) -> None:
         """PostgreSQL restarted or vanished: reconnect, re-read the durable GID, re-apply."""
@@ -647,8 +658,13 @@ class Coordinator:
                 self.replay_busy = True
                 asyncio.create_task(self._apply(self.replay_session, gid, replay=True))
         for gid in self.scheduler.ready_remote(len(self.idle)):
+            if len(self.idle) < len(self.workers):
+                self.counters.overlapped_applies += 1
             session = self.idle.pop()
             asyncio.create_task(self._apply(session, gid, replay=False))
+        busy = len(self.workers) - len(self.idle)
+        if busy > self.counters.max_workers_busy:
+            self.counters.max_workers_busy = busy
 
     async def _apply(self, session: ApplySession, gid: int, replay: bool) -> None:
         p = self.pending.get(gid)
@@ -675,7 +691,7 @@ class Coordinator:
             log.info("retrying GID %d: %s", gid, e)
             self.scheduler.redispatch(gid)
             if "connection problem" in str(e):
-                asyncio.create_task(self._database_lost(str(e)))
+                asyncio.create_task(self._check_database(str(e)))
             await asyncio.sleep(0.01)
         except ApplyError as e:
             self.fatal = f"cannot apply certified writeset: {e}"
@@ -782,6 +798,7 @@ class Coordinator:
             "delivered_gid": r.gid if r else 0,
             "certified_gid": r.last_certified if r else 0,
             "lag_gids": max(0, r.last_certified - self.watermark) if r else 0,
+            "lag_ms": self._lag_ms(),
             "local_commits": self.counters.local_commits,
             "certification_failures": r.stats.cert_failures if r else 0,
             "local_certification_failures": r.stats.local_failed if r else 0,
@@ -796,6 +813,8 @@ class Coordinator:
             "pending_head": [self._describe_pending(g) for g in sorted(self.pending)[:5]],
             "workers": len(self.workers),
             "workers_busy": len(self.workers) - len(self.idle),
+            "max_workers_busy": self.counters.max_workers_busy,
+            "overlapped_applies": self.counters.overlapped_applies,
             "last_apply_ms": round(self.last_apply_ms, 3),
             "certification_index_keys": len(r.certifier) if r else 0,
             "certification_horizon": r.certifier.horizon if r else 0,
@@ -806,6 +825,13 @@ class Coordinator:
             "bus_writesets": self.counters.bus_writesets,
             "uptime_s": round(time.time() - self.started, 1),
         }
+
+    def _lag_ms(self) -> float:
+        """How long the oldest certified writeset not committed here has been waiting."""
+        if not self.pending:
+            return 0.0
+        oldest = min(p.delivered_at for p in self.pending.values())
+        return round((time.monotonic() - oldest) * 1000, 1)
 
     def _describe_pending(self, gid: int) -> dict[str, Any]:
         p = self.pending[gid]
