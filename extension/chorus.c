@@ -390,7 +390,20 @@ chorus_node_init(PG_FUNCTION_ARGS)
 		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						errmsg("chorus: GID must not be negative")));
 	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
+
+	/*
+	 * A restarted coordinator (PostgreSQL kept running): shared memory knows
+	 * the live watermark, which may be past the durable GID the coordinator
+	 * read if a backend committed meanwhile. Sessions still waiting for a turn
+	 * the old coordinator gave them fail (the epoch changes): the new one
+	 * applies their writesets from the cluster.
+	 */
+	if (chorus_shared->ready && chorus_shared->committed_gid > (uint64) gid)
+		gid = (int64) chorus_shared->committed_gid;
 	chorus_shared->committed_gid = (uint64) gid;
+	if (!chorus_shared->ready || chorus_shared->claimed_gid < (uint64) gid)
+		chorus_shared->claimed_gid = (uint64) gid;
+	chorus_shared->epoch++;
 	chorus_shared->base_gid = (uint64) gid;
 	chorus_shared->ring_count = 0;
 	chorus_shared->online = false;
@@ -458,6 +471,7 @@ chorus_apply_begin(PG_FUNCTION_ARGS)
 {
 	int64		gid = PG_GETARG_INT64(0);
 	int64		wait_for = PG_GETARG_INT64(1);
+	uint64		committed;
 
 	if (gid <= 0 || wait_for < 0 || wait_for >= gid)
 		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -466,6 +480,12 @@ chorus_apply_begin(PG_FUNCTION_ARGS)
 	if (chorus_xact.nrows > 0)
 		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 						errmsg("chorus: apply_begin() in a transaction that already captured rows")));
+	LWLockAcquire(chorus_shared->lock, LW_SHARED);
+	committed = chorus_shared->committed_gid;
+	LWLockRelease(chorus_shared->lock);
+	if ((uint64) gid <= committed)
+		ereport(ERROR, (errcode(ERRCODE_CHORUS_ALREADY_COMMITTED),
+						errmsg("chorus: GID %lld is already committed on this node", (long long) gid)));
 	chorus_xact.applying = true;
 	chorus_xact.gid = (uint64) gid;
 	chorus_xact.wait_for = (uint64) wait_for;

@@ -40,6 +40,8 @@ typedef struct ChorusShared
 	bool		online;			/* writes allowed (primary component) */
 	bool		paused;			/* flow control: new write statements wait */
 	uint64		committed_gid;	/* the watermark: last GID committed here */
+	uint64		claimed_gid;	/* the last GID a session took its commit turn for */
+	uint64		epoch;			/* bumped by each node_init: waits of an older coordinator end */
 	uint64		base_gid;		/* watermark at node_init; the ring starts after it */
 	uint64		ring_count;		/* entries ever appended since node_init */
 	ChorusCommit ring[CHORUS_RING_SIZE];
@@ -56,6 +58,9 @@ extern ChorusShared *chorus_shared;
  * and nothing but the cluster's verdict decides its fate.
  */
 #define CHORUS_ABORT_PROTECTED PG_UINT64_MAX
+
+/* SQLSTATE of an apply whose GID this node has committed already (a no-op, not a failure) */
+#define ERRCODE_CHORUS_ALREADY_COMMITTED MAKE_SQLSTATE('C','H','0','0','1')
 
 typedef struct ChorusAbortSlot
 {
@@ -147,6 +152,7 @@ typedef struct ChorusXact
 	bool		certified;		/* the coordinator said COMMIT */
 	bool		ddl;			/* a schema change ordered by chorus_ddl_order() */
 	bool		origin_held;
+	bool		claimed;		/* this transaction claimed its GID's commit turn */
 	bool		sync_commit_saved;	/* synchronous_commit changed for this commit */
 	int			saved_sync_commit;
 	uint64		gid;

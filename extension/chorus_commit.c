@@ -335,7 +335,11 @@ chorus_wait_committed(uint64 gid, int timeout_ms, const char *what)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), Max(timeout_ms, 0));
 	uint64		committed;
+	uint64		epoch;
 
+	LWLockAcquire(chorus_shared->lock, LW_SHARED);
+	epoch = chorus_shared->epoch;
+	LWLockRelease(chorus_shared->lock);
 	ConditionVariablePrepareToSleep(&chorus_shared->commit_cv);
 	for (;;)
 	{
@@ -344,13 +348,13 @@ chorus_wait_committed(uint64 gid, int timeout_ms, const char *what)
 
 		LWLockAcquire(chorus_shared->lock, LW_SHARED);
 		committed = chorus_shared->committed_gid;
-		ready = chorus_shared->ready;
+		ready = chorus_shared->ready && chorus_shared->epoch == epoch;
 		LWLockRelease(chorus_shared->lock);
 		if (!ready)
 		{
 			ConditionVariableCancelSleep();
 			ereport(ERROR, (errcode(ERRCODE_CONNECTION_FAILURE),
-							errmsg("chorus: the node was reset while %s", what)));
+							errmsg("chorus: the node was reset (its coordinator restarted) while %s", what)));
 		}
 		if (committed >= gid)
 			break;
@@ -376,6 +380,56 @@ void
 chorus_wait_for_turn(uint64 wait_for)
 {
 	(void) chorus_wait_committed(wait_for, -1, "this transaction waited to commit");
+}
+
+/*
+ * chorus_claim_turn
+ *		After the wait for our turn: take GID chorus_xact.gid. Exactly one
+ *		session commits each GID: an apply of a GID committed here already
+ *		(a local backend of a restarted coordinator committed it, or a
+ *		recovery stream repeats it) fails with ERRCODE_CHORUS_ALREADY_COMMITTED,
+ *		which the applier treats as done.
+ */
+static void
+chorus_claim_turn(void)
+{
+	uint64		gid = chorus_xact.gid;
+	uint64		committed,
+				claimed;
+
+	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
+	committed = chorus_shared->committed_gid;
+	claimed = chorus_shared->claimed_gid;
+	if (gid > committed && gid > claimed)
+	{
+		chorus_shared->claimed_gid = gid;
+		chorus_xact.claimed = true;
+	}
+	LWLockRelease(chorus_shared->lock);
+	if (gid <= committed)
+		ereport(ERROR, (errcode(ERRCODE_CHORUS_ALREADY_COMMITTED),
+						errmsg("chorus: GID %llu is already committed on this node",
+							   (unsigned long long) gid)));
+	if (!chorus_xact.claimed)
+		ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						errmsg("chorus: GID %llu is being committed by another session",
+							   (unsigned long long) gid)));
+}
+
+/*
+ * chorus_unclaim_turn
+ *		An aborted transaction gives its GID back, so a replay can take it.
+ */
+static void
+chorus_unclaim_turn(void)
+{
+	if (!chorus_xact.claimed)
+		return;
+	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
+	if (chorus_shared->claimed_gid == chorus_xact.gid)
+		chorus_shared->claimed_gid = chorus_shared->committed_gid;
+	LWLockRelease(chorus_shared->lock);
+	chorus_xact.claimed = false;
 }
 
 /*
@@ -558,12 +612,14 @@ chorus_xact_callback(XactEvent event, void *arg)
 							 errmsg("chorus: a replicated schema change cannot also write rows of replicated tables")));
 				chorus_xact.xid = GetTopTransactionId();
 				chorus_ddl_confirm();
+				chorus_claim_turn();
 				chorus_take_origin();
 			}
 			else if (chorus_xact.applying)
 			{
 				chorus_xact.xid = GetTopTransactionId();
 				chorus_wait_for_turn(chorus_xact.wait_for);
+				chorus_claim_turn();
 				chorus_take_origin();
 			}
 			else if (chorus_xact.nrows > 0)
@@ -581,6 +637,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 				chorus_hold_cancel();
 				chorus_request_verdict(chorus_xact.xid);
 				chorus_wait_for_turn(chorus_xact.wait_for);
+				chorus_claim_turn();
 				chorus_take_origin();
 			}
 			break;
@@ -603,6 +660,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 			chorus_xact_reset();
 			break;
 		case XACT_EVENT_ABORT:
+			chorus_unclaim_turn();
 			chorus_restore_sync_commit();
 			chorus_release_origin();
 			if (chorus_xact.certified)

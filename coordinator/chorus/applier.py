@@ -29,6 +29,8 @@ TRANSIENT_SQLSTATES = {
 }
 
 
+ALREADY_COMMITTED = "CH001"  # the extension: this GID is committed on this node already
+
 SYNC_EVERY = 1000  # statements between pipeline syncs in a large writeset
 
 
@@ -39,6 +41,11 @@ class ApplyError(Exception):
 
 class TransientApplyError(Exception):
     """Retry the writeset (deadlock, lock timeout, lost connection)."""
+
+
+class AlreadyCommitted(Exception):
+    """The GID is committed here already (by a local backend of an earlier coordinator, or an
+    earlier copy of the same writeset): nothing to do."""
 
 
 def _ident(name: str) -> sql.Identifier:
@@ -137,10 +144,18 @@ class ApplySession:
             finally:
                 self.conn = None
 
-    async def apply(self, gid: int, wait_for: int, ws: wire.Writeset, ddl_ok: bool = True) -> None:
+    async def apply(self, gid: int, wait_for: int, ws: wire.Writeset, ddl_ok: bool = True) -> bool:
         """Apply and commit ``ws`` as GID ``gid``; raise TransientApplyError or ApplyError. A
         schema change runs once every earlier GID has committed here; one that failed on its
-        origin (``ddl_ok`` false) commits nothing but its GID."""
+        origin (``ddl_ok`` false) commits nothing but its GID. False if the GID was committed
+        here already (nothing applied)."""
+        try:
+            await self._apply(gid, wait_for, ws, ddl_ok)
+            return True
+        except AlreadyCommitted:
+            return False
+
+    async def _apply(self, gid: int, wait_for: int, ws: wire.Writeset, ddl_ok: bool) -> None:
         if self.conn is None or self.conn.closed:
             await self.connect()
         conn = self.conn
@@ -228,9 +243,23 @@ class ApplySession:
             return TransientApplyError(f"GID {gid}: connection problem: {e}")
         await self._rollback()
         state = e.sqlstate or ""
+        if state == ALREADY_COMMITTED or await self._committed_here(gid):
+            # e.g. a duplicate key because a local backend of the previous coordinator committed
+            # the same writeset while this apply waited for its row locks
+            return AlreadyCommitted(f"GID {gid}")
         if state in TRANSIENT_SQLSTATES:
             return TransientApplyError(f"GID {gid}: {state} {e}")
         return ApplyError(f"GID {gid}: {what}{state} {str(e).strip()}{tail}")
+
+    async def _committed_here(self, gid: int) -> bool:
+        try:
+            assert self.conn is not None
+            cur = await self.conn.execute("SELECT chorus.committed_gid() >= %s", (gid,))
+            row = await cur.fetchone()
+            await self.conn.rollback()
+            return bool(row and row[0])
+        except (psycopg.Error, AssertionError):
+            return False
 
     @staticmethod
     def _check(rowcount: int, gid: int, t: wire.Table, row: wire.Row) -> None:

@@ -13,6 +13,9 @@ types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32
 | ``P`` | :class:`Progress` | every online node, periodically: its committed GID (purge horizon) |
 | ``F`` | :class:`FlowControl` | a node whose apply queue is too long (pause) or drained again (resume) |
 | ``D`` | :class:`DdlResult` | the origin of a schema change: it ran (the others run it too) or failed (all skip it) |
+| ``S`` | :class:`SyncMarker` | a node serving causal reads: how far to catch up |
+| ``L`` | :class:`LogQuery` | a recovering node: which GID ranges do your writeset logs hold? |
+| ``I`` | :class:`LogInfo` | every online node, answering an ``L``: its log's range, load and recovery address |
 """
 
 from __future__ import annotations
@@ -103,8 +106,26 @@ class SyncMarker:
     token: int
 
 
+@dataclass(frozen=True)
+class LogQuery:
+    node: str  # the recovering node
+    request_id: str
+
+
+@dataclass(frozen=True)
+class LogInfo:
+    node: str  # the recovering node that asked
+    request_id: str
+    partner: str  # the answering node
+    address: str  # host:port of its recovery server
+    after_min: int  # it can stream every certified GID after this one ...
+    high: int  # ... up to this one (the last in its log)
+    committed: int  # its committed GID
+    load: int  # writesets it has certified and not yet committed (how busy it is)
+
+
 Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress, FlowControl,
-                DdlResult, SyncMarker]
+                DdlResult, SyncMarker, LogQuery, LogInfo]
 
 
 class _R:
@@ -183,6 +204,11 @@ def encode(m: Message) -> bytes:
                 + _s(m.error[:4000]))
     if isinstance(m, SyncMarker):
         return head + b"S" + _s(m.node) + struct.pack(">Q", m.token)
+    if isinstance(m, LogQuery):
+        return head + b"L" + _s(m.node) + _s(m.request_id)
+    if isinstance(m, LogInfo):
+        return (head + b"I" + _s(m.node) + _s(m.request_id) + _s(m.partner) + _s(m.address)
+                + struct.pack(">QQQQ", m.after_min, m.high, m.committed, m.load))
     raise TypeError(f"not a bus message: {m!r}")
 
 
@@ -225,6 +251,10 @@ def decode(b: bytes) -> Message:
         m = DdlResult(node, gid, ok, r.s())
     elif t == b"S":
         m = SyncMarker(r.s(), r.u64())
+    elif t == b"L":
+        m = LogQuery(r.s(), r.s())
+    elif t == b"I":
+        m = LogInfo(r.s(), r.s(), r.s(), r.s(), r.u64(), r.u64(), r.u64(), r.u64())
     else:
         raise BusProtoError(f"unknown bus message type {t!r}")
     r.end()

@@ -14,6 +14,17 @@ dsn = "host=/d/nodes/n1/run port=5433 dbname=postgres user=postgres"
 group = "chorus"
 [apply]
 workers = 4
+[log]                        # the writeset log (docs/RECOVERY.md)
+dir = "/d/nodes/n1/wslog"
+segment_mb = 64
+total_mb = 4096
+[recovery]                   # partial recovery: streams between nodes over TLS
+listen = "127.0.0.1:7433"
+advertise = "127.0.0.1:7433"  # where the others connect (default: listen)
+tls_cert = "/d/keys/cluster.crt"
+tls_key = "/d/keys/cluster.key"
+secret_file = "/d/keys/cluster.secret"
+partners = ["n2"]            # preferred recovery partners, in order (default: least loaded)
 ```
 """
 
@@ -44,6 +55,19 @@ class NodeConfig:
     flow_pause_at: int = 50  # certified writesets not committed here yet: ask the cluster to pause
     flow_resume_at: int = 10  # ... and release the request at or below this
     apply_method: str = "c"  # "c": chorus.apply_writeset in the extension; "sql": statements from Python
+    log_dir: str = ""  # default: <data_dir>/wslog
+    log_segment_mb: int = 64
+    log_total_mb: int = 4096  # about a day of moderate traffic (100 writesets/s of ~400 bytes)
+    recovery_listen: str = ""  # host:port; "" = no recovery server (this node cannot be a partner)
+    recovery_advertise: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    secret_file: str = ""
+    recovery_partners: tuple[str, ...] = ()
+
+    @property
+    def wslog_dir(self) -> str:
+        return self.log_dir or os.path.join(self.data_dir, "wslog")
 
 
 _SCHEMA: dict[str, dict[str, tuple[str, type, bool]]] = {
@@ -63,6 +87,15 @@ _SCHEMA: dict[str, dict[str, tuple[str, type, bool]]] = {
               "flow_pause_at": ("flow_pause_at", int, False),
               "flow_resume_at": ("flow_resume_at", int, False),
               "method": ("apply_method", str, False)},
+    "log": {"dir": ("log_dir", str, False),
+            "segment_mb": ("log_segment_mb", int, False),
+            "total_mb": ("log_total_mb", int, False)},
+    "recovery": {"listen": ("recovery_listen", str, False),
+                 "advertise": ("recovery_advertise", str, False),
+                 "tls_cert": ("tls_cert", str, False),
+                 "tls_key": ("tls_key", str, False),
+                 "secret_file": ("secret_file", str, False),
+                 "partners": ("recovery_partners", list, False)},
 }
 
 
@@ -86,6 +119,10 @@ def load_config(path: str) -> NodeConfig:
             fieldname, typ, _ = _SCHEMA[section][key]
             if not isinstance(value, typ) or isinstance(value, bool) and typ is int:
                 raise ChorusConfigError(f"{path}: {section}.{key} must be a {typ.__name__}")
+            if typ is list:
+                if not all(isinstance(v, str) for v in value):
+                    raise ChorusConfigError(f"{path}: {section}.{key} must be a list of strings")
+                value = tuple(value)
             values[fieldname] = value
     for section, keys in _SCHEMA.items():
         for key, (fieldname, _, required) in keys.items():
@@ -97,6 +134,10 @@ def load_config(path: str) -> NodeConfig:
         raise ChorusConfigError(f"{path}: apply.flow_resume_at must be below apply.flow_pause_at")
     if values.get("apply_method", "c") not in ("c", "sql"):
         raise ChorusConfigError(f"{path}: apply.method must be \"c\" or \"sql\"")
+    if values.get("log_segment_mb", 64) < 1 or values.get("log_total_mb", 4096) < 2 * values.get("log_segment_mb", 64):
+        raise ChorusConfigError(f"{path}: log.total_mb must hold at least two segments of log.segment_mb")
+    if values.get("recovery_listen") and not all(values.get(k) for k in ("tls_cert", "tls_key", "secret_file")):
+        raise ChorusConfigError(f"{path}: recovery.listen needs recovery.tls_cert, tls_key and secret_file")
     if values.get("log_level", "info").lower() not in ("debug", "info", "warning", "error"):
         raise ChorusConfigError(f"{path}: node.log_level must be debug, info, warning or error")
     return NodeConfig(**values)
@@ -125,6 +166,15 @@ def write_config(cfg: NodeConfig, path: str) -> None:
         f"flow_pause_at = {cfg.flow_pause_at}\n"
         f"flow_resume_at = {cfg.flow_resume_at}\n"
         f"method = {_toml_str(cfg.apply_method)}\n"
+        "[log]\n"
+        + (f"dir = {_toml_str(cfg.log_dir)}\n" if cfg.log_dir else "")
+        + f"segment_mb = {cfg.log_segment_mb}\n"
+        f"total_mb = {cfg.log_total_mb}\n"
+        "[recovery]\n"
+        + "".join(f"{k} = {_toml_str(v)}\n" for k, v in (
+            ("listen", cfg.recovery_listen), ("advertise", cfg.recovery_advertise), ("tls_cert", cfg.tls_cert),
+            ("tls_key", cfg.tls_key), ("secret_file", cfg.secret_file)) if v)
+        + f"partners = [{', '.join(_toml_str(p) for p in cfg.recovery_partners)}]\n"
     )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:

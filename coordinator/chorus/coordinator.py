@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -22,15 +23,17 @@ import psycopg
 
 from chorus import backendproto as bpf
 from chorus import busproto as bp
+from chorus import recovery as rc
 from chorus import wire
 from chorus.applier import ApplyError, ApplySession, TransientApplyError
 from chorus.bus import Bus, BusError, View
 from chorus.certifier import key_hash
 from chorus.config import NodeConfig
-from chorus.replicator import (Apply, DdlOutcome, Joined, LocalVerdict, Phase, PhaseChange, Replicator,
-                               Send, SyncReached)
+from chorus.replicator import (Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried, Phase,
+                               PhaseChange, Replicator, Send, SyncReached)
 from chorus.scheduler import Scheduler
 from chorus.state import NodeState, load_state, save_state
+from chorus.wslog import LogError, WritesetLog
 
 log = logging.getLogger("chorus.coordinator")
 
@@ -40,6 +43,8 @@ BATCH_BYTES = 256 * 1024
 MAX_IN_FLIGHT = 1  # own writeset messages sent and not yet delivered
 BLOCKER_CHECK_S = 0.005  # how often (and after how long) applies have their lock blockers checked
 DB_RETRY_S = 0.5
+LOG_QUERY_WAIT_S = 1.0  # how long a recovering node collects answers to its LogQuery
+CATCHUP_WINDOW = 256  # catch-up writesets queued for apply at most
 
 
 class FatalError(Exception):
@@ -138,6 +143,14 @@ class Coordinator:
         self._flow_requested = False
         self._flow_paused = False  # what the extension was last told
         self._servers: list[asyncio.base_events.Server] = []
+        self.wslog = WritesetLog(cfg.wslog_dir, cfg.log_segment_mb << 20, cfg.log_total_mb << 20)
+        self.feeder = rc.LogFeeder(self.wslog)
+        self.keys = (rc.ClusterKeys(cfg.tls_cert, cfg.tls_key, cfg.secret_file)
+                     if cfg.tls_cert and cfg.tls_key and cfg.secret_file else None)
+        self.recovery_server: Optional[rc.RecoveryServer] = None
+        self.catchup: Optional[rc.Progress] = None  # the current or last partial recovery
+        self._held: Optional[list[Any]] = None  # live actions held while catching up
+        self._log_offers: dict[str, list[bp.LogInfo]] = {}
 
     # ---- start and stop -----------------------------------------------------------------
 
@@ -150,14 +163,20 @@ class Coordinator:
         self.watermark = durable
         if self.state.cluster_uuid and durable != self.state.last_gid:
             log.info("database is at GID %d (state file said %d)", durable, self.state.last_gid)
+        self._open_log(durable)
         self.replicator = Replicator(
             node=self.cfg.name,
             cluster_uuid=self.state.cluster_uuid,
             last_gid=durable,
-            bootstrap=self.state.bootstrap or self.state.safe_to_bootstrap,
+            bootstrap=self.state.bootstrap,  # only when told (`chorus bootstrap`; seed 8.2)
         )
         self._servers.append(await _unix_server(self._serve_backend, self.cfg.socket_path))
         self._servers.append(await _unix_server(self._serve_admin, self.cfg.admin_socket))
+        if self.cfg.recovery_listen and self.keys is not None:
+            self.recovery_server = rc.RecoveryServer(self.wslog, self.keys, lambda: self.replicator.cluster_uuid
+                                                     if self.replicator else "", lambda: self.watermark)
+            await self.recovery_server.start(self.cfg.recovery_listen)
+            log.info("recovery server listening on %s", self.cfg.recovery_listen)
         self.bus = self.bus_factory()
         await self.bus.join()
         log.info("node %s joined bus group as %s", self.cfg.name, self.bus.local_id)
@@ -199,6 +218,13 @@ class Coordinator:
             save_state(self.cfg.state_file, self.state)
         for t in self._tasks:
             t.cancel()
+        if self.recovery_server is not None:
+            await self.recovery_server.close()
+        try:
+            self.wslog.sync()
+            self.wslog.close()
+        except (LogError, OSError) as e:
+            log.warning("closing the writeset log: %s", e)
         if self.bus is not None:
             try:
                 await self.bus.leave()
@@ -243,10 +269,29 @@ class Coordinator:
             await cur.execute(query, params)
             return await cur.fetchall()
 
+    def _open_log(self, committed: int) -> None:
+        """Open the writeset log. Its records are not synced per commit (seed 9.5.1): after a
+        host crash it can end before the database's committed GID; it then starts again after
+        that GID (this node serves no older range; the records it lost are in the others' logs)."""
+        try:
+            self.wslog.open()
+        except (LogError, OSError) as e:
+            raise FatalError(f"cannot open the writeset log in {self.cfg.wslog_dir}: {e}") from e
+        if self.wslog.end_gid < committed:
+            if self.wslog.end_gid:
+                log.warning("the writeset log ends at GID %d but the database has committed GID %d (the "
+                            "log's unsynced tail was lost): starting the log again after GID %d",
+                            self.wslog.end_gid, committed, committed)
+            self.wslog.reset(committed)
+
     async def _init_node(self) -> int:
+        """Tell the extension the coordinator is (re)starting; the node's committed GID. After a
+        coordinator restart this can be past the durable GID read before (a backend committed
+        meanwhile)."""
         try:
             durable = int(await self._q("SELECT chorus.durable_gid()"))
             await self._q("SELECT chorus.node_init(%s)", (durable,))
+            durable = await self._committed_gid()
             await self._q("SELECT chorus.set_online(false)")
         except psycopg.errors.UndefinedFunction as e:
             raise FatalError("the chorus extension is not installed in this database "
@@ -349,13 +394,24 @@ class Coordinator:
         for a in actions:
             if isinstance(a, LocalVerdict):
                 self._local_verdict(a)
+            elif isinstance(a, (Apply, DdlOutcome)) and self._held is not None:
+                self._held.append(a)  # after the catch-up range
             elif isinstance(a, Apply):
+                self.feeder.certified(a.gid, a.origin, _raw(a.writeset), a.writeset.ddl is not None)
                 self.pending[a.gid] = _Pending(a.gid, a.wait_for, a.origin, a.writeset)
                 self.scheduler.add(a.gid, _keys(a.writeset), local=False,
                                    barrier=a.writeset.ddl is not None)
                 self._dispatch()
             elif isinstance(a, DdlOutcome):
+                self.feeder.outcome(a.gid, a.ok)
                 self._ddl_outcome(a)
+            elif isinstance(a, CatchUp):
+                asyncio.create_task(self._catch_up(a), name="catch-up")
+            elif isinstance(a, LogQueried):
+                self._answer_log_query(a)
+            elif isinstance(a, LogOffered):
+                if a.info.request_id in self._log_offers:
+                    self._log_offers[a.info.request_id].append(a.info)
             elif isinstance(a, SyncReached):
                 self._sync_reached(a)
             elif isinstance(a, Send):
@@ -550,6 +606,7 @@ class Coordinator:
                 b.writer.write(bpf.verdict_frame(kind, v.gid, 0, v.reason))
             return
         assert v.writeset is not None
+        self.feeder.certified(v.gid, self.cfg.name, _raw(v.writeset), v.writeset.ddl is not None)
         p = _Pending(v.gid, v.wait_for, self.cfg.name, v.writeset, b)
         self.pending[v.gid] = p
         self.scheduler.add(v.gid, _keys(v.writeset), local=True, barrier=v.writeset.ddl is not None)
@@ -589,6 +646,7 @@ class Coordinator:
         if p.backend is not None:
             p.backend.certified.discard(gid)
         self.counters.local_commits += 1
+        self.watermark = max(self.watermark, gid)  # commits are in GID order: all before it too
         self.scheduler.committed(gid)
         self._dispatch()
 
@@ -685,6 +743,7 @@ class Coordinator:
             else:
                 self.counters.applied += 1
             self.pending.pop(gid, None)
+            self.watermark = max(self.watermark, gid)
             self.scheduler.committed(gid)
         except TransientApplyError as e:
             self.counters.apply_retries += 1
@@ -777,6 +836,109 @@ class Coordinator:
                 if await self._q("SELECT chorus.abort_local(%s, %s, %s)", (pid, gid, how)) and since == now:
                     self.counters.local_aborts += 1
 
+    # ---- partial recovery ---------------------------------------------------------------
+
+    def _answer_log_query(self, q: LogQueried) -> None:
+        if self.recovery_server is None or q.node == self.cfg.name:
+            return
+        asyncio.create_task(self._send_logged(bp.LogInfo(
+            q.node, q.request_id, self.cfg.name, self.cfg.recovery_advertise or self.cfg.recovery_listen,
+            self.wslog.base_gid, self.wslog.end_gid, self.watermark, len(self.pending))))
+
+    async def _ask_logs(self) -> list[bp.LogInfo]:
+        """Which members' logs hold what: a LogQuery through the bus, answers for a moment."""
+        r = self.replicator
+        assert r is not None
+        rid = uuid.uuid4().hex
+        self._log_offers[rid] = []
+        await self._send_logged(bp.LogQuery(self.cfg.name, rid))
+        deadline = time.monotonic() + LOG_QUERY_WAIT_S
+        others = len([n for n in r.online if n != self.cfg.name])
+        while time.monotonic() < deadline and len(self._log_offers[rid]) < others:
+            await asyncio.sleep(0.02)
+        return self._log_offers.pop(rid)
+
+    async def _catch_up(self, c: CatchUp) -> None:
+        """Stream the certified writesets in (c.after, c.upto] from a member's log and apply them
+        in order (in parallel where independent, like live ones); meanwhile the live stream after
+        c.upto is held. Then apply what was held and go online once everything up to c.upto is
+        committed."""
+        r = self.replicator
+        assert r is not None
+        self._held = []
+        prog = self.catchup = rc.Progress(c.after, c.upto)
+        prev = c.after  # the last certified GID handed to apply: the next one's wait_for
+
+        async def take(rec: rc.LogRecord) -> None:
+            nonlocal prev
+            prog.position, prog.records, prog.bytes = rec.gid, prog.records + 1, prog.bytes + len(rec.payload)
+            if rec.gid <= self.watermark:
+                prev = rec.gid
+                return
+            try:
+                ws = wire.decode(rec.payload)
+            except wire.WireError as e:
+                raise rc.RecoveryError(f"GID {rec.gid} from the partner's log does not decode: {e}") from e
+            ddl = ws.ddl is not None
+            self.feeder.certified(rec.gid, rec.origin, rec.payload, ddl)
+            p = _Pending(rec.gid, prev, rec.origin, ws)
+            if ddl:
+                ok = not rec.flags & rc.FLAG_DDL_SKIPPED
+                self.feeder.outcome(rec.gid, ok)
+                p.ddl_ok = ok
+                assert p.ddl_known is not None
+                p.ddl_known.set()
+            self.pending[rec.gid] = p
+            self.scheduler.add(rec.gid, _keys(ws), local=False, barrier=ddl)
+            prev = rec.gid
+            self._dispatch()
+            while len(self.pending) > CATCHUP_WINDOW and not self.fatal:
+                await asyncio.sleep(0.005)
+
+        try:
+            while prog.position < c.upto:
+                if r.phase != Phase.RECOVERING or self.stopping.is_set():
+                    log.warning("catch-up stopped at GID %d: the node is %s", prog.position, r.phase.value)
+                    return
+                prog.state = "choosing a partner"
+                offers = await self._ask_logs()
+                partners = rc.choose_partners(offers, prog.position, self.cfg.recovery_partners)
+                if self.keys is None or not partners:
+                    held = ", ".join(f"{o.partner} after GID {o.after_min}" for o in offers) or "no member answered"
+                    why = ("this node has no recovery keys configured" if self.keys is None else
+                           f"no member's writeset log holds the GIDs after {prog.position} ({held})")
+                    await self._act(r.recovery_failed(
+                        f"partial recovery impossible: {why}; total recovery is needed "
+                        f"(chorus node join --total)"))
+                    return
+                before = prog.position
+                for o in partners:
+                    prog.partner, prog.state = o.partner, "streaming"
+                    try:
+                        stop = await rc.fetch(o.address, self.keys, r.cluster_uuid, self.cfg.name,
+                                              prog.position, c.upto, take)
+                        prog.position = max(prog.position, stop)
+                        break
+                    except rc.RecoveryError as e:
+                        log.warning("catch-up from %s (%s) failed at GID %d: %s", o.partner, o.address,
+                                    prog.position, e)
+                if prog.position == before:
+                    await asyncio.sleep(0.2)  # the partner has not committed further yet: reload
+            prog.state = "applying"
+            held, self._held = self._held, None
+            await self._act(held)
+            while self.watermark < c.upto and not self.fatal:
+                await asyncio.sleep(0.02)
+            prog.state = "done"
+            log.info("caught up from GID %d to %d: %d writesets, %.1f MB from %s", c.after, c.upto,
+                     prog.records, prog.bytes / 1e6, prog.partner)
+            await self._act(r.recovered())
+        finally:
+            if self._held is not None:
+                self._held = None
+                if prog.state != "done":
+                    prog.state = "failed"
+
     # ---- admin --------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
@@ -824,6 +986,10 @@ class Coordinator:
             "bus_batches": self.counters.bus_batches,
             "bus_writesets": self.counters.bus_writesets,
             "uptime_s": round(time.time() - self.started, 1),
+            "recovery": self.catchup.as_dict() if self.catchup is not None else None,
+            "writeset_log": {"low_gid": self.wslog.low_gid, "high_gid": self.wslog.high_gid,
+                             "holds_after_gid": self.wslog.base_gid,
+                             "waiting_for_schema_outcome": self.feeder.waiting},
         }
 
     def _lag_ms(self) -> float:
@@ -849,9 +1015,16 @@ class Coordinator:
                 cmd = None
             if cmd == "status":
                 resp: dict[str, Any] = {"ok": True, "status": self.status()}
-            elif cmd == "stop":
+            elif cmd in ("stop", "leave"):
                 self.stopping.set()
                 resp = {"ok": True}
+            elif cmd == "recover":
+                r = self.replicator
+                if r is None or r.phase in (Phase.ONLINE, Phase.RECOVERING):
+                    resp = {"ok": False, "error": f"the node is {r.phase.value if r else 'starting'}"}
+                else:
+                    await self._act(r.rejoin(await self._committed_gid(), time.monotonic()))
+                    resp = {"ok": True}
             else:
                 resp = {"ok": False, "error": f"unknown admin command {cmd!r}"}
             writer.write(json.dumps(resp).encode() + b"\n")
@@ -860,6 +1033,10 @@ class Coordinator:
             pass
         finally:
             writer.close()
+
+
+def _raw(ws: wire.Writeset) -> bytes:
+    return ws.raw or wire.encode(ws)
 
 
 def _keys(ws: wire.Writeset) -> list[tuple[bytes, wire.KeyMode]]:

@@ -9,7 +9,11 @@ DIR/cluster.json
 DIR/corosync/corosync.conf, corosync.log
 DIR/nodes/<name>/pgdata, postgres.log, coordinator.log, chorus.toml, state.json
 DIR/nodes/<name>/run/          (0700: PostgreSQL's socket, chorus.sock, admin.sock)
+DIR/nodes/<name>/wslog/        (the writeset log)
+DIR/keys/                      (0700: the cluster's recovery certificate, key and secret)
 ```
+
+A node's recovery server listens on 127.0.0.1, port = its PostgreSQL port - 1000.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from chorus.config import NodeConfig, write_config
+from chorus.recovery import generate_keys
 from chorus.state import load_state, save_state
 
 PGBIN = Path("/usr/lib/postgresql/15/bin")
@@ -53,6 +58,8 @@ class Meta:
     nodes: list[NodeMeta] = field(default_factory=list)
     corosync_pid: int = 0
     corosync_ours: bool = False
+    log_segment_mb: int = 32
+    log_total_mb: int = 512
 
 
 def _alive(pid: int, needle: str) -> bool:
@@ -92,7 +99,7 @@ class LocalCluster:
         except FileNotFoundError as e:
             raise LocalClusterError(f"no local cluster in {self.dir} (run `chorus local up`)") from e
         return Meta(raw["group"], [NodeMeta(**n) for n in raw["nodes"]], raw.get("corosync_pid", 0),
-                    raw.get("corosync_ours", False))
+                    raw.get("corosync_ours", False), raw.get("log_segment_mb", 32), raw.get("log_total_mb", 512))
 
     def save(self, meta: Meta) -> None:
         tmp = self.meta_path.with_suffix(".tmp")
@@ -108,10 +115,15 @@ class LocalCluster:
     def config(self, meta: Meta, n: NodeMeta) -> NodeConfig:
         d = self.node_dir(n.name)
         run = self.run_dir(n.name)
+        keys = self.dir / "keys"
+        listen = f"127.0.0.1:{n.port - 1000}"
         return NodeConfig(
             name=n.name, dsn=f"host={run} port={n.port} dbname=postgres user=postgres",
             socket_path=str(run / "chorus.sock"), admin_socket=str(run / "admin.sock"),
-            state_file=str(d / "state.json"), data_dir=str(d), cluster_group=meta.group)
+            state_file=str(d / "state.json"), data_dir=str(d), cluster_group=meta.group,
+            log_segment_mb=meta.log_segment_mb, log_total_mb=meta.log_total_mb, recovery_listen=listen, recovery_advertise=listen,
+            tls_cert=str(keys / "cluster.crt"), tls_key=str(keys / "cluster.key"),
+            secret_file=str(keys / "cluster.secret"))
 
     def describe(self, meta: Meta) -> list[dict[str, Any]]:
         out = []
@@ -208,11 +220,17 @@ class LocalCluster:
             return
         _port_free_or_fail(n.port, n.name)
         self.log(f"{n.name}: starting PostgreSQL on port {n.port}")
-        try:
-            self._run([str(PGBIN / "pg_ctl"), "-D", str(d / "pgdata"), "-l", str(d / "postgres.log"),
-                       "-w", "-t", "60", "start"], f"starting PostgreSQL of {n.name}")
-        except LocalClusterError as e:
-            raise LocalClusterError(f"{e}\n{_tail(d / 'postgres.log')}") from None
+        for attempt in range(4):
+            try:
+                self._run([str(PGBIN / "pg_ctl"), "-D", str(d / "pgdata"), "-l", str(d / "postgres.log"),
+                           "-w", "-t", "60", "start"], f"starting PostgreSQL of {n.name}")
+                break
+            except LocalClusterError as e:
+                # after a SIGKILL of the postmaster its backends take a moment to notice and exit
+                # ("pre-existing shared memory block is still in use")
+                if attempt == 3:
+                    raise LocalClusterError(f"{e}\n{_tail(d / 'postgres.log')}") from None
+                time.sleep(2)
         n.pg_pid = int((d / "pgdata" / "postmaster.pid").read_text().split()[0])
         self._run([str(PGBIN / "psql"), "-X", "-q", "-h", str(self.run_dir(n.name)), "-p", str(n.port),
                    "-U", "postgres", "-d", "postgres", "-c", "CREATE EXTENSION IF NOT EXISTS chorus"],
@@ -239,7 +257,8 @@ class LocalCluster:
         if fresh or not any(s.cluster_uuid for s in states.values()):
             chosen = meta.nodes[0].name
         elif any(s.safe_to_bootstrap for s in states.values()):
-            return
+            chosen = next(s for s in states.values() if s.safe_to_bootstrap).node
+            self.log(f"restarting the cluster from {chosen}, the node that left last")
         else:
             chosen = max(states.values(), key=lambda s: (s.last_gid, -int(s.node[1:] or 0))).node
             self.log(f"no node left the cluster last; bootstrapping from {chosen} (highest GID)")
@@ -273,7 +292,7 @@ class LocalCluster:
 
     # ---- commands -----------------------------------------------------------------------
 
-    def up(self, nodes: int, port_base: int) -> list[dict[str, Any]]:
+    def up(self, nodes: int, port_base: int, log_segment_mb: int = 32, log_total_mb: int = 512) -> list[dict[str, Any]]:
         fresh = not self.meta_path.exists()
         if fresh:
             if len(str(self.dir)) > 70:
@@ -281,11 +300,14 @@ class LocalCluster:
             self.dir.mkdir(parents=True, exist_ok=True)
             os.chmod(self.dir, 0o755)
             group = "chorus-" + hashlib.sha1(str(self.dir).encode()).hexdigest()[:10]
-            meta = Meta(group, [NodeMeta(f"n{i + 1}", port_base + i) for i in range(nodes)])
+            meta = Meta(group, [NodeMeta(f"n{i + 1}", port_base + i) for i in range(nodes)],
+                        log_segment_mb=log_segment_mb, log_total_mb=log_total_mb)
             self.save(meta)
         else:
             meta = self.load()
         self._start_corosync(meta)
+        generate_keys(str(self.dir / "keys"))
+        self._chown(self.dir / "keys")
         for n in meta.nodes:
             self._init_node(meta, n)
             self._start_postgres(n)
@@ -297,14 +319,15 @@ class LocalCluster:
         self.wait_online(meta)
         return self.describe(meta)
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, wait: bool = True) -> None:
         meta = self.load()
         n = self._node(meta, name)
         self._start_corosync(meta)
         self._start_postgres(n)
         self._start_coordinator(n)
         self.save(meta)
-        self.wait_online(meta, [name])
+        if wait:
+            self.wait_online(meta, [name], timeout=300)
 
     def stop(self, name: str) -> None:
         meta = self.load()

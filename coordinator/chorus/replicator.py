@@ -33,8 +33,13 @@ class Phase(enum.Enum):
     CONNECTING = "connecting"  # not yet in a view of the group
     JOINING = "joining"  # asked for the GID, waiting for the answer
     ONLINE = "online"  # synced and in the primary component: takes writes
+    RECOVERING = "recovering"  # joined and certifying the live stream, catching up from a log
     NON_PRIMARY = "non-primary"  # outside the quorate partition: reads only
     NEEDS_RECOVERY = "needs-recovery"  # cannot join without recovery; stays out
+
+
+# phases in which the node follows the total order (certifies every writeset)
+_FOLLOWING = (Phase.ONLINE, Phase.RECOVERING)
 
 
 # ---- actions ------------------------------------------------------------------------------
@@ -101,7 +106,30 @@ class SyncReached:
     ok: bool
 
 
-Action = Union[Send, LocalVerdict, Apply, PhaseChange, Joined, DdlOutcome, SyncReached]
+@dataclass(frozen=True)
+class CatchUp:
+    """Partial recovery (seed 8.1, 9.3): the database is at ``after``; every certified writeset
+    up to ``upto`` must come from a member's writeset log before the live stream (everything
+    after ``upto``, certified meanwhile) can be applied."""
+    after: int
+    upto: int
+
+
+@dataclass(frozen=True)
+class LogQueried:
+    """A recovering node asks which GID ranges this node's log holds: answer with a LogInfo."""
+    node: str
+    request_id: str
+
+
+@dataclass(frozen=True)
+class LogOffered:
+    """A member answered this node's LogQuery."""
+    info: bp.LogInfo
+
+
+Action = Union[Send, LocalVerdict, Apply, PhaseChange, Joined, DdlOutcome, SyncReached, CatchUp,
+               LogQueried, LogOffered]
 
 
 @dataclass
@@ -174,7 +202,7 @@ class Replicator:
                 self._request_at = now
             else:
                 out += self._request(now)
-        elif self.phase == Phase.ONLINE and not view.quorate:
+        elif self.phase in _FOLLOWING and not view.quorate:
             out += self._leave_primary("this node is outside the quorate partition of the group")
         elif self.phase == Phase.NON_PRIMARY and view.quorate and not was_quorate:
             self.last_gid = self.last_certified
@@ -211,6 +239,25 @@ class Replicator:
     @property
     def accepts_writes(self) -> bool:
         return self.phase == Phase.ONLINE and self.quorate
+
+    def recovered(self) -> list[Action]:
+        """The coordinator caught up (committed everything up to the CatchUp's ``upto``)."""
+        if self.phase != Phase.RECOVERING:
+            return []
+        self.phase = Phase.ONLINE
+        return [PhaseChange(Phase.ONLINE, f"caught up with cluster {self.cluster_uuid} at GID {self.last_certified}")]
+
+    def recovery_failed(self, reason: str) -> list[Action]:
+        """No member can stream the missing range: stay out rather than serve stale data."""
+        self.phase = Phase.NEEDS_RECOVERY
+        return [PhaseChange(Phase.NEEDS_RECOVERY, reason)]
+
+    def rejoin(self, last_gid: int, now: float) -> list[Action]:
+        """Ask to join again (``chorus node recover``), from the database's committed GID."""
+        if self.phase in _FOLLOWING:
+            return []
+        self.last_gid = last_gid
+        return self._request(now)
 
     # ---- internals -----------------------------------------------------------------------
 
@@ -268,12 +315,13 @@ class Replicator:
             return [PhaseChange(Phase.NEEDS_RECOVERY,
                                 f"this node belongs to cluster {self.cluster_uuid}, the group runs "
                                 f"cluster {msg.cluster_uuid}: total recovery is needed")]
-        if self.last_gid != msg.certified:
+        if self.last_gid > msg.certified:
             self.phase = Phase.NEEDS_RECOVERY
             return [PhaseChange(Phase.NEEDS_RECOVERY,
-                                f"this node's database is at GID {self.last_gid} but the cluster had "
-                                f"committed up to GID {msg.certified} when it asked to join: it needs "
-                                f"recovery (partial recovery from a member's writeset log is not built yet)")]
+                                f"this node's database is at GID {self.last_gid}, past the cluster's "
+                                f"GID {msg.certified}: it committed writesets the cluster does not have "
+                                "(the cluster was restarted from an older node); total recovery is needed")]
+        behind = self.last_gid < msg.certified
         self.cluster_uuid = msg.cluster_uuid
         self.gid = msg.gid
         self.last_certified = msg.certified
@@ -281,13 +329,23 @@ class Replicator:
         self.online = dict(msg.online)
         self.progress = dict(msg.progress)
         self.paused_by = set(msg.paused)
-        self.phase = Phase.ONLINE
         out: list[Action] = [Joined(self.cluster_uuid, self.gid, False)]
+        if behind:
+            # partial recovery: certify the live stream from here on (the coordinator holds what
+            # it must apply) while the missing range comes from a member's writeset log
+            self.phase = Phase.RECOVERING
+            out.append(CatchUp(self.last_gid, msg.certified))
+            out.append(PhaseChange(Phase.RECOVERING,
+                                   f"joined cluster {self.cluster_uuid} at GID {msg.gid}; catching up "
+                                   f"from GID {self.last_gid} to {msg.certified} from a member's writeset log"))
+        else:
+            self.phase = Phase.ONLINE
         buffered, self._buffer = self._buffer, []
         for b in buffered:
             out += self._handle(b.sender, bp.decode(b.payload))
         out += self._handle(d.sender, msg)
-        out.append(PhaseChange(Phase.ONLINE, f"joined cluster {self.cluster_uuid} at GID {msg.gid}"))
+        if not behind:
+            out.append(PhaseChange(Phase.ONLINE, f"joined cluster {self.cluster_uuid} at GID {msg.gid}"))
         return out
 
     def _handle(self, sender: str, msg: bp.Message) -> list[Action]:
@@ -302,8 +360,12 @@ class Replicator:
             if msg.node != self.node:
                 return []
             return [SyncReached(msg.token, self.last_certified, self.accepts_writes)]
-        if self.phase != Phase.ONLINE:
+        if isinstance(msg, bp.LogInfo):
+            return [LogOffered(msg)] if msg.node == self.node else []
+        if self.phase not in _FOLLOWING:
             return []
+        if isinstance(msg, bp.LogQuery):
+            return [LogQueried(msg.node, msg.request_id)] if self.phase == Phase.ONLINE else []
         if isinstance(msg, bp.GidRequest):
             self._requesters[msg.request_id] = sender
             if self.online and min(self.online) == self.node:
@@ -343,7 +405,7 @@ class Replicator:
 
     def _writeset(self, msg: bp.WritesetMsg) -> list[Action]:
         local = msg.origin == self.node
-        if self.phase != Phase.ONLINE or not self.quorate:
+        if self.phase not in _FOLLOWING or not self.quorate:
             if local:
                 self.local_decoded.pop(msg.ticket, None)
                 return [LocalVerdict(msg.ticket, False, 0, 0, "this node left the primary component", None)]

@@ -12,7 +12,8 @@ from collections import deque
 from chorus import busproto as bp
 from chorus import wire
 from chorus.bus import Delivery, View
-from chorus.replicator import Apply, DdlOutcome, LocalVerdict, Phase, Replicator, Send
+from chorus.replicator import (Apply, CatchUp, DdlOutcome, LocalVerdict, LogOffered, LogQueried, Phase, Replicator,
+                               Send)
 from chorus.wire import Key, KeyMode, Row, Table, Writeset
 
 NAMES = ["n1", "n2", "n3"]
@@ -126,15 +127,54 @@ def test_late_joiner_gets_gid_and_certification_state() -> None:
     assert 2 not in c.applied["n3"] and 2 not in c.applied["n1"]
 
 
-def test_stale_joiner_is_told_it_needs_recovery() -> None:
+def test_stale_joiner_catches_up_while_certifying_the_live_stream() -> None:
     c = form()
     c.submit("n1", 0, 1)
     c.drain()
     stale = Replicator("n2", c.nodes["n1"].cluster_uuid, 0)
     c.nodes["n2"] = stale
+    caught: list[CatchUp] = []
+    orig = c.act
+
+    def act(node: str, actions: list) -> None:  # type: ignore[type-arg]
+        caught.extend(a for a in actions if node == "n2" and isinstance(a, CatchUp))
+        orig(node, actions)
+
+    c.act = act  # type: ignore[method-assign]
     c.view(NAMES)
     c.drain()
-    assert stale.phase == Phase.NEEDS_RECOVERY
+    assert stale.phase == Phase.RECOVERING and not stale.accepts_writes
+    assert caught == [CatchUp(0, 1)]
+    c.submit("n3", 1, 2)  # certified on every node, the recovering one included
+    c.drain()
+    assert stale.gid == 2 and c.applied["n2"][-1] == 2
+    # it asks the others what their logs hold; only online nodes answer
+    queried = c.nodes["n1"].on_delivery(Delivery("m", bp.encode(bp.LogQuery("n2", "r1"))))
+    assert queried == [LogQueried("n2", "r1")]
+    assert stale.on_delivery(Delivery("m", bp.encode(bp.LogQuery("n1", "r2")))) == []
+    info = bp.LogInfo("n2", "r1", "n1", "127.0.0.1:1", 0, 2, 2, 0)
+    assert stale.on_delivery(Delivery("m", bp.encode(info))) == [LogOffered(info)]
+    assert c.nodes["n3"].on_delivery(Delivery("m", bp.encode(info))) == []
+    stale.recovered()
+    assert stale.phase == Phase.ONLINE and stale.accepts_writes
+
+
+def test_joiner_ahead_of_the_cluster_needs_total_recovery() -> None:
+    c = form()
+    ahead = Replicator("n2", c.nodes["n1"].cluster_uuid, 50)
+    c.nodes["n2"] = ahead
+    c.view(NAMES)
+    c.drain()
+    assert ahead.phase == Phase.NEEDS_RECOVERY
+
+
+def test_joiner_of_another_cluster_needs_total_recovery() -> None:
+    c = form()
+    other = Replicator("n2", "another-cluster", 0)
+    c.nodes["n2"] = other
+    c.view(NAMES)
+    c.drain()
+    assert other.phase == Phase.NEEDS_RECOVERY
 
 
 def test_minority_refuses_writes() -> None:

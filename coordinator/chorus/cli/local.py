@@ -47,12 +47,14 @@ def local() -> None:
 @dir_option
 @click.option("--nodes", default=3, show_default=True, help="Number of nodes (when creating).")
 @click.option("--port-base", default=5433, show_default=True, help="PostgreSQL port of the first node.")
+@click.option("--log-segment-mb", default=32, show_default=True, help="Writeset log segment size (when creating).")
+@click.option("--log-total-mb", default=512, show_default=True, help="Writeset log size per node (when creating).")
 @json_option
-def up(directory: str, nodes: int, port_base: int, as_json: bool) -> None:
+def up(directory: str, nodes: int, port_base: int, log_segment_mb: int, log_total_mb: int, as_json: bool) -> None:
     """Create, or restart, a local cluster and wait until every node is online."""
     c = _cluster(directory)
     try:
-        desc = c.up(nodes, port_base)
+        desc = c.up(nodes, port_base, log_segment_mb, log_total_mb)
     except LocalClusterError as e:
         raise ChorusCliError(str(e)) from e
     _show(desc, as_json, str(c.dir))

@@ -1,10 +1,13 @@
-"""Commands for one node: run the coordinator, bootstrap a cluster, show status."""
+"""Commands for one node: run the coordinator, bootstrap a cluster, show status, and
+``chorus node join|leave|recover`` (a node of a local cluster: ``--dir DIR NAME``; any node:
+``--config FILE`` while its coordinator runs under a service manager)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import sys
+import time
 from typing import Any, Optional
 
 import click
@@ -101,4 +104,139 @@ def status(config_path: Optional[str], admin_socket: Optional[str], as_json: boo
     print_table(["field", "value"], rows)
 
 
-COMMANDS = [run, bootstrap, status]
+def _admin_of(config_path: Optional[str], directory: Optional[str], name: Optional[str]) -> str:
+    if directory is not None:
+        from chorus.localcluster import LocalCluster, LocalClusterError
+
+        if not name:
+            raise ChorusCliError("give the node's NAME with --dir")
+        c = LocalCluster(directory)
+        try:
+            meta = c.load()
+            return c.config(meta, c._node(meta, name)).admin_socket
+        except LocalClusterError as e:
+            raise ChorusCliError(str(e)) from e
+    if config_path is None:
+        raise ChorusCliError("give --config FILE, or --dir DIR NAME for a node of a local cluster")
+    return _config(config_path).admin_socket
+
+
+def describe_recovery(rec: dict[str, Any]) -> str:
+    eta = f", ETA {rec['eta_s']} s" if rec.get("eta_s") is not None else ""
+    return (f"{rec['state']}: GID {rec['position']} of {rec['upto']} from {rec['partner'] or '?'}, "
+            f"{rec['gids_to_go']} GIDs to go (~{rec['bytes_to_go_estimate'] / 1e6:.1f} MB), "
+            f"{rec['rate_gids_per_s']} GIDs/s, {rec['rate_mb_per_s']} MB/s{eta}")
+
+
+def watch_until_online(admin: str, timeout: float) -> dict[str, Any]:
+    """Poll a node's status, printing recovery progress on stderr, until it is online (or cannot be)."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    st: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            st = fetch_status(admin)
+        except ChorusCliError:
+            time.sleep(0.5)
+            continue
+        rec = st.get("recovery")
+        line = f"{st['state']}: {st['reason']}"
+        if rec and st["state"] == "recovering":
+            line = describe_recovery(rec)
+        if line != last:
+            click.echo(line, err=True)
+            last = line
+        if st["state"] == "online":
+            if rec and rec["state"] == "done":
+                click.echo(f"caught up: {rec['records']} writesets ({rec['bytes_received'] / 1e6:.1f} MB) from "
+                           f"{rec['partner']} in {rec['elapsed_s']} s, {rec['rate_gids_per_s']} GIDs/s", err=True)
+            return st
+        if st["state"] in ("needs-recovery", "failed"):
+            raise ChorusCliError(f"node {st['node']} cannot go online: {st['reason']}")
+        time.sleep(1.0)
+    raise ChorusCliError(f"node not online after {timeout:.0f} s: {st.get('state')}: {st.get('reason')}")
+
+
+@click.group()
+def node() -> None:
+    """Take a node into the cluster or out of it."""
+
+
+node_target = [
+    click.option("--config", "config_path", type=click.Path(dir_okay=False), help="The node's configuration file."),
+    click.option("--dir", "directory", type=click.Path(file_okay=False), help="A local cluster's directory."),
+    click.argument("name", required=False),
+]
+
+
+def _target(f: Any) -> Any:
+    for opt in reversed(node_target):
+        f = opt(f)
+    return f
+
+
+@node.command()
+@_target
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the node to be online.")
+@json_option
+def join(config_path: Optional[str], directory: Optional[str], name: Optional[str], timeout: float,
+         as_json: bool) -> None:
+    """Start a node (local cluster) and follow it until it is online: it joins the group and, if
+    it missed writesets, catches up from a member's writeset log (partial recovery)."""
+    if directory is not None:
+        from chorus.localcluster import LocalCluster, LocalClusterError
+
+        try:
+            LocalCluster(directory, log=lambda s: click.echo(s, err=True)).start(name or "", wait=False)
+        except LocalClusterError as e:
+            raise ChorusCliError(str(e)) from e
+    st = watch_until_online(_admin_of(config_path, directory, name), timeout)
+    if as_json:
+        print_json(st)
+    else:
+        click.echo(f"node {st['node']} is online at GID {st['committed_gid']}")
+
+
+@node.command()
+@_target
+def leave(config_path: Optional[str], directory: Optional[str], name: Optional[str]) -> None:
+    """Leave the cluster gracefully: commit what is certified, leave the group, stop (with --dir,
+    PostgreSQL too). A node that leaves last may restart the cluster (safe to bootstrap)."""
+    if directory is not None:
+        from chorus.localcluster import LocalCluster, LocalClusterError
+
+        try:
+            LocalCluster(directory, log=lambda s: click.echo(s, err=True)).stop(name or "")
+        except LocalClusterError as e:
+            raise ChorusCliError(str(e)) from e
+        return
+    from chorus.coordinator import admin_request
+
+    resp = admin_request(_admin_of(config_path, directory, name), "leave")
+    if not resp.get("ok"):
+        raise ChorusCliError(str(resp.get("error")))
+    click.echo("the coordinator is leaving the cluster")
+
+
+@node.command()
+@_target
+@click.option("--timeout", default=600.0, show_default=True)
+@json_option
+def recover(config_path: Optional[str], directory: Optional[str], name: Optional[str], timeout: float,
+            as_json: bool) -> None:
+    """Ask a node that stayed out (needs recovery, or outside the primary component) to join again
+    and catch up from a member's writeset log, and follow it until it is online."""
+    from chorus.coordinator import admin_request
+
+    admin = _admin_of(config_path, directory, name)
+    resp = admin_request(admin, "recover")
+    if not resp.get("ok"):
+        raise ChorusCliError(str(resp.get("error")))
+    st = watch_until_online(admin, timeout)
+    if as_json:
+        print_json(st)
+    else:
+        click.echo(f"node {st['node']} is online at GID {st['committed_gid']}")
+
+
+COMMANDS = [run, bootstrap, status, node]

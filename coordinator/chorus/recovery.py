@@ -1,0 +1,382 @@
+"""Partial recovery (seed 8.1, 9.3; changelog-ruv-anchor-csn): a node that missed writesets
+streams them from a member's writeset log over a direct TLS connection, not through the bus.
+
+The partner keeps no session state. Each request names a range, ``(after, upto]``; the partner
+anchors a reader on its log after ``after``, streams every record up to a *safe stop* (the
+lowest of ``upto`` and the GID it has committed itself, so it never serves a writeset whose
+schema-change outcome it does not know yet), ends with that stop and closes. The joiner asks
+again from where it got to (the reload) until it reaches ``upto``.
+
+Both ends prove they hold the cluster's keys: TLS with the cluster certificate on both sides
+(each verifies the other against it), then an HMAC-SHA256 challenge over fresh nonces with the
+cluster secret, so a peer that has only one of the two cannot take part.
+
+Wire (inside TLS): the hello exchange is JSON lines; then frames ``u8 type, u32 length, body``:
+``R`` a record (``u64 gid, u8 flags, u16 origin length, origin, payload``), ``E`` the end of this
+answer (``u64 safe stop``), ``X`` an error (UTF-8 text; a range the log no longer holds starts
+with ``range-unavailable:``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import ssl
+import struct
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Optional, Sequence
+
+from chorus import busproto as bp
+from chorus.wslog import FLAG_DDL_SKIPPED, LogRangeUnavailable, LogRecord, WritesetLog
+
+log = logging.getLogger("chorus.recovery")
+
+PROTOCOL = 1
+MAX_HELLO = 4096
+MAX_FRAME = 512 << 20
+CHUNK_BYTES = 1 << 20
+HANDSHAKE_TIMEOUT_S = 10.0
+RANGE_UNAVAILABLE = "range-unavailable:"
+
+
+class RecoveryError(Exception):
+    """The stream failed (network, authentication, protocol); another partner may do."""
+
+
+class RangeUnavailable(RecoveryError):
+    """The partner's log no longer holds the start of the range."""
+
+
+# ---- keys -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterKeys:
+    cert: str
+    key: str
+    secret_file: str
+
+    def secret(self) -> bytes:
+        with open(self.secret_file, "rb") as f:
+            data = f.read().strip()
+        if len(data) < 32:
+            raise RecoveryError(f"cluster secret {self.secret_file} is too short (at least 32 bytes)")
+        return data
+
+
+def generate_keys(directory: str) -> ClusterKeys:
+    """A cluster's recovery keys: a self-signed certificate every node presents and trusts, its
+    private key, and a random secret. Files 0600 in a 0700 directory; existing keys are kept."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    keys = ClusterKeys(os.path.join(directory, "cluster.crt"), os.path.join(directory, "cluster.key"),
+                       os.path.join(directory, "cluster.secret"))
+    if not os.path.exists(keys.cert) or not os.path.exists(keys.key):
+        old = os.umask(0o077)
+        try:
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                            "-nodes", "-days", "3650", "-subj", "/CN=chorus-cluster", "-keyout", keys.key,
+                            "-out", keys.cert], check=True, capture_output=True, timeout=60)
+        finally:
+            os.umask(old)
+    if not os.path.exists(keys.secret_file):
+        fd = os.open(keys.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    for path in (keys.cert, keys.key, keys.secret_file):
+        os.chmod(path, 0o600)
+    return keys
+
+
+def _context(keys: ClusterKeys, server: bool) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(keys.cert, keys.key)
+    ctx.load_verify_locations(keys.cert)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    if not server:
+        ctx.check_hostname = False  # nodes are identified by the cluster certificate, not by name
+    return ctx
+
+
+def _proof(secret: bytes, role: bytes, cluster: str, first: str, second: str) -> str:
+    msg = b"|".join([b"chorus-recovery", role, cluster.encode(), first.encode(), second.encode()])
+    return hmac.new(secret, msg, hashlib.sha256).hexdigest()
+
+
+async def _read_json(reader: asyncio.StreamReader) -> dict[str, object]:
+    line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT_S)
+    if not line or len(line) > MAX_HELLO:
+        raise RecoveryError("handshake: connection closed or message too long")
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise RecoveryError(f"handshake: not JSON: {e}") from e
+    if not isinstance(obj, dict):
+        raise RecoveryError("handshake: not a JSON object")
+    return obj
+
+
+def _send_json(writer: asyncio.StreamWriter, obj: dict[str, object]) -> None:
+    writer.write(json.dumps(obj).encode() + b"\n")
+
+
+def _frame(kind: bytes, body: bytes) -> bytes:
+    return kind + struct.pack(">I", len(body)) + body
+
+
+def encode_record(r: LogRecord) -> bytes:
+    o = r.origin.encode("utf-8")
+    return _frame(b"R", struct.pack(">QBH", r.gid, r.flags, len(o)) + o + r.payload)
+
+
+def decode_record(body: bytes) -> LogRecord:
+    if len(body) < 11:
+        raise RecoveryError("record frame too short")
+    gid, flags, olen = struct.unpack_from(">QBH", body)
+    if 11 + olen > len(body):
+        raise RecoveryError("record frame truncated")
+    try:
+        origin = body[11:11 + olen].decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RecoveryError("record origin is not UTF-8") from e
+    return LogRecord(gid, origin, flags, body[11 + olen:])
+
+
+# ---- the partner ------------------------------------------------------------------------
+
+
+class RecoveryServer:
+    """Serves ranges of this node's writeset log to authenticated joiners."""
+
+    def __init__(self, wslog: WritesetLog, keys: ClusterKeys, cluster_uuid: Callable[[], str],
+                 committed: Callable[[], int]) -> None:
+        self.log = wslog
+        self.keys = keys
+        self.cluster_uuid = cluster_uuid
+        self.committed = committed
+        self.server: Optional[asyncio.base_events.Server] = None
+        self.served_records = 0
+        self.served_bytes = 0
+        self.active = 0
+
+    async def start(self, listen: str) -> None:
+        host, port = _split(listen)
+        self.server = await asyncio.start_server(self._serve, host, port, ssl=_context(self.keys, True),
+                                                 ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        self.active += 1
+        try:
+            await self._answer(reader, writer)
+        except (RecoveryError, ConnectionError, asyncio.TimeoutError, ssl.SSLError) as e:
+            log.warning("recovery stream to %s ended: %s", peer, e)
+        finally:
+            self.active -= 1
+            writer.close()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        secret = self.keys.secret()
+        cluster = self.cluster_uuid()
+        hello = await _read_json(reader)
+        if hello.get("protocol") != PROTOCOL:
+            raise RecoveryError(f"unsupported recovery protocol {hello.get('protocol')!r}")
+        nonce_c = str(hello.get("nonce", ""))
+        if hello.get("cluster") != cluster or len(nonce_c) < 32:
+            _send_json(writer, {"error": f"this node serves cluster {cluster}"})
+            raise RecoveryError(f"joiner {hello.get('node')!r} asked for cluster {hello.get('cluster')!r}")
+        nonce_s = secrets.token_hex(16)
+        _send_json(writer, {"nonce": nonce_s, "proof": _proof(secret, b"partner", cluster, nonce_c, nonce_s)})
+        req = await _read_json(reader)
+        if not hmac.compare_digest(str(req.get("proof", "")), _proof(secret, b"joiner", cluster, nonce_s, nonce_c)):
+            raise RecoveryError(f"joiner {hello.get('node')!r} failed authentication")
+        after, upto = req.get("after"), req.get("upto")
+        if not isinstance(after, int) or not isinstance(upto, int) or not 0 <= after <= upto:
+            raise RecoveryError(f"bad range request {req!r}")
+        stop = min(upto, self.committed())  # the safe stop: only what this node committed
+        try:
+            rd = self.log.reader(after)
+        except LogRangeUnavailable as e:
+            writer.write(_frame(b"X", f"{RANGE_UNAVAILABLE} {e}".encode()))
+            await writer.drain()
+            return
+        try:
+            while True:
+                try:
+                    recs = rd.read(stop, CHUNK_BYTES)
+                except LogRangeUnavailable as e:  # the writer reused the segment under us
+                    writer.write(_frame(b"X", f"{RANGE_UNAVAILABLE} {e}".encode()))
+                    await writer.drain()
+                    return
+                if not recs:
+                    break
+                for r in recs:
+                    writer.write(encode_record(r))
+                    self.served_records += 1
+                    self.served_bytes += len(r.payload)
+                await writer.drain()
+        finally:
+            rd.close()
+        writer.write(_frame(b"E", struct.pack(">Q", stop)))
+        await writer.drain()
+        log.info("served GIDs %d..%d to %s", after + 1, stop, hello.get("node"))
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise RecoveryError(f"bad address {address!r} (want host:port)")
+    return host.strip("[]"), int(port)
+
+
+# ---- the joiner -------------------------------------------------------------------------
+
+
+async def fetch(address: str, keys: ClusterKeys, cluster: str, node: str, after: int, upto: int,
+                on_record: Callable[[LogRecord], Awaitable[None]]) -> int:
+    """One request: stream ``(after, upto]`` from the partner at ``address``, handing each record
+    to ``on_record`` in order. Returns the safe stop the partner reached (``<= upto``)."""
+    host, port = _split(address)
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=_context(keys, False), limit=1 << 20), HANDSHAKE_TIMEOUT_S)
+    except (OSError, ssl.SSLError, asyncio.TimeoutError) as e:
+        raise RecoveryError(f"cannot connect to {address}: {e}") from e
+    try:
+        secret = keys.secret()
+        nonce_c = secrets.token_hex(16)
+        _send_json(writer, {"protocol": PROTOCOL, "cluster": cluster, "node": node, "nonce": nonce_c})
+        hello = await _read_json(reader)
+        if "error" in hello:
+            raise RecoveryError(f"partner refused: {hello['error']}")
+        nonce_s = str(hello.get("nonce", ""))
+        if len(nonce_s) < 32 or not hmac.compare_digest(
+                str(hello.get("proof", "")), _proof(secret, b"partner", cluster, nonce_c, nonce_s)):
+            raise RecoveryError(f"partner {address} failed authentication")
+        _send_json(writer, {"proof": _proof(secret, b"joiner", cluster, nonce_s, nonce_c),
+                            "after": after, "upto": upto})
+        last = after
+        while True:
+            head = await reader.readexactly(5)
+            kind, n = head[:1], struct.unpack(">I", head[1:])[0]
+            if n > MAX_FRAME:
+                raise RecoveryError(f"frame of {n} bytes is too large")
+            body = await reader.readexactly(n)
+            if kind == b"R":
+                r = decode_record(body)
+                if r.gid <= last or r.gid > upto:
+                    raise RecoveryError(f"partner sent GID {r.gid} out of order (after {last}, up to {upto})")
+                last = r.gid
+                await on_record(r)
+            elif kind == b"E":
+                (stop,) = struct.unpack(">Q", body)
+                if stop < last or stop > upto:
+                    raise RecoveryError(f"partner ended at {stop}, outside ({last}, {upto}]")
+                return int(stop)
+            elif kind == b"X":
+                text = body.decode("utf-8", "replace")
+                if text.startswith(RANGE_UNAVAILABLE):
+                    raise RangeUnavailable(text[len(RANGE_UNAVAILABLE):].strip())
+                raise RecoveryError(f"partner error: {text}")
+            else:
+                raise RecoveryError(f"unknown frame type {kind!r}")
+    except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError) as e:
+        raise RecoveryError(f"stream from {address} broke: {e}") from e
+    finally:
+        writer.close()
+
+
+def choose_partners(offers: Sequence[bp.LogInfo], after: int, preferred: Sequence[str]) -> list[bp.LogInfo]:
+    """The members whose logs hold the range after ``after``, best first: the configured
+    preference order, then the least loaded (fewest writesets waiting to commit), then the one
+    that has committed most."""
+    usable = [o for o in offers if o.after_min <= after and o.address]
+    rank = {name: i for i, name in enumerate(preferred)}
+    return sorted(usable, key=lambda o: (rank.get(o.partner, len(rank)), o.load, -o.committed, o.partner))
+
+
+@dataclass
+class Progress:
+    """How a catch-up goes, for status and the CLI."""
+    after: int
+    upto: int
+    position: int = 0
+    partner: str = ""
+    records: int = 0
+    bytes: int = 0
+    started: float = field(default_factory=time.monotonic)
+    state: str = "choosing a partner"
+
+    def __post_init__(self) -> None:
+        self.position = self.after
+
+    def as_dict(self) -> dict[str, object]:
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        done = self.position - self.after
+        rate = done / elapsed
+        to_go = max(0, self.upto - self.position)
+        avg = self.bytes / self.records if self.records else 0
+        return {"state": self.state, "partner": self.partner, "after": self.after, "upto": self.upto,
+                "position": self.position, "gids_to_go": to_go, "bytes_received": self.bytes,
+                "bytes_to_go_estimate": int(to_go * avg), "records": self.records,
+                "rate_gids_per_s": round(rate, 1), "rate_mb_per_s": round(self.bytes / elapsed / 1e6, 2),
+                "eta_s": round(to_go / rate, 1) if rate > 0 else None, "elapsed_s": round(elapsed, 1)}
+
+
+class LogFeeder:
+    """Appends certified writesets to the log in GID order, each with its final flags: the
+    record of a schema change waits for the change's outcome (a failed one is logged as
+    skipped), and the records after it wait with it, so a reader never meets a schema change
+    whose outcome is unknown."""
+
+    def __init__(self, wslog: WritesetLog) -> None:
+        self.log = wslog
+        self._held: list[tuple[int, str, bytes, bool]] = []  # (gid, origin, payload, is a schema change)
+        self._outcomes: dict[int, bool] = {}
+
+    def certified(self, gid: int, origin: str, payload: bytes, ddl: bool) -> None:
+        if gid <= self.log.end_gid:
+            return  # already logged (a catch-up record this node held before it restarted)
+        self._held.append((gid, origin, payload, ddl))
+        self._flush()
+
+    def outcome(self, gid: int, ok: bool) -> None:
+        self._outcomes[gid] = ok
+        self._flush()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._held)
+
+    def _flush(self) -> None:
+        while self._held:
+            gid, origin, payload, ddl = self._held[0]
+            flags = 0
+            if ddl:
+                ok = self._outcomes.pop(gid, None)
+                if ok is None:
+                    return
+                flags = 0 if ok else FLAG_DDL_SKIPPED
+            self._held.pop(0)
+            if gid <= self.log.end_gid:
+                continue
+            try:
+                self.log.append(gid, origin, payload, flags)
+            except ValueError as e:
+                # larger than a segment: the log cannot hold it, so it restarts after it (a node
+                # that misses this GID needs total recovery, or a partner with larger segments)
+                log.warning("GID %d is not in the writeset log: %s; the log now starts after it", gid, e)
+                self.log.reset(gid)

@@ -1,0 +1,164 @@
+"""The writeset log, crash safety and partial recovery on real nodes (issue: writeset log)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Any, Iterator
+
+import psycopg
+import pytest
+
+from chorus import workload as wl
+from conftest import Cluster, chorus
+
+pytestmark = pytest.mark.integration
+
+PGBENCH = shutil.which("pgbench") or "/usr/lib/postgresql/15/bin/pgbench"
+
+
+def _pgbench_tables(cluster: Cluster) -> None:
+    with cluster.connect(0) as c:
+        if c.execute("SELECT to_regclass('pgbench_accounts')").fetchone() == (None,):
+            subprocess.run([PGBENCH, "-i", "-q", "-s", "1", cluster.dsn(0)], check=True,
+                           capture_output=True, timeout=120)
+    cluster.quiesce()
+
+
+def test_stopped_node_catches_up_from_a_partner_log(cluster: Cluster) -> None:
+    _pgbench_tables(cluster)
+    name = cluster.nodes[2].name
+    r = chorus("node", "leave", "--dir", cluster.dir, name)
+    assert r.returncode == 0, r.stderr
+    procs = [subprocess.Popen([PGBENCH, "-N", "-n", "-c", "2", "-T", "5", "--max-tries", "100", cluster.dsn(i)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+    for p in procs:
+        out = p.communicate(timeout=120)[0]
+        assert p.returncode == 0, out
+    with cluster.connect(0) as c:
+        c.execute("CREATE TABLE rec_after (id integer PRIMARY KEY)")  # a schema change in the gap too
+        c.execute("INSERT INTO rec_after SELECT generate_series(1, 100)")
+    r = chorus("node", "join", "--dir", cluster.dir, name, "--json")
+    assert r.returncode == 0, r.stderr + r.stdout
+    st = json.loads(r.stdout)
+    rec = st["recovery"]
+    assert rec is not None and rec["state"] == "done", st
+    assert rec["records"] > 100 and rec["partner"] in (cluster.nodes[0].name, cluster.nodes[1].name), rec
+    assert "caught up:" in r.stderr, r.stderr  # progress was shown
+    print(r.stderr)
+    cluster.assert_identical()
+
+
+def _transfer_loop(dsn: str, accounts: int, stop: threading.Event, seed: int, errors: list[str]) -> None:
+    """Bank transfers, reconnecting whenever the node goes away; outcomes do not matter (each
+    transfer is atomic), only that the total never changes."""
+    rnd = random.Random(seed)
+    op = wl.bank_op(accounts)
+    conn = None
+    while not stop.is_set():
+        try:
+            if conn is None or conn.closed:
+                conn = psycopg.connect(dsn, autocommit=True, connect_timeout=3)
+            with conn.transaction():
+                op(conn, rnd, "")
+        except psycopg.Error as e:
+            if e.sqlstate not in (None, "40001", "40P01", "25006", "08006", "57P01", "57P03", "CH001"):
+                errors.append(f"{e.sqlstate}: {str(e).strip()[:200]}")
+            if conn is not None and not conn.closed and conn.info.transaction_status != 0:
+                try:
+                    conn.rollback()
+                except psycopg.Error:
+                    conn.close()
+            time.sleep(0.05)
+    if conn is not None:
+        conn.close()
+
+
+def test_kill_nine_under_bank_load_loses_nothing(cluster: Cluster) -> None:
+    with cluster.connect(0) as c:
+        c.execute(wl.BANK_SCHEMA)
+    cluster.quiesce()
+    accounts, balance = 40, 1000
+    wl.bank_setup(cluster.dsn(0), accounts, balance)
+    cluster.quiesce()
+    stop = threading.Event()
+    errors: list[str] = []
+    threads = [threading.Thread(target=_transfer_loop, args=(cluster.dsn(i % 3), accounts, stop, i, errors))
+               for i in range(6)]
+    for t in threads:
+        t.start()
+    try:
+        for rnd, (node, what) in enumerate([(2, "coordinator"), (1, "postgres"), (2, "all"), (1, "coordinator")]):
+            time.sleep(2)
+            name = cluster.nodes[node].name
+            r = chorus("local", "kill", "--dir", cluster.dir, name, "--what", what)
+            assert r.returncode == 0, r.stderr
+            time.sleep(1)
+            r = chorus("local", "start", "--dir", cluster.dir, name)
+            assert r.returncode == 0, f"round {rnd}: restarting {name} after killing its {what}: {r.stderr}"
+            cluster.wait_online(node)
+        time.sleep(2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors[:5]
+    cluster.assert_identical()
+    for i in range(3):
+        with cluster.connect(i) as c:
+            assert c.execute("SELECT sum(balance), count(*) FROM bank_accounts").fetchone() == (accounts * balance, accounts)
+
+
+@pytest.fixture
+def small_log_cluster() -> Iterator[Cluster]:
+    """A second cluster whose writeset logs hold only 2 MiB each, so they wrap quickly."""
+    directory = tempfile.mkdtemp(prefix="chorus-small-", dir="/tmp")
+    os.chmod(directory, 0o755)
+    port = int(os.environ.get("CHORUS_TEST_PORT_BASE", "55433")) + 10
+    r = chorus("local", "up", "--nodes", "3", "--dir", directory, "--port-base", str(port),
+               "--log-segment-mb", "1", "--log-total-mb", "2", "--json")
+    if r.returncode != 0:
+        chorus("local", "down", "--dir", directory)
+        pytest.fail(f"chorus local up failed:\n{r.stderr}")
+    try:
+        yield Cluster(directory, json.loads(r.stdout))
+    finally:
+        chorus("local", "down", "--dir", directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_node_whose_gap_left_every_log_stays_out_and_says_why(small_log_cluster: Cluster) -> None:
+    c3 = small_log_cluster
+    c3.sql_all("CREATE TABLE filler (id integer PRIMARY KEY, pad text)")
+    name = c3.nodes[2].name
+    r = chorus("node", "leave", "--dir", c3.dir, name)
+    assert r.returncode == 0, r.stderr
+    with c3.connect(0) as c:
+        for i in range(300):  # ~6 MB of writesets: both logs wrap past the gap's start
+            c.execute("INSERT INTO filler VALUES (%s, repeat('x', 20000))", (i,))
+    assert c3.status(0)["writeset_log"]["low_gid"] > 5
+    r = chorus("node", "join", "--dir", c3.dir, name, "--timeout", "120")
+    assert r.returncode != 0
+    assert "total recovery" in r.stderr, r.stderr
+    st = c3.status(2)
+    assert st["state"] == "needs-recovery" and not st["accepts_writes"], st
+    with psycopg.connect(c3.dsn(2), autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM filler").fetchone() == (0,)  # reads still work
+        with pytest.raises(psycopg.Error) as e:
+            c.execute("INSERT INTO filler VALUES (-1, 'stale node')")
+        assert e.value.sqlstate == "25006", e.value
+
+
+def test_writeset_log_verifies_clean(cluster: Cluster) -> None:
+    for n in cluster.info["nodes"]:
+        logdir = os.path.join(os.path.dirname(n["config"]), "wslog")
+        r = chorus("log", "verify", logdir, "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        out: dict[str, Any] = json.loads(r.stdout)
+        assert out["records"] > 0, out
