@@ -6,6 +6,7 @@ import click
 
 from chorus.cli import demo as demo_cmds
 from chorus.cli import local as local_cmds
+from chorus.cli import log as log_cmds
 from chorus.cli import node as node_cmds
 
 
@@ -18,6 +19,7 @@ def cli() -> None:
 cli.add_command(local_cmds.local)
 cli.add_command(local_cmds.sql_command)
 cli.add_command(demo_cmds.demo)
+cli.add_command(log_cmds.log)
 for command in node_cmds.COMMANDS:
     cli.add_command(command)
 
