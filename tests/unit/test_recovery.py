@@ -1,0 +1,154 @@
+"""Partial recovery's pieces: the log feeder, partner choice, and a real TLS stream between a
+partner serving a growing log and a joiner (anchor, safe stop, reload, authentication)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from chorus import busproto as bp
+from chorus import recovery as rc
+from chorus.wslog import FLAG_DDL_SKIPPED, LogRecord, WritesetLog
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+
+
+def _log(path: Path) -> WritesetLog:
+    w = WritesetLog(str(path), segment_bytes=64 << 10, total_bytes=1 << 20)
+    w.open()
+    return w
+
+
+def test_feeder_logs_a_schema_change_with_its_outcome_and_holds_what_follows(tmp_path: Path) -> None:
+    w = _log(tmp_path / "log")
+    f = rc.LogFeeder(w)
+    f.certified(1, "n1", b"a", ddl=False)
+    f.certified(2, "n2", b"ddl", ddl=True)
+    f.certified(4, "n1", b"b", ddl=False)
+    assert w.end_gid == 1 and f.waiting == 2  # GID 4 waits behind the schema change
+    f.outcome(2, False)
+    assert w.end_gid == 4 and f.waiting == 0
+    recs = w.reader(0).read(10)
+    assert [(r.gid, r.flags) for r in recs] == [(1, 0), (2, FLAG_DDL_SKIPPED), (4, 0)]
+    f.certified(4, "n1", b"b", ddl=False)  # already logged (a catch-up repeating it): ignored
+    assert w.end_gid == 4
+
+
+def test_partner_choice_prefers_configured_then_least_loaded() -> None:
+    def info(name: str, after_min: int, load: int, committed: int = 100) -> bp.LogInfo:
+        return bp.LogInfo("j", "r", name, f"127.0.0.1:{1000 + len(name)}", after_min, 100, committed, load)
+
+    offers = [info("n1", 0, 9), info("n2", 0, 1), info("n3", 50, 0), info("n4", 0, 1, committed=90)]
+    assert [o.partner for o in rc.choose_partners(offers, 10, [])] == ["n2", "n4", "n1"]
+    assert [o.partner for o in rc.choose_partners(offers, 10, ["n1"])] == ["n1", "n2", "n4"]
+    assert [o.partner for o in rc.choose_partners(offers, 60, [])][0] == "n3"  # least loaded that holds it
+    assert rc.choose_partners(offers, -1, []) == []
+
+
+class _Partner:
+    def __init__(self, tmp: Path, keys: rc.ClusterKeys) -> None:
+        self.log = _log(tmp / "partner")
+        self.committed = 0
+        self.server = rc.RecoveryServer(self.log, keys, lambda: "cluster-1", lambda: self.committed)
+
+    def commit(self, gid: int, payload: bytes = b"x" * 100) -> None:
+        self.log.append(gid, "n1", payload)
+        self.committed = gid
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> rc.ClusterKeys:
+    k = rc.generate_keys(str(tmp_path_factory.mktemp("keys") / "k"))
+    assert oct(os.stat(k.key).st_mode & 0o777) == "0o600"
+    return k
+
+
+def test_stream_anchors_stops_safely_and_reloads(tmp_path: Path, keys: rc.ClusterKeys) -> None:
+    async def main() -> None:
+        p = _Partner(tmp_path, keys)
+        for g in range(1, 200, 2):  # odd GIDs certified; even ones failed certification
+            p.commit(g)
+        await p.server.start("127.0.0.1:0")
+        assert p.server.server is not None
+        port = p.server.server.sockets[0].getsockname()[1]
+        got: list[LogRecord] = []
+
+        async def take(r: LogRecord) -> None:
+            got.append(r)
+
+        # anchor after 50, up to 300: the partner stops at what it committed (199)
+        stop = await rc.fetch(f"127.0.0.1:{port}", keys, "cluster-1", "n9", 50, 300, take)
+        assert stop == 199 and [r.gid for r in got] == list(range(51, 200, 2))
+        # the log grows; the joiner reloads from where it got to
+        for g in range(201, 260, 2):
+            p.commit(g)
+        stop = await rc.fetch(f"127.0.0.1:{port}", keys, "cluster-1", "n9", stop, 300, take)
+        assert stop == 259 and got[-1].gid == 259 and len(got) == len({r.gid for r in got})
+        # only committed records are served, even if the log holds more
+        p.log.append(261, "n1", b"certified, not committed")
+        stop = await rc.fetch(f"127.0.0.1:{port}", keys, "cluster-1", "n9", stop, 300, take)
+        assert stop == 259 and got[-1].gid == 259
+        await p.server.close()
+
+    asyncio.run(main())
+
+
+def test_range_the_log_no_longer_holds_is_refused(tmp_path: Path, keys: rc.ClusterKeys) -> None:
+    async def main() -> None:
+        p = _Partner(tmp_path, keys)
+        for g in range(1, 3000):  # ~300 KB each way: wraps the 1 MiB ring a few times
+            p.commit(g, b"y" * 1000)
+        assert p.log.base_gid > 1
+        await p.server.start("127.0.0.1:0")
+        assert p.server.server is not None
+        port = p.server.server.sockets[0].getsockname()[1]
+
+        async def take(r: LogRecord) -> None:
+            pass
+
+        with pytest.raises(rc.RangeUnavailable):
+            await rc.fetch(f"127.0.0.1:{port}", keys, "cluster-1", "n9", 0, 3000, take)
+        await p.server.close()
+
+    asyncio.run(main())
+
+
+def test_wrong_secret_or_cluster_is_rejected(tmp_path: Path, keys: rc.ClusterKeys) -> None:
+    async def main() -> None:
+        p = _Partner(tmp_path, keys)
+        p.commit(1)
+        await p.server.start("127.0.0.1:0")
+        assert p.server.server is not None
+        port = p.server.server.sockets[0].getsockname()[1]
+        bad = tmp_path / "bad.secret"
+        bad.write_text("0" * 64)
+        impostor = rc.ClusterKeys(keys.cert, keys.key, str(bad))
+
+        async def take(r: LogRecord) -> None:
+            raise AssertionError("no record may reach an unauthenticated joiner")
+
+        with pytest.raises(rc.RecoveryError, match="authentication"):
+            await rc.fetch(f"127.0.0.1:{port}", impostor, "cluster-1", "n9", 0, 1, take)
+        with pytest.raises(rc.RecoveryError, match="refused"):
+            await rc.fetch(f"127.0.0.1:{port}", keys, "another-cluster", "n9", 0, 1, take)
+        # a certificate from another cluster fails the TLS handshake
+        other = rc.generate_keys(str(tmp_path / "other"))
+        with pytest.raises(rc.RecoveryError):
+            await rc.fetch(f"127.0.0.1:{port}", other, "cluster-1", "n9", 0, 1, take)
+        await p.server.close()
+
+    asyncio.run(main())
+
+
+def test_record_frames_round_trip_and_reject_garbage() -> None:
+    r = LogRecord(7, "nöde", FLAG_DDL_SKIPPED, b"\x00payload")
+    frame = rc.encode_record(r)
+    assert frame[:1] == b"R" and rc.decode_record(frame[5:]) == r
+    with pytest.raises(rc.RecoveryError):
+        rc.decode_record(b"\x00" * 5)
+    with pytest.raises(rc.RecoveryError):
+        rc.decode_record(frame[5:5 + 11] + b"")  # origin missing
