@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from chorus.coordinator import admin_request  # noqa: E402
 from chorus.localcluster import LocalCluster  # noqa: E402
-from pgbench_compare import PGBENCH, pgbench_init  # noqa: E402
+from pgbench_compare import pgbench_init, pgbench_run  # noqa: E402
 
 SAMPLE_S = 0.05
 
@@ -41,7 +39,7 @@ def lag(admin: str) -> tuple[int, float]:
     return int(st["lag_gids"]), float(st["lag_ms"])
 
 
-def one_round(nodes: list[dict[str, Any]], clients: int, seconds: int) -> dict[str, float]:
+def one_round(nodes: list[dict[str, Any]], clients: int, seconds: int, logdir: Path) -> dict[str, float]:
     replicas = [n["admin"] for n in nodes[1:]]
     samples: list[tuple[int, float]] = []
     running = threading.Event()
@@ -55,16 +53,11 @@ def one_round(nodes: list[dict[str, Any]], clients: int, seconds: int) -> dict[s
     t = threading.Thread(target=sampler)
     t.start()
     try:
-        p = subprocess.run([PGBENCH, "-N", "-n", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds),
-                            "--max-tries", "50", nodes[0]["dsn"]], capture_output=True, text=True,
-                           timeout=seconds + 120)
+        res = pgbench_run([nodes[0]["dsn"]], clients, seconds, logdir)
     finally:
         stopped = time.monotonic()
         running.clear()
         t.join()
-    m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", p.stdout)
-    if p.returncode != 0 or not m:
-        raise RuntimeError(f"pgbench failed:\n{p.stdout}{p.stderr}")
     while any(lag(a)[0] for a in replicas):
         if time.monotonic() - stopped > 120:
             raise RuntimeError("replicas did not drain within 120 s")
@@ -72,7 +65,7 @@ def one_round(nodes: list[dict[str, Any]], clients: int, seconds: int) -> dict[s
     drain = time.monotonic() - stopped
     gids = sorted(s[0] for s in samples)
     ms = sorted(s[1] for s in samples)
-    return {"tps": float(m.group(1)), "lag_gids_median": float(statistics.median(gids)),
+    return {"tps": res["tps"], "lag_gids_median": float(statistics.median(gids)),
             "lag_gids_max": float(gids[-1]), "lag_ms_median": statistics.median(ms), "lag_ms_max": ms[-1],
             "drain_s": drain}
 
@@ -97,7 +90,7 @@ def main() -> None:
         for n in nodes[1:]:
             pgbench_init(n["dsn"], args.scale)
         for r in range(args.rounds):
-            res = one_round(nodes, args.clients, args.seconds)
+            res = one_round(nodes, args.clients, args.seconds, root / "logs")
             rounds.append(res)
             print(f"round {r + 1}: origin {res['tps']:.0f} tps; replica lag median {res['lag_gids_median']:.0f} "
                   f"GIDs / {res['lag_ms_median']:.1f} ms, max {res['lag_gids_max']:.0f} GIDs / "

@@ -43,6 +43,10 @@ class TransientApplyError(Exception):
     """Retry the writeset (deadlock, lock timeout, lost connection)."""
 
 
+class ApplyConnectionLost(TransientApplyError):
+    """The apply session's connection ended: retry; PostgreSQL itself may have gone away."""
+
+
 class AlreadyCommitted(Exception):
     """The GID is committed here already (by a local backend of an earlier coordinator, or an
     earlier copy of the same writeset): nothing to do."""
@@ -240,7 +244,7 @@ class ApplySession:
         transient SQLSTATE is retried (TransientApplyError), anything else stops the node."""
         if isinstance(e, psycopg.OperationalError):
             await self._reset()
-            return TransientApplyError(f"GID {gid}: connection problem: {e}")
+            return ApplyConnectionLost(f"GID {gid}: connection problem: {e}")
         await self._rollback()
         state = e.sqlstate or ""
         if state == ALREADY_COMMITTED or await self._committed_here(gid):

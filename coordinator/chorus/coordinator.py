@@ -25,7 +25,7 @@ from chorus import backendproto as bpf
 from chorus import busproto as bp
 from chorus import recovery as rc
 from chorus import wire
-from chorus.applier import ApplyError, ApplySession, TransientApplyError
+from chorus.applier import ApplyConnectionLost, ApplyError, ApplySession, TransientApplyError
 from chorus.bus import Bus, BusError, View
 from chorus.certifier import key_hash
 from chorus.config import NodeConfig
@@ -104,6 +104,7 @@ class Counters:
     bus_writesets: int = 0  # local writesets sent
     max_workers_busy: int = 0  # the most apply sessions ever busy at once
     overlapped_applies: int = 0  # applies dispatched while another was still running
+    already_committed: int = 0  # applies found their GID committed here already (nothing done)
 
 
 class Coordinator:
@@ -397,10 +398,7 @@ class Coordinator:
             elif isinstance(a, (Apply, DdlOutcome)) and self._held is not None:
                 self._held.append(a)  # after the catch-up range
             elif isinstance(a, Apply):
-                self.feeder.certified(a.gid, a.origin, _raw(a.writeset), a.writeset.ddl is not None)
-                self.pending[a.gid] = _Pending(a.gid, a.wait_for, a.origin, a.writeset)
-                self.scheduler.add(a.gid, _keys(a.writeset), local=False,
-                                   barrier=a.writeset.ddl is not None)
+                self._admit(_Pending(a.gid, a.wait_for, a.origin, a.writeset), local=False)
                 self._dispatch()
             elif isinstance(a, DdlOutcome):
                 self.feeder.outcome(a.gid, a.ok)
@@ -606,10 +604,8 @@ class Coordinator:
                 b.writer.write(bpf.verdict_frame(kind, v.gid, 0, v.reason))
             return
         assert v.writeset is not None
-        self.feeder.certified(v.gid, self.cfg.name, _raw(v.writeset), v.writeset.ddl is not None)
         p = _Pending(v.gid, v.wait_for, self.cfg.name, v.writeset, b)
-        self.pending[v.gid] = p
-        self.scheduler.add(v.gid, _keys(v.writeset), local=True, barrier=v.writeset.ddl is not None)
+        self._admit(p, local=True)
         if b is None or b.closed:
             log.info("backend of certified GID %d is gone: replaying it", v.gid)
             self._replay(v.gid)
@@ -638,6 +634,13 @@ class Coordinator:
         elif p.origin == self.cfg.name:
             self.scheduler.replay(o.gid)
         self._dispatch()
+
+    def _admit(self, p: _Pending, local: bool) -> None:
+        """A certified writeset: into the writeset log, the pending set and the scheduler."""
+        ddl = p.writeset.ddl is not None
+        self.feeder.certified(p.gid, p.origin, _raw(p.writeset), ddl)
+        self.pending[p.gid] = p
+        self.scheduler.add(p.gid, _keys(p.writeset), local=local, barrier=ddl)
 
     def _local_done(self, gid: int) -> None:
         p = self.pending.pop(gid, None)
@@ -734,11 +737,13 @@ class Coordinator:
             t0 = time.monotonic()
             self._waiters[gid] = _Waiter(lambda: session.pid, t0)
             try:
-                await session.apply(gid, p.wait_for, p.writeset, ddl_ok=p.ddl_ok is not False)
+                done = await session.apply(gid, p.wait_for, p.writeset, ddl_ok=p.ddl_ok is not False)
             finally:
                 self._waiters.pop(gid, None)
             self.last_apply_ms = (time.monotonic() - t0) * 1000
-            if replay:
+            if not done:
+                self.counters.already_committed += 1
+            elif replay:
                 self.counters.replayed += 1
             else:
                 self.counters.applied += 1
@@ -749,7 +754,7 @@ class Coordinator:
             self.counters.apply_retries += 1
             log.info("retrying GID %d: %s", gid, e)
             self.scheduler.redispatch(gid)
-            if "connection problem" in str(e):
+            if isinstance(e, ApplyConnectionLost):
                 asyncio.create_task(self._check_database(str(e)))
             await asyncio.sleep(0.01)
         except ApplyError as e:
@@ -879,17 +884,12 @@ class Coordinator:
                 ws = wire.decode(rec.payload)
             except wire.WireError as e:
                 raise rc.RecoveryError(f"GID {rec.gid} from the partner's log does not decode: {e}") from e
-            ddl = ws.ddl is not None
-            self.feeder.certified(rec.gid, rec.origin, rec.payload, ddl)
             p = _Pending(rec.gid, prev, rec.origin, ws)
-            if ddl:
-                ok = not rec.flags & rc.FLAG_DDL_SKIPPED
-                self.feeder.outcome(rec.gid, ok)
-                p.ddl_ok = ok
-                assert p.ddl_known is not None
+            self._admit(p, local=False)
+            if p.ddl_known is not None:  # the log records a schema change with its outcome
+                p.ddl_ok = not rec.flags & rc.FLAG_DDL_SKIPPED
+                self.feeder.outcome(rec.gid, p.ddl_ok)
                 p.ddl_known.set()
-            self.pending[rec.gid] = p
-            self.scheduler.add(rec.gid, _keys(ws), local=False, barrier=ddl)
             prev = rec.gid
             self._dispatch()
             while len(self.pending) > CATCHUP_WINDOW and not self.fatal:
@@ -977,6 +977,7 @@ class Coordinator:
             "workers_busy": len(self.workers) - len(self.idle),
             "max_workers_busy": self.counters.max_workers_busy,
             "overlapped_applies": self.counters.overlapped_applies,
+            "already_committed": self.counters.already_committed,
             "last_apply_ms": round(self.last_apply_ms, 3),
             "certification_index_keys": len(r.certifier) if r else 0,
             "certification_horizon": r.certifier.horizon if r else 0,

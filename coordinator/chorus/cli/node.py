@@ -157,6 +157,13 @@ def watch_until_online(admin: str, timeout: float) -> dict[str, Any]:
     raise ChorusCliError(f"node not online after {timeout:.0f} s: {st.get('state')}: {st.get('reason')}")
 
 
+def _report_online(st: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print_json(st)
+    else:
+        click.echo(f"node {st['node']} is online at GID {st['committed_gid']}")
+
+
 @click.group()
 def node() -> None:
     """Take a node into the cluster or out of it."""
@@ -190,11 +197,7 @@ def join(config_path: Optional[str], directory: Optional[str], name: Optional[st
             LocalCluster(directory, log=lambda s: click.echo(s, err=True)).start(name or "", wait=False)
         except LocalClusterError as e:
             raise ChorusCliError(str(e)) from e
-    st = watch_until_online(_admin_of(config_path, directory, name), timeout)
-    if as_json:
-        print_json(st)
-    else:
-        click.echo(f"node {st['node']} is online at GID {st['committed_gid']}")
+    _report_online(watch_until_online(_admin_of(config_path, directory, name), timeout), as_json)
 
 
 @node.command()
@@ -232,11 +235,7 @@ def recover(config_path: Optional[str], directory: Optional[str], name: Optional
     resp = admin_request(admin, "recover")
     if not resp.get("ok"):
         raise ChorusCliError(str(resp.get("error")))
-    st = watch_until_online(admin, timeout)
-    if as_json:
-        print_json(st)
-    else:
-        click.echo(f"node {st['node']} is online at GID {st['committed_gid']}")
+    _report_online(watch_until_online(admin, timeout), as_json)
 
 
 COMMANDS = [run, bootstrap, status, node]
