@@ -71,15 +71,17 @@ def pgbench_init(dsn: str, scale: int) -> None:
     subprocess.run([PGBENCH, "-i", "-q", "-s", str(scale), dsn], env=env, check=True, capture_output=True)
 
 
-def pgbench_run(dsns: list[str], clients: int, seconds: int, logdir: Path) -> dict[str, float]:
-    """Run pgbench -N on every DSN at once, ``clients`` in all; total TPS and latency percentiles."""
+def pgbench_run(dsns: list[str], clients: int, seconds: int, logdir: Path,
+                workload: tuple[str, ...] = ("-N",)) -> dict[str, float]:
+    """Run pgbench (``workload``: its script options, -N by default) on every DSN at once,
+    ``clients`` in all; total TPS and latency percentiles."""
     shutil.rmtree(logdir, ignore_errors=True)
     logdir.mkdir(parents=True)
     per = [clients // len(dsns) + (1 if i < clients % len(dsns) else 0) for i in range(len(dsns))]
     procs = []
     for i, (dsn, c) in enumerate(zip(dsns, per)):
         procs.append(subprocess.Popen(
-            [PGBENCH, "-N", "-n", "-c", str(c), "-j", str(min(c, 2)), "-T", str(seconds), "--max-tries", "50",
+            [PGBENCH, *workload, "-n", "-c", str(c), "-j", str(min(c, 2)), "-T", str(seconds), "--max-tries", "50",
              "-l", "--log-prefix", str(logdir / f"n{i}"), dsn],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     tps = 0.0

@@ -17,7 +17,7 @@ import signal
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import psycopg
 
@@ -458,6 +458,7 @@ class Coordinator:
                 msg = self.replicator.progress_message(self.watermark)
                 if msg is not None:
                     await self._act([msg])
+                self._flow_reassert()
 
     def _reap_committed(self, watermark: int) -> None:
         for g in [g for g in self.pending if g <= watermark and self.pending[g].backend is not None]:
@@ -701,6 +702,8 @@ class Coordinator:
     # ---- apply --------------------------------------------------------------------------
 
     def _flow_check(self) -> None:
+        if self._held is not None:
+            return  # streaming a catch-up: the cluster need not wait for that (Galera's joiner)
         backlog = len(self.pending)
         if not self._flow_requested and backlog >= self.cfg.flow_pause_at:
             self._flow_requested = True
@@ -708,6 +711,16 @@ class Coordinator:
         elif self._flow_requested and backlog <= self.cfg.flow_resume_at:
             self._flow_requested = False
             asyncio.create_task(self._send_logged(bp.FlowControl(self.cfg.name, False)))
+
+    def _flow_reassert(self) -> None:
+        """Flow control is a state, not an event: if the cluster's view of this node's request
+        (as delivered back to it) differs from what it wants, say it again. Covers a request
+        sent while this node was not yet counted online, or lost to a failed send."""
+        r = self.replicator
+        if r is None or r.phase != Phase.ONLINE:
+            return
+        if (self.cfg.name in r.paused_by) != self._flow_requested:
+            asyncio.create_task(self._send_logged(bp.FlowControl(self.cfg.name, self._flow_requested)))
 
     def _dispatch(self) -> None:
         self._flow_check()
@@ -896,40 +909,33 @@ class Coordinator:
                 await asyncio.sleep(0.005)
 
         try:
-            while prog.position < c.upto:
-                if r.phase != Phase.RECOVERING or self.stopping.is_set():
-                    log.warning("catch-up stopped at GID %d: the node is %s", prog.position, r.phase.value)
-                    return
-                prog.state = "choosing a partner"
-                offers = await self._ask_logs()
-                partners = rc.choose_partners(offers, prog.position, self.cfg.recovery_partners)
-                if self.keys is None or not partners:
-                    held = ", ".join(f"{o.partner} after GID {o.after_min}" for o in offers) or "no member answered"
-                    why = ("this node has no recovery keys configured" if self.keys is None else
-                           f"no member's writeset log holds the GIDs after {prog.position} ({held})")
-                    await self._act(r.recovery_failed(
-                        f"partial recovery impossible: {why}; total recovery is needed "
-                        f"(chorus node join --total)"))
-                    return
-                before = prog.position
-                for o in partners:
-                    prog.partner, prog.state = o.partner, "streaming"
-                    try:
-                        stop = await rc.fetch(o.address, self.keys, r.cluster_uuid, self.cfg.name,
-                                              prog.position, c.upto, take)
-                        prog.position = max(prog.position, stop)
-                        break
-                    except rc.RecoveryError as e:
-                        log.warning("catch-up from %s (%s) failed at GID %d: %s", o.partner, o.address,
-                                    prog.position, e)
-                if prog.position == before:
-                    await asyncio.sleep(0.2)  # the partner has not committed further yet: reload
+            target, backlog = c.upto, None
+            while True:
+                while prog.position < target:
+                    if r.phase != Phase.RECOVERING or self.stopping.is_set():
+                        log.warning("catch-up stopped at GID %d: the node is %s", prog.position, r.phase.value)
+                        return
+                    before = prog.position
+                    if not await self._fetch_round(prog, target, take):
+                        return
+                    if prog.position == before:
+                        await asyncio.sleep(0.2)  # the partner has not committed further yet: reload
+                    if target > c.upto:
+                        break  # following the live stream: one round at a time
+                # The live stream held meanwhile is in the members' logs too: rather than hold it
+                # all in memory and apply it in one go, keep streaming while that shrinks it.
+                self._held = [a for a in self._held if not (isinstance(a, Apply) and a.gid <= prog.position)]
+                live = [a.gid for a in self._held if isinstance(a, Apply)]
+                if len(live) <= CATCHUP_WINDOW or (backlog is not None and len(live) >= backlog):
+                    break
+                backlog, target = len(live), live[-1]
+                prog.upto = target
             prog.state = "applying"
             held, self._held = self._held, None
             await self._act(held)
             while self.watermark < c.upto and not self.fatal:
                 await asyncio.sleep(0.02)
-            prog.state = "done"
+            prog.state, prog.finished = "done", time.monotonic()
             log.info("caught up from GID %d to %d: %d writesets, %.1f MB from %s", c.after, c.upto,
                      prog.records, prog.bytes / 1e6, prog.partner)
             await self._act(r.recovered())
@@ -937,7 +943,36 @@ class Coordinator:
             if self._held is not None:
                 self._held = None
                 if prog.state != "done":
-                    prog.state = "failed"
+                    prog.state, prog.finished = "failed", time.monotonic()
+
+    async def _fetch_round(self, prog: rc.Progress, upto: int,
+                           take: Callable[[rc.LogRecord], Awaitable[None]]) -> bool:
+        """One round of catch-up: ask who holds the range, stream from the best partner up to
+        its safe stop. False (and the node marked as needing total recovery) if nobody can."""
+        r = self.replicator
+        assert r is not None
+        prog.state = "choosing a partner"
+        offers = await self._ask_logs()
+        partners = rc.choose_partners(offers, prog.position, self.cfg.recovery_partners)
+        if self.keys is None or not partners:
+            held = ", ".join(f"{o.partner} after GID {o.after_min}" for o in offers) or "no member answered"
+            why = ("this node has no recovery keys configured" if self.keys is None else
+                   f"no member's writeset log holds the GIDs after {prog.position} ({held})")
+            await self._act(r.recovery_failed(
+                f"partial recovery impossible: {why}; total recovery is needed "
+                f"(chorus node join --total)"))
+            return False
+        for o in partners:
+            prog.partner, prog.state = o.partner, "streaming"
+            try:
+                stop = await rc.fetch(o.address, self.keys, r.cluster_uuid, self.cfg.name,
+                                      prog.position, upto, take)
+                prog.position = max(prog.position, stop)
+                break
+            except rc.RecoveryError as e:
+                log.warning("catch-up from %s (%s) failed at GID %d: %s", o.partner, o.address,
+                            prog.position, e)
+        return True
 
     # ---- admin --------------------------------------------------------------------------
 

@@ -318,13 +318,14 @@ class Progress:
     records: int = 0
     bytes: int = 0
     started: float = field(default_factory=time.monotonic)
+    finished: Optional[float] = None
     state: str = "choosing a partner"
 
     def __post_init__(self) -> None:
         self.position = self.after
 
     def as_dict(self) -> dict[str, object]:
-        elapsed = max(time.monotonic() - self.started, 1e-6)
+        elapsed = max((self.finished or time.monotonic()) - self.started, 1e-6)
         done = self.position - self.after
         rate = done / elapsed
         to_go = max(0, self.upto - self.position)

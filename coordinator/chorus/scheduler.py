@@ -15,7 +15,19 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from chorus.wire import KeyMode, modes_conflict
+from chorus.wire import KeyMode
+
+
+@dataclass
+class _KeyState:
+    """The pending holders of one key, kept so that registering a writeset costs O(its keys), not
+    O(the holders): conflicts chain (each holder already waits for the conflicting holders before
+    it), so waiting for the newest conflicting holder of each kind covers all earlier ones."""
+
+    holders: int = 0  # pending writesets holding the key, any mode
+    last_exclusive: int = 0
+    last_update: int = 0
+    since_exclusive: list[int] = field(default_factory=list)  # non-exclusive holders after it
 
 
 @dataclass
@@ -31,7 +43,7 @@ class _Item:
 class Scheduler:
     def __init__(self) -> None:
         self._items: dict[int, _Item] = {}
-        self._keys: dict[bytes, list[tuple[int, KeyMode]]] = {}
+        self._keys: dict[bytes, _KeyState] = {}
         self._dependents: dict[int, set[int]] = {}
         self._remote: deque[int] = deque()  # undispatched remote GIDs, in order
         self._replays: list[int] = []
@@ -58,16 +70,31 @@ class Scheduler:
         elif self._barrier in self._items:
             item.deps.add(self._barrier)
             self._dependents.setdefault(self._barrier, set()).add(gid)
-        for h, mode in item.keys:
-            holders = self._keys.setdefault(h, [])
-            for other, omode in holders:
-                if other != gid and modes_conflict(mode, omode):
-                    item.deps.add(other)
-                    self._dependents.setdefault(other, set()).add(gid)
-            holders.append((gid, mode))
         self._items[gid] = item
+        for h, mode in item.keys:
+            ks = self._keys.get(h)
+            if ks is None:
+                ks = self._keys[h] = _KeyState()
+            self._depend(item, ks.last_exclusive)
+            if mode == KeyMode.EXCLUSIVE:
+                for other in ks.since_exclusive:
+                    self._depend(item, other)
+                ks.last_exclusive, ks.since_exclusive = gid, []
+            else:
+                if mode == KeyMode.UPDATE:
+                    self._depend(item, ks.last_update)
+                    ks.last_update = gid
+                ks.since_exclusive.append(gid)
+                if len(ks.since_exclusive) > 2 * ks.holders + 16:  # drop the committed ones
+                    ks.since_exclusive = [g for g in ks.since_exclusive if g in self._items]
+            ks.holders += 1
         if not local:
             self._remote.append(gid)
+
+    def _depend(self, item: _Item, other: int) -> None:
+        if other != item.gid and other in self._items:
+            item.deps.add(other)
+            self._dependents.setdefault(other, set()).add(item.gid)
 
     def replay(self, gid: int) -> None:
         """A local writeset's backend could not commit it: apply it from its writeset."""
@@ -128,22 +155,22 @@ class Scheduler:
         if item is None:
             return
         for h, _ in item.keys:
-            holders = self._keys.get(h)
-            if holders is None:
-                continue
-            holders[:] = [(g, m) for g, m in holders if g != gid]
-            if not holders:
-                del self._keys[h]
+            ks = self._keys.get(h)
+            if ks is not None:
+                ks.holders -= 1
+                if ks.holders <= 0:
+                    del self._keys[h]
         for d in self._dependents.pop(gid, ()):
             dep = self._items.get(d)
             if dep is not None:
                 dep.deps.discard(gid)
-        if gid in self._replays:
+        if item.replay and gid in self._replays:
             self._replays.remove(gid)
-        try:
-            self._remote.remove(gid)
-        except ValueError:
-            pass
+        if not item.local and not item.dispatched:  # committed without this node applying it
+            try:
+                self._remote.remove(gid)
+            except ValueError:
+                pass
 
     def committed_upto(self, gid: int) -> None:
         for g in [g for g in self._items if g <= gid]:

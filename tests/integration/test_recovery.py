@@ -80,10 +80,6 @@ def _transfer_loop(dsn: str, accounts: int, stop: threading.Event, seed: int, er
         conn.close()
 
 
-@pytest.mark.skipif(not os.environ.get("CHORUS_STRESS"), reason=(
-    "known stall: after several kill/restart rounds late in the full suite a node can fall behind "
-    "without flow control pausing the others, and its scheduler then slows down quadratically; "
-    "passes on its own (run with CHORUS_STRESS=1) - see docs/DESIGN-NOTES.md"))
 def test_kill_nine_under_bank_load_loses_nothing(cluster: Cluster) -> None:
     with cluster.connect(0) as c:
         c.execute(wl.BANK_SCHEMA)

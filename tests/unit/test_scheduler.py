@@ -90,3 +90,61 @@ def test_schema_change_is_a_barrier() -> None:
     assert s.ready_remote(8) == [3]
     s.committed(3)
     assert s.ready_remote(8) == [4]
+
+
+MODES = (KeyMode.REFERENCE, KeyMode.UPDATE, KeyMode.EXCLUSIVE)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 4), st.sampled_from(MODES)), min_size=1, max_size=3),
+                min_size=1, max_size=40),
+       st.lists(st.booleans(), min_size=40, max_size=40), st.integers(0, 999))
+def test_conflicting_modes_never_overlap(keysets: list[list[tuple[int, KeyMode]]], local: list[bool],
+                                         seed: int) -> None:
+    """Mixed modes, local and remote writesets: a writeset is dispatched only once every earlier
+    writeset it conflicts with (same key, conflicting modes) has committed; local ones commit in
+    GID order (their backends take commit turns), remote ones in any order once dispatched."""
+    s = Scheduler()
+    for g, ks in enumerate(keysets, start=1):
+        s.add(g, [(k(x), m) for x, m in ks], local=local[g - 1])
+    rnd = random.Random(seed)
+    done: set[int] = set()
+    running: list[int] = []
+
+    def conflicts(a: int, b: int) -> bool:
+        return any(x == y and (KeyMode.EXCLUSIVE in (m, n) or m == n == KeyMode.UPDATE)
+                   for x, m in keysets[a - 1] for y, n in keysets[b - 1])
+
+    while len(done) < len(keysets):
+        started = s.ready_remote(4 - len(running))
+        for g in started:
+            assert all(a in done for a in range(1, g) if conflicts(a, g)), g
+        running += started
+        # the lowest pending local writeset commits once everything it conflicts with has
+        lowest_local = next((g for g in range(1, len(keysets) + 1) if local[g - 1] and g not in done), None)
+        choices = list(running)
+        if lowest_local is not None and all(a in done for a in range(1, lowest_local)
+                                            if conflicts(a, lowest_local)):
+            choices.append(lowest_local)
+        assert choices, "scheduler stalled"
+        g = choices[rnd.randrange(len(choices))]
+        if g in running:
+            running.remove(g)
+        done.add(g)
+        s.committed(g)
+    assert len(s) == 0 and not s._keys
+
+
+def test_shared_reference_key_stays_small() -> None:
+    """Every writeset holds its table's reference key: the per-key list of holders since the last
+    exclusive one is pruned as they commit, so a long backlog does not make registration slow."""
+    s = Scheduler()
+    table = k(999)
+    s.add(1, [(table, KeyMode.REFERENCE)], local=True)  # a local writeset that stays pending
+    for g in range(2, 5001):
+        s.add(g, [(table, KeyMode.REFERENCE), (k(g), KeyMode.UPDATE)], local=False)
+        if g > 10:
+            for d in s.ready_remote(8):
+                s.committed(d)
+    ks = s._keys[table]
+    assert ks.holders == len(s) and len(ks.since_exclusive) <= 2 * ks.holders + 16
