@@ -375,6 +375,79 @@ PG_FUNCTION_INFO_V1(chorus_status);
 PG_FUNCTION_INFO_V1(chorus_abort_local);
 PG_FUNCTION_INFO_V1(chorus_sync_wait_sql);
 PG_FUNCTION_INFO_V1(chorus_wait_turn);
+PG_FUNCTION_INFO_V1(chorus_snapshot_gid);
+PG_FUNCTION_INFO_V1(chorus_hold_commits);
+PG_FUNCTION_INFO_V1(chorus_release_commits);
+PG_FUNCTION_INFO_V1(chorus_forget_watermark);
+
+/*
+ * chorus_snapshot_gid()
+ *		The GID of the calling transaction's snapshot: the newest GID whose
+ *		commit it sees (commits happen in GID order, so it sees exactly the
+ *		GIDs up to this one). In a REPEATABLE READ transaction that exported its
+ *		snapshot, the GID a donor's snapshot corresponds to.
+ */
+Datum
+chorus_snapshot_gid(PG_FUNCTION_ARGS)
+{
+	if (!chorus_shared->ready)
+		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						errmsg("chorus: the node is not initialised by its coordinator")));
+	PG_RETURN_INT64((int64) chorus_visible_gid());
+}
+
+/*
+ * chorus_hold_commits(above bigint, timeout_ms integer) returns bigint
+ *		Commits of GIDs above `above` wait until chorus.release_commits() or the
+ *		timeout (a crashed caller cannot stall the node). Returns the committed
+ *		GID when the hold was set: if it is already past `above`, the caller
+ *		chose too low a GID.
+ */
+Datum
+chorus_hold_commits(PG_FUNCTION_ARGS)
+{
+	int64		above = PG_GETARG_INT64(0);
+	int32		timeout_ms = PG_GETARG_INT32(1);
+	uint64		committed;
+
+	if (above <= 0 || timeout_ms <= 0)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("chorus: hold_commits needs a positive GID and timeout")));
+	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
+	chorus_shared->hold_above = (uint64) above;
+	chorus_shared->hold_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+	committed = chorus_shared->committed_gid;
+	LWLockRelease(chorus_shared->lock);
+	PG_RETURN_INT64((int64) committed);
+}
+
+Datum
+chorus_release_commits(PG_FUNCTION_ARGS)
+{
+	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
+	chorus_shared->hold_above = 0;
+	LWLockRelease(chorus_shared->lock);
+	ConditionVariableBroadcast(&chorus_shared->commit_cv);
+	PG_RETURN_VOID();
+}
+
+/*
+ * chorus_forget_watermark()
+ *		Total recovery replaced the node's data: the next chorus.node_init()
+ *		takes the durable GID as it is, not the live watermark of before.
+ *		Writes are refused until then. Its coordinator must be stopped.
+ */
+Datum
+chorus_forget_watermark(PG_FUNCTION_ARGS)
+{
+	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
+	chorus_shared->online = false;
+	chorus_shared->ready = false;
+	chorus_shared->epoch++;
+	LWLockRelease(chorus_shared->lock);
+	ConditionVariableBroadcast(&chorus_shared->commit_cv);
+	PG_RETURN_VOID();
+}
 
 /*
  * chorus_node_init(committed_gid bigint)

@@ -13,6 +13,7 @@
 #include "port/atomics.h"
 #include "storage/condition_variable.h"
 #include "storage/lwlock.h"
+#include "datatype/timestamp.h"
 #include "utils/rel.h"
 #include "nodes/plannodes.h"
 #include "tcop/utility.h"
@@ -44,6 +45,8 @@ typedef struct ChorusShared
 	uint64		epoch;			/* bumped by each node_init: waits of an older coordinator end */
 	uint64		base_gid;		/* watermark at node_init; the ring starts after it */
 	uint64		ring_count;		/* entries ever appended since node_init */
+	uint64		hold_above;		/* commits of GIDs above this wait (0: no hold) */
+	TimestampTz hold_until;		/* ... until then at the latest */
 	ChorusCommit ring[CHORUS_RING_SIZE];
 } ChorusShared;
 

@@ -383,6 +383,36 @@ chorus_wait_for_turn(uint64 wait_for)
 }
 
 /*
+ * chorus_wait_hold
+ *		While chorus.hold_commits() holds commits above a GID (a cluster-wide
+ *		snapshot for verify), the commit of a GID above it waits, until the hold
+ *		is released or expires.
+ */
+static void
+chorus_wait_hold(uint64 gid)
+{
+	ConditionVariablePrepareToSleep(&chorus_shared->commit_cv);
+	for (;;)
+	{
+		uint64		above;
+		TimestampTz until;
+		long		left;
+
+		LWLockAcquire(chorus_shared->lock, LW_SHARED);
+		above = chorus_shared->hold_above;
+		until = chorus_shared->hold_until;
+		LWLockRelease(chorus_shared->lock);
+		if (above == 0 || gid <= above)
+			break;
+		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until);
+		if (left <= 0)
+			break;
+		(void) ConditionVariableTimedSleep(&chorus_shared->commit_cv, Min(left, 100), PG_WAIT_EXTENSION);
+	}
+	ConditionVariableCancelSleep();
+}
+
+/*
  * chorus_claim_turn
  *		After the wait for our turn: take GID chorus_xact.gid. Exactly one
  *		session commits each GID: an apply of a GID committed here already
@@ -397,6 +427,7 @@ chorus_claim_turn(void)
 	uint64		committed,
 				claimed;
 
+	chorus_wait_hold(gid);
 	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
 	committed = chorus_shared->committed_gid;
 	claimed = chorus_shared->claimed_gid;

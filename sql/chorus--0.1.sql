@@ -46,6 +46,26 @@ CREATE FUNCTION chorus.status(OUT ready boolean, OUT online boolean, OUT committ
 SELECT pg_replication_origin_create('chorus')
  WHERE NOT EXISTS (SELECT 1 FROM pg_replication_origin WHERE roname = 'chorus');
 
+CREATE FUNCTION chorus.snapshot_gid() RETURNS bigint
+    AS 'MODULE_PATHNAME', 'chorus_snapshot_gid' LANGUAGE C VOLATILE STRICT;
+
+CREATE FUNCTION chorus.hold_commits(above bigint, timeout_ms integer) RETURNS bigint
+    AS 'MODULE_PATHNAME', 'chorus_hold_commits' LANGUAGE C VOLATILE STRICT;
+
+CREATE FUNCTION chorus.release_commits() RETURNS void
+    AS 'MODULE_PATHNAME', 'chorus_release_commits' LANGUAGE C VOLATILE STRICT;
+
+CREATE FUNCTION chorus.forget_watermark() RETURNS void
+    AS 'MODULE_PATHNAME', 'chorus_forget_watermark' LANGUAGE C VOLATILE STRICT;
+
+-- Total recovery: the node's data is the donor's snapshot at GID gid; make that its durable GID.
+CREATE FUNCTION chorus.adopt_gid(gid bigint) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM chorus.forget_watermark();
+    PERFORM pg_replication_origin_advance('chorus', '0/0'::pg_lsn + gid);
+END
+$$;
+
 CREATE FUNCTION chorus.durable_gid() RETURNS bigint LANGUAGE sql STABLE AS $$
     SELECT coalesce((pg_replication_origin_progress('chorus', true) - '0/0'::pg_lsn)::bigint, 0)
 $$;
@@ -173,6 +193,8 @@ REVOKE ALL ON FUNCTION chorus.node_init(bigint), chorus.set_online(boolean), cho
     chorus.apply_begin(bigint, bigint), chorus.apply_writeset(bigint, bigint, bytea),
     chorus.abort_local(integer, bigint, text),
     chorus.wait_turn(bigint), chorus.spread_sequence(regclass, bigint),
+    chorus.hold_commits(bigint, integer), chorus.release_commits(), chorus.forget_watermark(),
+    chorus.adopt_gid(bigint),
     chorus.spread_all_sequences(bigint) FROM PUBLIC;
 
 SELECT chorus.attach_all();

@@ -1051,6 +1051,13 @@ class Coordinator:
                 cmd = None
             if cmd == "status":
                 resp: dict[str, Any] = {"ok": True, "status": self.status()}
+            elif cmd == "settled":
+                # verify: has this node committed every writeset it certified up to GID upto?
+                r = self.replicator
+                upto = int(req.get("upto", 0))
+                unsettled = [g for g in self.pending if g <= upto]
+                resp = {"ok": True, "delivered_gid": r.gid if r else 0, "committed_gid": self.watermark,
+                        "settled": bool(r and not unsettled)}
             elif cmd in ("stop", "leave"):
                 self.stopping.set()
                 resp = {"ok": True}
@@ -1095,14 +1102,14 @@ async def _unix_server(handler: Any, path: str) -> asyncio.base_events.Server:
     return server
 
 
-def admin_request(path: str, cmd: str = "status", timeout: float = 5.0) -> dict[str, Any]:
+def admin_request(path: str, cmd: str = "status", timeout: float = 5.0, **args: Any) -> dict[str, Any]:
     """Blocking client for the admin socket (used by the CLI)."""
     import socket
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(path)
-        s.sendall(json.dumps({"cmd": cmd}).encode() + b"\n")
+        s.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
         buf = b""
         while not buf.endswith(b"\n"):
             chunk = s.recv(65536)

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import click
 
 from chorus.cli.common import ChorusCliError, json_option, print_json, print_table
+from chorus.cli.total import total_join_local, verify, with_spark_options
 from chorus.config import ChorusConfigError, NodeConfig, load_config
 from chorus.state import StateError, load_state, save_state
 
@@ -185,12 +186,22 @@ def _target(f: Any) -> Any:
 @node.command()
 @_target
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the node to be online.")
+@click.option("--total", is_flag=True, help="Total recovery: rebuild the node from a donor's snapshot "
+              "(Spark snapshot diff), then catch up from the snapshot's GID.")
+@click.option("--donor", default=None, help="With --total: the donor node (default: the first online).")
+@with_spark_options
 @json_option
 def join(config_path: Optional[str], directory: Optional[str], name: Optional[str], timeout: float,
+         total: bool, donor: Optional[str], spark_master: str, spark_submit: Optional[str], range_rows: int,
          as_json: bool) -> None:
     """Start a node (local cluster) and follow it until it is online: it joins the group and, if
-    it missed writesets, catches up from a member's writeset log (partial recovery)."""
-    if directory is not None:
+    it missed writesets, catches up from a member's writeset log (partial recovery). With --total
+    it is first rebuilt from a donor's snapshot (for a new node, or one no log can catch up)."""
+    if total:
+        if directory is None or not name:
+            raise ChorusCliError("--total works on a node of a local cluster: --dir DIR NAME")
+        total_join_local(directory, name, donor, spark_master, spark_submit, range_rows)
+    elif directory is not None:
         from chorus.localcluster import LocalCluster, LocalClusterError
 
         try:
@@ -238,4 +249,4 @@ def recover(config_path: Optional[str], directory: Optional[str], name: Optional
     _report_online(watch_until_online(admin, timeout), as_json)
 
 
-COMMANDS = [run, bootstrap, status, node]
+COMMANDS = [run, bootstrap, status, node, verify]

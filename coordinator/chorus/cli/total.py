@@ -1,0 +1,125 @@
+"""Total recovery (``chorus node join --total``) and ``chorus verify``, for a local cluster
+(``--dir DIR``): both run the Spark snapshot diff (chorus.total, spark/chorus_spark)."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any, Optional
+
+import click
+
+from chorus.cli.common import ChorusCliError, json_option, print_json, print_table
+
+spark_options = [
+    click.option("--spark-master", default="local[*]", show_default=True, help="Spark master URL."),
+    click.option("--spark-submit", "spark_submit", default=None,
+                 help="Run the job with this spark-submit instead of in-process."),
+    click.option("--range-rows", default=1000, show_default=True,
+                 help="Rows per primary-key range compared by hash before rows are read."),
+]
+
+
+def with_spark_options(f: Any) -> Any:
+    for opt in reversed(spark_options):
+        f = opt(f)
+    return f
+
+
+def _say(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def _local(directory: str) -> tuple[Any, Any]:
+    from chorus.localcluster import LocalCluster
+
+    c = LocalCluster(directory, log=_say)
+    return c, c.load()
+
+
+def _endpoint(n: Any) -> Any:
+    from chorus.total import Endpoint
+
+    return Endpoint(n.name, "127.0.0.1", n.port)
+
+
+def _online_status(c: Any, meta: Any, name: str) -> Optional[dict[str, Any]]:
+    from chorus.coordinator import admin_request
+
+    try:
+        st: dict[str, Any] = admin_request(c.config(meta, c._node(meta, name)).admin_socket)["status"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return st if st.get("state") == "online" else None
+
+
+def total_join_local(directory: str, name: str, donor: Optional[str], spark_master: str,
+                     spark_submit: Optional[str], range_rows: int) -> dict[str, Any]:
+    """Rebuild node ``name`` of a local cluster from a donor's snapshot; start it (it then catches
+    up from the snapshot GID by partial recovery)."""
+    from chorus.localcluster import SERVICE_USER, LocalClusterError
+    from chorus.state import load_state, save_state
+    from chorus.total import TotalRecoveryError, total_recover
+
+    try:
+        c, meta = _local(directory)
+        n = c._node(meta, name)
+        others = [m.name for m in meta.nodes if m.name != name]
+        candidates = [donor] if donor else others
+        donors = [(d, st) for d in candidates if (st := _online_status(c, meta, d)) is not None]
+        if not donors:
+            raise ChorusCliError(f"no online donor among {', '.join(candidates) or 'no other nodes'}")
+        dname, dstatus = donors[0]
+        _say(f"{name}: stopping its coordinator for total recovery from {dname}")
+        c._stop_coordinator(n)
+        c._start_postgres(n)
+        c.save(meta)
+        result = total_recover(_endpoint(c._node(meta, dname)), _endpoint(n), _say, range_rows=range_rows,
+                               master=spark_master, spark_submit=spark_submit)
+        cfg = c.config(meta, n)
+        st = load_state(cfg.state_file, name)
+        save_state(cfg.state_file, st.with_(cluster_uuid=dstatus["cluster_uuid"], last_gid=result["gid"],
+                                            bootstrap=False, safe_to_bootstrap=False))
+        if c.as_root:  # the coordinator runs as the service user
+            shutil.chown(cfg.state_file, SERVICE_USER, SERVICE_USER)
+        c.start(name, wait=False)
+    except (LocalClusterError, TotalRecoveryError) as e:
+        raise ChorusCliError(str(e)) from e
+    return result
+
+
+@click.command()
+@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False),
+              help="A local cluster's directory.")
+@with_spark_options
+@json_option
+def verify(directory: str, spark_master: str, spark_submit: Optional[str], range_rows: int, as_json: bool) -> None:
+    """Compare every online node with the first, at one snapshot GID, table by table; list the
+    rows that differ. Exit status 1 if anything differs."""
+    from chorus.localcluster import LocalClusterError
+    from chorus.total import TotalRecoveryError, verify as run_verify
+
+    try:
+        c, meta = _local(directory)
+        nodes = [(_endpoint(n), c.config(meta, n).admin_socket) for n in meta.nodes
+                 if _online_status(c, meta, n.name) is not None]
+        if len(nodes) < 2:
+            raise ChorusCliError("verify needs at least two online nodes")
+        result = run_verify(nodes, _say, range_rows=range_rows, master=spark_master, spark_submit=spark_submit)
+    except (LocalClusterError, TotalRecoveryError) as e:
+        raise ChorusCliError(str(e)) from e
+    if as_json:
+        print_json(result)
+    else:
+        click.echo(f"compared with {result['reference']} at GID {result['gid']}")
+        print_table(["table", "node", "ranges", "differing", "missing", "extra", "differs"],
+                    [[t["table"], t["node"], t["ranges"], t["ranges_differing"], t["missing"], t["extra"],
+                      t["differs"]] for t in result["tables"]])
+        for d in result["schema_differences"]:
+            click.echo(f"{d['table']} on {d['node']}: {d['problem']}")
+        for t in result["tables"]:
+            for s in t["sample"]:
+                key = ", ".join(f"{k}={v}" for k, v in s["key"].items())
+                click.echo(f"{t['table']} on {t['node']}: row ({key}) {s['kind']}")
+        click.echo("identical" if result["identical"] else "NODES DIFFER")
+    if not result["identical"]:
+        raise SystemExit(1)

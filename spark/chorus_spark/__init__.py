@@ -1,0 +1,1 @@
+"""PySpark jobs of Chorus: the snapshot diff for total recovery and verify."""

@@ -1,0 +1,108 @@
+"""Total recovery with the Spark snapshot diff, and ``chorus verify`` (issue: total recovery).
+
+A node whose tables are gone (an empty node) is rebuilt from a donor's snapshot while the donor
+keeps committing, then catches up by partial recovery; verify finds a row changed behind Chorus's
+back on one node and names it. The stale-node case (its gap purged from every log) is in
+test_recovery.py, after the node has refused to serve."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+from conftest import Cluster, chorus
+
+pytest.importorskip("pyspark")
+
+TYPES_TABLE = """CREATE TABLE tr_types (
+    id bigint PRIMARY KEY, amount numeric(30, 10), at timestamptz, doc jsonb, bin bytea, tags text[],
+    note text, f double precision, day date, span interval, gen bigint GENERATED ALWAYS AS (id * 2) STORED)"""
+
+FILL = """INSERT INTO tr_types (id, amount, at, doc, bin, tags, note, f, day, span)
+SELECT g, g * 1.0000000001, '2026-11-23 12:00:00.123456+01'::timestamptz + g * interval '1 second',
+       jsonb_build_object('g', g, 'nested', jsonb_build_array(g, null, 'x')), decode(lpad(to_hex(g), 8, '0'), 'hex'),
+       ARRAY['a', NULL, g::text], CASE WHEN g %% 7 = 0 THEN NULL ELSE E'odd \\t ''chars'' "' || g || E'" \\\\N é' END,
+       g / 3.0, DATE '2026-01-01' + (g %% 300)::int, make_interval(secs => g)
+  FROM generate_series(%s::bigint, %s::bigint) g"""
+
+
+def _writer(dsn: str, stop: threading.Event, errors: list[str]) -> None:
+    i = 10_000_000
+    with psycopg.connect(dsn, autocommit=True) as c:
+        while not stop.is_set():
+            i += 1
+            try:
+                c.execute("INSERT INTO tr_types (id, note) VALUES (%s, 'during recovery')", (i,))
+            except psycopg.Error as e:
+                if e.sqlstate != "40001":
+                    errors.append(str(e))
+
+
+def test_empty_node_rebuilt_while_the_donor_keeps_writing(cluster: Cluster) -> None:
+    cluster.sql_all("DROP TABLE IF EXISTS tr_types")
+    with cluster.connect(0) as c:
+        c.execute(TYPES_TABLE)
+        c.execute(FILL, (1, 5000))
+    cluster.quiesce()
+    name = cluster.nodes[2].name
+    # the node loses every table (behind Chorus's back): it is an empty node now
+    with psycopg.connect(cluster.dsn(2), autocommit=True,
+                         options="-c chorus.capture=off -c chorus.replicate_ddl=off") as c:
+        tables = c.execute("SELECT format('%I.%I', schemaname, tablename) FROM pg_tables "
+                           "WHERE schemaname = 'public'").fetchall()
+        for (t,) in tables:
+            c.execute(f"DROP TABLE {t} CASCADE")
+    stop, errors = threading.Event(), []
+    writer = threading.Thread(target=_writer, args=(cluster.dsn(0), stop, errors))
+    writer.start()
+    try:
+        r = chorus("node", "join", "--total", "--dir", cluster.dir, name, "--range-rows", "500", "--json",
+                   timeout=600)
+    finally:
+        stop.set()
+        writer.join(timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "snapshot" in r.stderr and "caught up" in r.stderr, r.stderr[-2000:]
+    assert not errors, errors[:3]
+    assert json.loads(r.stdout)["state"] == "online"
+    cluster.assert_identical()
+    with cluster.connect(2) as c:
+        assert c.execute("SELECT count(*) FROM tr_types WHERE id <= 5000").fetchone() == (5000,)
+        assert c.execute("SELECT gen FROM tr_types WHERE id = 21").fetchone() == (42,)
+        c.execute("INSERT INTO tr_types (id, note) VALUES (-1, 'written on the rebuilt node')")
+    cluster.quiesce()
+    with cluster.connect(0) as c:
+        assert c.execute("SELECT note FROM tr_types WHERE id = -1").fetchone() == ("written on the rebuilt node",)
+
+
+def test_verify_names_a_row_changed_behind_chorus(cluster: Cluster) -> None:
+    if not _has_types_table(cluster):
+        cluster.sql_all("DROP TABLE IF EXISTS tr_types")
+        with cluster.connect(0) as c:
+            c.execute(TYPES_TABLE)
+            c.execute(FILL, (1, 2000))
+    cluster.quiesce()
+    r = chorus("verify", "--dir", cluster.dir, "--json", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out: dict[str, Any] = json.loads(r.stdout)
+    assert out["identical"] and any(t["table"] == "public.tr_types" for t in out["tables"]), out
+    off = "-c chorus.capture=off -c chorus.replicate_ddl=off"
+    with psycopg.connect(cluster.dsn(1), autocommit=True, options=off) as c:
+        before = c.execute("SELECT note FROM tr_types WHERE id = 1234").fetchone()
+        c.execute("UPDATE tr_types SET note = 'changed behind chorus' WHERE id = 1234")
+    try:
+        r = chorus("verify", "--dir", cluster.dir, timeout=600)
+        assert r.returncode == 1, r.stdout + r.stderr[-2000:]
+        assert f"public.tr_types on {cluster.nodes[1].name}: row (id=1234) differs" in r.stdout, r.stdout
+    finally:
+        with psycopg.connect(cluster.dsn(1), autocommit=True, options=off) as c:
+            c.execute("UPDATE tr_types SET note = %s WHERE id = 1234", (before[0] if before else None,))
+
+
+def _has_types_table(cluster: Cluster) -> bool:
+    with cluster.connect(0) as c:
+        return c.execute("SELECT to_regclass('public.tr_types') IS NOT NULL").fetchone() == (True,)
