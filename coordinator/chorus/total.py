@@ -64,8 +64,10 @@ class Endpoint:
     def jdbc(self) -> str:
         return f"jdbc:postgresql://{self.host}:{self.port}/{self.dbname}"
 
-    def source(self, snapshot: Optional[str] = None, gid: Optional[int] = None) -> dict[str, Any]:
-        return {"name": self.name, "url": self.jdbc, "user": self.user, "snapshot": snapshot, "gid": gid}
+    def source(self, snap: Optional["Snapshot"] = None) -> dict[str, Any]:
+        return {"name": self.name, "url": self.jdbc, "user": self.user,
+                "snapshot": snap.name if snap else None, "gid": snap.gid if snap else None,
+                "snapshot_text": snap.text if snap else None}
 
 
 _TABLES = """
@@ -127,10 +129,12 @@ class Snapshot:
         self.endpoint = ep
         self.conn = psycopg.connect(ep.dsn, autocommit=True)
         self.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        row = self.conn.execute("SELECT pg_export_snapshot(), chorus.snapshot_gid()").fetchone()
+        row = self.conn.execute("SELECT pg_export_snapshot(), chorus.snapshot_gid(), "
+                                "pg_current_snapshot()::text").fetchone()
         assert row is not None
         self.name: str = row[0]
         self.gid: int = int(row[1])
+        self.text: str = row[2]
 
     def close(self) -> None:
         try:
@@ -314,7 +318,7 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
                 t["bounds"] = range_bounds(snap.conn, t, range_rows)
             stages = make_stages(conn, tables)
             plan = {"mode": "recover", "master": master, "jdbc_jar": JDBC_JAR, "parallelism": parallelism,
-                    "sources": [donor.source(snap.name, snap.gid), joiner.source()],
+                    "sources": [donor.source(snap), joiner.source()],
                     "target_dsn": joiner.dsn + f" options='{OFF}'", "stages": stages,
                     "tables": [{k: v for k, v in t.items() if k != "oid"} for t in tables]}
             say(f"diffing {len(tables)} tables with Spark ({master})")
@@ -403,7 +407,7 @@ def verify(nodes: list[tuple[Endpoint, str]], say: Say, range_rows: int = 1000, 
             t["bounds"] = range_bounds(snaps[0].conn, t, range_rows)
         plan = {"mode": "verify", "master": master, "jdbc_jar": JDBC_JAR,
                 "parallelism": max(2, os.cpu_count() or 2),
-                "sources": [s.endpoint.source(s.name, s.gid) for s in snaps],
+                "sources": [s.endpoint.source(s) for s in snaps],
                 "tables": [{k: v for k, v in t.items() if k != "oid"} for t in tables]}
         result = run_job(plan, workdir, say, spark_submit)
     finally:

@@ -62,6 +62,7 @@ class Source:
         self.url: str = d["url"]
         self.snapshot: Optional[str] = d.get("snapshot")
         self.gid: Optional[int] = d.get("gid")
+        self.snapshot_text: Optional[str] = d.get("snapshot_text")  # pg_current_snapshot() at export
         init = SESSION_SETTINGS
         if self.snapshot:
             # the reads run in one transaction at the snapshot (fetchsize > 0: no autocommit)
@@ -93,10 +94,10 @@ def _summaries(src: Source, t: Table, parallelism: int) -> DataFrame:
 def _check_snapshot(src: Source, summaries: list[Any]) -> None:
     if src.snapshot is None:
         return
-    seen = {r["gid"] for r in summaries}
-    if seen and seen != {src.gid}:
-        raise JobError(f"{src.name}: the reads saw GID {sorted(seen)}, not the exported snapshot's GID "
-                       f"{src.gid}: the JDBC sessions did not use the snapshot")
+    seen = {r["snap"] for r in summaries}
+    if seen and seen != {src.snapshot_text}:
+        raise JobError(f"{src.name}: the reads ran in snapshot {sorted(seen)}, not the exported one "
+                       f"({src.snapshot_text}, GID {src.gid}): the JDBC sessions did not import it")
 
 
 def _differing_keys(ref: Source, other: Source, t: Table, ids: list[int], parallelism: int) -> DataFrame:

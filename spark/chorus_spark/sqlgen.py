@@ -91,17 +91,17 @@ class Table:
         return "ROW(" + ", ".join(f"t.{ident(c.name)}" for c in self.stored) + ")::text"
 
     def summary_query(self, lo: Optional[int], hi: Optional[int], check_gid: bool) -> str:
-        """Level 1: (rng, n, h) for ranges lo..hi-1, and the snapshot's GID when ``check_gid``
-        (the job checks that each read saw the snapshot it was given)."""
+        """Level 1: (rng, n, h) for ranges lo..hi-1, and the session's snapshot when
+        ``check_gid`` (the job checks that each read ran in the snapshot it was given)."""
         if self.bounds:
             arr = "ARRAY[" + ", ".join(self._bound(i) for i in range(len(self.bounds))) + "]"
             rng = f"width_bucket(t.{ident(self.key[0])}, {arr})"
         else:
             rng = "0"
-        gid = "chorus.snapshot_gid()" if check_gid else "NULL::bigint"
+        gid = "pg_current_snapshot()::text" if check_gid else "NULL::text"
         where = self.range_of(lo, hi, f"t.{ident(self.key[0])}")
         return (f"(SELECT {rng} AS rng, count(*) AS n, sum(hashtextextended({self.row_text()}, 0))::text AS h, "
-                f"{gid} AS gid FROM {self.qualified} t WHERE {where} GROUP BY 1) AS s")
+                f"{gid} AS snap FROM {self.qualified} t WHERE {where} GROUP BY 1) AS s")
 
     def hash_query(self) -> str:
         """Level 2: the key (typed and as text) and a hash of the row, per row."""

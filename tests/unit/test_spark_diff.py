@@ -127,7 +127,7 @@ def test_sql_quotes_identifiers_and_literals() -> None:
     t = Table("s", 'T"1', (Column("k", "text"), Column("v", "integer"), Column("g", "integer", True)), ("k",),
               ("b'1", "c"))
     q = t.summary_query(0, None, check_gid=True)
-    assert '"s"."T""1"' in q and "'b''1'::text" in q and "chorus.snapshot_gid()" in q
+    assert '"s"."T""1"' in q and "'b''1'::text" in q and "pg_current_snapshot()" in q
     assert 't."g"' not in t.row_text()  # generated columns are computed, not compared
     assert t.range_of(1, 2) == "_t0 >= 'b''1'::text AND _t0 < 'c'::text"
     assert t.range_of(0, None) == "true"
