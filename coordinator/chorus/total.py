@@ -90,6 +90,36 @@ SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINA
 """
 
 
+_KEYLESS = """
+SELECT n.nspname, c.relname, c.oid
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.relkind IN ('r', 'p') AND chorus.replicable(c.oid)
+   AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+ ORDER BY 1, 2
+"""
+
+
+def keyless_tables(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
+    """Replicated tables without a primary key: nothing to diff by, they are copied whole."""
+    out: dict[str, dict[str, Any]] = {}
+    for nsp, rel, oid in conn.execute(_KEYLESS).fetchall():
+        cols = [{"name": n, "type": t, "generated": g} for n, t, g in conn.execute(_COLUMNS, (oid,)).fetchall()]
+        out[f"{nsp}.{rel}"] = {"schema": nsp, "name": rel, "oid": oid, "columns": cols, "key": []}
+    return out
+
+
+def copy_whole(snap: "Snapshot", conn: psycopg.Connection[Any], t: dict[str, Any]) -> None:
+    """Replace a keyless table's rows on the joiner with the donor's, at the snapshot."""
+    cols = sql.SQL(", ").join(sql.Identifier(c["name"]) for c in t["columns"] if not c["generated"])
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        conn.execute(sql.SQL("TRUNCATE {}").format(_qualified(t)))
+        with snap.conn.cursor().copy(sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(cols, _qualified(t))) as src:
+            with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(_qualified(t), cols)) as dst:
+                for data in src:
+                    dst.write(data)
+
+
 def describe_tables(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
     """Replicated tables with a primary key: ``schema.name`` -> schema, name, columns, key."""
     out: dict[str, dict[str, Any]] = {}
@@ -192,16 +222,18 @@ def sync_schema(donor: Endpoint, snap: Snapshot, joiner: Endpoint, conn: psycopg
     for label in recreate:
         conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(_qualified(jtables[label])))
         done.append(f"recreated {label} (its columns differ from the donor's)")
+    jkeyless = keyless_tables(conn)
     missing = [label for label in dtables if label not in jtables or label in recreate]
+    missing += [label for label in keyless_tables(snap.conn) if label not in jkeyless and label not in jtables]
     if not missing:
         return done
-    whole = not jtables  # an empty node takes the donor's whole schema (types, functions, views ...)
+    whole = not jtables and not jkeyless  # an empty node takes the donor's whole schema (types, functions, views ...)
     cmd = [str(PGBIN / "pg_dump"), "--schema-only", "--no-owner", "--no-privileges", f"--snapshot={snap.name}",
            "-h", donor.host, "-p", str(donor.port), "-U", donor.user, "-d", donor.dbname]
     if not whole:
         for label in missing:
-            t = dtables[label]
-            cmd += ["-t", f'{_dump_quote(t["schema"])}.{_dump_quote(t["name"])}']
+            schema, _, name = label.partition(".")
+            cmd += ["-t", f"{_dump_quote(schema)}.{_dump_quote(name)}"]
     dump = subprocess.run(cmd, capture_output=True, text=True)
     if dump.returncode != 0:
         raise TotalRecoveryError(f"pg_dump of the donor's schema failed: {dump.stderr.strip()}")
@@ -323,6 +355,11 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
                     "tables": [{k: v for k, v in t.items() if k != "oid"} for t in tables]}
             say(f"diffing {len(tables)} tables with Spark ({master})")
             result = run_job(plan, workdir, say, spark_submit)
+            keyless = keyless_tables(snap.conn)
+            for label, t in keyless.items():
+                if label in keyless_tables(conn):
+                    copy_whole(snap, conn, t)
+                    say(f"copied {label} whole (it has no primary key to diff by)")
             moved_seq = move_sequences(snap, conn)
             snap.close()
             for i, t in enumerate(tables, start=1):

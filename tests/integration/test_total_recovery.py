@@ -44,9 +44,12 @@ def _writer(dsn: str, stop: threading.Event, errors: list[str]) -> None:
 
 def test_empty_node_rebuilt_while_the_donor_keeps_writing(cluster: Cluster) -> None:
     cluster.sql_all("DROP TABLE IF EXISTS tr_types")
+    cluster.sql_all("DROP TABLE IF EXISTS tr_log")
     with cluster.connect(0) as c:
         c.execute(TYPES_TABLE)
         c.execute(FILL, (1, 5000))
+        c.execute("CREATE TABLE tr_log (msg text)")  # no primary key: copied whole
+        c.execute("INSERT INTO tr_log SELECT 'line ' || g FROM generate_series(1, 300) g")
     cluster.quiesce()
     name = cluster.nodes[2].name
     # the node loses every table (behind Chorus's back): it is an empty node now
@@ -73,6 +76,7 @@ def test_empty_node_rebuilt_while_the_donor_keeps_writing(cluster: Cluster) -> N
     with cluster.connect(2) as c:
         assert c.execute("SELECT count(*) FROM tr_types WHERE id <= 5000").fetchone() == (5000,)
         assert c.execute("SELECT gen FROM tr_types WHERE id = 21").fetchone() == (42,)
+        assert c.execute("SELECT count(*) FROM tr_log").fetchone() == (300,)
         c.execute("INSERT INTO tr_types (id, note) VALUES (-1, 'written on the rebuilt node')")
     cluster.quiesce()
     with cluster.connect(0) as c:
