@@ -1053,11 +1053,9 @@ class Coordinator:
                 resp: dict[str, Any] = {"ok": True, "status": self.status()}
             elif cmd == "settled":
                 # verify: has this node committed every writeset it certified up to GID upto?
-                r = self.replicator
                 upto = int(req.get("upto", 0))
-                unsettled = [g for g in self.pending if g <= upto]
-                resp = {"ok": True, "delivered_gid": r.gid if r else 0, "committed_gid": self.watermark,
-                        "settled": bool(r and not unsettled)}
+                resp = {"ok": True, "settled": self.replicator is not None and
+                        not any(g <= upto for g in self.pending)}
             elif cmd in ("stop", "leave"):
                 self.stopping.set()
                 resp = {"ok": True}

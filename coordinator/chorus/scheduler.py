@@ -63,13 +63,11 @@ class Scheduler:
         for it."""
         item = _Item(gid, local, list(keys))
         if barrier:
-            item.deps.update(self._items)
             for other in self._items:
-                self._dependents.setdefault(other, set()).add(gid)
+                self._depend(item, other)
             self._barrier = gid
-        elif self._barrier in self._items:
-            item.deps.add(self._barrier)
-            self._dependents.setdefault(self._barrier, set()).add(gid)
+        else:
+            self._depend(item, self._barrier)
         self._items[gid] = item
         for h, mode in item.keys:
             ks = self._keys.get(h)

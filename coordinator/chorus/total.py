@@ -34,6 +34,8 @@ from typing import Any, Callable, Optional
 import psycopg
 from psycopg import sql
 
+from chorus_spark.sqlgen import ident
+
 JDBC_JAR = "/usr/share/java/postgresql.jar"
 PGBIN = Path("/usr/lib/postgresql/15/bin")
 STAGE_SCHEMA = "chorus_recovery"
@@ -74,7 +76,7 @@ _TABLES = """
 SELECT n.nspname, c.relname, c.oid
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.relkind IN ('r', 'p') AND chorus.replicable(c.oid)
-   AND EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+   AND EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary) = %s
  ORDER BY 1, 2
 """
 
@@ -90,27 +92,10 @@ SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINA
 """
 
 
-_KEYLESS = """
-SELECT n.nspname, c.relname, c.oid
-  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE c.relkind IN ('r', 'p') AND chorus.replicable(c.oid)
-   AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
- ORDER BY 1, 2
-"""
-
-
-def keyless_tables(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
-    """Replicated tables without a primary key: nothing to diff by, they are copied whole."""
-    out: dict[str, dict[str, Any]] = {}
-    for nsp, rel, oid in conn.execute(_KEYLESS).fetchall():
-        cols = [{"name": n, "type": t, "generated": g} for n, t, g in conn.execute(_COLUMNS, (oid,)).fetchall()]
-        out[f"{nsp}.{rel}"] = {"schema": nsp, "name": rel, "oid": oid, "columns": cols, "key": []}
-    return out
-
 
 def copy_whole(snap: "Snapshot", conn: psycopg.Connection[Any], t: dict[str, Any]) -> None:
     """Replace a keyless table's rows on the joiner with the donor's, at the snapshot."""
-    cols = sql.SQL(", ").join(sql.Identifier(c["name"]) for c in t["columns"] if not c["generated"])
+    cols = _stored(t)
     with conn.transaction():
         conn.execute("SET LOCAL session_replication_role = replica")
         conn.execute(sql.SQL("TRUNCATE {}").format(_qualified(t)))
@@ -120,14 +105,20 @@ def copy_whole(snap: "Snapshot", conn: psycopg.Connection[Any], t: dict[str, Any
                     dst.write(data)
 
 
-def describe_tables(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
-    """Replicated tables with a primary key: ``schema.name`` -> schema, name, columns, key."""
+def describe_tables(conn: psycopg.Connection[Any], keyed: bool = True) -> dict[str, dict[str, Any]]:
+    """Replicated tables with a primary key (``keyed``) or without one (nothing to diff by: they
+    are copied whole): ``schema.name`` -> schema, name, columns, key."""
     out: dict[str, dict[str, Any]] = {}
-    for nsp, rel, oid in conn.execute(_TABLES).fetchall():
+    for nsp, rel, oid in conn.execute(_TABLES, (keyed,)).fetchall():
         cols = [{"name": n, "type": t, "generated": g} for n, t, g in conn.execute(_COLUMNS, (oid,)).fetchall()]
-        key = [r[0] for r in conn.execute(_KEY, (oid,)).fetchall()]
+        key = [r[0] for r in conn.execute(_KEY, (oid,)).fetchall()] if keyed else []
         out[f"{nsp}.{rel}"] = {"schema": nsp, "name": rel, "oid": oid, "columns": cols, "key": key}
     return out
+
+
+def _stored(t: dict[str, Any]) -> sql.Composed:
+    """The table's columns that hold data (generated ones are computed), as a column list."""
+    return sql.SQL(", ").join(sql.Identifier(c["name"]) for c in t["columns"] if not c["generated"])
 
 
 def _qualified(t: dict[str, Any]) -> sql.Composed:
@@ -209,7 +200,7 @@ def _pg_env() -> dict[str, str]:
 
 
 def sync_schema(donor: Endpoint, snap: Snapshot, joiner: Endpoint, conn: psycopg.Connection[Any],
-                dtables: dict[str, dict[str, Any]], say: Say) -> list[str]:
+                dtables: dict[str, dict[str, Any]], dkeyless: dict[str, dict[str, Any]]) -> list[str]:
     """Give the joiner the donor's replicated tables: create the missing ones, recreate those
     whose columns differ, drop those the donor does not have. Returns what it did."""
     jtables = describe_tables(conn)
@@ -222,9 +213,9 @@ def sync_schema(donor: Endpoint, snap: Snapshot, joiner: Endpoint, conn: psycopg
     for label in recreate:
         conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(_qualified(jtables[label])))
         done.append(f"recreated {label} (its columns differ from the donor's)")
-    jkeyless = keyless_tables(conn)
+    jkeyless = describe_tables(conn, keyed=False)
     missing = [label for label in dtables if label not in jtables or label in recreate]
-    missing += [label for label in keyless_tables(snap.conn) if label not in jkeyless and label not in jtables]
+    missing += [label for label in dkeyless if label not in jkeyless and label not in jtables]
     if not missing:
         return done
     whole = not jtables and not jkeyless  # an empty node takes the donor's whole schema (types, functions, views ...)
@@ -233,7 +224,7 @@ def sync_schema(donor: Endpoint, snap: Snapshot, joiner: Endpoint, conn: psycopg
     if not whole:
         for label in missing:
             schema, _, name = label.partition(".")
-            cmd += ["-t", f"{_dump_quote(schema)}.{_dump_quote(name)}"]
+            cmd += ["-t", f"{ident(schema)}.{ident(name)}"]
     dump = subprocess.run(cmd, capture_output=True, text=True)
     if dump.returncode != 0:
         raise TotalRecoveryError(f"pg_dump of the donor's schema failed: {dump.stderr.strip()}")
@@ -255,10 +246,6 @@ def sync_schema(donor: Endpoint, snap: Snapshot, joiner: Endpoint, conn: psycopg
     return done
 
 
-def _dump_quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _extension_line(line: str) -> bool:
     return line.startswith(("CREATE EXTENSION", "COMMENT ON EXTENSION", "CREATE SCHEMA chorus;"))
 
@@ -269,9 +256,8 @@ def make_stages(conn: psycopg.Connection[Any], tables: list[dict[str, Any]]) -> 
     stages: dict[str, str] = {}
     for i, t in enumerate(tables, start=1):
         stage = sql.Identifier(STAGE_SCHEMA, f"stage_{i}")
-        cols = sql.SQL(", ").join(sql.Identifier(c["name"]) for c in t["columns"] if not c["generated"])
         conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} WITH NO DATA").format(
-            stage, cols, _qualified(t)))
+            stage, _stored(t), _qualified(t)))
         conn.execute(sql.SQL('ALTER TABLE {} ADD COLUMN _chorus_op "char"').format(stage))
         stages[f"{t['schema']}.{t['name']}"] = f'"{STAGE_SCHEMA}"."stage_{i}"'
     conn.commit()
@@ -283,7 +269,6 @@ def merge(conn: psycopg.Connection[Any], t: dict[str, Any], stage: int) -> int:
     inserts and updated rows in. Triggers and foreign-key checks do not fire (the delta comes
     from a consistent snapshot)."""
     st = sql.Identifier(STAGE_SCHEMA, f"stage_{stage}")
-    cols = [c["name"] for c in t["columns"] if not c["generated"]]
     match = sql.SQL(" AND ").join(sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in t["key"])
     with conn.transaction():
         conn.execute("SET LOCAL session_replication_role = replica")
@@ -291,8 +276,7 @@ def merge(conn: psycopg.Connection[Any], t: dict[str, Any], stage: int) -> int:
             _qualified(t), st, match)).rowcount
         i = conn.execute(sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {} "
                                  "WHERE _chorus_op IN ('I', 'U')").format(
-            _qualified(t), sql.SQL(", ").join(map(sql.Identifier, cols)),
-            sql.SQL(", ").join(map(sql.Identifier, cols)), st)).rowcount
+            _qualified(t), _stored(t), _stored(t), st)).rowcount
     return d + i
 
 
@@ -343,7 +327,8 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
     try:
         with psycopg.connect(joiner.dsn, options=OFF, autocommit=True) as conn:
             dtables = describe_tables(snap.conn)
-            for line in sync_schema(donor, snap, joiner, conn, dtables, say):
+            dkeyless = describe_tables(snap.conn, keyed=False)
+            for line in sync_schema(donor, snap, joiner, conn, dtables, dkeyless):
                 say(line)
             tables = list(dtables.values())
             for t in tables:
@@ -355,9 +340,9 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
                     "tables": [{k: v for k, v in t.items() if k != "oid"} for t in tables]}
             say(f"diffing {len(tables)} tables with Spark ({master})")
             result = run_job(plan, workdir, say, spark_submit)
-            keyless = keyless_tables(snap.conn)
-            for label, t in keyless.items():
-                if label in keyless_tables(conn):
+            jkeyless = describe_tables(conn, keyed=False)
+            for label, t in dkeyless.items():
+                if label in jkeyless:
                     copy_whole(snap, conn, t)
                     say(f"copied {label} whole (it has no primary key to diff by)")
             moved_seq = move_sequences(snap, conn)
@@ -392,7 +377,7 @@ def common_snapshots(nodes: list[tuple[Endpoint, str]], say: Say, timeout: float
     margin = 20
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        top = max(int(admin_request(a, "settled", upto=0)["delivered_gid"]) for _, a in nodes)
+        top = max(int(admin_request(a)["status"]["delivered_gid"]) for _, a in nodes)
         hold = top + margin
         conns = [psycopg.connect(ep.dsn, autocommit=True) for ep, _ in nodes]
         try:

@@ -83,7 +83,7 @@ def _summaries(src: Source, t: Table, parallelism: int) -> DataFrame:
     nranges = len(t.bounds) + 1
     step = max(1, -(-nranges // max(1, parallelism)))
     parts = [src.read(t.summary_query(lo, min(lo + step, nranges) if lo + step < nranges else None,
-                                      check_gid=src.snapshot is not None))
+                                      check_snapshot=src.snapshot is not None))
              for lo in range(0, nranges, step)]
     out = parts[0]
     for p in parts[1:]:
@@ -104,8 +104,7 @@ def _differing_keys(ref: Source, other: Source, t: Table, ids: list[int], parall
     preds = [t.range_of(lo, hi if hi <= len(t.bounds) else None)
              for lo, hi in intervals(ids, MAX_RANGES_PER_READ)]
     groups = [" OR ".join(f"({p})" for p in g) for g in chunks(preds, max(1, -(-len(preds) // (parallelism * 2))))]
-    keys = [t.key_alias(i) for i in range(len(t.key))]
-    return diff.classify(ref.read(t.hash_query(), groups), other.read(t.hash_query(), groups), keys)
+    return diff.classify(ref.read(t.hash_query(), groups), other.read(t.hash_query(), groups), t.key_aliases)
 
 
 def compare_table(ref: Source, other: Source, t: Table, parallelism: int,
@@ -122,15 +121,14 @@ def compare_table(ref: Source, other: Source, t: Table, parallelism: int,
         spark.createDataFrame([(r["rng"], r["n"], r["h"]) for r in os_], schema)).collect()]
     nranges = len(t.bounds) + 1
     if not ids:
-        return spark.createDataFrame([], ", ".join(f"{t.key_alias(i)} string" for i in range(len(t.key)))
+        return spark.createDataFrame([], ", ".join(f"{k} string" for k in t.key_aliases)
                                      + f", {diff.OP} string"), [], nranges, 0
     say(f"{t.label}: {len(ids)} of {nranges} key ranges differ on {other.name}; comparing their rows")
     changes = _differing_keys(ref, other, t, ids, parallelism).cache()
     return changes, changes.collect(), nranges, len(ids)
 
 
-def _copy_partition(dsn: str, stage: str, columns: list[str], key_cols: list[int], nkeys: int,
-                    rows: Iterable[Any]) -> None:
+def _copy_partition(dsn: str, stage: str, columns: list[str], key_cols: list[int], rows: Iterable[Any]) -> None:
     """Executor side: COPY one partition of the delta into the target's staging table."""
     import psycopg
 
@@ -154,9 +152,9 @@ def recover_table(ref: Source, other: Source, t: Table, stage: str, target_dsn: 
     counts = {diff.INSERT: 0, diff.UPDATE: 0, diff.DELETE: 0}
     for r in rows:
         counts[r[diff.OP]] += 1
-    wanted = [[r[t.key_alias(i)] for i in range(len(t.key))] for r in rows if r[diff.OP] != diff.DELETE]
+    wanted = [[r[k] for k in t.key_aliases] for r in rows if r[diff.OP] != diff.DELETE]
     if rows:
-        keys = [t.key_alias(i) for i in range(len(t.key))]
+        keys = t.key_aliases
         if wanted:
             preds = [t.keys_in(c) for c in chunks(wanted, KEYS_PER_FETCH)]
             full = ref.read(t.rows_query(), preds).drop(*[f"_t{i}" for i in range(len(t.key))])
@@ -166,7 +164,7 @@ def recover_table(ref: Source, other: Source, t: Table, stage: str, target_dsn: 
         delta = diff.delta_rows(changes, full, keys)
         stored = [c.name for c in t.stored]
         key_cols = [stored.index(k) for k in t.key]
-        delta.foreachPartition(lambda part: _copy_partition(target_dsn, stage, stored, key_cols, len(t.key), part))
+        delta.foreachPartition(lambda part: _copy_partition(target_dsn, stage, stored, key_cols, part))
     changes.unpersist()
     say(f"{t.label}: {nranges} ranges, {ndiff} differ; staged {counts['I']} inserts, {counts['U']} updates, "
         f"{counts['D']} deletes ({time.monotonic() - started:.1f} s)")
@@ -179,8 +177,8 @@ def verify_table(ref: Source, other: Source, t: Table, parallelism: int,
     changes, rows, nranges, ndiff = compare_table(ref, other, t, parallelism, say)
     changes.unpersist()
     kinds = {diff.INSERT: "missing", diff.DELETE: "extra", diff.UPDATE: "differs"}
-    sample = [{"key": dict(zip(t.key, (r[t.key_alias(i)] for i in range(len(t.key))))), "kind": kinds[r[diff.OP]]}
-              for r in sorted(rows, key=lambda r: [r[t.key_alias(i)] for i in range(len(t.key))])[:SAMPLE_ROWS]]
+    sample = [{"key": dict(zip(t.key, (r[k] for k in t.key_aliases))), "kind": kinds[r[diff.OP]]}
+              for r in sorted(rows, key=lambda r: [r[k] for k in t.key_aliases])[:SAMPLE_ROWS]]
     return {"table": t.label, "node": other.name, "reference": ref.name, "ranges": nranges,
             "ranges_differing": ndiff, "rows_differing": len(rows),
             "missing": sum(r[diff.OP] == diff.INSERT for r in rows),

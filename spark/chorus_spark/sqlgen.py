@@ -41,10 +41,6 @@ class Table:
         return Table(d["schema"], d["name"], tuple(Column(**c) for c in d["columns"]), tuple(d["key"]),
                      tuple(d.get("bounds", ())))
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"schema": self.schema, "name": self.name, "key": list(self.key), "bounds": list(self.bounds),
-                "columns": [{"name": c.name, "type": c.type, "generated": c.generated} for c in self.columns]}
-
     @property
     def qualified(self) -> str:
         return f"{ident(self.schema)}.{ident(self.name)}"
@@ -63,6 +59,11 @@ class Table:
 
     def key_alias(self, i: int) -> str:
         return f"_k{i}"
+
+    @property
+    def key_aliases(self) -> list[str]:
+        """The key columns as the queries name them (text forms): _k0.."""
+        return [self.key_alias(i) for i in range(len(self.key))]
 
     def value_alias(self, i: int) -> str:
         return f"_v{i}"
@@ -90,18 +91,18 @@ class Table:
     def row_text(self) -> str:
         return "ROW(" + ", ".join(f"t.{ident(c.name)}" for c in self.stored) + ")::text"
 
-    def summary_query(self, lo: Optional[int], hi: Optional[int], check_gid: bool) -> str:
+    def summary_query(self, lo: Optional[int], hi: Optional[int], check_snapshot: bool) -> str:
         """Level 1: (rng, n, h) for ranges lo..hi-1, and the session's snapshot when
-        ``check_gid`` (the job checks that each read ran in the snapshot it was given)."""
+        ``check_snapshot`` (the job checks that each read ran in the snapshot it was given)."""
         if self.bounds:
             arr = "ARRAY[" + ", ".join(self._bound(i) for i in range(len(self.bounds))) + "]"
             rng = f"width_bucket(t.{ident(self.key[0])}, {arr})"
         else:
             rng = "0"
-        gid = "pg_current_snapshot()::text" if check_gid else "NULL::text"
+        snap = "pg_current_snapshot()::text" if check_snapshot else "NULL::text"
         where = self.range_of(lo, hi, f"t.{ident(self.key[0])}")
         return (f"(SELECT {rng} AS rng, count(*) AS n, sum(hashtextextended({self.row_text()}, 0))::text AS h, "
-                f"{gid} AS snap FROM {self.qualified} t WHERE {where} GROUP BY 1) AS s")
+                f"{snap} AS snap FROM {self.qualified} t WHERE {where} GROUP BY 1) AS s")
 
     def hash_query(self) -> str:
         """Level 2: the key (typed and as text) and a hash of the row, per row."""

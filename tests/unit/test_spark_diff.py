@@ -126,7 +126,7 @@ def test_sql_quotes_identifiers_and_literals() -> None:
     assert ident('we"ird') == '"we""ird"' and literal("it's") == "'it''s'"
     t = Table("s", 'T"1', (Column("k", "text"), Column("v", "integer"), Column("g", "integer", True)), ("k",),
               ("b'1", "c"))
-    q = t.summary_query(0, None, check_gid=True)
+    q = t.summary_query(0, None, check_snapshot=True)
     assert '"s"."T""1"' in q and "'b''1'::text" in q and "pg_current_snapshot()" in q
     assert 't."g"' not in t.row_text()  # generated columns are computed, not compared
     assert t.range_of(1, 2) == "_t0 >= 'b''1'::text AND _t0 < 'c'::text"
