@@ -56,11 +56,15 @@ def full_copy(src: dict[str, Any], dst_port: int) -> float:
     with psycopg.connect(dst, autocommit=True) as c:
         c.execute("DROP DATABASE IF EXISTS bench_copy")
         c.execute("CREATE DATABASE bench_copy")
+    with psycopg.connect(dst.replace("dbname=postgres", "dbname=bench_copy"), autocommit=True) as c:
+        c.execute("CREATE EXTENSION chorus")  # the dump's capture triggers need its functions
+        c.execute("ALTER EVENT TRIGGER chorus_on_ddl_end DISABLE")  # the dump brings the triggers itself
     started = time.monotonic()
     dump = subprocess.Popen([str(PGBIN / "pg_dump"), "-Fc", "-t", "pgbench_accounts", "-h", "127.0.0.1",
                              "-p", str(src["port"]), "-U", "postgres", "postgres"], stdout=subprocess.PIPE)
     subprocess.run([str(PGBIN / "pg_restore"), "--no-owner", "-h", "127.0.0.1", "-p", str(dst_port),
-                    "-U", "postgres", "-d", "bench_copy"], stdin=dump.stdout, check=True)
+                    "-U", "postgres", "-d", "bench_copy"], stdin=dump.stdout, check=True,
+                   env=dict(os.environ, PGOPTIONS="-c chorus.capture=off -c chorus.replicate_ddl=off"))
     dump.wait()
     elapsed = time.monotonic() - started
     with psycopg.connect(dst, autocommit=True) as c:
