@@ -488,13 +488,15 @@ chorus_node_init(PG_FUNCTION_ARGS)
 }
 
 /*
- * chorus_set_online(bool)
- *		Allow or refuse writes to replicated tables on this node.
+ * chorus_set_online(bool, text)
+ *		Allow or refuse writes to replicated tables on this node; the reason is
+ *		what a refused write's error says.
  */
 Datum
 chorus_set_online(PG_FUNCTION_ARGS)
 {
 	bool		online = PG_GETARG_BOOL(0);
+	char	   *reason = text_to_cstring(PG_GETARG_TEXT_PP(1));
 
 	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
 	if (online && !chorus_shared->ready)
@@ -504,6 +506,7 @@ chorus_set_online(PG_FUNCTION_ARGS)
 						errmsg("chorus: node_init() must be called before set_online()")));
 	}
 	chorus_shared->online = online;
+	strlcpy(chorus_shared->offline_reason, online ? "" : reason, sizeof(chorus_shared->offline_reason));
 	LWLockRelease(chorus_shared->lock);
 	PG_RETURN_VOID();
 }

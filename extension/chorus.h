@@ -47,6 +47,7 @@ typedef struct ChorusShared
 	uint64		ring_count;		/* entries ever appended since node_init */
 	uint64		hold_above;		/* commits of GIDs above this wait (0: no hold) */
 	TimestampTz hold_until;		/* ... until then at the latest */
+	char		offline_reason[256];	/* why writes are refused (set with online) */
 	ChorusCommit ring[CHORUS_RING_SIZE];
 } ChorusShared;
 

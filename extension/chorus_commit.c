@@ -27,6 +27,7 @@
 #define VERDICT_COMMIT 0
 #define VERDICT_CONFLICT 1
 #define VERDICT_REFUSED 2
+#define VERDICT_UNKNOWN 3
 
 /* This backend's connection to the coordinator, kept for the session. */
 static pgsocket chorus_sock = PGINVALID_SOCKET;
@@ -49,6 +50,7 @@ chorus_check_writable(void)
 {
 	bool		ready,
 				online;
+	char		reason[sizeof(chorus_shared->offline_reason)];
 
 	if (chorus_socket_path == NULL || chorus_socket_path[0] == '\0')
 		ereport(ERROR,
@@ -58,7 +60,9 @@ chorus_check_writable(void)
 	LWLockAcquire(chorus_shared->lock, LW_SHARED);
 	ready = chorus_shared->ready;
 	online = chorus_shared->online;
+	memcpy(reason, chorus_shared->offline_reason, sizeof(reason));
 	LWLockRelease(chorus_shared->lock);
+	reason[sizeof(reason) - 1] = '\0';
 	if (!ready)
 		ereport(ERROR,
 				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
@@ -69,6 +73,7 @@ chorus_check_writable(void)
 		ereport(ERROR,
 				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
 				 errmsg("chorus: this node does not accept writes"),
+				 reason[0] ? errdetail("%s.", reason) :
 				 errdetail("The node is not online in the primary component of its cluster (joining, recovering, or partitioned away)."),
 				 errhint("See \"chorus status\"; reads keep working.")));
 }
@@ -235,6 +240,24 @@ chorus_read_verdict(uint64 *gid, uint64 *wait_for, char **msg)
 }
 
 /*
+ * chorus_report_unknown
+ *		The node left the primary component after this transaction was ordered
+ *		(GID gid) but before a quorum was known to have it: it does not commit
+ *		here now, and commits on every node or on none, which this node learns
+ *		when it rejoins. SQLSTATE 08007, as for a commit whose connection broke.
+ */
+static void
+chorus_report_unknown(uint64 gid, const char *msg)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_TRANSACTION_RESOLUTION_UNKNOWN),
+			 errmsg("chorus: %s", msg),
+			 errdetail("The transaction was ordered as GID %llu; the primary component decides whether it committed, "
+					   "on every node alike.", (unsigned long long) gid),
+			 errhint("Check for the transaction's effect after the node rejoins, or on a node of the primary component.")));
+}
+
+/*
  * chorus_request_verdict
  *		Send the writeset (frame 'W') and wait for the verdict (frame 'V').
  */
@@ -260,6 +283,8 @@ chorus_request_verdict(TransactionId xid)
 				 errdetail("Another node's transaction, ordered first, wrote the same data (this transaction was GID %llu).",
 						   (unsigned long long) gid),
 				 errhint("Retry the transaction.")));
+	if (verdict == VERDICT_UNKNOWN)
+		chorus_report_unknown(gid, msg);
 	if (verdict != VERDICT_COMMIT)
 		ereport(ERROR,
 				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
@@ -286,6 +311,8 @@ chorus_ddl_order(StringInfo ws)
 	chorus_protect_commit();
 	chorus_send_frame('W', ws->data, ws->len);
 	verdict = chorus_read_verdict(&gid, &wait_for, &msg);
+	if (verdict == VERDICT_UNKNOWN)
+		chorus_report_unknown(gid, msg);
 	if (verdict != VERDICT_COMMIT)
 		ereport(ERROR,
 				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),

@@ -12,7 +12,7 @@ CREATE FUNCTION chorus.capture_truncate() RETURNS trigger
 CREATE FUNCTION chorus.node_init(committed_gid bigint) RETURNS void
     AS 'MODULE_PATHNAME', 'chorus_node_init' LANGUAGE C STRICT;
 
-CREATE FUNCTION chorus.set_online(online boolean) RETURNS void
+CREATE FUNCTION chorus.set_online(online boolean, reason text DEFAULT '') RETURNS void
     AS 'MODULE_PATHNAME', 'chorus_set_online' LANGUAGE C STRICT;
 
 CREATE FUNCTION chorus.set_paused(paused boolean) RETURNS void
@@ -189,7 +189,7 @@ CREATE EVENT TRIGGER chorus_on_ddl_end ON ddl_command_end
     EXECUTE FUNCTION chorus.on_ddl_end();
 ALTER EVENT TRIGGER chorus_on_ddl_end ENABLE ALWAYS;
 
-REVOKE ALL ON FUNCTION chorus.node_init(bigint), chorus.set_online(boolean), chorus.set_paused(boolean),
+REVOKE ALL ON FUNCTION chorus.node_init(bigint), chorus.set_online(boolean, text), chorus.set_paused(boolean),
     chorus.apply_begin(bigint, bigint), chorus.apply_writeset(bigint, bigint, bytea),
     chorus.abort_local(integer, bigint, text),
     chorus.wait_turn(bigint), chorus.spread_sequence(regclass, bigint),

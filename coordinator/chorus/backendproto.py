@@ -11,6 +11,7 @@ MAX_FRAME = 1 << 30
 VERDICT_COMMIT = 0
 VERDICT_CONFLICT = 1
 VERDICT_REFUSED = 2
+VERDICT_UNKNOWN = 3  # the node left the primary component before the outcome was settled
 
 
 class FrameError(ValueError):

@@ -16,6 +16,7 @@ types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32
 | ``S`` | :class:`SyncMarker` | a node serving causal reads: how far to catch up |
 | ``L`` | :class:`LogQuery` | a recovering node: which GID ranges do your writeset logs hold? |
 | ``I`` | :class:`LogInfo` | every online node, answering an ``L``: its log's range, load and recovery address |
+| ``R`` | :class:`Received` | a following node whose Corosync is one of several: it has delivered every GID up to this one (uniform commit) |
 """
 
 from __future__ import annotations
@@ -86,6 +87,14 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Received:
+    """The sender delivered every message up to GID ``gid``. A writeset commits (anywhere)
+    only once Corosync nodes with a quorum of votes have delivered it (docs/MEMBERSHIP.md)."""
+    node: str
+    gid: int
+
+
+@dataclass(frozen=True)
 class FlowControl:
     node: str
     pause: bool
@@ -125,7 +134,7 @@ class LogInfo:
 
 
 Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress, FlowControl,
-                DdlResult, SyncMarker, LogQuery, LogInfo]
+                DdlResult, SyncMarker, LogQuery, LogInfo, Received]
 
 
 class _R:
@@ -197,6 +206,8 @@ def encode(m: Message) -> bytes:
         return head + b"B" + _s(m.node) + _s(m.cluster_uuid) + struct.pack(">Q", m.gid)
     if isinstance(m, Progress):
         return head + b"P" + _s(m.node) + struct.pack(">Q", m.committed_gid)
+    if isinstance(m, Received):
+        return head + b"R" + _s(m.node) + struct.pack(">Q", m.gid)
     if isinstance(m, FlowControl):
         return head + b"F" + _s(m.node) + bytes([1 if m.pause else 0])
     if isinstance(m, DdlResult):
@@ -244,6 +255,8 @@ def decode(b: bytes) -> Message:
         m = Bootstrap(r.s(), r.s(), r.u64())
     elif t == b"P":
         m = Progress(r.s(), r.u64())
+    elif t == b"R":
+        m = Received(r.s(), r.u64())
     elif t == b"F":
         m = FlowControl(r.s(), r.take(1) == b"\x01")
     elif t == b"D":

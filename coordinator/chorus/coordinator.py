@@ -199,7 +199,7 @@ class Coordinator:
 
     async def _shutdown(self) -> None:
         log.info("shutting down")
-        await self._set_online(False)
+        await self._set_online(False, "Its coordinator is shutting down")
         for s in self._servers:
             s.close()
         deadline = time.monotonic() + 10
@@ -293,7 +293,7 @@ class Coordinator:
             durable = int(await self._q("SELECT chorus.durable_gid()"))
             await self._q("SELECT chorus.node_init(%s)", (durable,))
             durable = await self._committed_gid()
-            await self._q("SELECT chorus.set_online(false)")
+            await self._q("SELECT chorus.set_online(false, 'Its coordinator is starting and has not joined the cluster yet')")
         except psycopg.errors.UndefinedFunction as e:
             raise FatalError("the chorus extension is not installed in this database "
                              "(CREATE EXTENSION chorus)") from e
@@ -305,11 +305,11 @@ class Coordinator:
     async def _committed_gid(self) -> int:
         return int(await self._q("SELECT chorus.committed_gid()"))
 
-    async def _set_online(self, online: bool) -> None:
+    async def _set_online(self, online: bool, reason: str = "") -> None:
         if self.db is None or self.db.closed:
             return
         try:
-            await self._q("SELECT chorus.set_online(%s)", (online,))
+            await self._q("SELECT chorus.set_online(%s, %s)", (online, reason[:250]))
         except psycopg.Error as e:
             log.warning("cannot set online=%s: %s", online, str(e).strip())
 
@@ -418,7 +418,7 @@ class Coordinator:
                 self.phase_reason = a.reason
                 log.info("phase %s: %s", a.phase.value, a.reason)
                 await self._set_online(a.phase == Phase.ONLINE and self.replicator is not None
-                                       and self.replicator.accepts_writes)
+                                       and self.replicator.accepts_writes, f"Phase {a.phase.value}: {a.reason}")
             elif isinstance(a, Joined):
                 self.state = self.state.with_(cluster_uuid=a.cluster_uuid, bootstrap=False,
                                               safe_to_bootstrap=False, last_gid=a.gid)
@@ -601,7 +601,8 @@ class Coordinator:
             b.ticket = 0
         if not v.ok:
             if b is not None and not b.closed:
-                kind = bpf.VERDICT_CONFLICT if v.gid else bpf.VERDICT_REFUSED
+                kind = (bpf.VERDICT_UNKNOWN if v.unknown else bpf.VERDICT_CONFLICT if v.gid
+                        else bpf.VERDICT_REFUSED)
                 b.writer.write(bpf.verdict_frame(kind, v.gid, 0, v.reason))
             return
         assert v.writeset is not None

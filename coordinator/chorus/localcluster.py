@@ -154,8 +154,13 @@ class LocalCluster:
                 for f in files:
                     os.chown(os.path.join(root, f), pw.pw_uid, pw.pw_gid)
 
-    def _run(self, cmd: list[str], what: str, timeout: float = 120) -> None:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **self._as_service())
+    def _wrap(self, node: Optional[str], cmd: list[str]) -> tuple[list[str], dict[str, Any]]:
+        """How to run ``cmd`` for ``node`` as the service user (the lab adds its namespace)."""
+        return cmd, self._as_service()
+
+    def _run(self, cmd: list[str], what: str, timeout: float = 120, node: Optional[str] = None) -> None:
+        cmd, kw = self._wrap(node, cmd)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
         if p.returncode != 0:
             raise LocalClusterError(f"{what} failed:\n{p.stderr.strip() or p.stdout.strip()}")
 
@@ -166,7 +171,9 @@ class LocalCluster:
         except (OSError, subprocess.TimeoutExpired):
             return False
 
-    def _start_corosync(self, meta: Meta) -> None:
+    def _start_bus(self, meta: Meta, names: Optional[list[str]] = None) -> None:
+        """Make the group bus reachable for the nodes ``names`` (all when None): here one
+        Corosync daemon on loopback shared by every node."""
         if meta.corosync_ours and _alive(meta.corosync_pid, "corosync"):
             return
         if self._corosync_reachable():
@@ -218,12 +225,12 @@ class LocalCluster:
         d = self.node_dir(n.name)
         if _alive(n.pg_pid, "postgres"):
             return
-        _port_free_or_fail(n.port, n.name)
+        self._check_port(n)
         self.log(f"{n.name}: starting PostgreSQL on port {n.port}")
         for attempt in range(4):
             try:
                 self._run([str(PGBIN / "pg_ctl"), "-D", str(d / "pgdata"), "-l", str(d / "postgres.log"),
-                           "-w", "-t", "60", "start"], f"starting PostgreSQL of {n.name}")
+                           "-w", "-t", "60", "start"], f"starting PostgreSQL of {n.name}", node=n.name)
                 break
             except LocalClusterError as e:
                 # after a SIGKILL of the postmaster its backends take a moment to notice and exit
@@ -234,17 +241,20 @@ class LocalCluster:
         n.pg_pid = int((d / "pgdata" / "postmaster.pid").read_text().split()[0])
         self._run([str(PGBIN / "psql"), "-X", "-q", "-h", str(self.run_dir(n.name)), "-p", str(n.port),
                    "-U", "postgres", "-d", "postgres", "-c", "CREATE EXTENSION IF NOT EXISTS chorus"],
-                  f"CREATE EXTENSION chorus on {n.name} (is the extension installed? run scripts/setup.sh)")
+                  f"CREATE EXTENSION chorus on {n.name} (is the extension installed? run scripts/setup.sh)", node=n.name)
+
+    def _check_port(self, n: NodeMeta) -> None:
+        _port_free_or_fail(n.port, n.name)
 
     def _start_coordinator(self, n: NodeMeta) -> None:
         if _alive(n.coordinator_pid, "chorus"):
             return
         d = self.node_dir(n.name)
         self.log(f"{n.name}: starting the coordinator")
+        cmd, kw = self._wrap(n.name, [self.venv_chorus, "run", "--config", str(d / "chorus.toml")])
         with open(d / "coordinator.log", "ab") as out:
-            p = subprocess.Popen([self.venv_chorus, "run", "--config", str(d / "chorus.toml")],
-                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, cwd=str(d), **self._as_service())
+            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, cwd=str(d), **kw)
         n.coordinator_pid = p.pid
 
     def _plan_bootstrap(self, meta: Meta, fresh: bool) -> None:
@@ -305,7 +315,7 @@ class LocalCluster:
             self.save(meta)
         else:
             meta = self.load()
-        self._start_corosync(meta)
+        self._start_bus(meta)
         generate_keys(str(self.dir / "keys"))
         self._chown(self.dir / "keys")
         for n in meta.nodes:
@@ -322,7 +332,7 @@ class LocalCluster:
     def start(self, name: str, wait: bool = True) -> None:
         meta = self.load()
         n = self._node(meta, name)
-        self._start_corosync(meta)
+        self._start_bus(meta, [name])
         self._start_postgres(n)
         self._start_coordinator(n)
         self.save(meta)
@@ -375,7 +385,7 @@ class LocalCluster:
         if _alive(n.pg_pid, "postgres"):
             try:
                 self._run([str(PGBIN / "pg_ctl"), "-D", str(d / "pgdata"), "-m", "fast", "-w", "-t", "30",
-                           "stop"], f"stopping PostgreSQL of {n.name}", timeout=60)
+                           "stop"], f"stopping PostgreSQL of {n.name}", timeout=60, node=n.name)
             except (LocalClusterError, subprocess.TimeoutExpired):
                 if _alive(n.pg_pid, "postgres"):
                     os.kill(n.pg_pid, signal.SIGKILL)

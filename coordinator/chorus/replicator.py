@@ -20,7 +20,7 @@ from typing import Optional, Union
 
 from chorus import busproto as bp
 from chorus import wire
-from chorus.bus import Delivery, View
+from chorus.bus import Delivery, View, bus_node
 from chorus.certifier import OK, Certifier
 
 log = logging.getLogger("chorus.replicator")
@@ -60,6 +60,7 @@ class LocalVerdict:
     wait_for: int
     reason: str
     writeset: Optional[wire.Writeset]
+    unknown: bool = False  # certified, but the node left the primary component before it was stable
 
 
 @dataclass(frozen=True)
@@ -172,14 +173,35 @@ class Replicator:
     # local writesets the coordinator already decoded (validated) when the backend sent them
     local_decoded: dict[int, wire.Writeset] = field(default_factory=dict)
     paused_by: set[str] = field(default_factory=set)  # nodes that asked the cluster to slow down
+    # Uniform commit. Corosync delivers in agreed order, not uniformly: a node may deliver a
+    # message that no other node receives before a partition cuts it off. So a certified
+    # writeset is released (to be committed, logged, or answered to its backend) only once bus
+    # nodes with a quorum of votes have delivered it; any later primary component then holds
+    # it. A node alone on its bus node (the local cluster: quorum 1) releases at once.
+    quorum: int = 1
+    released: int = 0  # the last GID released
+    received: dict[str, int] = field(default_factory=dict)  # bus node -> GID it reported delivered
+    _held: list[tuple[int, Action]] = field(default_factory=list)
+    _reported: int = 0
+    _report_on_bus: bool = False
 
     # ---- inputs ------------------------------------------------------------------------
 
     def on_view(self, view: View, now: float) -> list[Action]:
         out: list[Action] = []
+        previous = set(self.members)
         self.members = view.members
         self.local_member = view.local
         was_quorate, self.quorate = self.quorate, view.quorate
+        # The members that come with this node from its previous view. If they are not a
+        # quorum, this node was cut off (or frozen) and the others may have gone on without it,
+        # even when the merged view is quorate again: it must leave and rejoin.
+        carried = {bus_node(m) for m in view.members if m in previous and m not in view.joined}
+        cut_off = bool(previous) and len(carried) < view.quorum
+        self.quorum = view.quorum
+        # reports count within one view: every following node reports afresh
+        self.received.clear()
+        self._reported, self._report_on_bus = 0, False
         for rid, member in list(self._requesters.items()):
             if member not in view.members:
                 del self._requesters[rid]
@@ -204,9 +226,16 @@ class Replicator:
                 out += self._request(now)
         elif self.phase in _FOLLOWING and not view.quorate:
             out += self._leave_primary("this node is outside the quorate partition of the group")
-        elif self.phase == Phase.NON_PRIMARY and view.quorate and not was_quorate:
-            self.last_gid = self.last_certified
+        elif self.phase in _FOLLOWING and cut_off:
+            out += self._leave_primary("this node was cut off from the primary component (it came back "
+                                       "with fewer than a quorum of the nodes it was with)")
+            self.last_gid = self.released
             out += self._request(now)
+        elif self.phase == Phase.NON_PRIMARY and view.quorate and not was_quorate:
+            self.last_gid = self.released
+            out += self._request(now)
+        elif self.phase in _FOLLOWING:
+            out += self._release()
         return out
 
     def on_delivery(self, d: Delivery) -> list[Action]:
@@ -274,7 +303,61 @@ class Replicator:
         self.online.clear()
         self.paused_by.clear()
         self.progress.clear()
-        return [PhaseChange(Phase.NON_PRIMARY, reason)]
+        out: list[Action] = [PhaseChange(Phase.NON_PRIMARY, reason)]
+        # Writesets not yet known to a quorum: the primary component may or may not have them.
+        # None commits here; the node learns their fate when it rejoins (partial recovery
+        # brings those the primary has). Their clients hear that the outcome is unknown.
+        held, self._held = self._held, []
+        for gid, a in held:
+            if isinstance(a, LocalVerdict):
+                self.local_decoded.pop(a.ticket, None)
+                out.append(LocalVerdict(a.ticket, False, gid, 0,
+                                        f"this node left the primary component before GID {gid} was known to a "
+                                        "quorum of nodes: whether it committed will be known when the node rejoins",
+                                        None, unknown=True))
+        self.gid = self.last_certified = self.released
+        return out
+
+    # ---- uniform commit ---------------------------------------------------------------------
+
+    def _stable(self) -> int:
+        """The highest GID that bus nodes with a quorum of votes have delivered."""
+        votes = dict(self.received)
+        own = bus_node(self.local_member)
+        votes[own] = max(votes.get(own, 0), self.gid)
+        if len(votes) < self.quorum:
+            return self.released
+        return sorted(votes.values(), reverse=True)[self.quorum - 1]
+
+    def _hold(self, gid: int, action: Action) -> list[Action]:
+        self._held.append((gid, action))
+        return self._release()
+
+    def _release(self) -> list[Action]:
+        out: list[Action] = []
+        if self.quorum > 1 and self.phase in _FOLLOWING and not self._report_on_bus and self.gid > self._reported:
+            self._reported, self._report_on_bus = self.gid, True
+            out.append(Send(bp.Received(self.node, self.gid)))
+        if not self._held:
+            self.released = max(self.released, self.last_certified)
+            return out
+        stable = self._stable()
+        n = 0
+        while n < len(self._held) and self._held[n][0] <= stable:
+            out.append(self._held[n][1])
+            n += 1
+        if n:
+            self.released = self._held[n - 1][0]
+            del self._held[:n]
+        return out
+
+    def _received(self, sender: str, msg: bp.Received) -> list[Action]:
+        if msg.node == self.node and sender == self.local_member:
+            self._report_on_bus = False
+        if sender in self.members:
+            node = bus_node(sender)
+            self.received[node] = max(self.received.get(node, 0), msg.gid)
+        return self._release() if self.phase in _FOLLOWING else []
 
     def _joining(self, d: Delivery, msg: bp.Message) -> list[Action]:
         if isinstance(msg, bp.Bootstrap):
@@ -300,7 +383,8 @@ class Replicator:
 
     def _bootstrapped(self, sender: str, msg: bp.Bootstrap) -> list[Action]:
         self.cluster_uuid = msg.cluster_uuid
-        self.gid = self.last_certified = msg.gid
+        self.gid = self.last_certified = self.released = msg.gid
+        self._held.clear()
         self.certifier = Certifier(msg.gid)
         self.online = {self.node: sender}
         self.progress = {self.node: msg.gid}
@@ -324,7 +408,8 @@ class Replicator:
         behind = self.last_gid < msg.certified
         self.cluster_uuid = msg.cluster_uuid
         self.gid = msg.gid
-        self.last_certified = msg.certified
+        self.last_certified = self.released = msg.certified
+        self._held.clear()
         self.certifier = Certifier.restore(msg.certifier)
         self.online = dict(msg.online)
         self.progress = dict(msg.progress)
@@ -362,6 +447,8 @@ class Replicator:
             return [SyncReached(msg.token, self.last_certified, self.accepts_writes)]
         if isinstance(msg, bp.LogInfo):
             return [LogOffered(msg)] if msg.node == self.node else []
+        if isinstance(msg, bp.Received):
+            return self._received(sender, msg)
         if self.phase not in _FOLLOWING:
             return []
         if isinstance(msg, bp.LogQuery):
@@ -436,7 +523,7 @@ class Replicator:
         self.stats.certified += 1
         if local:
             self.stats.local_certified += 1
-            return [LocalVerdict(msg.ticket, True, gid, wait_for, "", ws)]
+            return self._hold(gid, LocalVerdict(msg.ticket, True, gid, wait_for, "", ws))
         self.stats.remote_certified += 1
-        return [Apply(gid, wait_for, msg.origin, ws)]
+        return self._hold(gid, Apply(gid, wait_for, msg.origin, ws))
 

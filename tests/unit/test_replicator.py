@@ -46,9 +46,11 @@ class Cluster:
                 self.log[node].append((a.gid, True))
                 self.applied[node].append(a.gid)
 
-    def view(self, members: list[str], quorate: bool = True) -> None:
+    def view(self, members: list[str], quorate: bool = True, quorum: int = 1) -> None:
         for n in members:
-            v = View(1, tuple(members), tuple(members), (), n, quorate)
+            before = self.nodes[n].members
+            joined = tuple(m for m in members if m not in before)
+            v = View(1, tuple(members), joined, tuple(m for m in before if m not in members), n, quorate, quorum)
             self.act(n, self.nodes[n].on_view(v, self.now))
 
     def drain(self) -> None:
@@ -68,9 +70,9 @@ class Cluster:
         self.order.append((node, bp.encode(bp.WritesetMsg(node, self.ticket, writeset(last_seen, key)))))
 
 
-def form() -> Cluster:
+def form(quorum: int = 1) -> Cluster:
     c = Cluster()
-    c.view(NAMES)
+    c.view(NAMES, quorum=quorum)
     c.drain()
     for _ in range(5):
         c.tick(1.0)
@@ -182,6 +184,90 @@ def test_minority_refuses_writes() -> None:
     r = c.nodes["n3"]
     c.act("n3", r.on_view(View(2, ("n3",), (), ("n1", "n2"), "n3", False), c.now))
     assert r.phase == Phase.NON_PRIMARY and not r.accepts_writes
+
+
+def test_uniform_commit_releases_a_writeset_once_a_quorum_delivered_it() -> None:
+    c = form(quorum=2)  # three bus nodes: two votes make a quorum
+    for n in NAMES:
+        c.log[n].clear()
+    c.submit("n1", 1, 7)
+    sender, payload = c.order.popleft()
+    # only n1 has delivered it so far: it certifies, holds it and reports what it delivered
+    actions = c.nodes["n1"].on_delivery(Delivery(sender, payload))
+    assert not [a for a in actions if isinstance(a, (LocalVerdict, Apply))]
+    assert [a.message for a in actions if isinstance(a, Send)] == [bp.Received("n1", 1)]
+    c.act("n1", actions)
+    for n in ("n2", "n3"):
+        c.act(n, c.nodes[n].on_delivery(Delivery(sender, payload)))
+    assert c.log == {n: [] for n in NAMES}
+    c.drain()  # the reports: every node now knows a quorum has GID 2
+    assert c.log == {n: [(1, True)] for n in NAMES}
+    assert all(r.released == 1 for r in c.nodes.values())
+
+
+def test_writeset_only_a_node_cut_off_delivered_never_commits_anywhere() -> None:
+    """Corosync's agreed order is not uniform: n3 may deliver its own writeset and be cut off
+    before anyone else receives it. n3 must not commit it, and its client learns that the
+    outcome is decided by the primary component (which, here, never had it)."""
+    c = form(quorum=2)
+    for n in NAMES:
+        c.log[n].clear()
+    c.submit("n3", 1, 9)
+    sender, payload = c.order.popleft()
+    r3 = c.nodes["n3"]
+    actions = r3.on_delivery(Delivery(sender, payload))
+    assert not [a for a in actions if isinstance(a, LocalVerdict)]
+    # the partition: n3's report never reaches the others, n1 and n2 go on as the primary
+    actions = r3.on_view(View(2, ("n3",), (), ("n1", "n2"), "n3", False, 2), c.now)
+    unknown = [a for a in actions if isinstance(a, LocalVerdict)]
+    assert len(unknown) == 1 and not unknown[0].ok and unknown[0].unknown and unknown[0].gid == 1
+    assert r3.phase == Phase.NON_PRIMARY and r3.released == 0
+    for n in ("n1", "n2"):
+        c.act(n, c.nodes[n].on_view(View(2, ("n1", "n2"), (), ("n3",), n, True, 2), c.now))
+    c.order.clear()
+    c.submit("n1", 1, 9)  # the primary's GID 1 is another transaction on the same row
+    sender, payload = c.order.popleft()
+    for n in ("n1", "n2"):
+        c.act(n, c.nodes[n].on_delivery(Delivery(sender, payload)))
+    while c.order:
+        s, p = c.order.popleft()
+        for n in ("n1", "n2"):
+            c.act(n, c.nodes[n].on_delivery(Delivery(s, p)))
+    assert c.log["n1"] == c.log["n2"] == [(1, True)]
+    assert c.log["n3"] == [] and r3.gid == 0
+
+
+def test_view_change_inside_the_primary_keeps_held_writesets() -> None:
+    c = form(quorum=2)
+    for n in NAMES:
+        c.log[n].clear()
+    c.submit("n2", 1, 3)
+    sender, payload = c.order.popleft()
+    for n in NAMES:
+        c.nodes[n].on_delivery(Delivery(sender, payload))  # the reports are lost with n3
+    for n in ("n1", "n2"):
+        c.act(n, c.nodes[n].on_view(View(2, ("n1", "n2"), (), ("n3",), n, True, 2), c.now))
+    c.order = deque((s, p) for s, p in c.order if s != "n3")
+    while c.order:
+        s, p = c.order.popleft()
+        for n in ("n1", "n2"):
+            c.act(n, c.nodes[n].on_delivery(Delivery(s, p)))
+    assert c.log["n1"] == c.log["n2"] == [(1, True)]
+
+
+def test_node_that_comes_back_with_fewer_than_a_quorum_rejoins() -> None:
+    """n1 was frozen: n2 and n3 went on without it. Corosync shows n1 the others leaving and
+    joining again in one view that is quorate; n1 must not carry on as if nothing happened."""
+    c = form(quorum=2)
+    r1 = c.nodes["n1"]
+    actions = r1.on_view(View(2, ("n1", "n2", "n3"), ("n2", "n3"), ("n2", "n3"), "n1", True, 2), c.now)
+    assert r1.phase == Phase.JOINING and not r1.accepts_writes
+    assert any(isinstance(a, Send) and isinstance(a.message, bp.GidRequest) for a in actions)
+    # the others saw n1 leave and join: they stay online
+    r2 = c.nodes["n2"]
+    r2.on_view(View(2, ("n2", "n3"), (), ("n1",), "n2", True, 2), c.now)
+    r2.on_view(View(3, ("n1", "n2", "n3"), ("n1",), (), "n2", True, 2), c.now)
+    assert r2.phase == Phase.ONLINE
 
 
 def _ddl(table: bytes = b"t") -> bytes:

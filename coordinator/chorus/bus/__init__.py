@@ -32,7 +32,9 @@ class BusError(Exception):
 class View:
     """A membership change, delivered in total order with messages.
 
-    Member ids are strings ``"<nodeid>:<pid>"`` (Corosync) or the simulated member's name.
+    Member ids are strings ``"<nodeid>:<pid>"`` (Corosync) or the simulated member's name;
+    :func:`bus_node` gives the part that names the member's bus node (one vote each).
+    ``quorum`` is how many votes (bus nodes) make a majority of the configured cluster.
     """
 
     view_id: int
@@ -41,6 +43,12 @@ class View:
     left: tuple[str, ...]
     local: str
     quorate: bool
+    quorum: int = 1
+
+
+def bus_node(member: str) -> str:
+    """The bus node (Corosync node id) a member runs on: members on one node share a vote."""
+    return member.split(":", 1)[0]
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,7 @@ class CorosyncBus(Bus):
         self._view_id = 0
         self._members: tuple[str, ...] = ()
         self._quorate = False
+        self._quorum = 1
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._quorum_task: Optional[asyncio.Task[None]] = None
         # keep the callbacks alive as long as the handle
@@ -195,23 +196,26 @@ class CorosyncBus(Bus):
             self._vq = None
 
     def _read_quorate(self) -> bool:
+        """Whether this partition is quorate; also refreshes ``_quorum`` (votes needed)."""
         if self._vq is None:
             return True
         info = _ffi.new("struct votequorum_info *")
         rc = self._vq.votequorum_getinfo(self._vq_handle[0], self._nodeid, info)
         if rc != CS_OK:
             return False
+        self._quorum = max(1, int(info.quorum))
         return bool(info.flags & VOTEQUORUM_INFO_QUORATE)
 
     async def _watch_quorum(self) -> None:
         """Quorum can change without a CPG configuration change of our group: re-check."""
         while self._joined:
             await asyncio.sleep(1.0)
+            before = self._quorum
             q = self._read_quorate()
-            if q != self._quorate and self._members:
+            if (q != self._quorate or before != self._quorum) and self._members:
                 self._quorate = q
                 self._view_id += 1
-                self._queue.put_nowait(View(self._view_id, self._members, (), (), self._local, q))
+                self._queue.put_nowait(View(self._view_id, self._members, (), (), self._local, q, self._quorum))
 
     # ---- callbacks (run inside cpg_dispatch) --------------------------------------------
 
@@ -247,7 +251,7 @@ class CorosyncBus(Bus):
         self._members = m
         self._quorate = self._read_quorate()
         self._view_id += 1
-        self._queue.put_nowait(View(self._view_id, m, jn, lf, self._local, self._quorate))
+        self._queue.put_nowait(View(self._view_id, m, jn, lf, self._local, self._quorate, self._quorum))
         if self._local and self._local in lf:
             self._fail("this member was removed from the CPG group")
 

@@ -30,7 +30,8 @@ class SimulatedNetwork:
         members = tuple(sorted(m for m, c in self.component.items() if c == comp))
         vid = next(self._view_ids)
         for m in members:
-            self.members[m]._put(View(vid, members, joined, left, m, self._quorate(len(members))))
+            self.members[m]._put(View(vid, members, joined, left, m, self._quorate(len(members)),
+                                      self.expected // 2 + 1 if self.expected else 1))
 
     def connect(self, bus: "SimulatedBus") -> None:
         self.members[bus.local_id] = bus

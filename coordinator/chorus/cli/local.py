@@ -134,7 +134,7 @@ def sql_command(directory: str, all_nodes: bool, node: Optional[str], statement:
         if node and n["name"] != node:
             continue
         try:
-            with psycopg.connect(n["dsn"], autocommit=True,
+            with psycopg.connect(n["socket_dsn"], autocommit=True,
                                  options="-c chorus.replicate_ddl=off -c chorus.capture=off") as conn:
                 cur = conn.execute(statement)
                 if cur.description:

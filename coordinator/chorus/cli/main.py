@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from chorus.cli import demo as demo_cmds
+from chorus.cli import lab as lab_cmds
 from chorus.cli import local as local_cmds
 from chorus.cli import log as log_cmds
 from chorus.cli import node as node_cmds
@@ -17,6 +18,7 @@ def cli() -> None:
 
 
 cli.add_command(local_cmds.local)
+cli.add_command(lab_cmds.lab)
 cli.add_command(local_cmds.sql_command)
 cli.add_command(demo_cmds.demo)
 cli.add_command(log_cmds.log)

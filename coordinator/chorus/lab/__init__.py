@@ -1,0 +1,1 @@
+"""The multi-host test rig: hosts in network namespaces on a user-space switch (docs/LAB.md)."""
