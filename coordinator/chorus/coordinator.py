@@ -17,7 +17,7 @@ import signal
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Coroutine, Optional
 
 import psycopg
 
@@ -144,6 +144,7 @@ class Coordinator:
         self._flow_requested = False
         self._flow_paused = False  # what the extension was last told
         self._servers: list[asyncio.base_events.Server] = []
+        self._background: set[asyncio.Task[Any]] = set()  # the loop keeps only weak references
         self.wslog = WritesetLog(cfg.wslog_dir, cfg.log_segment_mb << 20, cfg.log_total_mb << 20)
         self.feeder = rc.LogFeeder(self.wslog)
         self.keys = (rc.ClusterKeys(cfg.tls_cert, cfg.tls_key, cfg.secret_file)
@@ -391,7 +392,7 @@ class Coordinator:
         r = self.replicator
         if r is not None and bool(r.paused_by) != self._flow_paused and self.db_ok.is_set():
             self._flow_paused = bool(r.paused_by)
-            asyncio.create_task(self._q_logged("SELECT chorus.set_paused(%s)", (self._flow_paused,)))
+            self._spawn(self._q_logged("SELECT chorus.set_paused(%s)", (self._flow_paused,)))
         for a in actions:
             if isinstance(a, LocalVerdict):
                 self._local_verdict(a)
@@ -404,7 +405,7 @@ class Coordinator:
                 self.feeder.outcome(a.gid, a.ok)
                 self._ddl_outcome(a)
             elif isinstance(a, CatchUp):
-                asyncio.create_task(self._catch_up(a), name="catch-up")
+                self._spawn(self._catch_up(a), name="catch-up")
             elif isinstance(a, LogQueried):
                 self._answer_log_query(a)
             elif isinstance(a, LogOffered):
@@ -413,7 +414,7 @@ class Coordinator:
             elif isinstance(a, SyncReached):
                 self._sync_reached(a)
             elif isinstance(a, Send):
-                asyncio.create_task(self._send_logged(a.message))
+                self._spawn(self._send_logged(a.message))
             elif isinstance(a, PhaseChange):
                 self.phase_reason = a.reason
                 log.info("phase %s: %s", a.phase.value, a.reason)
@@ -423,6 +424,14 @@ class Coordinator:
                 self.state = self.state.with_(cluster_uuid=a.cluster_uuid, bootstrap=False,
                                               safe_to_bootstrap=False, last_gid=a.gid)
                 save_state(self.cfg.state_file, self.state)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: Optional[str] = None) -> asyncio.Task[Any]:
+        """Start a background task and keep it referenced until it ends (an unreferenced
+        pending task can be garbage-collected mid-flight: found with a catch-up that vanished)."""
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def _q_logged(self, query: str, params: tuple[Any, ...]) -> None:
         try:
@@ -448,7 +457,7 @@ class Coordinator:
             try:
                 wm = await self._committed_gid()
             except psycopg.Error as e:
-                asyncio.create_task(self._database_lost(str(e).strip()))
+                self._spawn(self._database_lost(str(e).strip()))
                 continue
             if wm > self.watermark:
                 self.watermark = wm
@@ -482,7 +491,7 @@ class Coordinator:
                     gid, _ = bpf.parse_done(frame.payload)
                     p = self.pending.get(gid)
                     if p is not None and p.writeset.ddl is not None and p.backend is b:
-                        asyncio.create_task(self._send_logged(bp.DdlResult(self.cfg.name, gid, True)))
+                        self._spawn(self._send_logged(bp.DdlResult(self.cfg.name, gid, True)))
                 else:
                     gid, xid = bpf.parse_done(frame.payload)
                     log.info("backend %d aborted certified GID %d (xid %d): replaying it", b.pid, gid, xid)
@@ -498,7 +507,7 @@ class Coordinator:
             if b.ticket:
                 self.tickets.pop(b.ticket, None)
             for gid in list(b.certified):
-                asyncio.create_task(self._orphaned(b, gid))
+                self._spawn(self._orphaned(b, gid))
 
     async def _local_writeset(self, b: _Backend, payload: bytes) -> None:
         ws = wire.decode(payload)  # validates before it reaches the bus
@@ -574,7 +583,7 @@ class Coordinator:
         self._sync_token += 1
         self._sync_on_bus[self._sync_token] = self._sync_waiting
         self._sync_waiting = []
-        asyncio.create_task(self._send_logged(bp.SyncMarker(self.cfg.name, self._sync_token)))
+        self._spawn(self._send_logged(bp.SyncMarker(self.cfg.name, self._sync_token)))
 
     def _sync_reached(self, s: SyncReached) -> None:
         for b in self._sync_on_bus.pop(s.token, []):
@@ -667,7 +676,7 @@ class Coordinator:
             # run here; the outcome (the first result delivered) decides what every node does.
             if not p.ddl_failure_sent:
                 p.ddl_failure_sent = True
-                asyncio.create_task(self._send_logged(bp.DdlResult(
+                self._spawn(self._send_logged(bp.DdlResult(
                     self.cfg.name, gid, False, f"it failed on its origin {self.cfg.name}")))
             return
         self.scheduler.replay(gid)
@@ -708,10 +717,10 @@ class Coordinator:
         backlog = len(self.pending)
         if not self._flow_requested and backlog >= self.cfg.flow_pause_at:
             self._flow_requested = True
-            asyncio.create_task(self._send_logged(bp.FlowControl(self.cfg.name, True)))
+            self._spawn(self._send_logged(bp.FlowControl(self.cfg.name, True)))
         elif self._flow_requested and backlog <= self.cfg.flow_resume_at:
             self._flow_requested = False
-            asyncio.create_task(self._send_logged(bp.FlowControl(self.cfg.name, False)))
+            self._spawn(self._send_logged(bp.FlowControl(self.cfg.name, False)))
 
     def _flow_reassert(self) -> None:
         """Flow control is a state, not an event: if the cluster's view of this node's request
@@ -721,7 +730,7 @@ class Coordinator:
         if r is None or r.phase != Phase.ONLINE:
             return
         if (self.cfg.name in r.paused_by) != self._flow_requested:
-            asyncio.create_task(self._send_logged(bp.FlowControl(self.cfg.name, self._flow_requested)))
+            self._spawn(self._send_logged(bp.FlowControl(self.cfg.name, self._flow_requested)))
 
     def _dispatch(self) -> None:
         self._flow_check()
@@ -731,12 +740,12 @@ class Coordinator:
             gid = self.scheduler.next_replay()
             if gid is not None:
                 self.replay_busy = True
-                asyncio.create_task(self._apply(self.replay_session, gid, replay=True))
+                self._spawn(self._apply(self.replay_session, gid, replay=True))
         for gid in self.scheduler.ready_remote(len(self.idle)):
             if len(self.idle) < len(self.workers):
                 self.counters.overlapped_applies += 1
             session = self.idle.pop()
-            asyncio.create_task(self._apply(session, gid, replay=False))
+            self._spawn(self._apply(session, gid, replay=False))
         busy = len(self.workers) - len(self.idle)
         if busy > self.counters.max_workers_busy:
             self.counters.max_workers_busy = busy
@@ -769,7 +778,7 @@ class Coordinator:
             log.info("retrying GID %d: %s", gid, e)
             self.scheduler.redispatch(gid)
             if isinstance(e, ApplyConnectionLost):
-                asyncio.create_task(self._check_database(str(e)))
+                self._spawn(self._check_database(str(e)))
             await asyncio.sleep(0.01)
         except ApplyError as e:
             self.fatal = f"cannot apply certified writeset: {e}"
@@ -860,7 +869,7 @@ class Coordinator:
     def _answer_log_query(self, q: LogQueried) -> None:
         if self.recovery_server is None or q.node == self.cfg.name:
             return
-        asyncio.create_task(self._send_logged(bp.LogInfo(
+        self._spawn(self._send_logged(bp.LogInfo(
             q.node, q.request_id, self.cfg.name, self.cfg.recovery_advertise or self.cfg.recovery_listen,
             self.wslog.base_gid, self.wslog.end_gid, self.watermark, len(self.pending))))
 

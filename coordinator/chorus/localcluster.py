@@ -73,7 +73,8 @@ def _alive(pid: int, needle: str) -> bool:
                 return False
     except OSError:
         return False
-    return needle in cmd
+    # an empty command line: the process is between two execs (the lab's `ip netns exec ...`)
+    return needle in cmd or not cmd.strip()
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -192,7 +192,10 @@ class Replicator:
         previous = set(self.members)
         self.members = view.members
         self.local_member = view.local
-        was_quorate, self.quorate = self.quorate, view.quorate
+        # votequorum's flag can lag the CPG view by a moment: a view with fewer bus nodes than
+        # a quorum is not quorate, whatever the flag still says
+        quorate = view.quorate and len({bus_node(m) for m in view.members}) >= view.quorum
+        was_quorate, self.quorate = self.quorate, quorate
         # The members that come with this node from its previous view. If they are not a
         # quorum, this node was cut off (or frozen) and the others may have gone on without it,
         # even when the merged view is quorate again: it must leave and rejoin.
@@ -205,35 +208,27 @@ class Replicator:
         for rid, member in list(self._requesters.items()):
             if member not in view.members:
                 del self._requesters[rid]
-        for name, member in list(self.online.items()):
-            if member not in view.members:
-                del self.online[name]
-                self.progress.pop(name, None)
-                self.paused_by.discard(name)
-        for gid, origin in sorted(self.ddl_open.items()):
-            if origin != self.node and origin not in self.online:
-                del self.ddl_open[gid]
-                self.certifier.ddl_outcome(gid, False)
-                out.append(DdlOutcome(gid, False, f"its origin {origin} left the group before "
-                                                  "reporting the outcome"))
+        out += self._forget([name for name, member in self.online.items() if member not in view.members])
         if self.phase == Phase.CONNECTING:
             self._joining_since = now
-            if self.bootstrap and view.members == (view.local,) and view.quorate:
+            if self.bootstrap and view.members == (view.local,) and quorate:
                 out.append(Send(bp.Bootstrap(self.node, self.cluster_uuid or str(uuid.uuid4()), self.last_gid)))
                 self.phase = Phase.JOINING
                 self._request_at = now
             else:
                 out += self._request(now)
-        elif self.phase in _FOLLOWING and not view.quorate:
+        elif self.phase in _FOLLOWING and not quorate:
             out += self._leave_primary("this node is outside the quorate partition of the group")
         elif self.phase in _FOLLOWING and cut_off:
             out += self._leave_primary("this node was cut off from the primary component (it came back "
                                        "with fewer than a quorum of the nodes it was with)")
             self.last_gid = self.released
             out += self._request(now)
-        elif self.phase == Phase.NON_PRIMARY and view.quorate and not was_quorate:
+        elif self.phase == Phase.NON_PRIMARY and quorate and not was_quorate:
             self.last_gid = self.released
             out += self._request(now)
+        elif self.phase == Phase.JOINING and quorate and (not was_quorate or view.joined):
+            out += self._request(now)  # members that can answer arrived: ask now, not at the next retry
         elif self.phase in _FOLLOWING:
             out += self._release()
         return out
@@ -297,6 +292,22 @@ class Replicator:
         self._request_at = now
         self._buffer.clear()
         return [Send(bp.GidRequest(self.node, self._request_id, self.cluster_uuid, self.last_gid))]
+
+    def _forget(self, names: list[str]) -> list[Action]:
+        """Nodes that are no longer online; a schema change of theirs whose outcome they did
+        not report is skipped everywhere."""
+        out: list[Action] = []
+        for name in names:
+            self.online.pop(name, None)
+            self.progress.pop(name, None)
+            self.paused_by.discard(name)
+        for gid, origin in sorted(self.ddl_open.items()):
+            if origin != self.node and origin not in self.online:
+                del self.ddl_open[gid]
+                self.certifier.ddl_outcome(gid, False)
+                out.append(DdlOutcome(gid, False, f"its origin {origin} left the group before "
+                                                  "reporting the outcome"))
+        return out
 
     def _leave_primary(self, reason: str) -> list[Action]:
         self.phase = Phase.NON_PRIMARY
@@ -454,13 +465,18 @@ class Replicator:
         if isinstance(msg, bp.LogQuery):
             return [LogQueried(msg.node, msg.request_id)] if self.phase == Phase.ONLINE else []
         if isinstance(msg, bp.GidRequest):
+            out = []
+            if msg.node in self.online and msg.node != self.node:
+                # it asks to join, so it is not online any more (it left the primary component
+                # without leaving the group's view): every node drops it here, in the same place
+                out = self._forget([msg.node])
             self._requesters[msg.request_id] = sender
             if self.online and min(self.online) == self.node:
-                return [Send(bp.GidReply(
+                out.append(Send(bp.GidReply(
                     msg.node, msg.request_id, sender, self.cluster_uuid, self.gid, self.last_certified,
                     tuple(sorted(self.online.items())), tuple(sorted(self.progress.items())),
-                    self.certifier.snapshot(), tuple(sorted(self.paused_by))))]
-            return []
+                    self.certifier.snapshot(), tuple(sorted(self.paused_by)))))
+            return out
         if isinstance(msg, bp.GidReply):
             self._requesters.pop(msg.request_id, None)
             if msg.cluster_uuid == self.cluster_uuid and msg.gid <= self.gid and msg.member in self.members:
@@ -492,7 +508,10 @@ class Replicator:
 
     def _writeset(self, msg: bp.WritesetMsg) -> list[Action]:
         local = msg.origin == self.node
-        if self.phase not in _FOLLOWING or not self.quorate:
+        # A writeset counts only if its origin is online at its position in the total order,
+        # a fact every node agrees on. A node cut off and back (frozen, say) may send one before
+        # it learns it was out: the others drop it exactly as the origin refuses it.
+        if self.phase not in _FOLLOWING or not self.quorate or msg.origin not in self.online:
             if local:
                 self.local_decoded.pop(msg.ticket, None)
                 return [LocalVerdict(msg.ticket, False, 0, 0, "this node left the primary component", None)]

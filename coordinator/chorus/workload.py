@@ -179,3 +179,119 @@ def bank_total(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row: Any = conn.execute("SELECT coalesce(sum(balance), 0) FROM bank_accounts").fetchone()
         return int(row[0])
+
+
+# ---- fault runs: clients that outlive their node's outages ---------------------------------
+
+DEFINITE = {"40001", "40P01", "23505", "23503", "25006", "54000"}  # certainly not committed
+
+
+@dataclass
+class Outcomes:
+    """What every attempt of one client came to: acknowledged, certainly not committed, or
+    unknown (the commit's fate was not reported: SQLSTATE 08007, or the connection broke)."""
+    node: str
+    acked: list[Any] = field(default_factory=list)
+    failed: list[Any] = field(default_factory=list)
+    unknown: list[Any] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)  # SQLSTATE (or "connection") -> count
+    latencies_ms: list[float] = field(default_factory=list)
+    commit_times: list[float] = field(default_factory=list)  # monotonic time of each acknowledgement
+
+
+class Load:
+    """Clients on every node running ``op`` until :meth:`stop`, reconnecting after an outage.
+
+    Unlike :func:`run_workload`, an error ends nothing: a node outside the primary component
+    refuses writes, a killed node drops its connections, and the client keeps trying, recording
+    each attempt's outcome so a checker can hold the cluster to what clients were told.
+    """
+
+    def __init__(self, nodes: Sequence[tuple[str, str]], op: Callable[[psycopg.Connection[Any], random.Random, str], Any],
+                 workers_per_node: int = 2, pause: float = 0.0) -> None:
+        self.stop_event = threading.Event()
+        self.results: list[Outcomes] = []
+        self.threads: list[threading.Thread] = []
+        self.pause = pause
+        base = random.randrange(1 << 30)  # each run its own rows: a checker must not meet an earlier run's
+        for i, (name, dsn) in enumerate(nodes):
+            for w in range(workers_per_node):
+                out = Outcomes(name)
+                self.results.append(out)
+                self.threads.append(threading.Thread(target=self._client, args=(dsn, op, base + i * 100 + w, out),
+                                                     daemon=True))
+
+    def start(self) -> "Load":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def stop(self) -> list[Outcomes]:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(60)
+        return self.results
+
+    def _client(self, dsn: str, op: Callable[..., Any], seed: int, out: Outcomes) -> None:
+        rnd = random.Random(seed)
+        conn: Any = None
+        while not self.stop_event.is_set():
+            if conn is None or conn.closed:
+                try:
+                    conn = psycopg.connect(dsn, autocommit=True, connect_timeout=3)
+                except psycopg.Error:
+                    out.errors["connect"] = out.errors.get("connect", 0) + 1
+                    self.stop_event.wait(0.5)
+                    continue
+            intent: list[Any] = []
+            t0 = time.monotonic()
+            try:
+                with conn.transaction():
+                    ack = op(conn, rnd, out.node, intent)
+                out.latencies_ms.append((time.monotonic() - t0) * 1000)
+                out.commit_times.append(time.monotonic())
+                if ack is not None:
+                    out.acked.append(ack)
+            except psycopg.Error as e:
+                state = e.sqlstate or "connection"
+                out.errors[state] = out.errors.get(state, 0) + 1
+                (out.failed if state in DEFINITE else out.unknown).extend(intent)
+                if not _recover(conn, WorkerResult(out.node)):
+                    conn = None
+                if state not in ("40001", "40P01", "23505"):
+                    self.stop_event.wait(0.1)  # refused or broken: do not spin
+            if self.pause:
+                self.stop_event.wait(self.pause)
+        if conn is not None and not conn.closed:
+            conn.close()
+
+
+def set_intent_op(conn: psycopg.Connection[Any], rnd: random.Random, node: str, intent: list[Any]) -> Any:
+    """:func:`set_op` that says what it tries before it tries it."""
+    row = (rnd.randrange(SET_KEYS * 100), rnd.randrange(SET_KEYS * 100), node)
+    intent.append(row)
+    conn.execute("INSERT INTO jepsen_set (id, u, node) VALUES (%s, %s, %s)", row)
+    return row
+
+
+def bank_intent_op(accounts: int) -> Callable[..., Any]:
+    inner = bank_op(accounts)
+
+    def op(conn: psycopg.Connection[Any], rnd: random.Random, node: str, intent: list[Any]) -> Any:
+        return inner(conn, rnd, node)
+    return op
+
+
+def check_set(results: Sequence[Outcomes], rows: set[tuple[int, int, str]]) -> list[str]:
+    """Every acknowledged insert is present; none that certainly failed is."""
+    problems = []
+    acked = {tuple(r) for o in results for r in o.acked}
+    maybe = acked | {tuple(r) for o in results for r in o.unknown}
+    lost = acked - rows
+    if lost:
+        problems.append(f"{len(lost)} acknowledged inserts are missing, e.g. {sorted(lost)[:3]}")
+    ghosts = {tuple(r) for o in results for r in o.failed} - maybe
+    present = ghosts & rows
+    if present:
+        problems.append(f"{len(present)} inserts that failed are present, e.g. {sorted(present)[:3]}")
+    return problems

@@ -270,6 +270,27 @@ def test_node_that_comes_back_with_fewer_than_a_quorum_rejoins() -> None:
     assert r2.phase == Phase.ONLINE
 
 
+def test_writeset_of_a_node_that_is_not_online_is_dropped_everywhere() -> None:
+    """n1 was cut off and is back in the view, but has not rejoined: a writeset it sent before
+    learning so is refused on n1 and dropped on the others, at the same position."""
+    c = form(quorum=2)
+    for n in ("n2", "n3"):
+        r = c.nodes[n]
+        r.on_view(View(2, ("n2", "n3"), (), ("n1",), n, True, 2), c.now)
+        r.on_view(View(3, ("n1", "n2", "n3"), ("n1",), (), n, True, 2), c.now)
+        assert "n1" not in r.online
+    for n in NAMES:
+        c.log[n].clear()
+    c.submit("n1", 1, 5)
+    sender, payload = c.order.popleft()
+    for n in ("n2", "n3"):
+        assert c.nodes[n].on_delivery(Delivery(sender, payload)) == []
+    r1 = c.nodes["n1"]
+    r1.on_view(View(2, ("n1", "n2", "n3"), ("n2", "n3"), ("n2", "n3"), "n1", True, 2), c.now)
+    refused = [a for a in r1.on_delivery(Delivery(sender, payload)) if isinstance(a, LocalVerdict)]
+    assert len(refused) == 1 and not refused[0].ok and not refused[0].unknown
+
+
 def _ddl(table: bytes = b"t") -> bytes:
     return wire.encode(Writeset(0, 1, 0, (), (), (Key(KeyMode.EXCLUSIVE, (b"public", table)),),
                                 ddl=wire.Ddl("ALTER TABLE t ADD COLUMN c int", "public", "postgres")))

@@ -1,0 +1,121 @@
+"""Fixtures for the fault tests: a 3-host lab (chorus.lab), each host a network namespace with
+its own Corosync, PostgreSQL and coordinator. One lab per module; every test leaves it healed,
+thawed and online, and the lab is removed (processes, namespaces, devices) however the tests end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from typing import Any, Iterator
+
+import psycopg
+import pytest
+
+from chorus.check import NodeRef, compare, wait_quiescent
+from chorus.coordinator import admin_request
+from chorus.lab.rig import Lab
+from chorus.workload import BANK_SCHEMA, SET_SCHEMA, bank_setup
+
+ACCOUNTS = 40
+INITIAL = 1000
+
+
+class LabCluster:
+    def __init__(self, lab: Lab, info: list[dict[str, Any]]) -> None:
+        self.lab = lab
+        self.info = info
+        self.names = [n["name"] for n in info]
+        # clients reach their host's PostgreSQL over its Unix socket: a partition between hosts
+        # does not cut a client off from its own node (as on a real network)
+        self.refs = [NodeRef(n["name"], n["socket_dsn"], n["admin"]) for n in info]
+
+    def dsn(self, name: str) -> str:
+        return next(r.dsn for r in self.refs if r.name == name)
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        return [(r.name, r.dsn) for r in self.refs]
+
+    def status(self, name: str) -> dict[str, Any]:
+        admin = next(r.admin for r in self.refs if r.name == name)
+        st: dict[str, Any] = admin_request(admin, timeout=3)["status"]
+        return st
+
+    def wait_state(self, name: str, states: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        st: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            try:
+                st = self.status(name)
+                if st["state"] in states:
+                    return st
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"{name} not {states} within {timeout}s: {st}")
+
+    def wait_all_online(self, timeout: float = 90) -> None:
+        for n in self.names:
+            self.wait_state(n, ("online",), timeout)
+
+    def restore(self) -> None:
+        """Undo whatever a test did to the network and the hosts."""
+        self.lab.heal()
+        self.lab.netem("")
+        for n in self.names:
+            self.lab.thaw(n)
+        meta = self.lab.load()
+        for n in meta.nodes:
+            d = {x["name"]: x for x in self.lab.describe(meta)}[n.name]
+            if not (d["pg_pid"] and d["coordinator_pid"] and d["corosync_pid"]):
+                self.lab.restart_host(n.name)
+        self.wait_all_online()
+
+    def assert_identical(self, timeout: float = 90) -> None:
+        wait_quiescent(self.refs, timeout)
+        diffs = compare(self.refs)
+        assert not diffs, "\n".join(diffs)
+
+    def bank_total(self, name: str) -> int:
+        with psycopg.connect(self.dsn(name), autocommit=True) as c:
+            return int(c.execute("SELECT sum(balance) FROM bank_accounts").fetchone()[0])  # type: ignore[index]
+
+    def set_rows(self, name: str) -> set[tuple[int, int, str]]:
+        with psycopg.connect(self.dsn(name), autocommit=True) as c:
+            return {(int(a), int(b), str(n)) for a, b, n in c.execute("SELECT id, u, node FROM jepsen_set")}
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[LabCluster]:
+    if os.geteuid() != 0:
+        pytest.fail("the fault tests need root (network namespaces and TAP devices)")
+    directory = tempfile.mkdtemp(prefix="chorus-lab-", dir="/tmp")
+    os.chmod(directory, 0o755)
+    rig = Lab(directory)
+    try:
+        info = rig.create(3, int(os.environ.get("CHORUS_LAB_PORT_BASE", "56433")))
+        c = LabCluster(rig, info)
+        with psycopg.connect(c.dsn("n1"), autocommit=True) as conn:
+            conn.execute(BANK_SCHEMA)
+            conn.execute(SET_SCHEMA)
+        bank_setup(c.dsn("n1"), ACCOUNTS, INITIAL)
+        c.assert_identical()
+        yield c
+    finally:
+        if os.environ.get("CHORUS_KEEP_CLUSTER"):
+            print(f"\nlab left running in {directory}")
+        else:
+            rig.down()
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def healthy(lab: LabCluster) -> Iterator[LabCluster]:
+    """The lab, put back into shape after the test (also when it failed)."""
+    lab.wait_all_online()
+    try:
+        yield lab
+    finally:
+        lab.restore()
