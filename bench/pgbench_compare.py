@@ -128,27 +128,36 @@ def main() -> None:
                 pgbench_init(dsn, args.scale)
         for r in range(args.rounds):
             for name, dsns in configs.items():
-                res = pgbench_run(dsns, args.clients, args.seconds, root / "logs" / name)
-                results[name].append(res)
-                print(f"round {r + 1} {name}: {res['tps']:.0f} tps, p50 {res['p50_ms']:.2f} ms, "
-                      f"p95 {res['p95_ms']:.2f} ms", file=sys.stderr, flush=True)
+                record(results, name, r + 1, pgbench_run(dsns, args.clients, args.seconds, root / "logs" / name))
     finally:
         three.down()
         one.down()
         plain.stop()
+    report(results, args, "")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace, note: str) -> None:
+    """Medians of the rounds per configuration and the TPS ratio to "plain", as a table or JSON."""
     med = {k: {m: statistics.median(x[m] for x in v) for m in ("tps", "p50_ms", "p95_ms")}
-           for k, v in results.items()}
+           for k, v in results.items() if v}
     base = med["plain"]["tps"]
     if args.json:
         print(json.dumps({"median": med, "ratio_to_plain": {k: v["tps"] / base for k, v in med.items()},
                           "rounds": results, "args": vars(args)}, indent=2))
-    else:
-        print(f"pgbench -N, {args.clients} clients, scale {args.scale}, {args.seconds} s x {args.rounds} rounds "
-              f"(medians)")
-        print(f"{'configuration':<12} {'tps':>8} {'p50 ms':>8} {'p95 ms':>8} {'ratio':>6}")
-        for k, v in med.items():
-            print(f"{k:<12} {v['tps']:>8.0f} {v['p50_ms']:>8.2f} {v['p95_ms']:>8.2f} {v['tps'] / base:>6.2f}")
-    shutil.rmtree(root, ignore_errors=True)
+        return
+    print(f"pgbench -N, {args.clients} clients, scale {args.scale}, {args.seconds} s x {args.rounds} rounds "
+          f"(medians){note}")
+    width = max(len(k) for k in med)
+    print(f"{'configuration':<{width}} {'tps':>8} {'p50 ms':>8} {'p95 ms':>8} {'ratio':>6}")
+    for k, v in med.items():
+        print(f"{k:<{width}} {v['tps']:>8.0f} {v['p50_ms']:>8.2f} {v['p95_ms']:>8.2f} {v['tps'] / base:>6.2f}")
+
+
+def record(results: dict[str, list[dict[str, float]]], name: str, round_no: int, res: dict[str, float]) -> None:
+    results[name].append(res)
+    print(f"round {round_no} {name}: {res['tps']:.0f} tps, p50 {res['p50_ms']:.2f} ms, "
+          f"p95 {res['p95_ms']:.2f} ms", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -240,21 +240,29 @@ chorus_read_verdict(uint64 *gid, uint64 *wait_for, char **msg)
 }
 
 /*
- * chorus_report_unknown
- *		The node left the primary component after this transaction was ordered
- *		(GID gid) but before a quorum was known to have it: it does not commit
- *		here now, and commits on every node or on none, which this node learns
- *		when it rejoins. SQLSTATE 08007, as for a commit whose connection broke.
+ * chorus_refuse_unless_commit
+ *		End the transaction with the error a verdict other than COMMIT calls for.
+ *		UNKNOWN: the node left the primary component after the transaction was
+ *		ordered (GID gid) but before a quorum was known to have it; it does not
+ *		commit here now, and commits on every node or on none, which this node
+ *		learns when it rejoins: SQLSTATE 08007, as for a commit whose connection
+ *		broke. REFUSED (and anything else): 25006 with the coordinator's reason.
  */
 static void
-chorus_report_unknown(uint64 gid, const char *msg)
+chorus_refuse_unless_commit(uint8 verdict, uint64 gid, const char *msg)
 {
+	if (verdict == VERDICT_COMMIT)
+		return;
+	if (verdict == VERDICT_UNKNOWN)
+		ereport(ERROR,
+				(errcode(ERRCODE_TRANSACTION_RESOLUTION_UNKNOWN),
+				 errmsg("chorus: %s", msg),
+				 errdetail("The transaction was ordered as GID %llu; the primary component decides whether it committed, "
+						   "on every node alike.", (unsigned long long) gid),
+				 errhint("Check for the transaction's effect after the node rejoins, or on a node of the primary component.")));
 	ereport(ERROR,
-			(errcode(ERRCODE_TRANSACTION_RESOLUTION_UNKNOWN),
-			 errmsg("chorus: %s", msg),
-			 errdetail("The transaction was ordered as GID %llu; the primary component decides whether it committed, "
-					   "on every node alike.", (unsigned long long) gid),
-			 errhint("Check for the transaction's effect after the node rejoins, or on a node of the primary component.")));
+			(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+			 errmsg("chorus: %s", msg)));
 }
 
 /*
@@ -283,12 +291,7 @@ chorus_request_verdict(TransactionId xid)
 				 errdetail("Another node's transaction, ordered first, wrote the same data (this transaction was GID %llu).",
 						   (unsigned long long) gid),
 				 errhint("Retry the transaction.")));
-	if (verdict == VERDICT_UNKNOWN)
-		chorus_report_unknown(gid, msg);
-	if (verdict != VERDICT_COMMIT)
-		ereport(ERROR,
-				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
-				 errmsg("chorus: %s", msg)));
+	chorus_refuse_unless_commit(verdict, gid, msg);
 	chorus_xact.certified = true;
 	chorus_xact.gid = gid;
 	chorus_xact.wait_for = wait_for;
@@ -311,12 +314,7 @@ chorus_ddl_order(StringInfo ws)
 	chorus_protect_commit();
 	chorus_send_frame('W', ws->data, ws->len);
 	verdict = chorus_read_verdict(&gid, &wait_for, &msg);
-	if (verdict == VERDICT_UNKNOWN)
-		chorus_report_unknown(gid, msg);
-	if (verdict != VERDICT_COMMIT)
-		ereport(ERROR,
-				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
-				 errmsg("chorus: %s", msg)));
+	chorus_refuse_unless_commit(verdict, gid, msg);
 	chorus_xact.certified = true;
 	chorus_xact.ddl = true;
 	chorus_xact.gid = gid;
