@@ -14,6 +14,7 @@ dsn = "host=/d/nodes/n1/run port=5433 dbname=postgres user=postgres"
 group = "chorus"
 [apply]
 workers = 4
+catchup_batch = 32           # partial recovery: writesets applied per transaction
 [log]                        # the writeset log (docs/RECOVERY.md)
 dir = "/d/nodes/n1/wslog"
 segment_mb = 64
@@ -55,6 +56,7 @@ class NodeConfig:
     flow_pause_at: int = 50  # certified writesets not committed here yet: ask the cluster to pause
     flow_resume_at: int = 10  # ... and release the request at or below this
     apply_method: str = "c"  # "c": chorus.apply_writeset in the extension; "sql": statements from Python
+    catchup_batch: int = 32  # partial recovery applies runs of up to this many writesets as one transaction
     log_dir: str = ""  # default: <data_dir>/wslog
     log_segment_mb: int = 64
     log_total_mb: int = 4096  # about a day of moderate traffic (100 writesets/s of ~400 bytes)
@@ -86,7 +88,8 @@ _SCHEMA: dict[str, dict[str, tuple[str, type, bool]]] = {
               "idle_blocker_grace_ms": ("idle_blocker_grace_ms", int, False),
               "flow_pause_at": ("flow_pause_at", int, False),
               "flow_resume_at": ("flow_resume_at", int, False),
-              "method": ("apply_method", str, False)},
+              "method": ("apply_method", str, False),
+              "catchup_batch": ("catchup_batch", int, False)},
     "log": {"dir": ("log_dir", str, False),
             "segment_mb": ("log_segment_mb", int, False),
             "total_mb": ("log_total_mb", int, False)},
@@ -128,6 +131,8 @@ def load_config(path: str) -> NodeConfig:
         for key, (fieldname, _, required) in keys.items():
             if required and fieldname not in values:
                 raise ChorusConfigError(f"{path}: missing {section}.{key}")
+    if values.get("catchup_batch", 1) < 1:
+        raise ChorusConfigError(f"{path}: apply.catchup_batch must be at least 1")
     if values.get("apply_workers", 1) < 1:
         raise ChorusConfigError(f"{path}: apply.workers must be at least 1")
     if not 0 <= values.get("flow_resume_at", 10) < values.get("flow_pause_at", 50):
@@ -166,6 +171,7 @@ def write_config(cfg: NodeConfig, path: str) -> None:
         f"flow_pause_at = {cfg.flow_pause_at}\n"
         f"flow_resume_at = {cfg.flow_resume_at}\n"
         f"method = {_toml_str(cfg.apply_method)}\n"
+        f"catchup_batch = {cfg.catchup_batch}\n"
         "[log]\n"
         + (f"dir = {_toml_str(cfg.log_dir)}\n" if cfg.log_dir else "")
         + f"segment_mb = {cfg.log_segment_mb}\n"

@@ -44,7 +44,8 @@ MAX_IN_FLIGHT = 1  # own writeset messages sent and not yet delivered
 BLOCKER_CHECK_S = 0.005  # how often (and after how long) applies have their lock blockers checked
 DB_RETRY_S = 0.5
 LOG_QUERY_WAIT_S = 1.0  # how long a recovering node collects answers to its LogQuery
-CATCHUP_WINDOW = 256  # catch-up writesets queued for apply at most
+CATCHUP_WINDOW = 256  # catch-up transactions queued for apply at most
+CATCHUP_BATCH_BYTES = 8 << 20  # a run of catch-up writesets applied as one transaction: at most this much
 
 
 class FatalError(Exception):
@@ -122,6 +123,7 @@ class Coordinator:
         self.watermark = 0
         self.db: Optional[psycopg.AsyncConnection[Any]] = None
         fast = cfg.apply_method == "c"
+        self.catchup_batch = cfg.catchup_batch
         self.workers = [ApplySession(cfg.dsn, f"{cfg.name}-{i}", fast) for i in range(max(1, cfg.apply_workers))]
         self.replay_session = ApplySession(cfg.dsn, f"{cfg.name}-replay", fast)
         self.idle = list(self.workers)
@@ -896,25 +898,55 @@ class Coordinator:
         self._held = []
         prog = self.catchup = rc.Progress(c.after, c.upto)
         prev = c.after  # the last certified GID handed to apply: the next one's wait_for
+        # Runs of consecutive row writesets are applied as one transaction (wire.merge): the
+        # commit of the run's last GID covers the GIDs before it, and the per-transaction cost
+        # (a round trip, a commit, the commit turn) is paid once per run, not per writeset.
+        batch: list[rc.LogRecord] = []
+        batch_wait_for = prev
+
+        def flush() -> None:
+            nonlocal batch
+            if not batch:
+                return
+            try:
+                merged = wire.merge([wire.decode(b.payload) for b in batch])
+            except wire.WireError as e:
+                raise rc.RecoveryError(f"a writeset in GIDs {batch[0].gid}..{batch[-1].gid} from the partner's "
+                                       f"log does not decode: {e}") from e
+            last = batch[-1]
+            self.pending[last.gid] = _Pending(last.gid, batch_wait_for, last.origin, merged)
+            self.scheduler.add(last.gid, _keys(merged), local=False)
+            batch = []
+            self._dispatch()
 
         async def take(rec: rc.LogRecord) -> None:
-            nonlocal prev
+            nonlocal prev, batch_wait_for
             prog.position, prog.records, prog.bytes = rec.gid, prog.records + 1, prog.bytes + len(rec.payload)
             if rec.gid <= self.watermark:
                 prev = rec.gid
                 return
-            try:
-                ws = wire.decode(rec.payload)
-            except wire.WireError as e:
-                raise rc.RecoveryError(f"GID {rec.gid} from the partner's log does not decode: {e}") from e
-            p = _Pending(rec.gid, prev, rec.origin, ws)
-            self._admit(p, local=False)
-            if p.ddl_known is not None:  # the log records a schema change with its outcome
-                p.ddl_ok = not rec.flags & rc.FLAG_DDL_SKIPPED
-                self.feeder.outcome(rec.gid, p.ddl_ok)
-                p.ddl_known.set()
-            prev = rec.gid
-            self._dispatch()
+            if not _is_ddl(rec.payload) and self.catchup_batch > 1:
+                if not batch:
+                    batch_wait_for = prev
+                self.feeder.certified(rec.gid, rec.origin, rec.payload, False)
+                batch.append(rec)
+                prev = rec.gid
+                if len(batch) >= self.catchup_batch or sum(len(b.payload) for b in batch) > CATCHUP_BATCH_BYTES:
+                    flush()
+            else:
+                flush()
+                try:
+                    ws = wire.decode(rec.payload)
+                except wire.WireError as e:
+                    raise rc.RecoveryError(f"GID {rec.gid} from the partner's log does not decode: {e}") from e
+                p = _Pending(rec.gid, prev, rec.origin, ws)
+                self._admit(p, local=False)
+                if p.ddl_known is not None:  # the log records a schema change with its outcome
+                    p.ddl_ok = not rec.flags & rc.FLAG_DDL_SKIPPED
+                    self.feeder.outcome(rec.gid, p.ddl_ok)
+                    p.ddl_known.set()
+                prev = rec.gid
+                self._dispatch()
             while len(self.pending) > CATCHUP_WINDOW and not self.fatal:
                 await asyncio.sleep(0.005)
 
@@ -926,7 +958,9 @@ class Coordinator:
                         log.warning("catch-up stopped at GID %d: the node is %s", prog.position, r.phase.value)
                         return
                     before = prog.position
-                    if not await self._fetch_round(prog, target, take):
+                    ok = await self._fetch_round(prog, target, take)
+                    flush()  # what this round brought, before waiting for more
+                    if not ok:
                         return
                     if prog.position == before:
                         await asyncio.sleep(0.2)  # the partner has not committed further yet: reload
@@ -1088,6 +1122,11 @@ class Coordinator:
 
 def _raw(ws: wire.Writeset) -> bytes:
     return ws.raw or wire.encode(ws)
+
+
+def _is_ddl(payload: bytes) -> bool:
+    """Whether an encoded writeset is a schema change (its header's flags), without decoding it."""
+    return len(payload) > 3 and bool(payload[3] & wire.FLAG_DDL)
 
 
 def _keys(ws: wire.Writeset) -> list[tuple[bytes, wire.KeyMode]]:

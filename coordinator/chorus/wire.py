@@ -307,3 +307,27 @@ def encode(ws: Writeset) -> bytes:
         stmt = ws.ddl.statement.encode("utf-8")
         out += [struct.pack(">I", len(stmt)), stmt, _text(ws.ddl.search_path), _text(ws.ddl.role)]
     return b"".join(out)
+
+
+def merge(writesets: list[Writeset]) -> Writeset:
+    """Row writesets applied one after another, as one writeset: the rows in order, the tables
+    shared, the keys of all (catch-up applies a run of consecutive GIDs in one transaction)."""
+    if any(ws.ddl is not None for ws in writesets):
+        raise ValueError("schema changes are not merged")
+    if len(writesets) == 1:
+        return writesets[0]
+    tables: list[Table] = []
+    index: dict[Table, int] = {}
+    rows: list[Row] = []
+    keys: dict[Key, None] = {}
+    for ws in writesets:
+        remap = []
+        for t in ws.tables:
+            if t not in index:
+                index[t] = len(tables)
+                tables.append(t)
+            remap.append(index[t])
+        rows += [Row(r.op, remap[r.table], r.old, r.new) for r in ws.rows]
+        keys.update(dict.fromkeys(ws.keys))
+    last = writesets[-1]
+    return Writeset(last.xid, last.pid, last.last_seen, tuple(tables), tuple(rows), tuple(keys))

@@ -104,3 +104,20 @@ def test_schema_change_round_trip() -> None:
     assert back.ddl == ws.ddl and back.keys == ws.keys and back.flags & FLAG_DDL
     with pytest.raises(WireError, match="truncated"):
         decode(encode(ws)[:-3])
+
+
+def test_merge_keeps_rows_in_order_and_shares_tables() -> None:
+    other = Table("public", "log", (Column("id", "bigint"), Column("note", "text")), (0,))
+    a = Writeset(1, 1, 10, (TABLE,), (Row("I", 0, (), ("1", "ann", None)),),
+                 (Key(KeyMode.UPDATE, (b"public", b"accounts", b"id", b"1")),))
+    b = Writeset(2, 1, 11, (other, TABLE), (Row("I", 0, (), ("7", "x")), Row("U", 1, ("1",), ("1", "bob", None))),
+                 (Key(KeyMode.UPDATE, (b"public", b"accounts", b"id", b"1")),
+                  Key(KeyMode.UPDATE, (b"public", b"log", b"id", b"7"))))
+    m = wire.merge([a, b])
+    assert m.tables == (TABLE, other)
+    assert [(r.op, m.tables[r.table].relname, r.new[0]) for r in m.rows] == [
+        ("I", "accounts", "1"), ("I", "log", "7"), ("U", "accounts", "1")]
+    assert len(m.keys) == 2  # the shared key once
+    assert wire.decode(wire.encode(m)) == m
+    with pytest.raises(ValueError):
+        wire.merge([a, Writeset(3, 1, 12, (), (), (), ddl=Ddl("DROP TABLE x", "public", "postgres"))])
