@@ -28,6 +28,7 @@
 #define VERDICT_CONFLICT 1
 #define VERDICT_REFUSED 2
 #define VERDICT_UNKNOWN 3
+#define VERDICT_TOO_LARGE 4
 
 /* This backend's connection to the coordinator, kept for the session. */
 static pgsocket chorus_sock = PGINVALID_SOCKET;
@@ -260,6 +261,10 @@ chorus_refuse_unless_commit(uint8 verdict, uint64 gid, const char *msg)
 				 errdetail("The transaction was ordered as GID %llu; the primary component decides whether it committed, "
 						   "on every node alike.", (unsigned long long) gid),
 				 errhint("Check for the transaction's effect after the node rejoins, or on a node of the primary component.")));
+	if (verdict == VERDICT_TOO_LARGE)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("chorus: %s", msg)));
 	ereport(ERROR,
 			(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
 			 errmsg("chorus: %s", msg)));

@@ -521,6 +521,16 @@ class Coordinator:
             b.writer.write(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
                                              f"this node does not accept writes: {why}"))
             return
+        limit = self.wslog.max_payload(self.cfg.name)
+        if len(payload) > limit:
+            # every certified writeset must fit in a log record (partial recovery serves it)
+            self.counters.refused += 1
+            b.writer.write(bpf.verdict_frame(
+                bpf.VERDICT_TOO_LARGE, 0, 0,
+                f"the transaction's writeset ({len(payload) / 1e6:.1f} MB) is larger than this node's writeset log "
+                f"can hold in one record ({limit / 1e6:.1f} MB): raise log.segment_mb or lower "
+                "chorus.max_writeset_size"))
+            return
         ticket = self.next_ticket
         self.next_ticket += 1
         b.ticket = ticket

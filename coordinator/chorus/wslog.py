@@ -718,6 +718,11 @@ class WritesetLog:
 
     # -- writing ------------------------------------------------------------------------------
 
+    def max_payload(self, origin: str) -> int:
+        """The largest writeset one record of ``origin`` can hold (a record never spans segments)."""
+        return min(self._segment_bytes - DATA_START - RECORD_HEADER_SIZE - len(origin.encode("utf-8")),
+                   MAX_PAYLOAD_BYTES)
+
     def append(self, gid: int, origin: str, payload: Buffer, flags: int = 0) -> None:
         """Append one certified writeset; ``gid`` must exceed ``end_gid``."""
         self._require_open()
