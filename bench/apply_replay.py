@@ -16,7 +16,10 @@ Mixes:
 - high-conflict: every transaction also updates one of 4 branch rows, so most neighbouring
   writesets depend on each other.
 
-Medians over rounds; the ratios are parallel / serial and catch-up / production.
+Each stream is replayed three ways: serial and parallel apply one writeset per transaction (the
+live apply path, issue 5's comparison); batched is partial recovery's default, runs of
+consecutive writesets in one transaction (apply.catchup_batch). Medians over rounds; the ratios
+are parallel / serial and batched catch-up / production.
 """
 
 from __future__ import annotations
@@ -77,14 +80,15 @@ def produce(cluster: LocalCluster, nodes: list[dict[str, Any]], workload: tuple[
     return {"tps": res["tps"], "gids": after - before, "gids_per_s": (after - before) / seconds}
 
 
-def replay(cluster: LocalCluster, node: dict[str, Any], saved: Path, workers: int) -> dict[str, float]:
-    """Restore n2 from ``saved``, set its apply workers, start it and time its catch-up."""
+def replay(cluster: LocalCluster, node: dict[str, Any], saved: Path, workers: int, batch: int) -> dict[str, float]:
+    """Restore n2 from ``saved``, set its apply workers and catch-up batch, start it and time its
+    catch-up."""
     cluster.stop("n2")
     ndir = cluster.node_dir("n2")
     shutil.rmtree(ndir)
     subprocess.run(["cp", "-a", str(saved), str(ndir)], check=True)
     toml = str(ndir / "chorus.toml")
-    write_config(dataclasses.replace(load_config(toml), apply_workers=workers), toml)
+    write_config(dataclasses.replace(load_config(toml), apply_workers=workers, catchup_batch=batch), toml)
     cluster.start("n2", wait=False)
     deadline = time.monotonic() + 600
     while True:
@@ -111,6 +115,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--scale", type=int, default=10)
     ap.add_argument("--workers", type=int, default=4, help="apply workers of the parallel runs")
+    ap.add_argument("--batch", type=int, default=32, help="apply.catchup_batch of the batched runs")
     ap.add_argument("--port-base", type=int, default=56633)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -134,12 +139,13 @@ def main() -> None:
             subprocess.run(["cp", "-a", str(cluster.node_dir("n2")), str(saved)], check=True)
             print(f"{mix}: n1 produced {prod['gids']} GIDs at {prod['gids_per_s']:.0f}/s "
                   f"({prod['tps']:.0f} tps)", file=sys.stderr, flush=True)
-            runs: dict[str, list[dict[str, float]]] = {"serial": [], "parallel": []}
+            runs: dict[str, list[dict[str, float]]] = {"serial": [], "parallel": [], "batched": []}
             for r in range(args.rounds):
-                for kind, workers in (("serial", 1), ("parallel", args.workers)):
-                    res = replay(cluster, nodes[1], saved, workers)
+                for kind, workers, batch in (("serial", 1, 1), ("parallel", args.workers, 1),
+                                             ("batched", args.workers, args.batch)):
+                    res = replay(cluster, nodes[1], saved, workers, batch)
                     runs[kind].append(res)
-                    print(f"  round {r + 1} {kind} ({workers} worker{'s' if workers > 1 else ''}): "
+                    print(f"  round {r + 1} {kind} ({workers} worker{'s' if workers > 1 else ''}, batch {batch}): "
                           f"{res['records']} writesets in {res['elapsed_s']:.1f} s = "
                           f"{res['gids_per_s']:.0f}/s, {res['mb_per_s']:.2f} MB/s", file=sys.stderr, flush=True)
                     if fingerprint(nodes[1]["dsn"]) != fingerprint(nodes[0]["dsn"]):
@@ -149,20 +155,22 @@ def main() -> None:
                    for k, v in runs.items()}
             results[mix] = {"production": prod, "median": med, "runs": runs,
                             "parallel_over_serial": med["parallel"]["gids_per_s"] / med["serial"]["gids_per_s"],
-                            "catchup_over_production": med["parallel"]["gids_per_s"] / prod["gids_per_s"]}
+                            "catchup_over_production": med["batched"]["gids_per_s"] / prod["gids_per_s"]}
     finally:
         cluster.down()
     if args.json:
         print(json.dumps({"mixes": results, "args": vars(args)}, indent=2))
     else:
         print(f"recorded stream replayed by partial recovery, {args.rounds} rounds (medians); "
-              f"serial = 1 apply worker, parallel = {args.workers}")
-        print(f"{'mix':<14} {'produced/s':>10} {'serial/s':>9} {'parallel/s':>10} {'MB/s':>6} "
+              f"serial = 1 apply worker, parallel = {args.workers}, one writeset per transaction; "
+              f"batched = {args.workers} workers, runs of {args.batch} per transaction (catch-up's default)")
+        print(f"{'mix':<14} {'produced/s':>10} {'serial/s':>9} {'parallel/s':>10} {'batched/s':>9} {'MB/s':>6} "
               f"{'par/ser':>8} {'catch-up/prod':>13}")
         for mix, r in results.items():
             m = r["median"]
             print(f"{mix:<14} {r['production']['gids_per_s']:>10.0f} {m['serial']['gids_per_s']:>9.0f} "
-                  f"{m['parallel']['gids_per_s']:>10.0f} {m['parallel']['mb_per_s']:>6.2f} "
+                  f"{m['parallel']['gids_per_s']:>10.0f} {m['batched']['gids_per_s']:>9.0f} "
+                  f"{m['batched']['mb_per_s']:>6.2f} "
                   f"{r['parallel_over_serial']:>8.2f} {r['catchup_over_production']:>13.2f}")
     shutil.rmtree(root, ignore_errors=True)
 
