@@ -26,6 +26,7 @@ tls_cert = "/d/keys/cluster.crt"
 tls_key = "/d/keys/cluster.key"
 secret_file = "/d/keys/cluster.secret"
 partners = ["n2"]            # preferred recovery partners, in order (default: least loaded)
+auto_total = false           # `chorus node join`: total recovery when no member's log holds the gap
 ```
 """
 
@@ -66,6 +67,7 @@ class NodeConfig:
     tls_key: str = ""
     secret_file: str = ""
     recovery_partners: tuple[str, ...] = ()
+    auto_total: bool = False  # `chorus node join`: rebuild by total recovery when no log can catch the node up
 
     @property
     def wslog_dir(self) -> str:
@@ -98,7 +100,8 @@ _SCHEMA: dict[str, dict[str, tuple[str, type, bool]]] = {
                  "tls_cert": ("tls_cert", str, False),
                  "tls_key": ("tls_key", str, False),
                  "secret_file": ("secret_file", str, False),
-                 "partners": ("recovery_partners", list, False)},
+                 "partners": ("recovery_partners", list, False),
+                 "auto_total": ("auto_total", bool, False)},
 }
 
 
@@ -181,6 +184,7 @@ def write_config(cfg: NodeConfig, path: str) -> None:
             ("listen", cfg.recovery_listen), ("advertise", cfg.recovery_advertise), ("tls_cert", cfg.tls_cert),
             ("tls_key", cfg.tls_key), ("secret_file", cfg.secret_file)) if v)
         + f"partners = [{', '.join(_toml_str(p) for p in cfg.recovery_partners)}]\n"
+        + f"auto_total = {'true' if cfg.auto_total else 'false'}\n"
     )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:

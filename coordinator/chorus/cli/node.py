@@ -105,7 +105,9 @@ def status(config_path: Optional[str], admin_socket: Optional[str], as_json: boo
     print_table(["field", "value"], rows)
 
 
-def _admin_of(config_path: Optional[str], directory: Optional[str], name: Optional[str]) -> str:
+def _node_config(config_path: Optional[str], directory: Optional[str], name: Optional[str]) -> NodeConfig:
+    """The node's configuration: its file, or for a node of a local cluster the file the cluster
+    wrote for it (an operator may have edited it)."""
     if directory is not None:
         from chorus.localcluster import LocalCluster, LocalClusterError
 
@@ -114,12 +116,18 @@ def _admin_of(config_path: Optional[str], directory: Optional[str], name: Option
         c = LocalCluster(directory)
         try:
             meta = c.load()
-            return c.config(meta, c._node(meta, name)).admin_socket
+            n = c._node(meta, name)
         except LocalClusterError as e:
             raise ChorusCliError(str(e)) from e
+        path = c.node_dir(name) / "chorus.toml"
+        return _config(str(path)) if path.exists() else c.config(meta, n)
     if config_path is None:
         raise ChorusCliError("give --config FILE, or --dir DIR NAME for a node of a local cluster")
-    return _config(config_path).admin_socket
+    return _config(config_path)
+
+
+def _admin_of(config_path: Optional[str], directory: Optional[str], name: Optional[str]) -> str:
+    return _node_config(config_path, directory, name).admin_socket
 
 
 def describe_recovery(rec: dict[str, Any]) -> str:
@@ -127,6 +135,11 @@ def describe_recovery(rec: dict[str, Any]) -> str:
     return (f"{rec['state']}: GID {rec['position']} of {rec['upto']} from {rec['partner'] or '?'}, "
             f"{rec['gids_to_go']} GIDs to go (~{rec['bytes_to_go_estimate'] / 1e6:.1f} MB), "
             f"{rec['rate_gids_per_s']} GIDs/s, {rec['rate_mb_per_s']} MB/s{eta}")
+
+
+class NeedsTotalRecovery(ChorusCliError):
+    """The node stays out: no member's log holds what it misses (or its data is from another
+    history); only total recovery brings it back."""
 
 
 def watch_until_online(admin: str, timeout: float) -> dict[str, Any]:
@@ -152,7 +165,9 @@ def watch_until_online(admin: str, timeout: float) -> dict[str, Any]:
                 click.echo(f"caught up: {rec['records']} writesets ({rec['bytes_received'] / 1e6:.1f} MB) from "
                            f"{rec['partner']} in {rec['elapsed_s']} s, {rec['rate_gids_per_s']} GIDs/s", err=True)
             return st
-        if st["state"] in ("needs-recovery", "failed"):
+        if st["state"] == "needs-recovery":
+            raise NeedsTotalRecovery(f"node {st['node']} cannot go online: {st['reason']}")
+        if st["state"] == "failed":
             raise ChorusCliError(f"node {st['node']} cannot go online: {st['reason']}")
         time.sleep(1.0)
     raise ChorusCliError(f"node not online after {timeout:.0f} s: {st.get('state')}: {st.get('reason')}")
@@ -189,14 +204,19 @@ def _target(f: Any) -> Any:
 @click.option("--total", is_flag=True, help="Total recovery: rebuild the node from a donor's snapshot "
               "(Spark snapshot diff), then catch up from the snapshot's GID.")
 @click.option("--donor", default=None, help="With --total: the donor node (default: the first online).")
+@click.option("--auto-total/--no-auto-total", default=None,
+              help="If no member's log can catch the node up, rebuild it by total recovery "
+                   "(default: the node's recovery.auto_total).")
 @with_spark_options
 @json_option
 def join(config_path: Optional[str], directory: Optional[str], name: Optional[str], timeout: float,
-         total: bool, donor: Optional[str], spark_master: str, spark_submit: Optional[str], range_rows: int,
-         as_json: bool) -> None:
+         total: bool, donor: Optional[str], auto_total: Optional[bool], spark_master: str,
+         spark_submit: Optional[str], range_rows: int, as_json: bool) -> None:
     """Start a node (local cluster) and follow it until it is online: it joins the group and, if
     it missed writesets, catches up from a member's writeset log (partial recovery). With --total
-    it is first rebuilt from a donor's snapshot (for a new node, or one no log can catch up)."""
+    it is first rebuilt from a donor's snapshot (for a new node, or one no log can catch up);
+    with --auto-total (or recovery.auto_total in its configuration) that happens only when
+    partial recovery is impossible."""
     if total:
         if directory is None or not name:
             raise ChorusCliError("--total works on a node of a local cluster: --dir DIR NAME")
@@ -208,7 +228,22 @@ def join(config_path: Optional[str], directory: Optional[str], name: Optional[st
             LocalCluster(directory, log=lambda s: click.echo(s, err=True)).start(name or "", wait=False)
         except LocalClusterError as e:
             raise ChorusCliError(str(e)) from e
-    _report_online(watch_until_online(_admin_of(config_path, directory, name), timeout), as_json)
+    admin = _admin_of(config_path, directory, name)
+    try:
+        st = watch_until_online(admin, timeout)
+    except NeedsTotalRecovery as e:
+        if auto_total is None:
+            auto_total = _node_config(config_path, directory, name).auto_total
+        if not auto_total or total:
+            raise ChorusCliError(f"{e} (rebuild it with `chorus node join --total`, or let join do it: "
+                                 "--auto-total or recovery.auto_total = true)") from e
+        if directory is None or not name:
+            raise ChorusCliError(f"{e}; automatic total recovery works on a node of a local cluster "
+                                 "(--dir DIR NAME)") from e
+        click.echo(f"{e}: rebuilding it by total recovery (auto-total)", err=True)
+        total_join_local(directory, name, donor, spark_master, spark_submit, range_rows)
+        st = watch_until_online(admin, timeout)
+    _report_online(st, as_json)
 
 
 @node.command()
