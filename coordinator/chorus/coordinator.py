@@ -1045,6 +1045,10 @@ class Coordinator:
             "members": sorted(r.online) if r else [],
             "bus_members": list(r.members) if r else [],
             "quorate": bool(r and r.quorate),
+            "quorum_votes": r.quorum if r else 0,
+            # uniform commit (docs/MEMBERSHIP.md): certified, waiting until a quorum has them
+            "released_gid": r.released if r else 0,
+            "held_for_quorum": r.held_count if r else 0,
             "committed_gid": self.watermark,
             "delivered_gid": r.gid if r else 0,
             "certified_gid": r.last_certified if r else 0,

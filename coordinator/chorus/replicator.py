@@ -331,6 +331,11 @@ class Replicator:
 
     # ---- uniform commit ---------------------------------------------------------------------
 
+    @property
+    def held_count(self) -> int:
+        """Certified writesets waiting until a quorum of bus nodes is known to have them."""
+        return len(self._held)
+
     def _stable(self) -> int:
         """The highest GID that bus nodes with a quorum of votes have delivered."""
         votes = dict(self.received)
