@@ -11,17 +11,14 @@ rounds. Medians of the rounds; latency percentiles from pgbench's per-transactio
 
 from __future__ import annotations
 
-import argparse
-import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pgbench_compare import Plain, pgbench_init, pgbench_run, record, report  # noqa: E402
+from pgbench_compare import Plain, bench_args, bench_root, pgbench_init, pgbench_run, record, report  # noqa: E402
 
 from chorus.lab.rig import Lab  # noqa: E402
 
@@ -29,17 +26,8 @@ DELAYS = (0, 1, 5)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=int, default=15)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--scale", type=int, default=10)
-    ap.add_argument("--port-base", type=int, default=57433)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-
-    root = Path(tempfile.mkdtemp(prefix="chorus-labbench-", dir="/tmp"))
-    os.chmod(root, 0o755)
+    args = bench_args(__doc__ or "", 57433)
+    root = bench_root("chorus-labbench-")
     plain = Plain(root, args.port_base)
     lab = Lab(str(root / "lab"), log=lambda s: print(s, file=sys.stderr))
     names = ["plain"] + [f"lab, {d} ms delay" for d in DELAYS]

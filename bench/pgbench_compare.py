@@ -102,18 +102,27 @@ def pgbench_run(dsns: list[str], clients: int, seconds: int, logdir: Path,
             "p95_ms": lat[int(len(lat) * 0.95)] if lat else 0.0}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def bench_args(doc: str, port_base: int) -> argparse.Namespace:
+    """The options every pgbench comparison takes."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--scale", type=int, default=10)
-    ap.add_argument("--port-base", type=int, default=56433)
+    ap.add_argument("--port-base", type=int, default=port_base)
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    root = Path(tempfile.mkdtemp(prefix="chorus-bench-", dir="/tmp"))
-    os.chmod(root, 0o755)
+
+def bench_root(prefix: str) -> Path:
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(root, 0o755)  # the postgres user reaches the clusters inside
+    return root
+
+
+def main() -> None:
+    args = bench_args(__doc__ or "", 56433)
+    root = bench_root("chorus-bench-")
     plain = Plain(root, args.port_base)
     one = LocalCluster(str(root / "c1"))
     three = LocalCluster(str(root / "c3"))
