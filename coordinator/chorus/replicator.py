@@ -184,6 +184,7 @@ class Replicator:
     _held: list[tuple[int, Action]] = field(default_factory=list)
     _reported: int = 0
     _report_on_bus: bool = False
+    _report_last_tick: int = -1  # the report that was on the bus at the previous tick
 
     # ---- inputs ------------------------------------------------------------------------
 
@@ -244,7 +245,15 @@ class Replicator:
         return self._handle(d.sender, msg)
 
     def tick(self, now: float) -> list[Action]:
-        """Timers: re-ask for the GID; bootstrap if told to and nobody answered."""
+        """Timers: re-ask for the GID; bootstrap if told to and nobody answered; report again
+        what this node delivered if its last report has not come back (a send that failed)."""
+        if self.phase in _FOLLOWING:
+            if self._report_on_bus and self._reported == self._report_last_tick:
+                # on the bus since the last tick at least: the send may have failed (a view
+                # change resets this too); duplicates are harmless, reports only raise a maximum
+                self._report_on_bus, self._reported = False, 0
+            self._report_last_tick = self._reported if self._report_on_bus else -1
+            return self._release()
         if self.phase != Phase.JOINING:
             return []
         if self.bootstrap and now - self._joining_since >= BOOTSTRAP_WAIT_S:

@@ -205,6 +205,19 @@ def test_uniform_commit_releases_a_writeset_once_a_quorum_delivered_it() -> None
     assert all(r.released == 1 for r in c.nodes.values())
 
 
+def test_a_report_that_never_comes_back_is_sent_again() -> None:
+    """A Received report whose send failed would leave the others waiting for it forever."""
+    c = form(quorum=2)
+    c.submit("n1", 1, 4)
+    sender, payload = c.order.popleft()
+    r1 = c.nodes["n1"]
+    first = [a for a in r1.on_delivery(Delivery(sender, payload)) if isinstance(a, Send)]
+    assert [a.message for a in first] == [bp.Received("n1", 1)]  # ... and it is lost
+    assert r1.tick(c.now + 1) == []  # on the bus for less than a tick
+    again = [a.message for a in r1.tick(c.now + 2) if isinstance(a, Send)]
+    assert again == [bp.Received("n1", 1)]
+
+
 def test_writeset_only_a_node_cut_off_delivered_never_commits_anywhere() -> None:
     """Corosync's agreed order is not uniform: n3 may deliver its own writeset and be cut off
     before anyone else receives it. n3 must not commit it, and its client learns that the
