@@ -1045,7 +1045,8 @@ class Coordinator:
             "members": sorted(r.online) if r else [],
             "bus_members": list(r.members) if r else [],
             "quorate": bool(r and r.quorate),
-            "quorum_votes": r.quorum if r else 0,
+            "quorum_votes": r.votes.quorum if r else 0,
+            "tie_breaker": r.votes.tie_breaker if r else "",
             # uniform commit (docs/MEMBERSHIP.md): certified, waiting until a quorum has them
             "released_gid": r.released if r else 0,
             "held_for_quorum": r.held_count if r else 0,

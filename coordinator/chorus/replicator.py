@@ -20,7 +20,7 @@ from typing import Optional, Union
 
 from chorus import busproto as bp
 from chorus import wire
-from chorus.bus import Delivery, View, bus_node
+from chorus.bus import Delivery, View, Votes, bus_node
 from chorus.certifier import OK, Certifier
 
 log = logging.getLogger("chorus.replicator")
@@ -178,7 +178,7 @@ class Replicator:
     # writeset is released (to be committed, logged, or answered to its backend) only once bus
     # nodes with a quorum of votes have delivered it; any later primary component then holds
     # it. A node alone on its bus node (the local cluster: quorum 1) releases at once.
-    quorum: int = 1
+    votes: Votes = field(default_factory=Votes)
     released: int = 0  # the last GID released
     received: dict[str, int] = field(default_factory=dict)  # bus node -> GID it reported delivered
     _held: list[tuple[int, Action]] = field(default_factory=list)
@@ -193,16 +193,16 @@ class Replicator:
         previous = set(self.members)
         self.members = view.members
         self.local_member = view.local
-        # votequorum's flag can lag the CPG view by a moment: a view with fewer bus nodes than
-        # a quorum is not quorate, whatever the flag still says
-        quorate = view.quorate and len({bus_node(m) for m in view.members}) >= view.quorum
+        # votequorum's flag can lag the CPG view by a moment: a view whose bus nodes are not a
+        # quorum is not quorate, whatever the flag still says
+        quorate = view.quorate and view.votes.holds({bus_node(m) for m in view.members})
         was_quorate, self.quorate = self.quorate, quorate
         # The members that come with this node from its previous view. If they are not a
         # quorum, this node was cut off (or frozen) and the others may have gone on without it,
         # even when the merged view is quorate again: it must leave and rejoin.
         carried = {bus_node(m) for m in view.members if m in previous and m not in view.joined}
-        cut_off = bool(previous) and len(carried) < view.quorum
-        self.quorum = view.quorum
+        cut_off = bool(previous) and not view.votes.holds(carried)
+        self.votes = view.votes
         # reports count within one view: every following node reports afresh
         self.received.clear()
         self._reported, self._report_on_bus = 0, False
@@ -346,13 +346,14 @@ class Replicator:
         return len(self._held)
 
     def _stable(self) -> int:
-        """The highest GID that bus nodes with a quorum of votes have delivered."""
-        votes = dict(self.received)
+        """The highest GID that a quorum of bus nodes have delivered."""
+        delivered = dict(self.received)
         own = bus_node(self.local_member)
-        votes[own] = max(votes.get(own, 0), self.gid)
-        if len(votes) < self.quorum:
-            return self.released
-        return sorted(votes.values(), reverse=True)[self.quorum - 1]
+        delivered[own] = max(delivered.get(own, 0), self.gid)
+        for gid in sorted(set(delivered.values()), reverse=True):
+            if self.votes.holds([node for node, g in delivered.items() if g >= gid]):
+                return gid
+        return self.released
 
     def _hold(self, gid: int, action: Action) -> list[Action]:
         self._held.append((gid, action))
@@ -360,7 +361,7 @@ class Replicator:
 
     def _release(self) -> list[Action]:
         out: list[Action] = []
-        if self.quorum > 1 and self.phase in _FOLLOWING and not self._report_on_bus and self.gid > self._reported:
+        if self.votes.quorum > 1 and self.phase in _FOLLOWING and not self._report_on_bus and self.gid > self._reported:
             self._reported, self._report_on_bus = self.gid, True
             out.append(Send(bp.Received(self.node, self.gid)))
         if not self._held:

@@ -1,4 +1,4 @@
-"""Fixtures for the fault tests: a 3-host lab (chorus.lab), each host a network namespace with
+"""Fixtures for the fault tests: a lab of 3 hosts (or a module's ``LAB_HOSTS``; chorus.lab), each host a network namespace with
 its own Corosync, PostgreSQL and coordinator. One lab per module; every test leaves it healed,
 thawed and online, and the lab is removed (processes, namespaces, devices) however the tests end.
 """
@@ -88,14 +88,15 @@ class LabCluster:
 
 
 @pytest.fixture(scope="module")
-def lab() -> Iterator[LabCluster]:
+def lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
+    """A lab of ``LAB_HOSTS`` hosts (a module-level constant of the test module; 3 if unset)."""
     if os.geteuid() != 0:
         pytest.fail("the fault tests need root (network namespaces and TAP devices)")
     directory = tempfile.mkdtemp(prefix="chorus-lab-", dir="/tmp")
     os.chmod(directory, 0o755)
     rig = Lab(directory)
     try:
-        info = rig.create(3, int(os.environ.get("CHORUS_LAB_PORT_BASE", "56433")))
+        info = rig.create(getattr(request.module, "LAB_HOSTS", 3), int(os.environ.get("CHORUS_LAB_PORT_BASE", "56433")))
         c = LabCluster(rig, info)
         with psycopg.connect(c.dsn("n1"), autocommit=True) as conn:
             conn.execute(BANK_SCHEMA)

@@ -28,11 +28,11 @@ def writeset(last_seen: int, key: int) -> bytes:
 
 
 class Cluster:
-    def __init__(self, bootstrap: str = "n1") -> None:
-        self.nodes = {n: Replicator(n, "", 0, bootstrap=(n == bootstrap)) for n in NAMES}
+    def __init__(self, bootstrap: str = "n1", names: list[str] = NAMES) -> None:
+        self.nodes = {n: Replicator(n, "", 0, bootstrap=(n == bootstrap)) for n in names}
         self.order: deque[tuple[str, bytes]] = deque()
-        self.log: dict[str, list[tuple[int, bool]]] = {n: [] for n in NAMES}
-        self.applied: dict[str, list[int]] = {n: [] for n in NAMES}
+        self.log: dict[str, list[tuple[int, bool]]] = {n: [] for n in names}
+        self.applied: dict[str, list[int]] = {n: [] for n in names}
         self.now = 0.0
         self.ticket = 0
 
@@ -46,11 +46,13 @@ class Cluster:
                 self.log[node].append((a.gid, True))
                 self.applied[node].append(a.gid)
 
-    def view(self, members: list[str], quorate: bool = True, quorum: int = 1) -> None:
+    def view(self, members: list[str], quorate: bool = True, quorum: int = 1, expected: int = 0,
+             tie_breaker: str = "") -> None:
         for n in members:
             before = self.nodes[n].members
             joined = tuple(m for m in members if m not in before)
-            v = View(1, tuple(members), joined, tuple(m for m in before if m not in members), n, quorate, quorum)
+            v = View(1, tuple(members), joined, tuple(m for m in before if m not in members), n, quorate, quorum,
+                     expected, tie_breaker)
             self.act(n, self.nodes[n].on_view(v, self.now))
 
     def drain(self) -> None:
@@ -70,9 +72,9 @@ class Cluster:
         self.order.append((node, bp.encode(bp.WritesetMsg(node, self.ticket, writeset(last_seen, key)))))
 
 
-def form(quorum: int = 1) -> Cluster:
-    c = Cluster()
-    c.view(NAMES, quorum=quorum)
+def form(quorum: int = 1, names: list[str] = NAMES, expected: int = 0, tie_breaker: str = "") -> Cluster:
+    c = Cluster(names=names)
+    c.view(names, quorum=quorum, expected=expected, tie_breaker=tie_breaker)
     c.drain()
     for _ in range(5):
         c.tick(1.0)
@@ -346,3 +348,24 @@ def test_schema_change_whose_origin_leaves_is_skipped_everywhere() -> None:
     c.submit("n2", gid - 1, 6)
     c.drain()
     assert c.log["n2"][-1] == (gid + 1, True)
+
+
+def test_even_split_the_half_with_the_tie_breaker_commits_the_other_refuses() -> None:
+    """Four nodes split 2|2: the half holding the tie-breaking node (n1) is the primary
+    component and commits with two of four reports; the other half refuses writes, even if
+    votequorum's flag were to say otherwise."""
+    four = ["n1", "n2", "n3", "n4"]
+    c = form(quorum=3, names=four, expected=4, tie_breaker="n1")
+    for n in four:
+        c.log[n].clear()
+    c.view(["n1", "n2"], quorate=True, quorum=3, expected=4, tie_breaker="n1")
+    c.view(["n3", "n4"], quorate=True, quorum=3, expected=4, tie_breaker="n1")
+    assert [c.nodes[n].phase for n in four] == [Phase.ONLINE, Phase.ONLINE, Phase.NON_PRIMARY, Phase.NON_PRIMARY]
+    assert not c.nodes["n3"].accepts_writes and c.nodes["n1"].accepts_writes
+    c.submit("n2", 1, 8)
+    while c.order:
+        s, p = c.order.popleft()
+        for n in ("n1", "n2"):
+            c.act(n, c.nodes[n].on_delivery(Delivery(s, p)))
+    assert c.log["n1"] == c.log["n2"] == [(1, True)]
+    assert all(c.nodes[n].released == 1 for n in ("n1", "n2"))

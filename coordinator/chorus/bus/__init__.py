@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import AsyncIterator, Union
+from typing import AsyncIterator, Collection, Union
 
 MAX_MESSAGE = 1 << 30
 
@@ -34,7 +34,9 @@ class View:
 
     Member ids are strings ``"<nodeid>:<pid>"`` (Corosync) or the simulated member's name;
     :func:`bus_node` gives the part that names the member's bus node (one vote each).
-    ``quorum`` is how many votes (bus nodes) make a majority of the configured cluster.
+    ``quorum`` is how many votes (bus nodes) make a majority of the configured cluster;
+    ``expected`` is the configured number of votes and ``tie_breaker`` the bus node whose half
+    wins an even split ("" when ties are not broken). :meth:`votes` combines them.
     """
 
     view_id: int
@@ -44,6 +46,34 @@ class View:
     local: str
     quorate: bool
     quorum: int = 1
+    expected: int = 0
+    tie_breaker: str = ""
+
+    @property
+    def votes(self) -> "Votes":
+        return Votes(self.quorum, self.expected, self.tie_breaker)
+
+
+@dataclass(frozen=True)
+class Votes:
+    """Which sets of bus nodes make a primary component.
+
+    A set is a quorum when it holds a strict majority of the configured votes, or, with a tie
+    breaker, exactly half of them including the tie-breaking node. Any two quorums share a
+    node, which is what uniform commit and the cut-off rule rely on (docs/MEMBERSHIP.md).
+    The tie breaker is fixed by configuration (the lowest configured node id by default), never
+    by who happens to be present, so two halves can never both win.
+    """
+
+    quorum: int = 1
+    expected: int = 0
+    tie_breaker: str = ""
+
+    def holds(self, nodes: Collection[str]) -> bool:
+        n = len(set(nodes))
+        if n >= self.quorum:
+            return True
+        return bool(self.tie_breaker) and 2 * n == self.expected and self.tie_breaker in nodes
 
 
 def bus_node(member: str) -> str:

@@ -71,6 +71,13 @@ typedef struct { void *q; void *e; void *n; } votequorum_callbacks_t;
 cs_error_t votequorum_initialize(votequorum_handle_t *handle, votequorum_callbacks_t *callbacks);
 cs_error_t votequorum_finalize(votequorum_handle_t handle);
 cs_error_t votequorum_getinfo(votequorum_handle_t handle, unsigned int nodeid, struct votequorum_info *info);
+
+typedef uint64_t cmap_handle_t;
+cs_error_t cmap_initialize(cmap_handle_t *handle);
+cs_error_t cmap_finalize(cmap_handle_t handle);
+cs_error_t cmap_get_uint32(cmap_handle_t handle, const char *key_name, uint32_t *u32);
+cs_error_t cmap_get_string(cmap_handle_t handle, const char *key_name, char **str);
+void free(void *ptr);
 """
 
 CS_OK = 1
@@ -79,6 +86,7 @@ CS_DISPATCH_ALL = 2
 CPG_MODEL_V1 = 1
 CPG_TYPE_AGREED = 2
 VOTEQUORUM_INFO_QUORATE = 2
+VOTEQUORUM_INFO_AUTO_TIE_BREAKER = 16
 
 _ffi = FFI()
 _ffi.cdef(_CDEF)
@@ -96,6 +104,48 @@ def _lib(name: str) -> Any:
 
 def _member(nodeid: int, pid: int) -> str:
     return f"{nodeid}:{pid}"
+
+
+def _tie_breaker() -> str:
+    """The node id whose half wins an even split, from Corosync's configuration (cmap).
+
+    ``auto_tie_breaker_node: lowest`` (the default) and ``highest`` name the lowest or highest
+    *configured* node id; a list names its first node. A fixed node, not whoever happens to be
+    present, so that two halves can never both count as a quorum. "" if it cannot be read.
+    """
+    try:
+        cmap = _lib("libcmap.so.4")
+    except BusError as e:
+        log.warning("cannot read the tie breaker, even splits stay unbroken: %s", e)
+        return ""
+    handle = _ffi.new("cmap_handle_t *")
+    if cmap.cmap_initialize(handle) != CS_OK:
+        log.warning("cmap_initialize failed: even splits stay unbroken")
+        return ""
+    try:
+        ids: list[int] = []
+        value = _ffi.new("uint32_t *")
+        while cmap.cmap_get_uint32(handle[0], f"nodelist.node.{len(ids)}.nodeid".encode(), value) == CS_OK:
+            ids.append(int(value[0]))
+        rule = "lowest"
+        text = _ffi.new("char **")
+        if cmap.cmap_get_string(handle[0], b"quorum.auto_tie_breaker_node", text) == CS_OK:
+            rule = _ffi.string(text[0]).decode(errors="replace").strip() or rule
+            _lib_c().free(text[0])
+    finally:
+        cmap.cmap_finalize(handle[0])
+    if rule == "lowest":
+        return str(min(ids)) if ids else ""
+    if rule == "highest":
+        return str(max(ids)) if ids else ""
+    first = rule.split()[0]
+    return first if first.isdigit() else ""
+
+
+def _lib_c() -> Any:
+    if "c" not in _libs:
+        _libs["c"] = _ffi.dlopen(None)
+    return _libs["c"]
 
 
 class CorosyncBus(Bus):
@@ -129,6 +179,8 @@ class CorosyncBus(Bus):
         self._members: tuple[str, ...] = ()
         self._quorate = False
         self._quorum = 1
+        self._expected = 0
+        self._tie_breaker: Optional[str] = None  # read from cmap once auto_tie_breaker is seen
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._quorum_task: Optional[asyncio.Task[None]] = None
         # keep the callbacks alive as long as the handle
@@ -204,7 +256,15 @@ class CorosyncBus(Bus):
         if rc != CS_OK:
             return False
         self._quorum = max(1, int(info.quorum))
+        self._expected = int(info.node_expected_votes)
+        if info.flags & VOTEQUORUM_INFO_AUTO_TIE_BREAKER and self._tie_breaker is None:
+            self._tie_breaker = _tie_breaker()
         return bool(info.flags & VOTEQUORUM_INFO_QUORATE)
+
+    def _view(self, members: tuple[str, ...], joined: tuple[str, ...], left: tuple[str, ...]) -> View:
+        self._view_id += 1
+        return View(self._view_id, members, joined, left, self._local, self._quorate, self._quorum,
+                    self._expected, self._tie_breaker or "")
 
     async def _watch_quorum(self) -> None:
         """Quorum can change without a CPG configuration change of our group: re-check."""
@@ -214,8 +274,7 @@ class CorosyncBus(Bus):
             q = self._read_quorate()
             if (q != self._quorate or before != self._quorum) and self._members:
                 self._quorate = q
-                self._view_id += 1
-                self._queue.put_nowait(View(self._view_id, self._members, (), (), self._local, q, self._quorum))
+                self._queue.put_nowait(self._view(self._members, (), ()))
 
     # ---- callbacks (run inside cpg_dispatch) --------------------------------------------
 
@@ -250,8 +309,7 @@ class CorosyncBus(Bus):
             self._reassembler.drop(s)
         self._members = m
         self._quorate = self._read_quorate()
-        self._view_id += 1
-        self._queue.put_nowait(View(self._view_id, m, jn, lf, self._local, self._quorate, self._quorum))
+        self._queue.put_nowait(self._view(m, jn, lf))
         if self._local and self._local in lf:
             self._fail("this member was removed from the CPG group")
 

@@ -339,8 +339,9 @@ LAB_NODE = """  node {{
 # link check is made patient (a link is down after 2.5 s without an answer to pings sent every
 # 250 ms): with the default (0.4 s) a few lost pings on a lossy link take the link down and the
 # membership churns; a dead host is still dropped after the token timeout.
-# No auto_tie_breaker: Chorus's uniform commit needs a strict majority of bus nodes to have
-# delivered a writeset, so a tie-winning half could not commit anyway (docs/MEMBERSHIP.md).
+# auto_tie_breaker: an even split leaves the half with the lowest node id (host 1) quorate;
+# the coordinators read the same rule from cmap and count that half as a quorum for uniform
+# commit too (docs/MEMBERSHIP.md).
 LAB_COROSYNC_CONF = """system {{
   sched_rr: no
   state_dir: {state}
@@ -367,6 +368,8 @@ logging {{
 }}
 quorum {{
   provider: corosync_votequorum
+  auto_tie_breaker: 1
+  auto_tie_breaker_node: lowest
 }}
 nodelist {{
 {nodes}
