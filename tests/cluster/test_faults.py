@@ -93,9 +93,6 @@ def test_kill_one_host_and_restart_it(healthy: LabCluster) -> None:
     check(lab, w)
 
 
-@pytest.mark.xfail(strict=False, reason="known bug, open: a CI run (fresh clone, 2026-11-23) timed out here and left "
-                   "n3 having delivered ~300 GIDs the others had not (committed 7959, delivered 8275 vs 7960); "
-                   "passes in local runs; see the issue 8 note")
 def test_delay_and_loss_on_every_link(healthy: LabCluster) -> None:
     lab = healthy
     lab.lab.netem("delay 50ms loss 5%")
@@ -111,9 +108,6 @@ def test_delay_and_loss_on_every_link(healthy: LabCluster) -> None:
     check(lab, w)
 
 
-@pytest.mark.xfail(strict=False, reason="known bug, open: a CI run (fresh clone, 2026-11-23) timed out here and left "
-                   "n3 having delivered ~300 GIDs the others had not (committed 7959, delivered 8275 vs 7960); "
-                   "passes in local runs; see the issue 8 note")
 def test_freeze_the_leader_longer_than_the_token_timeout(healthy: LabCluster) -> None:
     """n1 has the lowest node id: Corosync's ring representative. Frozen for longer than the
     token timeout (2.65 s with three nodes), the others form a new membership and go on; n1, resumed, finds it was

@@ -337,8 +337,10 @@ LAB_NODE = """  node {{
 # token 2000 ms (retransmitted every 250 ms up to 8 times): a lost host is dropped within about
 # 6 s, and a link with 100 ms round trips and 5 % loss does not lose the token. knet's own
 # link check is made patient (a link is down after 2.5 s without an answer to pings sent every
-# 250 ms): with the default (0.4 s) a few lost pings on a lossy link take the link down and the
-# membership churns; a dead host is still dropped after the token timeout.
+# 250 ms): with the defaults (derived from the token: pings every 0.66 s, down after 1.3 s
+# without two answers) one or two lost pings on a lossy link take the link down and the
+# membership churns; a dead host is still dropped after the token timeout. These are options
+# of an interface block: under totem itself Corosync ignores them.
 # auto_tie_breaker: an even split leaves the half with the lowest node id (host 1) quorate;
 # the coordinators read the same rule from cmap and count that half as a quorum for uniform
 # commit too (docs/MEMBERSHIP.md).
@@ -355,9 +357,12 @@ totem {{
   keyfile: {key}
   token: 2000
   token_retransmits_before_loss_const: 8
-  knet_ping_interval: 250
-  knet_ping_timeout: 2500
-  knet_pong_count: 1
+  interface {{
+    linknumber: 0
+    knet_ping_interval: 250
+    knet_ping_timeout: 2500
+    knet_pong_count: 1
+  }}
 }}
 logging {{
   to_stderr: no

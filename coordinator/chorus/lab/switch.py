@@ -224,20 +224,12 @@ def _groups(group_of: dict[int, int]) -> list[list[int]]:
 
 
 def control(path: str, req: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
-    """Send one command to a running switch and return its answer."""
-    import socket
+    """Send one command to a running switch and return its answer (the same JSON-lines exchange
+    as a coordinator's admin socket)."""
+    from chorus.coordinator import admin_request  # not needed by the switch process itself
 
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(path)
-        s.sendall(json.dumps(req).encode() + b"\n")
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-    answer: dict[str, Any] = json.loads(buf)
+    args = {k: v for k, v in req.items() if k != "cmd"}
+    answer = admin_request(path, str(req["cmd"]), timeout, **args)
     if not answer.get("ok"):
         raise ValueError(answer.get("error", "the switch refused the command"))
     return answer
