@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from chorus_spark.sqlgen import ident
 
@@ -65,6 +66,23 @@ class Endpoint:
     @property
     def jdbc(self) -> str:
         return f"jdbc:postgresql://{self.host}:{self.port}/{self.dbname}"
+
+    @classmethod
+    def from_dsn(cls, name: str, dsn: str) -> "Endpoint":
+        """An endpoint from a libpq connection string. The diff reads over JDBC, which needs TCP:
+        a Unix-socket host (a directory) becomes 127.0.0.1 on the same port."""
+        try:
+            d = conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as e:
+            raise TotalRecoveryError(f"cannot parse the connection string {dsn!r}: {e}") from e
+        host = str(d.get("host") or "")
+        if not host or host.startswith("/") or "," in host:
+            host = "127.0.0.1"
+        try:
+            port = int(d.get("port") or 5432)
+        except ValueError as e:
+            raise TotalRecoveryError(f"the connection string {dsn!r} has a bad port") from e
+        return cls(name, host, port, str(d.get("dbname") or "postgres"), str(d.get("user") or "postgres"))
 
     def source(self, snap: Optional["Snapshot"] = None) -> dict[str, Any]:
         return {"name": self.name, "url": self.jdbc, "user": self.user,

@@ -8,7 +8,12 @@ test_recovery.py, after the node has refused to serve."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -110,3 +115,57 @@ def test_verify_names_a_row_changed_behind_chorus(cluster: Cluster) -> None:
 def _has_types_table(cluster: Cluster) -> bool:
     with cluster.connect(0) as c:
         return c.execute("SELECT to_regclass('public.tr_types') IS NOT NULL").fetchone() == (True,)
+
+
+def test_node_rebuilt_from_its_config_file(cluster: Cluster) -> None:
+    """Any deployment, not only a local cluster: `chorus node join --total --config FILE
+    --donor-dsn DSN` refuses while the node's coordinator runs; with it stopped, it rebuilds the
+    drifted database from the donor, and once the coordinator is started again (by the operator:
+    here `chorus local start`) the node catches up and is online."""
+    if not _has_types_table(cluster):
+        cluster.sql_all("DROP TABLE IF EXISTS tr_types")
+        with cluster.connect(0) as c:
+            c.execute(TYPES_TABLE)
+            c.execute(FILL, (1, 2000))
+    cluster.quiesce()
+    node = cluster.info["nodes"][1]
+    args = ["node", "join", "--total", "--config", node["config"], "--donor-dsn", cluster.dsn(0),
+            "--range-rows", "500", "--json"]
+    r = chorus(*args, timeout=60)
+    assert r.returncode != 0 and "coordinator is running" in r.stderr, r.stderr[-2000:]
+
+    assert chorus("local", "kill", "--dir", cluster.dir, node["name"], "--what", "coordinator").returncode == 0
+    off = "-c chorus.capture=off -c chorus.replicate_ddl=off"
+    with psycopg.connect(cluster.dsn(1), autocommit=True, options=off) as c:  # drift behind Chorus's back
+        c.execute("DELETE FROM tr_types WHERE id BETWEEN 100 AND 109")
+        c.execute("UPDATE tr_types SET note = 'drifted' WHERE id BETWEEN 200 AND 204")
+        c.execute("INSERT INTO tr_types (id, note) VALUES (-2, 'only here')")
+    with cluster.connect(0) as c:
+        c.execute("INSERT INTO tr_types (id, note) VALUES (-3, 'while the node was down')")
+    with tempfile.TemporaryDirectory() as tmp:
+        err = os.path.join(tmp, "join.err")
+        with open(err, "a") as f:  # append mode: the test reads it while the command writes
+            join = subprocess.Popen([sys.executable, "-m", "chorus", *args], stdout=subprocess.PIPE, stderr=f,
+                                    text=True)
+        try:
+            deadline = time.monotonic() + 600
+            while "start its coordinator now" not in _read(err):
+                assert join.poll() is None, _read(err)[-3000:]
+                assert time.monotonic() < deadline, _read(err)[-3000:]
+                time.sleep(0.5)
+            assert chorus("local", "start", "--dir", cluster.dir, node["name"]).returncode == 0
+            out, _ = join.communicate(timeout=300)
+        finally:
+            if join.poll() is None:
+                join.kill()
+        assert join.returncode == 0, _read(err)[-3000:]
+    assert json.loads(out)["state"] == "online"
+    cluster.assert_identical()
+    with cluster.connect(1) as c:
+        assert c.execute("SELECT note FROM tr_types WHERE id = -3").fetchone() == ("while the node was down",)
+        assert c.execute("SELECT count(*) FROM tr_types WHERE id = -2").fetchone() == (0,)
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()

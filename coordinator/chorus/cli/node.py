@@ -13,7 +13,7 @@ from typing import Any, Optional
 import click
 
 from chorus.cli.common import ChorusCliError, json_option, print_json, print_table
-from chorus.cli.total import total_join_local, verify, with_spark_options
+from chorus.cli.total import total_join_config, total_join_local, verify, with_spark_options
 from chorus.config import ChorusConfigError, NodeConfig, load_config
 from chorus.state import StateError, load_state, save_state
 
@@ -203,24 +203,37 @@ def _target(f: Any) -> Any:
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the node to be online.")
 @click.option("--total", is_flag=True, help="Total recovery: rebuild the node from a donor's snapshot "
               "(Spark snapshot diff), then catch up from the snapshot's GID.")
-@click.option("--donor", default=None, help="With --total: the donor node (default: the first online).")
+@click.option("--donor", default=None, help="With --total on a local cluster: the donor node (default: the first online).")
+@click.option("--donor-dsn", default=None,
+              help="With --total and --config: the donor's database (a libpq connection string, reachable over TCP).")
+@click.option("--cluster-uuid", default="",
+              help="With --total and --config: the cluster's UUID (`chorus status` on a member); by default the node "
+                   "adopts the UUID of the cluster its group runs.")
 @click.option("--auto-total/--no-auto-total", default=None,
               help="If no member's log can catch the node up, rebuild it by total recovery "
                    "(default: the node's recovery.auto_total).")
 @with_spark_options
 @json_option
 def join(config_path: Optional[str], directory: Optional[str], name: Optional[str], timeout: float,
-         total: bool, donor: Optional[str], auto_total: Optional[bool], spark_master: str,
-         spark_submit: Optional[str], range_rows: int, as_json: bool) -> None:
+         total: bool, donor: Optional[str], donor_dsn: Optional[str], cluster_uuid: str,
+         auto_total: Optional[bool], spark_master: str, spark_submit: Optional[str], range_rows: int,
+         as_json: bool) -> None:
     """Start a node (local cluster) and follow it until it is online: it joins the group and, if
     it missed writesets, catches up from a member's writeset log (partial recovery). With --total
     it is first rebuilt from a donor's snapshot (for a new node, or one no log can catch up);
     with --auto-total (or recovery.auto_total in its configuration) that happens only when
-    partial recovery is impossible."""
+    partial recovery is impossible. With --config, --total needs --donor-dsn and a stopped
+    coordinator; the command rebuilds the database and then waits for the coordinator, which
+    the operator (or the service manager) starts."""
     if total:
-        if directory is None or not name:
-            raise ChorusCliError("--total works on a node of a local cluster: --dir DIR NAME")
-        total_join_local(directory, name, donor, spark_master, spark_submit, range_rows)
+        if directory is not None and name:
+            total_join_local(directory, name, donor, spark_master, spark_submit, range_rows)
+        elif config_path is not None:
+            if not donor_dsn:
+                raise ChorusCliError("--total with --config needs --donor-dsn (the donor's database)")
+            total_join_config(config_path, donor_dsn, cluster_uuid, spark_master, spark_submit, range_rows)
+        else:
+            raise ChorusCliError("--total needs --dir DIR NAME (a local cluster) or --config FILE --donor-dsn DSN")
     elif directory is not None:
         from chorus.localcluster import LocalCluster, LocalClusterError
 
@@ -238,8 +251,9 @@ def join(config_path: Optional[str], directory: Optional[str], name: Optional[st
             raise ChorusCliError(f"{e} (rebuild it with `chorus node join --total`, or let join do it: "
                                  "--auto-total or recovery.auto_total = true)") from e
         if directory is None or not name:
-            raise ChorusCliError(f"{e}; automatic total recovery works on a node of a local cluster "
-                                 "(--dir DIR NAME)") from e
+            raise ChorusCliError(f"{e}; automatic total recovery works on a node of a local cluster (--dir DIR NAME); "
+                                 "here, stop the node's coordinator and run `chorus node join --total --config FILE "
+                                 "--donor-dsn DSN`") from e
         click.echo(f"{e}: rebuilding it by total recovery (auto-total)", err=True)
         total_join_local(directory, name, donor, spark_master, spark_submit, range_rows)
         st = watch_until_online(admin, timeout)

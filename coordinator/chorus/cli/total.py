@@ -1,5 +1,6 @@
-"""Total recovery (``chorus node join --total``) and ``chorus verify``, for a local cluster
-(``--dir DIR``): both run the Spark snapshot diff (chorus.total, spark/chorus_spark)."""
+"""Total recovery (``chorus node join --total``: a node of a local cluster with ``--dir DIR NAME``,
+any node with ``--config FILE --donor-dsn DSN``) and ``chorus verify`` (a local cluster): both run
+the Spark snapshot diff (chorus.total, spark/chorus_spark)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,50 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
         c.start(name, wait=False)
     except (LocalClusterError, TotalRecoveryError) as e:
         raise ChorusCliError(str(e)) from e
+    return result
+
+
+def total_join_config(config_path: str, donor_dsn: str, cluster_uuid: str, spark_master: str,
+                      spark_submit: Optional[str], range_rows: int) -> dict[str, Any]:
+    """Rebuild the node configured in ``config_path`` (any deployment) from the database at
+    ``donor_dsn``. Its PostgreSQL must run and its coordinator must be stopped (a service
+    manager owns it, so this command does not start it again). Afterwards the node's state says
+    which GID its database holds; the cluster UUID is ``cluster_uuid`` if given, otherwise the
+    node adopts the UUID of the cluster its group runs when it joins."""
+    import os
+
+    from chorus.config import ChorusConfigError, load_config
+    from chorus.coordinator import admin_request
+    from chorus.state import load_state, save_state
+    from chorus.total import Endpoint, TotalRecoveryError, total_recover
+
+    try:
+        cfg = load_config(config_path)
+    except ChorusConfigError as e:
+        raise ChorusCliError(str(e)) from e
+    try:
+        admin_request(cfg.admin_socket, timeout=2)
+    except (OSError, ValueError):
+        pass
+    else:
+        raise ChorusCliError(f"node {cfg.name}'s coordinator is running (it answers on {cfg.admin_socket}): stop it "
+                             "first (its service, or the `chorus run` process), keep PostgreSQL running, then "
+                             "run this again")
+    try:
+        donor = Endpoint.from_dsn("donor", donor_dsn)
+        joiner = Endpoint.from_dsn(cfg.name, cfg.dsn)
+        result = total_recover(donor, joiner, _say, range_rows=range_rows, master=spark_master,
+                               spark_submit=spark_submit)
+    except TotalRecoveryError as e:
+        raise ChorusCliError(str(e)) from e
+    st = load_state(cfg.state_file, cfg.name)
+    owner = os.stat(cfg.state_file) if os.path.exists(cfg.state_file) else None
+    save_state(cfg.state_file, st.with_(cluster_uuid=cluster_uuid, last_gid=result["gid"], bootstrap=False,
+                                        safe_to_bootstrap=False))
+    if owner is not None and os.geteuid() == 0:  # the coordinator's user must still own its state
+        os.chown(cfg.state_file, owner.st_uid, owner.st_gid)
+    _say(f"{cfg.name}: rebuilt at GID {result['gid']}; start its coordinator now (its service, or "
+         f"`chorus run --config {config_path}`): it joins and catches up from GID {result['gid']}")
     return result
 
 
