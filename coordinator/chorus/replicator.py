@@ -185,6 +185,9 @@ class Replicator:
     _reported: int = 0
     _report_on_bus: bool = False
     _report_last_tick: int = -1  # the report that was on the bus at the previous tick
+    # re-forming a primary component that no member has: the GID requests of this view
+    _requests: dict[str, bp.GidRequest] = field(default_factory=dict)  # bus member -> its latest request
+    _reform_sent: bool = False
 
     # ---- inputs ------------------------------------------------------------------------
 
@@ -193,9 +196,15 @@ class Replicator:
         previous = set(self.members)
         self.members = view.members
         self.local_member = view.local
-        # votequorum's flag can lag the CPG view by a moment: a view whose bus nodes are not a
-        # quorum is not quorate, whatever the flag still says
-        quorate = view.quorate and view.votes.holds({bus_node(m) for m in view.members})
+        nodes = {bus_node(m) for m in view.members}
+        if view.expected:
+            # The configured votes are known: decide from the view alone. Every member delivers
+            # it at the same place in the total order, so all decide alike; votequorum's flag is
+            # read asynchronously and can differ between nodes for a moment (a node that left
+            # on a lagging flag while the others stayed was seen to stall the group).
+            quorate = view.votes.holds(nodes)
+        else:
+            quorate = view.quorate and view.votes.holds(nodes)
         was_quorate, self.quorate = self.quorate, quorate
         # The members that come with this node from its previous view. If they are not a
         # quorum, this node was cut off (or frozen) and the others may have gone on without it,
@@ -205,6 +214,8 @@ class Replicator:
         self.votes = view.votes
         # reports count within one view: every following node reports afresh
         self.received.clear()
+        self._requests.clear()
+        self._reform_sent = False
         self._reported, self._report_on_bus = 0, False
         for rid, member in list(self._requesters.items()):
             if member not in view.members:
@@ -386,6 +397,40 @@ class Replicator:
         return self._release() if self.phase in _FOLLOWING else []
 
     def _joining(self, d: Delivery, msg: bp.Message) -> list[Action]:
+        out = self._joining_step(d, msg)
+        if isinstance(msg, bp.GidRequest) and self.phase == Phase.JOINING:
+            self._requests[d.sender] = msg
+            out += self._reform()
+        return out
+
+    def _reform(self) -> list[Action]:
+        """Re-form the primary component when no member has it (a partition that left no
+        quorate side has healed, or a majority restarted at once). Only when every configured
+        node is in this view with its coordinator and every one of them asks to join the same
+        cluster: then the one with the highest GID (the lowest name among equals) starts the
+        cluster again at its GID, and the others join it and catch up from its log.
+
+        Every acknowledged transaction committed on its origin before the client heard of it,
+        so with every node present the highest GID covers all of them. With a node missing
+        that might not hold, and the cluster waits for it (or for an operator's bootstrap)."""
+        if self._reform_sent or not self.cluster_uuid or self.votes.expected < 2:
+            return []
+        nodes = {bus_node(m) for m in self.members}
+        if len(nodes) != len(self.members) or len(nodes) < self.votes.expected:
+            return []  # one coordinator per configured Corosync node, all of them here
+        if set(self._requests) != set(self.members):
+            return []
+        if any(r.cluster_uuid != self.cluster_uuid for r in self._requests.values()):
+            return []
+        best = min(self._requests.values(), key=lambda r: (-r.last_gid, r.node))
+        if best.node != self.node:
+            return []
+        self._reform_sent = True
+        log.warning("no member of cluster %s is online and every configured node is here: this node has the "
+                    "highest GID (%d) and starts the cluster again", self.cluster_uuid, self.last_gid)
+        return [Send(bp.Bootstrap(self.node, self.cluster_uuid, self.last_gid))]
+
+    def _joining_step(self, d: Delivery, msg: bp.Message) -> list[Action]:
         if isinstance(msg, bp.Bootstrap):
             if msg.node == self.node and d.sender == self.local_member:
                 return self._bootstrapped(d.sender, msg)

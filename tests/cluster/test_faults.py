@@ -123,3 +123,24 @@ def test_freeze_the_leader_longer_than_the_token_timeout(healthy: LabCluster) ->
         lab.wait_all_online(60)
         time.sleep(2)
     check(lab, w)
+
+
+def test_partition_with_no_quorate_side_then_heal(healthy: LabCluster) -> None:
+    """1|1|1: no side is quorate, every node refuses writes. After the heal no member has the
+    primary component to rejoin; with every configured node back, the one with the highest GID
+    starts the cluster again at its GID and the others catch up from it, by themselves."""
+    lab = healthy
+    with Workloads(lab) as w:
+        time.sleep(2)
+        lab.lab.partition([[1], [2], [3]])
+        for n in lab.names:
+            lab.wait_state(n, ("non-primary",), timeout=20)
+        during = time.monotonic()
+        time.sleep(3)
+        assert w.commits(None, during + 1) == 0, "a node committed without a quorum"
+        lab.lab.heal()
+        lab.wait_all_online(60)
+        healed = time.monotonic()
+        time.sleep(3)
+        assert w.commits(None, healed) > 0, "nothing committed after the cluster re-formed"
+    check(lab, w)

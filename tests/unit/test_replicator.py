@@ -369,3 +369,51 @@ def test_even_split_the_half_with_the_tie_breaker_commits_the_other_refuses() ->
             c.act(n, c.nodes[n].on_delivery(Delivery(s, p)))
     assert c.log["n1"] == c.log["n2"] == [(1, True)]
     assert all(c.nodes[n].released == 1 for n in ("n1", "n2"))
+
+
+def test_primary_component_re_forms_when_every_node_is_back() -> None:
+    """A partition into 1|1|1 leaves no primary component. Once the partition heals, every node
+    asks to join and nobody answers; the node with the highest GID starts the cluster again at
+    its GID and the others join it (they catch up from its log)."""
+    c = form(quorum=2, expected=3)
+    c.submit("n2", 1, 1)
+    c.submit("n2", 1, 2)
+    c.drain()
+    c.tick(1.0)
+    assert all(r.released == 2 for r in c.nodes.values())
+    for n in NAMES:  # alone, each: not quorate
+        r = c.nodes[n]
+        c.act(n, r.on_view(View(2, (n,), (), tuple(m for m in NAMES if m != n), n, False, 2, 3), c.now))
+        assert r.phase == Phase.NON_PRIMARY
+    c.nodes["n1"].released = 1  # n1 had not seen GID 2 released before it was cut off
+    c.order.clear()
+    c.view(NAMES, quorum=2, expected=3)  # healed: everyone asks, nobody is online to answer
+    c.drain()
+    for _ in range(4):
+        c.tick(1.0)
+    assert all(r.phase in (Phase.ONLINE, Phase.RECOVERING) for r in c.nodes.values()), \
+        {n: r.phase for n, r in c.nodes.items()}
+    assert {r.cluster_uuid for r in c.nodes.values()} == {c.nodes["n2"].cluster_uuid}
+    assert c.nodes["n2"].phase == Phase.ONLINE and c.nodes["n2"].gid == 2  # n2 (not n3): lowest name among GID 2
+
+
+def test_no_re_forming_while_a_configured_node_is_missing() -> None:
+    """n3 is away (it may hold the only copy of an acknowledged commit): n1 and n2 form a quorum
+    but neither may start the cluster again on its own."""
+    c = form(quorum=2, expected=3)
+    for n in NAMES:
+        r = c.nodes[n]
+        c.act(n, r.on_view(View(2, (n,), (), tuple(m for m in NAMES if m != n), n, False, 2, 3), c.now))
+    c.order.clear()
+    for n in ("n1", "n2"):
+        r = c.nodes[n]
+        c.act(n, r.on_view(View(3, ("n1", "n2"), ("n1", "n2"), (), n, True, 2, 3), c.now))
+    for _ in range(6):
+        c.now += 1.0
+        for n in ("n1", "n2"):
+            c.act(n, c.nodes[n].tick(c.now))
+        while c.order:
+            s, p = c.order.popleft()
+            for n in ("n1", "n2"):
+                c.act(n, c.nodes[n].on_delivery(Delivery(s, p)))
+    assert c.nodes["n1"].phase == c.nodes["n2"].phase == Phase.JOINING
