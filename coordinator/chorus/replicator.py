@@ -187,6 +187,9 @@ class Replicator:
     _report_last_tick: int = -1  # the report that was on the bus at the previous tick
     # re-forming a primary component that no member has: the GID requests of this view
     _requests: dict[str, bp.GidRequest] = field(default_factory=dict)  # bus member -> its latest request
+    # A node that asked to join at GID g never delivered the GIDs up to g: until it is online
+    # (caught up, it sends Progress) its reports vouch only for GIDs after g.
+    _joined_at: dict[str, int] = field(default_factory=dict)  # bus node -> GID at its GID request
     _reform_sent: bool = False
 
     # ---- inputs ------------------------------------------------------------------------
@@ -356,15 +359,13 @@ class Replicator:
         """Certified writesets waiting until a quorum of bus nodes is known to have them."""
         return len(self._held)
 
-    def _stable(self) -> int:
-        """The highest GID that a quorum of bus nodes have delivered."""
-        delivered = dict(self.received)
+    def _covered(self, gid: int) -> bool:
+        """Whether a quorum of bus nodes is known to have delivered GID ``gid``."""
         own = bus_node(self.local_member)
-        delivered[own] = max(delivered.get(own, 0), self.gid)
-        for gid in sorted(set(delivered.values()), reverse=True):
-            if self.votes.holds([node for node, g in delivered.items() if g >= gid]):
-                return gid
-        return self.released
+        nodes = {node for node, g in self.received.items() if g >= gid and self._joined_at.get(node, 0) < gid}
+        if self.gid >= gid:
+            nodes.add(own)
+        return self.votes.holds(nodes)
 
     def _hold(self, gid: int, action: Action) -> list[Action]:
         self._held.append((gid, action))
@@ -378,9 +379,8 @@ class Replicator:
         if not self._held:
             self.released = max(self.released, self.last_certified)
             return out
-        stable = self._stable()
         n = 0
-        while n < len(self._held) and self._held[n][0] <= stable:
+        while n < len(self._held) and self._covered(self._held[n][0]):
             out.append(self._held[n][1])
             n += 1
         if n:
@@ -530,6 +530,8 @@ class Replicator:
                 # it asks to join, so it is not online any more (it left the primary component
                 # without leaving the group's view): every node drops it here, in the same place
                 out = self._forget([msg.node])
+            if msg.node != self.node:
+                self._joined_at[bus_node(sender)] = self.gid
             self._requesters[msg.request_id] = sender
             if self.online and min(self.online) == self.node:
                 out.append(Send(bp.GidReply(
@@ -544,6 +546,8 @@ class Replicator:
                 self.progress[msg.node] = msg.gid
             return []
         if isinstance(msg, bp.Progress):
+            if msg.node != self.node:
+                self._joined_at.pop(bus_node(sender), None)  # online: it holds everything up to its GID
             if msg.node in self.online:
                 self.progress[msg.node] = max(self.progress.get(msg.node, 0), msg.committed_gid)
                 if all(n in self.progress for n in self.online):

@@ -417,3 +417,21 @@ def test_no_re_forming_while_a_configured_node_is_missing() -> None:
             for n in ("n1", "n2"):
                 c.act(n, c.nodes[n].on_delivery(Delivery(s, p)))
     assert c.nodes["n1"].phase == c.nodes["n2"].phase == Phase.JOINING
+
+
+def test_a_joiner_vouches_only_for_what_it_delivered() -> None:
+    """n3 asks to join at GID 1: it never delivered GID 1, so its reports do not count for it
+    (its client could otherwise hear "committed" while only n1 holds the writeset); n2's do."""
+    c = form(quorum=2)
+    c.submit("n1", 1, 6)
+    sender, payload = c.order.popleft()
+    r1 = c.nodes["n1"]
+    for n in NAMES:
+        c.log[n].clear()
+    r1.on_delivery(Delivery(sender, payload))  # only n1 has it; its own report is lost
+    assert r1.held_count == 1
+    r1.on_delivery(Delivery("n3", bp.encode(bp.GidRequest("n3", "req", r1.cluster_uuid, 0))))
+    c.act("n1", r1.on_delivery(Delivery("n3", bp.encode(bp.Received("n3", 4)))))
+    assert r1.held_count == 1 and c.log["n1"] == []
+    c.act("n1", r1.on_delivery(Delivery("n2", bp.encode(bp.Received("n2", 1)))))
+    assert r1.held_count == 0 and c.log["n1"] == [(1, True)]

@@ -282,12 +282,17 @@ class Lab(LocalCluster):
 
     def freeze(self, name: str) -> None:
         """SIGSTOP every process of the host, as a hung machine or a long GC pause would."""
-        for pid in self._host_pids(name):
-            os.kill(pid, signal.SIGSTOP)
+        self._signal_host(name, signal.SIGSTOP)
 
     def thaw(self, name: str) -> None:
+        self._signal_host(name, signal.SIGCONT)
+
+    def _signal_host(self, name: str, sig: signal.Signals) -> None:
         for pid in self._host_pids(name):
-            os.kill(pid, signal.SIGCONT)
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass  # a backend that ended since the host's processes were listed
 
     def kill_host(self, name: str) -> None:
         """SIGKILL the host's coordinator, PostgreSQL and corosync: a crashed machine."""
