@@ -438,6 +438,16 @@ shared_buffers = 128MB
 log_line_prefix = '%m [%p] '
 """
 
+# shared by the local cluster and the lab (chorus.lab.rig): corosync logs to its own file
+COROSYNC_LOGGING = """logging {{
+  to_stderr: no
+  to_logfile: yes
+  logfile: {log}
+  to_syslog: no
+  timestamp: on
+}}
+"""
+
 COROSYNC_CONF = """# sched_rr off: a realtime corosync would starve PostgreSQL on a machine they share.
 # udpu on loopback: every node of a local cluster is on this host, so knet's link management,
 # heartbeats and crypto buy nothing here and cost half of corosync's CPU (measured with
@@ -451,14 +461,7 @@ totem {{
   transport: udpu
   token: 1000
 }}
-logging {{
-  to_stderr: no
-  to_logfile: yes
-  logfile: {log}
-  to_syslog: no
-  timestamp: on
-}}
-quorum {{
+""" + COROSYNC_LOGGING + """quorum {{
   provider: corosync_votequorum
 }}
 nodelist {{

@@ -35,8 +35,8 @@ from typing import Any, Callable, Optional
 
 from chorus.config import NodeConfig
 from chorus.lab import switch as sw
-from chorus.localcluster import (SERVICE_USER, LocalCluster, LocalClusterError, Meta, NodeMeta, _alive, _tail,
-                                 _terminate, _wait_gone)
+from chorus.localcluster import (COROSYNC_LOGGING, SERVICE_USER, LocalCluster, LocalClusterError, Meta, NodeMeta,
+                                 _alive, _tail, _terminate, _wait_gone)
 
 COROSYNC = "/usr/sbin/corosync"
 
@@ -369,14 +369,7 @@ totem {{
     knet_pong_count: 1
   }}
 }}
-logging {{
-  to_stderr: no
-  to_logfile: yes
-  logfile: {log}
-  to_syslog: no
-  timestamp: on
-}}
-quorum {{
+""" + COROSYNC_LOGGING + """quorum {{
   provider: corosync_votequorum
   auto_tie_breaker: 1
   auto_tie_breaker_node: lowest
