@@ -148,6 +148,7 @@ class Coordinator:
         self._servers: list[asyncio.base_events.Server] = []
         self._background: set[asyncio.Task[Any]] = set()  # the loop keeps only weak references
         self.wslog = WritesetLog(cfg.wslog_dir, cfg.log_segment_mb << 20, cfg.log_total_mb << 20)
+        self.max_writeset = self.wslog.max_payload(cfg.name)  # one log record: larger local writesets are refused
         self.feeder = rc.LogFeeder(self.wslog)
         self.keys = (rc.ClusterKeys(cfg.tls_cert, cfg.tls_key, cfg.secret_file)
                      if cfg.tls_cert and cfg.tls_key and cfg.secret_file else None)
@@ -521,7 +522,7 @@ class Coordinator:
             b.writer.write(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
                                              f"this node does not accept writes: {why}"))
             return
-        limit = self.wslog.max_payload(self.cfg.name)
+        limit = self.max_writeset
         if len(payload) > limit:
             # every certified writeset must fit in a log record (partial recovery serves it)
             self.counters.refused += 1
@@ -912,10 +913,11 @@ class Coordinator:
         # commit of the run's last GID covers the GIDs before it, and the per-transaction cost
         # (a round trip, a commit, the commit turn) is paid once per run, not per writeset.
         batch: list[rc.LogRecord] = []
+        batch_bytes = 0
         batch_wait_for = prev
 
         def flush() -> None:
-            nonlocal batch
+            nonlocal batch, batch_bytes
             if not batch:
                 return
             try:
@@ -926,11 +928,11 @@ class Coordinator:
             last = batch[-1]
             self.pending[last.gid] = _Pending(last.gid, batch_wait_for, last.origin, merged)
             self.scheduler.add(last.gid, _keys(merged), local=False)
-            batch = []
+            batch, batch_bytes = [], 0
             self._dispatch()
 
         async def take(rec: rc.LogRecord) -> None:
-            nonlocal prev, batch_wait_for
+            nonlocal prev, batch_wait_for, batch_bytes
             prog.position, prog.records, prog.bytes = rec.gid, prog.records + 1, prog.bytes + len(rec.payload)
             if rec.gid <= self.watermark:
                 prev = rec.gid
@@ -940,8 +942,9 @@ class Coordinator:
                     batch_wait_for = prev
                 self.feeder.certified(rec.gid, rec.origin, rec.payload, False)
                 batch.append(rec)
+                batch_bytes += len(rec.payload)
                 prev = rec.gid
-                if len(batch) >= self.catchup_batch or sum(len(b.payload) for b in batch) > CATCHUP_BATCH_BYTES:
+                if len(batch) >= self.catchup_batch or batch_bytes > CATCHUP_BATCH_BYTES:
                     flush()
             else:
                 flush()
