@@ -89,12 +89,7 @@ def test_empty_node_rebuilt_while_the_donor_keeps_writing(cluster: Cluster) -> N
 
 
 def test_verify_names_a_row_changed_behind_chorus(cluster: Cluster) -> None:
-    if not _has_types_table(cluster):
-        cluster.sql_all("DROP TABLE IF EXISTS tr_types")
-        with cluster.connect(0) as c:
-            c.execute(TYPES_TABLE)
-            c.execute(FILL, (1, 2000))
-    cluster.quiesce()
+    _ensure_types_table(cluster)
     r = chorus("verify", "--dir", cluster.dir, "--json", timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     out: dict[str, Any] = json.loads(r.stdout)
@@ -112,9 +107,16 @@ def test_verify_names_a_row_changed_behind_chorus(cluster: Cluster) -> None:
             c.execute("UPDATE tr_types SET note = %s WHERE id = 1234", (before[0] if before else None,))
 
 
-def _has_types_table(cluster: Cluster) -> bool:
+def _ensure_types_table(cluster: Cluster) -> None:
+    """tr_types with 2000 rows on every node (created if an earlier test left none)."""
     with cluster.connect(0) as c:
-        return c.execute("SELECT to_regclass('public.tr_types') IS NOT NULL").fetchone() == (True,)
+        exists = c.execute("SELECT to_regclass('public.tr_types') IS NOT NULL").fetchone() == (True,)
+    if not exists:
+        cluster.sql_all("DROP TABLE IF EXISTS tr_types")
+        with cluster.connect(0) as c:
+            c.execute(TYPES_TABLE)
+            c.execute(FILL, (1, 2000))
+    cluster.quiesce()
 
 
 def test_node_rebuilt_from_its_config_file(cluster: Cluster) -> None:
@@ -122,12 +124,7 @@ def test_node_rebuilt_from_its_config_file(cluster: Cluster) -> None:
     --donor-dsn DSN` refuses while the node's coordinator runs; with it stopped, it rebuilds the
     drifted database from the donor, and once the coordinator is started again (by the operator:
     here `chorus local start`) the node catches up and is online."""
-    if not _has_types_table(cluster):
-        cluster.sql_all("DROP TABLE IF EXISTS tr_types")
-        with cluster.connect(0) as c:
-            c.execute(TYPES_TABLE)
-            c.execute(FILL, (1, 2000))
-    cluster.quiesce()
+    _ensure_types_table(cluster)
     node = cluster.info["nodes"][1]
     args = ["node", "join", "--total", "--config", node["config"], "--donor-dsn", cluster.dsn(0),
             "--range-rows", "500", "--json"]

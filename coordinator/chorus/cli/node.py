@@ -231,7 +231,8 @@ def join(config_path: Optional[str], directory: Optional[str], name: Optional[st
         elif config_path is not None:
             if not donor_dsn:
                 raise ChorusCliError("--total with --config needs --donor-dsn (the donor's database)")
-            total_join_config(config_path, donor_dsn, cluster_uuid, spark_master, spark_submit, range_rows)
+            total_join_config(_config(config_path), config_path, donor_dsn, cluster_uuid, spark_master,
+                              spark_submit, range_rows)
         else:
             raise ChorusCliError("--total needs --dir DIR NAME (a local cluster) or --config FILE --donor-dsn DSN")
     elif directory is not None:

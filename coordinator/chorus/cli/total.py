@@ -10,6 +10,7 @@ from typing import Any, Optional
 import click
 
 from chorus.cli.common import ChorusCliError, json_option, print_json, print_table
+from chorus.config import NodeConfig
 
 spark_options = [
     click.option("--spark-master", default="local[*]", show_default=True, help="Spark master URL."),
@@ -88,24 +89,19 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
     return result
 
 
-def total_join_config(config_path: str, donor_dsn: str, cluster_uuid: str, spark_master: str,
+def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster_uuid: str, spark_master: str,
                       spark_submit: Optional[str], range_rows: int) -> dict[str, Any]:
-    """Rebuild the node configured in ``config_path`` (any deployment) from the database at
-    ``donor_dsn``. Its PostgreSQL must run and its coordinator must be stopped (a service
+    """Rebuild the node of configuration ``cfg`` (read from ``config_path``; any deployment) from
+    the database at ``donor_dsn``. Its PostgreSQL must run and its coordinator must be stopped (a service
     manager owns it, so this command does not start it again). Afterwards the node's state says
     which GID its database holds; the cluster UUID is ``cluster_uuid`` if given, otherwise the
     node adopts the UUID of the cluster its group runs when it joins."""
     import os
 
-    from chorus.config import ChorusConfigError, load_config
     from chorus.coordinator import admin_request
     from chorus.state import load_state, save_state
     from chorus.total import Endpoint, TotalRecoveryError, total_recover
 
-    try:
-        cfg = load_config(config_path)
-    except ChorusConfigError as e:
-        raise ChorusCliError(str(e)) from e
     try:
         admin_request(cfg.admin_socket, timeout=2)
     except (OSError, ValueError):
