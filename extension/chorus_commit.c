@@ -19,6 +19,7 @@
 #include "pgstat.h"
 #include "replication/origin.h"
 #include "storage/latch.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
 
@@ -30,12 +31,21 @@
 #define VERDICT_UNKNOWN 3
 #define VERDICT_TOO_LARGE 4
 
-/* This backend's connection to the coordinator, kept for the session. */
+/*
+ * This backend's connection to the coordinator, kept for the session, and the
+ * wait event set it sleeps on for a reply (the latch, postmaster death and
+ * the socket): made once per connection, not once per wait, which would cost
+ * an epoll descriptor and its system calls on every commit.
+ */
 static pgsocket chorus_sock = PGINVALID_SOCKET;
+static WaitEventSet *chorus_wait_set = NULL;
 
 static void
 chorus_disconnect(void)
 {
+	if (chorus_wait_set != NULL)
+		FreeWaitEventSet(chorus_wait_set);
+	chorus_wait_set = NULL;
 	if (chorus_sock != PGINVALID_SOCKET)
 		close(chorus_sock);
 	chorus_sock = PGINVALID_SOCKET;
@@ -114,6 +124,10 @@ chorus_connect(void)
 				 errhint("Start the coordinator (\"chorus run\"); reads keep working.")));
 	}
 	chorus_sock = s;
+	chorus_wait_set = CreateWaitEventSet(TopMemoryContext, 3);
+	AddWaitEventToSet(chorus_wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+	AddWaitEventToSet(chorus_wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+	AddWaitEventToSet(chorus_wait_set, WL_SOCKET_READABLE, chorus_sock, NULL, NULL);
 }
 
 /*
@@ -170,8 +184,11 @@ chorus_recv_exact(char *buf, size_t len)
 					 errdetail("The transaction was rolled back here. If the cluster certified it, "
 							   "this node applies it when its coordinator recovers.")));
 		}
-		(void) WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_SOCKET_READABLE | WL_EXIT_ON_PM_DEATH,
-								 chorus_sock, -1L, PG_WAIT_EXTENSION);
+		{
+			WaitEvent	event;
+
+			(void) WaitEventSetWait(chorus_wait_set, -1L, &event, 1, PG_WAIT_EXTENSION);
+		}
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 	}

@@ -11,11 +11,12 @@ records its GID in the commit record (docs/PROTOCOL.md section 4). Sessions run 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Optional, Sequence
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 
 from chorus import wire
 
@@ -115,12 +116,27 @@ class StatementCache:
         return sql.SQL("TRUNCATE ONLY {}").format(sql.SQL(", ").join(self._table(t) for t in tables))
 
 
+def _resolve(fut: "asyncio.Future[None]") -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 def _new_values(t: wire.Table, row: wire.Row) -> list[Optional[str]]:
     return [v for c, v in zip(t.columns, row.new) if not c.generated]
 
 
+_APPLY = b"chorus_apply"  # the prepared statement of the fast path
+
+
 class ApplySession:
-    """One PostgreSQL connection that applies writesets, one transaction each."""
+    """One PostgreSQL connection that applies writesets, one transaction each.
+
+    The connection is in autocommit mode: the fast path is one statement,
+    ``SELECT chorus.apply_writeset(gid, wait_for, writeset)``, committed as it ends (one round
+    trip per writeset). It goes straight through libpq (psycopg's ``pgconn``), with the socket
+    registered once with the event loop rather than for every wait; everything else (schema
+    changes, the SQL method, checks) uses psycopg's API in explicit transactions.
+    """
 
     def __init__(self, dsn: str, name: str, fast: bool = True) -> None:
         self.dsn = dsn
@@ -129,19 +145,36 @@ class ApplySession:
         self.conn: Optional[psycopg.AsyncConnection[Any]] = None
         self.pid = 0
         self.cache = StatementCache()
+        self._reading = -1  # the socket registered with the loop for the fast path, or -1
+        self._waiter: Optional[asyncio.Future[Optional[pq.abc.PGresult]]] = None
+        self._result: Optional[pq.abc.PGresult] = None
 
     async def connect(self) -> None:
         self.conn = await psycopg.AsyncConnection.connect(
-            self.dsn, autocommit=False, prepare_threshold=0, application_name=f"chorus apply {self.name}")
+            self.dsn, autocommit=True, prepare_threshold=0, application_name=f"chorus apply {self.name}")
         async with self.conn.cursor() as cur:
             await cur.execute("SET session_replication_role = replica")
             await cur.execute("SET chorus.capture = off")
+            # An applied commit is not flushed before the next one (docs/RECOVERY.md): its origin
+            # flushed it before its client heard of it, and after a crash this node re-applies
+            # what it lost (commits are in GID order, so it lost a suffix of them).
+            await cur.execute("SET synchronous_commit = off")
             await cur.execute("SELECT pg_backend_pid()")
             row = await cur.fetchone()
             self.pid = int(row[0]) if row else 0
-        await self.conn.commit()
+        if self.fast:
+            await self._prepare()
+
+    async def _prepare(self) -> None:
+        """The fast path's statement. psycopg deallocates every prepared statement of its
+        connection after some commands (DROP, ALTER, ROLLBACK): then it is prepared again."""
+        assert self.conn is not None
+        self._stop_reading()
+        await self.conn.execute(b"PREPARE " + _APPLY + b" (bigint, bigint, bytea) AS "
+                                b"SELECT chorus.apply_writeset($1, $2, $3)")
 
     async def close(self) -> None:
+        self._stop_reading()
         if self.conn is not None:
             try:
                 await self.conn.close()
@@ -169,17 +202,79 @@ class ApplySession:
         try:
             if self.fast:
                 # One call: the extension parses the writeset and applies its rows with plans it
-                # prepared once per table shape (chorus_apply.c); then the commit.
+                # prepared once per table shape (chorus_apply.c), and the statement commits.
                 raw = ws.raw or wire.encode(ws)
-                await conn.execute("SELECT chorus.apply_writeset(%s, %s, %s)", (gid, wait_for, raw))
+                try:
+                    await self._apply_writeset(conn, gid, wait_for, raw)
+                except psycopg.errors.InvalidSqlStatementName:  # deallocated: nothing ran
+                    await self._prepare()
+                    await self._apply_writeset(conn, gid, wait_for, raw)
             else:
-                await self._apply_pipelined(conn, gid, wait_for, ws)
-            await conn.commit()
+                self._stop_reading()
+                async with conn.transaction():
+                    await self._apply_pipelined(conn, gid, wait_for, ws)
         except psycopg.Error as e:
             raise await self._failure(gid, e) from e
         except ApplyError:
             await self._rollback()
             raise
+
+    async def _apply_writeset(self, conn: psycopg.AsyncConnection[Any], gid: int, wait_for: int,
+                              raw: bytes) -> None:
+        pg = conn.pgconn
+        pg.send_query_prepared(_APPLY, [b"%d" % gid, b"%d" % wait_for, raw], [0, 0, 1])
+        loop = asyncio.get_running_loop()
+        while pg.flush():  # a large writeset: wait until the socket takes the rest
+            writable: asyncio.Future[None] = loop.create_future()
+            loop.add_writer(pg.socket, _resolve, writable)
+            try:
+                await writable
+            finally:
+                loop.remove_writer(pg.socket)
+        waiter: asyncio.Future[Optional[pq.abc.PGresult]] = loop.create_future()
+        self._waiter, self._result = waiter, None
+        if self._reading != pg.socket:
+            self._stop_reading()
+            loop.add_reader(pg.socket, self._readable)
+            self._reading = pg.socket
+        self._readable()  # libpq may hold the reply already
+        res = await waiter
+        if res is None or res.status != pq.ExecStatus.TUPLES_OK:
+            if res is None:
+                raise psycopg.OperationalError("the apply statement returned no result")
+            raise psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
+
+    def _readable(self) -> None:
+        """The socket of the fast path has data: collect the statement's result when whole."""
+        conn, waiter = self.conn, self._waiter
+        if conn is None:
+            return
+        pg = conn.pgconn
+        try:
+            pg.consume_input()
+            while not pg.is_busy():
+                res = pg.get_result()
+                if res is None:  # the statement is done
+                    self._waiter = None
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(self._result)
+                    return
+                if self._result is None or res.status == pq.ExecStatus.FATAL_ERROR:
+                    self._result = res
+        except psycopg.Error as e:
+            self._stop_reading()
+            self._waiter = None
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(e)
+
+    def _stop_reading(self) -> None:
+        """Hand the socket back to psycopg (which registers it for each of its own waits)."""
+        if self._reading >= 0:
+            try:
+                asyncio.get_running_loop().remove_reader(self._reading)
+            except (RuntimeError, ValueError, OSError):
+                pass
+            self._reading = -1
 
     async def _apply_pipelined(self, conn: psycopg.AsyncConnection[Any], gid: int, wait_for: int,
                                ws: wire.Writeset) -> None:
@@ -219,8 +314,9 @@ class ApplySession:
     async def _apply_ddl(self, gid: int, wait_for: int, ddl: wire.Ddl, ok: bool) -> None:
         conn = self.conn
         assert conn is not None
+        self._stop_reading()
         try:
-            async with conn.cursor() as cur:
+            async with conn.transaction(), conn.cursor() as cur:
                 await cur.execute("SELECT chorus.apply_begin(%s, %s)", (gid, wait_for))
                 await cur.execute("SELECT chorus.wait_turn(%s)", (wait_for,))
                 if not ok:
@@ -234,7 +330,6 @@ class ApplySession:
                         log.warning("GID %d: role %s does not exist here; running the schema change "
                                     "as %s", gid, ddl.role, conn.info.user)
                     await cur.execute(ddl.statement.encode("utf-8"))
-            await conn.commit()
         except psycopg.Error as e:
             raise await self._failure(gid, e, "the schema change that succeeded on its origin failed here: ",
                                       f" (statement: {ddl.statement[:200]})") from e
@@ -242,6 +337,7 @@ class ApplySession:
     async def _failure(self, gid: int, e: psycopg.Error, what: str = "", tail: str = "") -> Exception:
         """Clean up the session after a failed apply and say what to raise: a lost connection or a
         transient SQLSTATE is retried (TransientApplyError), anything else stops the node."""
+        self._stop_reading()
         if isinstance(e, psycopg.OperationalError):
             await self._reset()
             return ApplyConnectionLost(f"GID {gid}: connection problem: {e}")
@@ -260,7 +356,6 @@ class ApplySession:
             assert self.conn is not None
             cur = await self.conn.execute("SELECT chorus.committed_gid() >= %s", (gid,))
             row = await cur.fetchone()
-            await self.conn.rollback()
             return bool(row and row[0])
         except (psycopg.Error, AssertionError):
             return False
@@ -273,6 +368,7 @@ class ApplySession:
                              f"matched {rowcount} rows: this node's data differs from the cluster's")
 
     async def _rollback(self) -> None:
+        self._stop_reading()
         if self.conn is not None and not self.conn.closed:
             try:
                 await self.conn.rollback()

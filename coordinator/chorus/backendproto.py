@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import struct
 from dataclasses import dataclass
 
@@ -25,21 +24,44 @@ class Frame:
     payload: bytes
 
 
-async def read_frame(reader: asyncio.StreamReader) -> Frame:
-    """Read one frame; raises asyncio.IncompleteReadError at EOF, FrameError if malformed."""
-    head = await reader.readexactly(4)
-    (length,) = struct.unpack(">I", head)
-    if length < 1 or length > MAX_FRAME:
-        raise FrameError(f"frame length {length} out of range")
-    body = await reader.readexactly(length)
-    ftype = body[:1]
-    if ftype not in (b"W", b"C", b"A", b"R", b"S"):
-        raise FrameError(f"unknown frame type {ftype!r}")
-    if ftype == b"S" and len(body) != 1:
-        raise FrameError("frame b'S' (causal read) carries no payload")
-    if ftype in (b"C", b"A", b"R") and len(body) != 13:
-        raise FrameError(f"frame {ftype!r} has {len(body) - 1} payload bytes, expected 12")
-    return Frame(ftype, body[1:])
+_LEN = struct.Struct(">I")
+_FIXED = {b"C": 13, b"A": 13, b"R": 13, b"S": 1}  # frame types with a fixed body length
+
+
+class FrameParser:
+    """Splits the bytes a backend sends into frames, as they arrive (the coordinator reads its
+    sockets with callbacks, not one coroutine per frame). Raises :class:`FrameError` on the
+    first malformed frame; the connection must then be closed."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Frame]:
+        buf = self._buf
+        buf += data
+        out: list[Frame] = []
+        pos = 0
+        n = len(buf)
+        while n - pos >= 4:
+            (length,) = _LEN.unpack_from(buf, pos)
+            if length < 1 or length > MAX_FRAME:
+                raise FrameError(f"frame length {length} out of range")
+            ftype = bytes(buf[pos + 4:pos + 5])
+            if ftype not in _TYPES:
+                raise FrameError(f"unknown frame type {ftype!r}")
+            fixed = _FIXED.get(ftype)
+            if fixed is not None and length != fixed:
+                raise FrameError(f"frame {ftype!r} has {length - 1} payload bytes, expected {fixed - 1}")
+            if n - pos - 4 < length:
+                break
+            out.append(Frame(ftype, bytes(buf[pos + 5:pos + 4 + length])))
+            pos += 4 + length
+        if pos:
+            del buf[:pos]
+        return out
+
+
+_TYPES = (b"W", b"C", b"A", b"R", b"S")
 
 
 def parse_done(payload: bytes) -> tuple[int, int]:

@@ -12,9 +12,7 @@ the horizon fails as "snapshot too old" because the index can no longer prove it
 
 from __future__ import annotations
 
-import hashlib
 import json
-import struct
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
@@ -22,15 +20,6 @@ from typing import Any, Iterable, Optional
 from chorus.wire import Key, KeyMode, modes_conflict
 
 _MODES = (KeyMode.REFERENCE, KeyMode.UPDATE, KeyMode.EXCLUSIVE)
-
-
-def key_hash(parts: Iterable[bytes]) -> bytes:
-    """16-byte hash of a key's parts; a collision can only add a false conflict."""
-    h = hashlib.blake2b(digest_size=16)
-    for p in parts:
-        h.update(struct.pack(">I", len(p)))
-        h.update(p)
-    return h.digest()
 
 
 @dataclass(frozen=True)
@@ -88,7 +77,7 @@ class Certifier:
         if last_seen < self.horizon:
             return Verdict(False, f"snapshot too old: the transaction saw GID {last_seen}, "
                                   f"certification history starts at GID {self.horizon}")
-        hashed = [(k, key_hash(k.parts)) for k in keys]
+        hashed = [(k, k.hashed()) for k in keys]
         for k, h in hashed:
             slots = self._index.get(h)
             if not slots:
@@ -118,7 +107,7 @@ class Certifier:
         total order and never fails certification; instead, writesets that did not see it and
         touch its tables fail. Its keys count as written by no node, so they conflict with the
         origin's own transactions too."""
-        hashed = [key_hash(k.parts) for k in keys]
+        hashed = [k.hashed() for k in keys]
         undo: list[tuple[bytes, int, Optional[list[Any]]]] = []
         for k, h in zip(keys, hashed):
             slots = self._index.setdefault(h, {})

@@ -10,12 +10,14 @@ survived.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
 import signal
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Coroutine, Optional
 
@@ -27,7 +29,6 @@ from chorus import recovery as rc
 from chorus import wire
 from chorus.applier import ApplyConnectionLost, ApplyError, ApplySession, TransientApplyError
 from chorus.bus import Bus, BusError, View
-from chorus.certifier import key_hash
 from chorus.config import NodeConfig
 from chorus.replicator import (Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried, Phase,
                                PhaseChange, Replicator, Send, SyncReached)
@@ -54,11 +55,44 @@ class FatalError(Exception):
 
 @dataclass
 class _Backend:
-    writer: asyncio.StreamWriter
+    transport: asyncio.WriteTransport
     pid: int = 0
     ticket: int = 0  # outstanding writeset ticket, 0 if none
     certified: set[int] = field(default_factory=set)  # certified GIDs not yet reported committed
     closed: bool = False
+
+    def send(self, frame: bytes) -> None:
+        if not self.closed:
+            self.transport.write(frame)
+
+
+class _BackendConnection(asyncio.Protocol):
+    """One backend's socket. Frames are handled as they arrive, in the callback that reads
+    them: the commit path costs no task switch per frame."""
+
+    def __init__(self, coordinator: "Coordinator") -> None:
+        self.coordinator = coordinator
+        self.parser = bpf.FrameParser()
+        self.backend: Optional[_Backend] = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        self.backend = _Backend(transport)
+
+    def data_received(self, data: bytes) -> None:
+        b = self.backend
+        assert b is not None
+        try:
+            for frame in self.parser.feed(data):
+                self.coordinator._backend_frame(b, frame)
+        except (bpf.FrameError, wire.WireError) as e:
+            self.coordinator.counters.malformed_frames += 1
+            log.warning("closing backend connection (pid %d): malformed frame: %s", b.pid, e)
+            b.transport.close()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if self.backend is not None:
+            self.coordinator._backend_closed(self.backend)
 
 
 # The status of a 32-bit xid of this epoch's recent past (pg_xact_status wants the full xid8).
@@ -117,6 +151,10 @@ class Coordinator:
         self.replicator: Optional[Replicator] = None
         self.scheduler = Scheduler()
         self.pending: dict[int, _Pending] = {}
+        # Committed here, perhaps not yet flushed: applied commits are not flushed one by one
+        # (applier.py), and a local one may be counted before its backend flushed it. Kept until
+        # chorus.durable_gid() passes them; re-applied if PostgreSQL crashes before that.
+        self._unflushed: deque[_Pending] = deque()
         self.tickets: dict[int, _Backend] = {}
         self.next_ticket = 1
         self.counters = Counters()
@@ -135,10 +173,10 @@ class Coordinator:
         self.started = time.time()
         self.last_apply_ms = 0.0
         self._tasks: list[asyncio.Task[Any]] = []
-        self._send_lock = asyncio.Lock()
         self._outbox: list[tuple[int, bytes]] = []  # local writesets waiting for the bus
-        self._outbox_ready = asyncio.Event()
+        self._pump_scheduled = False
         self._in_flight = 0
+        self._sends_waiting = 0  # messages handed to a task because the bus could not take them at once
         self._sync_waiting: list[_Backend] = []  # causal readers waiting for the next marker
         self._sync_on_bus: dict[int, list[_Backend]] = {}  # marker token -> its readers
         self._sync_token = 0
@@ -175,8 +213,10 @@ class Coordinator:
             last_gid=durable,
             bootstrap=self.state.bootstrap,  # only when told (`chorus bootstrap`; seed 8.2)
         )
-        self._servers.append(await _unix_server(self._serve_backend, self.cfg.socket_path))
-        self._servers.append(await _unix_server(self._serve_admin, self.cfg.admin_socket))
+        self._servers.append(await _unix_server(
+            self.cfg.socket_path, lambda p: loop.create_unix_server(lambda: _BackendConnection(self), path=p)))
+        self._servers.append(await _unix_server(
+            self.cfg.admin_socket, lambda p: asyncio.start_unix_server(self._serve_admin, path=p)))
         if self.cfg.recovery_listen and self.keys is not None:
             self.recovery_server = rc.RecoveryServer(self.wslog, self.keys, lambda: self.replicator.cluster_uuid
                                                      if self.replicator else "", lambda: self.watermark)
@@ -187,7 +227,6 @@ class Coordinator:
         log.info("node %s joined bus group as %s", self.cfg.name, self.bus.local_id)
         self._tasks = [
             asyncio.create_task(self._bus_loop(), name="bus"),
-            asyncio.create_task(self._sender_loop(), name="sender"),
             asyncio.create_task(self._tick_loop(), name="tick"),
             asyncio.create_task(self._blocker_loop(), name="blockers"),
         ]
@@ -226,6 +265,7 @@ class Coordinator:
         if self.recovery_server is not None:
             await self.recovery_server.close()
         try:
+            self.feeder.flush()
             self.wslog.sync()
             self.wslog.close()
         except (LogError, OSError) as e:
@@ -346,10 +386,24 @@ class Coordinator:
                 await asyncio.sleep(DB_RETRY_S)
         else:
             return
+        lost = [p for p in self._unflushed if p.gid > durable]
+        self._unflushed.clear()
         self.watermark = durable
-        self.scheduler.committed_upto(durable)
         for g in [g for g in self.pending if g <= durable]:
             del self.pending[g]
+        if lost:
+            # committed before the crash but not flushed: applied again, before everything else
+            log.info("PostgreSQL lost GIDs %d..%d it had committed but not flushed: applying them again",
+                     lost[0].gid, lost[-1].gid)
+            self.scheduler = Scheduler()
+            for p in [*lost, *(self.pending[g] for g in sorted(self.pending))]:
+                if p.gid not in self.pending:
+                    p.backend = None
+                    self.pending[p.gid] = p
+                self.scheduler.add(p.gid, _keys(p.writeset), local=p.origin == self.cfg.name,
+                                   barrier=p.writeset.ddl is not None)
+        else:
+            self.scheduler.committed_upto(durable)
         replays = self.scheduler.replay_all_from(durable)
         log.info("PostgreSQL is back at GID %d; re-applying %d certified writesets", durable, len(replays))
         for w in [*self.workers, self.replay_session]:
@@ -365,31 +419,47 @@ class Coordinator:
     async def _bus_loop(self) -> None:
         assert self.bus is not None and self.replicator is not None
         r = self.replicator
+        local = self.bus.local_id
         try:
-            async for ev in self.bus.events():
-                if isinstance(ev, View):
-                    log.info("view %d: members %s, joined %s, left %s, quorate %s",
-                             ev.view_id, ev.members, ev.joined, ev.left, ev.quorate)
-                    actions = r.on_view(ev, time.monotonic())
-                    self._in_flight = 0  # what was not delivered before a view change never will be
-                    self._sync_resend()
-                    if self._outbox:
-                        self._outbox_ready.set()
-                else:
-                    actions = r.on_delivery(ev)
-                    if ev.sender == self.bus.local_id and ev.payload[1:2] in (b"W", b"M"):
-                        self._in_flight = max(0, self._in_flight - 1)
-                        if self._outbox:
-                            self._outbox_ready.set()
-                await self._act(actions)
+            async for batch in self.bus.batches():
+                for ev in batch:
+                    if isinstance(ev, View):
+                        log.info("view %d: members %s, joined %s, left %s, quorate %s",
+                                 ev.view_id, ev.members, ev.joined, ev.left, ev.quorate)
+                        actions = r.on_view(ev, time.monotonic())
+                        self._in_flight = 0  # what was not delivered before a view change never will be
+                        self._sync_resend()
+                    else:
+                        actions = r.on_delivery(ev)
+                        if ev.sender == local and ev.payload[1:2] in (b"W", b"M"):
+                            self._in_flight = max(0, self._in_flight - 1)
+                    await self._act(actions)
+                self.feeder.flush()  # the log records of this batch, in one write
+                if self._outbox:
+                    self._pump()
         except BusError as e:
             self.fatal = f"bus failed: {e}"
             raise
 
-    async def _send(self, msg: bp.Message) -> None:
+    def _post(self, payload: bytes, on_error: Optional[Callable[[BusError], None]] = None) -> None:
+        """Multicast ``payload``: at once if the bus takes it, else from a task that retries.
+        Messages leave in the order they are posted."""
         assert self.bus is not None
-        async with self._send_lock:
-            await self.bus.send(bp.encode(msg))
+        if self._sends_waiting == 0 and self.bus.send_nowait(payload):
+            return
+        self._sends_waiting += 1
+        self._spawn(self._send_later(payload, on_error))
+
+    async def _send_later(self, payload: bytes, on_error: Optional[Callable[[BusError], None]]) -> None:
+        assert self.bus is not None
+        try:
+            await self.bus.send(payload)
+        except BusError as e:
+            if on_error is None:
+                raise
+            on_error(e)
+        finally:
+            self._sends_waiting -= 1
 
     async def _act(self, actions: list[Any]) -> None:
         r = self.replicator
@@ -417,7 +487,7 @@ class Coordinator:
             elif isinstance(a, SyncReached):
                 self._sync_reached(a)
             elif isinstance(a, Send):
-                self._spawn(self._send_logged(a.message))
+                self._send_msg(a.message)
             elif isinstance(a, PhaseChange):
                 self.phase_reason = a.reason
                 log.info("phase %s: %s", a.phase.value, a.reason)
@@ -442,11 +512,8 @@ class Coordinator:
         except psycopg.Error as e:
             log.warning("%s: %s", query, str(e).strip())
 
-    async def _send_logged(self, msg: bp.Message) -> None:
-        try:
-            await self._send(msg)
-        except BusError as e:
-            log.error("cannot send %s: %s", type(msg).__name__, e)
+    def _send_msg(self, msg: bp.Message) -> None:
+        self._post(bp.encode(msg), lambda e: log.error("cannot send %s: %s", type(msg).__name__, e))
 
     async def _tick_loop(self) -> None:
         assert self.replicator is not None
@@ -455,6 +522,7 @@ class Coordinator:
             await asyncio.sleep(TICK_S)
             now = time.monotonic()
             await self._act(self.replicator.tick(now))
+            self.feeder.flush()
             if not self.db_ok.is_set():
                 continue
             try:
@@ -465,6 +533,11 @@ class Coordinator:
             if wm > self.watermark:
                 self.watermark = wm
             self._reap_committed(wm)
+            try:
+                self._flushed(int(await self._q("SELECT chorus.durable_gid()")))
+            except psycopg.Error as e:
+                self._spawn(self._database_lost(str(e).strip()))
+                continue
             if now - last_progress >= PROGRESS_EVERY_S:
                 last_progress = now
                 msg = self.replicator.progress_message(self.watermark)
@@ -472,61 +545,58 @@ class Coordinator:
                     await self._act([msg])
                 self._flow_reassert()
 
+    def _flushed(self, durable: int) -> None:
+        """Everything up to GID ``durable`` is on disk: forget the writesets kept for a crash."""
+        while self._unflushed and self._unflushed[0].gid <= durable:
+            self._unflushed.popleft()
+
     def _reap_committed(self, watermark: int) -> None:
         for g in [g for g in self.pending if g <= watermark and self.pending[g].backend is not None]:
             self._local_done(g)
 
     # ---- local backends -----------------------------------------------------------------
 
-    async def _serve_backend(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        b = _Backend(writer)
-        try:
-            while True:
-                frame = await bpf.read_frame(reader)
-                if frame.type == b"W":
-                    await self._local_writeset(b, frame.payload)
-                elif frame.type == b"C":
-                    gid, _ = bpf.parse_done(frame.payload)
-                    self._local_done(gid)
-                elif frame.type == b"S":
-                    self._sync_request(b)
-                elif frame.type == b"R":
-                    gid, _ = bpf.parse_done(frame.payload)
-                    p = self.pending.get(gid)
-                    if p is not None and p.writeset.ddl is not None and p.backend is b:
-                        self._spawn(self._send_logged(bp.DdlResult(self.cfg.name, gid, True)))
-                else:
-                    gid, xid = bpf.parse_done(frame.payload)
-                    log.info("backend %d aborted certified GID %d (xid %d): replaying it", b.pid, gid, xid)
-                    self._replay(gid)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        except (bpf.FrameError, wire.WireError) as e:
-            self.counters.malformed_frames += 1
-            log.warning("closing backend connection (pid %d): malformed frame: %s", b.pid, e)
-        finally:
-            b.closed = True
-            writer.close()
-            if b.ticket:
-                self.tickets.pop(b.ticket, None)
-            for gid in list(b.certified):
-                self._spawn(self._orphaned(b, gid))
+    def _backend_frame(self, b: _Backend, frame: bpf.Frame) -> None:
+        t = frame.type
+        if t == b"W":
+            self._local_writeset(b, frame.payload)
+        elif t == b"C":
+            gid, _ = bpf.parse_done(frame.payload)
+            self._local_done(gid)
+        elif t == b"S":
+            self._sync_request(b)
+        elif t == b"R":
+            gid, _ = bpf.parse_done(frame.payload)
+            p = self.pending.get(gid)
+            if p is not None and p.writeset.ddl is not None and p.backend is b:
+                self._send_msg(bp.DdlResult(self.cfg.name, gid, True))
+        else:
+            gid, xid = bpf.parse_done(frame.payload)
+            log.info("backend %d aborted certified GID %d (xid %d): replaying it", b.pid, gid, xid)
+            self._replay(gid)
 
-    async def _local_writeset(self, b: _Backend, payload: bytes) -> None:
+    def _backend_closed(self, b: _Backend) -> None:
+        b.closed = True
+        if b.ticket:
+            self.tickets.pop(b.ticket, None)
+        for gid in list(b.certified):
+            self._spawn(self._orphaned(b, gid))
+
+    def _local_writeset(self, b: _Backend, payload: bytes) -> None:
         ws = wire.decode(payload)  # validates before it reaches the bus
         b.pid = ws.pid
         r = self.replicator
         if r is None or not r.accepts_writes or not self.db_ok.is_set():
             self.counters.refused += 1
             why = self.phase_reason if r is not None else "the coordinator is starting"
-            b.writer.write(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
+            b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
                                              f"this node does not accept writes: {why}"))
             return
         limit = self.max_writeset
         if len(payload) > limit:
             # every certified writeset must fit in a log record (partial recovery serves it)
             self.counters.refused += 1
-            b.writer.write(bpf.verdict_frame(
+            b.send(bpf.verdict_frame(
                 bpf.VERDICT_TOO_LARGE, 0, 0,
                 f"the transaction's writeset ({len(payload) / 1e6:.1f} MB) is larger than this node's writeset log "
                 f"can hold in one record ({limit / 1e6:.1f} MB): raise log.segment_mb or lower "
@@ -538,45 +608,43 @@ class Coordinator:
         self.tickets[ticket] = b
         r.local_decoded[ticket] = ws
         self._outbox.append((ticket, payload))
-        self._outbox_ready.set()
+        if not self._pump_scheduled:
+            # after the other sockets that are readable now: their writesets go in the same message
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)
 
-    async def _sender_loop(self) -> None:
+    def _pump(self) -> None:
         """Send queued local writesets. At most MAX_IN_FLIGHT of this node's messages are on the
         bus, not yet delivered, at a time; writesets that queue up meanwhile go together in the
         next message (their order is kept). An idle node sends at once; a busy one sends fewer,
         larger messages (group commit through the bus)."""
-        while True:
-            await self._outbox_ready.wait()
-            self._outbox_ready.clear()
-            if self._in_flight >= MAX_IN_FLIGHT:
-                continue  # woken again when one of ours is delivered
-            if not self._outbox:
-                continue
-            batch: list[tuple[int, bytes]] = []
-            size = 0
-            while self._outbox and (not batch or size + len(self._outbox[0][1]) <= BATCH_BYTES):
-                item = self._outbox.pop(0)
-                batch.append(item)
-                size += len(item[1])
-            msg: bp.Message = (bp.WritesetMsg(self.cfg.name, *batch[0]) if len(batch) == 1
+        self._pump_scheduled = False
+        while self._outbox and self._in_flight < MAX_IN_FLIGHT:
+            n, size = 0, 0
+            for _, payload in self._outbox:
+                if n and size + len(payload) > BATCH_BYTES:
+                    break
+                n += 1
+                size += len(payload)
+            batch, self._outbox = self._outbox[:n], self._outbox[n:]
+            msg: bp.Message = (bp.WritesetMsg(self.cfg.name, *batch[0]) if n == 1
                                else bp.WritesetBatch(self.cfg.name, tuple(batch)))
             self.counters.bus_batches += 1
-            self.counters.bus_writesets += len(batch)
+            self.counters.bus_writesets += n
             self._in_flight += 1
-            try:
-                await self._send(msg)
-            except BusError as e:
-                self._in_flight -= 1
-                for ticket, _ in batch:
-                    if self.replicator is not None:
-                        self.replicator.local_decoded.pop(ticket, None)
-                    b = self.tickets.pop(ticket, None)
-                    if b is not None and not b.closed:
-                        b.ticket = 0
-                        b.writer.write(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
-                                                         f"the group bus failed: {e}"))
-            if self._outbox and self._in_flight < MAX_IN_FLIGHT:
-                self._outbox_ready.set()
+            self._post(bp.encode(msg), functools.partial(self._send_failed, batch))
+
+    def _send_failed(self, batch: list[tuple[int, bytes]], e: BusError) -> None:
+        self._in_flight -= 1
+        for ticket, _ in batch:
+            if self.replicator is not None:
+                self.replicator.local_decoded.pop(ticket, None)
+            b = self.tickets.pop(ticket, None)
+            if b is not None and not b.closed:
+                b.ticket = 0
+                b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0, f"the group bus failed: {e}"))
+        if self._outbox:
+            self._pump()
 
     # ---- causal reads --------------------------------------------------------------------
 
@@ -585,7 +653,7 @@ class Coordinator:
         after its request. Requests that arrive while a marker is on the bus share the next."""
         r = self.replicator
         if r is None or not r.accepts_writes or not self.db_ok.is_set():
-            b.writer.write(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
+            b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
                                              f"this node is not in the primary component: {self.phase_reason}"))
             return
         self._sync_waiting.append(b)
@@ -596,16 +664,16 @@ class Coordinator:
         self._sync_token += 1
         self._sync_on_bus[self._sync_token] = self._sync_waiting
         self._sync_waiting = []
-        self._spawn(self._send_logged(bp.SyncMarker(self.cfg.name, self._sync_token)))
+        self._send_msg(bp.SyncMarker(self.cfg.name, self._sync_token))
 
     def _sync_reached(self, s: SyncReached) -> None:
         for b in self._sync_on_bus.pop(s.token, []):
             if b.closed:
                 continue
             if s.ok:
-                b.writer.write(bpf.verdict_frame(bpf.VERDICT_COMMIT, s.gid, 0, ""))
+                b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, s.gid, 0, ""))
             else:
-                b.writer.write(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
+                b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
                                                  "this node left the primary component"))
         if self._sync_waiting and not self._sync_on_bus:
             self._sync_send()
@@ -625,7 +693,7 @@ class Coordinator:
             if b is not None and not b.closed:
                 kind = (bpf.VERDICT_UNKNOWN if v.unknown else bpf.VERDICT_CONFLICT if v.gid
                         else bpf.VERDICT_REFUSED)
-                b.writer.write(bpf.verdict_frame(kind, v.gid, 0, v.reason))
+                b.send(bpf.verdict_frame(kind, v.gid, 0, v.reason))
             return
         assert v.writeset is not None
         p = _Pending(v.gid, v.wait_for, self.cfg.name, v.writeset, b)
@@ -635,7 +703,7 @@ class Coordinator:
             self._replay(v.gid)
             return
         b.certified.add(v.gid)
-        b.writer.write(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, v.wait_for, ""))
+        b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, v.wait_for, ""))
         if v.writeset.ddl is not None:  # it runs now: local transactions in its way lose
             self._waiters[v.gid] = _Waiter(lambda: b.pid if p.backend is b else 0, time.monotonic())
 
@@ -650,7 +718,7 @@ class Coordinator:
         if p.backend is not None:
             b = p.backend
             if not b.closed:
-                b.writer.write(bpf.verdict_frame(bpf.VERDICT_COMMIT if o.ok else bpf.VERDICT_REFUSED,
+                b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT if o.ok else bpf.VERDICT_REFUSED,
                                                  o.gid, p.wait_for, o.error))
             if o.ok:
                 return  # the backend commits it
@@ -670,6 +738,7 @@ class Coordinator:
         p = self.pending.pop(gid, None)
         if p is None:
             return
+        self._unflushed.append(p)
         if p.backend is not None:
             p.backend.certified.discard(gid)
         self.counters.local_commits += 1
@@ -689,8 +758,7 @@ class Coordinator:
             # run here; the outcome (the first result delivered) decides what every node does.
             if not p.ddl_failure_sent:
                 p.ddl_failure_sent = True
-                self._spawn(self._send_logged(bp.DdlResult(
-                    self.cfg.name, gid, False, f"it failed on its origin {self.cfg.name}")))
+                self._send_msg(bp.DdlResult(self.cfg.name, gid, False, f"it failed on its origin {self.cfg.name}"))
             return
         self.scheduler.replay(gid)
         self._dispatch()
@@ -730,10 +798,10 @@ class Coordinator:
         backlog = len(self.pending)
         if not self._flow_requested and backlog >= self.cfg.flow_pause_at:
             self._flow_requested = True
-            self._spawn(self._send_logged(bp.FlowControl(self.cfg.name, True)))
+            self._send_msg(bp.FlowControl(self.cfg.name, True))
         elif self._flow_requested and backlog <= self.cfg.flow_resume_at:
             self._flow_requested = False
-            self._spawn(self._send_logged(bp.FlowControl(self.cfg.name, False)))
+            self._send_msg(bp.FlowControl(self.cfg.name, False))
 
     def _flow_reassert(self) -> None:
         """Flow control is a state, not an event: if the cluster's view of this node's request
@@ -743,7 +811,7 @@ class Coordinator:
         if r is None or r.phase != Phase.ONLINE:
             return
         if (self.cfg.name in r.paused_by) != self._flow_requested:
-            self._spawn(self._send_logged(bp.FlowControl(self.cfg.name, self._flow_requested)))
+            self._send_msg(bp.FlowControl(self.cfg.name, self._flow_requested))
 
     def _dispatch(self) -> None:
         self._flow_check()
@@ -783,7 +851,9 @@ class Coordinator:
                 self.counters.replayed += 1
             else:
                 self.counters.applied += 1
-            self.pending.pop(gid, None)
+            done_p = self.pending.pop(gid, None)
+            if done_p is not None:
+                self._unflushed.append(done_p)
             self.watermark = max(self.watermark, gid)
             self.scheduler.committed(gid)
         except TransientApplyError as e:
@@ -796,6 +866,10 @@ class Coordinator:
         except ApplyError as e:
             self.fatal = f"cannot apply certified writeset: {e}"
             log.error("%s; stopping so the node does not diverge", self.fatal)
+            self.stopping.set()
+        except Exception as e:  # a bug: the writeset would never commit here; stop rather than stall
+            self.fatal = f"applying GID {gid} failed unexpectedly: {e!r}"
+            log.exception("%s; stopping", self.fatal)
             self.stopping.set()
         finally:
             if replay:
@@ -882,9 +956,9 @@ class Coordinator:
     def _answer_log_query(self, q: LogQueried) -> None:
         if self.recovery_server is None or q.node == self.cfg.name:
             return
-        self._spawn(self._send_logged(bp.LogInfo(
+        self._send_msg(bp.LogInfo(
             q.node, q.request_id, self.cfg.name, self.cfg.recovery_advertise or self.cfg.recovery_listen,
-            self.wslog.base_gid, self.wslog.end_gid, self.watermark, len(self.pending))))
+            self.wslog.base_gid, self.wslog.end_gid, self.watermark, len(self.pending)))
 
     async def _ask_logs(self) -> list[bp.LogInfo]:
         """Which members' logs hold what: a LogQuery through the bus, answers for a moment."""
@@ -892,7 +966,7 @@ class Coordinator:
         assert r is not None
         rid = uuid.uuid4().hex
         self._log_offers[rid] = []
-        await self._send_logged(bp.LogQuery(self.cfg.name, rid))
+        self._send_msg(bp.LogQuery(self.cfg.name, rid))
         deadline = time.monotonic() + LOG_QUERY_WAIT_S
         others = len([n for n in r.online if n != self.cfg.name])
         while time.monotonic() < deadline and len(self._log_offers[rid]) < others:
@@ -918,6 +992,7 @@ class Coordinator:
 
         def flush() -> None:
             nonlocal batch, batch_bytes
+            self.feeder.flush()  # logged before anything of it can commit
             if not batch:
                 return
             try:
@@ -959,6 +1034,7 @@ class Coordinator:
                     self.feeder.outcome(rec.gid, p.ddl_ok)
                     p.ddl_known.set()
                 prev = rec.gid
+                self.feeder.flush()
                 self._dispatch()
             while len(self.pending) > CATCHUP_WINDOW and not self.fatal:
                 await asyncio.sleep(0.005)
@@ -1148,11 +1224,12 @@ def _is_ddl(payload: bytes) -> bool:
 
 
 def _keys(ws: wire.Writeset) -> list[tuple[bytes, wire.KeyMode]]:
-    return [(key_hash(k.parts), k.mode) for k in ws.keys]
+    return [(k.hashed(), k.mode) for k in ws.keys]
 
 
-async def _unix_server(handler: Any, path: str) -> asyncio.base_events.Server:
-    """A Unix socket readable and writable by its owner only."""
+async def _unix_server(path: str, create: Callable[[str], Awaitable[asyncio.base_events.Server]]
+                       ) -> asyncio.base_events.Server:
+    """A Unix socket readable and writable by its owner only, served by ``create(path)``."""
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
     try:
         os.unlink(path)
@@ -1160,7 +1237,7 @@ async def _unix_server(handler: Any, path: str) -> asyncio.base_events.Server:
         pass
     old = os.umask(0o177)
     try:
-        server = await asyncio.start_unix_server(handler, path=path, limit=bpf.MAX_FRAME + 16)
+        server = await create(path)
     finally:
         os.umask(old)
     os.chmod(path, 0o600)

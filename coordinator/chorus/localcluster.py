@@ -460,6 +460,7 @@ totem {{
   cluster_name: {name}
   transport: udpu
   token: 1000
+  seqno_unchanged_const: 1
 }}
 """ + COROSYNC_LOGGING + """quorum {{
   provider: corosync_votequorum

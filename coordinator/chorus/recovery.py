@@ -30,11 +30,12 @@ import ssl
 import struct
 import subprocess
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional, Sequence
 
 from chorus import busproto as bp
-from chorus.wslog import FLAG_DDL_SKIPPED, LogRangeUnavailable, LogRecord, WritesetLog
+from chorus.wslog import FLAG_DDL_SKIPPED, Buffer, LogRangeUnavailable, LogRecord, WritesetLog
 
 log = logging.getLogger("chorus.recovery")
 
@@ -341,43 +342,60 @@ class LogFeeder:
     """Appends certified writesets to the log in GID order, each with its final flags: the
     record of a schema change waits for the change's outcome (a failed one is logged as
     skipped), and the records after it wait with it, so a reader never meets a schema change
-    whose outcome is unknown."""
+    whose outcome is unknown.
+
+    Records are written when :meth:`flush` is called (the coordinator does after each read of
+    the bus), several with one system call; :meth:`certified` flushes by itself when many wait.
+    """
+
+    FLUSH_AT = 256  # records waiting that make certified() flush
 
     def __init__(self, wslog: WritesetLog) -> None:
         self.log = wslog
-        self._held: list[tuple[int, str, bytes, bool]] = []  # (gid, origin, payload, is a schema change)
+        self._held: deque[tuple[int, str, bytes, bool]] = deque()  # (gid, origin, payload, is a schema change)
         self._outcomes: dict[int, bool] = {}
 
     def certified(self, gid: int, origin: str, payload: bytes, ddl: bool) -> None:
         if gid <= self.log.end_gid:
             return  # already logged (a catch-up record this node held before it restarted)
         self._held.append((gid, origin, payload, ddl))
-        self._flush()
+        if len(self._held) >= self.FLUSH_AT:
+            self.flush()
 
     def outcome(self, gid: int, ok: bool) -> None:
         self._outcomes[gid] = ok
-        self._flush()
+        self.flush()
 
     @property
     def waiting(self) -> int:
-        return len(self._held)
+        """Records held back by a schema change whose outcome is not known yet."""
+        return len(self._held) if any(ddl for _, _, _, ddl in self._held) else 0
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write every record that can be written now."""
+        records: list[tuple[int, str, Buffer, int]] = []
+        last = self.log.end_gid
         while self._held:
             gid, origin, payload, ddl = self._held[0]
             flags = 0
             if ddl:
-                ok = self._outcomes.pop(gid, None)
+                ok = self._outcomes.get(gid)
                 if ok is None:
-                    return
+                    break
+                del self._outcomes[gid]
                 flags = 0 if ok else FLAG_DDL_SKIPPED
-            self._held.pop(0)
-            if gid <= self.log.end_gid:
+            self._held.popleft()
+            if gid <= last:
                 continue
-            try:
-                self.log.append(gid, origin, payload, flags)
-            except ValueError as e:
+            if len(payload) > self.log.max_payload(origin):
                 # larger than a segment: the log cannot hold it, so it restarts after it (a node
                 # that misses this GID needs total recovery, or a partner with larger segments)
-                log.warning("GID %d is not in the writeset log: %s; the log now starts after it", gid, e)
+                self.log.append_many(records)
+                records = []
+                log.warning("GID %d (%d bytes) is not in the writeset log: larger than a segment holds; "
+                            "the log now starts after it", gid, len(payload))
                 self.log.reset(gid)
+            else:
+                records.append((gid, origin, payload, flags))
+            last = gid
+        self.log.append_many(records)

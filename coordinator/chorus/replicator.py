@@ -368,6 +368,10 @@ class Replicator:
         return self.votes.holds(nodes)
 
     def _hold(self, gid: int, action: Action) -> list[Action]:
+        if self.votes.quorum <= 1 and not self._held and not self.votes.tie_breaker:
+            # this bus node alone is a quorum (one Corosync for all nodes): it has delivered it
+            self.released = gid
+            return [action]
         self._held.append((gid, action))
         return self._release()
 

@@ -8,10 +8,11 @@ bytes, an index out of range.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Optional
+from typing import Iterable, Optional
 
 MAGIC = b"CW"
 VERSION = 1
@@ -78,10 +79,25 @@ class Row:
     new: tuple[Value, ...] = ()
 
 
+def key_hash(parts: Iterable[bytes]) -> bytes:
+    """16-byte hash of a key's parts (each as u32 length and bytes, as the wire format writes
+    them); a collision can only add a false conflict."""
+    h = hashlib.blake2b(digest_size=16)
+    for p in parts:
+        h.update(_U32.pack(len(p)))
+        h.update(p)
+    return h.digest()
+
+
 @dataclass(frozen=True)
 class Key:
     mode: KeyMode
     parts: tuple[bytes, ...]
+    # key_hash(parts), computed once by decode from the encoded parts (empty: not computed)
+    digest: bytes = field(default=b"", compare=False, repr=False)
+
+    def hashed(self) -> bytes:
+        return self.digest or key_hash(self.parts)
 
     def describe(self) -> str:
         """A person's reading of the key: ``"public"."t" (id)=(5)`` or ``"public"."t" (table)``."""
@@ -121,7 +137,9 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-_TABLES: dict[bytes, Table] = {}  # interned table descriptions: equal tables share one object
+# Table descriptions parsed before, by their encoded schema and name: (encoded description, table).
+# Equal descriptions share one Table object, and a known one is not parsed again.
+_TABLES: dict[bytes, list[tuple[bytes, Table]]] = {}
 
 _HEAD = struct.Struct(">2sBBIIQHII")
 _U16 = struct.Struct(">H")
@@ -153,6 +171,7 @@ def _decode(buf: bytes) -> Writeset:
         raise WireError("writeset counts exceed its length")
     u16 = _U16.unpack_from
     u32 = _U32.unpack_from
+    view = memoryview(buf)
 
     def text(pos: int) -> tuple[str, int]:
         (ln,) = u16(buf, pos)
@@ -163,7 +182,23 @@ def _decode(buf: bytes) -> Writeset:
 
     tables: list[Table] = []
     for _ in range(ntables):
+        # A table description seen before (the same bytes) parses to the same table: found by
+        # its schema and name, then compared whole, it is not parsed again.
         start = pos
+        (ln1,) = u16(buf, pos)
+        (ln2,) = u16(buf, pos + 2 + ln1)
+        names = buf[pos:pos + 4 + ln1 + ln2]
+        seen = _TABLES.get(names)
+        if seen is not None:
+            for raw, known in seen:
+                if buf.startswith(raw, pos):
+                    pos += len(raw)
+                    tables.append(known)
+                    break
+            else:
+                seen = None
+        if seen is not None:
+            continue
         nsp, pos = text(pos)
         rel, pos = text(pos)
         (ncols,) = u16(buf, pos)
@@ -179,13 +214,13 @@ def _decode(buf: bytes) -> Writeset:
         pos += 2 + 2 * nident
         if any(i >= ncols for i in ident):
             raise WireError(f"identity column index out of range in table {nsp}.{rel}")
-        raw = buf[start:pos]
-        t = _TABLES.get(raw)
-        if t is None:
-            t = Table(nsp, rel, tuple(cols), ident)
-            if len(_TABLES) >= 4096:
-                _TABLES.clear()
-            _TABLES[raw] = t
+        t = Table(nsp, rel, tuple(cols), ident)
+        if len(_TABLES) >= 4096:
+            _TABLES.clear()
+        versions = _TABLES.setdefault(names, [])
+        if len(versions) >= 8:
+            versions.clear()
+        versions.append((buf[start:pos], t))
         tables.append(t)
 
     def values(pos: int, expected: int, what: str) -> tuple[tuple[Value, ...], int]:
@@ -239,6 +274,7 @@ def _decode(buf: bytes) -> Writeset:
         if nparts == 0 or nparts > MAX_PARTS:
             raise WireError(f"key with {nparts} parts")
         parts = []
+        start = pos
         for _p in range(nparts):
             (ln,) = u32(buf, pos)
             end = pos + 4 + ln
@@ -246,7 +282,8 @@ def _decode(buf: bytes) -> Writeset:
                 raise WireError("writeset truncated reading a key part")
             parts.append(buf[pos + 4:end])
             pos = end
-        keys.append(Key(_MODES[mode], tuple(parts)))
+        # the encoded parts are exactly what key_hash hashes
+        keys.append(Key(_MODES[mode], tuple(parts), _blake2b(view[start:pos], digest_size=16).digest()))
     ddl = None
     if flags & FLAG_DDL:
         if nrows or ntables:
@@ -264,6 +301,7 @@ def _decode(buf: bytes) -> Writeset:
     return Writeset(xid, pid, last_seen, tuple(tables), tuple(rows), tuple(keys), flags, ddl, buf)
 
 
+_blake2b = hashlib.blake2b
 _MODES = {1: KeyMode.REFERENCE, 2: KeyMode.UPDATE, 3: KeyMode.EXCLUSIVE}
 
 

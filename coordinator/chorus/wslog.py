@@ -100,6 +100,7 @@ _RECORD = struct.Struct("<I2sBBIQQ")  # crc, magic, flags, origin length, payloa
 _RECORD_REST = struct.Struct("<2sBBIQQ")  # the same without the CRC: what the CRC starts with
 RECORD_HEADER_SIZE = _RECORD.size
 _END = bytes(8)  # what follows the last record
+_MAX_IOV = 900  # buffers in one pwritev (the system allows 1024)
 _FREE_HEADER = bytes(SEGMENT_HEADER_SIZE)
 
 INDEX_EVERY_RECORDS = 64
@@ -725,38 +726,60 @@ class WritesetLog:
 
     def append(self, gid: int, origin: str, payload: Buffer, flags: int = 0) -> None:
         """Append one certified writeset; ``gid`` must exceed ``end_gid``."""
+        self.append_many([(gid, origin, payload, flags)])
+
+    def append_many(self, records: list[tuple[int, str, Buffer, int]]) -> None:
+        """Append certified writesets ``(gid, origin, payload, flags)`` in GID order, each GID
+        above the one before; the records that land in one segment are written with one system
+        call. A record that cannot be logged raises ValueError; the ones before it are logged."""
         self._require_open()
-        if gid <= self.end_gid:
-            raise ValueError(f"GID {gid} does not follow GID {self.end_gid}, the last one in the writeset log")
-        if not 0 <= flags <= 0xFF or flags & ~KNOWN_FLAGS:
-            raise ValueError(f"unknown writeset log record flags {flags:#x}")
-        origin_b = origin.encode("utf-8")
-        if len(origin_b) > MAX_ORIGIN_BYTES:
-            raise ValueError(f"origin {origin!r} is longer than {MAX_ORIGIN_BYTES} bytes")
-        size = RECORD_HEADER_SIZE + len(origin_b) + len(payload)
-        usable = self._segment_bytes - DATA_START
-        if size > usable or len(payload) > MAX_PAYLOAD_BYTES:
-            raise ValueError(f"a writeset log record of {size} bytes (GID {gid}) does not fit in a segment "
-                             f"({usable} usable bytes): raise the segment size")
+        out: list[Buffer] = []  # records not yet written, all in segment `seg` from offset `start`
         seg = self._live[-1]
-        if seg.end + size > self._segment_bytes:
-            seg = self._start_segment(prev_gid=seg.tip_gid, first_gid=gid)
-        elif not seg.records and seg.first_gid != gid:
-            seg.first_gid = gid
-            self._write_header(seg)
-        off = seg.end
-        bufs: list[Buffer] = [encode_record_header(gid, origin_b, payload, flags, seg.seq), origin_b, payload]
-        room_after = self._segment_bytes - off - size
+        start = seg.end
+        for gid, origin, payload, flags in records:
+            if gid <= self.end_gid:
+                self._write_records(seg, start, out)
+                raise ValueError(f"GID {gid} does not follow GID {self.end_gid}, the last one in the writeset log")
+            if not 0 <= flags <= 0xFF or flags & ~KNOWN_FLAGS:
+                self._write_records(seg, start, out)
+                raise ValueError(f"unknown writeset log record flags {flags:#x}")
+            origin_b = origin.encode("utf-8")
+            size = RECORD_HEADER_SIZE + len(origin_b) + len(payload)
+            usable = self._segment_bytes - DATA_START
+            if len(origin_b) > MAX_ORIGIN_BYTES or size > usable or len(payload) > MAX_PAYLOAD_BYTES:
+                self._write_records(seg, start, out)
+                if len(origin_b) > MAX_ORIGIN_BYTES:
+                    raise ValueError(f"origin {origin!r} is longer than {MAX_ORIGIN_BYTES} bytes")
+                raise ValueError(f"a writeset log record of {size} bytes (GID {gid}) does not fit in a segment "
+                                 f"({usable} usable bytes): raise the segment size")
+            if seg.end + size > self._segment_bytes or len(out) > _MAX_IOV:
+                self._write_records(seg, start, out)
+                out = []
+                if seg.end + size > self._segment_bytes:
+                    seg = self._start_segment(prev_gid=seg.tip_gid, first_gid=gid)
+                start = seg.end
+            if not seg.records and seg.first_gid != gid:
+                seg.first_gid = gid
+                self._write_header(seg)
+            off = seg.end
+            out += [encode_record_header(gid, origin_b, payload, flags, seg.seq), origin_b, payload]
+            if not seg.records:
+                seg.first_gid = gid
+            seg.index.note(gid, off)
+            seg.records += 1
+            seg.last_gid = gid
+            seg.end = off + size
+        self._write_records(seg, start, out)
+
+    def _write_records(self, seg: _Segment, start: int, bufs: list[Buffer]) -> None:
+        """Write encoded records at ``start`` of ``seg`` and the end marker after them."""
+        if not bufs:
+            return
+        room_after = self._segment_bytes - seg.end
         if room_after > 0:
             bufs.append(_END[:room_after])
-        _pwrite_all(seg.file.fd, bufs, off)
+        _pwrite_all(seg.file.fd, bufs, start)
         seg.file.dirty = True
-        if not seg.records:
-            seg.first_gid = gid
-        seg.index.note(gid, off)
-        seg.records += 1
-        seg.last_gid = gid
-        seg.end = off + size
 
     def reset(self, after_gid: int) -> None:
         """Forget every record: the log holds nothing, and the next append must exceed ``after_gid``.

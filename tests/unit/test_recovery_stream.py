@@ -29,6 +29,8 @@ def test_feeder_logs_a_schema_change_with_its_outcome_and_holds_what_follows(tmp
     f.certified(1, "n1", b"a", ddl=False)
     f.certified(2, "n2", b"ddl", ddl=True)
     f.certified(4, "n1", b"b", ddl=False)
+    assert w.end_gid == 0  # written at the next flush, several records at once
+    f.flush()
     assert w.end_gid == 1 and f.waiting == 2  # GID 4 waits behind the schema change
     f.outcome(2, False)
     assert w.end_gid == 4 and f.waiting == 0

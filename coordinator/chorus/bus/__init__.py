@@ -115,6 +115,18 @@ class Bus(abc.ABC):
         """Deliveries and views in agreed order. Raises :class:`BusError` if the connection
         to the bus is lost."""
 
+    def send_nowait(self, payload: bytes) -> bool:
+        """Multicast ``payload`` at once if the bus takes it without waiting; False (nothing
+        sent) otherwise: the caller then uses :meth:`send`. Never reorders: it sends nothing
+        while a :meth:`send` is under way. The commit path uses it to avoid a task per message."""
+        return False
+
+    async def batches(self) -> AsyncIterator[list[Event]]:
+        """The events of :meth:`events`, in the same order, handed over in lists: everything
+        that arrived together (one read of the bus) comes at once."""
+        async for ev in self.events():
+            yield [ev]
+
     @abc.abstractmethod
     async def leave(self) -> None:
         """Leave the group and release the connection. Idempotent."""

@@ -22,7 +22,8 @@ from typing import Any, AsyncIterator, Optional
 from cffi import FFI
 
 from chorus.bus import Bus, BusError, Delivery, Event, View
-from chorus.bus.fragment import DEFAULT_FRAME_LIMIT, FragmentError, Reassembler, fragments
+from chorus.bus.fragment import DEFAULT_FRAME_LIMIT, FragmentError, Reassembler, fragments, whole_frame
+from chorus.bus.fragment import HEADER as FRAME_HEADER
 
 log = logging.getLogger("chorus.bus.corosync")
 
@@ -167,7 +168,10 @@ class CorosyncBus(Bus):
         _ffi.memmove(self._name.value, raw, len(raw))
         self._vq: Optional[Any] = None
         self._vq_handle = _ffi.new("votequorum_handle_t *")
-        self._queue: asyncio.Queue[Event | BusError] = asyncio.Queue()
+        # events arrive in cpg_dispatch's callbacks; the consumer takes them all at once
+        self._pending: list[Event] = []
+        self._failure: Optional[BusError] = None
+        self._ready = asyncio.Event()
         self._reassembler = Reassembler()
         self._send_lock = asyncio.Lock()
         self._seq = 0
@@ -192,6 +196,7 @@ class CorosyncBus(Bus):
         self._model.cpg_confchg_fn = self._cb_confchg
         self._model.cpg_totem_confchg_fn = _ffi.NULL
         self._model.flags = 0
+        self._iov = _ffi.new("struct iovec *")
 
     @property
     def local_id(self) -> str:
@@ -274,7 +279,7 @@ class CorosyncBus(Bus):
             q = self._read_quorate()
             if (q != self._quorate or before != self._quorum) and self._members:
                 self._quorate = q
-                self._queue.put_nowait(self._view(self._members, (), ()))
+                self._push(self._view(self._members, (), ()))
 
     # ---- callbacks (run inside cpg_dispatch) --------------------------------------------
 
@@ -283,11 +288,17 @@ class CorosyncBus(Bus):
         if rc not in (CS_OK, CS_ERR_TRY_AGAIN):
             self._fail(f"cpg_dispatch failed with corosync error {rc} (daemon gone?)")
 
+    def _push(self, ev: Event) -> None:
+        self._pending.append(ev)
+        self._ready.set()
+
     def _fail(self, why: str) -> None:
         if self._loop is not None and self._fd >= 0:
             self._loop.remove_reader(self._fd)
             self._fd = -1
-        self._queue.put_nowait(BusError(why))
+        if self._failure is None:
+            self._failure = BusError(why)
+        self._ready.set()
 
     def _on_deliver(self, handle: Any, group: Any, nodeid: int, pid: int, msg: Any, msg_len: int) -> None:
         sender = _member(nodeid, pid)
@@ -298,7 +309,7 @@ class CorosyncBus(Bus):
             log.warning("dropping malformed frame: %s", e)
             return
         if whole is not None:
-            self._queue.put_nowait(Delivery(sender, whole))
+            self._push(Delivery(sender, whole))
 
     def _on_confchg(self, handle: Any, group: Any, members: Any, nmembers: int, left: Any, nleft: int,
                     joined: Any, njoined: int) -> None:
@@ -309,11 +320,18 @@ class CorosyncBus(Bus):
             self._reassembler.drop(s)
         self._members = m
         self._quorate = self._read_quorate()
-        self._queue.put_nowait(self._view(m, jn, lf))
+        self._push(self._view(m, jn, lf))
         if self._local and self._local in lf:
             self._fail("this member was removed from the CPG group")
 
     # ---- sending ------------------------------------------------------------------------
+
+    def _mcast(self, frame: bytes) -> int:
+        buf = _ffi.from_buffer(frame)
+        iov = self._iov
+        iov.iov_base = buf
+        iov.iov_len = len(frame)
+        return int(self._cpg.cpg_mcast_joined(self._handle[0], CPG_TYPE_AGREED, iov, 1))
 
     async def send(self, payload: bytes) -> None:
         if not self._joined:
@@ -321,20 +339,34 @@ class CorosyncBus(Bus):
         async with self._send_lock:
             self._seq += 1
             for frame in fragments(payload, self._seq, self.frame_limit):
-                buf = _ffi.from_buffer(frame)
-                iov = _ffi.new("struct iovec *")
-                iov.iov_base = buf
-                iov.iov_len = len(frame)
-                await self._retry("cpg_mcast_joined",
-                                  lambda: self._cpg.cpg_mcast_joined(self._handle[0], CPG_TYPE_AGREED, iov, 1),
-                                  self.send_timeout)
+                await self._retry("cpg_mcast_joined", lambda: self._mcast(frame), self.send_timeout)
 
-    async def events(self) -> AsyncIterator[Event]:  # type: ignore[override]
+    def send_nowait(self, payload: bytes) -> bool:
+        if not self._joined or self._send_lock.locked():
+            return False
+        if len(payload) + FRAME_HEADER.size > self.frame_limit:
+            return False  # a fragmented message goes whole through send(), in order
+        seq = self._seq + 1
+        if self._mcast(whole_frame(payload, seq)) != CS_OK:
+            return False  # "try again" (or a failure send() will report): nothing was sent
+        self._seq = seq
+        return True
+
+    async def events(self) -> AsyncIterator[Event]:
+        async for batch in self.batches():
+            for ev in batch:
+                yield ev
+
+    async def batches(self) -> AsyncIterator[list[Event]]:
         while True:
-            ev = await self._queue.get()
-            if isinstance(ev, BusError):
-                raise ev
-            yield ev
+            if not self._pending:
+                if self._failure is not None:
+                    raise self._failure
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            batch, self._pending = self._pending, []
+            yield batch
 
     async def leave(self) -> None:
         if self._quorum_task is not None:

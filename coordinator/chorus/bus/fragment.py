@@ -34,6 +34,11 @@ def fragments(payload: bytes, seq: int, frame_limit: int = DEFAULT_FRAME_LIMIT) 
         yield HEADER.pack(VERSION, flags, seq & 0xFFFFFFFF, i) + payload[i * chunk:(i + 1) * chunk]
 
 
+def whole_frame(payload: bytes, seq: int) -> bytes:
+    """The one frame of a message that fits in a frame."""
+    return HEADER.pack(VERSION, FIRST | LAST, seq & 0xFFFFFFFF, 0) + payload
+
+
 @dataclass
 class _Partial:
     seq: int
@@ -59,6 +64,8 @@ class Reassembler:
             raise FragmentError(f"unsupported frame version {version} from {sender}")
         body = frame[HEADER.size:]
         p = self._partial.get(sender)
+        if flags == FIRST | LAST and p is None and index == 0:
+            return body  # a message in one frame (the usual case)
         if flags & FIRST:
             if index != 0:
                 raise FragmentError(f"first frame with index {index} from {sender}")
