@@ -90,6 +90,31 @@ def test_round_trip(tmp_path: Path) -> None:
     wl.close()
 
 
+def test_append_many_writes_the_same_log_as_appends_one_by_one(tmp_path: Path) -> None:
+    """Several records in one call (the coordinator logs one bus read at once), across segment
+    boundaries: the files and what readers get are those of single appends."""
+    one, many = make(tmp_path / "one"), make(tmp_path / "many")
+    written = fill(one, range(1, 120))
+    for start in range(1, 120, 17):  # batches that straddle segments
+        many.append_many([(r.gid, r.origin, r.payload, r.flags) for r in written if start <= r.gid < start + 17])
+    assert read_all(many, 0) == read_all(one, 0) == written
+    one.close()
+    many.close()
+    for a, b in zip(segment_files(tmp_path / "one"), segment_files(tmp_path / "many"), strict=True):
+        assert a.read_bytes() == b.read_bytes()
+    assert verify_directory(str(tmp_path / "many"))["ok"]
+
+
+def test_append_many_stops_at_a_bad_record_with_the_ones_before_logged(tmp_path: Path) -> None:
+    wl = make(tmp_path)
+    with pytest.raises(ValueError, match="raise the segment size"):
+        wl.append_many([(1, "a", b"x", 0), (2, "a", b"y", 0), (3, "a", bytes(SEG), 0), (4, "a", b"z", 0)])
+    assert [r.gid for r in read_all(wl, 0)] == [1, 2]
+    wl.append(4, "a", b"z")
+    assert [r.gid for r in read_all(wl, 0)] == [1, 2, 4]
+    wl.close()
+
+
 def test_gaps_are_normal(tmp_path: Path) -> None:
     """GIDs that failed certification are absent; the log still holds everything after base_gid."""
     wl = make(tmp_path)
