@@ -31,6 +31,7 @@
 #include "chorus.h"
 
 PG_FUNCTION_INFO_V1(chorus_apply_writeset);
+PG_FUNCTION_INFO_V1(chorus_apply_run);
 
 #define WS_HEAD_SIZE (2 + 1 + 1 + 4 + 4 + 8 + 2 + 4 + 4)
 #define WS_COL_GENERATED 0x02
@@ -324,17 +325,15 @@ run_truncate(StringInfo list)
 }
 
 /*
- * chorus_apply_writeset(gid bigint, wait_for bigint, ws bytea) returns bigint
- *		chorus.apply_begin(gid, wait_for), then every row of ws. Returns the
- *		number of rows applied.
+ * chorus_apply_rows
+ *		Apply every row of one writeset (buf, len) in the current transaction,
+ *		which has called chorus.apply_begin(). gid names the commit in errors.
+ *		Returns the number of rows applied.
  */
-Datum
-chorus_apply_writeset(PG_FUNCTION_ARGS)
+static int64
+chorus_apply_rows(const char *buf, int len, int64 gid)
 {
-	int64		gid = PG_GETARG_INT64(0);
-	int64		wait_for = PG_GETARG_INT64(1);
-	bytea	   *ws = PG_GETARG_BYTEA_PP(2);
-	ApplyReader r = {VARDATA_ANY(ws), VARSIZE_ANY_EXHDR(ws), 0};
+	ApplyReader r = {buf, len, 0};
 	MemoryContext cxt,
 				old;
 	ApplyTable *tables;
@@ -344,8 +343,6 @@ chorus_apply_writeset(PG_FUNCTION_ARGS)
 	StringInfoData truncates;
 	int64		applied = 0;
 	uint32		i;
-
-	DirectFunctionCall2(chorus_apply_begin, Int64GetDatum(gid), Int64GetDatum(wait_for));
 
 	ws_need(&r, WS_HEAD_SIZE);
 	if (r.buf[0] != 'C' || r.buf[1] != 'W' || (uint8) r.buf[2] != 1)
@@ -477,5 +474,60 @@ chorus_apply_writeset(PG_FUNCTION_ARGS)
 	SPI_finish();
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(cxt);
+	return applied;
+}
+
+/*
+ * chorus_apply_writeset(gid bigint, wait_for bigint, ws bytea) returns bigint
+ *		chorus.apply_begin(gid, wait_for), then every row of ws. Returns the
+ *		number of rows applied.
+ */
+Datum
+chorus_apply_writeset(PG_FUNCTION_ARGS)
+{
+	int64		gid = PG_GETARG_INT64(0);
+	int64		wait_for = PG_GETARG_INT64(1);
+	bytea	   *ws = PG_GETARG_BYTEA_PP(2);
+
+	DirectFunctionCall2(chorus_apply_begin, Int64GetDatum(gid), Int64GetDatum(wait_for));
+	PG_RETURN_INT64(chorus_apply_rows(VARDATA_ANY(ws), VARSIZE_ANY_EXHDR(ws), gid));
+}
+
+/*
+ * chorus_apply_run(gid bigint, wait_for bigint, run bytea) returns bigint
+ *		A run of consecutive certified writesets, the last one GID gid, applied
+ *		as one transaction committed as GID gid after wait_for (the GID certified
+ *		before the run): the commit of gid covers the GIDs before it. run holds
+ *		the writesets in GID order, each as u32 length and its bytes. If gid is
+ *		committed here already the whole run is (ERRCODE_CHORUS_ALREADY_COMMITTED,
+ *		as for one writeset); a GID after wait_for committed already means part
+ *		of the run is, and is an error. Returns the number of rows applied.
+ */
+Datum
+chorus_apply_run(PG_FUNCTION_ARGS)
+{
+	int64		gid = PG_GETARG_INT64(0);
+	int64		wait_for = PG_GETARG_INT64(1);
+	bytea	   *run = PG_GETARG_BYTEA_PP(2);
+	ApplyReader r = {VARDATA_ANY(run), VARSIZE_ANY_EXHDR(run), 0};
+	uint64		committed;
+	int64		applied = 0;
+
+	DirectFunctionCall2(chorus_apply_begin, Int64GetDatum(gid), Int64GetDatum(wait_for));
+	LWLockAcquire(chorus_shared->lock, LW_SHARED);
+	committed = chorus_shared->committed_gid;
+	LWLockRelease(chorus_shared->lock);
+	if (committed > (uint64) wait_for)
+		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+						errmsg("chorus: the run of GIDs after %lld up to %lld is partly committed on this node (up to %llu)",
+							   (long long) wait_for, (long long) gid, (unsigned long long) committed)));
+	while (r.pos < r.len)
+	{
+		uint32		n = ws_u32(&r);
+
+		ws_need(&r, (int) Min(n, (uint32) PG_INT32_MAX));
+		applied += chorus_apply_rows(r.buf + r.pos, (int) n, gid);
+		r.pos += n;
+	}
 	PG_RETURN_INT64(applied);
 }

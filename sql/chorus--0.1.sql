@@ -26,6 +26,8 @@ CREATE FUNCTION chorus.apply_begin(gid bigint, wait_for bigint) RETURNS void
 
 CREATE FUNCTION chorus.apply_writeset(gid bigint, wait_for bigint, ws bytea) RETURNS bigint
     AS 'MODULE_PATHNAME', 'chorus_apply_writeset' LANGUAGE C STRICT;
+CREATE FUNCTION chorus.apply_run(gid bigint, wait_for bigint, run bytea) RETURNS bigint
+    AS 'MODULE_PATHNAME', 'chorus_apply_run' LANGUAGE C STRICT;
 
 CREATE FUNCTION chorus.abort_local(pid integer, gid bigint, how text) RETURNS boolean
     AS 'MODULE_PATHNAME', 'chorus_abort_local' LANGUAGE C STRICT;
@@ -191,6 +193,7 @@ ALTER EVENT TRIGGER chorus_on_ddl_end ENABLE ALWAYS;
 
 REVOKE ALL ON FUNCTION chorus.node_init(bigint), chorus.set_online(boolean, text), chorus.set_paused(boolean),
     chorus.apply_begin(bigint, bigint), chorus.apply_writeset(bigint, bigint, bytea),
+    chorus.apply_run(bigint, bigint, bytea),
     chorus.abort_local(integer, bigint, text),
     chorus.wait_turn(bigint), chorus.spread_sequence(regclass, bigint),
     chorus.hold_commits(bigint, integer), chorus.release_commits(), chorus.forget_watermark(),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from typing import Any, Optional, Sequence
 
 import psycopg
@@ -125,7 +126,9 @@ def _new_values(t: wire.Table, row: wire.Row) -> list[Optional[str]]:
     return [v for c, v in zip(t.columns, row.new) if not c.generated]
 
 
-_APPLY = b"chorus_apply"  # the prepared statement of the fast path
+_APPLY = b"chorus_apply"  # the prepared statements of the fast path: one writeset,
+_APPLY_RUN = b"chorus_apply_run"  # and a run of consecutive ones
+_U32 = struct.Struct(">I")
 
 
 class ApplySession:
@@ -172,6 +175,8 @@ class ApplySession:
         self._stop_reading()
         await self.conn.execute(b"PREPARE " + _APPLY + b" (bigint, bigint, bytea) AS "
                                 b"SELECT chorus.apply_writeset($1, $2, $3)")
+        await self.conn.execute(b"PREPARE " + _APPLY_RUN + b" (bigint, bigint, bytea) AS "
+                                b"SELECT chorus.apply_run($1, $2, $3)")
 
     async def close(self) -> None:
         self._stop_reading()
@@ -186,43 +191,59 @@ class ApplySession:
         schema change runs once every earlier GID has committed here; one that failed on its
         origin (``ddl_ok`` false) commits nothing but its GID. False if the GID was committed
         here already (nothing applied)."""
+        return await self.apply_run(gid, wait_for, [ws], ddl_ok)
+
+    async def apply_run(self, gid: int, wait_for: int, writesets: Sequence[wire.Writeset],
+                        ddl_ok: bool = True) -> bool:
+        """Apply a run of consecutive certified writesets (no other certified GID between them),
+        the last one GID ``gid``, as one transaction committed as ``gid`` after ``wait_for``. A
+        schema change is always alone. False if ``gid`` was committed here already."""
         try:
-            await self._apply(gid, wait_for, ws, ddl_ok)
+            await self._apply(gid, wait_for, writesets, ddl_ok)
             return True
         except AlreadyCommitted:
             return False
 
-    async def _apply(self, gid: int, wait_for: int, ws: wire.Writeset, ddl_ok: bool) -> None:
+    async def _apply(self, gid: int, wait_for: int, writesets: Sequence[wire.Writeset], ddl_ok: bool) -> None:
         if self.conn is None or self.conn.closed:
             await self.connect()
         conn = self.conn
         assert conn is not None
-        if ws.ddl is not None:
-            return await self._apply_ddl(gid, wait_for, ws.ddl, ddl_ok)
+        ddl = writesets[0].ddl
+        if ddl is not None:
+            if len(writesets) != 1:
+                raise ApplyError(f"GID {gid}: a schema change is applied alone")
+            return await self._apply_ddl(gid, wait_for, ddl, ddl_ok)
         try:
             if self.fast:
-                # One call: the extension parses the writeset and applies its rows with plans it
-                # prepared once per table shape (chorus_apply.c), and the statement commits.
-                raw = ws.raw or wire.encode(ws)
+                # One call: the extension parses the writesets and applies their rows with plans
+                # it prepared once per table shape (chorus_apply.c), and the statement commits.
+                if len(writesets) == 1:
+                    name, data = _APPLY, writesets[0].raw or wire.encode(writesets[0])
+                else:
+                    name = _APPLY_RUN
+                    data = b"".join(_U32.pack(len(raw)) + raw for raw in (ws.raw or wire.encode(ws)
+                                                                         for ws in writesets))
                 try:
-                    await self._apply_writeset(conn, gid, wait_for, raw)
+                    await self._call(conn, name, gid, wait_for, data)
                 except psycopg.errors.InvalidSqlStatementName:  # deallocated: nothing ran
                     await self._prepare()
-                    await self._apply_writeset(conn, gid, wait_for, raw)
+                    await self._call(conn, name, gid, wait_for, data)
             else:
                 self._stop_reading()
                 async with conn.transaction():
-                    await self._apply_pipelined(conn, gid, wait_for, ws)
+                    await self._apply_pipelined(conn, gid, wait_for, wire.merge(list(writesets)))
         except psycopg.Error as e:
             raise await self._failure(gid, e) from e
         except ApplyError:
             await self._rollback()
             raise
 
-    async def _apply_writeset(self, conn: psycopg.AsyncConnection[Any], gid: int, wait_for: int,
-                              raw: bytes) -> None:
+    async def _call(self, conn: psycopg.AsyncConnection[Any], statement: bytes, gid: int, wait_for: int,
+                    data: bytes) -> None:
+        """Run prepared ``statement(gid, wait_for, data)`` as one autocommitted statement."""
         pg = conn.pgconn
-        pg.send_query_prepared(_APPLY, [b"%d" % gid, b"%d" % wait_for, raw], [0, 0, 1])
+        pg.send_query_prepared(statement, [b"%d" % gid, b"%d" % wait_for, data], [0, 0, 1])
         loop = asyncio.get_running_loop()
         while pg.flush():  # a large writeset: wait until the socket takes the rest
             writable: asyncio.Future[None] = loop.create_future()

@@ -46,6 +46,8 @@ class FrameParser:
             (length,) = _LEN.unpack_from(buf, pos)
             if length < 1 or length > MAX_FRAME:
                 raise FrameError(f"frame length {length} out of range")
+            if n - pos < 5:
+                break  # the type byte has not arrived yet
             ftype = bytes(buf[pos + 4:pos + 5])
             if ftype not in _TYPES:
                 raise FrameError(f"unknown frame type {ftype!r}")

@@ -14,6 +14,7 @@ dsn = "host=/d/nodes/n1/run port=5433 dbname=postgres user=postgres"
 group = "chorus"
 [apply]
 workers = 4
+run = 8                      # consecutive remote writesets ready together: applied as one transaction
 catchup_batch = 32           # partial recovery: writesets applied per transaction
 [log]                        # the writeset log (docs/RECOVERY.md)
 dir = "/d/nodes/n1/wslog"
@@ -58,6 +59,7 @@ class NodeConfig:
     flow_resume_at: int = 10  # ... and release the request at or below this
     apply_method: str = "c"  # "c": chorus.apply_writeset in the extension; "sql": statements from Python
     catchup_batch: int = 32  # partial recovery applies runs of up to this many writesets as one transaction
+    apply_run: int = 8  # live apply: up to this many consecutive remote writesets ready together, one transaction
     log_dir: str = ""  # default: <data_dir>/wslog
     log_segment_mb: int = 64
     log_total_mb: int = 4096  # about a day of moderate traffic (100 writesets/s of ~400 bytes)
@@ -91,7 +93,8 @@ _SCHEMA: dict[str, dict[str, tuple[str, type, bool]]] = {
               "flow_pause_at": ("flow_pause_at", int, False),
               "flow_resume_at": ("flow_resume_at", int, False),
               "method": ("apply_method", str, False),
-              "catchup_batch": ("catchup_batch", int, False)},
+              "catchup_batch": ("catchup_batch", int, False),
+              "run": ("apply_run", int, False)},
     "log": {"dir": ("log_dir", str, False),
             "segment_mb": ("log_segment_mb", int, False),
             "total_mb": ("log_total_mb", int, False)},
@@ -134,6 +137,8 @@ def load_config(path: str) -> NodeConfig:
         for key, (fieldname, _, required) in keys.items():
             if required and fieldname not in values:
                 raise ChorusConfigError(f"{path}: missing {section}.{key}")
+    if values.get("apply_run", 1) < 1:
+        raise ChorusConfigError(f"{path}: apply.run must be at least 1")
     if values.get("catchup_batch", 1) < 1:
         raise ChorusConfigError(f"{path}: apply.catchup_batch must be at least 1")
     if values.get("apply_workers", 1) < 1:
@@ -175,6 +180,7 @@ def write_config(cfg: NodeConfig, path: str) -> None:
         f"flow_resume_at = {cfg.flow_resume_at}\n"
         f"method = {_toml_str(cfg.apply_method)}\n"
         f"catchup_batch = {cfg.catchup_batch}\n"
+        f"run = {cfg.apply_run}\n"
         "[log]\n"
         + (f"dir = {_toml_str(cfg.log_dir)}\n" if cfg.log_dir else "")
         + f"segment_mb = {cfg.log_segment_mb}\n"

@@ -47,6 +47,7 @@ DB_RETRY_S = 0.5
 LOG_QUERY_WAIT_S = 1.0  # how long a recovering node collects answers to its LogQuery
 CATCHUP_WINDOW = 256  # catch-up transactions queued for apply at most
 CATCHUP_BATCH_BYTES = 8 << 20  # a run of catch-up writesets applied as one transaction: at most this much
+RUN_BYTES = 4 << 20  # a run of live remote writesets applied as one transaction: at most this much
 
 
 class FatalError(Exception):
@@ -140,6 +141,7 @@ class Counters:
     max_workers_busy: int = 0  # the most apply sessions ever busy at once
     overlapped_applies: int = 0  # applies dispatched while another was still running
     already_committed: int = 0  # applies found their GID committed here already (nothing done)
+    apply_transactions: int = 0  # transactions that applied remote writesets (a run is one)
 
 
 class Coordinator:
@@ -175,6 +177,7 @@ class Coordinator:
         self._tasks: list[asyncio.Task[Any]] = []
         self._outbox: list[tuple[int, bytes]] = []  # local writesets waiting for the bus
         self._pump_scheduled = False
+        self._dispatch_scheduled = False
         self._in_flight = 0
         self._sends_waiting = 0  # messages handed to a task because the bus could not take them at once
         self._sync_waiting: list[_Backend] = []  # causal readers waiting for the next marker
@@ -473,7 +476,7 @@ class Coordinator:
                 self._held.append(a)  # after the catch-up range
             elif isinstance(a, Apply):
                 self._admit(_Pending(a.gid, a.wait_for, a.origin, a.writeset), local=False)
-                self._dispatch()
+                self._dispatch_soon()
             elif isinstance(a, DdlOutcome):
                 self.feeder.outcome(a.gid, a.ok)
                 self._ddl_outcome(a)
@@ -813,7 +816,15 @@ class Coordinator:
         if (self.cfg.name in r.paused_by) != self._flow_requested:
             self._send_msg(bp.FlowControl(self.cfg.name, self._flow_requested))
 
+    def _dispatch_soon(self) -> None:
+        """Dispatch once the writesets delivered together are all admitted: consecutive ones can
+        then go to one session as a run."""
+        if not self._dispatch_scheduled:
+            self._dispatch_scheduled = True
+            asyncio.get_running_loop().call_soon(self._dispatch)
+
     def _dispatch(self) -> None:
+        self._dispatch_scheduled = False
         self._flow_check()
         if not self.db_ok.is_set():
             return
@@ -821,45 +832,58 @@ class Coordinator:
             gid = self.scheduler.next_replay()
             if gid is not None:
                 self.replay_busy = True
-                self._spawn(self._apply(self.replay_session, gid, replay=True))
-        for gid in self.scheduler.ready_remote(len(self.idle)):
+                self._spawn(self._apply(self.replay_session, [gid], replay=True))
+        for run in self.scheduler.ready_runs(len(self.idle), self.cfg.apply_run, self._run_fits):
             if len(self.idle) < len(self.workers):
                 self.counters.overlapped_applies += 1
             session = self.idle.pop()
-            self._spawn(self._apply(session, gid, replay=False))
+            self._spawn(self._apply(session, run, replay=False))
         busy = len(self.workers) - len(self.idle)
         if busy > self.counters.max_workers_busy:
             self.counters.max_workers_busy = busy
 
-    async def _apply(self, session: ApplySession, gid: int, replay: bool) -> None:
-        p = self.pending.get(gid)
+    def _run_fits(self, run: list[int]) -> bool:
+        return sum(len(_raw(self.pending[g].writeset)) for g in run) <= RUN_BYTES
+
+    async def _apply(self, session: ApplySession, run: list[int], replay: bool) -> None:
+        """Apply certified writesets ``run`` (one, or consecutive remote ones applied as one
+        transaction) in ``session``."""
+        gid = run[-1]
         try:
-            if p is None:
+            ps = [self.pending.get(g) for g in run]
+            if any(p is None for p in ps):
                 return
+            writesets = [p.writeset for p in ps if p is not None]
+            p = ps[-1]
+            assert p is not None
             if p.ddl_known is not None:
                 await p.ddl_known.wait()
             t0 = time.monotonic()
             self._waiters[gid] = _Waiter(lambda: session.pid, t0)
             try:
-                done = await session.apply(gid, p.wait_for, p.writeset, ddl_ok=p.ddl_ok is not False)
+                done = await session.apply_run(gid, ps[0].wait_for if ps[0] else 0, writesets,
+                                               ddl_ok=p.ddl_ok is not False)
             finally:
                 self._waiters.pop(gid, None)
             self.last_apply_ms = (time.monotonic() - t0) * 1000
             if not done:
-                self.counters.already_committed += 1
+                self.counters.already_committed += len(run)
             elif replay:
-                self.counters.replayed += 1
+                self.counters.replayed += len(run)
             else:
-                self.counters.applied += 1
-            done_p = self.pending.pop(gid, None)
-            if done_p is not None:
-                self._unflushed.append(done_p)
+                self.counters.applied += len(run)
+                self.counters.apply_transactions += 1
+            for g in run:
+                done_p = self.pending.pop(g, None)
+                if done_p is not None:
+                    self._unflushed.append(done_p)
+                self.scheduler.committed(g)
             self.watermark = max(self.watermark, gid)
-            self.scheduler.committed(gid)
         except TransientApplyError as e:
             self.counters.apply_retries += 1
-            log.info("retrying GID %d: %s", gid, e)
-            self.scheduler.redispatch(gid)
+            log.info("retrying GID %s: %s", gid if len(run) == 1 else f"{run[0]}..{gid}", e)
+            for g in run:
+                self.scheduler.redispatch(g)
             if isinstance(e, ApplyConnectionLost):
                 self._spawn(self._check_database(str(e)))
             await asyncio.sleep(0.01)
@@ -1138,6 +1162,7 @@ class Coordinator:
             "certification_failures": r.stats.cert_failures if r else 0,
             "local_certification_failures": r.stats.local_failed if r else 0,
             "applied": self.counters.applied,
+            "apply_transactions": self.counters.apply_transactions,
             "replayed": self.counters.replayed,
             "apply_retries": self.counters.apply_retries,
             "apply_queue": self.scheduler.queued,

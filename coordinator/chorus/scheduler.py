@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from chorus.wire import KeyMode
 
@@ -38,6 +38,8 @@ class _Item:
     deps: set[int] = field(default_factory=set)
     dispatched: bool = False
     replay: bool = False
+    barrier: bool = False
+    follows: int = 0  # the GID registered just before this one (certified GIDs are consecutive)
 
 
 class Scheduler:
@@ -48,6 +50,7 @@ class Scheduler:
         self._remote: deque[int] = deque()  # undispatched remote GIDs, in order
         self._replays: list[int] = []
         self._barrier = 0  # the newest schema change registered
+        self._last = 0  # the newest GID registered
 
     def __len__(self) -> int:
         return len(self._items)
@@ -61,7 +64,8 @@ class Scheduler:
         """Register certified writeset ``gid`` (GIDs must arrive in increasing order). A
         ``barrier`` (a schema change) waits for every earlier writeset and every later one waits
         for it."""
-        item = _Item(gid, local, list(keys))
+        item = _Item(gid, local, list(keys), barrier=barrier, follows=self._last)
+        self._last = gid
         if barrier:
             for other in self._items:
                 self._depend(item, other)
@@ -124,15 +128,32 @@ class Scheduler:
         return gid
 
     def ready_remote(self, limit: int) -> list[int]:
-        """Up to ``limit`` remote GIDs to dispatch now, in GID order."""
-        out: list[int] = []
+        """Up to ``limit`` remote GIDs to dispatch now, in GID order (runs of one)."""
+        return [run[0] for run in self.ready_runs(limit, 1)]
+
+    def ready_runs(self, limit: int, max_run: int, fits: Callable[[list[int]], bool] = lambda run: True
+                   ) -> list[list[int]]:
+        """Up to ``limit`` runs of remote GIDs to dispatch now, in GID order. A run is a GID that is
+        ready and the GIDs registered right after it (no other writeset between them) that depend
+        on nothing but the run's earlier GIDs: applied in one transaction, in order, they need
+        nothing else. At most ``max_run`` GIDs, and only while ``fits(run)``; a schema change
+        is alone."""
+        out: list[list[int]] = []
         while self._remote and len(out) < limit:
-            item = self._items[self._remote[0]]
-            if item.deps:
+            head = self._items[self._remote[0]]
+            if head.deps:
                 break
             self._remote.popleft()
-            item.dispatched = True
-            out.append(item.gid)
+            head.dispatched = True
+            run = [head.gid]
+            while not head.barrier and len(run) < max_run and self._remote:
+                nxt = self._items[self._remote[0]]
+                if nxt.follows != run[-1] or nxt.barrier or not nxt.deps.issubset(run) or not fits(run + [nxt.gid]):
+                    break
+                self._remote.popleft()
+                nxt.dispatched = True
+                run.append(nxt.gid)
+            out.append(run)
         return out
 
     def redispatch(self, gid: int) -> None:

@@ -12,7 +12,7 @@ import hashlib
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Iterable, Optional
+from typing import Iterable, NamedTuple, Optional
 
 MAGIC = b"CW"
 VERSION = 1
@@ -71,8 +71,9 @@ class Table:
         return f"{quote_ident(self.nspname)}.{quote_ident(self.relname)}"
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
+    """One changed row (a tuple: decoding makes many, and a tuple is the cheapest object)."""
+
     op: str  # "I", "U", "D", "T"
     table: int
     old: tuple[Value, ...] = ()
@@ -89,12 +90,27 @@ def key_hash(parts: Iterable[bytes]) -> bytes:
     return h.digest()
 
 
-@dataclass(frozen=True)
 class Key:
-    mode: KeyMode
-    parts: tuple[bytes, ...]
-    # key_hash(parts), computed once by decode from the encoded parts (empty: not computed)
-    digest: bytes = field(default=b"", compare=False, repr=False)
+    """A certification key: its mode and parts (schema, table, then columns and values). Equal
+    keys have equal mode and parts; ``digest`` is key_hash(parts) when decode computed it from
+    the encoded parts (empty otherwise). Not a frozen dataclass: decode makes one per key, and a
+    plain class with slots is built several times faster; treat it as immutable."""
+
+    __slots__ = ("mode", "parts", "digest")
+
+    def __init__(self, mode: KeyMode, parts: tuple[bytes, ...], digest: bytes = b"") -> None:
+        self.mode = mode
+        self.parts = parts
+        self.digest = digest
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Key) and self.mode == other.mode and self.parts == other.parts
+
+    def __hash__(self) -> int:
+        return hash((self.mode, self.parts))
+
+    def __repr__(self) -> str:
+        return f"Key(mode={self.mode!r}, parts={self.parts!r})"
 
     def hashed(self) -> bytes:
         return self.digest or key_hash(self.parts)

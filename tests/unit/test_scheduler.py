@@ -148,3 +148,76 @@ def test_shared_reference_key_stays_small() -> None:
                 s.committed(d)
     ks = s._keys[table]
     assert ks.holders == len(s) and len(ks.since_exclusive) <= 2 * ks.holders + 16
+
+
+def test_runs_take_consecutive_writesets_that_need_only_each_other() -> None:
+    """Live apply: a ready writeset and the ones registered right after it that depend only on
+    the run's earlier ones go in one transaction; a local writeset between them, a schema
+    change, the run limit or the size limit end the run."""
+    s = Scheduler()
+    s.add(1, [(k(1), KeyMode.UPDATE)], local=False)
+    s.add(2, [(k(1), KeyMode.UPDATE)], local=False)  # depends on 1: same run
+    s.add(3, [(k(3), KeyMode.UPDATE)], local=False)
+    s.add(4, [(k(4), KeyMode.UPDATE)], local=True)  # a local writeset ends the run
+    s.add(5, [(k(5), KeyMode.UPDATE)], local=False)
+    s.add(6, [(k(6), KeyMode.UPDATE)], local=False)
+    s.add(7, [], local=False, barrier=True)
+    s.add(8, [(k(8), KeyMode.UPDATE)], local=False)
+    assert s.ready_runs(8, 8) == [[1, 2, 3], [5, 6]]  # the schema change waits for all before it
+    for g in (1, 2, 3, 4, 5, 6):
+        s.committed(g)
+    assert s.ready_runs(8, 8) == [[7]]  # alone
+    s.committed(7)
+    assert s.ready_runs(8, 8) == [[8]]
+
+
+def test_run_limits() -> None:
+    s = Scheduler()
+    for g in range(1, 8):
+        s.add(g, [(k(g), KeyMode.UPDATE)], local=False)
+    assert s.ready_runs(2, 3) == [[1, 2, 3], [4, 5, 6]]  # two sessions free: two runs
+    assert s.ready_runs(8, 3, fits=lambda run: len(run) < 2) == [[7]]
+
+
+def test_run_stops_at_a_writeset_that_waits_for_something_outside_it() -> None:
+    s = Scheduler()
+    s.add(1, [(k(1), KeyMode.UPDATE)], local=False)
+    s.add(2, [(k(2), KeyMode.UPDATE)], local=False)
+    s.add(3, [(k(1), KeyMode.UPDATE)], local=False)
+    assert s.ready_runs(1, 1) == [[1]]  # 1 is out: 3 now waits for a writeset outside any run
+    assert s.ready_runs(8, 8) == [[2]]
+    s.committed(1)
+    assert s.ready_runs(8, 8) == [[3]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 4), st.sampled_from(MODES)), min_size=1, max_size=3),
+                min_size=1, max_size=40), st.integers(1, 5), st.integers(0, 999))
+def test_runs_never_overlap_conflicting_writesets(keysets: list[list[tuple[int, KeyMode]]], max_run: int,
+                                                  seed: int) -> None:
+    """Runs applied as single transactions in random completion order: every writeset of a run
+    starts only once each earlier writeset it conflicts with has committed or is earlier in the
+    same run, and a run's writesets are consecutive."""
+    s = Scheduler()
+    for g, ks in enumerate(keysets, start=1):
+        s.add(g, [(k(x), m) for x, m in ks], local=False)
+    rnd = random.Random(seed)
+    done: set[int] = set()
+    running: list[list[int]] = []
+
+    def conflicts(a: int, b: int) -> bool:
+        return any(x == y and (KeyMode.EXCLUSIVE in (m, n) or m == n == KeyMode.UPDATE)
+                   for x, m in keysets[a - 1] for y, n in keysets[b - 1])
+
+    while len(done) < len(keysets):
+        for run in s.ready_runs(3 - len(running), max_run):
+            assert 1 <= len(run) <= max_run and run == list(range(run[0], run[0] + len(run)))
+            for g in run:
+                assert all(a in done or a in run for a in range(1, g) if conflicts(a, g)), (run, g)
+            running.append(run)
+        assert running, "scheduler stalled"
+        run = running.pop(rnd.randrange(len(running)))
+        for g in run:
+            done.add(g)
+            s.committed(g)
+    assert len(s) == 0 and not s._keys
