@@ -5,7 +5,9 @@
 Every configuration runs on this machine with the same PostgreSQL settings; rounds are
 interleaved and the median of each is reported, with latency p50/p95 from pgbench's
 per-transaction log, and the ratio to plain PostgreSQL. The 3-node load is spread over all
-nodes (clients divided between them).
+nodes (clients divided between them). A second table says where the CPU goes: microseconds of
+CPU per transaction used by PostgreSQL, the coordinators, Corosync and pgbench (all nodes of a
+configuration together), sampled in the middle of each run.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 
@@ -70,10 +74,49 @@ def pgbench_init(dsn: str, scale: int) -> None:
     subprocess.run([PGBENCH, "-i", "-q", "-s", str(scale), dsn], env=env, check=True, capture_output=True)
 
 
+CPU_CLASSES = ("postgres", "coordinator", "corosync", "pgbench")
+
+
+def _cpu_class(cmdline: bytes) -> Optional[str]:
+    args = cmdline.split(b"\0")
+    prog = args[0]
+    if prog.startswith(b"postgres") or prog.endswith(b"/postgres"):
+        return "postgres"  # the postmaster, its backends and helpers (their titles start with "postgres:")
+    if prog.endswith(b"corosync"):
+        return "corosync"
+    if prog.endswith(b"pgbench"):
+        return "pgbench"
+    if any(a.endswith(b"chorus") and b == b"run" for a, b in zip(args, args[1:])):
+        return "coordinator"
+    return None
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU time used so far by the live processes of each class (PostgreSQL, coordinators,
+    Corosync, pgbench) on this machine."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out = dict.fromkeys(CPU_CLASSES, 0.0)
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cls = _cpu_class(f.read())
+            if cls is None:
+                continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[cls] += (int(fields[11]) + int(fields[12])) / hz
+    return out
+
+
 def pgbench_run(dsns: list[str], clients: int, seconds: int, logdir: Path,
                 workload: tuple[str, ...] = ("-N",)) -> dict[str, float]:
     """Run pgbench (``workload``: its script options, -N by default) on every DSN at once,
-    ``clients`` in all; total TPS and latency percentiles."""
+    ``clients`` in all; total TPS, latency percentiles, and the CPU each class of process used
+    per transaction in the middle of the run (``cpu_us_<class>``: where the time goes)."""
     shutil.rmtree(logdir, ignore_errors=True)
     logdir.mkdir(parents=True)
     per = [clients // len(dsns) + (1 if i < clients % len(dsns) else 0) for i in range(len(dsns))]
@@ -83,6 +126,11 @@ def pgbench_run(dsns: list[str], clients: int, seconds: int, logdir: Path,
             [PGBENCH, *workload, "-n", "-c", str(c), "-j", str(min(c, 2)), "-T", str(seconds), "--max-tries", "50",
              "-l", "--log-prefix", str(logdir / f"n{i}"), dsn],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    margin = min(1.0, seconds / 4)
+    time.sleep(margin)
+    cpu0, t0 = cpu_seconds(), time.monotonic()
+    time.sleep(max(0.1, seconds - 2 * margin))
+    cpu1, window = cpu_seconds(), time.monotonic() - t0
     tps = 0.0
     for p in procs:
         out = p.communicate(timeout=seconds + 120)[0]
@@ -98,8 +146,11 @@ def pgbench_run(dsns: list[str], clients: int, seconds: int, logdir: Path,
                 if len(parts) >= 3 and parts[2].isdigit():
                     lat.append(int(parts[2]) / 1000.0)
     lat.sort()
-    return {"tps": tps, "p50_ms": lat[len(lat) // 2] if lat else 0.0,
-            "p95_ms": lat[int(len(lat) * 0.95)] if lat else 0.0}
+    out = {"tps": tps, "p50_ms": lat[len(lat) // 2] if lat else 0.0,
+           "p95_ms": lat[int(len(lat) * 0.95)] if lat else 0.0}
+    for cls in CPU_CLASSES:
+        out[f"cpu_us_{cls}"] = (cpu1[cls] - cpu0[cls]) / (tps * window) * 1e6 if tps else 0.0
+    return out
 
 
 def bench_args(doc: str, port_base: int) -> argparse.Namespace:
@@ -148,8 +199,8 @@ def main() -> None:
 
 def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace, note: str) -> None:
     """Medians of the rounds per configuration and the TPS ratio to "plain", as a table or JSON."""
-    med = {k: {m: statistics.median(x[m] for x in v) for m in ("tps", "p50_ms", "p95_ms")}
-           for k, v in results.items() if v}
+    metrics = ("tps", "p50_ms", "p95_ms", *(f"cpu_us_{c}" for c in CPU_CLASSES))
+    med = {k: {m: statistics.median(x.get(m, 0.0) for x in v) for m in metrics} for k, v in results.items() if v}
     base = med["plain"]["tps"]
     if args.json:
         print(json.dumps({"median": med, "ratio_to_plain": {k: v["tps"] / base for k, v in med.items()},
@@ -161,6 +212,11 @@ def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace,
     print(f"{'configuration':<{width}} {'tps':>8} {'p50 ms':>8} {'p95 ms':>8} {'ratio':>6}")
     for k, v in med.items():
         print(f"{k:<{width}} {v['tps']:>8.0f} {v['p50_ms']:>8.2f} {v['p95_ms']:>8.2f} {v['tps'] / base:>6.2f}")
+    print(f"\nCPU per transaction, microseconds (2 cores: {2e6 / base:.0f} us per transaction at the plain rate)")
+    print(f"{'configuration':<{width}} " + " ".join(f"{c:>11}" for c in CPU_CLASSES) + f" {'total':>8}")
+    for k, v in med.items():
+        cells = [v[f"cpu_us_{c}"] for c in CPU_CLASSES]
+        print(f"{k:<{width}} " + " ".join(f"{x:>11.0f}" for x in cells) + f" {sum(cells):>8.0f}")
 
 
 def record(results: dict[str, list[dict[str, float]]], name: str, round_no: int, res: dict[str, float]) -> None:

@@ -25,6 +25,7 @@
 #include "utils/wait_event.h"
 #include "utils/timestamp.h"
 #include "utils/snapmgr.h"
+#include "replication/origin.h"
 
 #include "chorus.h"
 
@@ -376,6 +377,7 @@ PG_FUNCTION_INFO_V1(chorus_abort_local);
 PG_FUNCTION_INFO_V1(chorus_sync_wait_sql);
 PG_FUNCTION_INFO_V1(chorus_wait_turn);
 PG_FUNCTION_INFO_V1(chorus_snapshot_gid);
+PG_FUNCTION_INFO_V1(chorus_lane_state);
 PG_FUNCTION_INFO_V1(chorus_hold_commits);
 PG_FUNCTION_INFO_V1(chorus_release_commits);
 PG_FUNCTION_INFO_V1(chorus_forget_watermark);
@@ -390,10 +392,50 @@ PG_FUNCTION_INFO_V1(chorus_forget_watermark);
 Datum
 chorus_snapshot_gid(PG_FUNCTION_ARGS)
 {
+	uint64		gid;
+	bool		clean;
+
 	if (!chorus_shared->ready)
 		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 						errmsg("chorus: the node is not initialised by its coordinator")));
-	PG_RETURN_INT64((int64) chorus_visible_gid());
+	gid = chorus_visible_gid_clean(&clean);
+	if (!clean)
+		ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						errmsg("chorus: this snapshot sees GIDs after %llu while some before them are not committed",
+							   (unsigned long long) gid),
+						errdetail("With several commit lanes a snapshot is at one GID only when no commit above the watermark is visible."),
+						errhint("Hold the commits above the highest committed GID (chorus.hold_commits) until the watermark reaches it, then take the snapshot.")));
+	PG_RETURN_INT64((int64) gid);
+}
+
+/*
+ * chorus_lane_state()
+ *		(lanes, committed_gid, max_done, above): the commit lanes, the watermark,
+ *		the highest GID committed through any lane and how many commits wait
+ *		above the watermark.
+ */
+Datum
+chorus_lane_state(PG_FUNCTION_ARGS)
+{
+	TupleDesc	tupdesc;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+	uint64		max_done;
+	int			i;
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "chorus_lane_state: return type must be a row type");
+	tupdesc = BlessTupleDesc(tupdesc);
+	LWLockAcquire(chorus_shared->lock, LW_SHARED);
+	max_done = chorus_shared->committed_gid;
+	for (i = 0; chorus_shared->lanes > 1 && i < chorus_shared->lanes; i++)
+		max_done = Max(max_done, chorus_shared->lane_done[i]);
+	values[0] = Int32GetDatum(Max(chorus_shared->lanes, 1));
+	values[1] = Int64GetDatum((int64) chorus_shared->committed_gid);
+	values[2] = Int64GetDatum((int64) max_done);
+	values[3] = Int32GetDatum(chorus_shared->nabove);
+	LWLockRelease(chorus_shared->lock);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }
 
 /*
@@ -450,19 +492,75 @@ chorus_forget_watermark(PG_FUNCTION_ARGS)
 }
 
 /*
- * chorus_node_init(committed_gid bigint)
+ * chorus_lane_origin_progress
+ *		The GID recorded by lane's replication origin (0 if it has none).
+ */
+static uint64
+chorus_lane_origin_progress(int lane)
+{
+	char		name[NAMEDATALEN];
+	RepOriginId id;
+
+	if (lane == 0)
+		strlcpy(name, CHORUS_ORIGIN_NAME, sizeof(name));
+	else
+		snprintf(name, sizeof(name), "%s%d", CHORUS_LANE_ORIGIN_PREFIX, lane);
+	id = replorigin_by_name(name, true);
+	if (id == InvalidRepOriginId)
+		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						errmsg("chorus: replication origin \"%s\" of commit lane %d is missing", name, lane),
+						errhint("Call chorus.set_lanes() first.")));
+	return (uint64) replorigin_get_progress(id, false);
+}
+
+/*
+ * chorus_node_init(committed_gid bigint, lanes int)
  *		The coordinator sets the watermark it read from chorus.durable_gid() and
+ *		the number of commit lanes (chorus.set_lanes() made their origins), and
  *		marks the node ready. Writes stay refused until chorus.set_online(true).
+ *		With several lanes each lane starts where its origin's progress says:
+ *		a GID up to it is committed, one above it is not.
  */
 Datum
 chorus_node_init(PG_FUNCTION_ARGS)
 {
 	int64		gid = PG_GETARG_INT64(0);
+	int32		lanes = PG_NARGS() > 1 ? PG_GETARG_INT32(1) : 1;
+	uint64		done[CHORUS_MAX_LANES];
+	int			i;
 
 	if (gid < 0)
 		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						errmsg("chorus: GID must not be negative")));
+	if (lanes < 1 || lanes > CHORUS_MAX_LANES)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("chorus: commit lanes must be 1 to %d", CHORUS_MAX_LANES)));
+	for (i = 0; i < lanes; i++)
+		done[i] = lanes > 1 ? chorus_lane_origin_progress(i) : 0;
 	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
+	if (lanes > 1)
+	{
+		/*
+		 * A restarted coordinator (PostgreSQL kept running) keeps the live
+		 * lanes, which may be past what their origins recorded.
+		 */
+		bool		live = chorus_shared->ready && chorus_shared->lanes == lanes;
+
+		for (i = 0; i < lanes; i++)
+		{
+			uint64		d = Max(done[i], (uint64) gid);
+
+			if (live)
+				d = Max(d, chorus_shared->lane_done[i]);
+			chorus_shared->lane_done[i] = d;
+			chorus_shared->lane_claimed[i] = d;
+		}
+		if (!live)
+			chorus_shared->nabove = 0;
+	}
+	else
+		chorus_shared->nabove = 0;
+	chorus_shared->lanes = lanes;
 
 	/*
 	 * A restarted coordinator (PostgreSQL kept running): shared memory knows
@@ -547,24 +645,43 @@ chorus_apply_begin(PG_FUNCTION_ARGS)
 {
 	int64		gid = PG_GETARG_INT64(0);
 	int64		wait_for = PG_GETARG_INT64(1);
-	uint64		committed;
+	int64		prev = PG_NARGS() > 2 ? PG_GETARG_INT64(2) : -1;
+	bool		done;
 
-	if (gid <= 0 || wait_for < 0 || wait_for >= gid)
+	if (prev < 0)
+		prev = wait_for;			/* one lane: the same */
+
+	if (gid <= 0 || wait_for < 0 || wait_for >= gid || prev < wait_for || prev >= gid)
 		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						errmsg("chorus: invalid apply GID %lld after %lld",
-							   (long long) gid, (long long) wait_for)));
+						errmsg("chorus: invalid apply GID %lld after %lld (previous GID %lld)",
+							   (long long) gid, (long long) wait_for, (long long) prev)));
 	if (chorus_xact.nrows > 0)
 		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 						errmsg("chorus: apply_begin() in a transaction that already captured rows")));
-	LWLockAcquire(chorus_shared->lock, LW_SHARED);
-	committed = chorus_shared->committed_gid;
+	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
+	if (chorus_shared->lanes > 1)
+	{
+		/*
+		 * Committed through its lane already (before a restart, found by the
+		 * lane's origin): the watermark must still move over it.
+		 */
+		done = (uint64) gid <= chorus_shared->lane_done[chorus_lane_of((uint64) gid)];
+		if (done)
+			chorus_note_committed((uint64) gid, (uint64) prev);
+	}
+	else
+		done = (uint64) gid <= chorus_shared->committed_gid;
 	LWLockRelease(chorus_shared->lock);
-	if ((uint64) gid <= committed)
+	if (done)
+	{
+		ConditionVariableBroadcast(&chorus_shared->commit_cv);
 		ereport(ERROR, (errcode(ERRCODE_CHORUS_ALREADY_COMMITTED),
 						errmsg("chorus: GID %lld is already committed on this node", (long long) gid)));
+	}
 	chorus_xact.applying = true;
 	chorus_xact.gid = (uint64) gid;
 	chorus_xact.wait_for = (uint64) wait_for;
+	chorus_xact.prev = (uint64) prev;
 	PG_RETURN_VOID();
 }
 

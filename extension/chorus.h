@@ -20,6 +20,9 @@
 
 #define CHORUS_RING_SIZE 8192
 #define CHORUS_ORIGIN_NAME "chorus"
+#define CHORUS_LANE_ORIGIN_PREFIX "chorus_lane_"	/* lane k > 0 commits through chorus_lane_k */
+#define CHORUS_MAX_LANES 16
+#define CHORUS_MAX_ABOVE 4096	/* commits above the watermark kept at once (relaxed order) */
 
 /* Key modes (docs/PROTOCOL.md section 3). */
 #define CHORUS_KEY_REFERENCE 1
@@ -31,6 +34,13 @@ typedef struct ChorusCommit
 	uint64		gid;
 	TransactionId xid;
 } ChorusCommit;
+
+/* A commit above the watermark: GID gid, whose certified predecessor is prev. */
+typedef struct ChorusAbove
+{
+	uint64		prev;
+	uint64		gid;
+} ChorusAbove;
 
 /* Node-wide state in shared memory. */
 typedef struct ChorusShared
@@ -48,6 +58,21 @@ typedef struct ChorusShared
 	uint64		hold_above;		/* commits of GIDs above this wait (0: no hold) */
 	TimestampTz hold_until;		/* ... until then at the latest */
 	char		offline_reason[256];	/* why writes are refused (set with online) */
+
+	/*
+	 * Commit lanes (docs/APPLY.md). With one lane every commit waits for the
+	 * one before it and committed_gid is the last GID committed. With n > 1,
+	 * GID g commits through lane g % n, after the previous certified GID of
+	 * its lane only; each lane's commits are in GID order and recorded by its
+	 * own replication origin. committed_gid is then the contiguous watermark:
+	 * every certified GID up to it is committed. Commits above it wait in
+	 * above[] until the GIDs before them are committed.
+	 */
+	int			lanes;
+	uint64		lane_done[CHORUS_MAX_LANES];	/* last GID committed through each lane */
+	uint64		lane_claimed[CHORUS_MAX_LANES];
+	int			nabove;
+	ChorusAbove above[CHORUS_MAX_ABOVE];
 	ChorusCommit ring[CHORUS_RING_SIZE];
 } ChorusShared;
 
@@ -160,7 +185,8 @@ typedef struct ChorusXact
 	bool		sync_commit_saved;	/* synchronous_commit changed for this commit */
 	int			saved_sync_commit;
 	uint64		gid;
-	uint64		wait_for;
+	uint64		wait_for;		/* what the commit waits for: the previous certified GID (of its lane) */
+	uint64		prev;			/* the previous certified GID */
 	TransactionId xid;
 } ChorusXact;
 
@@ -171,6 +197,7 @@ extern void chorus_xact_reset(void);
 extern void chorus_subxact_start(SubTransactionId subid);
 extern void chorus_subxact_abort(SubTransactionId subid);
 extern uint64 chorus_visible_gid(void);
+extern uint64 chorus_visible_gid_clean(bool *clean);
 
 /* chorus_writeset.c */
 extern void chorus_put_u8(StringInfo buf, uint8 v);
@@ -183,6 +210,8 @@ extern void chorus_serialize_writeset(StringInfo out, TransactionId xid);
 
 /* chorus_commit.c */
 extern void chorus_register_callbacks(void);
+extern int	chorus_lane_of(uint64 gid);
+extern void chorus_note_committed(uint64 gid, uint64 prev);
 extern void chorus_wait_for_turn(uint64 wait_for);
 extern void chorus_check_writable(void);
 extern void chorus_ddl_order(StringInfo ws);

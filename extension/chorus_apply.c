@@ -478,9 +478,10 @@ chorus_apply_rows(const char *buf, int len, int64 gid)
 }
 
 /*
- * chorus_apply_writeset(gid bigint, wait_for bigint, ws bytea) returns bigint
- *		chorus.apply_begin(gid, wait_for), then every row of ws. Returns the
- *		number of rows applied.
+ * chorus_apply_writeset(gid bigint, wait_for bigint, ws bytea, prev bigint) returns bigint
+ *		chorus.apply_begin(gid, wait_for, prev), then every row of ws. Returns the
+ *		number of rows applied. prev (-1: wait_for) is the previous certified
+ *		GID, which differs from wait_for with several commit lanes.
  */
 Datum
 chorus_apply_writeset(PG_FUNCTION_ARGS)
@@ -488,8 +489,9 @@ chorus_apply_writeset(PG_FUNCTION_ARGS)
 	int64		gid = PG_GETARG_INT64(0);
 	int64		wait_for = PG_GETARG_INT64(1);
 	bytea	   *ws = PG_GETARG_BYTEA_PP(2);
+	int64		prev = PG_NARGS() > 3 ? PG_GETARG_INT64(3) : -1;
 
-	DirectFunctionCall2(chorus_apply_begin, Int64GetDatum(gid), Int64GetDatum(wait_for));
+	DirectFunctionCall3(chorus_apply_begin, Int64GetDatum(gid), Int64GetDatum(wait_for), Int64GetDatum(prev));
 	PG_RETURN_INT64(chorus_apply_rows(VARDATA_ANY(ws), VARSIZE_ANY_EXHDR(ws), gid));
 }
 

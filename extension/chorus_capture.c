@@ -139,12 +139,17 @@ chorus_subxact_abort(SubTransactionId subid)
 }
 
 /*
- * chorus_visible_gid
- *		The newest GID whose commit is visible to the active snapshot. Commits
- *		happen in GID order, so visibility is a prefix of the ring.
+ * chorus_visible_gid_clean
+ *		The newest GID such that it and every certified GID before it are
+ *		visible to the active snapshot: the transaction's last_seen. With one
+ *		commit lane commits happen in GID order, so visibility is a prefix of
+ *		the ring and this is the newest visible GID. With several lanes it is
+ *		the watermark, lowered below the lowest GID the snapshot does not see.
+ *		*clean: no GID above the result is visible either (the snapshot is a
+ *		prefix of the order, as a donor's must be).
  */
 uint64
-chorus_visible_gid(void)
+chorus_visible_gid_clean(bool *clean)
 {
 	Snapshot	snap = GetActiveSnapshot();
 	uint64		result;
@@ -152,22 +157,57 @@ chorus_visible_gid(void)
 				n,
 				oldest;
 
+	*clean = true;
 	LWLockAcquire(chorus_shared->lock, LW_SHARED);
 	n = chorus_shared->ring_count;
 	oldest = n > CHORUS_RING_SIZE ? n - CHORUS_RING_SIZE : 0;
-	result = (n > CHORUS_RING_SIZE) ? 0 : chorus_shared->base_gid;
-	for (i = n; i > oldest; i--)
+	if (chorus_shared->lanes <= 1)
 	{
-		ChorusCommit *c = &chorus_shared->ring[(i - 1) % CHORUS_RING_SIZE];
-
-		if (snap == NULL || !XidInMVCCSnapshot(c->xid, snap))
+		result = (n > CHORUS_RING_SIZE) ? 0 : chorus_shared->base_gid;
+		for (i = n; i > oldest; i--)
 		{
-			result = c->gid;
-			break;
+			ChorusCommit *c = &chorus_shared->ring[(i - 1) % CHORUS_RING_SIZE];
+
+			if (snap == NULL || !XidInMVCCSnapshot(c->xid, snap))
+			{
+				result = c->gid;
+				break;
+			}
 		}
+	}
+	else
+	{
+		uint64		lowest_unseen = PG_UINT64_MAX;
+		uint64		highest_seen = 0;
+
+		result = chorus_shared->committed_gid;
+		for (i = n; i > oldest; i--)
+		{
+			ChorusCommit *c = &chorus_shared->ring[(i - 1) % CHORUS_RING_SIZE];
+
+			if (snap != NULL && XidInMVCCSnapshot(c->xid, snap))
+				lowest_unseen = Min(lowest_unseen, c->gid);
+			else
+				highest_seen = Max(highest_seen, c->gid);
+		}
+		if (n > CHORUS_RING_SIZE && lowest_unseen != PG_UINT64_MAX &&
+			snap != NULL &&
+			XidInMVCCSnapshot(chorus_shared->ring[oldest % CHORUS_RING_SIZE].xid, snap))
+			result = 0;			/* older than the ring: cannot tell */
+		else if (lowest_unseen != PG_UINT64_MAX)
+			result = Min(result, lowest_unseen - 1);
+		*clean = highest_seen <= result;
 	}
 	LWLockRelease(chorus_shared->lock);
 	return result;
+}
+
+uint64
+chorus_visible_gid(void)
+{
+	bool		clean;
+
+	return chorus_visible_gid_clean(&clean);
 }
 
 /*

@@ -220,10 +220,10 @@ chorus_send_frame(char type, const char *body, int len)
  *		writeset any more (it replays it if certified).
  */
 static uint8
-chorus_read_verdict(uint64 *gid, uint64 *wait_for, char **msg)
+chorus_read_verdict(uint64 *gid, uint64 *wait_for, uint64 *prev, char **msg)
 {
 	char		head[5];
-	char		body[1 + 1 + 8 + 8 + 2];
+	char		body[1 + 1 + 8 + 8 + 8 + 2];
 	uint32		len;
 	uint16		msglen;
 
@@ -239,7 +239,7 @@ chorus_read_verdict(uint64 *gid, uint64 *wait_for, char **msg)
 							errmsg("chorus: malformed reply from the coordinator")));
 		}
 		chorus_recv_exact(body + 1, sizeof(body) - 1);
-		msglen = pg_ntoh16(*(uint16 *) (body + 18));
+		msglen = pg_ntoh16(*(uint16 *) (body + 26));
 		*msg = palloc(msglen + 1);
 		chorus_recv_exact(*msg, msglen);
 		(*msg)[msglen] = '\0';
@@ -252,8 +252,10 @@ chorus_read_verdict(uint64 *gid, uint64 *wait_for, char **msg)
 	PG_END_TRY();
 	memcpy(gid, body + 2, 8);
 	memcpy(wait_for, body + 10, 8);
+	memcpy(prev, body + 18, 8);
 	*gid = pg_ntoh64(*gid);
 	*wait_for = pg_ntoh64(*wait_for);
+	*prev = pg_ntoh64(*prev);
 	return (uint8) body[1];
 }
 
@@ -297,14 +299,15 @@ chorus_request_verdict(TransactionId xid)
 	StringInfoData ws;
 	uint8		verdict;
 	uint64		gid,
-				wait_for;
+				wait_for,
+				prev;
 	char	   *msg;
 
 	initStringInfo(&ws);
 	chorus_serialize_writeset(&ws, xid);
 	chorus_send_frame('W', ws.data, ws.len);
 	pfree(ws.data);
-	verdict = chorus_read_verdict(&gid, &wait_for, &msg);
+	verdict = chorus_read_verdict(&gid, &wait_for, &prev, &msg);
 
 	if (verdict == VERDICT_CONFLICT)
 		ereport(ERROR,
@@ -317,6 +320,7 @@ chorus_request_verdict(TransactionId xid)
 	chorus_xact.certified = true;
 	chorus_xact.gid = gid;
 	chorus_xact.wait_for = wait_for;
+	chorus_xact.prev = prev;
 }
 
 /*
@@ -330,18 +334,21 @@ chorus_ddl_order(StringInfo ws)
 {
 	uint8		verdict;
 	uint64		gid,
-				wait_for;
+				wait_for,
+				prev;
 	char	   *msg;
 
 	chorus_protect_commit();
 	chorus_send_frame('W', ws->data, ws->len);
-	verdict = chorus_read_verdict(&gid, &wait_for, &msg);
+	verdict = chorus_read_verdict(&gid, &wait_for, &prev, &msg);
 	chorus_refuse_unless_commit(verdict, gid, msg);
 	chorus_xact.certified = true;
 	chorus_xact.ddl = true;
 	chorus_xact.gid = gid;
 	chorus_xact.wait_for = wait_for;
-	chorus_wait_for_turn(wait_for);
+	chorus_xact.prev = prev;
+	/* a schema change runs after everything before it, whatever the lanes */
+	chorus_wait_for_turn(prev);
 }
 
 /*
@@ -356,7 +363,8 @@ chorus_ddl_confirm(void)
 	StringInfoData body;
 	uint8		verdict;
 	uint64		gid,
-				wait_for;
+				wait_for,
+				prev;
 	char	   *msg;
 
 	initStringInfo(&body);
@@ -364,7 +372,7 @@ chorus_ddl_confirm(void)
 	chorus_put_u32(&body, chorus_xact.xid);
 	chorus_send_frame('R', body.data, body.len);
 	pfree(body.data);
-	verdict = chorus_read_verdict(&gid, &wait_for, &msg);
+	verdict = chorus_read_verdict(&gid, &wait_for, &prev, &msg);
 	if (verdict != VERDICT_COMMIT)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -378,7 +386,7 @@ chorus_ddl_confirm(void)
  *		says who waits, for the error if the node is reset meanwhile.
  */
 static uint64
-chorus_wait_committed(uint64 gid, int timeout_ms, const char *what)
+chorus_wait_done(int lane, uint64 gid, int timeout_ms, const char *what)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), Max(timeout_ms, 0));
 	uint64		committed;
@@ -394,7 +402,7 @@ chorus_wait_committed(uint64 gid, int timeout_ms, const char *what)
 		long		left;
 
 		LWLockAcquire(chorus_shared->lock, LW_SHARED);
-		committed = chorus_shared->committed_gid;
+		committed = lane < 0 ? chorus_shared->committed_gid : chorus_shared->lane_done[lane];
 		ready = chorus_shared->ready && chorus_shared->epoch == epoch;
 		LWLockRelease(chorus_shared->lock);
 		if (!ready)
@@ -420,6 +428,19 @@ chorus_wait_committed(uint64 gid, int timeout_ms, const char *what)
 }
 
 /*
+ * chorus_wait_committed
+ *		Sleep until this node has committed every certified GID up to gid (the
+ *		watermark), at most timeout_ms (-1: no limit). Returns the watermark:
+ *		below gid if the time ran out. what says who waits, for the error if the
+ *		node is reset meanwhile.
+ */
+static uint64
+chorus_wait_committed(uint64 gid, int timeout_ms, const char *what)
+{
+	return chorus_wait_done(-1, gid, timeout_ms, what);
+}
+
+/*
  * chorus_wait_for_turn
  *		Sleep until every certified writeset before ours has committed here.
  */
@@ -427,6 +448,37 @@ void
 chorus_wait_for_turn(uint64 wait_for)
 {
 	(void) chorus_wait_committed(wait_for, -1, "this transaction waited to commit");
+}
+
+/*
+ * chorus_lane_of
+ *		The commit lane of GID gid (0 with one lane).
+ */
+int
+chorus_lane_of(uint64 gid)
+{
+	int			lanes = chorus_shared->lanes;
+
+	return lanes > 1 ? (int) (gid % (uint64) lanes) : 0;
+}
+
+/*
+ * chorus_wait_own_turn
+ *		The wait of a row writeset's commit (local or applied). One lane: every
+ *		certified writeset before it has committed. Several lanes: the previous
+ *		certified GID of its lane has (the coordinator has dispatched it only
+ *		after the earlier writesets it conflicts with committed, and a local
+ *		transaction that passed certification conflicts with none that is not
+ *		committed).
+ */
+static void
+chorus_wait_own_turn(void)
+{
+	if (chorus_shared->lanes > 1)
+		(void) chorus_wait_done(chorus_lane_of(chorus_xact.gid), chorus_xact.wait_for, -1,
+								"this transaction waited to commit");
+	else
+		chorus_wait_for_turn(chorus_xact.wait_for);
 }
 
 /*
@@ -460,6 +512,80 @@ chorus_wait_hold(uint64 gid)
 }
 
 /*
+ * chorus_note_committed
+ *		Several lanes: GID gid, whose certified predecessor is prev, is
+ *		committed here. The watermark moves over it if prev is committed, and
+ *		then over every commit waiting above it whose predecessor it reaches
+ *		(csn-pending-lists: the watermark only passes a contiguous prefix); else
+ *		it waits in above[]. The caller holds the lock exclusively.
+ */
+void
+chorus_note_committed(uint64 gid, uint64 prev)
+{
+	ChorusShared *sh = chorus_shared;
+	bool		moved = true;
+	int			i;
+
+	if (gid <= sh->committed_gid)
+		return;
+	if (prev > sh->committed_gid)
+	{
+		for (i = 0; i < sh->nabove; i++)
+			if (sh->above[i].gid == gid)
+				return;			/* noted already */
+		if (sh->nabove < CHORUS_MAX_ABOVE)
+		{
+			sh->above[sh->nabove].prev = prev;
+			sh->above[sh->nabove].gid = gid;
+			sh->nabove++;
+		}
+		return;
+	}
+	sh->committed_gid = gid;
+	while (moved)
+	{
+		moved = false;
+		for (i = 0; i < sh->nabove; i++)
+		{
+			if (sh->above[i].gid <= sh->committed_gid || sh->above[i].prev <= sh->committed_gid)
+			{
+				if (sh->above[i].gid > sh->committed_gid)
+				{
+					sh->committed_gid = sh->above[i].gid;
+					moved = true;
+				}
+				sh->above[i] = sh->above[--sh->nabove];
+				i--;
+			}
+		}
+	}
+}
+
+/*
+ * chorus_wait_above_room
+ *		Several lanes: a commit that may land above the watermark waits until
+ *		there is room to note it (the room is far beyond the sessions that can
+ *		commit at once; this never waits in practice).
+ */
+static void
+chorus_wait_above_room(void)
+{
+	ConditionVariablePrepareToSleep(&chorus_shared->commit_cv);
+	for (;;)
+	{
+		int			n;
+
+		LWLockAcquire(chorus_shared->lock, LW_SHARED);
+		n = chorus_shared->nabove;
+		LWLockRelease(chorus_shared->lock);
+		if (n < CHORUS_MAX_ABOVE - 1)
+			break;
+		(void) ConditionVariableTimedSleep(&chorus_shared->commit_cv, 100, PG_WAIT_EXTENSION);
+	}
+	ConditionVariableCancelSleep();
+}
+
+/*
  * chorus_claim_turn
  *		After the wait for our turn: take GID chorus_xact.gid. Exactly one
  *		session commits each GID: an apply of a GID committed here already
@@ -475,13 +601,30 @@ chorus_claim_turn(void)
 				claimed;
 
 	chorus_wait_hold(gid);
+	if (chorus_shared->lanes > 1)
+		chorus_wait_above_room();
 	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
-	committed = chorus_shared->committed_gid;
-	claimed = chorus_shared->claimed_gid;
-	if (gid > committed && gid > claimed)
+	if (chorus_shared->lanes > 1)
 	{
-		chorus_shared->claimed_gid = gid;
-		chorus_xact.claimed = true;
+		int			lane = chorus_lane_of(gid);
+
+		committed = chorus_shared->lane_done[lane];
+		claimed = chorus_shared->lane_claimed[lane];
+		if (gid > committed && gid > claimed)
+		{
+			chorus_shared->lane_claimed[lane] = gid;
+			chorus_xact.claimed = true;
+		}
+	}
+	else
+	{
+		committed = chorus_shared->committed_gid;
+		claimed = chorus_shared->claimed_gid;
+		if (gid > committed && gid > claimed)
+		{
+			chorus_shared->claimed_gid = gid;
+			chorus_xact.claimed = true;
+		}
 	}
 	LWLockRelease(chorus_shared->lock);
 	if (gid <= committed)
@@ -504,7 +647,14 @@ chorus_unclaim_turn(void)
 	if (!chorus_xact.claimed)
 		return;
 	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
-	if (chorus_shared->claimed_gid == chorus_xact.gid)
+	if (chorus_shared->lanes > 1)
+	{
+		int			lane = chorus_lane_of(chorus_xact.gid);
+
+		if (chorus_shared->lane_claimed[lane] == chorus_xact.gid)
+			chorus_shared->lane_claimed[lane] = chorus_shared->lane_done[lane];
+	}
+	else if (chorus_shared->claimed_gid == chorus_xact.gid)
 		chorus_shared->claimed_gid = chorus_shared->committed_gid;
 	LWLockRelease(chorus_shared->lock);
 	chorus_xact.claimed = false;
@@ -523,12 +673,13 @@ chorus_sync_wait(int timeout_ms)
 {
 	uint8		verdict;
 	uint64		gid,
-				wait_for;
+				wait_for,
+				prev;
 	char	   *msg;
 	uint64		committed;
 
 	chorus_send_frame('S', NULL, 0);
-	verdict = chorus_read_verdict(&gid, &wait_for, &msg);
+	verdict = chorus_read_verdict(&gid, &wait_for, &prev, &msg);
 	if (verdict != VERDICT_COMMIT)
 		ereport(ERROR,
 				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
@@ -553,12 +704,20 @@ chorus_sync_wait(int timeout_ms)
 static void
 chorus_take_origin(void)
 {
-	RepOriginId origin = replorigin_by_name(CHORUS_ORIGIN_NAME, true);
+	int			lane = chorus_lane_of(chorus_xact.gid);
+	char		name[NAMEDATALEN];
+	RepOriginId origin;
 
+	if (lane == 0)
+		strlcpy(name, CHORUS_ORIGIN_NAME, sizeof(name));
+	else
+		snprintf(name, sizeof(name), "%s%d", CHORUS_LANE_ORIGIN_PREFIX, lane);
+	origin = replorigin_by_name(name, true);
 	if (origin == InvalidRepOriginId)
 		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-						errmsg("chorus: replication origin \"%s\" is missing", CHORUS_ORIGIN_NAME),
-						errhint("Run CREATE EXTENSION chorus in this database.")));
+						errmsg("chorus: replication origin \"%s\" is missing", name),
+						errhint(lane == 0 ? "Run CREATE EXTENSION chorus in this database."
+								: "The coordinator creates the origins of its commit lanes (chorus.set_lanes).")));
 	replorigin_session_setup(origin);
 	chorus_xact.origin_held = true;
 	replorigin_session_origin = origin;
@@ -614,7 +773,15 @@ chorus_committed(void)
 	ChorusCommit *c;
 
 	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
-	if (chorus_xact.gid > chorus_shared->committed_gid)
+	if (chorus_shared->lanes > 1)
+	{
+		int			lane = chorus_lane_of(chorus_xact.gid);
+
+		if (chorus_xact.gid > chorus_shared->lane_done[lane])
+			chorus_shared->lane_done[lane] = chorus_xact.gid;
+		chorus_note_committed(chorus_xact.gid, chorus_xact.prev);
+	}
+	else if (chorus_xact.gid > chorus_shared->committed_gid)
 		chorus_shared->committed_gid = chorus_xact.gid;
 	c = &chorus_shared->ring[chorus_shared->ring_count % CHORUS_RING_SIZE];
 	c->gid = chorus_xact.gid;
@@ -696,7 +863,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 			else if (chorus_xact.applying)
 			{
 				chorus_xact.xid = GetTopTransactionId();
-				chorus_wait_for_turn(chorus_xact.wait_for);
+				chorus_wait_own_turn();
 				chorus_claim_turn();
 				chorus_take_origin();
 			}
@@ -714,7 +881,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 				 */
 				chorus_hold_cancel();
 				chorus_request_verdict(chorus_xact.xid);
-				chorus_wait_for_turn(chorus_xact.wait_for);
+				chorus_wait_own_turn();
 				chorus_claim_turn();
 				chorus_take_origin();
 			}

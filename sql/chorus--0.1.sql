@@ -9,7 +9,7 @@ CREATE FUNCTION chorus.capture() RETURNS trigger
 CREATE FUNCTION chorus.capture_truncate() RETURNS trigger
     AS 'MODULE_PATHNAME', 'chorus_capture_truncate' LANGUAGE C;
 
-CREATE FUNCTION chorus.node_init(committed_gid bigint) RETURNS void
+CREATE FUNCTION chorus.node_init(committed_gid bigint, lanes int DEFAULT 1) RETURNS void
     AS 'MODULE_PATHNAME', 'chorus_node_init' LANGUAGE C STRICT;
 
 CREATE FUNCTION chorus.set_online(online boolean, reason text DEFAULT '') RETURNS void
@@ -21,10 +21,10 @@ CREATE FUNCTION chorus.set_paused(paused boolean) RETURNS void
 CREATE FUNCTION chorus.committed_gid() RETURNS bigint
     AS 'MODULE_PATHNAME', 'chorus_committed_gid' LANGUAGE C STRICT;
 
-CREATE FUNCTION chorus.apply_begin(gid bigint, wait_for bigint) RETURNS void
+CREATE FUNCTION chorus.apply_begin(gid bigint, wait_for bigint, prev bigint DEFAULT -1) RETURNS void
     AS 'MODULE_PATHNAME', 'chorus_apply_begin' LANGUAGE C STRICT;
 
-CREATE FUNCTION chorus.apply_writeset(gid bigint, wait_for bigint, ws bytea) RETURNS bigint
+CREATE FUNCTION chorus.apply_writeset(gid bigint, wait_for bigint, ws bytea, prev bigint DEFAULT -1) RETURNS bigint
     AS 'MODULE_PATHNAME', 'chorus_apply_writeset' LANGUAGE C STRICT;
 CREATE FUNCTION chorus.apply_run(gid bigint, wait_for bigint, run bytea) RETURNS bigint
     AS 'MODULE_PATHNAME', 'chorus_apply_run' LANGUAGE C STRICT;
@@ -60,16 +60,92 @@ CREATE FUNCTION chorus.release_commits() RETURNS void
 CREATE FUNCTION chorus.forget_watermark() RETURNS void
     AS 'MODULE_PATHNAME', 'chorus_forget_watermark' LANGUAGE C VOLATILE STRICT;
 
+-- Commit lanes (docs/APPLY.md): lane 0 commits through the origin "chorus", lane k > 0 through
+-- "chorus_lane_k". Each origin records the last GID committed through its lane.
+CREATE FUNCTION chorus.lane_origins() RETURNS TABLE (lane int, origin text) LANGUAGE sql STABLE AS $$
+    SELECT 0, 'chorus'::text
+    UNION ALL
+    SELECT substr(roname, 13)::int, roname::text FROM pg_replication_origin WHERE roname ~ '^chorus_lane_[0-9]+$'
+    ORDER BY 1
+$$;
+
+CREATE FUNCTION chorus.lane_state(OUT lanes int, OUT committed_gid bigint, OUT max_done bigint, OUT above int)
+    AS 'MODULE_PATHNAME', 'chorus_lane_state' LANGUAGE C STRICT;
+
 -- Total recovery: the node's data is the donor's snapshot at GID gid; make that its durable GID.
 CREATE FUNCTION chorus.adopt_gid(gid bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    o record;
 BEGIN
     PERFORM chorus.forget_watermark();
-    PERFORM pg_replication_origin_advance('chorus', '0/0'::pg_lsn + gid);
+    FOR o IN SELECT origin FROM chorus.lane_origins() LOOP
+        PERFORM pg_replication_origin_advance(o.origin, '0/0'::pg_lsn + gid);
+    END LOOP;
 END
 $$;
 
+-- Every certified GID up to this one is committed durably (the lowest of the lanes' origins).
 CREATE FUNCTION chorus.durable_gid() RETURNS bigint LANGUAGE sql STABLE AS $$
-    SELECT coalesce((pg_replication_origin_progress('chorus', true) - '0/0'::pg_lsn)::bigint, 0)
+    SELECT min(coalesce((pg_replication_origin_progress(origin, true) - '0/0'::pg_lsn)::bigint, 0))
+      FROM chorus.lane_origins()
+$$;
+
+-- Use n commit lanes from the next chorus.node_init(). Lanes change only at a settled point
+-- (every lane's origin at the same GID: after chorus.settle_lanes() at a clean shutdown, or with
+-- one lane); otherwise a commit above the watermark could be recorded under the old mapping of
+-- GIDs to lanes, and the lanes stay as they are until then. Returns the lanes in use.
+CREATE FUNCTION chorus.set_lanes(n int) RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+    have int;
+    lo bigint;
+    hi bigint;
+BEGIN
+    IF n < 1 OR n > 16 THEN
+        RAISE EXCEPTION 'chorus: commit lanes must be 1 to 16, not %', n USING ERRCODE = '22023';
+    END IF;
+    SELECT count(*) INTO have FROM chorus.lane_origins();
+    IF have = n THEN
+        RETURN n;
+    END IF;
+    SELECT min(p), max(p) INTO lo, hi
+      FROM (SELECT coalesce((pg_replication_origin_progress(origin, true) - '0/0'::pg_lsn)::bigint, 0) AS p
+              FROM chorus.lane_origins()) s;
+    IF lo <> hi THEN
+        RAISE WARNING 'chorus: keeping % commit lanes: they are not settled (the node did not shut down cleanly); % lanes from the next clean restart', have, n;
+        RETURN have;
+    END IF;
+    FOR k IN have .. n - 1 LOOP
+        PERFORM pg_replication_origin_create('chorus_lane_' || k);
+        PERFORM pg_replication_origin_advance('chorus_lane_' || k, '0/0'::pg_lsn + hi);
+    END LOOP;
+    FOR k IN n .. have - 1 LOOP
+        PERFORM pg_replication_origin_drop('chorus_lane_' || k);
+    END LOOP;
+    RETURN n;
+END
+$$;
+
+-- At a clean shutdown: every certified GID up to the watermark is committed and none above it,
+-- so every lane's origin can record the watermark. Then the lanes can change. False if not settled.
+CREATE FUNCTION chorus.settle_lanes() RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    s record;
+    o record;
+BEGIN
+    SELECT * INTO s FROM chorus.lane_state();
+    IF s.lanes <= 1 THEN
+        RETURN true;
+    END IF;
+    IF s.above > 0 OR s.max_done <> s.committed_gid THEN
+        RETURN false;
+    END IF;
+    FOR o IN SELECT origin FROM chorus.lane_origins() LOOP
+        PERFORM pg_replication_origin_advance(o.origin, '0/0'::pg_lsn + s.committed_gid);
+    END LOOP;
+    RETURN true;
+EXCEPTION WHEN object_in_use THEN
+    RETURN false;
+END
 $$;
 
 -- Is a table one Chorus replicates automatically?
@@ -191,8 +267,9 @@ CREATE EVENT TRIGGER chorus_on_ddl_end ON ddl_command_end
     EXECUTE FUNCTION chorus.on_ddl_end();
 ALTER EVENT TRIGGER chorus_on_ddl_end ENABLE ALWAYS;
 
-REVOKE ALL ON FUNCTION chorus.node_init(bigint), chorus.set_online(boolean, text), chorus.set_paused(boolean),
-    chorus.apply_begin(bigint, bigint), chorus.apply_writeset(bigint, bigint, bytea),
+REVOKE ALL ON FUNCTION chorus.node_init(bigint, int), chorus.set_online(boolean, text), chorus.set_paused(boolean),
+    chorus.apply_begin(bigint, bigint, bigint), chorus.apply_writeset(bigint, bigint, bytea, bigint),
+    chorus.set_lanes(int), chorus.settle_lanes(),
     chorus.apply_run(bigint, bigint, bytea),
     chorus.abort_local(integer, bigint, text),
     chorus.wait_turn(bigint), chorus.spread_sequence(regclass, bigint),

@@ -173,9 +173,9 @@ class ApplySession:
         connection after some commands (DROP, ALTER, ROLLBACK): then it is prepared again."""
         assert self.conn is not None
         self._stop_reading()
-        await self.conn.execute(b"PREPARE " + _APPLY + b" (bigint, bigint, bytea) AS "
-                                b"SELECT chorus.apply_writeset($1, $2, $3)")
-        await self.conn.execute(b"PREPARE " + _APPLY_RUN + b" (bigint, bigint, bytea) AS "
+        await self.conn.execute(b"PREPARE " + _APPLY + b" (bigint, bigint, bytea, bigint) AS "
+                                b"SELECT chorus.apply_writeset($1, $2, $3, $4)")
+        await self.conn.execute(b"PREPARE " + _APPLY_RUN + b" (bigint, bigint, bytea, bigint) AS "
                                 b"SELECT chorus.apply_run($1, $2, $3)")
 
     async def close(self) -> None:
@@ -194,17 +194,20 @@ class ApplySession:
         return await self.apply_run(gid, wait_for, [ws], ddl_ok)
 
     async def apply_run(self, gid: int, wait_for: int, writesets: Sequence[wire.Writeset],
-                        ddl_ok: bool = True) -> bool:
+                        ddl_ok: bool = True, prev: int = -1) -> bool:
         """Apply a run of consecutive certified writesets (no other certified GID between them),
-        the last one GID ``gid``, as one transaction committed as ``gid`` after ``wait_for``. A
-        schema change is always alone. False if ``gid`` was committed here already."""
+        the last one GID ``gid``, as one transaction committed as ``gid`` once ``wait_for`` is
+        committed. ``prev``: the GID certified before the run (-1: ``wait_for``; they differ
+        with several commit lanes, where a run is one writeset). A schema change is always alone.
+        False if ``gid`` was committed here already."""
         try:
-            await self._apply(gid, wait_for, writesets, ddl_ok)
+            await self._apply(gid, wait_for, writesets, ddl_ok, prev)
             return True
         except AlreadyCommitted:
             return False
 
-    async def _apply(self, gid: int, wait_for: int, writesets: Sequence[wire.Writeset], ddl_ok: bool) -> None:
+    async def _apply(self, gid: int, wait_for: int, writesets: Sequence[wire.Writeset], ddl_ok: bool,
+                     prev: int = -1) -> None:
         if self.conn is None or self.conn.closed:
             await self.connect()
         conn = self.conn
@@ -213,7 +216,7 @@ class ApplySession:
         if ddl is not None:
             if len(writesets) != 1:
                 raise ApplyError(f"GID {gid}: a schema change is applied alone")
-            return await self._apply_ddl(gid, wait_for, ddl, ddl_ok)
+            return await self._apply_ddl(gid, wait_for, ddl, ddl_ok, wait_for if prev < 0 else prev)
         try:
             if self.fast:
                 # One call: the extension parses the writesets and applies their rows with plans
@@ -225,14 +228,14 @@ class ApplySession:
                     data = b"".join(_U32.pack(len(raw)) + raw for raw in (ws.raw or wire.encode(ws)
                                                                          for ws in writesets))
                 try:
-                    await self._call(conn, name, gid, wait_for, data)
+                    await self._call(conn, name, gid, wait_for, data, prev)
                 except psycopg.errors.InvalidSqlStatementName:  # deallocated: nothing ran
                     await self._prepare()
-                    await self._call(conn, name, gid, wait_for, data)
+                    await self._call(conn, name, gid, wait_for, data, prev)
             else:
                 self._stop_reading()
                 async with conn.transaction():
-                    await self._apply_pipelined(conn, gid, wait_for, wire.merge(list(writesets)))
+                    await self._apply_pipelined(conn, gid, wait_for, wire.merge(list(writesets)), prev)
         except psycopg.Error as e:
             raise await self._failure(gid, e) from e
         except ApplyError:
@@ -240,10 +243,10 @@ class ApplySession:
             raise
 
     async def _call(self, conn: psycopg.AsyncConnection[Any], statement: bytes, gid: int, wait_for: int,
-                    data: bytes) -> None:
-        """Run prepared ``statement(gid, wait_for, data)`` as one autocommitted statement."""
+                    data: bytes, prev: int) -> None:
+        """Run prepared ``statement(gid, wait_for, data, prev)`` as one autocommitted statement."""
         pg = conn.pgconn
-        pg.send_query_prepared(statement, [b"%d" % gid, b"%d" % wait_for, data], [0, 0, 1])
+        pg.send_query_prepared(statement, [b"%d" % gid, b"%d" % wait_for, data, b"%d" % prev], [0, 0, 1, 0])
         loop = asyncio.get_running_loop()
         while pg.flush():  # a large writeset: wait until the socket takes the rest
             writable: asyncio.Future[None] = loop.create_future()
@@ -298,13 +301,13 @@ class ApplySession:
             self._reading = -1
 
     async def _apply_pipelined(self, conn: psycopg.AsyncConnection[Any], gid: int, wait_for: int,
-                               ws: wire.Writeset) -> None:
+                               ws: wire.Writeset, prev: int = -1) -> None:
         """The same in SQL from Python: statements in one pipeline (apply.method = "sql")."""
         # One pipeline: every statement goes out at once; results are checked at the sync,
         # before the commit (two round trips per writeset, whatever its size).
         checks: list[tuple[Any, wire.Table, wire.Row]] = []
         async with conn.pipeline() as pipe:
-            await conn.execute("SELECT chorus.apply_begin(%s, %s)", (gid, wait_for))
+            await conn.execute("SELECT chorus.apply_begin(%s, %s, %s)", (gid, wait_for, prev))
             truncates: list[wire.Table] = []
             for row in ws.rows:
                 t = ws.tables[row.table]
@@ -332,14 +335,16 @@ class ApplySession:
             for cur, t, row in checks:
                 self._check(cur.rowcount, gid, t, row)
 
-    async def _apply_ddl(self, gid: int, wait_for: int, ddl: wire.Ddl, ok: bool) -> None:
+    async def _apply_ddl(self, gid: int, wait_for: int, ddl: wire.Ddl, ok: bool, prev: int) -> None:
+        """Run a schema change once every GID before it has committed here (``prev``, the GID
+        certified before it: with several commit lanes its lane's ``wait_for`` is not enough)."""
         conn = self.conn
         assert conn is not None
         self._stop_reading()
         try:
             async with conn.transaction(), conn.cursor() as cur:
-                await cur.execute("SELECT chorus.apply_begin(%s, %s)", (gid, wait_for))
-                await cur.execute("SELECT chorus.wait_turn(%s)", (wait_for,))
+                await cur.execute("SELECT chorus.apply_begin(%s, %s, %s)", (gid, wait_for, prev))
+                await cur.execute("SELECT chorus.wait_turn(%s)", (prev,))
                 if not ok:
                     await cur.execute("SELECT pg_current_xact_id()")  # a commit record for the GID
                 else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Optional
 
 MAX_FRAME = 1 << 30
 
@@ -72,10 +73,15 @@ def parse_done(payload: bytes) -> tuple[int, int]:
     return int(gid), int(xid)
 
 
-def verdict_frame(verdict: int, gid: int, wait_for: int, message: str) -> bytes:
+_VERDICT = struct.Struct(">IcBQQQH")
+
+
+def verdict_frame(verdict: int, gid: int, wait_for: int, message: str, prev: Optional[int] = None) -> bytes:
+    """The answer to a backend: the verdict, the GID, what its commit waits for and the previous
+    certified GID (the same as wait_for with one commit lane), and a message."""
     msg = message.encode("utf-8")[:65535]
-    body = b"V" + struct.pack(">BQQH", verdict, gid, wait_for, len(msg)) + msg
-    return struct.pack(">I", len(body)) + body
+    return _VERDICT.pack(_VERDICT.size - 4 + len(msg), b"V", verdict, gid, wait_for,
+                         wait_for if prev is None else prev, len(msg)) + msg
 
 
 def writeset_frame(payload: bytes) -> bytes:

@@ -15,6 +15,7 @@ group = "chorus"
 [apply]
 workers = 4
 run = 8                      # consecutive remote writesets ready together: applied as one transaction
+commit_lanes = 1             # 1: every commit in GID order; more: independent ones may pass (docs/APPLY.md)
 catchup_batch = 32           # partial recovery: writesets applied per transaction
 [log]                        # the writeset log (docs/RECOVERY.md)
 dir = "/d/nodes/n1/wslog"
@@ -60,6 +61,7 @@ class NodeConfig:
     apply_method: str = "c"  # "c": chorus.apply_writeset in the extension; "sql": statements from Python
     catchup_batch: int = 32  # partial recovery applies runs of up to this many writesets as one transaction
     apply_run: int = 8  # live apply: up to this many consecutive remote writesets ready together, one transaction
+    commit_lanes: int = 1  # 1: commits in GID order; n > 1: GID g commits after the previous one of lane g % n
     log_dir: str = ""  # default: <data_dir>/wslog
     log_segment_mb: int = 64
     log_total_mb: int = 4096  # about a day of moderate traffic (100 writesets/s of ~400 bytes)
@@ -94,7 +96,8 @@ _SCHEMA: dict[str, dict[str, tuple[str, type, bool]]] = {
               "flow_resume_at": ("flow_resume_at", int, False),
               "method": ("apply_method", str, False),
               "catchup_batch": ("catchup_batch", int, False),
-              "run": ("apply_run", int, False)},
+              "run": ("apply_run", int, False),
+              "commit_lanes": ("commit_lanes", int, False)},
     "log": {"dir": ("log_dir", str, False),
             "segment_mb": ("log_segment_mb", int, False),
             "total_mb": ("log_total_mb", int, False)},
@@ -137,6 +140,8 @@ def load_config(path: str) -> NodeConfig:
         for key, (fieldname, _, required) in keys.items():
             if required and fieldname not in values:
                 raise ChorusConfigError(f"{path}: missing {section}.{key}")
+    if not 1 <= values.get("commit_lanes", 1) <= 16:
+        raise ChorusConfigError(f"{path}: apply.commit_lanes must be 1 to 16")
     if values.get("apply_run", 1) < 1:
         raise ChorusConfigError(f"{path}: apply.run must be at least 1")
     if values.get("catchup_batch", 1) < 1:
@@ -181,6 +186,7 @@ def write_config(cfg: NodeConfig, path: str) -> None:
         f"method = {_toml_str(cfg.apply_method)}\n"
         f"catchup_batch = {cfg.catchup_batch}\n"
         f"run = {cfg.apply_run}\n"
+        f"commit_lanes = {cfg.commit_lanes}\n"
         "[log]\n"
         + (f"dir = {_toml_str(cfg.log_dir)}\n" if cfg.log_dir else "")
         + f"segment_mb = {cfg.log_segment_mb}\n"

@@ -121,8 +121,13 @@ class _Pending:
     ddl_known: Optional[asyncio.Event] = None
     ddl_failure_sent: bool = False
     delivered_at: float = field(default_factory=time.monotonic)
+    # what its commit waits for: wait_for (the previous certified GID) with one commit lane, the
+    # previous certified GID of its lane with several (docs/APPLY.md; set by _assign_lane)
+    lane_wait: int = -1
 
     def __post_init__(self) -> None:
+        if self.lane_wait < 0:
+            self.lane_wait = self.wait_for
         if self.writeset.ddl is not None:
             self.ddl_known = asyncio.Event()
 
@@ -161,6 +166,8 @@ class Coordinator:
         self.next_ticket = 1
         self.counters = Counters()
         self.watermark = 0
+        self.lanes = 1  # commit lanes in use (apply.commit_lanes, once the database agrees)
+        self._lane_last: list[int] = [0]  # the last certified GID admitted per lane
         self.db: Optional[psycopg.AsyncConnection[Any]] = None
         fast = cfg.apply_method == "c"
         self.catchup_batch = cfg.catchup_batch
@@ -256,6 +263,10 @@ class Coordinator:
         last = self.watermark
         try:
             last = await self._committed_gid()
+            if self.lanes > 1 and not self.pending and self.db_ok.is_set() \
+                    and not await self._q("SELECT chorus.settle_lanes()"):
+                log.warning("the commit lanes are not settled (commits above the watermark): a change of "
+                            "apply.commit_lanes waits for a clean shutdown")
         except psycopg.Error:
             pass
         if r is not None:
@@ -337,9 +348,14 @@ class Coordinator:
         coordinator restart this can be past the durable GID read before (a backend committed
         meanwhile)."""
         try:
+            lanes = int(await self._q("SELECT chorus.set_lanes(%s)", (self.cfg.commit_lanes,)))
+            if lanes != self.cfg.commit_lanes:
+                log.warning("using %d commit lanes, not the %d configured: the lanes were not settled by a clean "
+                            "shutdown; the change takes effect after one", lanes, self.cfg.commit_lanes)
             durable = int(await self._q("SELECT chorus.durable_gid()"))
-            await self._q("SELECT chorus.node_init(%s)", (durable,))
+            await self._q("SELECT chorus.node_init(%s, %s)", (durable, lanes))
             durable = await self._committed_gid()
+            self.lanes, self._lane_last = lanes, [durable] * lanes
             await self._q("SELECT chorus.set_online(false, 'Its coordinator is starting and has not joined the cluster yet')")
         except psycopg.errors.UndefinedFunction as e:
             raise FatalError("the chorus extension is not installed in this database "
@@ -407,6 +423,8 @@ class Coordinator:
                                    barrier=p.writeset.ddl is not None)
         else:
             self.scheduler.committed_upto(durable)
+        for g in sorted(self.pending):  # the lanes start again at the durable GID
+            self._assign_lane(self.pending[g])
         replays = self.scheduler.replay_all_from(durable)
         log.info("PostgreSQL is back at GID %d; re-applying %d certified writesets", durable, len(replays))
         for w in [*self.workers, self.replay_session]:
@@ -706,7 +724,7 @@ class Coordinator:
             self._replay(v.gid)
             return
         b.certified.add(v.gid)
-        b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, v.wait_for, ""))
+        b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, p.lane_wait, "", prev=v.wait_for))
         if v.writeset.ddl is not None:  # it runs now: local transactions in its way lose
             self._waiters[v.gid] = _Waiter(lambda: b.pid if p.backend is b else 0, time.monotonic())
 
@@ -722,7 +740,7 @@ class Coordinator:
             b = p.backend
             if not b.closed:
                 b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT if o.ok else bpf.VERDICT_REFUSED,
-                                                 o.gid, p.wait_for, o.error))
+                                         o.gid, p.wait_for, o.error))
             if o.ok:
                 return  # the backend commits it
             self._replay(o.gid)  # commit the GID without the change
@@ -731,11 +749,23 @@ class Coordinator:
         self._dispatch()
 
     def _admit(self, p: _Pending, local: bool) -> None:
-        """A certified writeset: into the writeset log, the pending set and the scheduler."""
+        """A certified writeset (in GID order): into the writeset log, the pending set and the
+        scheduler. With several commit lanes its commit waits for the previous certified GID of
+        its lane."""
         ddl = p.writeset.ddl is not None
+        self._assign_lane(p)
         self.feeder.certified(p.gid, p.origin, _raw(p.writeset), ddl)
         self.pending[p.gid] = p
         self.scheduler.add(p.gid, _keys(p.writeset), local=local, barrier=ddl)
+
+    def _assign_lane(self, p: _Pending) -> None:
+        """What the commit of ``p`` waits for; certified writesets come here in GID order."""
+        if self.lanes > 1:  # (a schema change also waits for everything before it: applier.py)
+            lane = p.gid % self.lanes
+            p.lane_wait = self._lane_last[lane]
+            self._lane_last[lane] = p.gid
+        else:
+            p.lane_wait = p.wait_for
 
     def _local_done(self, gid: int) -> None:
         p = self.pending.pop(gid, None)
@@ -833,7 +863,9 @@ class Coordinator:
             if gid is not None:
                 self.replay_busy = True
                 self._spawn(self._apply(self.replay_session, [gid], replay=True))
-        for run in self.scheduler.ready_runs(len(self.idle), self.cfg.apply_run, self._run_fits):
+        # a run commits its GIDs as one: only where commits follow the order of GIDs (one lane)
+        max_run = self.cfg.apply_run if self.lanes == 1 else 1
+        for run in self.scheduler.ready_runs(len(self.idle), max_run, self._run_fits):
             if len(self.idle) < len(self.workers):
                 self.counters.overlapped_applies += 1
             session = self.idle.pop()
@@ -861,8 +893,10 @@ class Coordinator:
             t0 = time.monotonic()
             self._waiters[gid] = _Waiter(lambda: session.pid, t0)
             try:
-                done = await session.apply_run(gid, ps[0].wait_for if ps[0] else 0, writesets,
-                                               ddl_ok=p.ddl_ok is not False)
+                first = ps[0]
+                assert first is not None
+                done = await session.apply_run(gid, first.lane_wait, writesets, ddl_ok=p.ddl_ok is not False,
+                                               prev=first.wait_for)
             finally:
                 self._waiters.pop(gid, None)
             self.last_apply_ms = (time.monotonic() - t0) * 1000
@@ -1036,7 +1070,7 @@ class Coordinator:
             if rec.gid <= self.watermark:
                 prev = rec.gid
                 return
-            if not _is_ddl(rec.payload) and self.catchup_batch > 1:
+            if not _is_ddl(rec.payload) and self.catchup_batch > 1 and self.lanes == 1:
                 if not batch:
                     batch_wait_for = prev
                 self.feeder.certified(rec.gid, rec.origin, rec.payload, False)
@@ -1172,6 +1206,7 @@ class Coordinator:
             "pending": len(self.pending),
             "pending_head": [self._describe_pending(g) for g in sorted(self.pending)[:5]],
             "workers": len(self.workers),
+            "commit_lanes": self.lanes,
             "workers_busy": len(self.workers) - len(self.idle),
             "max_workers_busy": self.counters.max_workers_busy,
             "overlapped_applies": self.counters.overlapped_applies,

@@ -60,6 +60,7 @@ class Meta:
     corosync_ours: bool = False
     log_segment_mb: int = 32
     log_total_mb: int = 512
+    commit_lanes: int = 1
 
 
 def _alive(pid: int, needle: str) -> bool:
@@ -100,7 +101,8 @@ class LocalCluster:
         except FileNotFoundError as e:
             raise LocalClusterError(f"no local cluster in {self.dir} (run `chorus local up`)") from e
         return Meta(raw["group"], [NodeMeta(**n) for n in raw["nodes"]], raw.get("corosync_pid", 0),
-                    raw.get("corosync_ours", False), raw.get("log_segment_mb", 32), raw.get("log_total_mb", 512))
+                    raw.get("corosync_ours", False), raw.get("log_segment_mb", 32), raw.get("log_total_mb", 512),
+                    raw.get("commit_lanes", 1))
 
     def save(self, meta: Meta) -> None:
         tmp = self.meta_path.with_suffix(".tmp")
@@ -122,7 +124,8 @@ class LocalCluster:
             name=n.name, dsn=f"host={run} port={n.port} dbname=postgres user=postgres",
             socket_path=str(run / "chorus.sock"), admin_socket=str(run / "admin.sock"),
             state_file=str(d / "state.json"), data_dir=str(d), cluster_group=meta.group,
-            log_segment_mb=meta.log_segment_mb, log_total_mb=meta.log_total_mb, recovery_listen=listen, recovery_advertise=listen,
+            log_segment_mb=meta.log_segment_mb, log_total_mb=meta.log_total_mb, commit_lanes=meta.commit_lanes,
+            recovery_listen=listen, recovery_advertise=listen,
             tls_cert=str(keys / "cluster.crt"), tls_key=str(keys / "cluster.key"),
             secret_file=str(keys / "cluster.secret"))
 
@@ -303,7 +306,10 @@ class LocalCluster:
 
     # ---- commands -----------------------------------------------------------------------
 
-    def up(self, nodes: int, port_base: int, log_segment_mb: int = 32, log_total_mb: int = 512) -> list[dict[str, Any]]:
+    def up(self, nodes: int, port_base: int, log_segment_mb: int = 32, log_total_mb: int = 512,
+           commit_lanes: Optional[int] = None) -> list[dict[str, Any]]:
+        """Create or restart the cluster. ``commit_lanes`` (kept for later restarts) sets
+        apply.commit_lanes on every node (docs/APPLY.md)."""
         fresh = not self.meta_path.exists()
         if fresh:
             if len(str(self.dir)) > 70:
@@ -316,6 +322,9 @@ class LocalCluster:
             self.save(meta)
         else:
             meta = self.load()
+        if commit_lanes is not None:
+            meta.commit_lanes = commit_lanes
+            self.save(meta)
         self._start_bus(meta)
         generate_keys(str(self.dir / "keys"))
         self._chown(self.dir / "keys")

@@ -162,14 +162,21 @@ def range_bounds(conn: psycopg.Connection[Any], t: dict[str, Any], range_rows: i
 
 
 class Snapshot:
-    """A snapshot exported by a node, held (its transaction open) until closed."""
+    """A snapshot exported by a node, held (its transaction open) until closed. It is at one
+    GID: it sees every certified GID up to it and none after (with several commit lanes a
+    snapshot taken while a commit above the watermark is visible is refused, SQLSTATE 40001;
+    :func:`donor_snapshot` waits for a moment when it is not)."""
 
     def __init__(self, ep: Endpoint) -> None:
         self.endpoint = ep
         self.conn = psycopg.connect(ep.dsn, autocommit=True)
         self.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        row = self.conn.execute("SELECT pg_export_snapshot(), chorus.snapshot_gid(), "
-                                "pg_current_snapshot()::text").fetchone()
+        try:
+            row = self.conn.execute("SELECT pg_export_snapshot(), chorus.snapshot_gid(), "
+                                    "pg_current_snapshot()::text").fetchone()
+        except psycopg.Error:
+            self.conn.close()
+            raise
         assert row is not None
         self.name: str = row[0]
         self.gid: int = int(row[1])
@@ -180,6 +187,32 @@ class Snapshot:
             self.conn.execute("ROLLBACK")
         finally:
             self.conn.close()
+
+
+def donor_snapshot(ep: Endpoint, timeout_s: float = 30.0) -> Snapshot:
+    """A snapshot of the donor at one GID. With several commit lanes, commits above the
+    watermark may be visible: then the commits above the highest GID committed so far are held
+    until the watermark reaches it, and the snapshot is taken at that point."""
+    try:
+        return Snapshot(ep)
+    except psycopg.errors.SerializationFailure:
+        pass
+    with psycopg.connect(ep.dsn, autocommit=True) as c:
+        deadline = time.monotonic() + timeout_s
+        row = c.execute("SELECT max_done FROM chorus.lane_state()").fetchone()
+        assert row is not None
+        top = int(row[0])
+        c.execute("SELECT chorus.hold_commits(%s, %s)", (top, int(timeout_s * 1000)))
+        try:
+            while True:
+                row = c.execute("SELECT chorus.committed_gid()").fetchone()
+                if row is not None and int(row[0]) >= top:
+                    return Snapshot(ep)
+                if time.monotonic() > deadline:
+                    raise TotalRecoveryError(f"{ep.name}: its commits did not reach GID {top} in {timeout_s:.0f} s")
+                time.sleep(0.01)
+        finally:
+            c.execute("SELECT chorus.release_commits()")
 
 
 def run_job(plan: dict[str, Any], workdir: Path, say: Say, spark_submit: Optional[str] = None) -> dict[str, Any]:
@@ -340,7 +373,7 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
     started = time.monotonic()
     parallelism = parallelism or max(2, os.cpu_count() or 2)
     workdir = Path(tempfile.mkdtemp(prefix="chorus-total-"))
-    snap = Snapshot(donor)
+    snap = donor_snapshot(donor)
     say(f"donor {donor.name}: snapshot {snap.name} at GID {snap.gid}")
     try:
         with psycopg.connect(joiner.dsn, options=OFF, autocommit=True) as conn:

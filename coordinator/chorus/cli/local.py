@@ -49,12 +49,16 @@ def local() -> None:
 @click.option("--port-base", default=5433, show_default=True, help="PostgreSQL port of the first node.")
 @click.option("--log-segment-mb", default=32, show_default=True, help="Writeset log segment size (when creating).")
 @click.option("--log-total-mb", default=512, show_default=True, help="Writeset log size per node (when creating).")
+@click.option("--commit-lanes", type=click.IntRange(1, 16), default=None,
+              help="apply.commit_lanes of every node: 1 commits in GID order (the default), more lets "
+                   "independent writesets commit out of order (docs/APPLY.md). Kept for later restarts.")
 @json_option
-def up(directory: str, nodes: int, port_base: int, log_segment_mb: int, log_total_mb: int, as_json: bool) -> None:
+def up(directory: str, nodes: int, port_base: int, log_segment_mb: int, log_total_mb: int,
+       commit_lanes: Optional[int], as_json: bool) -> None:
     """Create, or restart, a local cluster and wait until every node is online."""
     c = _cluster(directory)
     try:
-        desc = c.up(nodes, port_base, log_segment_mb, log_total_mb)
+        desc = c.up(nodes, port_base, log_segment_mb, log_total_mb, commit_lanes)
     except LocalClusterError as e:
         raise ChorusCliError(str(e)) from e
     _show(desc, as_json, str(c.dir))
