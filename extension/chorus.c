@@ -498,19 +498,7 @@ chorus_forget_watermark(PG_FUNCTION_ARGS)
 static uint64
 chorus_lane_origin_progress(int lane)
 {
-	char		name[NAMEDATALEN];
-	RepOriginId id;
-
-	if (lane == 0)
-		strlcpy(name, CHORUS_ORIGIN_NAME, sizeof(name));
-	else
-		snprintf(name, sizeof(name), "%s%d", CHORUS_LANE_ORIGIN_PREFIX, lane);
-	id = replorigin_by_name(name, true);
-	if (id == InvalidRepOriginId)
-		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-						errmsg("chorus: replication origin \"%s\" of commit lane %d is missing", name, lane),
-						errhint("Call chorus.set_lanes() first.")));
-	return (uint64) replorigin_get_progress(id, false);
+	return (uint64) replorigin_get_progress(chorus_lane_origin(lane), false);
 }
 
 /*

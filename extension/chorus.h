@@ -9,6 +9,7 @@
 #include "postgres.h"
 
 #include "access/htup.h"
+#include "access/xlogdefs.h"
 #include "lib/stringinfo.h"
 #include "port/atomics.h"
 #include "storage/condition_variable.h"
@@ -16,6 +17,7 @@
 #include "datatype/timestamp.h"
 #include "utils/rel.h"
 #include "nodes/plannodes.h"
+#include "replication/origin.h"
 #include "tcop/utility.h"
 
 #define CHORUS_RING_SIZE 8192
@@ -72,6 +74,7 @@ typedef struct ChorusShared
 	uint64		lane_done[CHORUS_MAX_LANES];	/* last GID committed through each lane */
 	uint64		lane_claimed[CHORUS_MAX_LANES];
 	int			nabove;
+	XLogRecPtr	last_commit_end;	/* the end of the newest commit record through any lane */
 	ChorusAbove above[CHORUS_MAX_ABOVE];
 	ChorusCommit ring[CHORUS_RING_SIZE];
 } ChorusShared;
@@ -211,6 +214,7 @@ extern void chorus_serialize_writeset(StringInfo out, TransactionId xid);
 /* chorus_commit.c */
 extern void chorus_register_callbacks(void);
 extern int	chorus_lane_of(uint64 gid);
+extern RepOriginId chorus_lane_origin(int lane);
 extern void chorus_note_committed(uint64 gid, uint64 prev);
 extern void chorus_wait_for_turn(uint64 wait_for);
 extern void chorus_check_writable(void);

@@ -463,6 +463,30 @@ chorus_lane_of(uint64 gid)
 }
 
 /*
+ * chorus_lane_origin
+ *		The replication origin that records the commits of a lane: "chorus" for
+ *		lane 0, "chorus_lane_<k>" for lane k (made by chorus.set_lanes()).
+ */
+RepOriginId
+chorus_lane_origin(int lane)
+{
+	char		name[NAMEDATALEN];
+	RepOriginId origin;
+
+	if (lane == 0)
+		strlcpy(name, CHORUS_ORIGIN_NAME, sizeof(name));
+	else
+		snprintf(name, sizeof(name), "%s%d", CHORUS_LANE_ORIGIN_PREFIX, lane);
+	origin = replorigin_by_name(name, true);
+	if (origin == InvalidRepOriginId)
+		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						errmsg("chorus: replication origin \"%s\" of commit lane %d is missing", name, lane),
+						errhint(lane == 0 ? "Run CREATE EXTENSION chorus in this database."
+								: "The coordinator makes the origins of its commit lanes (chorus.set_lanes).")));
+	return origin;
+}
+
+/*
  * chorus_wait_own_turn
  *		The wait of a row writeset's commit (local or applied). One lane: every
  *		certified writeset before it has committed. Several lanes: the previous
@@ -698,26 +722,15 @@ chorus_sync_wait(int timeout_ms)
  *		Record our GID in the commit record: the replication origin's progress
  *		is written with the commit and replayed by crash recovery, so the
  *		node's last GID is durable atomically with the commit. Commits happen
- *		one at a time in GID order, so one origin is enough; it is held only
- *		from our turn until our commit.
+ *		one at a time in GID order, so one origin is enough (with several
+ *		commit lanes, one per lane: each lane's commits are in order); it is
+ *		held only from our turn until our commit.
  */
 static void
 chorus_take_origin(void)
 {
-	int			lane = chorus_lane_of(chorus_xact.gid);
-	char		name[NAMEDATALEN];
-	RepOriginId origin;
+	RepOriginId origin = chorus_lane_origin(chorus_lane_of(chorus_xact.gid));
 
-	if (lane == 0)
-		strlcpy(name, CHORUS_ORIGIN_NAME, sizeof(name));
-	else
-		snprintf(name, sizeof(name), "%s%d", CHORUS_LANE_ORIGIN_PREFIX, lane);
-	origin = replorigin_by_name(name, true);
-	if (origin == InvalidRepOriginId)
-		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-						errmsg("chorus: replication origin \"%s\" is missing", name),
-						errhint(lane == 0 ? "Run CREATE EXTENSION chorus in this database."
-								: "The coordinator creates the origins of its commit lanes (chorus.set_lanes).")));
 	replorigin_session_setup(origin);
 	chorus_xact.origin_held = true;
 	replorigin_session_origin = origin;
@@ -780,6 +793,8 @@ chorus_committed(void)
 		if (chorus_xact.gid > chorus_shared->lane_done[lane])
 			chorus_shared->lane_done[lane] = chorus_xact.gid;
 		chorus_note_committed(chorus_xact.gid, chorus_xact.prev);
+		if (XactLastCommitEnd > chorus_shared->last_commit_end)
+			chorus_shared->last_commit_end = XactLastCommitEnd;
 	}
 	else if (chorus_xact.gid > chorus_shared->committed_gid)
 		chorus_shared->committed_gid = chorus_xact.gid;
@@ -789,6 +804,42 @@ chorus_committed(void)
 	chorus_shared->ring_count++;
 	LWLockRelease(chorus_shared->lock);
 	ConditionVariableBroadcast(&chorus_shared->commit_cv);
+}
+
+/*
+ * chorus_flush_prefix
+ *		Several commit lanes: before the client of GID gid is told its commit
+ *		happened, every GID before it is committed here too, and flushed with it.
+ *		Then the node's durable watermark covers every commit it acknowledged,
+ *		as with one lane (a crash of every node at once re-forms the cluster from
+ *		the highest watermark, which must hold every acknowledged commit). Runs
+ *		after the commit, so it never raises: if the node is reset meanwhile it
+ *		stops waiting (the new coordinator re-applies what is missing).
+ */
+static void
+chorus_flush_prefix(uint64 gid)
+{
+	uint64		epoch;
+	XLogRecPtr	upto = XactLastCommitEnd;
+
+	LWLockAcquire(chorus_shared->lock, LW_SHARED);
+	epoch = chorus_shared->epoch;
+	LWLockRelease(chorus_shared->lock);
+	ConditionVariablePrepareToSleep(&chorus_shared->commit_cv);
+	for (;;)
+	{
+		bool		done;
+
+		LWLockAcquire(chorus_shared->lock, LW_SHARED);
+		done = chorus_shared->committed_gid >= gid || !chorus_shared->ready || chorus_shared->epoch != epoch;
+		upto = Max(upto, chorus_shared->last_commit_end);
+		LWLockRelease(chorus_shared->lock);
+		if (done)
+			break;
+		(void) ConditionVariableTimedSleep(&chorus_shared->commit_cv, 100, PG_WAIT_EXTENSION);
+	}
+	ConditionVariableCancelSleep();
+	XLogFlush(upto);			/* the commit records of every GID up to ours */
 }
 
 static void
@@ -894,7 +945,9 @@ chorus_xact_callback(XactEvent event, void *arg)
 				chorus_release_origin();
 				chorus_committed();
 				/* durable before the client is told: one flush for many commits */
-				if (sync > SYNCHRONOUS_COMMIT_OFF)
+				if (sync > SYNCHRONOUS_COMMIT_OFF && chorus_xact.certified && chorus_shared->lanes > 1)
+					chorus_flush_prefix(chorus_xact.gid);
+				else if (sync > SYNCHRONOUS_COMMIT_OFF)
 					XLogFlush(XactLastCommitEnd);
 				if (chorus_xact.certified)
 					chorus_send_done('C');

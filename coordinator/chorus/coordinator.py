@@ -167,6 +167,7 @@ class Coordinator:
         self.counters = Counters()
         self.watermark = 0
         self.lanes = 1  # commit lanes in use (apply.commit_lanes, once the database agrees)
+        self._max_committed = 0  # the highest GID the database had committed at start
         self._lane_last: list[int] = [0]  # the last certified GID admitted per lane
         self.db: Optional[psycopg.AsyncConnection[Any]] = None
         fast = cfg.apply_method == "c"
@@ -221,6 +222,7 @@ class Coordinator:
             node=self.cfg.name,
             cluster_uuid=self.state.cluster_uuid,
             last_gid=durable,
+            max_committed=self._max_committed,
             bootstrap=self.state.bootstrap,  # only when told (`chorus bootstrap`; seed 8.2)
         )
         self._servers.append(await _unix_server(
@@ -356,6 +358,9 @@ class Coordinator:
             await self._q("SELECT chorus.node_init(%s, %s)", (durable, lanes))
             durable = await self._committed_gid()
             self.lanes, self._lane_last = lanes, [durable] * lanes
+            self._max_committed = int(await self._q("SELECT max_done FROM chorus.lane_state()"))
+            if self.replicator is not None:
+                self.replicator.max_committed = self._max_committed
             await self._q("SELECT chorus.set_online(false, 'Its coordinator is starting and has not joined the cluster yet')")
         except psycopg.errors.UndefinedFunction as e:
             raise FatalError("the chorus extension is not installed in this database "

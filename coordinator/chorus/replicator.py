@@ -149,6 +149,9 @@ class Replicator:
     node: str
     cluster_uuid: str  # "" until the node has joined a cluster
     last_gid: int  # durable committed GID of the local database at start
+    # the highest GID the database has committed: above last_gid only with several commit lanes,
+    # where a crash can leave commits above the watermark (docs/APPLY.md)
+    max_committed: int = 0
     bootstrap: bool = False  # told to start a new cluster if none answers
     phase: Phase = Phase.CONNECTING
     gid: int = 0
@@ -474,10 +477,10 @@ class Replicator:
             return [PhaseChange(Phase.NEEDS_RECOVERY,
                                 f"this node belongs to cluster {self.cluster_uuid}, the group runs "
                                 f"cluster {msg.cluster_uuid}: total recovery is needed")]
-        if self.last_gid > msg.certified:
+        if max(self.last_gid, self.max_committed) > msg.certified:
             self.phase = Phase.NEEDS_RECOVERY
             return [PhaseChange(Phase.NEEDS_RECOVERY,
-                                f"this node's database is at GID {self.last_gid}, past the cluster's "
+                                f"this node's database is at GID {max(self.last_gid, self.max_committed)}, past the cluster's "
                                 f"GID {msg.certified}: it committed writesets the cluster does not have "
                                 "(the cluster was restarted from an older node); total recovery is needed")]
         behind = self.last_gid < msg.certified

@@ -6,6 +6,7 @@ The cluster is started once per test session with ``chorus local up`` and stoppe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -88,6 +89,24 @@ def cluster() -> Iterator[Cluster]:
         d = chorus("local", "down", "--dir", directory)
         if d.returncode == 0 and not os.environ.get("CHORUS_KEEP_TEST_DIR"):
             shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def extra_cluster(prefix: str, port_offset: int, *options: str) -> Iterator[Cluster]:
+    """A second 3-node cluster, beside the session's, started with ``chorus local up`` and
+    ``options`` on ports from the test port base plus ``port_offset``, and removed afterwards."""
+    directory = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    os.chmod(directory, 0o755)
+    port = int(os.environ.get("CHORUS_TEST_PORT_BASE", "55433")) + port_offset
+    r = chorus("local", "up", "--nodes", "3", "--dir", directory, "--port-base", str(port), *options, "--json")
+    if r.returncode != 0:
+        chorus("local", "down", "--dir", directory)
+        pytest.fail(f"chorus local up failed:\n{r.stderr}")
+    try:
+        yield Cluster(directory, json.loads(r.stdout))
+    finally:
+        chorus("local", "down", "--dir", directory)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def commit_all(conns: list[psycopg.Connection[Any]]) -> list[str]:

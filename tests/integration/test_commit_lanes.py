@@ -8,14 +8,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import tempfile
 import time
 from typing import Any, Iterator
 
 import psycopg
 import pytest
-from conftest import Cluster, chorus
+from conftest import Cluster, chorus, extra_cluster
 
 from chorus import workload as wl
 
@@ -27,19 +25,8 @@ ACCOUNTS, BALANCE = 30, 1000
 @pytest.fixture(scope="module")
 def lanes_cluster() -> Iterator[Cluster]:
     """A 3-node cluster whose nodes commit through 4 lanes."""
-    directory = tempfile.mkdtemp(prefix="chorus-lanes-", dir="/tmp")
-    os.chmod(directory, 0o755)
-    port = int(os.environ.get("CHORUS_TEST_PORT_BASE", "55433")) + 20
-    r = chorus("local", "up", "--nodes", "3", "--dir", directory, "--port-base", str(port),
-               "--commit-lanes", "4", "--json")
-    if r.returncode != 0:
-        chorus("local", "down", "--dir", directory)
-        pytest.fail(f"chorus local up failed:\n{r.stderr}")
-    try:
-        yield Cluster(directory, json.loads(r.stdout))
-    finally:
-        chorus("local", "down", "--dir", directory)
-        shutil.rmtree(directory, ignore_errors=True)
+    with extra_cluster("chorus-lanes-", 20, "--commit-lanes", "4") as c:
+        yield c
 
 
 def _lanes(c: Cluster, i: int) -> dict[str, Any]:
@@ -93,6 +80,9 @@ def test_relaxed_order_loses_nothing_through_a_postgres_crash(lanes_cluster: Clu
         rows = {(r[0], r[1], r[2]) for r in conn.execute("SELECT id, u, node FROM jepsen_set")}
     assert not wl.check_set([o for o in results], rows)
     assert sum(len(o.acked) for o in results) > 100
+    for n in c.nodes:  # the killed PostgreSQL is the only one that restarted
+        with open(os.path.join(c.dir, "nodes", n.name, "postgres.log"), errors="replace") as f:
+            assert "PANIC" not in f.read(), f"{n.name}: PostgreSQL panicked"
 
 
 def test_lanes_change_only_at_a_settled_point(lanes_cluster: Cluster) -> None:

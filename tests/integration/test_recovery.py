@@ -7,7 +7,6 @@ import os
 import random
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from typing import Any, Iterator
@@ -16,7 +15,7 @@ import psycopg
 import pytest
 
 from chorus import workload as wl
-from conftest import Cluster, chorus
+from conftest import Cluster, chorus, extra_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -118,19 +117,8 @@ def test_kill_nine_under_bank_load_loses_nothing(cluster: Cluster) -> None:
 @pytest.fixture
 def small_log_cluster() -> Iterator[Cluster]:
     """A second cluster whose writeset logs hold only 2 MiB each, so they wrap quickly."""
-    directory = tempfile.mkdtemp(prefix="chorus-small-", dir="/tmp")
-    os.chmod(directory, 0o755)
-    port = int(os.environ.get("CHORUS_TEST_PORT_BASE", "55433")) + 10
-    r = chorus("local", "up", "--nodes", "3", "--dir", directory, "--port-base", str(port),
-               "--log-segment-mb", "1", "--log-total-mb", "2", "--json")
-    if r.returncode != 0:
-        chorus("local", "down", "--dir", directory)
-        pytest.fail(f"chorus local up failed:\n{r.stderr}")
-    try:
-        yield Cluster(directory, json.loads(r.stdout))
-    finally:
-        chorus("local", "down", "--dir", directory)
-        shutil.rmtree(directory, ignore_errors=True)
+    with extra_cluster("chorus-small-", 10, "--log-segment-mb", "1", "--log-total-mb", "2") as c:
+        yield c
 
 
 def test_node_whose_gap_left_every_log_stays_out_until_total_recovery(small_log_cluster: Cluster) -> None:

@@ -172,6 +172,23 @@ def test_joiner_ahead_of_the_cluster_needs_total_recovery() -> None:
     assert ahead.phase == Phase.NEEDS_RECOVERY
 
 
+def test_joiner_with_a_commit_past_the_cluster_in_one_lane_needs_total_recovery() -> None:
+    """Several commit lanes: a crash can leave a node's database with commits above its
+    watermark. One past the GID the cluster is at (it re-formed from a node that never had it)
+    was never acknowledged, and its GID will name another writeset: the node must not join."""
+    c = form()
+    ahead = Replicator("n2", c.nodes["n1"].cluster_uuid, 0, max_committed=50)
+    c.nodes["n2"] = ahead
+    c.view(NAMES)
+    c.drain()
+    assert ahead.phase == Phase.NEEDS_RECOVERY
+    behind = Replicator("n3", c.nodes["n1"].cluster_uuid, 0, max_committed=0)
+    c.nodes["n3"] = behind
+    c.view(NAMES)
+    c.drain()
+    assert behind.phase == Phase.ONLINE
+
+
 def test_joiner_of_another_cluster_needs_total_recovery() -> None:
     c = form()
     other = Replicator("n2", "another-cluster", 0)
