@@ -131,7 +131,7 @@ def load_config(path: str) -> NodeConfig:
             fieldname, typ, _ = _SCHEMA[section][key]
             if not isinstance(value, typ) or isinstance(value, bool) and typ is int:
                 raise ChorusConfigError(f"{path}: {section}.{key} must be a {typ.__name__}")
-            if typ is list:
+            if isinstance(value, list):
                 if not all(isinstance(v, str) for v in value):
                     raise ChorusConfigError(f"{path}: {section}.{key} must be a list of strings")
                 value = tuple(value)

@@ -34,7 +34,7 @@ from chorus.replicator import (Apply, CatchUp, DdlOutcome, Joined, LocalVerdict,
                                PhaseChange, Replicator, Send, SyncReached)
 from chorus.scheduler import Scheduler
 from chorus.state import NodeState, load_state, save_state
-from chorus.wslog import LogError, WritesetLog
+from chorus.wslog import FLAG_DDL_SKIPPED, LogError, LogRecord, WritesetLog
 
 log = logging.getLogger("chorus.coordinator")
 
@@ -1049,7 +1049,7 @@ class Coordinator:
         # Runs of consecutive row writesets are applied as one transaction (wire.merge): the
         # commit of the run's last GID covers the GIDs before it, and the per-transaction cost
         # (a round trip, a commit, the commit turn) is paid once per run, not per writeset.
-        batch: list[rc.LogRecord] = []
+        batch: list[LogRecord] = []
         batch_bytes = 0
         batch_wait_for = prev
 
@@ -1069,7 +1069,7 @@ class Coordinator:
             batch, batch_bytes = [], 0
             self._dispatch()
 
-        async def take(rec: rc.LogRecord) -> None:
+        async def take(rec: LogRecord) -> None:
             nonlocal prev, batch_wait_for, batch_bytes
             prog.position, prog.records, prog.bytes = rec.gid, prog.records + 1, prog.bytes + len(rec.payload)
             if rec.gid <= self.watermark:
@@ -1093,7 +1093,7 @@ class Coordinator:
                 p = _Pending(rec.gid, prev, rec.origin, ws)
                 self._admit(p, local=False)
                 if p.ddl_known is not None:  # the log records a schema change with its outcome
-                    p.ddl_ok = not rec.flags & rc.FLAG_DDL_SKIPPED
+                    p.ddl_ok = not rec.flags & FLAG_DDL_SKIPPED
                     self.feeder.outcome(rec.gid, p.ddl_ok)
                     p.ddl_known.set()
                 prev = rec.gid
@@ -1142,7 +1142,7 @@ class Coordinator:
                     prog.state, prog.finished = "failed", time.monotonic()
 
     async def _fetch_round(self, prog: rc.Progress, upto: int,
-                           take: Callable[[rc.LogRecord], Awaitable[None]]) -> bool:
+                           take: Callable[[LogRecord], Awaitable[None]]) -> bool:
         """One round of catch-up: ask who holds the range, stream from the best partner up to
         its safe stop. False (and the node marked as needing total recovery) if nobody can."""
         r = self.replicator

@@ -225,7 +225,8 @@ def run_job(plan: dict[str, Any], workdir: Path, say: Say, spark_submit: Optiona
         from chorus_spark.job import JobError, run
 
         try:
-            return run(plan, say=say)
+            out: dict[str, Any] = run(plan, say=say)
+            return out
         except JobError as e:
             raise TotalRecoveryError(str(e)) from e
     entry = Path(__file__).resolve().parent.parent.parent / "spark" / "submit_job.py"

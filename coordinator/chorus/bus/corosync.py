@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any, AsyncIterator, Optional
 
-from cffi import FFI
+from cffi import FFI  # type: ignore[import-untyped]
 
 from chorus.bus import Bus, BusError, Delivery, Event, View
 from chorus.bus.fragment import DEFAULT_FRAME_LIMIT, FragmentError, Reassembler, fragments, whole_frame

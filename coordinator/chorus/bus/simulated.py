@@ -106,7 +106,7 @@ class SimulatedBus(Bus):
         if whole is not None:
             self._put(Delivery(sender, whole))
 
-    async def events(self) -> AsyncIterator[Event]:  # type: ignore[override]
+    async def events(self) -> AsyncIterator[Event]:
         while True:
             ev = await self.queue.get()
             if isinstance(ev, BusError):

@@ -78,8 +78,8 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
         result = total_recover(_endpoint(c._node(meta, dname)), _endpoint(n), _say, range_rows=range_rows,
                                master=spark_master, spark_submit=spark_submit)
         cfg = c.config(meta, n)
-        st = load_state(cfg.state_file, name)
-        save_state(cfg.state_file, st.with_(cluster_uuid=dstatus["cluster_uuid"], last_gid=result["gid"],
+        state = load_state(cfg.state_file, name)
+        save_state(cfg.state_file, state.with_(cluster_uuid=dstatus["cluster_uuid"], last_gid=result["gid"],
                                             bootstrap=False, safe_to_bootstrap=False))
         if c.as_root:  # the coordinator runs as the service user
             shutil.chown(cfg.state_file, SERVICE_USER, SERVICE_USER)
