@@ -186,20 +186,15 @@ class ApplySession:
             finally:
                 self.conn = None
 
-    async def apply(self, gid: int, wait_for: int, ws: wire.Writeset, ddl_ok: bool = True) -> bool:
-        """Apply and commit ``ws`` as GID ``gid``; raise TransientApplyError or ApplyError. A
-        schema change runs once every earlier GID has committed here; one that failed on its
-        origin (``ddl_ok`` false) commits nothing but its GID. False if the GID was committed
-        here already (nothing applied)."""
-        return await self.apply_run(gid, wait_for, [ws], ddl_ok)
-
     async def apply_run(self, gid: int, wait_for: int, writesets: Sequence[wire.Writeset],
                         ddl_ok: bool = True, prev: int = -1) -> bool:
-        """Apply a run of consecutive certified writesets (no other certified GID between them),
-        the last one GID ``gid``, as one transaction committed as ``gid`` once ``wait_for`` is
-        committed. ``prev``: the GID certified before the run (-1: ``wait_for``; they differ
-        with several commit lanes, where a run is one writeset). A schema change is always alone.
-        False if ``gid`` was committed here already."""
+        """Apply one certified writeset, or a run of consecutive ones (no other certified GID
+        between them), the last one GID ``gid``, as one transaction committed as ``gid`` once
+        ``wait_for`` is committed; raise TransientApplyError or ApplyError. A schema change runs
+        once every earlier GID has committed here; one that failed on its origin (``ddl_ok``
+        false) commits nothing but its GID, and is always alone. ``prev``: the GID certified
+        before the run (-1: ``wait_for``; they differ with several commit lanes, where a run is
+        one writeset). False if ``gid`` was committed here already."""
         try:
             await self._apply(gid, wait_for, writesets, ddl_ok, prev)
             return True

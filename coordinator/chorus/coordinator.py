@@ -467,22 +467,20 @@ class Coordinator:
             self.fatal = f"bus failed: {e}"
             raise
 
-    def _post(self, payload: bytes, on_error: Optional[Callable[[BusError], None]] = None) -> None:
-        """Multicast ``payload``: at once if the bus takes it, else from a task that retries.
-        Messages leave in the order they are posted."""
+    def _post(self, payload: bytes, on_error: Callable[[BusError], None]) -> None:
+        """Multicast ``payload``: at once if the bus takes it, else from a task that retries
+        (``on_error`` if it cannot). Messages leave in the order they are posted."""
         assert self.bus is not None
         if self._sends_waiting == 0 and self.bus.send_nowait(payload):
             return
         self._sends_waiting += 1
         self._spawn(self._send_later(payload, on_error))
 
-    async def _send_later(self, payload: bytes, on_error: Optional[Callable[[BusError], None]]) -> None:
+    async def _send_later(self, payload: bytes, on_error: Callable[[BusError], None]) -> None:
         assert self.bus is not None
         try:
             await self.bus.send(payload)
         except BusError as e:
-            if on_error is None:
-                raise
             on_error(e)
         finally:
             self._sends_waiting -= 1
@@ -615,8 +613,7 @@ class Coordinator:
         if r is None or not r.accepts_writes or not self.db_ok.is_set():
             self.counters.refused += 1
             why = self.phase_reason if r is not None else "the coordinator is starting"
-            b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
-                                             f"this node does not accept writes: {why}"))
+            b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0, f"this node does not accept writes: {why}"))
             return
         limit = self.max_writeset
         if len(payload) > limit:
@@ -680,7 +677,7 @@ class Coordinator:
         r = self.replicator
         if r is None or not r.accepts_writes or not self.db_ok.is_set():
             b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
-                                             f"this node is not in the primary component: {self.phase_reason}"))
+                                     f"this node is not in the primary component: {self.phase_reason}"))
             return
         self._sync_waiting.append(b)
         if not self._sync_on_bus:
@@ -699,8 +696,7 @@ class Coordinator:
             if s.ok:
                 b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, s.gid, 0, ""))
             else:
-                b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0,
-                                                 "this node left the primary component"))
+                b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0, "this node left the primary component"))
         if self._sync_waiting and not self._sync_on_bus:
             self._sync_send()
 
