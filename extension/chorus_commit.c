@@ -825,18 +825,29 @@ chorus_flush_prefix(uint64 gid)
 	LWLockAcquire(chorus_shared->lock, LW_SHARED);
 	epoch = chorus_shared->epoch;
 	LWLockRelease(chorus_shared->lock);
-	ConditionVariablePrepareToSleep(&chorus_shared->commit_cv);
 	for (;;)
 	{
 		bool		done;
 
+		/* on the wait list again each time: a broadcast takes us off it */
+		ConditionVariablePrepareToSleep(&chorus_shared->commit_cv);
 		LWLockAcquire(chorus_shared->lock, LW_SHARED);
 		done = chorus_shared->committed_gid >= gid || !chorus_shared->ready || chorus_shared->epoch != epoch;
 		upto = Max(upto, chorus_shared->last_commit_end);
 		LWLockRelease(chorus_shared->lock);
 		if (done)
 			break;
-		(void) ConditionVariableTimedSleep(&chorus_shared->commit_cv, 100, PG_WAIT_EXTENSION);
+
+		/*
+		 * Not ConditionVariableTimedSleep: it exits the process when the
+		 * postmaster dies, and exiting inside the commit would PANIC (the
+		 * transaction is committed). Prepared to sleep on the condition
+		 * variable, we have our latch set by a broadcast all the same.
+		 */
+		if (WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_POSTMASTER_DEATH, 100,
+					  PG_WAIT_EXTENSION) & WL_POSTMASTER_DEATH)
+			break;
+		ResetLatch(MyLatch);
 	}
 	ConditionVariableCancelSleep();
 	XLogFlush(upto);			/* the commit records of every GID up to ours */
