@@ -40,6 +40,7 @@ class _Item:
     replay: bool = False
     barrier: bool = False
     follows: int = 0  # the GID registered just before this one (certified GIDs are consecutive)
+    alone: bool = False  # an attempt failed: it may have committed, so it is never part of a run again
 
 
 class Scheduler:
@@ -136,8 +137,8 @@ class Scheduler:
         """Up to ``limit`` runs of remote GIDs to dispatch now, in GID order. A run is a GID that is
         ready and the GIDs registered right after it (no other writeset between them) that depend
         on nothing but the run's earlier GIDs: applied in one transaction, in order, they need
-        nothing else. At most ``max_run`` GIDs, and only while ``fits(run)``; a schema change
-        is alone."""
+        nothing else. At most ``max_run`` GIDs, and only while ``fits(run)``; a schema change,
+        and a writeset whose earlier attempt failed, is alone."""
         out: list[list[int]] = []
         while self._remote and len(out) < limit:
             head = self._items[self._remote[0]]
@@ -146,9 +147,10 @@ class Scheduler:
             self._remote.popleft()
             head.dispatched = True
             run = [head.gid]
-            while not head.barrier and len(run) < max_run and self._remote:
+            while not head.barrier and not head.alone and len(run) < max_run and self._remote:
                 nxt = self._items[self._remote[0]]
-                if nxt.follows != run[-1] or nxt.barrier or not nxt.deps.issubset(run) or not fits(run + [nxt.gid]):
+                if nxt.follows != run[-1] or nxt.barrier or nxt.alone or not nxt.deps.issubset(run) \
+                        or not fits(run + [nxt.gid]):
                     break
                 self._remote.popleft()
                 nxt.dispatched = True
@@ -157,11 +159,15 @@ class Scheduler:
         return out
 
     def redispatch(self, gid: int) -> None:
-        """An apply attempt failed transiently; put ``gid`` back at the front."""
+        """An apply attempt failed transiently; put ``gid`` back at the front. The attempt may
+        have committed before its connection broke, so from now on ``gid`` is applied alone: in
+        a run with GIDs after it, a committed one would make the run partly committed (the
+        extension refuses that), alone it is found committed (CH001) and done."""
         item = self._items.get(gid)
         if item is None:
             return
         item.dispatched = False
+        item.alone = True
         if item.local:
             self._replays.insert(0, gid)
         else:

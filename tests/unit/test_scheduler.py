@@ -221,3 +221,16 @@ def test_runs_never_overlap_conflicting_writesets(keysets: list[list[tuple[int, 
             done.add(g)
             s.committed(g)
     assert len(s) == 0 and not s._keys
+
+
+def test_a_writeset_whose_attempt_failed_is_applied_alone() -> None:
+    """A run whose connection broke may have committed: retried, its writesets go one by one
+    (each found committed, or applied), never in a larger run that would be partly committed."""
+    s = Scheduler()
+    for g in range(1, 4):
+        s.add(g, [(k(g), KeyMode.UPDATE)], local=False)
+    assert s.ready_runs(1, 8) == [[1, 2, 3]]
+    s.add(4, [(k(4), KeyMode.UPDATE)], local=False)
+    for g in (1, 2, 3):
+        s.redispatch(g)
+    assert s.ready_runs(8, 8) == [[1], [2], [3], [4]]
