@@ -236,19 +236,34 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 					   QueryEnvironment *queryEnv, DestReceiver *dest, QueryCompletion *qc)
 {
 	bool		replicated;
+	bool		restart = IsA(pstmt->utilityStmt, TruncateStmt) &&
+		((TruncateStmt *) pstmt->utilityStmt)->restart_seqs;
+	bool		outer_restart = chorus_truncate_restart;
 
 	if (!IsA(pstmt->utilityStmt, TransactionStmt))
 		chorus_check_aborted();
+	if (chorus_xact.applying && chorus_shared != NULL)
+	{
+		/* a replayed schema change: this node's tablespaces */
+		pstmt = chorus_ddl_replay_fixups(pstmt);
+		if (pstmt == NULL)
+			return;
+	}
 	replicated = chorus_shared != NULL && chorus_ddl_utility(pstmt, queryString, context);
 	PG_TRY();
 	{
+		chorus_truncate_restart = restart;
 		if (prev_process_utility)
 			prev_process_utility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
 		else
 			standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
+		chorus_truncate_restart = outer_restart;
+		if (replicated)
+			chorus_ddl_record(pstmt);
 	}
 	PG_FINALLY();
 	{
+		chorus_truncate_restart = outer_restart;
 		if (replicated)
 			chorus_ddl_done();
 	}

@@ -19,17 +19,15 @@
 #include "nodes/plannodes.h"
 #include "replication/origin.h"
 #include "tcop/utility.h"
+#include "fmgr.h"
+
+#include "chorus_wire.h"
 
 #define CHORUS_RING_SIZE 8192
 #define CHORUS_ORIGIN_NAME "chorus"
 #define CHORUS_LANE_ORIGIN_PREFIX "chorus_lane_"	/* lane k > 0 commits through chorus_lane_k */
 #define CHORUS_MAX_LANES 16
 #define CHORUS_MAX_ABOVE 4096	/* commits above the watermark kept at once (relaxed order) */
-
-/* Key modes (docs/PROTOCOL.md section 3). */
-#define CHORUS_KEY_REFERENCE 1
-#define CHORUS_KEY_UPDATE 2
-#define CHORUS_KEY_EXCLUSIVE 3
 
 typedef struct ChorusCommit
 {
@@ -121,7 +119,7 @@ typedef struct ChorusUniqueKey
 	char	   *colnames;		/* "a,b" */
 	int			ncols;
 	int		   *cols;			/* indexes into ChorusTable.attnums */
-	bool		is_pk;
+	bool		is_identity;	/* the primary key or replica identity index */
 } ChorusUniqueKey;
 
 /* A foreign key of the table: its rows reference a unique key of the parent. */
@@ -145,9 +143,16 @@ typedef struct ChorusTable
 	char	  **attnames;
 	char	  **typnames;
 	uint8	   *colflags;
-	Oid		   *typoutput;
+	uint8	   *colkind;		/* CHORUS_VAL_BINARY or CHORUS_VAL_TEXT */
+	FmgrInfo   *valfn;			/* each column's send or output function, as its kind says */
+	FmgrInfo   *textfn;			/* each column's output function (certification keys) */
+	bool	   *keycol;			/* its text is part of a certification key */
+	bool		canonical;		/* text needs fixed settings (chorus_canonical_enter) */
+	bool		qualify;		/* ... and search_path pg_catalog */
+	int			epoch;			/* chorus_xact.table_epoch when described */
 	int			nidentity;
 	int		   *identity;		/* indexes into attnums */
+	bool		full_identity;	/* no primary key or identity index: the whole old row */
 	int			nunique;
 	ChorusUniqueKey *uniques;
 	int			nfkeys;
@@ -155,7 +160,6 @@ typedef struct ChorusTable
 	int			nexpr;			/* unique indexes on expressions */
 	Oid		   *expr_indexes;
 	char	  **expr_names;		/* "(index name)": their keys' column part */
-	bool		has_pk;
 	bool		table_key_done;
 	bool		truncate_key_done;
 } ChorusTable;
@@ -173,6 +177,8 @@ typedef struct ChorusXact
 	uint32		nkeys;
 	uint64		last_seen;
 	bool		has_last_seen;
+	bool		has_schema;		/* holds schema change items (CHORUS_WS_FLAG_DDL) */
+	int			table_epoch;	/* bumped by each schema change: table descriptions are made anew */
 	/* savepoints: row buffer length at each open subtransaction's start */
 	int			nsubs;
 	int			maxsubs;
@@ -195,8 +201,19 @@ typedef struct ChorusXact
 
 extern ChorusXact chorus_xact;
 
+/* chorus_values.c */
+extern uint8 chorus_column_io(Oid typid, bool as_key, MemoryContext cxt, FmgrInfo *value_fn,
+							  FmgrInfo *text_fn, bool *canonical, bool *qualify);
+extern int	chorus_canonical_enter(bool qualify);
+extern void chorus_canonical_exit(int nest);
+
 /* chorus_capture.c */
 extern void chorus_xact_reset(void);
+extern void chorus_xact_begin_capture(void);
+extern void chorus_capture_row(Relation rel, char op, HeapTuple oldtup, HeapTuple newtup, bool keys);
+extern void chorus_capture_table_key(Relation rel, uint8 mode);
+extern ChorusTable *chorus_capture_table(Relation rel);
+extern bool chorus_truncate_restart;
 extern void chorus_subxact_start(SubTransactionId subid);
 extern void chorus_subxact_abort(SubTransactionId subid);
 extern uint64 chorus_visible_gid(void);
@@ -209,7 +226,11 @@ extern void chorus_put_u32(StringInfo buf, uint32 v);
 extern void chorus_put_u64(StringInfo buf, uint64 v);
 extern void chorus_put_str(StringInfo buf, const char *s);
 extern void chorus_put_blob(StringInfo buf, const char *data, uint32 len);
-extern void chorus_serialize_writeset(StringInfo out, TransactionId xid);
+extern void chorus_put_header(StringInfo out, uint8 flags, TransactionId xid, uint64 last_seen,
+							  int ntables, uint32 nrows, uint32 nkeys);
+extern void chorus_put_schema_item(StringInfo out, int nsettings, const char *const *names,
+								   const char *const *values, const char *role, const char *statement);
+extern void chorus_serialize_writeset(StringInfo out, TransactionId xid, uint8 flags);
 
 /* chorus_commit.c */
 extern void chorus_register_callbacks(void);
@@ -228,7 +249,9 @@ extern int	chorus_max_nodes;
 extern void chorus_define_ddl_gucs(void);
 extern bool chorus_ddl_utility(PlannedStmt *pstmt, const char *queryString,
 							   ProcessUtilityContext context);
+extern void chorus_ddl_record(PlannedStmt *pstmt);
 extern void chorus_ddl_done(void);
+extern PlannedStmt *chorus_ddl_replay_fixups(PlannedStmt *pstmt);
 extern void chorus_ddl_reset(void);
 
 #endif							/* CHORUS_H */

@@ -2,12 +2,15 @@
  *
  * chorus_apply.c
  *		Fast apply: chorus.apply_writeset(gid, wait_for, writeset bytea) applies
- *		the rows of a certified writeset inside the caller's transaction, in one
- *		call (docs/PROTOCOL.md section 4). The writeset is parsed here, in the
- *		wire format of docs/PROTOCOL.md section 2; statements are built from
- *		quoted identifiers only and prepared once per table shape; values reach
- *		PostgreSQL through each local column's input function, as the text the
- *		origin printed. The coordinator has validated the writeset already; any
+ *		the rows and schema changes of a certified writeset inside the caller's
+ *		transaction, in one call (docs/PROTOCOL.md section 4). The writeset is
+ *		parsed here, in the wire format of docs/PROTOCOL.md section 2 (constants
+ *		in chorus_wire.h); statements are built from quoted identifiers only and
+ *		prepared once per table shape; values reach PostgreSQL through each
+ *		local column's receive function (binary values) or input function (text,
+ *		read under the same fixed settings it was printed under). A schema
+ *		change item runs its statement with the settings and role it ran under
+ *		on its origin. The coordinator has validated the writeset already; any
  *		inconsistency is still an ERROR here, never a crash.
  *
  *-------------------------------------------------------------------------
@@ -20,6 +23,11 @@
 #include "catalog/pg_attribute.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "commands/tablespace.h"
+#include "utils/acl.h"
+#include "utils/guc.h"
 #include "nodes/makefuncs.h"
 #include "port/pg_bswap.h"
 #include "utils/builtins.h"
@@ -33,8 +41,6 @@
 PG_FUNCTION_INFO_V1(chorus_apply_writeset);
 PG_FUNCTION_INFO_V1(chorus_apply_run);
 
-#define WS_HEAD_SIZE (2 + 1 + 1 + 4 + 4 + 8 + 2 + 4 + 4)
-#define WS_COL_GENERATED 0x02
 #define PLAN_KEY_SIZE 2048
 
 extern Datum chorus_apply_begin(PG_FUNCTION_ARGS);
@@ -66,7 +72,17 @@ typedef struct ApplyTable
 	int32	   *coltypmods;
 	FmgrInfo   *colinput;		/* their input functions */
 	Oid		   *colioparam;
+	FmgrInfo   *colrecv;		/* their receive functions, looked up at the first binary value */
+	Oid		   *colrecvparam;
 } ApplyTable;
+
+/* One value as the writeset holds it: kind, and the bytes of a non-NULL value. */
+typedef struct ApplyValue
+{
+	uint8		kind;
+	const char *data;
+	uint32		len;
+} ApplyValue;
 
 /* plans survive across calls, keyed by their SQL text */
 typedef struct PlanEntry
@@ -126,21 +142,35 @@ ws_text16(ApplyReader *r)
 	return s;
 }
 
-/* a value: 'n' NULL or 't' u32 length + text; NULL pointer for SQL NULL */
-static char *
+/* a value: CHORUS_VAL_NULL, or a text or binary kind with u32 length and bytes */
+static ApplyValue
 ws_value(ApplyReader *r)
 {
-	uint8		kind = ws_u8(r);
-	uint32		n;
+	ApplyValue	v;
+
+	v.kind = ws_u8(r);
+	v.data = NULL;
+	v.len = 0;
+	if (v.kind == CHORUS_VAL_NULL)
+		return v;
+	if (v.kind != CHORUS_VAL_TEXT && v.kind != CHORUS_VAL_BINARY)
+		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+						errmsg("chorus: writeset value of unknown kind 0x%02x", v.kind)));
+	v.len = ws_u32(r);
+	ws_need(r, (int) Min(v.len, (uint32) PG_INT32_MAX));
+	v.data = r->buf + r->pos;
+	r->pos += v.len;
+	return v;
+}
+
+/* a u32-length blob as a palloc'd, NUL-terminated string */
+static char *
+ws_blob_text(ApplyReader *r)
+{
+	uint32		n = ws_u32(r);
 	char	   *s;
 
-	if (kind == 'n')
-		return NULL;
-	if (kind != 't')
-		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-						errmsg("chorus: writeset value of unknown kind 0x%02x", kind)));
-	n = ws_u32(r);
-	ws_need(r, (int) n);
+	ws_need(r, (int) Min(n, (uint32) PG_INT32_MAX));
 	s = pnstrdup(r->buf + r->pos, n);
 	r->pos += n;
 	return s;
@@ -165,12 +195,14 @@ resolve_types(ApplyTable *t)
 	t->coltypmods = palloc0(sizeof(int32) * Max(t->ncols, 1));
 	t->colinput = palloc0(sizeof(FmgrInfo) * Max(t->ncols, 1));
 	t->colioparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
+	t->colrecv = palloc0(sizeof(FmgrInfo) * Max(t->ncols, 1));
+	t->colrecvparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
 	for (i = 0; i < t->ncols; i++)
 	{
 		HeapTuple	tup;
 		Form_pg_attribute att;
 
-		if (t->cols[i].flags & WS_COL_GENERATED)
+		if (t->cols[i].flags & CHORUS_COL_GENERATED)
 			continue;
 		tup = SearchSysCacheAttName(relid, t->cols[i].name);
 		if (!HeapTupleIsValid(tup))
@@ -260,7 +292,7 @@ table_plan(ApplyTable *t, int op)
 		appendStringInfo(&sql, "INSERT INTO %s (", qualified(t));
 		for (i = 0; i < t->ncols; i++)
 		{
-			if (t->cols[i].flags & WS_COL_GENERATED)
+			if (t->cols[i].flags & CHORUS_COL_GENERATED)
 				continue;
 			appendStringInfo(&sql, "%s%s", first ? "" : ", ", quote_identifier(t->cols[i].name));
 			appendStringInfo(&vals, "%s$%d", first ? "" : ", ", n + 1);
@@ -276,7 +308,7 @@ table_plan(ApplyTable *t, int op)
 			appendStringInfo(&sql, "UPDATE %s SET ", qualified(t));
 			for (i = 0; i < t->ncols; i++)
 			{
-				if (t->cols[i].flags & WS_COL_GENERATED)
+				if (t->cols[i].flags & CHORUS_COL_GENERATED)
 					continue;
 				appendStringInfo(&sql, "%s%s = $%d", first ? "" : ", ",
 								 quote_identifier(t->cols[i].name), n + 1);
@@ -288,40 +320,144 @@ table_plan(ApplyTable *t, int op)
 			appendStringInfo(&sql, "DELETE FROM %s", qualified(t));
 		appendStringInfoString(&sql, " WHERE ");
 		if (t->full_identity)
-			appendStringInfo(&sql, "ctid = (SELECT ctid FROM %s WHERE ", qualified(t));
-		for (i = 0; i < t->nident; i++)
 		{
-			int			c = t->ident[i];
+			/*
+			 * No primary key: the row whose every column is identical to the
+			 * old image (record image equality, *=: 1.0 and 1.00, or 'a' and
+			 * 'A' under a case-insensitive collation, are different rows).
+			 * Any one of several identical rows is the same change.
+			 */
+			StringInfoData img;
+			int			m = 0;
 
-			appendStringInfo(&sql, "%s%s %s $%d", i ? " AND " : "", quote_identifier(t->cols[c].name),
-							 t->full_identity ? "IS NOT DISTINCT FROM" : "=", n + 1);
-			types[n++] = t->coltypes[c];
+			initStringInfo(&img);
+			appendStringInfo(&sql, "ctid = (SELECT ctid FROM %s WHERE pg_catalog.record_image_eq(ROW(", qualified(t));
+			for (i = 0; i < t->nident; i++)
+			{
+				int			c = t->ident[i];
+
+				if (t->cols[c].flags & CHORUS_COL_GENERATED)
+					continue;
+				appendStringInfo(&sql, "%s%s", m ? ", " : "", quote_identifier(t->cols[c].name));
+				appendStringInfo(&img, "%s$%d", m ? ", " : "", n + 1);
+				types[n++] = t->coltypes[c];
+				m++;
+			}
+			if (m == 0)
+				appendStringInfoString(&sql, "), ROW()) LIMIT 1)");
+			else
+				appendStringInfo(&sql, "), ROW(%s)) LIMIT 1)", img.data);
 		}
-		if (t->full_identity)
-			appendStringInfoString(&sql, " LIMIT 1)");
+		else
+			for (i = 0; i < t->nident; i++)
+			{
+				int			c = t->ident[i];
+
+				appendStringInfo(&sql, "%s%s = $%d", i ? " AND " : "", quote_identifier(t->cols[c].name), n + 1);
+				types[n++] = t->coltypes[c];
+			}
 	}
 	t->plans[op] = get_plan(sql.data, n, types);
 	return t->plans[op];
 }
 
+/* The datum of value v for column col of t, in this node's column type. */
 static Datum
-to_datum(ApplyTable *t, int col, char *text, char *isnull)
+to_datum(ApplyTable *t, int col, ApplyValue v, char *isnull)
 {
-	*isnull = (text == NULL) ? 'n' : ' ';
-	return InputFunctionCall(&t->colinput[col], text, t->colioparam[col], t->coltypmods[col]);
+	StringInfoData buf;
+	char	   *copy;
+
+	*isnull = (v.kind == CHORUS_VAL_NULL) ? 'n' : ' ';
+	if (v.kind == CHORUS_VAL_NULL)
+		return InputFunctionCall(&t->colinput[col], NULL, t->colioparam[col], t->coltypmods[col]);
+	copy = palloc(v.len + 1);
+	memcpy(copy, v.data, v.len);
+	copy[v.len] = '\0';
+	if (v.kind == CHORUS_VAL_TEXT)
+		return InputFunctionCall(&t->colinput[col], copy, t->colioparam[col], t->coltypmods[col]);
+	if (t->colrecv[col].fn_oid == InvalidOid)
+	{
+		Oid			recv;
+
+		getTypeBinaryInputInfo(t->coltypes[col], &recv, &t->colrecvparam[col]);
+		fmgr_info(recv, &t->colrecv[col]);
+	}
+	buf.data = copy;
+	buf.len = (int) v.len;
+	buf.maxlen = (int) v.len + 1;
+	buf.cursor = 0;
+	return ReceiveFunctionCall(&t->colrecv[col], &buf, t->colrecvparam[col], t->coltypmods[col]);
 }
 
 static void
-run_truncate(StringInfo list)
+run_truncate(StringInfo list, bool restart)
 {
 	int			rc;
 
 	if (list->len == 0)
 		return;
-	rc = SPI_execute(psprintf("TRUNCATE ONLY %s", list->data), false, 0);
+	rc = SPI_execute(psprintf("TRUNCATE ONLY %s%s", list->data, restart ? " RESTART IDENTITY" : ""), false, 0);
 	if (rc != SPI_OK_UTILITY)
 		elog(ERROR, "chorus: TRUNCATE failed: %s", SPI_result_code_string(rc));
 	resetStringInfo(list);
+}
+
+/* Settings that cannot be set on this node are warned about, not fatal (locales, tablespaces). */
+static bool
+apply_setting_optional(const char *name)
+{
+	return strncmp(name, "lc_", 3) == 0 || strcmp(name, "default_tablespace") == 0;
+}
+
+/*
+ * apply_schema
+ *		Run a schema change item's statement in the current apply transaction,
+ *		under the settings and role it ran under on its origin, without checking
+ *		function bodies (the origin did). A role missing here (created with
+ *		chorus.replicate_roles off) runs it as the apply user, with a warning.
+ */
+static void
+apply_schema(ApplyReader *r, int64 gid)
+{
+	int			nsettings = ws_u16(r);
+	int			nest = NewGUCNestLevel();
+	Oid			save_uid,
+				roleid;
+	int			save_sec;
+	char	   *role;
+	char	   *statement;
+	int			rc,
+				i;
+
+	for (i = 0; i < nsettings; i++)
+	{
+		char	   *name = ws_text16(r);
+		char	   *value = ws_text16(r);
+
+		if (strcmp(name, "default_tablespace") == 0 && value[0] != '\0' &&
+			!OidIsValid(get_tablespace_oid(value, true)))
+			value = "";			/* tablespaces are per node: use the default one here */
+		(void) set_config_option(name, value, PGC_SUSET, PGC_S_SESSION, GUC_ACTION_SAVE, true,
+								 apply_setting_optional(name) ? WARNING : ERROR, false);
+	}
+	(void) set_config_option("check_function_bodies", "off", PGC_SUSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	role = ws_text16(r);
+	statement = ws_blob_text(r);
+	roleid = get_role_oid(role, true);
+	GetUserIdAndSecContext(&save_uid, &save_sec);
+	if (OidIsValid(roleid))
+		SetUserIdAndSecContext(roleid, save_sec);
+	else
+		ereport(WARNING,
+				(errmsg("chorus: GID %lld: role \"%s\" does not exist here; running the schema change as \"%s\"",
+						(long long) gid, role, GetUserNameFromId(save_uid, false))));
+	rc = SPI_execute(statement, false, 0);
+	if (rc < 0)
+		elog(ERROR, "chorus: GID %lld: the schema change failed: %s", (long long) gid, SPI_result_code_string(rc));
+	SetUserIdAndSecContext(save_uid, save_sec);
+	AtEOXact_GUC(true, nest);
 }
 
 /*
@@ -331,7 +467,7 @@ run_truncate(StringInfo list)
  *		Returns the number of rows applied.
  */
 static int64
-chorus_apply_rows(const char *buf, int len, int64 gid)
+chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 {
 	ApplyReader r = {buf, len, 0};
 	MemoryContext cxt,
@@ -340,24 +476,39 @@ chorus_apply_rows(const char *buf, int len, int64 gid)
 	uint32		ntables,
 				nrows;
 	uint8		flags;
+	int			encoding;
 	StringInfoData truncates;
+	bool		truncate_restart = false;
 	int64		applied = 0;
+	int			nest;
 	uint32		i;
 
-	ws_need(&r, WS_HEAD_SIZE);
-	if (r.buf[0] != 'C' || r.buf[1] != 'W' || (uint8) r.buf[2] != 1)
+	ws_need(&r, CHORUS_WS_HEAD_SIZE);
+	if (memcmp(r.buf, CHORUS_WS_MAGIC, 2) != 0 || (uint8) r.buf[2] != CHORUS_WS_VERSION)
 		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-						errmsg("chorus: not a version 1 writeset")));
+						errmsg("chorus: not a version %d writeset", CHORUS_WS_VERSION)));
 	flags = (uint8) r.buf[3];
-	if (flags != 0)
+	if ((flags & ~CHORUS_WS_FLAGS_KNOWN) != 0)
+		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+						errmsg("chorus: writeset with unknown flags 0x%02x", flags)));
+	if (flags & CHORUS_WS_FLAG_TOI)
 		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-						errmsg("chorus: apply_writeset applies rows only, not schema changes")));
+						errmsg("chorus: a schema change's ordering request is not applied; its content is")));
 	r.pos = 2 + 1 + 1 + 4 + 4 + 8;
+	encoding = ws_u16(&r);
+	if (encoding != GetDatabaseEncoding())
+		ereport(ERROR, (errcode(ERRCODE_CHARACTER_NOT_IN_REPERTOIRE),
+						errmsg("chorus: GID %lld was written in a database with encoding %s; this one is %s",
+							   (long long) gid, pg_encoding_to_char(encoding), GetDatabaseEncodingName()),
+						errhint("Every node of a cluster needs a database of the same encoding.")));
 	ntables = ws_u16(&r);
 	nrows = ws_u32(&r);
 	(void) ws_u32(&r);			/* keys: certification only */
 	if (ntables > (uint32) r.len || nrows > (uint32) r.len)
 		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: writeset counts exceed its length")));
+	/* a schema change runs after everything before it has committed here, whatever the lanes */
+	if (flags & CHORUS_WS_FLAG_DDL)
+		chorus_wait_for_turn(prev);
 
 	cxt = AllocSetContextCreate(CurrentMemoryContext, "chorus apply", ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(cxt);
@@ -366,6 +517,7 @@ chorus_apply_rows(const char *buf, int len, int64 gid)
 	{
 		ApplyTable *t = &tables[i];
 		int			c;
+		uint8		tflags;
 
 		t->nspname = ws_text16(&r);
 		t->relname = ws_text16(&r);
@@ -376,28 +528,35 @@ chorus_apply_rows(const char *buf, int len, int64 gid)
 			t->cols[c].name = ws_text16(&r);
 			pfree(ws_text16(&r));	/* the origin's type name: the local type decides */
 			t->cols[c].flags = ws_u8(&r);
+			if (t->cols[c].flags & ~CHORUS_COL_FLAGS_KNOWN)
+				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+								errmsg("chorus: column with unknown flags 0x%02x in %s", t->cols[c].flags, qualified(t))));
 		}
 		t->nident = ws_u16(&r);
 		t->ident = palloc(sizeof(int) * Max(t->nident, 1));
-		t->full_identity = (t->nident == t->ncols && t->ncols > 0);
 		for (c = 0; c < t->nident; c++)
 		{
 			t->ident[c] = ws_u16(&r);
 			if (t->ident[c] >= t->ncols)
 				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
 								errmsg("chorus: identity column out of range in %s", qualified(t))));
-			if (t->ident[c] != c)
-				t->full_identity = false;
 		}
+		tflags = ws_u8(&r);
+		if (tflags & ~CHORUS_TABLE_FLAGS_KNOWN)
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: table %s with unknown flags 0x%02x", qualified(t), tflags)));
+		t->full_identity = (tflags & CHORUS_TABLE_FULL_IDENTITY) != 0;
 	}
 
+	/* text values are read under the settings they were printed under (chorus_values.c) */
+	nest = chorus_canonical_enter(true);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "chorus: SPI_connect failed");
 	initStringInfo(&truncates);
 	for (i = 0; i < nrows; i++)
 	{
 		char		op = (char) ws_u8(&r);
-		uint16		ti = ws_u16(&r);
+		uint16		ti;
 		ApplyTable *t;
 		Datum	   *values;
 		char	   *nulls;
@@ -405,41 +564,60 @@ chorus_apply_rows(const char *buf, int len, int64 gid)
 					c,
 					k,
 					rc;
-		char	  **oldv = NULL;
+		ApplyValue *oldv = NULL;
 
+		if (op == CHORUS_OP_SCHEMA)
+		{
+			run_truncate(&truncates, truncate_restart);
+			/* the statement runs under its origin's settings, then the fixed ones return */
+			chorus_canonical_exit(nest);
+			apply_schema(&r, gid);
+			nest = chorus_canonical_enter(true);
+			applied++;
+			continue;
+		}
+		ti = ws_u16(&r);
 		if (ti >= ntables)
 			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: row refers to table %u of %u", ti, ntables)));
 		t = &tables[ti];
-		if (op == 'T')
+		if (op == CHORUS_OP_TRUNCATE)
 		{
+			uint8		tflags = ws_u8(&r);
+			bool		restart = (tflags & CHORUS_TRUNCATE_RESTART) != 0;
+
+			if (tflags & ~CHORUS_TRUNCATE_FLAGS_KNOWN)
+				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: TRUNCATE with unknown flags 0x%02x", tflags)));
+			if (restart != truncate_restart)
+				run_truncate(&truncates, truncate_restart);
+			truncate_restart = restart;
 			appendStringInfo(&truncates, "%s%s", truncates.len ? ", " : "", qualified(t));
 			applied++;
 			continue;
 		}
-		run_truncate(&truncates);
-		if (op != 'I' && op != 'U' && op != 'D')
+		run_truncate(&truncates, truncate_restart);
+		if (op != CHORUS_OP_INSERT && op != CHORUS_OP_UPDATE && op != CHORUS_OP_DELETE)
 			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: unknown row op 0x%02x", (uint8) op)));
 		if (t->coltypes == NULL)
 			resolve_types(t);
 		values = palloc(sizeof(Datum) * (t->ncols + t->nident + 1));
 		nulls = palloc(t->ncols + t->nident + 1);
-		if (op != 'I')
+		if (op != CHORUS_OP_INSERT)
 		{
 			if (ws_u16(&r) != t->nident)
 				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: old tuple of %s has the wrong width", qualified(t))));
-			oldv = palloc(sizeof(char *) * Max(t->nident, 1));
+			oldv = palloc(sizeof(ApplyValue) * Max(t->nident, 1));
 			for (k = 0; k < t->nident; k++)
 				oldv[k] = ws_value(&r);
 		}
-		if (op != 'D')
+		if (op != CHORUS_OP_DELETE)
 		{
 			if (ws_u16(&r) != t->ncols)
 				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: new tuple of %s has the wrong width", qualified(t))));
 			for (c = 0; c < t->ncols; c++)
 			{
-				char	   *v = ws_value(&r);
+				ApplyValue	v = ws_value(&r);
 
-				if (t->cols[c].flags & WS_COL_GENERATED)
+				if (t->cols[c].flags & CHORUS_COL_GENERATED)
 					continue;
 				values[n] = to_datum(t, c, v, &nulls[n]);
 				n++;
@@ -447,31 +625,39 @@ chorus_apply_rows(const char *buf, int len, int64 gid)
 		}
 		for (k = 0; oldv != NULL && k < t->nident; k++)
 		{
+			if (t->full_identity && (t->cols[t->ident[k]].flags & CHORUS_COL_GENERATED))
+				continue;		/* not compared: computed from the others */
 			values[n] = to_datum(t, t->ident[k], oldv[k], &nulls[n]);
 			n++;
 		}
-		rc = SPI_execute_plan(table_plan(t, op == 'I' ? 0 : op == 'U' ? 1 : 2), values, nulls, false, 0);
+		rc = SPI_execute_plan(table_plan(t, op == CHORUS_OP_INSERT ? 0 : op == CHORUS_OP_UPDATE ? 1 : 2),
+							  values, nulls, false, 0);
 		if (rc < 0)
 			elog(ERROR, "chorus: applying a row of %s: %s", qualified(t), SPI_result_code_string(rc));
-		if (op != 'I' && SPI_processed != 1)
+		if (op != CHORUS_OP_INSERT && SPI_processed != 1)
 		{
 			StringInfoData key;
 
 			initStringInfo(&key);
 			for (k = 0; k < t->nident; k++)
-				appendStringInfo(&key, "%s%s", k ? ", " : "", oldv[k] ? oldv[k] : "NULL");
+				appendStringInfo(&key, "%s%s", k ? ", " : "",
+								 oldv[k].kind == CHORUS_VAL_NULL ? "NULL" :
+								 oldv[k].kind == CHORUS_VAL_BINARY ? "(binary)" : pnstrdup(oldv[k].data, oldv[k].len));
 			ereport(ERROR,
 					(errcode(ERRCODE_DATA_CORRUPTED),
 					 errmsg("chorus: GID %lld: %s of %s (%s) matched %llu rows: this node's data differs from the cluster's",
-							(long long) gid, op == 'U' ? "UPDATE" : "DELETE", qualified(t), key.data,
+							(long long) gid, op == CHORUS_OP_UPDATE ? "UPDATE" : "DELETE", qualified(t), key.data,
 							(unsigned long long) SPI_processed)));
 		}
 		applied++;
 		pfree(values);
 		pfree(nulls);
 	}
-	run_truncate(&truncates);
+	run_truncate(&truncates, truncate_restart);
+	if (r.pos > r.len)
+		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: writeset overrun")));
 	SPI_finish();
+	chorus_canonical_exit(nest);
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(cxt);
 	return applied;
@@ -492,7 +678,8 @@ chorus_apply_writeset(PG_FUNCTION_ARGS)
 	int64		prev = PG_NARGS() > 3 ? PG_GETARG_INT64(3) : -1;
 
 	DirectFunctionCall3(chorus_apply_begin, Int64GetDatum(gid), Int64GetDatum(wait_for), Int64GetDatum(prev));
-	PG_RETURN_INT64(chorus_apply_rows(VARDATA_ANY(ws), VARSIZE_ANY_EXHDR(ws), gid));
+	PG_RETURN_INT64(chorus_apply_rows(VARDATA_ANY(ws), VARSIZE_ANY_EXHDR(ws), gid,
+									  (uint64) (prev >= 0 ? prev : wait_for)));
 }
 
 /*
@@ -528,7 +715,7 @@ chorus_apply_run(PG_FUNCTION_ARGS)
 		uint32		n = ws_u32(&r);
 
 		ws_need(&r, (int) Min(n, (uint32) PG_INT32_MAX));
-		applied += chorus_apply_rows(r.buf + r.pos, (int) n, gid);
+		applied += chorus_apply_rows(r.buf + r.pos, (int) n, gid, (uint64) wait_for);
 		r.pos += n;
 	}
 	PG_RETURN_INT64(applied);

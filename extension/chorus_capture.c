@@ -32,9 +32,6 @@ PG_FUNCTION_INFO_V1(chorus_capture_truncate);
 
 ChorusXact	chorus_xact;
 
-#define COL_IDENTITY 0x01
-#define COL_GENERATED 0x02
-
 /*
  * chorus_xact_reset
  *		Forget the transaction's writeset and commit state (end of transaction).
@@ -52,7 +49,7 @@ chorus_xact_reset(void)
  *		Lazily set up the writeset buffers in a context that lives until the end
  *		of the top-level transaction.
  */
-static void
+void
 chorus_xact_begin_capture(void)
 {
 	MemoryContext old;
@@ -286,13 +283,15 @@ chorus_table_for(Relation rel)
 	MemoryContext old;
 	List	   *indexes;
 	ListCell   *lc;
-	Oid			pkoid;
+	Oid			pkoid,
+				identoid;
 	int			i,
 				n;
 	int		   *colof;
 
-	for (i = 0; i < chorus_xact.ntables; i++)
-		if (chorus_xact.tables[i]->relid == relid)
+	/* a schema change earlier in the transaction may have changed the table: describe it anew */
+	for (i = chorus_xact.ntables - 1; i >= 0; i--)
+		if (chorus_xact.tables[i]->relid == relid && chorus_xact.tables[i]->epoch == chorus_xact.table_epoch)
 			return chorus_xact.tables[i];
 
 	if (chorus_xact.ntables >= PG_UINT16_MAX)
@@ -302,19 +301,22 @@ chorus_table_for(Relation rel)
 	old = MemoryContextSwitchTo(chorus_xact.cxt);
 	t = palloc0(sizeof(ChorusTable));
 	t->relid = relid;
+	t->epoch = chorus_xact.table_epoch;
 	t->nspname = get_namespace_name(RelationGetNamespace(rel));
 	t->relname = pstrdup(RelationGetRelationName(rel));
 	t->attnums = palloc(sizeof(AttrNumber) * desc->natts);
 	t->attnames = palloc(sizeof(char *) * desc->natts);
 	t->typnames = palloc(sizeof(char *) * desc->natts);
 	t->colflags = palloc0(sizeof(uint8) * desc->natts);
-	t->typoutput = palloc(sizeof(Oid) * desc->natts);
+	t->colkind = palloc0(sizeof(uint8) * desc->natts);
+	t->valfn = palloc0(sizeof(FmgrInfo) * desc->natts);
+	t->textfn = palloc0(sizeof(FmgrInfo) * desc->natts);
+	t->keycol = palloc0(sizeof(bool) * desc->natts);
 	colof = palloc(sizeof(int) * (desc->natts + 1));
 	n = 0;
 	for (i = 0; i < desc->natts; i++)
 	{
 		Form_pg_attribute att = TupleDescAttr(desc, i);
-		bool		varlena;
 
 		colof[i + 1] = -1;
 		if (att->attisdropped)
@@ -323,17 +325,17 @@ chorus_table_for(Relation rel)
 		t->attnames[n] = pstrdup(NameStr(att->attname));
 		t->typnames[n] = format_type_be(att->atttypid);
 		if (att->attidentity != '\0')
-			t->colflags[n] |= COL_IDENTITY;
+			t->colflags[n] |= CHORUS_COL_IDENTITY;
 		if (att->attgenerated == ATTRIBUTE_GENERATED_STORED)
-			t->colflags[n] |= COL_GENERATED;
-		getTypeOutputInfo(att->atttypid, &t->typoutput[n], &varlena);
+			t->colflags[n] |= CHORUS_COL_GENERATED;
 		colof[i + 1] = n;
 		n++;
 	}
 	t->ncols = n;
 
-	/* unique keys, primary key first */
+	/* unique keys, the identity (primary key, else replica identity index) first */
 	pkoid = RelationGetPrimaryKeyIndex(rel);
+	identoid = OidIsValid(pkoid) ? pkoid : RelationGetReplicaIndex(rel);
 	indexes = RelationGetIndexList(rel);
 	t->uniques = palloc0(sizeof(ChorusUniqueKey) * (list_length(indexes) + 1));
 	t->expr_indexes = palloc0(sizeof(Oid) * (list_length(indexes) + 1));
@@ -356,8 +358,8 @@ chorus_table_for(Relation rel)
 				ChorusUniqueKey *u;
 				StringInfoData names;
 
-				/* keep the primary key at position 0 */
-				if (indexoid == pkoid && t->nunique > 0)
+				/* keep the identity at position 0 */
+				if (indexoid == identoid && t->nunique > 0)
 				{
 					t->uniques[t->nunique] = t->uniques[0];
 					u = &t->uniques[0];
@@ -365,13 +367,14 @@ chorus_table_for(Relation rel)
 				else
 					u = &t->uniques[t->nunique];
 				t->nunique++;
-				u->is_pk = (indexoid == pkoid);
+				u->is_identity = (indexoid == identoid);
 				u->ncols = ind->indnkeyatts;
 				u->cols = palloc(sizeof(int) * u->ncols);
 				initStringInfo(&names);
 				for (k = 0; k < ind->indnkeyatts; k++)
 				{
 					u->cols[k] = colof[ind->indkey.values[k]];
+					t->keycol[u->cols[k]] = true;
 					appendStringInfo(&names, "%s%s", k ? "," : "", t->attnames[u->cols[k]]);
 				}
 				u->colnames = names.data;
@@ -389,19 +392,42 @@ chorus_table_for(Relation rel)
 	list_free(indexes);
 
 	chorus_foreign_keys(rel, t, colof);
+	for (i = 0; i < t->nfkeys; i++)
+		for (n = 0; n < t->fkeys[i].ncols; n++)
+			t->keycol[t->fkeys[i].cols[n]] = true;
 
-	t->has_pk = (t->nunique > 0 && t->uniques[0].is_pk);
-	if (t->has_pk)
+	if (t->nunique > 0 && t->uniques[0].is_identity)
 	{
 		t->nidentity = t->uniques[0].ncols;
 		t->identity = t->uniques[0].cols;
 	}
-	else if (rel->rd_rel->relreplident == REPLICA_IDENTITY_FULL)
+	else
 	{
+		/*
+		 * No primary key and no identity index: the whole old row identifies a
+		 * row, as with REPLICA IDENTITY FULL (docs/PROTOCOL.md section 3).
+		 */
+		t->full_identity = true;
 		t->nidentity = t->ncols;
-		t->identity = palloc(sizeof(int) * t->ncols);
+		t->identity = palloc(sizeof(int) * Max(t->ncols, 1));
 		for (i = 0; i < t->ncols; i++)
+		{
 			t->identity[i] = i;
+			t->keycol[i] = true;
+		}
+	}
+
+	/* unique indexes on expressions: their key text may depend on settings */
+	if (t->nexpr > 0)
+		t->canonical = true;
+
+	/* how each column's values travel (chorus_values.c) */
+	for (i = 0; i < t->ncols; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, t->attnums[i] - 1);
+
+		t->colkind[i] = chorus_column_io(att->atttypid, t->keycol[i], chorus_xact.cxt, &t->valfn[i],
+										 &t->textfn[i], &t->canonical, &t->qualify);
 	}
 
 	if (chorus_xact.ntables == chorus_xact.maxtables)
@@ -416,40 +442,64 @@ chorus_table_for(Relation rel)
 }
 
 /*
- * chorus_values
- *		Text output of every column of tuple, NULL as NULL pointer.
+ * ChorusImage
+ *		One row image: every column's datum, and the text of the columns that
+ *		make up certification keys (NULL where not needed or SQL NULL).
  */
-static char **
-chorus_values(ChorusTable *t, HeapTuple tuple, TupleDesc desc)
+typedef struct ChorusImage
 {
-	char	  **vals = palloc(sizeof(char *) * t->ncols);
-	int			i;
-
-	for (i = 0; i < t->ncols; i++)
-	{
-		bool		isnull;
-		Datum		d;
-
-		if (t->colflags[i] & COL_GENERATED)
-		{
-			vals[i] = NULL;
-			continue;
-		}
-		d = heap_getattr(tuple, t->attnums[i], desc, &isnull);
-		vals[i] = isnull ? NULL : OidOutputFunctionCall(t->typoutput[i], d);
-	}
-	return vals;
-}
+	Datum	   *values;
+	bool	   *isnull;
+	char	  **text;
+} ChorusImage;
 
 static void
-chorus_put_value(StringInfo buf, const char *v)
+chorus_image(ChorusTable *t, HeapTuple tuple, TupleDesc desc, bool all_text, ChorusImage *img)
 {
-	if (v == NULL)
-		chorus_put_u8(buf, 'n');
+	Datum	   *dv = palloc(sizeof(Datum) * desc->natts);
+	bool	   *dn = palloc(sizeof(bool) * desc->natts);
+	int			i;
+
+	heap_deform_tuple(tuple, desc, dv, dn);
+	img->values = palloc(sizeof(Datum) * Max(t->ncols, 1));
+	img->isnull = palloc(sizeof(bool) * Max(t->ncols, 1));
+	img->text = palloc0(sizeof(char *) * Max(t->ncols, 1));
+	for (i = 0; i < t->ncols; i++)
+	{
+		int			a = t->attnums[i] - 1;
+
+		img->values[i] = dv[a];
+		img->isnull[i] = dn[a] || (t->colflags[i] & CHORUS_COL_GENERATED);
+		if (!img->isnull[i] && (t->keycol[i] || all_text))
+			img->text[i] = OutputFunctionCall(&t->textfn[i], dv[a]);
+	}
+	pfree(dv);
+	pfree(dn);
+}
+
+/*
+ * chorus_put_value
+ *		One value: NULL, the binary send form, or the text output.
+ */
+static void
+chorus_put_value(StringInfo buf, ChorusTable *t, ChorusImage *img, int c)
+{
+	if (img->isnull[c])
+		chorus_put_u8(buf, CHORUS_VAL_NULL);
+	else if (t->colkind[c] == CHORUS_VAL_BINARY)
+	{
+		bytea	   *b = SendFunctionCall(&t->valfn[c], img->values[c]);
+
+		chorus_put_u8(buf, CHORUS_VAL_BINARY);
+		chorus_put_blob(buf, VARDATA(b), VARSIZE(b) - VARHDRSZ);
+		pfree(b);
+	}
 	else
 	{
-		chorus_put_u8(buf, 't');
-		chorus_put_blob(buf, v, strlen(v));
+		char	   *s = img->text[c] ? img->text[c] : OutputFunctionCall(&t->valfn[c], img->values[c]);
+
+		chorus_put_u8(buf, CHORUS_VAL_TEXT);
+		chorus_put_blob(buf, s, strlen(s));
 	}
 }
 
@@ -514,7 +564,8 @@ chorus_key_equal(const ChorusUniqueKey *u, char **a, char **b)
 
 /*
  * chorus_row_keys
- *		Keys of one row change (docs/PROTOCOL.md section 3).
+ *		Keys of one row change (docs/PROTOCOL.md section 3), from the text of
+ *		the key columns of its images.
  */
 static void
 chorus_row_keys(ChorusTable *t, char op, char **oldv, char **newv)
@@ -525,16 +576,16 @@ chorus_row_keys(ChorusTable *t, char op, char **oldv, char **newv)
 	{
 		ChorusUniqueKey *u = &t->uniques[i];
 
-		if (op == 'I' || op == 'D')
+		if (op == CHORUS_OP_INSERT || op == CHORUS_OP_DELETE)
 		{
-			char	  **v = (op == 'I') ? newv : oldv;
+			char	  **v = (op == CHORUS_OP_INSERT) ? newv : oldv;
 
 			if (chorus_key_complete(u, v))
 				chorus_add_key(t, CHORUS_KEY_EXCLUSIVE, u->colnames, u->ncols, u->cols, v);
 		}
 		else if (chorus_key_equal(u, oldv, newv))
 		{
-			if (u->is_pk && chorus_key_complete(u, newv))
+			if (u->is_identity && chorus_key_complete(u, newv))
 				chorus_add_key(t, CHORUS_KEY_UPDATE, u->colnames, u->ncols, u->cols, newv);
 		}
 		else
@@ -546,25 +597,25 @@ chorus_row_keys(ChorusTable *t, char op, char **oldv, char **newv)
 		}
 	}
 	/* a new or re-pointed reference to a parent row: it must still exist (invariant 2) */
-	for (i = 0; i < t->nfkeys && op != 'D'; i++)
+	for (i = 0; i < t->nfkeys && op != CHORUS_OP_DELETE; i++)
 	{
 		ChorusForeignKey *f = &t->fkeys[i];
 		ChorusUniqueKey fk = {f->colnames, f->ncols, f->cols, false};
 
 		if (!chorus_key_complete(&fk, newv))
 			continue;
-		if (op == 'U' && chorus_key_equal(&fk, oldv, newv))
+		if (op == CHORUS_OP_UPDATE && chorus_key_equal(&fk, oldv, newv))
 			continue;
 		chorus_add_key_of(f->nspname, f->relname, CHORUS_KEY_REFERENCE, f->colnames, f->ncols,
 						  f->cols, newv);
 	}
-	if (!t->has_pk && t->nidentity > 0 && op != 'I')
+	if (t->full_identity && op != CHORUS_OP_INSERT)
 	{
-		/* REPLICA IDENTITY FULL: the old row's full image identifies it */
+		/* no primary key: the old row's full image identifies it */
 		StringInfo	buf = &chorus_xact.keys;
 		int			k;
 
-		chorus_put_u8(buf, op == 'U' ? CHORUS_KEY_UPDATE : CHORUS_KEY_EXCLUSIVE);
+		chorus_put_u8(buf, op == CHORUS_OP_UPDATE ? CHORUS_KEY_UPDATE : CHORUS_KEY_EXCLUSIVE);
 		chorus_put_u16(buf, (uint16) (3 + t->ncols));
 		chorus_put_blob(buf, t->nspname, strlen(t->nspname));
 		chorus_put_blob(buf, t->relname, strlen(t->relname));
@@ -643,7 +694,7 @@ chorus_expr_keys(Relation rel, ChorusTable *t, char op, HeapTuple oldtup, HeapTu
 
 		for (k = 0; k < n; k++)
 			cols[k] = k;
-		if (op == 'U' && oldv && newv)
+		if (op == CHORUS_OP_UPDATE && oldv && newv)
 		{
 			for (k = 0; k < n && strcmp(oldv[k], newv[k]) == 0; k++)
 				;
@@ -694,7 +745,7 @@ chorus_check_size(void)
  *		to be captured.
  */
 static bool
-chorus_capture_start(Relation rel, ChorusTable **tp)
+chorus_capture_start(Relation rel)
 {
 	if (!chorus_capture_enabled || chorus_xact.applying)
 		return false;
@@ -702,9 +753,80 @@ chorus_capture_start(Relation rel, ChorusTable **tp)
 		return false;
 	chorus_check_writable();
 	chorus_xact_begin_capture();
-	*tp = chorus_table_for(rel);
 	chorus_note_snapshot();
 	return true;
+}
+
+/*
+ * chorus_capture_row
+ *		Append one row change of rel to the writeset: op is CHORUS_OP_INSERT
+ *		(newtup), CHORUS_OP_UPDATE (both) or CHORUS_OP_DELETE (oldtup). keys:
+ *		with its certification keys (rows a schema change produced are covered
+ *		by its table keys instead).
+ */
+void
+chorus_capture_row(Relation rel, char op, HeapTuple oldtup, HeapTuple newtup, bool keys)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	ChorusTable *t = chorus_table_for(rel);
+	ChorusImage oldi,
+				newi;
+	int			nest = t->canonical ? chorus_canonical_enter(t->qualify) : -1;
+	int			i;
+
+	if (oldtup != NULL)
+		chorus_image(t, oldtup, desc, false, &oldi);
+	if (newtup != NULL)
+		chorus_image(t, newtup, desc, false, &newi);
+	if (keys)
+	{
+		if (!t->table_key_done)
+		{
+			chorus_add_key(t, CHORUS_KEY_REFERENCE, NULL, 0, NULL, NULL);
+			t->table_key_done = true;
+		}
+		chorus_row_keys(t, op, oldtup ? oldi.text : NULL, newtup ? newi.text : NULL);
+		if (t->nexpr > 0)
+			chorus_expr_keys(rel, t, op, oldtup, newtup);
+	}
+
+	chorus_put_u8(&chorus_xact.rows, (uint8) op);
+	chorus_put_u16(&chorus_xact.rows, (uint16) t->index);
+	if (oldtup != NULL)
+	{
+		chorus_put_u16(&chorus_xact.rows, (uint16) t->nidentity);
+		for (i = 0; i < t->nidentity; i++)
+			chorus_put_value(&chorus_xact.rows, t, &oldi, t->identity[i]);
+	}
+	if (newtup != NULL)
+	{
+		chorus_put_u16(&chorus_xact.rows, (uint16) t->ncols);
+		for (i = 0; i < t->ncols; i++)
+			chorus_put_value(&chorus_xact.rows, t, &newi, i);
+	}
+	chorus_xact.nrows++;
+	chorus_canonical_exit(nest);
+	chorus_check_size();
+}
+
+/* The transaction's description of rel (made at its first capture). */
+ChorusTable *
+chorus_capture_table(Relation rel)
+{
+	chorus_xact_begin_capture();
+	return chorus_table_for(rel);
+}
+
+/*
+ * chorus_capture_table_key
+ *		A table-level key of rel in mode (a schema change's exclusive key on a
+ *		table it changes).
+ */
+void
+chorus_capture_table_key(Relation rel, uint8 mode)
+{
+	chorus_xact_begin_capture();
+	chorus_add_key(chorus_table_for(rel), mode, NULL, 0, NULL, NULL);
 }
 
 /*
@@ -716,78 +838,25 @@ chorus_capture(PG_FUNCTION_ARGS)
 {
 	TriggerData *td = (TriggerData *) fcinfo->context;
 	Relation	rel;
-	TupleDesc	desc;
-	ChorusTable *t;
-	char		op;
-	char	  **oldv = NULL;
-	char	  **newv = NULL;
-	int			i;
 
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(td->tg_event) ||
 		!TRIGGER_FIRED_FOR_ROW(td->tg_event))
 		ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 						errmsg("chorus.capture() must be an AFTER ... FOR EACH ROW trigger")));
 	rel = td->tg_relation;
-	if (TRIGGER_FIRED_BY_INSERT(td->tg_event))
-		op = 'I';
-	else if (TRIGGER_FIRED_BY_UPDATE(td->tg_event))
-		op = 'U';
-	else
-		op = 'D';
-
-	if (!chorus_capture_start(rel, &t))
+	if (!chorus_capture_start(rel))
 		return PointerGetDatum(NULL);
-
-	if (op != 'I' && t->nidentity == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("chorus: cannot replicate %s on table \"%s\".\"%s\" without a primary key",
-						op == 'U' ? "UPDATE" : "DELETE", t->nspname, t->relname),
-				 errdetail("Other nodes could not tell which row to change."),
-				 errhint("Add a primary key, or run ALTER TABLE ... REPLICA IDENTITY FULL.")));
-
-	/* values live in the trigger's per-call memory; only the buffers grow */
-	desc = RelationGetDescr(rel);
-	if (op != 'I')
-		oldv = chorus_values(t, td->tg_trigtuple, desc);
-	if (op == 'I')
-		newv = chorus_values(t, td->tg_trigtuple, desc);
-	else if (op == 'U')
-		newv = chorus_values(t, td->tg_newtuple, desc);
-
-	if (!t->table_key_done)
-	{
-		chorus_add_key(t, CHORUS_KEY_REFERENCE, NULL, 0, NULL, NULL);
-		t->table_key_done = true;
-	}
-	chorus_row_keys(t, op, oldv, newv);
-	if (t->nexpr > 0)
-		chorus_expr_keys(rel, t, op, op != 'I' ? td->tg_trigtuple : NULL,
-						 op == 'I' ? td->tg_trigtuple : op == 'U' ? td->tg_newtuple : NULL);
-
-	chorus_put_u8(&chorus_xact.rows, (uint8) op);
-	chorus_put_u16(&chorus_xact.rows, (uint16) t->index);
-	if (oldv)
-	{
-		chorus_put_u16(&chorus_xact.rows, (uint16) t->nidentity);
-		for (i = 0; i < t->nidentity; i++)
-			chorus_put_value(&chorus_xact.rows, oldv[t->identity[i]]);
-	}
-	if (newv)
-	{
-		chorus_put_u16(&chorus_xact.rows, (uint16) t->ncols);
-		for (i = 0; i < t->ncols; i++)
-			chorus_put_value(&chorus_xact.rows, newv[i]);
-	}
-	chorus_xact.nrows++;
-
-	if (oldv)
-		pfree(oldv);
-	if (newv)
-		pfree(newv);
-	chorus_check_size();
+	if (TRIGGER_FIRED_BY_INSERT(td->tg_event))
+		chorus_capture_row(rel, CHORUS_OP_INSERT, NULL, td->tg_trigtuple, true);
+	else if (TRIGGER_FIRED_BY_UPDATE(td->tg_event))
+		chorus_capture_row(rel, CHORUS_OP_UPDATE, td->tg_trigtuple, td->tg_newtuple, true);
+	else
+		chorus_capture_row(rel, CHORUS_OP_DELETE, td->tg_trigtuple, NULL, true);
 	return PointerGetDatum(NULL);
 }
+
+/* Set by the utility hook while a TRUNCATE ... RESTART IDENTITY runs. */
+bool		chorus_truncate_restart = false;
 
 /*
  * chorus_capture_truncate
@@ -803,15 +872,17 @@ chorus_capture_truncate(PG_FUNCTION_ARGS)
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BY_TRUNCATE(td->tg_event))
 		ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 						errmsg("chorus.capture_truncate() must be an AFTER TRUNCATE trigger")));
-	if (!chorus_capture_start(td->tg_relation, &t))
+	if (!chorus_capture_start(td->tg_relation))
 		return PointerGetDatum(NULL);
+	t = chorus_table_for(td->tg_relation);
 	if (!t->truncate_key_done)
 	{
 		chorus_add_key(t, CHORUS_KEY_EXCLUSIVE, NULL, 0, NULL, NULL);
 		t->truncate_key_done = true;
 	}
-	chorus_put_u8(&chorus_xact.rows, 'T');
+	chorus_put_u8(&chorus_xact.rows, CHORUS_OP_TRUNCATE);
 	chorus_put_u16(&chorus_xact.rows, (uint16) t->index);
+	chorus_put_u8(&chorus_xact.rows, chorus_truncate_restart ? CHORUS_TRUNCATE_RESTART : 0);
 	chorus_xact.nrows++;
 	return PointerGetDatum(NULL);
 }

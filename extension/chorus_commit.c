@@ -25,11 +25,11 @@
 
 #include "chorus.h"
 
-#define VERDICT_COMMIT 0
-#define VERDICT_CONFLICT 1
-#define VERDICT_REFUSED 2
-#define VERDICT_UNKNOWN 3
-#define VERDICT_TOO_LARGE 4
+#define VERDICT_COMMIT CHORUS_VERDICT_COMMIT
+#define VERDICT_CONFLICT CHORUS_VERDICT_CONFLICT
+#define VERDICT_REFUSED CHORUS_VERDICT_REFUSED
+#define VERDICT_UNKNOWN CHORUS_VERDICT_UNKNOWN
+#define VERDICT_TOO_LARGE CHORUS_VERDICT_TOO_LARGE
 
 /*
  * This backend's connection to the coordinator, kept for the session, and the
@@ -223,7 +223,7 @@ static uint8
 chorus_read_verdict(uint64 *gid, uint64 *wait_for, uint64 *prev, char **msg)
 {
 	char		head[5];
-	char		body[1 + 1 + 8 + 8 + 8 + 2];
+	char		body[CHORUS_VERDICT_BODY_SIZE];
 	uint32		len;
 	uint16		msglen;
 
@@ -232,7 +232,7 @@ chorus_read_verdict(uint64 *gid, uint64 *wait_for, uint64 *prev, char **msg)
 		chorus_recv_exact(head, 5);
 		memcpy(&len, head, 4);
 		len = pg_ntoh32(len);
-		if (head[4] != 'V' || len < sizeof(body) || len > sizeof(body) + PG_UINT16_MAX)
+		if (head[4] != CHORUS_FRAME_VERDICT || len < sizeof(body) || len > sizeof(body) + PG_UINT16_MAX)
 		{
 			chorus_disconnect();
 			ereport(ERROR, (errcode(ERRCODE_PROTOCOL_VIOLATION),
@@ -304,8 +304,8 @@ chorus_request_verdict(TransactionId xid)
 	char	   *msg;
 
 	initStringInfo(&ws);
-	chorus_serialize_writeset(&ws, xid);
-	chorus_send_frame('W', ws.data, ws.len);
+	chorus_serialize_writeset(&ws, xid, 0);
+	chorus_send_frame(CHORUS_FRAME_WRITESET, ws.data, ws.len);
 	pfree(ws.data);
 	verdict = chorus_read_verdict(&gid, &wait_for, &prev, &msg);
 
@@ -339,7 +339,7 @@ chorus_ddl_order(StringInfo ws)
 	char	   *msg;
 
 	chorus_protect_commit();
-	chorus_send_frame('W', ws->data, ws->len);
+	chorus_send_frame(CHORUS_FRAME_WRITESET, ws->data, ws->len);
 	verdict = chorus_read_verdict(&gid, &wait_for, &prev, &msg);
 	chorus_refuse_unless_commit(verdict, gid, msg);
 	chorus_xact.certified = true;
@@ -353,9 +353,11 @@ chorus_ddl_order(StringInfo ws)
 
 /*
  * chorus_ddl_confirm
- *		The schema change ran here: tell the cluster (every node runs it) and
- *		wait until that report is in the total order before committing, so no
- *		node can end up with the change while the others skip it.
+ *		The schema change ran here: tell the cluster, with its content (the
+ *		transaction's writeset: the statement in its replay form and the rows it
+ *		produced), which every node applies at its GID; and wait until that
+ *		report is in the total order before committing, so no node can end up
+ *		with the change while the others skip it.
  */
 static void
 chorus_ddl_confirm(void)
@@ -367,10 +369,12 @@ chorus_ddl_confirm(void)
 				prev;
 	char	   *msg;
 
+	chorus_xact_begin_capture();
 	initStringInfo(&body);
 	chorus_put_u64(&body, chorus_xact.gid);
 	chorus_put_u32(&body, chorus_xact.xid);
-	chorus_send_frame('R', body.data, body.len);
+	chorus_serialize_writeset(&body, chorus_xact.xid, 0);
+	chorus_send_frame(CHORUS_FRAME_RAN, body.data, body.len);
 	pfree(body.data);
 	verdict = chorus_read_verdict(&gid, &wait_for, &prev, &msg);
 	if (verdict != VERDICT_COMMIT)
@@ -702,7 +706,7 @@ chorus_sync_wait(int timeout_ms)
 	char	   *msg;
 	uint64		committed;
 
-	chorus_send_frame('S', NULL, 0);
+	chorus_send_frame(CHORUS_FRAME_SYNC, NULL, 0);
 	verdict = chorus_read_verdict(&gid, &wait_for, &prev, &msg);
 	if (verdict != VERDICT_COMMIT)
 		ereport(ERROR,
@@ -861,7 +865,7 @@ chorus_send_done(char kind)
 	if (chorus_sock == PGINVALID_SOCKET)
 		return;
 	initStringInfo(&f);
-	chorus_put_u32(&f, 13);
+	chorus_put_u32(&f, CHORUS_FRAME_DONE_SIZE);
 	chorus_put_u8(&f, (uint8) kind);
 	chorus_put_u64(&f, chorus_xact.gid);
 	chorus_put_u32(&f, chorus_xact.xid);
@@ -913,10 +917,6 @@ chorus_xact_callback(XactEvent event, void *arg)
 			chorus_check_aborted();
 			if (chorus_xact.ddl)
 			{
-				if (chorus_xact.nrows > 0)
-					ereport(ERROR,
-							(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-							 errmsg("chorus: a replicated schema change cannot also write rows of replicated tables")));
 				chorus_xact.xid = GetTopTransactionId();
 				chorus_ddl_confirm();
 				chorus_claim_turn();
@@ -961,7 +961,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 				else if (sync > SYNCHRONOUS_COMMIT_OFF)
 					XLogFlush(XactLastCommitEnd);
 				if (chorus_xact.certified)
-					chorus_send_done('C');
+					chorus_send_done(CHORUS_FRAME_COMMITTED);
 			}
 			chorus_resume_cancel();
 			chorus_clear_aborted();
@@ -973,7 +973,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 			chorus_restore_sync_commit();
 			chorus_release_origin();
 			if (chorus_xact.certified)
-				chorus_send_done('A');
+				chorus_send_done(CHORUS_FRAME_ABORTED);
 			chorus_resume_cancel();
 			chorus_clear_aborted();
 			chorus_ddl_reset();

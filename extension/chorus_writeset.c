@@ -1,17 +1,17 @@
 /*
  * chorus_writeset.c
- *		The writeset wire format, version 1 (docs/PROTOCOL.md section 2): big-endian
- *		integers, u16-length strings, u32-length blobs. The coordinator reads it
- *		with coordinator/chorus/wire.py.
+ *		The writeset wire format (docs/PROTOCOL.md section 2; constants in
+ *		chorus_wire.h): big-endian integers, u16-length strings, u32-length
+ *		blobs. The coordinator reads it with coordinator/chorus/wire.py, the
+ *		apply function with chorus_apply.c.
  */
 #include "postgres.h"
 
 #include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 
 #include "chorus.h"
-
-#define CHORUS_WIRE_VERSION 1
 
 void
 chorus_put_u8(StringInfo buf, uint8 v)
@@ -67,25 +67,63 @@ chorus_put_blob(StringInfo buf, const char *data, uint32 len)
 }
 
 /*
- * chorus_serialize_writeset
- *		Write the current transaction's writeset into out: header, table list,
- *		rows, keys.
+ * chorus_put_header
+ *		The writeset header: the database's encoding tells the reader how the
+ *		text it holds is encoded (nodes of different encodings refuse to join).
  */
 void
-chorus_serialize_writeset(StringInfo out, TransactionId xid)
+chorus_put_header(StringInfo out, uint8 flags, TransactionId xid, uint64 last_seen,
+				  int ntables, uint32 nrows, uint32 nkeys)
+{
+	appendBinaryStringInfo(out, CHORUS_WS_MAGIC, 2);
+	chorus_put_u8(out, CHORUS_WS_VERSION);
+	chorus_put_u8(out, flags);
+	chorus_put_u32(out, xid);
+	chorus_put_u32(out, (uint32) MyProcPid);
+	chorus_put_u64(out, last_seen);
+	chorus_put_u16(out, (uint16) GetDatabaseEncoding());
+	chorus_put_u16(out, (uint16) ntables);
+	chorus_put_u32(out, nrows);
+	chorus_put_u32(out, nkeys);
+}
+
+/*
+ * chorus_put_schema_item
+ *		A schema change item (CHORUS_OP_SCHEMA): the settings it is replayed
+ *		under (name, value pairs), the role that ran it, and the statement.
+ */
+void
+chorus_put_schema_item(StringInfo out, int nsettings, const char *const *names,
+					   const char *const *values, const char *role, const char *statement)
+{
+	int			i;
+
+	chorus_put_u8(out, CHORUS_OP_SCHEMA);
+	chorus_put_u16(out, (uint16) nsettings);
+	for (i = 0; i < nsettings; i++)
+	{
+		chorus_put_str(out, names[i]);
+		chorus_put_str(out, values[i]);
+	}
+	chorus_put_str(out, role);
+	chorus_put_blob(out, statement, strlen(statement));
+}
+
+/*
+ * chorus_serialize_writeset
+ *		Write the current transaction's writeset into out: header, table list,
+ *		rows (and schema change items, in their order), keys.
+ */
+void
+chorus_serialize_writeset(StringInfo out, TransactionId xid, uint8 flags)
 {
 	int			i,
 				k;
 
-	appendBinaryStringInfo(out, "CW", 2);
-	chorus_put_u8(out, CHORUS_WIRE_VERSION);
-	chorus_put_u8(out, 0);
-	chorus_put_u32(out, xid);
-	chorus_put_u32(out, (uint32) MyProcPid);
-	chorus_put_u64(out, chorus_xact.last_seen);
-	chorus_put_u16(out, (uint16) chorus_xact.ntables);
-	chorus_put_u32(out, chorus_xact.nrows);
-	chorus_put_u32(out, chorus_xact.nkeys);
+	if (chorus_xact.has_schema)
+		flags |= CHORUS_WS_FLAG_DDL;
+	chorus_put_header(out, flags, xid, chorus_xact.last_seen, chorus_xact.ntables,
+					  chorus_xact.nrows, chorus_xact.nkeys);
 	for (i = 0; i < chorus_xact.ntables; i++)
 	{
 		ChorusTable *t = chorus_xact.tables[i];
@@ -102,6 +140,7 @@ chorus_serialize_writeset(StringInfo out, TransactionId xid)
 		chorus_put_u16(out, (uint16) t->nidentity);
 		for (k = 0; k < t->nidentity; k++)
 			chorus_put_u16(out, (uint16) t->identity[k]);
+		chorus_put_u8(out, t->full_identity ? CHORUS_TABLE_FULL_IDENTITY : 0);
 	}
 	appendBinaryStringInfo(out, chorus_xact.rows.data, chorus_xact.rows.len);
 	appendBinaryStringInfo(out, chorus_xact.keys.data, chorus_xact.keys.len);

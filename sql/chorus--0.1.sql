@@ -148,9 +148,11 @@ EXCEPTION WHEN object_in_use THEN
 END
 $$;
 
--- Is a table one Chorus replicates automatically?
+-- Is a table one Chorus replicates automatically? Plain tables, partitions included; not a
+-- partitioned table itself (its rows live in its partitions, which capture them: a trigger on
+-- the parent would be cloned onto every partition and clash with theirs on ATTACH PARTITION).
 CREATE FUNCTION chorus.replicable(rel regclass) RETURNS boolean LANGUAGE sql STABLE AS $$
-    SELECT c.relkind IN ('r', 'p') AND c.relpersistence = 'p'
+    SELECT c.relkind = 'r' AND c.relpersistence = 'p'
        AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'chorus', 'pg_toast')
        AND n.nspname NOT LIKE 'pg\_temp%' AND n.nspname NOT LIKE 'pg\_toast%'
        AND n.nspname <> ALL (string_to_array(replace(current_setting('chorus.exclude_schemas', true), ' ', ''), ','))
@@ -158,16 +160,21 @@ CREATE FUNCTION chorus.replicable(rel regclass) RETURNS boolean LANGUAGE sql STA
      WHERE c.oid = rel
 $$;
 
+-- The capture triggers fire whatever session_replication_role says (ENABLE ALWAYS): a session
+-- in replica mode still has its writes replicated. Only chorus.capture = off keeps a session's
+-- writes on its node (docs/DDL.md).
 CREATE FUNCTION chorus.attach(rel regclass) RETURNS void LANGUAGE plpgsql
 SET chorus.replicate_ddl = off AS $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = rel AND tgname = 'chorus_capture') THEN
         EXECUTE format('CREATE TRIGGER chorus_capture AFTER INSERT OR UPDATE OR DELETE ON %s '
                        'FOR EACH ROW EXECUTE FUNCTION chorus.capture()', rel);
+        EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER chorus_capture', rel);
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = rel AND tgname = 'chorus_capture_truncate') THEN
         EXECUTE format('CREATE TRIGGER chorus_capture_truncate AFTER TRUNCATE ON %s '
                        'FOR EACH STATEMENT EXECUTE FUNCTION chorus.capture_truncate()', rel);
+        EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER chorus_capture_truncate', rel);
     END IF;
 END
 $$;
@@ -186,7 +193,7 @@ DECLARE
     n integer := 0;
 BEGIN
     FOR r IN SELECT c.oid::regclass FROM pg_class c
-              WHERE c.relkind IN ('r', 'p') AND chorus.replicable(c.oid) LOOP
+              WHERE c.relkind = 'r' AND chorus.replicable(c.oid) LOOP
         PERFORM chorus.attach(r);
         n := n + 1;
     END LOOP;
@@ -244,14 +251,17 @@ END
 $$;
 
 -- New tables are replicated as soon as they are created, on every node (the trigger fires in
--- apply sessions too); new sequences get this node's residue class.
-CREATE FUNCTION chorus.on_ddl_end() RETURNS event_trigger LANGUAGE plpgsql
-SET chorus.replicate_ddl = off AS $$
+-- apply sessions too); so is a table that becomes replicable (ALTER TABLE ... SET LOGGED, a
+-- partition attached); new sequences get this node's residue class. It runs as the extension's
+-- owner, so an application role that may create tables needs no other right (docs/DDL.md).
+CREATE FUNCTION chorus.on_ddl_end() RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog SET chorus.replicate_ddl = off AS $$
 DECLARE
     cmd record;
 BEGIN
     FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands() LOOP
-        IF cmd.object_type = 'table' AND cmd.command_tag IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO')
+        IF cmd.object_type = 'table'
+           AND cmd.command_tag IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE')
            AND chorus.replicable(cmd.objid::regclass) THEN
             PERFORM chorus.attach(cmd.objid::regclass);
         ELSIF cmd.object_type = 'sequence' AND cmd.command_tag = 'CREATE SEQUENCE'
@@ -274,7 +284,7 @@ REVOKE ALL ON FUNCTION chorus.node_init(bigint, int), chorus.set_online(boolean,
     chorus.abort_local(integer, bigint, text),
     chorus.wait_turn(bigint), chorus.spread_sequence(regclass, bigint),
     chorus.hold_commits(bigint, integer), chorus.release_commits(), chorus.forget_watermark(),
-    chorus.adopt_gid(bigint),
+    chorus.adopt_gid(bigint), chorus.attach(regclass), chorus.detach(regclass), chorus.attach_all(),
     chorus.spread_all_sequences(bigint) FROM PUBLIC;
 
 SELECT chorus.attach_all();

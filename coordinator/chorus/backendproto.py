@@ -26,7 +26,8 @@ class Frame:
 
 
 _LEN = struct.Struct(">I")
-_FIXED = {b"C": 13, b"A": 13, b"R": 13, b"S": 1}  # frame types with a fixed body length
+_FIXED = {b"C": 13, b"A": 13, b"S": 1}  # frame types with a fixed body length
+_RAN_HEAD = 12  # frame R: u64 gid, u32 xid, then the schema change's content (a writeset)
 
 
 class FrameParser:
@@ -55,6 +56,8 @@ class FrameParser:
             fixed = _FIXED.get(ftype)
             if fixed is not None and length != fixed:
                 raise FrameError(f"frame {ftype!r} has {length - 1} payload bytes, expected {fixed - 1}")
+            if ftype == b"R" and length - 1 < _RAN_HEAD:
+                raise FrameError(f"frame b'R' has {length - 1} payload bytes, expected at least {_RAN_HEAD}")
             if n - pos - 4 < length:
                 break
             out.append(Frame(ftype, bytes(buf[pos + 5:pos + 4 + length])))
@@ -68,9 +71,16 @@ _TYPES = (b"W", b"C", b"A", b"R", b"S")
 
 
 def parse_done(payload: bytes) -> tuple[int, int]:
-    """(gid, xid) of a C, A or R frame."""
+    """(gid, xid) of a C or A frame."""
     gid, xid = struct.unpack(">QI", payload)
     return int(gid), int(xid)
+
+
+def parse_ran(payload: bytes) -> tuple[int, int, bytes]:
+    """(gid, xid, content) of an R frame: the schema change GID ran here; content is the
+    writeset every node applies for it."""
+    gid, xid = struct.unpack_from(">QI", payload)
+    return int(gid), int(xid), payload[_RAN_HEAD:]
 
 
 _VERDICT = struct.Struct(">IcBQQQH")
@@ -90,3 +100,7 @@ def writeset_frame(payload: bytes) -> bytes:
 
 def done_frame(kind: bytes, gid: int, xid: int) -> bytes:
     return struct.pack(">I", 13) + kind + struct.pack(">QI", gid, xid)
+
+
+def ran_frame(gid: int, xid: int, content: bytes) -> bytes:
+    return struct.pack(">I", 13 + len(content)) + b"R" + struct.pack(">QI", gid, xid) + content

@@ -1,4 +1,4 @@
-"""Messages coordinators exchange over the bus, version 1.
+"""Messages coordinators exchange over the bus, version 2.
 
 Every message starts with ``u8 version`` and ``u8 type``; readers reject unknown versions and
 types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32``-length.
@@ -12,7 +12,7 @@ types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32
 | ``B`` | :class:`Bootstrap` | a node told to start a new cluster |
 | ``P`` | :class:`Progress` | every online node, periodically: its committed GID (purge horizon) |
 | ``F`` | :class:`FlowControl` | a node whose apply queue is too long (pause) or drained again (resume) |
-| ``D`` | :class:`DdlResult` | the origin of a schema change: it ran (the others run it too) or failed (all skip it) |
+| ``D`` | :class:`DdlResult` | the origin of a schema change: it ran (with its content, which every node applies) or failed (all skip it) |
 | ``S`` | :class:`SyncMarker` | a node serving causal reads: how far to catch up |
 | ``L`` | :class:`LogQuery` | a recovering node: which GID ranges do your writeset logs hold? |
 | ``I`` | :class:`LogInfo` | every online node, answering an ``L``: its log's range, load and recovery address |
@@ -25,7 +25,7 @@ import struct
 from dataclasses import dataclass
 from typing import Union
 
-VERSION = 1
+VERSION = 2
 
 
 class BusProtoError(ValueError):
@@ -71,6 +71,7 @@ class GidReply:
     progress: tuple[tuple[str, int], ...]  # reported committed GIDs at that position
     certifier: bytes  # certification index at that position
     paused: tuple[str, ...] = ()  # nodes holding flow control at that position
+    compat: str = ""  # the answering node's database encoding and PostgreSQL major version
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class DdlResult:
     gid: int
     ok: bool
     error: str = ""
+    content: bytes = b""  # when it ran: the writeset every node applies at GID gid
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,7 @@ def encode(m: Message) -> bytes:
         out.append(_blob(m.certifier))
         out.append(struct.pack(">H", len(m.paused)))
         out += [_s(n) for n in m.paused]
+        out.append(_s(m.compat))
         return b"".join(out)
     if isinstance(m, Bootstrap):
         return head + b"B" + _s(m.node) + _s(m.cluster_uuid) + struct.pack(">Q", m.gid)
@@ -212,7 +215,7 @@ def encode(m: Message) -> bytes:
         return head + b"F" + _s(m.node) + bytes([1 if m.pause else 0])
     if isinstance(m, DdlResult):
         return (head + b"D" + _s(m.node) + struct.pack(">QB", m.gid, 1 if m.ok else 0)
-                + _s(m.error[:4000]))
+                + _s(m.error[:4000]) + _blob(m.content))
     if isinstance(m, SyncMarker):
         return head + b"S" + _s(m.node) + struct.pack(">Q", m.token)
     if isinstance(m, LogQuery):
@@ -250,7 +253,7 @@ def decode(b: bytes) -> Message:
         progress = tuple((r.s(), r.u64()) for _ in range(r.u16()))
         cert = r.blob()
         paused = tuple(r.s() for _ in range(r.u16()))
-        m = GidReply(node, rid, member, uuid, gid, certified, online, progress, cert, paused)
+        m = GidReply(node, rid, member, uuid, gid, certified, online, progress, cert, paused, r.s())
     elif t == b"B":
         m = Bootstrap(r.s(), r.s(), r.u64())
     elif t == b"P":
@@ -261,7 +264,7 @@ def decode(b: bytes) -> Message:
         m = FlowControl(r.s(), r.take(1) == b"\x01")
     elif t == b"D":
         node, gid, ok = r.s(), r.u64(), r.take(1) == b"\x01"
-        m = DdlResult(node, gid, ok, r.s())
+        m = DdlResult(node, gid, ok, r.s(), r.blob())
     elif t == b"S":
         m = SyncMarker(r.s(), r.u64())
     elif t == b"L":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 from chorus.wire import Key, KeyMode, modes_conflict
 
@@ -65,8 +65,6 @@ class Certifier:
         self.horizon = horizon
         self._index: dict[bytes, dict[KeyMode, _Slot]] = {}
         self._by_gid: deque[tuple[int, list[bytes]]] = deque()
-        # open schema changes: what their keys replaced, to undo if they fail on their origin
-        self._ddl_undo: dict[int, list[tuple[bytes, int, Optional[list[Any]]]]] = {}
 
     def __len__(self) -> int:
         return len(self._index)
@@ -105,46 +103,20 @@ class Certifier:
     def record(self, gid: int, keys: Iterable[Key]) -> None:
         """Index the keys of schema change ``gid`` without certifying it: a schema change runs in
         total order and never fails certification; instead, writesets that did not see it and
-        touch its tables fail. Its keys count as written by no node, so they conflict with the
-        origin's own transactions too."""
+        touch what it touched fail. Its keys count as written by no node, so they conflict with
+        the origin's own transactions too. Recorded once its outcome is known (it ran), before
+        any writeset ordered after it is certified (replicator.py)."""
         hashed = [k.hashed() for k in keys]
-        undo: list[tuple[bytes, int, Optional[list[Any]]]] = []
         for k, h in zip(keys, hashed):
-            slots = self._index.setdefault(h, {})
-            old = slots.get(k.mode)
-            undo.append((h, int(k.mode), None if old is None else
-                         [old.gid, old.origin, old.gid2, old.origin2]))
-            slots.setdefault(k.mode, _Slot()).add(gid, DDL_ORIGIN)
-        self._ddl_undo[gid] = undo
+            self._index.setdefault(h, {}).setdefault(k.mode, _Slot()).add(gid, DDL_ORIGIN)
         if hashed:
             self._by_gid.append((gid, hashed))
-
-    def ddl_outcome(self, gid: int, ok: bool) -> None:
-        """Schema change ``gid`` ran (its keys stay) or failed on its origin: its keys are taken
-        back where nothing was written after it, so transactions that did not see a change that
-        never happened do not fail because of it."""
-        undo = self._ddl_undo.pop(gid, None)
-        if ok or undo is None:
-            return
-        for h, mode, old in reversed(undo):
-            slots = self._index.get(h)
-            slot = slots.get(KeyMode(mode)) if slots else None
-            if slots is None or slot is None or slot.gid != gid or slot.origin != DDL_ORIGIN:
-                continue
-            if old is None:
-                del slots[KeyMode(mode)]
-                if not slots:
-                    del self._index[h]
-            else:
-                slot.gid, slot.origin, slot.gid2, slot.origin2 = old
 
     def purge(self, horizon: int) -> int:
         """Forget entries with GID <= ``horizon``; returns how many keys were dropped."""
         if horizon <= self.horizon:
             return 0
         self.horizon = horizon
-        for g in [g for g in self._ddl_undo if g <= horizon]:
-            del self._ddl_undo[g]
         dropped = 0
         while self._by_gid and self._by_gid[0][0] <= horizon:
             _, hashes = self._by_gid.popleft()
@@ -164,9 +136,8 @@ class Certifier:
             h.hex(): {str(int(m)): [s.gid, s.origin, s.gid2, s.origin2] for m, s in slots.items()}
             for h, slots in self._index.items()
         }
-        undo = {str(g): [[h.hex(), m, old] for h, m, old in u] for g, u in self._ddl_undo.items()}
-        return json.dumps({"horizon": self.horizon, "index": index, "by_gid": entries,
-                           "ddl_undo": undo}, separators=(",", ":")).encode()
+        return json.dumps({"horizon": self.horizon, "index": index, "by_gid": entries},
+                          separators=(",", ":")).encode()
 
     @classmethod
     def restore(cls, data: bytes) -> "Certifier":
@@ -181,8 +152,6 @@ class Certifier:
             c._index[bytes.fromhex(h)] = d
         for gid, hashes in obj["by_gid"]:
             c._by_gid.append((int(gid), [bytes.fromhex(h) for h in hashes]))
-        for g, u in obj.get("ddl_undo", {}).items():
-            c._ddl_undo[int(g)] = [(bytes.fromhex(h), int(m), old) for h, m, old in u]
         return c
 
 

@@ -58,7 +58,7 @@ class NodeConfig:
     idle_blocker_grace_ms: int = 1000
     flow_pause_at: int = 50  # certified writesets not committed here yet: ask the cluster to pause
     flow_resume_at: int = 10  # ... and release the request at or below this
-    apply_method: str = "c"  # "c": chorus.apply_writeset in the extension; "sql": statements from Python
+    apply_method: str = "c"  # "c": chorus.apply_writeset in the extension (the only one left)
     catchup_batch: int = 32  # partial recovery applies runs of up to this many writesets as one transaction
     apply_run: int = 8  # live apply: up to this many consecutive remote writesets ready together, one transaction
     commit_lanes: int = 1  # 1: commits in GID order; n > 1: GID g commits after the previous one of lane g % n
@@ -150,8 +150,9 @@ def load_config(path: str) -> NodeConfig:
         raise ChorusConfigError(f"{path}: apply.workers must be at least 1")
     if not 0 <= values.get("flow_resume_at", 10) < values.get("flow_pause_at", 50):
         raise ChorusConfigError(f"{path}: apply.flow_resume_at must be below apply.flow_pause_at")
-    if values.get("apply_method", "c") not in ("c", "sql"):
-        raise ChorusConfigError(f"{path}: apply.method must be \"c\" or \"sql\"")
+    if values.get("apply_method", "c") != "c":
+        raise ChorusConfigError(f"{path}: apply.method must be \"c\" (the extension applies writesets; "
+                                "the \"sql\" method was removed: it could not carry binary values)")
     if values.get("log_segment_mb", 64) < 1 or values.get("log_total_mb", 4096) < 2 * values.get("log_segment_mb", 64):
         raise ChorusConfigError(f"{path}: log.total_mb must hold at least two segments of log.segment_mb")
     if values.get("recovery_listen") and not all(values.get(k) for k in ("tls_cert", "tls_key", "secret_file")):

@@ -128,7 +128,7 @@ class _Pending:
     def __post_init__(self) -> None:
         if self.lane_wait < 0:
             self.lane_wait = self.wait_for
-        if self.writeset.ddl is not None:
+        if self.writeset.toi:  # a schema change's place: its outcome and content come later
             self.ddl_known = asyncio.Event()
 
 
@@ -168,12 +168,12 @@ class Coordinator:
         self.watermark = 0
         self.lanes = 1  # commit lanes in use (apply.commit_lanes, once the database agrees)
         self._max_committed = 0  # the highest GID the database had committed at start
+        self.compat = ""  # the database's encoding and PostgreSQL major version
         self._lane_last: list[int] = [0]  # the last certified GID admitted per lane
         self.db: Optional[psycopg.AsyncConnection[Any]] = None
-        fast = cfg.apply_method == "c"
         self.catchup_batch = cfg.catchup_batch
-        self.workers = [ApplySession(cfg.dsn, f"{cfg.name}-{i}", fast) for i in range(max(1, cfg.apply_workers))]
-        self.replay_session = ApplySession(cfg.dsn, f"{cfg.name}-replay", fast)
+        self.workers = [ApplySession(cfg.dsn, f"{cfg.name}-{i}") for i in range(max(1, cfg.apply_workers))]
+        self.replay_session = ApplySession(cfg.dsn, f"{cfg.name}-replay")
         self.idle = list(self.workers)
         self.replay_busy = False
         self.db_ok = asyncio.Event()
@@ -224,6 +224,7 @@ class Coordinator:
             last_gid=durable,
             max_committed=self._max_committed,
             bootstrap=self.state.bootstrap,  # only when told (`chorus bootstrap`; seed 8.2)
+            compat=self.compat,
         )
         self._servers.append(await _unix_server(
             self.cfg.socket_path, lambda p: loop.create_unix_server(lambda: _BackendConnection(self), path=p)))
@@ -359,6 +360,10 @@ class Coordinator:
             durable = await self._committed_gid()
             self.lanes, self._lane_last = lanes, [durable] * lanes
             self._max_committed = int(await self._q("SELECT max_done FROM chorus.lane_state()"))
+            # what a node's data must share with the cluster's (docs/PROTOCOL.md section 2)
+            self.compat = str(await self._q(
+                "SELECT current_setting('server_encoding') || ' / PostgreSQL ' || "
+                "current_setting('server_version_num')::int / 10000"))
             if self.replicator is not None:
                 self.replicator.max_committed = self._max_committed
             await self._q("SELECT chorus.set_online(false, 'Its coordinator is starting and has not joined the cluster yet')")
@@ -425,7 +430,7 @@ class Coordinator:
                     p.backend = None
                     self.pending[p.gid] = p
                 self.scheduler.add(p.gid, _keys(p.writeset), local=p.origin == self.cfg.name,
-                                   barrier=p.writeset.ddl is not None)
+                                   barrier=p.writeset.has_schema)
         else:
             self.scheduler.committed_upto(durable)
         for g in sorted(self.pending):  # the lanes start again at the durable GID
@@ -499,7 +504,7 @@ class Coordinator:
                 self._admit(_Pending(a.gid, a.wait_for, a.origin, a.writeset), local=False)
                 self._dispatch_soon()
             elif isinstance(a, DdlOutcome):
-                self.feeder.outcome(a.gid, a.ok)
+                self.feeder.outcome(a.gid, a.ok, _raw(a.content) if a.content is not None else b"")
                 self._ddl_outcome(a)
             elif isinstance(a, CatchUp):
                 self._spawn(self._catch_up(a), name="catch-up")
@@ -590,10 +595,11 @@ class Coordinator:
         elif t == b"S":
             self._sync_request(b)
         elif t == b"R":
-            gid, _ = bpf.parse_done(frame.payload)
+            gid, _, content = bpf.parse_ran(frame.payload)
+            wire.decode(content)  # validated before it reaches the bus
             p = self.pending.get(gid)
-            if p is not None and p.writeset.ddl is not None and p.backend is b:
-                self._send_msg(bp.DdlResult(self.cfg.name, gid, True))
+            if p is not None and p.writeset.toi and p.backend is b:
+                self._send_msg(bp.DdlResult(self.cfg.name, gid, True, "", content))
         else:
             gid, xid = bpf.parse_done(frame.payload)
             log.info("backend %d aborted certified GID %d (xid %d): replaying it", b.pid, gid, xid)
@@ -726,7 +732,7 @@ class Coordinator:
             return
         b.certified.add(v.gid)
         b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, p.lane_wait, "", prev=v.wait_for))
-        if v.writeset.ddl is not None:  # it runs now: local transactions in its way lose
+        if v.writeset.toi:  # it runs now: local transactions in its way lose
             self._waiters[v.gid] = _Waiter(lambda: b.pid if p.backend is b else 0, time.monotonic())
 
     def _ddl_outcome(self, o: DdlOutcome) -> None:
@@ -734,6 +740,8 @@ class Coordinator:
         if p is None or p.ddl_known is None:
             return
         p.ddl_ok = o.ok
+        if o.ok and o.content is not None:
+            p.writeset = o.content  # what every node applies for it
         p.ddl_known.set()
         if not o.ok:
             log.info("schema change GID %d from %s is skipped: %s", o.gid, p.origin, o.error)
@@ -753,11 +761,10 @@ class Coordinator:
         """A certified writeset (in GID order): into the writeset log, the pending set and the
         scheduler. With several commit lanes its commit waits for the previous certified GID of
         its lane."""
-        ddl = p.writeset.ddl is not None
         self._assign_lane(p)
-        self.feeder.certified(p.gid, p.origin, _raw(p.writeset), ddl)
+        self.feeder.certified(p.gid, p.origin, _raw(p.writeset), p.writeset.toi)
         self.pending[p.gid] = p
-        self.scheduler.add(p.gid, _keys(p.writeset), local=local, barrier=ddl)
+        self.scheduler.add(p.gid, _keys(p.writeset), local=local, barrier=p.writeset.has_schema)
 
     def _assign_lane(self, p: _Pending) -> None:
         """What the commit of ``p`` waits for; certified writesets come here in GID order."""
@@ -886,11 +893,11 @@ class Coordinator:
             ps = [self.pending.get(g) for g in run]
             if any(p is None for p in ps):
                 return
-            writesets = [p.writeset for p in ps if p is not None]
             p = ps[-1]
             assert p is not None
             if p.ddl_known is not None:
-                await p.ddl_known.wait()
+                await p.ddl_known.wait()  # then its writeset is the content every node applies
+            writesets = [p.writeset for p in ps if p is not None]
             t0 = time.monotonic()
             self._waiters[gid] = _Waiter(lambda: session.pid, t0)
             try:
@@ -1088,7 +1095,7 @@ class Coordinator:
                     raise rc.RecoveryError(f"GID {rec.gid} from the partner's log does not decode: {e}") from e
                 p = _Pending(rec.gid, prev, rec.origin, ws)
                 self._admit(p, local=False)
-                if p.ddl_known is not None:  # the log records a schema change with its outcome
+                if p.ddl_known is not None:  # the log records a failed schema change as skipped
                     p.ddl_ok = not rec.flags & FLAG_DDL_SKIPPED
                     self.feeder.outcome(rec.gid, p.ddl_ok)
                     p.ddl_known.set()
@@ -1238,7 +1245,7 @@ class Coordinator:
         p = self.pending[gid]
         return {"gid": gid, "wait_for": p.wait_for, "origin": p.origin,
                 "backend_pid": p.backend.pid if p.backend is not None else None,
-                "ddl": p.writeset.ddl is not None, **self.scheduler.describe(gid)}
+                "ddl": p.writeset.has_schema, **self.scheduler.describe(gid)}
 
     async def _serve_admin(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -1280,8 +1287,8 @@ def _raw(ws: wire.Writeset) -> bytes:
 
 
 def _is_ddl(payload: bytes) -> bool:
-    """Whether an encoded writeset is a schema change (its header's flags), without decoding it."""
-    return len(payload) > 3 and bool(payload[3] & wire.FLAG_DDL)
+    """Whether an encoded writeset holds a schema change (its header's flags), without decoding it."""
+    return len(payload) > 3 and bool(payload[3] & (wire.FLAG_DDL | wire.FLAG_TOI))
 
 
 def _keys(ws: wire.Writeset) -> list[tuple[bytes, wire.KeyMode]]:

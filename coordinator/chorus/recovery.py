@@ -340,8 +340,9 @@ class Progress:
 
 class LogFeeder:
     """Appends certified writesets to the log in GID order, each with its final flags: the
-    record of a schema change waits for the change's outcome (a failed one is logged as
-    skipped), and the records after it wait with it, so a reader never meets a schema change
+    record of a schema change run in total order waits for the change's outcome, and is then
+    logged as its content (what every node applies), or, if it failed, as its ordering request
+    flagged skipped; the records after it wait with it, so a reader never meets a schema change
     whose outcome is unknown.
 
     Records are written when :meth:`flush` is called (the coordinator does after each read of
@@ -353,7 +354,7 @@ class LogFeeder:
     def __init__(self, wslog: WritesetLog) -> None:
         self.log = wslog
         self._held: deque[tuple[int, str, bytes, bool]] = deque()  # (gid, origin, payload, is a schema change)
-        self._outcomes: dict[int, bool] = {}
+        self._outcomes: dict[int, tuple[bool, bytes]] = {}  # gid -> (ran, its content)
 
     def certified(self, gid: int, origin: str, payload: bytes, ddl: bool) -> None:
         if gid <= self.log.end_gid:
@@ -362,8 +363,10 @@ class LogFeeder:
         if len(self._held) >= self.FLUSH_AT:
             self.flush()
 
-    def outcome(self, gid: int, ok: bool) -> None:
-        self._outcomes[gid] = ok
+    def outcome(self, gid: int, ok: bool, content: bytes = b"") -> None:
+        """The outcome of schema change ``gid``: it ran (``content``: what every node applies)
+        or not."""
+        self._outcomes[gid] = (ok, content)
         self.flush()
 
     @property
@@ -379,11 +382,13 @@ class LogFeeder:
             gid, origin, payload, ddl = self._held[0]
             flags = 0
             if ddl:
-                ok = self._outcomes.get(gid)
-                if ok is None:
+                outcome = self._outcomes.pop(gid, None)
+                if outcome is None:
                     break
-                del self._outcomes[gid]
+                ok, content = outcome
                 flags = 0 if ok else FLAG_DDL_SKIPPED
+                if ok and content:
+                    payload = content
             self._held.popleft()
             if gid <= last:
                 continue

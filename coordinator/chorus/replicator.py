@@ -90,12 +90,14 @@ class Joined:
 
 @dataclass(frozen=True)
 class DdlOutcome:
-    """Schema change ``gid`` ran on its origin (every node runs it) or not (every node skips
-    it). Decided by the origin's DdlResult, or by the origin leaving the group first."""
+    """Schema change ``gid`` ran on its origin (every node applies ``content`` at its GID) or
+    not (every node skips it). Decided by the origin's DdlResult, or by the origin leaving the
+    group first."""
 
     gid: int
     ok: bool
     error: str
+    content: Optional[wire.Writeset] = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,9 @@ class Replicator:
     # where a crash can leave commits above the watermark (docs/APPLY.md)
     max_committed: int = 0
     bootstrap: bool = False  # told to start a new cluster if none answers
+    # The database's encoding and PostgreSQL major version: a node whose data would be read
+    # differently (another encoding, another binary format) does not join.
+    compat: str = ""
     phase: Phase = Phase.CONNECTING
     gid: int = 0
     last_certified: int = 0
@@ -163,6 +168,9 @@ class Replicator:
     # transaction whose snapshot is older than this fails as "snapshot too old"
     history: int = 20000
     ddl_open: dict[int, str] = field(default_factory=dict)  # schema change GID -> origin node
+    # Writesets delivered while a schema change's outcome is open: certified once it is known
+    # (its content's keys recorded first), in GID order. Every node defers alike.
+    _deferred: list[tuple[int, bp.WritesetMsg, wire.Writeset]] = field(default_factory=list)
     online: dict[str, str] = field(default_factory=dict)  # node name -> bus member id
     progress: dict[str, int] = field(default_factory=dict)
     members: tuple[str, ...] = ()
@@ -329,10 +337,8 @@ class Replicator:
             self.paused_by.discard(name)
         for gid, origin in sorted(self.ddl_open.items()):
             if origin != self.node and origin not in self.online:
-                del self.ddl_open[gid]
-                self.certifier.ddl_outcome(gid, False)
-                out.append(DdlOutcome(gid, False, f"its origin {origin} left the group before "
-                                                  "reporting the outcome"))
+                out += self._ddl_settled(gid, False, f"its origin {origin} left the group before "
+                                                     "reporting the outcome")
         return out
 
     def _leave_primary(self, reason: str) -> list[Action]:
@@ -345,6 +351,10 @@ class Replicator:
         # None commits here; the node learns their fate when it rejoins (partial recovery
         # brings those the primary has). Their clients hear that the outcome is unknown.
         held, self._held = self._held, []
+        held += [(gid, LocalVerdict(m.ticket, True, gid, 0, "", ws)) for gid, m, ws in self._deferred
+                 if m.origin == self.node]
+        self._deferred.clear()
+        self.ddl_open.clear()
         for gid, a in held:
             if isinstance(a, LocalVerdict):
                 self.local_decoded.pop(a.ticket, None)
@@ -463,6 +473,8 @@ class Replicator:
         self.cluster_uuid = msg.cluster_uuid
         self.gid = self.last_certified = self.released = msg.gid
         self._held.clear()
+        self._deferred.clear()
+        self.ddl_open.clear()
         self.certifier = Certifier(msg.gid)
         self.online = {self.node: sender}
         self.progress = {self.node: msg.gid}
@@ -472,6 +484,12 @@ class Replicator:
                 PhaseChange(Phase.ONLINE, f"bootstrapped cluster {self.cluster_uuid} at GID {self.gid}")]
 
     def _joined(self, d: Delivery, msg: bp.GidReply) -> list[Action]:
+        if self.compat and msg.compat and self.compat != msg.compat:
+            self.phase = Phase.NEEDS_RECOVERY
+            return [PhaseChange(Phase.NEEDS_RECOVERY,
+                                f"this node's database ({self.compat}) differs from the cluster's ({msg.compat}): "
+                                "its values would be read differently; create its database with the cluster's "
+                                "encoding, on the same PostgreSQL major version, then join it by total recovery")]
         if self.cluster_uuid and self.cluster_uuid != msg.cluster_uuid:
             self.phase = Phase.NEEDS_RECOVERY
             return [PhaseChange(Phase.NEEDS_RECOVERY,
@@ -488,6 +506,8 @@ class Replicator:
         self.gid = msg.gid
         self.last_certified = self.released = msg.certified
         self._held.clear()
+        self._deferred.clear()
+        self.ddl_open.clear()
         self.certifier = Certifier.restore(msg.certifier)
         self.online = dict(msg.online)
         self.progress = dict(msg.progress)
@@ -540,11 +560,13 @@ class Replicator:
             if msg.node != self.node:
                 self._joined_at[bus_node(sender)] = self.gid
             self._requesters[msg.request_id] = sender
-            if self.online and min(self.online) == self.node:
+            # While a schema change's outcome is open, the state at this point is not final (the
+            # writesets after it are not certified yet): the joiner asks again later.
+            if self.online and min(self.online) == self.node and not self.ddl_open:
                 out.append(Send(bp.GidReply(
                     msg.node, msg.request_id, sender, self.cluster_uuid, self.gid, self.last_certified,
                     tuple(sorted(self.online.items())), tuple(sorted(self.progress.items())),
-                    self.certifier.snapshot(), tuple(sorted(self.paused_by)))))
+                    self.certifier.snapshot(), tuple(sorted(self.paused_by)), self.compat)))
             return out
         if isinstance(msg, bp.GidReply):
             self._requesters.pop(msg.request_id, None)
@@ -562,9 +584,17 @@ class Replicator:
             return []
         if isinstance(msg, bp.DdlResult):
             if self.ddl_open.get(msg.gid) == msg.node:
-                del self.ddl_open[msg.gid]
-                self.certifier.ddl_outcome(msg.gid, msg.ok)
-                return [DdlOutcome(msg.gid, msg.ok, msg.error)]
+                content = None
+                ok, error = msg.ok, msg.error
+                if ok:
+                    try:
+                        content = wire.decode(msg.content)
+                        if content.toi:
+                            raise wire.WireError("it is an ordering request")
+                    except wire.WireError as e:
+                        ok, error = False, f"its content from {msg.node} is malformed: {e}"
+                        self.stats.malformed += 1
+                return self._ddl_settled(msg.gid, ok, error, content)
             return []
         if isinstance(msg, bp.FlowControl):
             if msg.pause and msg.node in self.online:
@@ -597,8 +627,19 @@ class Replicator:
             self.stats.malformed += 1
             self.stats.cert_failures += 1
             return [LocalVerdict(msg.ticket, False, gid, 0, f"malformed writeset: {e}", None)] if local else []
-        if ws.ddl is not None:  # total order isolation: never fails, runs after all before it
-            self.certifier.record(gid, list(ws.keys))
+        if self.ddl_open or self._deferred:
+            # A schema change before it has not reported its outcome: what it touched is not
+            # known yet, so nothing after it can be certified yet (it could not commit before the
+            # schema change anyway).
+            self._deferred.append((gid, msg, ws))
+            return []
+        return self._certify(gid, msg, ws)
+
+    def _certify(self, gid: int, msg: bp.WritesetMsg, ws: wire.Writeset) -> list[Action]:
+        local = msg.origin == self.node
+        if ws.toi:
+            # total order isolation: never fails, runs after all before it; its keys are
+            # recorded with its content, once its origin reports it
             self.ddl_open[gid] = msg.origin
             v = OK
         else:
@@ -617,3 +658,20 @@ class Replicator:
         self.stats.remote_certified += 1
         return self._hold(gid, Apply(gid, wait_for, msg.origin, ws))
 
+    def _ddl_settled(self, gid: int, ok: bool, error: str,
+                     content: Optional[wire.Writeset] = None) -> list[Action]:
+        """Schema change ``gid``'s outcome is known: record what it touched (if it ran), then
+        certify the writesets deferred behind it, up to the next open schema change."""
+        del self.ddl_open[gid]
+        if ok and content is not None:
+            self.certifier.record(gid, content.keys)
+        out: list[Action] = [DdlOutcome(gid, ok, error, content if ok else None)]
+        while self._deferred and not self.ddl_open:
+            g, m, ws = self._deferred.pop(0)
+            out += self._certify(g, m, ws)
+        return out
+
+    @property
+    def deferred_count(self) -> int:
+        """Writesets waiting for a schema change's outcome before they are certified."""
+        return len(self._deferred)

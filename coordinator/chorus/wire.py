@@ -1,9 +1,13 @@
-"""The writeset wire format, version 1 (docs/PROTOCOL.md section 2).
+"""The writeset wire format, version 2 (docs/PROTOCOL.md section 2).
 
-The extension writes it (``extension/chorus_writeset.c``); this module reads it without SQL and,
-for tests and tools, writes it too. Readers reject anything they do not understand with
-:class:`WireError`: a wrong magic, an unknown version or flag bit, a truncated field, trailing
-bytes, an index out of range.
+The extension writes it (``extension/chorus_writeset.c``, constants in ``extension/chorus_wire.h``);
+this module reads it without SQL and, for tests and tools, writes it too. Readers reject anything
+they do not understand with :class:`WireError`: a wrong magic, an unknown version, flag bit, value
+kind or op, a truncated field, trailing bytes, an index out of range.
+
+Values stay bytes: text in the database's encoding (the header says which), binary values in their
+type's send form. Names (schemas, tables, columns) are read as UTF-8 where they are, and their other
+bytes kept as surrogates (``surrogateescape``), so they go back out unchanged whatever the encoding.
 """
 
 from __future__ import annotations
@@ -12,10 +16,10 @@ import hashlib
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Iterable, NamedTuple, Optional
+from typing import Iterable, NamedTuple, Optional, Union
 
 MAGIC = b"CW"
-VERSION = 1
+VERSION = 2
 MAX_PARTS = 4096
 
 
@@ -38,14 +42,53 @@ def modes_conflict(a: KeyMode, b: KeyMode) -> bool:
     return a == KeyMode.UPDATE and b == KeyMode.UPDATE
 
 
+# Header flags.
+FLAG_DDL = 0x01  # holds schema change items: applied alone, after everything before it
+FLAG_TOI = 0x02  # a schema change's place in the total order; its content comes with its outcome
+FLAGS_KNOWN = FLAG_DDL | FLAG_TOI
+
+# Column flags.
 COL_IDENTITY = 0x01
 COL_GENERATED = 0x02
+COL_FLAGS_KNOWN = COL_IDENTITY | COL_GENERATED
 
-OPS = (b"I", b"U", b"D", b"T")
+# Table flags.
+TABLE_FULL_IDENTITY = 0x01  # no primary key: rows are found by their whole old image
+TABLE_FLAGS_KNOWN = TABLE_FULL_IDENTITY
 
-FLAG_DDL = 0x01  # the writeset is a schema change run in total order (DDL section follows the keys)
+# Row items.
+OP_INSERT, OP_UPDATE, OP_DELETE, OP_TRUNCATE, OP_SCHEMA = "I", "U", "D", "T", "S"
+OPS = (b"I", b"U", b"D", b"T", b"S")
+TRUNCATE_RESTART = 0x01  # TRUNCATE ... RESTART IDENTITY
+TRUNCATE_FLAGS_KNOWN = TRUNCATE_RESTART
 
-Value = Optional[str]
+# Value kinds.
+VAL_NULL, VAL_TEXT, VAL_BINARY = 0x6E, 0x74, 0x62  # 'n', 't', 'b'
+
+HEAD_SIZE = 32
+
+# PostgreSQL's encoding numbers (pg_wchar.h) of the encodings a database can have, for messages.
+ENCODINGS = {0: "SQL_ASCII", 1: "EUC_JP", 2: "EUC_CN", 3: "EUC_KR", 4: "EUC_TW", 5: "EUC_JIS_2004",
+             6: "UTF8", 7: "MULE_INTERNAL", 8: "LATIN1", 9: "LATIN2", 10: "LATIN3", 11: "LATIN4",
+             12: "LATIN5", 13: "LATIN6", 14: "LATIN7", 15: "LATIN8", 16: "LATIN9", 17: "LATIN10",
+             18: "WIN1256", 19: "WIN1258", 20: "WIN866", 21: "WIN874", 22: "KOI8R", 23: "WIN1251",
+             24: "WIN1252", 25: "ISO_8859_5", 26: "ISO_8859_6", 27: "ISO_8859_7", 28: "ISO_8859_8",
+             29: "WIN1250", 30: "WIN1253", 31: "WIN1254", 32: "WIN1255", 33: "WIN1257", 34: "KOI8U"}
+UTF8 = 6
+
+
+class Binary(bytes):
+    """A value in its type's binary send form (a plain ``bytes`` value is text)."""
+
+    __slots__ = ()
+
+
+Value = Optional[bytes]  # None for SQL NULL; Binary for a binary value; bytes for text
+
+
+def text(s: str) -> bytes:
+    """A text value from a Python string (tests and tools; UTF-8)."""
+    return s.encode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -65,6 +108,7 @@ class Table:
     relname: str
     columns: tuple[Column, ...]
     identity: tuple[int, ...]  # indexes into columns
+    full_identity: bool = False  # no primary key: the identity is the whole old row
 
     @property
     def qualified(self) -> str:
@@ -72,12 +116,30 @@ class Table:
 
 
 class Row(NamedTuple):
-    """One changed row (a tuple: decoding makes many, and a tuple is the cheapest object)."""
+    """One changed row (a tuple: decoding makes many, and a tuple is the cheapest object).
+    ``flags``: a TRUNCATE's (TRUNCATE_RESTART)."""
 
     op: str  # "I", "U", "D", "T"
     table: int
     old: tuple[Value, ...] = ()
     new: tuple[Value, ...] = ()
+    flags: int = 0
+
+
+class Schema(NamedTuple):
+    """A schema change item: the statement, in the form every node replays, the settings it
+    is replayed under (name, value), and the role that ran it."""
+
+    settings: tuple[tuple[str, str], ...]
+    role: str
+    statement: bytes
+    op: str = OP_SCHEMA
+
+    def setting(self, name: str) -> Optional[str]:
+        return dict(self.settings).get(name)
+
+
+Item = Union[Row, Schema]
 
 
 def key_hash(parts: Iterable[bytes]) -> bytes:
@@ -127,25 +189,30 @@ class Key:
 
 
 @dataclass(frozen=True)
-class Ddl:
-    """A replicated schema change: the statement and the session state it needs."""
-
-    statement: str
-    search_path: str
-    role: str
-
-
-@dataclass(frozen=True)
 class Writeset:
     xid: int
     pid: int
     last_seen: int
     tables: tuple[Table, ...]
-    rows: tuple[Row, ...]
+    rows: tuple[Item, ...]
     keys: tuple[Key, ...]
     flags: int = 0
-    ddl: Optional[Ddl] = None
+    encoding: int = UTF8
     raw: bytes = field(default=b"", compare=False, repr=False)  # the encoded form, when decoded
+
+    @property
+    def has_schema(self) -> bool:
+        """It holds schema changes: applied alone, once everything before it has committed."""
+        return bool(self.flags & (FLAG_DDL | FLAG_TOI)) or any(r.op == OP_SCHEMA for r in self.rows)
+
+    @property
+    def toi(self) -> bool:
+        """A schema change's request for its place in the total order (its content follows)."""
+        return bool(self.flags & FLAG_TOI)
+
+    @property
+    def statements(self) -> list[Schema]:
+        return [r for r in self.rows if isinstance(r, Schema)]
 
 
 def quote_ident(name: str) -> str:
@@ -157,10 +224,19 @@ def quote_ident(name: str) -> str:
 # Equal descriptions share one Table object, and a known one is not parsed again.
 _TABLES: dict[bytes, list[tuple[bytes, Table]]] = {}
 
-_HEAD = struct.Struct(">2sBBIIQHII")
+_HEAD = struct.Struct(">2sBBIIQHHII")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _KEYHEAD = struct.Struct(">BH")
+assert _HEAD.size == HEAD_SIZE
+
+
+def _name(b: bytes) -> str:
+    return b.decode("utf-8", "surrogateescape")
+
+
+def _name_bytes(s: str) -> bytes:
+    return s.encode("utf-8", "surrogateescape")
 
 
 def decode(buf: bytes) -> Writeset:
@@ -169,18 +245,16 @@ def decode(buf: bytes) -> Writeset:
         return _decode(bytes(buf))
     except (struct.error, IndexError) as e:
         raise WireError(f"writeset truncated: {e}") from e
-    except UnicodeDecodeError as e:
-        raise WireError(f"writeset text is not valid UTF-8: {e.reason}") from e
 
 
 def _decode(buf: bytes) -> Writeset:
     n = len(buf)
     if n < _HEAD.size or buf[:2] != MAGIC:
         raise WireError("not a writeset (bad magic)" if buf[:2] != MAGIC else "writeset truncated in header")
-    magic, version, flags, xid, pid, last_seen, ntables, nrows, nkeys = _HEAD.unpack_from(buf, 0)
+    magic, version, flags, xid, pid, last_seen, encoding, ntables, nrows, nkeys = _HEAD.unpack_from(buf, 0)
     if version != VERSION:
         raise WireError(f"unsupported writeset version {version} (this coordinator reads {VERSION})")
-    if flags & ~FLAG_DDL:
+    if flags & ~FLAGS_KNOWN:
         raise WireError(f"unknown writeset flags {flags:#x}")
     pos = _HEAD.size
     if nrows > n or nkeys > n or ntables > n:
@@ -189,12 +263,19 @@ def _decode(buf: bytes) -> Writeset:
     u32 = _U32.unpack_from
     view = memoryview(buf)
 
-    def text(pos: int) -> tuple[str, int]:
+    def name(pos: int) -> tuple[str, int]:
         (ln,) = u16(buf, pos)
         end = pos + 2 + ln
         if end > n:
             raise WireError(f"writeset truncated reading a name at byte {pos}")
-        return buf[pos + 2:end].decode("utf-8"), end
+        return _name(buf[pos + 2:end]), end
+
+    def blob(pos: int, what: str) -> tuple[bytes, int]:
+        (ln,) = u32(buf, pos)
+        end = pos + 4 + ln
+        if end > n:
+            raise WireError(f"writeset truncated reading {what}")
+        return buf[pos + 4:end], end
 
     tables: list[Table] = []
     for _ in range(ntables):
@@ -215,22 +296,29 @@ def _decode(buf: bytes) -> Writeset:
                 seen = None
         if seen is not None:
             continue
-        nsp, pos = text(pos)
-        rel, pos = text(pos)
+        nsp, pos = name(pos)
+        rel, pos = name(pos)
         (ncols,) = u16(buf, pos)
         pos += 2
         cols = []
         for _c in range(ncols):
-            name, pos = text(pos)
-            typ, pos = text(pos)
-            cols.append(Column(name, typ, buf[pos]))
+            cname, pos = name(pos)
+            typ, pos = name(pos)
+            cflags = buf[pos]
+            if cflags & ~COL_FLAGS_KNOWN:
+                raise WireError(f"column {cname!r} of {nsp}.{rel} has unknown flags {cflags:#x}")
+            cols.append(Column(cname, typ, cflags))
             pos += 1
         (nident,) = u16(buf, pos)
         ident = tuple(u16(buf, pos + 2 + 2 * i)[0] for i in range(nident))
         pos += 2 + 2 * nident
         if any(i >= ncols for i in ident):
             raise WireError(f"identity column index out of range in table {nsp}.{rel}")
-        t = Table(nsp, rel, tuple(cols), ident)
+        tflags = buf[pos]
+        pos += 1
+        if tflags & ~TABLE_FLAGS_KNOWN:
+            raise WireError(f"table {nsp}.{rel} has unknown flags {tflags:#x}")
+        t = Table(nsp, rel, tuple(cols), ident, bool(tflags & TABLE_FULL_IDENTITY))
         if len(_TABLES) >= 4096:
             _TABLES.clear()
         versions = _TABLES.setdefault(names, [])
@@ -247,23 +335,35 @@ def _decode(buf: bytes) -> Writeset:
         out: list[Value] = []
         for _v in range(cnt):
             kind = buf[pos]
-            if kind == 0x6E:  # 'n'
+            if kind == VAL_NULL:
                 out.append(None)
                 pos += 1
-            elif kind == 0x74:  # 't'
+            elif kind == VAL_TEXT or kind == VAL_BINARY:
                 (ln,) = u32(buf, pos + 1)
                 end = pos + 5 + ln
                 if end > n:
                     raise WireError(f"writeset truncated reading {what}")
-                out.append(buf[pos + 5:end].decode("utf-8"))
+                out.append(buf[pos + 5:end] if kind == VAL_TEXT else Binary(buf[pos + 5:end]))
                 pos = end
             else:
                 raise WireError(f"{what} has unknown value kind {kind:#x}")
         return tuple(out), pos
 
-    rows: list[Row] = []
+    rows: list[Item] = []
     for _ in range(nrows):
         op = chr(buf[pos])
+        if op == OP_SCHEMA:
+            (nset,) = u16(buf, pos + 1)
+            pos += 3
+            settings = []
+            for _s in range(nset):
+                sname, pos = name(pos)
+                svalue, pos = name(pos)
+                settings.append((sname, svalue))
+            role, pos = name(pos)
+            statement, pos = blob(pos, "a schema change statement")
+            rows.append(Schema(tuple(settings), role, statement))
+            continue
         if op not in "IUDT":
             raise WireError(f"unknown row op {op!r}")
         (ti,) = u16(buf, pos + 1)
@@ -271,11 +371,16 @@ def _decode(buf: bytes) -> Writeset:
         if ti >= len(tables):
             raise WireError(f"row refers to table {ti} of {len(tables)}")
         t = tables[ti]
+        if op == OP_TRUNCATE:
+            tflags = buf[pos]
+            pos += 1
+            if tflags & ~TRUNCATE_FLAGS_KNOWN:
+                raise WireError(f"TRUNCATE with unknown flags {tflags:#x}")
+            rows.append(Row(op, ti, (), (), tflags))
+            continue
         old: tuple[Value, ...] = ()
         new: tuple[Value, ...] = ()
         if op == "U" or op == "D":
-            if not t.identity:
-                raise WireError(f"{op} row on table {t.nspname}.{t.relname} without identity")
             old, pos = values(pos, len(t.identity), "old tuple")
         if op == "I" or op == "U":
             new, pos = values(pos, len(t.columns), "new tuple")
@@ -300,21 +405,11 @@ def _decode(buf: bytes) -> Writeset:
             pos = end
         # the encoded parts are exactly what key_hash hashes
         keys.append(Key(_MODES[mode], tuple(parts), _blake2b(view[start:pos], digest_size=16).digest()))
-    ddl = None
-    if flags & FLAG_DDL:
-        if nrows or ntables:
-            raise WireError("a schema-change writeset carries no rows")
-        (ln,) = u32(buf, pos)
-        end = pos + 4 + ln
-        if end > n:
-            raise WireError("writeset truncated reading the DDL statement")
-        statement = buf[pos + 4:end].decode("utf-8")
-        search_path, pos = text(end)
-        role, pos = text(pos)
-        ddl = Ddl(statement, search_path, role)
+    if flags & FLAG_TOI and (ntables or len(rows) != 1 or not isinstance(rows[0], Schema)):
+        raise WireError("a schema change's ordering request holds exactly one schema change item")
     if pos != n:
         raise WireError(f"{n - pos} trailing bytes after writeset")
-    return Writeset(xid, pid, last_seen, tuple(tables), tuple(rows), tuple(keys), flags, ddl, buf)
+    return Writeset(xid, pid, last_seen, tuple(tables), tuple(rows), tuple(keys), flags, encoding, buf)
 
 
 _blake2b = hashlib.blake2b
@@ -322,7 +417,7 @@ _MODES = {1: KeyMode.REFERENCE, 2: KeyMode.UPDATE, 3: KeyMode.EXCLUSIVE}
 
 
 def _text(s: str) -> bytes:
-    b = s.encode("utf-8")
+    b = _name_bytes(s)
     return struct.pack(">H", len(b)) + b
 
 
@@ -332,15 +427,14 @@ def _tuple(values: tuple[Value, ...]) -> bytes:
         if v is None:
             out.append(b"n")
         else:
-            b = v.encode("utf-8")
-            out.append(b"t" + struct.pack(">I", len(b)) + b)
+            out.append((b"b" if isinstance(v, Binary) else b"t") + struct.pack(">I", len(v)) + v)
     return b"".join(out)
 
 
 def encode(ws: Writeset) -> bytes:
     """Write a writeset (the inverse of :func:`decode`); the extension does the same in C."""
-    flags = ws.flags | (FLAG_DDL if ws.ddl is not None else 0)
-    out = [MAGIC, struct.pack(">BBIIQHII", VERSION, flags, ws.xid, ws.pid, ws.last_seen,
+    flags = ws.flags | (FLAG_DDL if any(r.op == OP_SCHEMA for r in ws.rows) else 0)
+    out = [MAGIC, struct.pack(">BBIIQHHII", VERSION, flags, ws.xid, ws.pid, ws.last_seen, ws.encoding,
                               len(ws.tables), len(ws.rows), len(ws.keys))]
     for t in ws.tables:
         out += [_text(t.nspname), _text(t.relname), struct.pack(">H", len(t.columns))]
@@ -348,8 +442,16 @@ def encode(ws: Writeset) -> bytes:
             out += [_text(c.name), _text(c.typname), bytes([c.flags])]
         out.append(struct.pack(">H", len(t.identity)))
         out += [struct.pack(">H", i) for i in t.identity]
+        out.append(bytes([TABLE_FULL_IDENTITY if t.full_identity else 0]))
     for row in ws.rows:
+        if isinstance(row, Schema):
+            out.append(b"S" + struct.pack(">H", len(row.settings)))
+            out += [_text(k) + _text(v) for k, v in row.settings]
+            out += [_text(row.role), struct.pack(">I", len(row.statement)), row.statement]
+            continue
         out.append(row.op.encode() + struct.pack(">H", row.table))
+        if row.op == OP_TRUNCATE:
+            out.append(bytes([row.flags]))
         if row.op in ("U", "D"):
             out.append(_tuple(row.old))
         if row.op in ("I", "U"):
@@ -357,16 +459,13 @@ def encode(ws: Writeset) -> bytes:
     for k in ws.keys:
         out.append(struct.pack(">BH", int(k.mode), len(k.parts)))
         out += [struct.pack(">I", len(p)) + p for p in k.parts]
-    if ws.ddl is not None:
-        stmt = ws.ddl.statement.encode("utf-8")
-        out += [struct.pack(">I", len(stmt)), stmt, _text(ws.ddl.search_path), _text(ws.ddl.role)]
     return b"".join(out)
 
 
 def merge(writesets: list[Writeset]) -> Writeset:
     """Row writesets applied one after another, as one writeset: the rows in order, the tables
     shared, the keys of all (catch-up applies a run of consecutive GIDs in one transaction)."""
-    if any(ws.ddl is not None for ws in writesets):
+    if any(ws.has_schema for ws in writesets):
         raise ValueError("schema changes are not merged")
     if len(writesets) == 1:
         return writesets[0]
@@ -381,7 +480,14 @@ def merge(writesets: list[Writeset]) -> Writeset:
                 index[t] = len(tables)
                 tables.append(t)
             remap.append(index[t])
-        rows += [Row(r.op, remap[r.table], r.old, r.new) for r in ws.rows]
+        rows += [Row(r.op, remap[r.table], r.old, r.new, r.flags) for r in ws.rows if isinstance(r, Row)]
         keys.update(dict.fromkeys(ws.keys))
     last = writesets[-1]
-    return Writeset(last.xid, last.pid, last.last_seen, tuple(tables), tuple(rows), tuple(keys))
+    return Writeset(last.xid, last.pid, last.last_seen, tuple(tables), tuple(rows), tuple(keys),
+                    encoding=last.encoding)
+
+
+def empty(encoding: int = UTF8) -> bytes:
+    """A writeset with nothing in it: applied, it commits its GID and changes nothing (a schema
+    change that failed on its origin)."""
+    return encode(Writeset(0, 0, 0, (), (), (), encoding=encoding))

@@ -16,8 +16,9 @@ pytestmark = pytest.mark.integration
 
 def _sample() -> bytes:
     t = wire.Table("public", "fuzz_t", (wire.Column("id", "integer", 0), wire.Column("v", "text", 0)), (0,))
-    rows = (wire.Row("I", 0, (), ("1", "a")), wire.Row("U", 0, ("1",), ("1", "b")),
-            wire.Row("D", 0, ("1",), ()), wire.Row("T", 0, (), ()))
+    one = wire.Binary(b"\x00\x00\x00\x01")  # integer 1 in its binary form
+    rows = (wire.Row("I", 0, (), (one, b"a")), wire.Row("U", 0, (one,), (one, b"b")),
+            wire.Row("D", 0, (one,), ()), wire.Row("T", 0, (), ()))
     return wire.encode(wire.Writeset(1, 1, 0, (t,), rows, (wire.Key(wire.KeyMode.EXCLUSIVE, (b"public", b"fuzz_t")),)))
 
 

@@ -113,18 +113,14 @@ def test_schema_change_fails_writers_that_did_not_see_it_even_from_its_origin() 
     assert c.certify(5, "b", 1, [_table(b"u", KeyMode.REFERENCE)]).ok  # other table
 
 
-def test_failed_schema_change_is_taken_back() -> None:
+def test_schema_change_keys_travel_to_a_joining_node() -> None:
+    """A schema change's keys are recorded only once it ran (replicator.py defers what comes
+    after it until then); a joining node's copy of the index holds them too."""
     c = Certifier()
     assert c.certify(1, "a", 0, [_table(b"t", KeyMode.REFERENCE)]).ok
     c.record(2, [_table(b"t"), _table(b"new")])
-    c.ddl_outcome(2, False)
-    assert c.certify(3, "b", 1, [_table(b"t", KeyMode.REFERENCE)]).ok
-    assert c.certify(4, "b", 0, [_table(b"new", KeyMode.REFERENCE)]).ok
-    c.record(5, [_table(b"t")])
-    c.ddl_outcome(5, True)
-    assert not c.certify(6, "b", 4, [_table(b"t", KeyMode.REFERENCE)]).ok
-    # the undo information travels to a joining node
-    c.record(7, [_table(b"x")])
     d = Certifier.restore(c.snapshot())
-    d.ddl_outcome(7, False)
-    assert d.certify(8, "b", 6, [_table(b"x", KeyMode.REFERENCE)]).ok
+    for idx in (c, d):
+        assert not idx.certify(3, "b", 1, [_table(b"t", KeyMode.REFERENCE)]).ok
+        assert not idx.certify(3, "b", 0, [_table(b"new", KeyMode.REFERENCE)]).ok
+        assert idx.certify(3, "b", 2, [_table(b"new", KeyMode.REFERENCE)]).ok

@@ -21,7 +21,7 @@ T = Table("public", "t", (wire.Column("id", "integer"), wire.Column("v", "text")
 
 
 def writeset(last_seen: int, key: int) -> bytes:
-    ws = Writeset(1, 1, last_seen, (T,), (Row("U", 0, (str(key),), (str(key), "x")),),
+    ws = Writeset(1, 1, last_seen, (T,), (Row("U", 0, (str(key).encode(),), (str(key).encode(), b"x")),),
                   (Key(KeyMode.REFERENCE, (b"public", b"t")),  # as the extension writes them
                    Key(KeyMode.UPDATE, (b"public", b"t", b"id", str(key).encode()))))
     return wire.encode(ws)
@@ -323,33 +323,76 @@ def test_writeset_of_a_node_that_is_not_online_is_dropped_everywhere() -> None:
     assert len(refused) == 1 and not refused[0].ok and not refused[0].unknown
 
 
+_STATEMENT = wire.Schema((("search_path", "public"),), "postgres", b"ALTER TABLE t ADD COLUMN c int")
+_KEYS = (Key(KeyMode.EXCLUSIVE, (b"public", b"t")),)
+
+
 def _ddl(table: bytes = b"t") -> bytes:
-    return wire.encode(Writeset(0, 1, 0, (), (), (Key(KeyMode.EXCLUSIVE, (b"public", table)),),
-                                ddl=wire.Ddl("ALTER TABLE t ADD COLUMN c int", "public", "postgres")))
+    """A schema change's request for its place in the order (its content comes later)."""
+    return wire.encode(Writeset(0, 1, 0, (), (_STATEMENT,), (Key(KeyMode.EXCLUSIVE, (b"public", table)),),
+                                flags=wire.FLAG_TOI))
+
+
+def _content() -> bytes:
+    """What the origin reports it ran: the statement and its table keys."""
+    return wire.encode(Writeset(0, 1, 0, (), (_STATEMENT,), _KEYS))
 
 
 def test_schema_change_outcome_is_the_same_everywhere() -> None:
+    """Writesets ordered after a schema change wait for its outcome, then are certified against
+    what it touched: a writer that did not see the change loses, everywhere alike."""
     c = form()
-    outcomes: dict[str, list[tuple[int, bool]]] = {n: [] for n in NAMES}
+    outcomes: dict[str, list[tuple[int, bool, bool]]] = {n: [] for n in NAMES}
     c.ticket += 1
     c.order.append(("n1", bp.encode(bp.WritesetMsg("n1", c.ticket, _ddl()))))
     c.drain()
     gid = c.nodes["n1"].gid
     assert all(r.ddl_open == {gid: "n1"} for r in c.nodes.values())
-    # a writer on n2 that did not see the change loses, even though no row key conflicts
+    # a writer on n2 that did not see the change waits for its outcome ...
     c.submit("n2", gid - 1, 5)
     c.drain()
-    assert c.log["n2"][-1] == (gid + 1, False)
-    # the origin reports; a second, later report is ignored
-    c.order.append(("n1", bp.encode(bp.DdlResult("n1", gid, True))))
+    assert c.log["n2"][-1] == (gid, True) and all(r.deferred_count == 1 for r in c.nodes.values())
+    # ... the origin reports (a second, later report is ignored) ...
+    c.order.append(("n1", bp.encode(bp.DdlResult("n1", gid, True, "", _content()))))
     c.order.append(("n1", bp.encode(bp.DdlResult("n1", gid, False, "late"))))
     while c.order:
         sender, payload = c.order.popleft()
         for n, r in c.nodes.items():
-            for a in r.on_delivery(Delivery(sender, payload)):
+            acts = r.on_delivery(Delivery(sender, payload))
+            c.act(n, acts)
+            for a in acts:
                 if isinstance(a, DdlOutcome):
-                    outcomes[n].append((a.gid, a.ok))
-    assert all(o == [(gid, True)] for o in outcomes.values()), outcomes
+                    outcomes[n].append((a.gid, a.ok, a.content is not None and a.content.has_schema))
+    assert all(o == [(gid, True, True)] for o in outcomes.values()), outcomes
+    # ... and then loses, even though no row key conflicts
+    assert c.log["n2"][-1] == (gid + 1, False)
+    assert all(r.deferred_count == 0 and not r.ddl_open for r in c.nodes.values())
+
+
+def test_no_gid_reply_while_a_schema_change_is_open() -> None:
+    """The state after an open schema change is not final: a joiner is answered once it is."""
+    c = form()
+    c.ticket += 1
+    c.order.append(("n1", bp.encode(bp.WritesetMsg("n1", c.ticket, _ddl()))))
+    c.drain()
+    r1 = c.nodes["n1"]
+    acts = r1.on_delivery(Delivery("n4", bp.encode(bp.GidRequest("n4", "rq", r1.cluster_uuid, 0))))
+    assert not [a for a in acts if isinstance(a, Send) and isinstance(a.message, bp.GidReply)]
+
+
+def test_malformed_content_fails_the_schema_change_everywhere() -> None:
+    c = form()
+    c.ticket += 1
+    c.order.append(("n1", bp.encode(bp.WritesetMsg("n1", c.ticket, _ddl()))))
+    c.drain()
+    gid = c.nodes["n1"].gid
+    c.order.append(("n1", bp.encode(bp.DdlResult("n1", gid, True, "", b"CW\x02garbage"))))
+    outcomes = set()
+    while c.order:
+        sender, payload = c.order.popleft()
+        for r in c.nodes.values():
+            outcomes |= {(a.gid, a.ok) for a in r.on_delivery(Delivery(sender, payload)) if isinstance(a, DdlOutcome)}
+    assert outcomes == {(gid, False)}
 
 
 def test_schema_change_whose_origin_leaves_is_skipped_everywhere() -> None:
@@ -361,7 +404,7 @@ def test_schema_change_whose_origin_leaves_is_skipped_everywhere() -> None:
     for n in ("n1", "n2"):
         acts = c.nodes[n].on_view(View(2, ("n1", "n2"), (), ("n3",), n, True), c.now)
         assert [(a.gid, a.ok) for a in acts if isinstance(a, DdlOutcome)] == [(gid, False)]
-        # its keys are taken back: a writer that did not see it now passes
+    # it never ran: a writer that did not see it passes
     c.submit("n2", gid - 1, 6)
     c.drain()
     assert c.log["n2"][-1] == (gid + 1, True)

@@ -1,4 +1,4 @@
-"""Writeset wire format v1 (docs/PROTOCOL.md section 2): round trip and rejection of bad input."""
+"""Writeset wire format v2 (docs/PROTOCOL.md section 2): round trip and rejection of bad input."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chorus import wire
-from chorus.wire import (FLAG_DDL, Column, Ddl, Key, KeyMode, Row, Table, WireError, Writeset, decode,
-                         encode)
+from chorus.wire import (FLAG_DDL, FLAG_TOI, Binary, Column, Key, KeyMode, Row, Schema, Table, WireError,
+                         Writeset, decode, encode)
 
 TABLE = Table("public", "accounts", (Column("id", "integer"), Column("owner", "text"),
                                      Column("total", "numeric", wire.COL_GENERATED)), (0,))
@@ -19,8 +19,9 @@ TABLE = Table("public", "accounts", (Column("id", "integer"), Column("owner", "t
 def sample() -> Writeset:
     return Writeset(
         xid=1234, pid=99, last_seen=41, tables=(TABLE,),
-        rows=(Row("I", 0, (), ("1", "ann", None)), Row("U", 0, ("1",), ("1", "bob", None)),
-              Row("D", 0, ("1",), ()), Row("T", 0)),
+        rows=(Row("I", 0, (), (Binary(b"\0\0\0\1"), b"ann", None)),
+              Row("U", 0, (Binary(b"\0\0\0\1"),), (Binary(b"\0\0\0\1"), b"bob", None)),
+              Row("D", 0, (Binary(b"\0\0\0\1"),), ()), Row("T", 0, flags=wire.TRUNCATE_RESTART)),
         keys=(Key(KeyMode.EXCLUSIVE, (b"public", b"accounts", b"id", b"1")),
               Key(KeyMode.REFERENCE, (b"public", b"accounts"))),
     )
@@ -28,16 +29,29 @@ def sample() -> Writeset:
 
 def test_round_trip() -> None:
     ws = sample()
-    assert wire.decode(wire.encode(ws)) == ws
+    back = wire.decode(wire.encode(ws))
+    assert back == ws
+    # binary values stay binary, text stays text, both as bytes (no encoding assumed)
+    assert isinstance(back.rows[0].new[0], Binary) and not isinstance(back.rows[0].new[1], Binary)
 
 
-values = st.one_of(st.none(), st.text(max_size=20))
+def test_text_in_any_encoding_and_names_round_trip() -> None:
+    """LATIN1 text (not valid UTF-8) and a LATIN1 name travel unchanged (no UTF-8 anywhere)."""
+    name = b"caf\xe9".decode("utf-8", "surrogateescape")
+    t = Table("public", name, (Column(name, "text"),), (0,))
+    ws = Writeset(1, 1, 0, (t,), (Row("I", 0, (), (b"\xe9t\xe9",)),), (), encoding=8)
+    back = wire.decode(wire.encode(ws))
+    assert back == ws and back.encoding == 8 and back.rows[0].new[0] == b"\xe9t\xe9"
+    assert wire.encode(back) == wire.encode(ws)
+
+
+values = st.one_of(st.none(), st.binary(max_size=20), st.binary(max_size=8).map(Binary))
 
 
 @settings(max_examples=200)
 @given(st.lists(st.tuples(st.sampled_from("IUDT"), st.lists(values, min_size=2, max_size=2)), max_size=20),
        st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1))
-def test_round_trip_random(rows: list[tuple[str, list[str | None]]], last_seen: int, xid: int) -> None:
+def test_round_trip_random(rows: list[tuple[str, list[bytes | None]]], last_seen: int, xid: int) -> None:
     t = Table("s", "t\"odd", (Column("a", "text"), Column("b", "text")), (0,))
     out = []
     for op, vals in rows:
@@ -45,12 +59,14 @@ def test_round_trip_random(rows: list[tuple[str, list[str | None]]], last_seen: 
         new = tuple(vals) if op in "IU" else ()
         out.append(Row(op, 0, old, new))
     ws = Writeset(xid, 1, last_seen, (t,), tuple(out), (Key(KeyMode.UPDATE, (b"x",)),))
-    assert wire.decode(wire.encode(ws)) == ws
+    back = wire.decode(wire.encode(ws))
+    assert back == ws
+    assert [type(v) for r in back.rows for v in r.new] == [type(v) for r in ws.rows for v in r.new]
 
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda b: b"XX" + b[2:], "bad magic"),
-    (lambda b: b[:2] + b"\x02" + b[3:], "unsupported writeset version 2"),
+    (lambda b: b[:2] + b"\x01" + b[3:], "unsupported writeset version 1"),
     (lambda b: b[:3] + b"\x80" + b[4:], "unknown writeset flags"),
     (lambda b: b[:-1], "truncated"),
     (lambda b: b + b"\x00", "trailing bytes"),
@@ -60,8 +76,20 @@ def test_rejects_malformed(mutate, message) -> None:  # type: ignore[no-untyped-
         wire.decode(mutate(wire.encode(sample())))
 
 
+def test_rejects_unknown_value_kind_and_truncate_flags() -> None:
+    raw = bytearray(wire.encode(Writeset(1, 1, 0, (TABLE,), (Row("I", 0, (), (b"1", b"a", None)),), ())))
+    i = raw.index(b"t\x00\x00\x00\x01" + b"1")
+    raw[i] = ord("x")
+    with pytest.raises(WireError, match="unknown value kind"):
+        decode(bytes(raw))
+    raw = bytearray(wire.encode(Writeset(1, 1, 0, (TABLE,), (Row("T", 0),), ())))
+    raw[-1] = 0x80
+    with pytest.raises(WireError, match="TRUNCATE with unknown flags"):
+        decode(bytes(raw))
+
+
 def test_rejects_bad_table_index() -> None:
-    ws = Writeset(1, 1, 0, (TABLE,), (Row("I", 0, (), ("1", "a", None)),), ())
+    ws = Writeset(1, 1, 0, (TABLE,), (Row("I", 0, (), (b"1", b"a", None)),), ())
     raw = bytearray(wire.encode(ws))
     # the row's table index follows the op byte 'I'
     i = raw.index(b"I\x00\x00")
@@ -97,27 +125,41 @@ def test_key_describe() -> None:
     assert Key(KeyMode.EXCLUSIVE, (b"public", b"t")).describe() == '"public"."t" (table)'
 
 
+def _schema(statement: str = "ALTER TABLE t ADD COLUMN \"x%\" text DEFAULT 'é'") -> Schema:
+    return Schema((("search_path", '"$user", public'), ("DateStyle", "SQL, DMY")), "alice",
+                  statement.encode("utf-8"))
+
+
 def test_schema_change_round_trip() -> None:
-    ws = Writeset(0, 42, 17, (), (), (Key(KeyMode.EXCLUSIVE, (b"public", b"t")),),
-                  ddl=Ddl("ALTER TABLE t ADD COLUMN \"x%\" text DEFAULT 'é'", '"$user", public', "alice"))
+    """A schema change item among rows, in order; the flag follows from the items."""
+    ws = Writeset(0, 42, 17, (TABLE,), (_schema(), Row("I", 0, (), (b"1", b"a", None)), _schema("DROP TABLE x")),
+                  (Key(KeyMode.EXCLUSIVE, (b"public", b"t")),))
     back = decode(encode(ws))
-    assert back.ddl == ws.ddl and back.keys == ws.keys and back.flags & FLAG_DDL
+    assert back.rows == ws.rows and back.keys == ws.keys and back.flags & FLAG_DDL and back.has_schema
+    assert back.statements[0].setting("DateStyle") == "SQL, DMY" and back.statements[1].statement == b"DROP TABLE x"
     with pytest.raises(WireError, match="truncated"):
         decode(encode(ws)[:-3])
 
 
+def test_toi_request_holds_exactly_one_schema_change() -> None:
+    ok = Writeset(0, 1, 0, (), (_schema(),), (), flags=FLAG_TOI)
+    assert decode(encode(ok)).toi
+    with pytest.raises(WireError, match="exactly one schema change"):
+        decode(encode(Writeset(0, 1, 0, (), (_schema(), _schema()), (), flags=FLAG_TOI)))
+
+
 def test_merge_keeps_rows_in_order_and_shares_tables() -> None:
     other = Table("public", "log", (Column("id", "bigint"), Column("note", "text")), (0,))
-    a = Writeset(1, 1, 10, (TABLE,), (Row("I", 0, (), ("1", "ann", None)),),
+    a = Writeset(1, 1, 10, (TABLE,), (Row("I", 0, (), (b"1", b"ann", None)),),
                  (Key(KeyMode.UPDATE, (b"public", b"accounts", b"id", b"1")),))
-    b = Writeset(2, 1, 11, (other, TABLE), (Row("I", 0, (), ("7", "x")), Row("U", 1, ("1",), ("1", "bob", None))),
+    b = Writeset(2, 1, 11, (other, TABLE), (Row("I", 0, (), (b"7", b"x")), Row("U", 1, (b"1",), (b"1", b"bob", None))),
                  (Key(KeyMode.UPDATE, (b"public", b"accounts", b"id", b"1")),
                   Key(KeyMode.UPDATE, (b"public", b"log", b"id", b"7"))))
     m = wire.merge([a, b])
     assert m.tables == (TABLE, other)
     assert [(r.op, m.tables[r.table].relname, r.new[0]) for r in m.rows] == [
-        ("I", "accounts", "1"), ("I", "log", "7"), ("U", "accounts", "1")]
+        ("I", "accounts", b"1"), ("I", "log", b"7"), ("U", "accounts", b"1")]
     assert len(m.keys) == 2  # the shared key once
     assert wire.decode(wire.encode(m)) == m
     with pytest.raises(ValueError):
-        wire.merge([a, Writeset(3, 1, 12, (), (), (), ddl=Ddl("DROP TABLE x", "public", "postgres"))])
+        wire.merge([a, Writeset(3, 1, 12, (), (_schema("DROP TABLE x"),), ())])

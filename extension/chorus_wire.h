@@ -1,0 +1,70 @@
+/*
+ * chorus_wire.h
+ *		Every constant of Chorus's wire formats (docs/PROTOCOL.md): the writeset,
+ *		the backend <-> coordinator frames and the verdicts. The coordinator's
+ *		Python modules (chorus/wire.py, chorus/backendproto.py) define the same
+ *		values; tests/unit/test_wire_constants.py reads this file and checks
+ *		them, so the two cannot drift. No PostgreSQL headers: plain defines.
+ */
+#ifndef CHORUS_WIRE_H
+#define CHORUS_WIRE_H
+
+/* ---- writeset (docs/PROTOCOL.md section 2) ---- */
+#define CHORUS_WS_MAGIC "CW"
+#define CHORUS_WS_VERSION 2
+/* magic, version, flags, xid, pid, last_seen, encoding, ntables, nrows, nkeys */
+#define CHORUS_WS_HEAD_SIZE (2 + 1 + 1 + 4 + 4 + 8 + 2 + 2 + 4 + 4)
+
+/* header flags */
+#define CHORUS_WS_FLAG_DDL 0x01		/* holds schema change items: applied alone, after all before it */
+#define CHORUS_WS_FLAG_TOI 0x02		/* a schema change's place in the total order; its content follows */
+#define CHORUS_WS_FLAGS_KNOWN (CHORUS_WS_FLAG_DDL | CHORUS_WS_FLAG_TOI)
+
+/* column flags in a table description */
+#define CHORUS_COL_IDENTITY 0x01	/* an identity column */
+#define CHORUS_COL_GENERATED 0x02	/* generated stored: sent as NULL, never written */
+#define CHORUS_COL_FLAGS_KNOWN (CHORUS_COL_IDENTITY | CHORUS_COL_GENERATED)
+
+/* table flags in a table description */
+#define CHORUS_TABLE_FULL_IDENTITY 0x01	/* no primary key: rows are found by their whole old image */
+#define CHORUS_TABLE_FLAGS_KNOWN CHORUS_TABLE_FULL_IDENTITY
+
+/* row items */
+#define CHORUS_OP_INSERT 'I'
+#define CHORUS_OP_UPDATE 'U'
+#define CHORUS_OP_DELETE 'D'
+#define CHORUS_OP_TRUNCATE 'T'
+#define CHORUS_OP_SCHEMA 'S'		/* a schema change statement, in its place among the rows */
+
+/* TRUNCATE flags */
+#define CHORUS_TRUNCATE_RESTART 0x01	/* RESTART IDENTITY */
+#define CHORUS_TRUNCATE_FLAGS_KNOWN CHORUS_TRUNCATE_RESTART
+
+/* value kinds */
+#define CHORUS_VAL_NULL 'n'
+#define CHORUS_VAL_TEXT 't'			/* the type's text output, under fixed settings */
+#define CHORUS_VAL_BINARY 'b'		/* the type's binary send form */
+
+/* certification key modes (DESIGN.md invariant 2) */
+#define CHORUS_KEY_REFERENCE 1
+#define CHORUS_KEY_UPDATE 2
+#define CHORUS_KEY_EXCLUSIVE 3
+
+/* ---- backend <-> coordinator frames (docs/PROTOCOL.md section 1) ---- */
+#define CHORUS_FRAME_WRITESET 'W'
+#define CHORUS_FRAME_VERDICT 'V'
+#define CHORUS_FRAME_COMMITTED 'C'
+#define CHORUS_FRAME_ABORTED 'A'
+#define CHORUS_FRAME_RAN 'R'		/* a schema change ran here: u64 gid, u32 xid, its writeset */
+#define CHORUS_FRAME_SYNC 'S'
+#define CHORUS_FRAME_DONE_SIZE (1 + 8 + 4)	/* type, gid, xid: frames C and A */
+/* verdict body: type, verdict, gid, wait_for, prev, u16 message length */
+#define CHORUS_VERDICT_BODY_SIZE (1 + 1 + 8 + 8 + 8 + 2)
+
+#define CHORUS_VERDICT_COMMIT 0
+#define CHORUS_VERDICT_CONFLICT 1
+#define CHORUS_VERDICT_REFUSED 2
+#define CHORUS_VERDICT_UNKNOWN 3
+#define CHORUS_VERDICT_TOO_LARGE 4
+
+#endif							/* CHORUS_WIRE_H */
