@@ -16,6 +16,7 @@ types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32
 | ``S`` | :class:`SyncMarker` | a node serving causal reads: how far to catch up |
 | ``L`` | :class:`LogQuery` | a recovering node: which GID ranges do your writeset logs hold? |
 | ``I`` | :class:`LogInfo` | every online node, answering an ``L``: its log's range, load and recovery address |
+| ``O`` | :class:`Vote` | a node that failed to apply a certified writeset, then every node: its outcome for that GID (inconsistency voting) |
 | ``R`` | :class:`Received` | a following node whose Corosync is one of several: it has delivered every GID up to this one (uniform commit) |
 """
 
@@ -111,6 +112,17 @@ class DdlResult:
 
 
 @dataclass(frozen=True)
+class Vote:
+    """Inconsistency voting (Galera 4): the sender's outcome for certified writeset ``gid``.
+    A node that fails to apply it sends one; then every node does, and the majority's outcome
+    stands (docs/MEMBERSHIP.md)."""
+    node: str
+    gid: int
+    ok: bool  # applied (or committed as its origin)
+    reason: str = ""  # why it failed
+
+
+@dataclass(frozen=True)
 class SyncMarker:
     """Causal reads: its position in the total order tells the sender how far to catch up."""
     node: str
@@ -136,7 +148,7 @@ class LogInfo:
 
 
 Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress, FlowControl,
-                DdlResult, SyncMarker, LogQuery, LogInfo, Received]
+                DdlResult, SyncMarker, LogQuery, LogInfo, Received, Vote]
 
 
 class _R:
@@ -218,6 +230,8 @@ def encode(m: Message) -> bytes:
                 + _s(m.error[:4000]) + _blob(m.content))
     if isinstance(m, SyncMarker):
         return head + b"S" + _s(m.node) + struct.pack(">Q", m.token)
+    if isinstance(m, Vote):
+        return head + b"O" + _s(m.node) + struct.pack(">QB", m.gid, 1 if m.ok else 0) + _s(m.reason[:4000])
     if isinstance(m, LogQuery):
         return head + b"L" + _s(m.node) + _s(m.request_id)
     if isinstance(m, LogInfo):
@@ -267,6 +281,11 @@ def decode(b: bytes) -> Message:
         m = DdlResult(node, gid, ok, r.s(), r.blob())
     elif t == b"S":
         m = SyncMarker(r.s(), r.u64())
+    elif t == b"O":
+        voter, voted, outcome = r.s(), r.u64(), r.take(1)
+        if outcome not in (b"\x00", b"\x01"):
+            raise BusProtoError("vote outcome is neither 0 nor 1")
+        m = Vote(voter, voted, outcome == b"\x01", r.s())
     elif t == b"L":
         m = LogQuery(r.s(), r.s())
     elif t == b"I":

@@ -12,6 +12,7 @@ log_level = "info"
 dsn = "host=/d/nodes/n1/run port=5433 dbname=postgres user=postgres"
 [bus]
 group = "chorus"
+members = 0                  # coordinators sharing one Corosync (a local cluster): quorum counts them
 [apply]
 workers = 4
 run = 8                      # consecutive remote writesets ready together: applied as one transaction
@@ -72,6 +73,10 @@ class NodeConfig:
     secret_file: str = ""
     recovery_partners: tuple[str, ...] = ()
     auto_total: bool = False  # `chorus node join`: rebuild by total recovery when no log can catch the node up
+    # The coordinators of the cluster when they all share one Corosync (a local cluster): a view
+    # is quorate only with a majority of them. 0: quorum counts Corosync's nodes (every real
+    # deployment, one Corosync per node).
+    bus_members: int = 0
 
     @property
     def wslog_dir(self) -> str:
@@ -89,7 +94,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, type, bool]]] = {
         "log_level": ("log_level", str, False),
     },
     "postgres": {"dsn": ("dsn", str, True)},
-    "bus": {"group": ("cluster_group", str, False)},
+    "bus": {"group": ("cluster_group", str, False), "members": ("bus_members", int, False)},
     "apply": {"workers": ("apply_workers", int, False),
               "idle_blocker_grace_ms": ("idle_blocker_grace_ms", int, False),
               "flow_pause_at": ("flow_pause_at", int, False),
@@ -179,6 +184,7 @@ def write_config(cfg: NodeConfig, path: str) -> None:
         f"dsn = {_toml_str(cfg.dsn)}\n"
         "[bus]\n"
         f"group = {_toml_str(cfg.cluster_group)}\n"
+        f"members = {cfg.bus_members}\n"
         "[apply]\n"
         f"workers = {cfg.apply_workers}\n"
         f"idle_blocker_grace_ms = {cfg.idle_blocker_grace_ms}\n"

@@ -31,7 +31,7 @@ from chorus.applier import ApplyConnectionLost, ApplyError, ApplySession, Transi
 from chorus.bus import Bus, BusError, View
 from chorus.config import NodeConfig
 from chorus.replicator import (Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried, Phase,
-                               PhaseChange, Replicator, Send, SyncReached)
+                               PhaseChange, Replicator, Send, SyncReached, VoteDecided, VoteOpened)
 from chorus.scheduler import Scheduler
 from chorus.state import NodeState, load_state, save_state
 from chorus.wslog import FLAG_DDL_SKIPPED, LogError, LogRecord, WritesetLog
@@ -120,6 +120,8 @@ class _Pending:
     ddl_ok: Optional[bool] = None
     ddl_known: Optional[asyncio.Event] = None
     ddl_failure_sent: bool = False
+    # inconsistency voting decided that the majority failed to apply it: it commits empty here
+    skip: bool = False
     delivered_at: float = field(default_factory=time.monotonic)
     # what its commit waits for: wait_for (the previous certified GID) with one commit lane, the
     # previous certified GID of its lane with several (docs/APPLY.md; set by _assign_lane)
@@ -192,6 +194,10 @@ class Coordinator:
         self._sync_on_bus: dict[int, list[_Backend]] = {}  # marker token -> its readers
         self._sync_token = 0
         self._waiters: dict[int, _Waiter] = {}  # GID -> the session committing it
+        # inconsistency voting (docs/MEMBERSHIP.md)
+        self._apply_failures: dict[int, str] = {}  # GIDs this node failed to apply -> why
+        self._vote_waits: dict[int, asyncio.Future[bool]] = {}  # ... waiting for the decision
+        self._vote_due: set[int] = set()  # votes open on GIDs not committed here yet
         self._flow_requested = False
         self._flow_paused = False  # what the extension was last told
         self._servers: list[asyncio.base_events.Server] = []
@@ -225,6 +231,7 @@ class Coordinator:
             max_committed=self._max_committed,
             bootstrap=self.state.bootstrap,  # only when told (`chorus bootstrap`; seed 8.2)
             compat=self.compat,
+            member_votes=self.cfg.bus_members,
         )
         self._servers.append(await _unix_server(
             self.cfg.socket_path, lambda p: loop.create_unix_server(lambda: _BackendConnection(self), path=p)))
@@ -515,6 +522,10 @@ class Coordinator:
                     self._log_offers[a.info.request_id].append(a.info)
             elif isinstance(a, SyncReached):
                 self._sync_reached(a)
+            elif isinstance(a, VoteOpened):
+                self._vote_opened(a.gid)
+            elif isinstance(a, VoteDecided):
+                self._vote_decided(a)
             elif isinstance(a, Send):
                 self._send_msg(a.message)
             elif isinstance(a, PhaseChange):
@@ -785,6 +796,7 @@ class Coordinator:
         self.counters.local_commits += 1
         self.watermark = max(self.watermark, gid)  # commits are in GID order: all before it too
         self.scheduler.committed(gid)
+        self._applied_here(gid)
         self._dispatch()
 
     def _replay(self, gid: int) -> None:
@@ -885,9 +897,9 @@ class Coordinator:
     def _run_fits(self, run: list[int]) -> bool:
         return sum(len(_raw(self.pending[g].writeset)) for g in run) <= RUN_BYTES
 
-    async def _apply(self, session: ApplySession, run: list[int], replay: bool) -> None:
+    async def _apply(self, session: ApplySession, run: list[int], replay: bool, pooled: bool = True) -> None:
         """Apply certified writesets ``run`` (one, or consecutive remote ones applied as one
-        transaction) in ``session``."""
+        transaction) in ``session`` (one of the pool's unless ``pooled`` is false)."""
         gid = run[-1]
         try:
             ps = [self.pending.get(g) for g in run]
@@ -903,8 +915,8 @@ class Coordinator:
             try:
                 first = ps[0]
                 assert first is not None
-                done = await session.apply_run(gid, first.lane_wait, writesets, ddl_ok=p.ddl_ok is not False,
-                                               prev=first.wait_for)
+                done = await session.apply_run(gid, first.lane_wait, writesets,
+                                               ddl_ok=p.ddl_ok is not False and not p.skip, prev=first.wait_for)
             finally:
                 self._waiters.pop(gid, None)
             self.last_apply_ms = (time.monotonic() - t0) * 1000
@@ -920,6 +932,8 @@ class Coordinator:
                 if done_p is not None:
                     self._unflushed.append(done_p)
                 self.scheduler.committed(g)
+                if done_p is None or not done_p.skip:
+                    self._applied_here(g)
             self.watermark = max(self.watermark, gid)
         except TransientApplyError as e:
             self.counters.apply_retries += 1
@@ -930,9 +944,12 @@ class Coordinator:
                 self._spawn(self._check_database(str(e)))
             await asyncio.sleep(0.01)
         except ApplyError as e:
-            self.fatal = f"cannot apply certified writeset: {e}"
-            log.error("%s; stopping so the node does not diverge", self.fatal)
-            self.stopping.set()
+            if len(run) > 1:  # which one fails: each is tried alone
+                log.info("GIDs %d..%d failed as a run: applying them one by one (%s)", run[0], gid, e)
+                for g in run:
+                    self.scheduler.redispatch(g)
+            else:
+                self._spawn(self._apply_failed(gid, str(e)))
         except Exception as e:  # a bug: the writeset would never commit here; stop rather than stall
             self.fatal = f"applying GID {gid} failed unexpectedly: {e!r}"
             log.exception("%s; stopping", self.fatal)
@@ -940,9 +957,75 @@ class Coordinator:
         finally:
             if replay:
                 self.replay_busy = False
-            else:
+            elif pooled:
                 self.idle.append(session)
             self._dispatch()
+
+    # ---- inconsistency voting (Galera 4; docs/MEMBERSHIP.md) -------------------------------
+
+    async def _apply_failed(self, gid: int, reason: str) -> None:
+        """This node failed to apply certified writeset ``gid`` (it succeeded on its origin).
+        The members vote: if the majority applied it, this node leaves and stops; if the
+        majority failed too, the GID commits empty here and the node goes on (the nodes that
+        applied it leave)."""
+        r = self.replicator
+        decided = r.decided.get(gid) if r is not None else None
+        if decided is None:
+            self._apply_failures[gid] = reason
+            waiter = self._vote_waits.setdefault(gid, asyncio.get_running_loop().create_future())
+            log.error("GID %d could not be applied here (%s): the nodes vote on it", gid, reason)
+            self._send_msg(bp.Vote(self.cfg.name, gid, False, reason))
+            decided = await waiter
+        if decided:
+            self._leave_inconsistent(gid, f"the majority applied it and this node could not ({reason})")
+            return
+        p = self.pending.get(gid)
+        if p is not None:
+            # In a session of its own: the pool's may all wait for this GID's turn.
+            log.warning("GID %d: the majority could not apply it either; it commits empty here", gid)
+            p.skip = True
+            session = ApplySession(self.cfg.dsn, f"{self.cfg.name}-vote")
+            try:
+                await self._apply(session, [gid], replay=False, pooled=False)
+            finally:
+                await session.close()
+
+    def _vote_opened(self, gid: int) -> None:
+        """A node failed to apply ``gid``: say whether this one did, now or once it has."""
+        if gid in self._apply_failures:
+            return  # voted already
+        if self.watermark >= gid:
+            self._send_msg(bp.Vote(self.cfg.name, gid, True))
+        else:
+            self._vote_due.add(gid)
+
+    def _applied_here(self, gid: int) -> None:
+        """GID ``gid`` committed here (applied, or committed by its local backend)."""
+        if gid in self._vote_due:
+            self._vote_due.discard(gid)
+            self._send_msg(bp.Vote(self.cfg.name, gid, True))
+        r = self.replicator
+        if r is not None and r.decided.get(gid) is False:
+            self._leave_inconsistent(gid, "the majority could not apply it and this node did")
+
+    def _vote_decided(self, d: VoteDecided) -> None:
+        log.warning("inconsistency vote on GID %d: %s (%s)", d.gid,
+                    "the majority applied it" if d.ok else "the majority could not apply it", d.detail)
+        waiter = self._vote_waits.pop(d.gid, None)
+        if waiter is not None:
+            if not waiter.done():
+                waiter.set_result(d.ok)
+        elif not d.ok and self.watermark >= d.gid and d.gid not in self._vote_due:
+            self._leave_inconsistent(d.gid, "the majority could not apply it and this node did")
+
+    def _leave_inconsistent(self, gid: int, why: str) -> None:
+        """This node's data differs from the majority's at GID ``gid``: stop taking part."""
+        if self.fatal:
+            return
+        self.fatal = (f"inconsistency vote on GID {gid}: {why}; this node leaves the cluster and stops "
+                      "(rebuild it with chorus node join --total)")
+        log.error("%s", self.fatal)
+        self.stopping.set()
 
     async def _blocker_loop(self) -> None:
         """Local loses to remote (DESIGN.md invariant 6). Every BLOCKER_CHECK_S, one query asks

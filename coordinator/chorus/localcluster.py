@@ -61,6 +61,7 @@ class Meta:
     log_segment_mb: int = 32
     log_total_mb: int = 512
     commit_lanes: int = 1
+    encoding: str = "UTF8"  # the databases' encoding (initdb -E)
 
 
 def _alive(pid: int, needle: str) -> bool:
@@ -102,7 +103,7 @@ class LocalCluster:
             raise LocalClusterError(f"no local cluster in {self.dir} (run `chorus local up`)") from e
         return Meta(raw["group"], [NodeMeta(**n) for n in raw["nodes"]], raw.get("corosync_pid", 0),
                     raw.get("corosync_ours", False), raw.get("log_segment_mb", 32), raw.get("log_total_mb", 512),
-                    raw.get("commit_lanes", 1))
+                    raw.get("commit_lanes", 1), raw.get("encoding", "UTF8"))
 
     def save(self, meta: Meta) -> None:
         tmp = self.meta_path.with_suffix(".tmp")
@@ -125,6 +126,7 @@ class LocalCluster:
             socket_path=str(run / "chorus.sock"), admin_socket=str(run / "admin.sock"),
             state_file=str(d / "state.json"), data_dir=str(d), cluster_group=meta.group,
             log_segment_mb=meta.log_segment_mb, log_total_mb=meta.log_total_mb, commit_lanes=meta.commit_lanes,
+            bus_members=len(meta.nodes),
             recovery_listen=listen, recovery_advertise=listen,
             tls_cert=str(keys / "cluster.crt"), tls_key=str(keys / "cluster.key"),
             secret_file=str(keys / "cluster.secret"))
@@ -215,8 +217,9 @@ class LocalCluster:
         pgdata = d / "pgdata"
         if not (pgdata / "PG_VERSION").exists():
             self.log(f"{n.name}: initdb")
+            locale = "C.UTF-8" if meta.encoding.upper() in ("UTF8", "UTF-8") else "C"
             self._run([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
-                       "-E", "UTF8", "--locale=C.UTF-8"], f"initdb of {n.name}")
+                       "-E", meta.encoding, f"--locale={locale}"], f"initdb of {n.name}")
             with open(pgdata / "postgresql.conf", "a") as f:
                 f.write(PG_CONF.format(port=n.port, run=run,
                                        number=meta.nodes.index(n) + 1))
@@ -307,9 +310,10 @@ class LocalCluster:
     # ---- commands -----------------------------------------------------------------------
 
     def up(self, nodes: int, port_base: int, log_segment_mb: int = 32, log_total_mb: int = 512,
-           commit_lanes: Optional[int] = None) -> list[dict[str, Any]]:
+           commit_lanes: Optional[int] = None, encoding: str = "UTF8") -> list[dict[str, Any]]:
         """Create or restart the cluster. ``commit_lanes`` (kept for later restarts) sets
-        apply.commit_lanes on every node (docs/APPLY.md)."""
+        apply.commit_lanes on every node (docs/APPLY.md); ``encoding`` is the databases' (when
+        creating)."""
         fresh = not self.meta_path.exists()
         if fresh:
             if len(str(self.dir)) > 70:
@@ -318,7 +322,7 @@ class LocalCluster:
             os.chmod(self.dir, 0o755)
             group = "chorus-" + hashlib.sha1(str(self.dir).encode()).hexdigest()[:10]
             meta = Meta(group, [NodeMeta(f"n{i + 1}", port_base + i) for i in range(nodes)],
-                        log_segment_mb=log_segment_mb, log_total_mb=log_total_mb)
+                        log_segment_mb=log_segment_mb, log_total_mb=log_total_mb, encoding=encoding)
             self.save(meta)
         else:
             meta = self.load()

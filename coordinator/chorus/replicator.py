@@ -101,6 +101,29 @@ class DdlOutcome:
 
 
 @dataclass(frozen=True)
+class VoteOpened:
+    """A node failed to apply certified writeset ``gid``: every node reports its own outcome
+    for it (a Vote), now if it has committed it, else once it has applied it or failed to."""
+    gid: int
+
+
+@dataclass(frozen=True)
+class VoteDecided:
+    """The members' outcomes for ``gid`` are counted: the majority applied it (``ok``) or
+    failed to. A node on the other side, the origin too, leaves and stops (Galera 4's
+    inconsistency voting); where the majority failed, the others commit the GID empty."""
+    gid: int
+    ok: bool
+    detail: str
+
+
+@dataclass
+class _Ballot:
+    voters: frozenset[str]  # the nodes online when the vote opened
+    votes: dict[str, tuple[bool, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class SyncReached:
     """This node's causal-read marker was delivered: readers wait for ``gid`` (the last GID
     certified before it) to commit here. ``ok`` false: the node is not in the primary component."""
@@ -132,7 +155,7 @@ class LogOffered:
 
 
 Action = Union[Send, LocalVerdict, Apply, PhaseChange, Joined, DdlOutcome, SyncReached, CatchUp,
-               LogQueried, LogOffered]
+               LogQueried, LogOffered, VoteOpened, VoteDecided]
 
 
 @dataclass
@@ -158,6 +181,9 @@ class Replicator:
     # The database's encoding and PostgreSQL major version: a node whose data would be read
     # differently (another encoding, another binary format) does not join.
     compat: str = ""
+    # Coordinators sharing one bus node (a local cluster): votes count them, not bus nodes, so
+    # no node goes on alone after the others stopped. 0: one vote per bus node.
+    member_votes: int = 0
     phase: Phase = Phase.CONNECTING
     gid: int = 0
     last_certified: int = 0
@@ -171,6 +197,9 @@ class Replicator:
     # Writesets delivered while a schema change's outcome is open: certified once it is known
     # (its content's keys recorded first), in GID order. Every node defers alike.
     _deferred: list[tuple[int, bp.WritesetMsg, wire.Writeset]] = field(default_factory=list)
+    # inconsistency voting: open ballots by GID, and the outcomes decided (the last ones)
+    ballots: dict[int, _Ballot] = field(default_factory=dict)
+    decided: dict[int, bool] = field(default_factory=dict)
     online: dict[str, str] = field(default_factory=dict)  # node name -> bus member id
     progress: dict[str, int] = field(default_factory=dict)
     members: tuple[str, ...] = ()
@@ -211,7 +240,9 @@ class Replicator:
         self.members = view.members
         self.local_member = view.local
         nodes = {bus_node(m) for m in view.members}
-        if view.expected:
+        if self.member_votes:
+            quorate = 2 * len(view.members) > self.member_votes
+        elif view.expected:
             # The configured votes are known: decide from the view alone. Every member delivers
             # it at the same place in the total order, so all decide alike; votequorum's flag is
             # read asynchronously and can differ between nodes for a moment (a node that left
@@ -225,6 +256,9 @@ class Replicator:
         # even when the merged view is quorate again: it must leave and rejoin.
         carried = {bus_node(m) for m in view.members if m in previous and m not in view.joined}
         cut_off = bool(previous) and not view.votes.holds(carried)
+        if self.member_votes:
+            came = [m for m in view.members if m in previous and m not in view.joined]
+            cut_off = bool(previous) and 2 * len(came) <= self.member_votes
         self.votes = view.votes
         # reports count within one view: every following node reports afresh
         self.received.clear()
@@ -339,6 +373,8 @@ class Replicator:
             if origin != self.node and origin not in self.online:
                 out += self._ddl_settled(gid, False, f"its origin {origin} left the group before "
                                                      "reporting the outcome")
+        for gid in sorted(self.ballots):
+            out += self._count(gid)  # a voter that left no longer holds the count up
         return out
 
     def _leave_primary(self, reason: str) -> list[Action]:
@@ -430,10 +466,13 @@ class Replicator:
         Every acknowledged transaction committed on its origin before the client heard of it,
         so with every node present the highest GID covers all of them. With a node missing
         that might not hold, and the cluster waits for it (or for an operator's bootstrap)."""
-        if self._reform_sent or not self.cluster_uuid or self.votes.expected < 2:
+        if self._reform_sent or not self.cluster_uuid or max(self.votes.expected, self.member_votes) < 2:
             return []
         nodes = {bus_node(m) for m in self.members}
-        if len(nodes) != len(self.members) or len(nodes) < self.votes.expected:
+        if self.member_votes:
+            if len(self.members) < self.member_votes:
+                return []  # every configured coordinator of the local cluster here
+        elif len(nodes) != len(self.members) or len(nodes) < self.votes.expected:
             return []  # one coordinator per configured Corosync node, all of them here
         if set(self._requests) != set(self.members):
             return []
@@ -596,6 +635,8 @@ class Replicator:
                         self.stats.malformed += 1
                 return self._ddl_settled(msg.gid, ok, error, content)
             return []
+        if isinstance(msg, bp.Vote):
+            return self._vote(msg)
         if isinstance(msg, bp.FlowControl):
             if msg.pause and msg.node in self.online:
                 self.paused_by.add(msg.node)
@@ -675,3 +716,44 @@ class Replicator:
     def deferred_count(self) -> int:
         """Writesets waiting for a schema change's outcome before they are certified."""
         return len(self._deferred)
+
+    # ---- inconsistency voting (Galera 4) ---------------------------------------------------
+
+    def _vote(self, msg: bp.Vote) -> list[Action]:
+        out: list[Action] = []
+        b = self.ballots.get(msg.gid)
+        if b is None:
+            if msg.gid in self.decided or msg.gid > self.last_certified:
+                return []  # counted already, or not a certified GID here
+            b = self.ballots[msg.gid] = _Ballot(frozenset(self.online) | {msg.node})
+            out.append(VoteOpened(msg.gid))
+        if msg.node in b.voters:
+            b.votes.setdefault(msg.node, (msg.ok, msg.reason))
+        return out + self._count(msg.gid)
+
+    def _count(self, gid: int) -> list[Action]:
+        """Decide once an outcome has a majority of the voters, or every voter still online has
+        voted (then the larger side; a tie keeps the writeset, which its origin's client was
+        told committed). Every node counts the same votes in the same order."""
+        b = self.ballots[gid]
+        ok = sorted(n for n, (v, _) in b.votes.items() if v)
+        failed = sorted(n for n, (v, _) in b.votes.items() if not v)
+        need = len(b.voters) // 2 + 1
+        active = b.voters & set(self.online)
+        if len(ok) >= need:
+            outcome = True
+        elif len(failed) >= need:
+            outcome = False
+        elif all(n in b.votes for n in active):
+            outcome = len(ok) >= len(failed)
+        else:
+            return []
+        del self.ballots[gid]
+        self.decided[gid] = outcome
+        while len(self.decided) > 1000:
+            del self.decided[min(self.decided)]
+        detail = "; ".join([f"{n} applied it" for n in ok] +
+                           [f"{n} failed: {b.votes[n][1]}" for n in failed] +
+                           [f"{n} did not vote" for n in sorted(b.voters - set(b.votes))])
+        return [VoteDecided(gid, outcome, detail)]
+

@@ -12,8 +12,8 @@ from collections import deque
 from chorus import busproto as bp
 from chorus import wire
 from chorus.bus import Delivery, View
-from chorus.replicator import (Apply, CatchUp, DdlOutcome, LocalVerdict, LogOffered, LogQueried, Phase, Replicator,
-                               Send)
+from chorus.replicator import (Apply, CatchUp, DdlOutcome, LocalVerdict, LogOffered, LogQueried, Phase, PhaseChange,
+                               Replicator, Send, VoteDecided, VoteOpened)
 from chorus.wire import Key, KeyMode, Row, Table, Writeset
 
 NAMES = ["n1", "n2", "n3"]
@@ -495,3 +495,70 @@ def test_a_joiner_vouches_only_for_what_it_delivered() -> None:
     assert r1.held_count == 1 and c.log["n1"] == []
     c.act("n1", r1.on_delivery(Delivery("n2", bp.encode(bp.Received("n2", 1)))))
     assert r1.held_count == 0 and c.log["n1"] == [(1, True)]
+
+
+def _votes(c: Cluster, votes: list[tuple[str, bool]], gid: int) -> dict[str, list[tuple[int, bool]]]:
+    """Deliver the votes in order to every node; what each decided."""
+    for n, ok in votes:
+        c.order.append((n, bp.encode(bp.Vote(n, gid, ok, "" if ok else "duplicate key"))))
+    decided: dict[str, list[tuple[int, bool]]] = {n: [] for n in NAMES}
+    opened: dict[str, int] = {n: 0 for n in NAMES}
+    while c.order:
+        sender, payload = c.order.popleft()
+        for n, r in c.nodes.items():
+            for a in r.on_delivery(Delivery(sender, payload)):
+                if isinstance(a, VoteDecided):
+                    decided[n].append((a.gid, a.ok))
+                elif isinstance(a, VoteOpened):
+                    opened[n] += 1
+    assert all(v == 1 for v in opened.values()), opened
+    return decided
+
+
+def test_inconsistency_vote_the_minority_that_failed_loses() -> None:
+    """Galera 4's inconsistency voting: n2 fails to apply GID 1, n1 and n3 applied it: every node
+    decides, at the same vote, that the majority applied it (n2 leaves)."""
+    c = form()
+    c.submit("n1", 0, 1)
+    c.drain()
+    assert _votes(c, [("n2", False), ("n1", True), ("n3", True)], 1) == {n: [(1, True)] for n in NAMES}
+    assert all(r.decided == {1: True} and not r.ballots for r in c.nodes.values())
+
+
+def test_inconsistency_vote_the_origin_loses_when_the_majority_failed() -> None:
+    c = form()
+    c.submit("n1", 0, 1)
+    c.drain()
+    assert _votes(c, [("n2", False), ("n3", False), ("n1", True)], 1) == {n: [(1, False)] for n in NAMES}
+
+
+def test_inconsistency_vote_counts_the_voters_that_stay() -> None:
+    """n3 leaves before voting: the two left decide between them (a tie keeps the writeset)."""
+    c = form()
+    c.submit("n1", 0, 1)
+    c.drain()
+    c.order.append(("n2", bp.encode(bp.Vote("n2", 1, False, "boom"))))
+    c.order.append(("n1", bp.encode(bp.Vote("n1", 1, True))))
+    c.drain()
+    assert all(1 in r.ballots for r in c.nodes.values())
+    outcomes = {}
+    for n in ("n1", "n2"):
+        acts = c.nodes[n].on_view(View(2, ("n1", "n2"), (), ("n3",), n, True), c.now)
+        outcomes[n] = [(a.gid, a.ok) for a in acts if isinstance(a, VoteDecided)]
+    assert outcomes == {"n1": [(1, True)], "n2": [(1, True)]}
+
+
+def test_local_cluster_counts_coordinators_not_its_one_corosync() -> None:
+    """Three coordinators on one Corosync node (a local cluster, bus.members = 3): when two of
+    them stop, the third is not a primary component on its own."""
+    members = ["1:100", "1:200", "1:300"]
+    nodes = {m: Replicator(f"n{i + 1}", "", 0, bootstrap=(i == 0), member_votes=3) for i, m in enumerate(members)}
+    for m, r in nodes.items():
+        r.on_view(View(1, tuple(members), tuple(members), (), m, True, 1, 1), 0.0)
+        r.phase, r.quorate, r.online = Phase.ONLINE, True, {x.node: k for k, x in nodes.items()}
+    r1 = nodes["1:100"]
+    r1.on_view(View(2, ("1:100", "1:200"), (), ("1:300",), "1:100", True, 1, 1), 0.0)
+    assert r1.accepts_writes  # two of three
+    acts = r1.on_view(View(3, ("1:100",), (), ("1:200",), "1:100", True, 1, 1), 0.0)
+    assert not r1.accepts_writes and r1.phase == Phase.NON_PRIMARY
+    assert any(isinstance(a, PhaseChange) and a.phase == Phase.NON_PRIMARY for a in acts)

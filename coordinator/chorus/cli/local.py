@@ -52,13 +52,15 @@ def local() -> None:
 @click.option("--commit-lanes", type=click.IntRange(1, 16), default=None,
               help="apply.commit_lanes of every node: 1 commits in GID order (the default), more lets "
                    "independent writesets commit out of order (docs/APPLY.md). Kept for later restarts.")
+@click.option("--encoding", default="UTF8", show_default=True,
+              help="The databases' encoding (when creating), e.g. LATIN1 or SQL_ASCII.")
 @json_option
 def up(directory: str, nodes: int, port_base: int, log_segment_mb: int, log_total_mb: int,
-       commit_lanes: Optional[int], as_json: bool) -> None:
+       commit_lanes: Optional[int], encoding: str, as_json: bool) -> None:
     """Create, or restart, a local cluster and wait until every node is online."""
     c = _cluster(directory)
     try:
-        desc = c.up(nodes, port_base, log_segment_mb, log_total_mb, commit_lanes)
+        desc = c.up(nodes, port_base, log_segment_mb, log_total_mb, commit_lanes, encoding)
     except LocalClusterError as e:
         raise ChorusCliError(str(e)) from e
     _show(desc, as_json, str(c.dir))
