@@ -96,7 +96,7 @@ def _normalise_schema(text: str) -> list[str]:
 def schema_of(dsn: str) -> list[str]:
     r = subprocess.run([f"{PGBIN}/pg_dump", "--schema-only", "--no-publications", "--no-subscriptions",
                         "--no-tablespaces", "--exclude-schema=chorus", "-d", dsn],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, errors="surrogateescape", timeout=300)
     if r.returncode != 0:
         raise FidelityError(f"pg_dump failed: {r.stderr.strip()}")
     return _normalise_schema(r.stdout)
