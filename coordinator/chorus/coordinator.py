@@ -218,6 +218,9 @@ class Coordinator:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
+        if self.state.left_by_vote:
+            raise FatalError(f"this node left its cluster by an inconsistency vote ({self.state.left_by_vote}); "
+                             "it starts again only once total recovery has rebuilt it")
         await self._connect_db()
         durable = await self._init_node()
         self.watermark = durable
@@ -1025,6 +1028,11 @@ class Coordinator:
         self.fatal = (f"inconsistency vote on GID {gid}: {why}; this node leaves the cluster and stops "
                       "(rebuild it with chorus node join --total)")
         log.error("%s", self.fatal)
+        try:  # it does not start again with data the cluster does not have
+            self.state = self.state.with_(left_by_vote=self.fatal)
+            save_state(self.cfg.state_file, self.state)
+        except OSError as e:
+            log.error("cannot record the vote in the state file: %s", e)
         self.stopping.set()
 
     async def _blocker_loop(self) -> None:

@@ -22,6 +22,9 @@ class NodeState:
     last_gid: int = 0
     bootstrap: bool = False  # `chorus bootstrap` asked this node to start a cluster
     safe_to_bootstrap: bool = False  # this node was the last to leave the cluster
+    # why an inconsistency vote put this node out (its data differs from the cluster's): it
+    # does not start again until total recovery rebuilds it (docs/MEMBERSHIP.md)
+    left_by_vote: str = ""
 
     def with_(self, **changes: object) -> "NodeState":
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -42,6 +45,7 @@ def load_state(path: str, node: str) -> NodeState:
             last_gid=int(raw.get("last_gid", 0)),
             bootstrap=bool(raw.get("bootstrap", False)),
             safe_to_bootstrap=bool(raw.get("safe_to_bootstrap", False)),
+            left_by_vote=str(raw.get("left_by_vote", "")),
         )
     except (TypeError, ValueError) as e:
         raise StateError(f"state file {path} is invalid: {e}") from e

@@ -5,6 +5,7 @@ votes, so no node goes on alone."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -55,6 +56,9 @@ def test_the_node_that_cannot_apply_leaves() -> None:
             conn.execute("INSERT INTO voted VALUES (5, 'from n1')")  # n3 cannot apply it
         log = _stopped(c, 2)
         assert "the majority applied it and this node could not" in log
+        # it does not start again with data the cluster does not have (only total recovery)
+        with open(os.path.join(c.dir, "nodes", "n3", "state.json")) as f:
+            assert "inconsistency vote on GID" in json.load(f)["left_by_vote"]
         c.wait_online(0)
         _writes(c, 1, 6)  # the majority goes on
         wait_quiescent(c.nodes[:2])

@@ -79,7 +79,7 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
                                master=spark_master, spark_submit=spark_submit)
         cfg = c.config(meta, n)
         state = load_state(cfg.state_file, name)
-        save_state(cfg.state_file, state.with_(cluster_uuid=dstatus["cluster_uuid"], last_gid=result["gid"],
+        save_state(cfg.state_file, state.with_(cluster_uuid=dstatus["cluster_uuid"], last_gid=result["gid"], left_by_vote="",
                                             bootstrap=False, safe_to_bootstrap=False))
         if c.as_root:  # the coordinator runs as the service user
             shutil.chown(cfg.state_file, SERVICE_USER, SERVICE_USER)
@@ -119,7 +119,7 @@ def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster
         raise ChorusCliError(str(e)) from e
     st = load_state(cfg.state_file, cfg.name)
     owner = os.stat(cfg.state_file) if os.path.exists(cfg.state_file) else None
-    save_state(cfg.state_file, st.with_(cluster_uuid=cluster_uuid, last_gid=result["gid"], bootstrap=False,
+    save_state(cfg.state_file, st.with_(cluster_uuid=cluster_uuid, last_gid=result["gid"], bootstrap=False, left_by_vote="",
                                         safe_to_bootstrap=False))
     if owner is not None and os.geteuid() == 0:  # the coordinator's user must still own its state
         os.chown(cfg.state_file, owner.st_uid, owner.st_gid)
