@@ -1,0 +1,59 @@
+"""The C and Python owners of the wire formats agree (extension/chorus_wire.h against
+chorus/wire.py and chorus/backendproto.py): every constant is read from the header and compared,
+so neither side can change one alone."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from chorus import backendproto as bpf
+from chorus import wire
+
+HEADER = Path(__file__).resolve().parents[2] / "extension" / "chorus_wire.h"
+
+
+def _defines() -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, value in re.findall(r"^#define[ \t]+(CHORUS_\w+)[ \t]+([^\n]+?)[ \t]*(?:/\*[^\n]*)?$",
+                                  HEADER.read_text(), re.M):
+        value = value.strip()
+        if value.startswith('"'):
+            out[name] = value.strip('"').encode()
+        elif value.startswith("'"):
+            out[name] = value.strip("'")
+        else:
+            expr = re.sub(r"CHORUS_\w+", lambda m: repr(out[m.group(0)]), value)
+            out[name] = eval(expr, {})  # noqa: S307 - integer arithmetic from our own header
+    return out
+
+
+def test_writeset_constants_match() -> None:
+    d = _defines()
+    assert d["CHORUS_WS_MAGIC"] == wire.MAGIC
+    assert d["CHORUS_WS_VERSION"] == wire.VERSION
+    assert d["CHORUS_WS_HEAD_SIZE"] == wire.HEAD_SIZE
+    assert (d["CHORUS_WS_FLAG_DDL"], d["CHORUS_WS_FLAG_TOI"], d["CHORUS_WS_FLAGS_KNOWN"]) == (
+        wire.FLAG_DDL, wire.FLAG_TOI, wire.FLAGS_KNOWN)
+    assert (d["CHORUS_COL_IDENTITY"], d["CHORUS_COL_GENERATED"], d["CHORUS_COL_FLAGS_KNOWN"]) == (
+        wire.COL_IDENTITY, wire.COL_GENERATED, wire.COL_FLAGS_KNOWN)
+    assert (d["CHORUS_TABLE_FULL_IDENTITY"], d["CHORUS_TABLE_FLAGS_KNOWN"]) == (
+        wire.TABLE_FULL_IDENTITY, wire.TABLE_FLAGS_KNOWN)
+    assert [d[f"CHORUS_OP_{n}"] for n in ("INSERT", "UPDATE", "DELETE", "TRUNCATE", "SCHEMA")] == [
+        wire.OP_INSERT, wire.OP_UPDATE, wire.OP_DELETE, wire.OP_TRUNCATE, wire.OP_SCHEMA]
+    assert (d["CHORUS_TRUNCATE_RESTART"], d["CHORUS_TRUNCATE_FLAGS_KNOWN"]) == (
+        wire.TRUNCATE_RESTART, wire.TRUNCATE_FLAGS_KNOWN)
+    assert [ord(str(d[f"CHORUS_VAL_{n}"])) for n in ("NULL", "TEXT", "BINARY")] == [
+        wire.VAL_NULL, wire.VAL_TEXT, wire.VAL_BINARY]
+    assert [d[f"CHORUS_KEY_{m.name}"] for m in wire.KeyMode] == [int(m) for m in wire.KeyMode]
+
+
+def test_frame_constants_match() -> None:
+    d = _defines()
+    assert [d[f"CHORUS_VERDICT_{n}"] for n in ("COMMIT", "CONFLICT", "REFUSED", "UNKNOWN", "TOO_LARGE")] == [
+        bpf.VERDICT_COMMIT, bpf.VERDICT_CONFLICT, bpf.VERDICT_REFUSED, bpf.VERDICT_UNKNOWN, bpf.VERDICT_TOO_LARGE]
+    frames = {str(d[f"CHORUS_FRAME_{n}"]).encode() for n in ("WRITESET", "COMMITTED", "ABORTED", "RAN", "SYNC")}
+    assert frames == set(bpf._TYPES)
+    assert d["CHORUS_FRAME_DONE_SIZE"] == bpf._FIXED[b"C"] == bpf._FIXED[b"A"]
+    assert d["CHORUS_VERDICT_BODY_SIZE"] == bpf._VERDICT.size - 4
+    assert str(d["CHORUS_FRAME_VERDICT"]).encode() == bpf._VERDICT.pack(0, b"V", 0, 0, 0, 0, 0)[4:5]
