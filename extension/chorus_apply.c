@@ -549,7 +549,7 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 	}
 
 	/* text values are read under the settings they were printed under (chorus_values.c) */
-	nest = chorus_canonical_enter(true);
+	nest = chorus_canonical_enter(false);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "chorus: SPI_connect failed");
 	initStringInfo(&truncates);
@@ -572,7 +572,7 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 			/* the statement runs under its origin's settings, then the fixed ones return */
 			chorus_canonical_exit(nest);
 			apply_schema(&r, gid);
-			nest = chorus_canonical_enter(true);
+			nest = chorus_canonical_enter(false);
 			applied++;
 			continue;
 		}

@@ -202,8 +202,9 @@ class Writeset:
 
     @property
     def has_schema(self) -> bool:
-        """It holds schema changes: applied alone, once everything before it has committed."""
-        return bool(self.flags & (FLAG_DDL | FLAG_TOI)) or any(r.op == OP_SCHEMA for r in self.rows)
+        """It holds schema changes: applied alone, once everything before it has committed (the
+        header says so: decode checks that the DDL flag is set exactly when it does)."""
+        return bool(self.flags & (FLAG_DDL | FLAG_TOI))
 
     @property
     def toi(self) -> bool:
@@ -407,6 +408,8 @@ def _decode(buf: bytes) -> Writeset:
         keys.append(Key(_MODES[mode], tuple(parts), _blake2b(view[start:pos], digest_size=16).digest()))
     if flags & FLAG_TOI and (ntables or len(rows) != 1 or not isinstance(rows[0], Schema)):
         raise WireError("a schema change's ordering request holds exactly one schema change item")
+    if bool(flags & FLAG_DDL) != any(isinstance(r, Schema) for r in rows):
+        raise WireError("the DDL flag does not match the schema change items")
     if pos != n:
         raise WireError(f"{n - pos} trailing bytes after writeset")
     return Writeset(xid, pid, last_seen, tuple(tables), tuple(rows), tuple(keys), flags, encoding, buf)
@@ -433,7 +436,7 @@ def _tuple(values: tuple[Value, ...]) -> bytes:
 
 def encode(ws: Writeset) -> bytes:
     """Write a writeset (the inverse of :func:`decode`); the extension does the same in C."""
-    flags = ws.flags | (FLAG_DDL if any(r.op == OP_SCHEMA for r in ws.rows) else 0)
+    flags = (ws.flags & ~FLAG_DDL) | (FLAG_DDL if any(r.op == OP_SCHEMA for r in ws.rows) else 0)
     out = [MAGIC, struct.pack(">BBIIQHHII", VERSION, flags, ws.xid, ws.pid, ws.last_seen, ws.encoding,
                               len(ws.tables), len(ws.rows), len(ws.keys))]
     for t in ws.tables:
@@ -465,7 +468,7 @@ def encode(ws: Writeset) -> bytes:
 def merge(writesets: list[Writeset]) -> Writeset:
     """Row writesets applied one after another, as one writeset: the rows in order, the tables
     shared, the keys of all (catch-up applies a run of consecutive GIDs in one transaction)."""
-    if any(ws.has_schema for ws in writesets):
+    if any(ws.has_schema or ws.statements for ws in writesets):
         raise ValueError("schema changes are not merged")
     if len(writesets) == 1:
         return writesets[0]
