@@ -282,6 +282,10 @@ def main() -> int:
     ap.add_argument("--dbname", default="postgres", help="database of the plain PostgreSQL (default postgres)")
     ap.add_argument("--schedule", default="parallel_schedule")
     ap.add_argument("--only", help="comma-separated test names (run in schedule order)")
+    ap.add_argument("--exclude", help="comma-separated test names to leave out (e.g. one that stops a node)")
+    ap.add_argument("--keep-going", action="store_true",
+                    help="go on after n1 (the node the scripts run through) stopped being online; by "
+                         "default the run ends there, since every later write fails")
     ap.add_argument("--check-every", type=int, default=1, help="check node states every N tests (0: never)")
     ap.add_argument("--compare-every", type=int, default=1,
                     help="wait for quiescence and compare the nodes every N tests (0: only at the end)")
@@ -306,6 +310,9 @@ def main() -> int:
         if missing:
             ap.error(f"not in the schedule: {', '.join(sorted(missing))}")
         schedule = [(t, ig) for t, ig in schedule if t in wanted]
+    if a.exclude:
+        dropped = set(a.exclude.split(","))
+        schedule = [(t, ig) for t, ig in schedule if t not in dropped]
 
     nodes_info: list[dict[str, Any]] = []
     refs: list[NodeRef] = []
@@ -377,13 +384,16 @@ def main() -> int:
 
         live = [ref for ref in refs if ref.name in online]
         if a.compare_every and i % a.compare_every == 0 and len(live) > 1 and live[0].name == refs[0].name:
+            cur: Optional[Snapshot] = None
             try:
                 wait_quiescent(live, a.quiesce_timeout)
                 cur = snapshot(live)
             except Exception as e:  # noqa: BLE001 - CheckError, FidelityError, a node gone
                 line += f"  (no comparison: {str(e).splitlines()[0][:120]})"
-                print(line, flush=True)
-                continue
+                r["no_comparison"] = str(e)[:500]
+        else:
+            cur = None
+        if cur is not None:
             new_tables = {t: d for t, d in cur.tables.items() if t not in prev.tables}
             new_schema = {n: [ln for ln in d if ln not in set(prev.schema.get(n, []))]
                           for n, d in cur.schema.items()}
@@ -397,10 +407,14 @@ def main() -> int:
                     line += f", roles on {','.join(new_roles)}"
             prev = cur
         print(line, flush=True)
+        if states and states.get(refs[0].name) != "online" and not a.keep_going:
+            print(f"{refs[0].name} is {states.get(refs[0].name)}: ending the run (--keep-going to go on)",
+                  flush=True)
+            break
 
     # ---- the end ----
     summary: dict[str, Any] = {
-        "mode": "chorus" if cdir else "plain", "tests_run": len(results),
+        "mode": "chorus" if cdir else "plain", "tests_scheduled": len(schedule), "tests_run": len(results),
         "tests_passing": sum(r["passed"] for r in results),
         "failed": [r["test"] for r in results if not r["passed"]],
         "timed_out": [r["test"] for r in results if r["timed_out"]],
@@ -446,7 +460,7 @@ def main() -> int:
 
     print()
     print(f"{'mode':<28} {summary['mode']}")
-    print(f"{'tests run':<28} {summary['tests_run']}")
+    print(f"{'tests run':<28} {summary['tests_run']} of {summary['tests_scheduled']}")
     print(f"{'tests passing':<28} {summary['tests_passing']}")
     print(f"{'timed out':<28} {', '.join(summary['timed_out']) or '-'}")
     if cdir:

@@ -31,10 +31,20 @@
 
 #include "chorus.h"
 
+/* The scalar type behind typid: an array's element type (a domain's base type), else typid. */
+static Oid
+chorus_scalar_type(Oid typid)
+{
+	Oid			elem = get_element_type(typid);
+
+	return OidIsValid(elem) ? getBaseType(elem) : typid;
+}
+
 /*
  * chorus_binary_type
  *		Whether values of type typid (a base type, not a domain) travel in
- *		their binary send form.
+ *		their binary send form. An array of a domain does not: its send form
+ *		names the domain's type OID, which differs between nodes.
  */
 static bool
 chorus_binary_type(Oid typid)
@@ -105,10 +115,7 @@ chorus_binary_type(Oid typid)
 static bool
 chorus_text_is_fixed(Oid typid)
 {
-	Oid			elem = get_element_type(typid);
-
-	if (OidIsValid(elem))
-		typid = getBaseType(elem);
+	typid = chorus_scalar_type(typid);
 	switch (typid)
 	{
 		case BOOLOID:
@@ -145,11 +152,7 @@ chorus_text_is_fixed(Oid typid)
 static bool
 chorus_reg_type(Oid typid)
 {
-	Oid			elem = get_element_type(typid);
-
-	if (OidIsValid(elem))
-		typid = getBaseType(elem);
-	switch (typid)
+	switch (chorus_scalar_type(typid))
 	{
 		case REGCLASSOID:
 		case REGTYPEOID:

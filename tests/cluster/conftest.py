@@ -5,6 +5,7 @@ thawed and online, and the lab is removed (processes, namespaces, devices) howev
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -87,29 +88,36 @@ class LabCluster:
             return {(int(a), int(b), str(n)) for a, b, n in c.execute("SELECT id, u, node FROM jepsen_set")}
 
 
-@pytest.fixture(scope="module")
-def lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
-    """A lab of ``LAB_HOSTS`` hosts (a module-level constant of the test module; 3 if unset)."""
+@contextlib.contextmanager
+def make_lab(hosts: int, port_offset: int = 0) -> Iterator[LabCluster]:
+    """A lab of ``hosts`` hosts on ports from CHORUS_LAB_PORT_BASE plus ``port_offset``, removed
+    (processes, namespaces, devices) however the caller ends."""
     if os.geteuid() != 0:
         pytest.fail("the fault tests need root (network namespaces and TAP devices)")
     directory = tempfile.mkdtemp(prefix="chorus-lab-", dir="/tmp")
     os.chmod(directory, 0o755)
     rig = Lab(directory)
     try:
-        info = rig.create(getattr(request.module, "LAB_HOSTS", 3), int(os.environ.get("CHORUS_LAB_PORT_BASE", "56433")))
-        c = LabCluster(rig, info)
-        with psycopg.connect(c.dsn("n1"), autocommit=True) as conn:
-            conn.execute(BANK_SCHEMA)
-            conn.execute(SET_SCHEMA)
-        bank_setup(c.dsn("n1"), ACCOUNTS, INITIAL)
-        c.assert_identical()
-        yield c
+        info = rig.create(hosts, int(os.environ.get("CHORUS_LAB_PORT_BASE", "56433")) + port_offset)
+        yield LabCluster(rig, info)
     finally:
         if os.environ.get("CHORUS_KEEP_CLUSTER"):
             print(f"\nlab left running in {directory}")
         else:
             rig.down()
             shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
+    """A lab of ``LAB_HOSTS`` hosts (a module-level constant of the test module; 3 if unset)."""
+    with make_lab(getattr(request.module, "LAB_HOSTS", 3)) as c:
+        with psycopg.connect(c.dsn("n1"), autocommit=True) as conn:
+            conn.execute(BANK_SCHEMA)
+            conn.execute(SET_SCHEMA)
+        bank_setup(c.dsn("n1"), ACCOUNTS, INITIAL)
+        c.assert_identical()
+        yield c
 
 
 @pytest.fixture

@@ -7,38 +7,25 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 import time
 from typing import Iterator
 
 import psycopg
 import pytest
-from conftest import LabCluster
+from conftest import LabCluster, make_lab
 
 from chorus.check import wait_quiescent
-from chorus.lab.rig import Lab
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 @contextlib.contextmanager
 def lab(port_offset: int) -> Iterator[LabCluster]:
-    if os.geteuid() != 0:
-        pytest.fail("the fault tests need root (network namespaces and TAP devices)")
-    directory = tempfile.mkdtemp(prefix="chorus-vlab-", dir="/tmp")
-    os.chmod(directory, 0o755)
-    rig = Lab(directory)
-    try:
-        info = rig.create(3, int(os.environ.get("CHORUS_LAB_PORT_BASE", "56433")) + port_offset)
-        c = LabCluster(rig, info)
+    with make_lab(3, port_offset) as c:
         with psycopg.connect(c.dsn("n1"), autocommit=True) as conn:
             conn.execute("CREATE TABLE voted (id int PRIMARY KEY, v text)")
         wait_quiescent(c.refs)
         yield c
-    finally:
-        rig.down()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _local_row(c: LabCluster, node: str, key: int) -> None:

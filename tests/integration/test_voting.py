@@ -5,9 +5,11 @@ votes, so no node goes on alone."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from typing import Iterator
 
 import psycopg
 import pytest
@@ -41,16 +43,22 @@ def _stopped(c: Cluster, i: int, timeout: float = 30) -> str:
     raise AssertionError(f"{c.nodes[i].name} did not stop on the vote:\n{text[-3000:]}")
 
 
+@contextlib.contextmanager
+def _cluster(prefix: str, port_offset: int) -> Iterator[Cluster]:
+    with extra_cluster(prefix, port_offset) as c:
+        with c.connect(0) as conn:
+            conn.execute("CREATE TABLE voted (id int PRIMARY KEY, v text)")
+        c.quiesce()
+        yield c
+
+
 def _writes(c: Cluster, i: int, key: int) -> None:
     with c.connect(i) as conn:
         conn.execute("INSERT INTO voted VALUES (%s, 'after the vote')", (key,))
 
 
 def test_the_node_that_cannot_apply_leaves() -> None:
-    with extra_cluster("chorus-vote1-", 50) as c:
-        with c.connect(0) as conn:
-            conn.execute("CREATE TABLE voted (id int PRIMARY KEY, v text)")
-        c.quiesce()
+    with _cluster("chorus-vote1-", 50) as c:
         _local_row(c, 2, 5)
         with c.connect(0) as conn:
             conn.execute("INSERT INTO voted VALUES (5, 'from n1')")  # n3 cannot apply it
@@ -69,10 +77,7 @@ def test_the_node_that_cannot_apply_leaves() -> None:
 
 
 def test_the_origin_leaves_when_the_majority_cannot_apply() -> None:
-    with extra_cluster("chorus-vote2-", 60) as c:
-        with c.connect(0) as conn:
-            conn.execute("CREATE TABLE voted (id int PRIMARY KEY, v text)")
-        c.quiesce()
+    with _cluster("chorus-vote2-", 60) as c:
         _local_row(c, 1, 7)
         _local_row(c, 2, 7)
         with c.connect(0) as conn:
