@@ -249,7 +249,7 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 		if (pstmt == NULL)
 			return;
 	}
-	replicated = chorus_shared != NULL && chorus_ddl_utility(pstmt, queryString, context);
+	replicated = chorus_shared != NULL && chorus_ddl_utility(pstmt, queryString, context, params);
 	PG_TRY();
 	{
 		chorus_truncate_restart = restart;

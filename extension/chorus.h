@@ -178,6 +178,7 @@ typedef struct ChorusXact
 	uint64		last_seen;
 	bool		has_last_seen;
 	bool		has_schema;		/* holds schema change items (CHORUS_WS_FLAG_DDL) */
+	bool		schema_key_done;	/* the cluster-wide schema change key is in keys */
 	int			table_epoch;	/* bumped by each schema change: table descriptions are made anew */
 	/* savepoints: row buffer length at each open subtransaction's start */
 	int			nsubs;
@@ -185,6 +186,7 @@ typedef struct ChorusXact
 	SubTransactionId *sub_ids;
 	int		   *sub_rowlen;
 	uint32	   *sub_nrows;
+	bool	   *sub_has_schema;
 	/* commit path */
 	bool		applying;		/* chorus.apply_begin() was called */
 	bool		certified;		/* the coordinator said COMMIT */
@@ -212,6 +214,7 @@ extern void chorus_xact_reset(void);
 extern void chorus_xact_begin_capture(void);
 extern void chorus_capture_row(Relation rel, char op, HeapTuple oldtup, HeapTuple newtup, bool keys);
 extern void chorus_capture_table_key(Relation rel, uint8 mode);
+extern void chorus_note_snapshot(void);
 extern ChorusTable *chorus_capture_table(Relation rel);
 extern bool chorus_truncate_restart;
 extern void chorus_subxact_start(SubTransactionId subid);
@@ -248,7 +251,7 @@ extern int	chorus_node_number;
 extern int	chorus_max_nodes;
 extern void chorus_define_ddl_gucs(void);
 extern bool chorus_ddl_utility(PlannedStmt *pstmt, const char *queryString,
-							   ProcessUtilityContext context);
+							   ProcessUtilityContext context, ParamListInfo params);
 extern void chorus_ddl_record(PlannedStmt *pstmt);
 extern void chorus_ddl_done(void);
 extern PlannedStmt *chorus_ddl_replay_fixups(PlannedStmt *pstmt);

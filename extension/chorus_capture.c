@@ -88,19 +88,23 @@ chorus_subxact_start(SubTransactionId subid)
 			repalloc(chorus_xact.sub_rowlen, sizeof(int) * n) : palloc(sizeof(int) * n);
 		chorus_xact.sub_nrows = chorus_xact.sub_nrows ?
 			repalloc(chorus_xact.sub_nrows, sizeof(uint32) * n) : palloc(sizeof(uint32) * n);
+		chorus_xact.sub_has_schema = chorus_xact.sub_has_schema ?
+			repalloc(chorus_xact.sub_has_schema, sizeof(bool) * n) : palloc(sizeof(bool) * n);
 		chorus_xact.maxsubs = n;
 	}
 	chorus_xact.sub_ids[chorus_xact.nsubs] = subid;
 	chorus_xact.sub_rowlen[chorus_xact.nsubs] = chorus_xact.rows.len;
 	chorus_xact.sub_nrows[chorus_xact.nsubs] = chorus_xact.nrows;
+	chorus_xact.sub_has_schema[chorus_xact.nsubs] = chorus_xact.has_schema;
 	chorus_xact.nsubs++;
 	MemoryContextSwitchTo(old);
 }
 
 /*
  * chorus_subxact_abort
- *		A savepoint was rolled back: drop the rows it captured. Its keys stay (a
- *		key too many can only cause a false conflict, never a missed one).
+ *		A savepoint was rolled back: drop the rows and schema changes it captured
+ *		(PostgreSQL rolled them back). Its keys stay (a key too many can only
+ *		cause a false conflict, never a missed one).
  *		Called with subid of the aborted subtransaction; subid 0 means "released"
  *		(commit of the subtransaction): just pop.
  */
@@ -118,6 +122,7 @@ chorus_subxact_abort(SubTransactionId subid)
 			chorus_xact.rows.len = chorus_xact.sub_rowlen[i];
 			chorus_xact.rows.data[chorus_xact.rows.len] = '\0';
 			chorus_xact.nrows = chorus_xact.sub_nrows[i];
+			chorus_xact.has_schema = chorus_xact.sub_has_schema[i];
 			chorus_xact.nsubs = i;
 			return;
 		}
@@ -131,6 +136,7 @@ chorus_subxact_abort(SubTransactionId subid)
 		chorus_xact.rows.len = 0;
 		chorus_xact.rows.data[0] = '\0';
 		chorus_xact.nrows = 0;
+		chorus_xact.has_schema = false;
 		chorus_xact.nsubs = 0;
 	}
 }
@@ -716,7 +722,7 @@ chorus_expr_keys(Relation rel, ChorusTable *t, char op, HeapTuple oldtup, HeapTu
  *		last_seen of the transaction = the minimum over its captures of the
  *		newest GID visible to the snapshot the capture ran under.
  */
-static void
+void
 chorus_note_snapshot(void)
 {
 	uint64		seen = chorus_visible_gid();

@@ -1,11 +1,20 @@
 /*
  * chorus_ddl.c
- *		Schema changes in total order (total order isolation, docs/DDL.md).
+ *		Replicated schema changes (docs/DDL.md), in one of two ways.
  *
- *		A replicated statement is not run at once: its place in the total order
- *		is taken first (a writeset with the TOI flag: the statement, and an
- *		exclusive key on every table it names). Once every earlier GID has
- *		committed here, it runs. Then the transaction's writeset is its content:
+ *		A statement on its own (autocommit, top level) runs in total order
+ *		(total order isolation): its place in the total order is taken first (a
+ *		writeset with the TOI flag: the statement, and an exclusive key on every
+ *		table it names). Once every earlier GID has committed here, it runs. A
+ *		schema change inside a transaction block, a function, a procedure or a
+ *		DO block runs at once instead, as part of its transaction: its content
+ *		joins the transaction's writeset, in order with its rows, and the whole
+ *		is certified at commit like any writeset (its exclusive table keys make
+ *		a concurrent transaction that did not see it fail, and the other way
+ *		round; every schema change also holds one cluster-wide key, so two
+ *		concurrent ones never both commit).
+ *
+ *		Either way the content is the same:
  *		a schema change item holding the statement in the form every node
  *		replays (with the settings it depends on and the role that ran it) and
  *		the rows the statement produced where replaying it would not give the
@@ -34,7 +43,10 @@
 #include "catalog/pg_type.h"
 #include "commands/defrem.h"
 #include "commands/extension.h"
+#include "commands/sequence.h"
 #include "commands/tablespace.h"
+#include "commands/trigger.h"
+#include "parser/parse_node.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
@@ -95,6 +107,7 @@ typedef struct ChorusDdlKeys
 typedef struct ChorusDdlRun
 {
 	ChorusDdlKeys keys;
+	bool		toi;			/* ordered before it ran (else part of its transaction) */
 	char	   *statement;		/* as the client wrote it */
 	const char *values[CHORUS_NSETTINGS];	/* the settings it ran under */
 	char	   *role;
@@ -491,7 +504,8 @@ chorus_ddl_order_writeset(StringInfo out, ChorusDdlRun *run)
  *		chorus_ddl_done() in any case).
  */
 bool
-chorus_ddl_utility(PlannedStmt *pstmt, const char *queryString, ProcessUtilityContext context)
+chorus_ddl_utility(PlannedStmt *pstmt, const char *queryString, ProcessUtilityContext context,
+				   ParamListInfo params)
 {
 	ChorusDdlRun *run;
 	ChorusDdlKind kind;
@@ -517,36 +531,35 @@ chorus_ddl_utility(PlannedStmt *pstmt, const char *queryString, ProcessUtilityCo
 				 errmsg("chorus: %s", why),
 				 errhint("Run the statement in a form that is replicated, or "
 						 "SET chorus.replicate_ddl = off and run it on every node.")));
-	if (context != PROCESS_UTILITY_TOPLEVEL)
+	ctas = chorus_ctas_of(pstmt->utilityStmt);
+	if (params != NULL && params->numParams > 0 && ctas == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("chorus: schema changes inside functions, procedures or DO blocks are not replicated"),
-				 errhint("Run the statement on its own, or SET chorus.replicate_ddl = off to change only this node.")));
-	if (IsTransactionBlock() || chorus_xact.ddl || chorus_xact.nrows > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
-				 errmsg("chorus: a replicated schema change must run on its own, outside a transaction block"),
-				 errdetail("Schema changes run in total order on every node, each as its own transaction."),
-				 errhint("Run it without BEGIN (and as the only statement of its query string), or "
-						 "SET chorus.replicate_ddl = off to change only this node.")));
+				 errmsg("chorus: a schema change with parameters cannot be replayed on the other nodes"),
+				 errhint("Build the statement with its values (format() and EXECUTE in PL/pgSQL).")));
 	chorus_check_writable();
 
 	old = MemoryContextSwitchTo(TopTransactionContext);
+	/* on its own: in total order; else (a block, a function, after other changes): with its transaction */
+	run->toi = context == PROCESS_UTILITY_TOPLEVEL && !IsTransactionBlock() && !chorus_xact.ddl &&
+		!chorus_xact.has_schema && chorus_xact.nrows == 0;
 	if (pstmt->stmt_len > 0)
 		run->statement = pnstrdup(queryString + pstmt->stmt_location, pstmt->stmt_len);
 	else
 		run->statement = pstrdup(queryString + Max(pstmt->stmt_location, 0));
 	chorus_ddl_settings_of(run->values);
 	run->role = GetUserNameFromId(GetUserId(), false);
-	ctas = chorus_ctas_of(pstmt->utilityStmt);
 	if (ctas != NULL && ctas->if_not_exists)
 		run->target_existed = OidIsValid(RangeVarGetRelid(ctas->into->rel, NoLock, true));
 	MemoryContextSwitchTo(old);
 
-	initStringInfo(&ws);
-	chorus_ddl_order_writeset(&ws, run);
-	chorus_ddl_order(&ws);
-	pfree(ws.data);
+	if (run->toi)
+	{
+		initStringInfo(&ws);
+		chorus_ddl_order_writeset(&ws, run);
+		chorus_ddl_order(&ws);
+		pfree(ws.data);
+	}
 	run->cid = GetCurrentCommandId(false);
 	chorus_ddl_run = run;
 	chorus_ddl_depth++;
@@ -896,9 +909,21 @@ chorus_ddl_record(PlannedStmt *pstmt)
 		return;
 	chorus_ddl_run = NULL;
 	chorus_xact_begin_capture();
+	if (!run->toi)
+		chorus_note_snapshot();	/* certified at commit, against what its snapshot saw */
 	old = MemoryContextSwitchTo(chorus_xact.cxt);
 	appendBinaryStringInfo(&chorus_xact.keys, run->keys.buf.data, run->keys.buf.len);
 	chorus_xact.nkeys += run->keys.n;
+	if (!chorus_xact.schema_key_done)
+	{
+		/* one cluster-wide key: two concurrent schema changes never both commit */
+		chorus_put_u8(&chorus_xact.keys, CHORUS_KEY_EXCLUSIVE);
+		chorus_put_u16(&chorus_xact.keys, 2);
+		chorus_put_blob(&chorus_xact.keys, CHORUS_SCHEMA_KEY_NSP, strlen(CHORUS_SCHEMA_KEY_NSP));
+		chorus_put_blob(&chorus_xact.keys, CHORUS_SCHEMA_KEY_REL, strlen(CHORUS_SCHEMA_KEY_REL));
+		chorus_xact.nkeys++;
+		chorus_xact.schema_key_done = true;
+	}
 	MemoryContextSwitchTo(old);
 
 	if (IsA(stmt, ViewStmt))
@@ -1084,4 +1109,64 @@ chorus_ddl_replay_fixups(PlannedStmt *pstmt)
 			break;
 	}
 	return copy;
+}
+
+PG_FUNCTION_INFO_V1(chorus_attach);
+PG_FUNCTION_INFO_V1(chorus_alter_sequence);
+
+/* Create one of the capture triggers on relid, firing whatever session_replication_role says. */
+static void
+chorus_create_capture_trigger(Oid relid, bool truncate)
+{
+	CreateTrigStmt *stmt = makeNode(CreateTrigStmt);
+
+	stmt->trigname = truncate ? "chorus_capture_truncate" : "chorus_capture";
+	stmt->funcname = list_make2(makeString("chorus"), makeString(truncate ? "capture_truncate" : "capture"));
+	stmt->row = !truncate;
+	stmt->timing = TRIGGER_TYPE_AFTER;
+	stmt->events = truncate ? TRIGGER_TYPE_TRUNCATE
+		: (TRIGGER_TYPE_INSERT | TRIGGER_TYPE_UPDATE | TRIGGER_TYPE_DELETE);
+	(void) CreateTriggerFiringOn(stmt, "chorus.attach()", relid, InvalidOid, InvalidOid, InvalidOid,
+								 InvalidOid, InvalidOid, NULL, false, false, TRIGGER_FIRES_ALWAYS);
+	CommandCounterIncrement();
+}
+
+/*
+ * chorus.attach(rel regclass)
+ *		Capture the table's row changes: its two capture triggers, made here and
+ *		not by CREATE TRIGGER statements, so no event trigger sees them and no
+ *		search_path resolves anything. Idempotent.
+ */
+Datum
+chorus_attach(PG_FUNCTION_ARGS)
+{
+	Oid			relid = PG_GETARG_OID(0);
+	Relation	rel = table_open(relid, ShareRowExclusiveLock);
+
+	if (!OidIsValid(get_trigger_oid(relid, "chorus_capture", true)))
+		chorus_create_capture_trigger(relid, false);
+	if (!OidIsValid(get_trigger_oid(relid, "chorus_capture_truncate", true)))
+		chorus_create_capture_trigger(relid, true);
+	table_close(rel, NoLock);
+	PG_RETURN_VOID();
+}
+
+/*
+ * chorus.alter_sequence(seq regclass, increment bigint, start bigint, restart bigint)
+ *		ALTER SEQUENCE seq INCREMENT BY increment START WITH start RESTART WITH
+ *		restart, made here rather than as a statement (no event trigger sees it).
+ */
+Datum
+chorus_alter_sequence(PG_FUNCTION_ARGS)
+{
+	Oid			seq = PG_GETARG_OID(0);
+	AlterSeqStmt *stmt = makeNode(AlterSeqStmt);
+
+	stmt->sequence = makeRangeVar(get_namespace_name(get_rel_namespace(seq)), get_rel_name(seq), -1);
+	stmt->options = list_make3(makeDefElem("increment", (Node *) makeFloat(psprintf(INT64_FORMAT, PG_GETARG_INT64(1))), -1),
+							   makeDefElem("start", (Node *) makeFloat(psprintf(INT64_FORMAT, PG_GETARG_INT64(2))), -1),
+							   makeDefElem("restart", (Node *) makeFloat(psprintf(INT64_FORMAT, PG_GETARG_INT64(3))), -1));
+	(void) AlterSequence(make_parsestate(NULL), stmt);
+	CommandCounterIncrement();
+	PG_RETURN_VOID();
 }

@@ -50,6 +50,10 @@
 #define CHORUS_KEY_UPDATE 2
 #define CHORUS_KEY_EXCLUSIVE 3
 
+/* the table-level key every schema change holds, exclusive: two concurrent ones never both commit */
+#define CHORUS_SCHEMA_KEY_NSP "chorus"
+#define CHORUS_SCHEMA_KEY_REL "schema changes"
+
 /* ---- backend <-> coordinator frames (docs/PROTOCOL.md section 1) ---- */
 #define CHORUS_FRAME_WRITESET 'W'
 #define CHORUS_FRAME_VERDICT 'V'

@@ -151,7 +151,8 @@ $$;
 -- Is a table one Chorus replicates automatically? Plain tables, partitions included; not a
 -- partitioned table itself (its rows live in its partitions, which capture them: a trigger on
 -- the parent would be cloned onto every partition and clash with theirs on ATTACH PARTITION).
-CREATE FUNCTION chorus.replicable(rel regclass) RETURNS boolean LANGUAGE sql STABLE AS $$
+CREATE FUNCTION chorus.replicable(rel regclass) RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog AS $$
     SELECT c.relkind = 'r' AND c.relpersistence = 'p'
        AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'chorus', 'pg_toast')
        AND n.nspname NOT LIKE 'pg\_temp%' AND n.nspname NOT LIKE 'pg\_toast%'
@@ -162,22 +163,12 @@ $$;
 
 -- The capture triggers fire whatever session_replication_role says (ENABLE ALWAYS): a session
 -- in replica mode still has its writes replicated. Only chorus.capture = off keeps a session's
--- writes on its node (docs/DDL.md).
-CREATE FUNCTION chorus.attach(rel regclass) RETURNS void LANGUAGE plpgsql
-SET chorus.replicate_ddl = off AS $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = rel AND tgname = 'chorus_capture') THEN
-        EXECUTE format('CREATE TRIGGER chorus_capture AFTER INSERT OR UPDATE OR DELETE ON %s '
-                       'FOR EACH ROW EXECUTE FUNCTION chorus.capture()', rel);
-        EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER chorus_capture', rel);
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = rel AND tgname = 'chorus_capture_truncate') THEN
-        EXECUTE format('CREATE TRIGGER chorus_capture_truncate AFTER TRUNCATE ON %s '
-                       'FOR EACH STATEMENT EXECUTE FUNCTION chorus.capture_truncate()', rel);
-        EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER chorus_capture_truncate', rel);
-    END IF;
-END
-$$;
+-- writes on its node (docs/DDL.md). Made in C, not by statements: no event trigger sees them.
+CREATE FUNCTION chorus.attach(rel regclass) RETURNS void
+    AS 'MODULE_PATHNAME', 'chorus_attach' LANGUAGE C STRICT;
+
+CREATE FUNCTION chorus.alter_sequence(seq regclass, increment bigint, start bigint, restart bigint) RETURNS void
+    AS 'MODULE_PATHNAME', 'chorus_alter_sequence' LANGUAGE C STRICT;
 
 CREATE FUNCTION chorus.detach(rel regclass) RETURNS void LANGUAGE plpgsql
 SET chorus.replicate_ddl = off AS $$
@@ -204,7 +195,7 @@ $$;
 -- Sequences never collide between nodes (docs/DDL.md): node k of at most chorus.max_nodes
 -- draws start + (k-1)*increment, then steps by increment * max_nodes.
 CREATE FUNCTION chorus.spread_sequence(seq regclass, restart_above bigint DEFAULT NULL) RETURNS void
-LANGUAGE plpgsql SET chorus.replicate_ddl = off AS $$
+LANGUAGE plpgsql SET chorus.replicate_ddl = off SET search_path = pg_catalog AS $$
 DECLARE
     k integer := current_setting('chorus.node_number')::integer;
     m integer := current_setting('chorus.max_nodes')::integer;
@@ -227,8 +218,7 @@ BEGIN
         -- the first value of this node's class beyond restart_above (ascending sequences)
         first := first + greatest(0, ((restart_above - first) / (inc * m)) + 1) * inc * m;
     END IF;
-    EXECUTE format('ALTER SEQUENCE %s INCREMENT BY %s START WITH %s RESTART WITH %s',
-                   seq, inc * m, st + (k - 1) * inc, first);
+    PERFORM chorus.alter_sequence(seq, inc * m, st + (k - 1) * inc, first);
 END
 $$;
 
@@ -253,7 +243,9 @@ $$;
 -- New tables are replicated as soon as they are created, on every node (the trigger fires in
 -- apply sessions too); so is a table that becomes replicable (ALTER TABLE ... SET LOGGED, a
 -- partition attached); new sequences get this node's residue class. It runs as the extension's
--- owner, so an application role that may create tables needs no other right (docs/DDL.md).
+-- owner, so an application role that may create tables needs no other right (docs/DDL.md), with
+-- search_path pg_catalog; what it changes it changes in C, so no event trigger of the user's runs
+-- under it.
 CREATE FUNCTION chorus.on_ddl_end() RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog SET chorus.replicate_ddl = off AS $$
 DECLARE
@@ -279,7 +271,7 @@ ALTER EVENT TRIGGER chorus_on_ddl_end ENABLE ALWAYS;
 
 REVOKE ALL ON FUNCTION chorus.node_init(bigint, int), chorus.set_online(boolean, text), chorus.set_paused(boolean),
     chorus.apply_begin(bigint, bigint, bigint), chorus.apply_writeset(bigint, bigint, bytea, bigint),
-    chorus.set_lanes(int), chorus.settle_lanes(),
+    chorus.set_lanes(int), chorus.settle_lanes(), chorus.alter_sequence(regclass, bigint, bigint, bigint),
     chorus.apply_run(bigint, bigint, bytea),
     chorus.abort_local(integer, bigint, text),
     chorus.wait_turn(bigint), chorus.spread_sequence(regclass, bigint),

@@ -1,0 +1,259 @@
+"""Migrations work unchanged (issue 19): schema changes inside transaction blocks, functions, DO
+blocks and event triggers replicate with their data as one unit, certified at commit like any
+writeset (seed 10.1, option 2). Checked with the fidelity harness (chorus/fidelity.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import psycopg
+import pytest
+
+from chorus import fidelity
+from conftest import Cluster, commit_all, extra_cluster
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def mcluster() -> Iterator[Cluster]:
+    with extra_cluster("chorus-mig-", 70) as c:
+        yield c
+
+
+def _check(c: Cluster) -> None:
+    diff = fidelity.check(c.nodes)
+    assert diff is None, str(diff)
+
+
+class _Load:
+    """Writes on nodes n2 and n3 while a migration runs on n1 (tables it does not touch)."""
+
+    def __init__(self, c: Cluster) -> None:
+        self.c = c
+        self.stop = threading.Event()
+        self.commits = 0
+        with c.connect(1) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS side_load (id bigserial PRIMARY KEY, node text, at timestamptz)")
+        c.quiesce()
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in (1, 2)]
+
+    def _run(self, i: int) -> None:
+        with self.c.connect(i) as conn:
+            while not self.stop.is_set():
+                try:
+                    conn.execute("INSERT INTO side_load (node, at) VALUES (%s, now())", (f"n{i + 1}",))
+                    self.commits += 1
+                except psycopg.errors.SerializationFailure:
+                    pass
+
+    def __enter__(self) -> "_Load":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+ALEMBIC_ENV = '''
+from alembic import context
+from sqlalchemy import create_engine
+
+config = context.config
+engine = create_engine(config.get_main_option("sqlalchemy.url"))
+with engine.connect() as connection:
+    context.configure(connection=connection, target_metadata=None)
+    with context.begin_transaction():
+        context.run_migrations()
+'''
+
+REVISIONS = {
+    "a1_accounts": ('None', '''
+        op.create_table("account",
+                        sa.Column("id", sa.Integer, primary_key=True),
+                        sa.Column("name", sa.String(50), nullable=False),
+                        sa.Column("kind", sa.String(10), server_default="person"))
+        op.create_index("ix_account_name", "account", ["name"])
+        t = sa.table("account", sa.column("id", sa.Integer), sa.column("name", sa.String))
+        op.bulk_insert(t, [{"id": i, "name": f"user {i}"} for i in range(1, 201)])
+        op.execute("UPDATE account SET kind = 'org' WHERE id % 10 = 0")
+    ''', '''
+        op.drop_index("ix_account_name", "account")
+        op.drop_table("account")
+    '''),
+    "a2_columns": ('"a1_accounts"', '''
+        op.add_column("account", sa.Column("created", sa.DateTime(timezone=True),
+                                           server_default=sa.text("now()"), nullable=False))
+        op.add_column("account", sa.Column("active", sa.Boolean, server_default=sa.true(), nullable=False))
+        op.alter_column("account", "name", new_column_name="display_name")
+        op.create_table("note",
+                        sa.Column("id", sa.Integer, primary_key=True),
+                        sa.Column("account_id", sa.Integer, sa.ForeignKey("account.id"), nullable=False),
+                        sa.Column("body", sa.Text))
+        op.execute("INSERT INTO note (id, account_id, body) SELECT id, id, 'hello ' || display_name FROM account")
+    ''', '''
+        op.drop_table("note")
+        op.alter_column("account", "display_name", new_column_name="name")
+        op.drop_column("account", "active")
+        op.drop_column("account", "created")
+    '''),
+    "a3_rename": ('"a2_columns"', '''
+        op.rename_table("note", "account_note")
+        op.execute("UPDATE account SET display_name = upper(display_name) WHERE kind = 'org'")
+    ''', '''
+        op.rename_table("account_note", "note")
+    '''),
+}
+
+
+def _alembic_project(tmp: Path, url: str) -> Path:
+    (tmp / "versions").mkdir(parents=True)
+    (tmp / "env.py").write_text(ALEMBIC_ENV)
+    (tmp / "script.py.mako").write_text("")
+    for rev, (down, up, downgrade) in REVISIONS.items():
+        (tmp / "versions" / f"{rev}.py").write_text(
+            f"import sqlalchemy as sa\nfrom alembic import op\n\nrevision = {rev!r}\ndown_revision = {down}\n"
+            "branch_labels = None\ndepends_on = None\n\n\ndef upgrade():\n" + textwrap.indent(textwrap.dedent(up), "    ")
+            + "\n\ndef downgrade():\n" + textwrap.indent(textwrap.dedent(downgrade), "    "))
+    ini = tmp / "alembic.ini"
+    ini.write_text(f"[alembic]\nscript_location = {tmp}\nsqlalchemy.url = {url}\n")
+    return ini
+
+
+def _alembic(ini: Path, *args: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "alembic", "-c", str(ini), *args], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_alembic_migrations_in_transactions_under_load(mcluster: Cluster, tmp_path: Path) -> None:
+    """A revision chain run by `alembic upgrade head` through n1 (PostgreSQL migrations run in
+    one transaction), then `downgrade base` and `upgrade head` again, while n2 and n3 write."""
+    port = mcluster.dsn(0).split("port=")[1].split()[0]
+    ini = _alembic_project(tmp_path, f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres")
+    with _Load(mcluster) as load:
+        _alembic(ini, "upgrade", "head")
+        _alembic(ini, "downgrade", "base")
+        _alembic(ini, "upgrade", "head")
+    assert load.commits > 0
+    _check(mcluster)
+    with mcluster.connect(2) as c:
+        assert c.execute("SELECT count(*), count(*) FILTER (WHERE display_name = upper(display_name)) "
+                         "FROM account").fetchone() == (200, 20)
+        assert c.execute("SELECT version_num FROM alembic_version").fetchone() == ("a3_rename",)
+
+
+DJANGO_SETTINGS = '''
+SECRET_KEY = "chorus-test"
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
+                  "django.contrib.sessions", "django.contrib.messages"]
+DATABASES = {{"default": {{"ENGINE": "django.db.backends.postgresql", "NAME": "postgres", "USER": "postgres",
+                           "HOST": "127.0.0.1", "PORT": "{port}"}}}}
+'''
+
+DJANGO_FIXTURE = '''[
+ {"model": "auth.group", "pk": 1, "fields": {"name": "editors", "permissions": []}},
+ {"model": "auth.user", "pk": 1, "fields": {"username": "ann", "password": "!", "is_staff": true,
+  "date_joined": "2020-04-03T10:11:12Z", "groups": [1]}},
+ {"model": "auth.user", "pk": 2, "fields": {"username": "bob", "password": "!", "is_staff": false,
+  "date_joined": "2021-05-06T07:08:09Z", "groups": []}}
+]'''
+
+
+def test_django_migrate_and_loaddata(mcluster: Cluster, tmp_path: Path) -> None:
+    port = mcluster.dsn(0).split("port=")[1].split()[0]
+    (tmp_path / "chorus_settings.py").write_text(DJANGO_SETTINGS.format(port=port))
+    (tmp_path / "users.json").write_text(DJANGO_FIXTURE)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "DJANGO_SETTINGS_MODULE": "chorus_settings"}
+    for cmd in (["migrate", "--noinput"], ["loaddata", str(tmp_path / "users.json")]):
+        r = subprocess.run([sys.executable, "-m", "django", *cmd], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+    _check(mcluster)
+    with mcluster.connect(1) as c:
+        assert c.execute("SELECT count(*) FROM auth_user").fetchone() == (2,)
+        assert c.execute("SELECT count(*) FROM django_migrations WHERE app = 'auth'").fetchone()[0] > 5
+
+
+def test_a_schema_change_and_a_write_elsewhere_one_of_them_loses(mcluster: Cluster) -> None:
+    """n1 alters a table in a transaction while n2 writes it: exactly one fails with 40001,
+    whichever commits first, and every node ends identical."""
+    with mcluster.connect(0) as c:
+        c.execute("CREATE TABLE raced (id int PRIMARY KEY, v int)")
+        c.execute("INSERT INTO raced VALUES (1, 1)")
+    mcluster.quiesce()
+    for first in ("ddl", "write"):
+        ddl = mcluster.connect(0, autocommit=False)
+        ddl.execute("ALTER TABLE raced ADD COLUMN IF NOT EXISTS extra int DEFAULT 7")
+        write = mcluster.connect(1, autocommit=False)
+        write.execute("UPDATE raced SET v = v + 1 WHERE id = 1")
+        outcomes = commit_all([ddl, write] if first == "ddl" else [write, ddl])
+        assert sorted(outcomes) == ["40001", "ok"], (first, outcomes)
+        mcluster.quiesce()
+        with mcluster.connect(0) as c:
+            c.execute("ALTER TABLE raced DROP COLUMN IF EXISTS extra")
+    _check(mcluster)
+
+
+def test_savepoints_do_blocks_and_event_triggers(mcluster: Cluster) -> None:
+    script = """
+    BEGIN;
+    CREATE TABLE sp_kept (id int PRIMARY KEY);
+    INSERT INTO sp_kept VALUES (1);
+    SAVEPOINT s;
+    CREATE TABLE sp_gone (id int);
+    INSERT INTO sp_gone VALUES (1);
+    ALTER TABLE sp_kept ADD COLUMN gone int;
+    ROLLBACK TO SAVEPOINT s;
+    ALTER TABLE sp_kept ADD COLUMN kept int DEFAULT 2;
+    COMMIT;
+    DO $$
+    BEGIN
+        FOR i IN 1..3 LOOP
+            EXECUTE format('CREATE TABLE do_t%s (id int PRIMARY KEY, v text)', i);
+            EXECUTE format('INSERT INTO do_t%s VALUES (%s, %L)', i, i, 'from a DO block');
+        END LOOP;
+        BEGIN
+            CREATE TABLE do_failed (id int);
+            RAISE EXCEPTION 'undo this block';
+        EXCEPTION WHEN raise_exception THEN NULL;
+        END;
+    END $$;
+    CREATE FUNCTION make_table(n text) RETURNS void LANGUAGE plpgsql AS $$
+    BEGIN EXECUTE format('CREATE TABLE %I (id serial PRIMARY KEY, at date DEFAULT %L)', n, '03/04/2020'); END $$;
+    SET datestyle = 'SQL, DMY';
+    SELECT make_table('from_function');
+    CREATE TABLE ddl_audit (id serial PRIMARY KEY, tag text, object text);
+    CREATE FUNCTION audit_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$
+    DECLARE r record;
+    BEGIN
+        FOR r IN SELECT * FROM pg_event_trigger_ddl_commands() LOOP
+            INSERT INTO ddl_audit (tag, object) VALUES (r.command_tag, r.object_identity);
+        END LOOP;
+    END $$;
+    CREATE EVENT TRIGGER audit_ddl ON ddl_command_end EXECUTE FUNCTION audit_ddl();
+    CREATE TABLE audited_alone (id int PRIMARY KEY);
+    BEGIN;
+    CREATE TABLE audited_in_block (id int PRIMARY KEY);
+    INSERT INTO audited_in_block VALUES (1);
+    COMMIT;
+    DROP EVENT TRIGGER audit_ddl;
+    """
+    r = fidelity.run_sql(mcluster.dsn(0), script)
+    assert r.returncode == 0 and "ERROR" not in r.stderr, r.stderr
+    _check(mcluster)
+    with mcluster.connect(2) as c:
+        assert c.execute("SELECT to_regclass('sp_gone'), to_regclass('do_failed')").fetchone() == (None, None)
+        assert c.execute("SELECT count(*) FROM ddl_audit WHERE object LIKE 'public.audited%'").fetchone() == (2,)
+        assert c.execute("SELECT column_default FROM information_schema.columns "
+                         "WHERE table_name = 'from_function' AND column_name = 'at'").fetchone() == (
+            "'2020-04-03'::date",)
