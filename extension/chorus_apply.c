@@ -299,25 +299,41 @@ table_plan(ApplyTable *t, int op)
 			types[n++] = t->coltypes[i];
 			first = false;
 		}
-		appendStringInfo(&sql, ") OVERRIDING SYSTEM VALUE VALUES (%s)", vals.data);
+		if (n == 0)				/* no column to set: a row of defaults */
+		{
+			resetStringInfo(&sql);
+			appendStringInfo(&sql, "INSERT INTO %s DEFAULT VALUES", qualified(t));
+		}
+		else
+			appendStringInfo(&sql, ") OVERRIDING SYSTEM VALUE VALUES (%s)", vals.data);
 	}
 	else
 	{
+		/*
+		 * ONLY: the row is this table's, not one of its inheritance children's
+		 * (their rows are captured, and applied, as theirs).
+		 */
 		if (op == 1)
 		{
-			appendStringInfo(&sql, "UPDATE %s SET ", qualified(t));
+			StringInfoData set;
+
+			initStringInfo(&set);
 			for (i = 0; i < t->ncols; i++)
 			{
 				if (t->cols[i].flags & CHORUS_COL_GENERATED)
 					continue;
-				appendStringInfo(&sql, "%s%s = $%d", first ? "" : ", ",
+				appendStringInfo(&set, "%s%s = $%d", first ? "" : ", ",
 								 quote_identifier(t->cols[i].name), n + 1);
 				types[n++] = t->coltypes[i];
 				first = false;
 			}
+			if (n == 0)			/* nothing to set: the row must be there all the same */
+				appendStringInfo(&sql, "SELECT 1 FROM ONLY %s", qualified(t));
+			else
+				appendStringInfo(&sql, "UPDATE ONLY %s SET %s", qualified(t), set.data);
 		}
 		else
-			appendStringInfo(&sql, "DELETE FROM %s", qualified(t));
+			appendStringInfo(&sql, "DELETE FROM ONLY %s", qualified(t));
 		appendStringInfoString(&sql, " WHERE ");
 		if (t->full_identity)
 		{
@@ -331,7 +347,7 @@ table_plan(ApplyTable *t, int op)
 			int			m = 0;
 
 			initStringInfo(&img);
-			appendStringInfo(&sql, "ctid = (SELECT ctid FROM %s WHERE pg_catalog.record_image_eq(ROW(", qualified(t));
+			appendStringInfo(&sql, "ctid = (SELECT ctid FROM ONLY %s WHERE pg_catalog.record_image_eq(ROW(", qualified(t));
 			for (i = 0; i < t->nident; i++)
 			{
 				int			c = t->ident[i];

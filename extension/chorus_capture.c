@@ -432,6 +432,7 @@ chorus_table_for(Relation rel)
 	{
 		Form_pg_attribute att = TupleDescAttr(desc, t->attnums[i] - 1);
 
+		chorus_check_replicable_type(att->atttypid, t->attnames[i], quote_qualified_identifier(t->nspname, t->relname));
 		t->colkind[i] = chorus_column_io(att->atttypid, t->keycol[i], chorus_xact.cxt, &t->valfn[i],
 										 &t->textfn[i], &t->canonical, &t->qualify);
 	}

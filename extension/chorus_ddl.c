@@ -206,7 +206,8 @@ static bool
 chorus_is_node_object(ObjectType t)
 {
 	return t == OBJECT_DATABASE || t == OBJECT_TABLESPACE || t == OBJECT_PUBLICATION ||
-		t == OBJECT_PUBLICATION_NAMESPACE || t == OBJECT_PUBLICATION_REL || t == OBJECT_SUBSCRIPTION;
+		t == OBJECT_PUBLICATION_NAMESPACE || t == OBJECT_PUBLICATION_REL || t == OBJECT_SUBSCRIPTION ||
+		t == OBJECT_LARGEOBJECT;	/* large objects are not replicated */
 }
 
 /* A schema-qualified name list that names the session's temporary schema. */

@@ -172,6 +172,35 @@ chorus_reg_type(Oid typid)
 }
 
 /*
+ * chorus_check_replicable_type
+ *		Refuse a column whose values no node can read back (the planner's own
+ *		types, whose input functions refuse every value): better an error here,
+ *		before anything commits, than a node that cannot apply the row.
+ */
+void
+chorus_check_replicable_type(Oid typid, const char *column, const char *table)
+{
+	switch (chorus_scalar_type(getBaseType(typid)))
+	{
+		case PG_NODE_TREEOID:
+		case PG_NDISTINCTOID:
+		case PG_DEPENDENCIESOID:
+		case PG_MCV_LISTOID:
+		case PG_BRIN_BLOOM_SUMMARYOID:
+		case PG_BRIN_MINMAX_MULTI_SUMMARYOID:
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("chorus: column \"%s\" of %s has type %s, whose values cannot be replicated",
+							column, table, format_type_be(typid)),
+					 errdetail("PostgreSQL reads no value of this type back from its text or binary form."),
+					 errhint("Cast the column to text, or keep the table on one node (chorus.exclude_schemas).")));
+			break;
+		default:
+			break;
+	}
+}
+
+/*
  * chorus_column_io
  *		How a column of type typid travels: its value kind and the function
  *		that produces it (send or output), looked up once per table. *canonical
