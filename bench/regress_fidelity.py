@@ -162,6 +162,27 @@ def node_state(n: dict[str, Any]) -> str:
         return "down"
 
 
+def stalled_nodes(nodes: list[NodeRef]) -> dict[str, dict[str, Any]]:
+    """The nodes that have not committed everything delivered and make no progress for 10 s."""
+    def committed() -> dict[str, tuple[int, dict[str, Any]]]:
+        out = {}
+        for n in nodes:
+            try:
+                st = admin_request(n.admin, timeout=5)["status"]
+                out[n.name] = (int(st["committed_gid"]), st)
+            except (OSError, ValueError, KeyError):
+                pass
+        return out
+    before = committed()
+    time.sleep(10)
+    after = committed()
+    top = max((st["delivered_gid"] for _, st in after.values()), default=0)
+    return {name: {k: st.get(k) for k in ("state", "committed_gid", "delivered_gid", "pending", "apply_queue",
+                                          "apply_retries", "pending_head")}
+            for name, (gid, st) in after.items()
+            if gid < top and before.get(name, (None,))[0] == gid}
+
+
 @dataclass
 class LogTail:
     """New lines of a log file since the last look."""
@@ -289,7 +310,7 @@ def main() -> int:
     ap.add_argument("--check-every", type=int, default=1, help="check node states every N tests (0: never)")
     ap.add_argument("--compare-every", type=int, default=1,
                     help="wait for quiescence and compare the nodes every N tests (0: only at the end)")
-    ap.add_argument("--quiesce-timeout", type=float, default=120)
+    ap.add_argument("--quiesce-timeout", type=float, default=60)
     ap.add_argument("--timeout", type=float, default=120, help="seconds for each psql run")
     ap.add_argument("--libdir", default="/usr/lib/postgresql/15/lib")
     ap.add_argument("--out", help="output directory (default /tmp/regress-fidelity-{chorus,plain})")
@@ -336,6 +357,7 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     stops: list[dict[str, Any]] = []
     divergences: list[dict[str, Any]] = []
+    stalls: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []  # per test: new coordinator errors / apply errors on other nodes
     online = [n["name"] for n in nodes_info if states.get(n["name"]) == "online"]
     prev = Snapshot()
@@ -372,7 +394,9 @@ def main() -> int:
         if a.check_every and (i % a.check_every == 0 or i == len(schedule)):
             for n in nodes_info:
                 st = node_state(n)
-                if states.get(n["name"]) == "online" and st != "online":
+                if states.get(n["name"]) == "stalled" and st == "online":
+                    continue  # stays left out
+                if states.get(n["name"]) in ("online", "stalled") and st != "online":
                     stop = {"test": test, "node": n["name"], "state": st,
                             "coordinator_log": interesting_coord(
                                 (cdir / "nodes" / n["name"] / "coordinator.log").read_text(
@@ -387,10 +411,38 @@ def main() -> int:
             cur: Optional[Snapshot] = None
             try:
                 wait_quiescent(live, a.quiesce_timeout)
-                cur = snapshot(live)
-            except Exception as e:  # noqa: BLE001 - CheckError, FidelityError, a node gone
-                line += f"  (no comparison: {str(e).splitlines()[0][:120]})"
-                r["no_comparison"] = str(e)[:500]
+            except CheckError as e:
+                # a node that stays behind is a finding too (an apply that retries forever, a
+                # lock it waits for): record it, leave it out from now on, compare the others
+                lagging = stalled_nodes(live)
+                for name, lag in lagging.items():
+                    stalls.append({"test": test, "node": name, "status": lag,
+                                   "coordinator_log": interesting_coord(
+                                       (cdir / "nodes" / name / "coordinator.log").read_text(
+                                           errors="backslashreplace").splitlines()[-400:], 20)
+                                   or (cdir / "nodes" / name / "coordinator.log").read_text(
+                                       errors="backslashreplace").splitlines()[-5:]})
+                    states[name] = "stalled"
+                    line += f"  node {name} STALLED at GID {lag.get('committed_gid')}"
+                online = [n for n, s in states.items() if s == "online"]
+                live = [ref for ref in refs if ref.name in online]
+                if not lagging:
+                    line += f"  (no comparison: {str(e).splitlines()[0][:120]})"
+                    r["no_comparison"] = str(e)[:500]
+                else:
+                    try:
+                        if len(live) > 1:
+                            wait_quiescent(live, a.quiesce_timeout)
+                    except CheckError as e2:
+                        line += f"  (no comparison: {str(e2).splitlines()[0][:120]})"
+                        r["no_comparison"] = str(e2)[:500]
+                        live = []
+            if len(live) > 1 and "no_comparison" not in r:
+                try:
+                    cur = snapshot(live)
+                except Exception as e:  # noqa: BLE001 - FidelityError, a node gone
+                    line += f"  (no comparison: {str(e).splitlines()[0][:120]})"
+                    r["no_comparison"] = str(e)[:500]
         else:
             cur = None
         if cur is not None:
@@ -422,12 +474,15 @@ def main() -> int:
     }
     if cdir:
         final_states = {n["name"]: node_state(n) for n in nodes_info}
-        live = [ref for ref in refs if final_states[ref.name] == "online"]
+        stalled = {x["node"] for x in stalls}
+        live = [ref for ref in refs if final_states[ref.name] == "online" and ref.name not in stalled]
         summary["nodes_online_at_end"] = f"{len(live)}/{len(refs)}"
         summary["node_states"] = final_states
         # compare the nodes whose PostgreSQL still answers, online or not
         comparable = []
         for ref in refs:
+            if ref.name in stalled:
+                continue
             try:
                 fidelity._connect(ref.dsn).close()
                 comparable.append(ref)
@@ -447,13 +502,14 @@ def main() -> int:
             summary["schema_diff_head"] = {n: d[:30] for n, d in final.schema.items()}
             summary["roles_identical"] = not any(final.roles.values())
             try:
-                d = fidelity.compare(comparable)
-                summary["fidelity_compare"] = str(d) if d else "identical"
+                first = fidelity.compare(comparable)
+                summary["fidelity_compare"] = str(first) if first else "identical"
             except Exception as e:  # noqa: BLE001
                 summary["fidelity_compare"] = f"failed: {e}"
         summary["compared_nodes"] = [r.name for r in comparable]
         summary["stops"] = stops
         summary["divergences"] = divergences
+        summary["stalls"] = stalls
         summary["events"] = events
     summary["results"] = results
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -472,16 +528,23 @@ def main() -> int:
             print(f"{'roles identical':<28} {'yes' if summary['roles_identical'] else 'no'}")
             print(f"{'fidelity.compare':<28} {summary['fidelity_compare'].splitlines()[0]}")
         print(f"{'node stops':<28} {len(stops)}")
-        for s in stops:
-            print(f"  after {s['test']}: {s['node']} -> {s['state']}")
-            for ln in s["coordinator_log"][-6:]:
+        for stop in stops:
+            print(f"  after {stop['test']}: {stop['node']} -> {stop['state']}")
+            for ln in stop["coordinator_log"][-6:]:
                 print(f"      {ln}")
+        print(f"{'stalled nodes':<28} {len(stalls)}")
+        for stall in stalls:
+            lag = stall["status"]
+            print(f"  after {stall['test']}: {stall['node']} stalled at GID {lag.get('committed_gid')} "
+                  f"(delivered {lag.get('delivered_gid')}, retries {lag.get('apply_retries')})")
+            for ln in stall["coordinator_log"][-3:]:
+                print(f"      {ln[:300]}")
         print(f"{'divergences':<28} {len(divergences)}")
-        for d in divergences:
-            print(f"  after {d['test']}: tables {', '.join(list(d['tables'])[:8])}"
-                  f"{' ...' if len(d['tables']) > 8 else ''}; schema lines "
-                  f"{sum(len(x) for x in d['schema'].values())}; roles {d['roles'] or '-'}")
-            for n, lines in list(d["schema"].items())[:1]:
+        for dv in divergences:
+            print(f"  after {dv['test']}: tables {', '.join(list(dv['tables'])[:8])}"
+                  f"{' ...' if len(dv['tables']) > 8 else ''}; schema lines "
+                  f"{sum(len(x) for x in dv['schema'].values())}; roles {dv['roles'] or '-'}")
+            for n, lines in list(dv["schema"].items())[:1]:
                 for ln in lines[:4]:
                     print(f"      {n}: {ln[:160]}")
         if "tables_differing" in summary:

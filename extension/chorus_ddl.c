@@ -338,6 +338,9 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 				chorus_ddl_relation(k, cs->relation, true);
 				foreach(lc, cs->inhRelations)
 					chorus_ddl_relation(k, lfirst_node(RangeVar, lc), false);
+				foreach(lc, cs->tableElts)
+					if (IsA(lfirst(lc), TableLikeClause))	/* LIKE another table: it must exist elsewhere */
+						chorus_ddl_relation(k, ((TableLikeClause *) lfirst(lc))->relation, false);
 				break;
 			}
 		case T_CreateTableAsStmt:
