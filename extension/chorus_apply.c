@@ -74,6 +74,11 @@ typedef struct ApplyTable
 	Oid		   *colioparam;
 	FmgrInfo   *colrecv;		/* their receive functions, looked up at the first binary value */
 	Oid		   *colrecvparam;
+	Oid		   *basetypes;		/* a domain's base type (the column's type otherwise) */
+	FmgrInfo   *baseinput;		/* ... its input and receive functions, for old images */
+	Oid		   *baseioparam;
+	FmgrInfo   *baserecv;
+	Oid		   *baserecvparam;
 } ApplyTable;
 
 /* One value as the writeset holds it: kind, and the bytes of a non-NULL value. */
@@ -197,6 +202,11 @@ resolve_types(ApplyTable *t)
 	t->colioparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
 	t->colrecv = palloc0(sizeof(FmgrInfo) * Max(t->ncols, 1));
 	t->colrecvparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
+	t->basetypes = palloc0(sizeof(Oid) * Max(t->ncols, 1));
+	t->baseinput = palloc0(sizeof(FmgrInfo) * Max(t->ncols, 1));
+	t->baseioparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
+	t->baserecv = palloc0(sizeof(FmgrInfo) * Max(t->ncols, 1));
+	t->baserecvparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
 	for (i = 0; i < t->ncols; i++)
 	{
 		HeapTuple	tup;
@@ -215,6 +225,7 @@ resolve_types(ApplyTable *t)
 		ReleaseSysCache(tup);
 		getTypeInputInfo(t->coltypes[i], &typinput, &t->colioparam[i]);
 		fmgr_info(typinput, &t->colinput[i]);
+		t->basetypes[i] = getBaseType(t->coltypes[i]);
 	}
 }
 
@@ -354,9 +365,15 @@ table_plan(ApplyTable *t, int op)
 
 				if (t->cols[c].flags & CHORUS_COL_GENERATED)
 					continue;
-				appendStringInfo(&sql, "%s%s", m ? ", " : "", quote_identifier(t->cols[c].name));
+				/* a domain's old value is compared as its base type: it need not pass the
+				 * domain's checks any more (a constraint added NOT VALID) */
+				if (t->basetypes[c] != t->coltypes[c])
+					appendStringInfo(&sql, "%s%s::%s", m ? ", " : "", quote_identifier(t->cols[c].name),
+									 format_type_be_qualified(t->basetypes[c]));
+				else
+					appendStringInfo(&sql, "%s%s", m ? ", " : "", quote_identifier(t->cols[c].name));
 				appendStringInfo(&img, "%s$%d", m ? ", " : "", n + 1);
-				types[n++] = t->coltypes[c];
+				types[n++] = t->basetypes[c];
 				m++;
 			}
 			if (m == 0)
@@ -370,40 +387,58 @@ table_plan(ApplyTable *t, int op)
 				int			c = t->ident[i];
 
 				appendStringInfo(&sql, "%s%s = $%d", i ? " AND " : "", quote_identifier(t->cols[c].name), n + 1);
-				types[n++] = t->coltypes[c];
+				types[n++] = t->basetypes[c];
 			}
 	}
 	t->plans[op] = get_plan(sql.data, n, types);
 	return t->plans[op];
 }
 
-/* The datum of value v for column col of t, in this node's column type. */
+/*
+ * to_datum
+ *		The datum of value v for column col of t, in this node's column type;
+ *		old: a value of an old image, read as the column's base type (a row's
+ *		old value need not pass a domain check added NOT VALID since).
+ */
 static Datum
-to_datum(ApplyTable *t, int col, ApplyValue v, char *isnull)
+to_datum(ApplyTable *t, int col, ApplyValue v, char *isnull, bool old)
 {
 	StringInfoData buf;
 	char	   *copy;
+	bool		base = old && t->basetypes[col] != t->coltypes[col];
+	FmgrInfo   *input = base ? &t->baseinput[col] : &t->colinput[col];
+	FmgrInfo   *recv = base ? &t->baserecv[col] : &t->colrecv[col];
+	Oid		   *ioparam = base ? &t->baseioparam[col] : &t->colioparam[col];
+	Oid		   *recvparam = base ? &t->baserecvparam[col] : &t->colrecvparam[col];
+	int32		typmod = base ? -1 : t->coltypmods[col];
 
+	if (base && input->fn_oid == InvalidOid)
+	{
+		Oid			fn;
+
+		getTypeInputInfo(t->basetypes[col], &fn, ioparam);
+		fmgr_info(fn, input);
+	}
 	*isnull = (v.kind == CHORUS_VAL_NULL) ? 'n' : ' ';
 	if (v.kind == CHORUS_VAL_NULL)
-		return InputFunctionCall(&t->colinput[col], NULL, t->colioparam[col], t->coltypmods[col]);
+		return InputFunctionCall(input, NULL, *ioparam, typmod);
 	copy = palloc(v.len + 1);
 	memcpy(copy, v.data, v.len);
 	copy[v.len] = '\0';
 	if (v.kind == CHORUS_VAL_TEXT)
-		return InputFunctionCall(&t->colinput[col], copy, t->colioparam[col], t->coltypmods[col]);
-	if (t->colrecv[col].fn_oid == InvalidOid)
+		return InputFunctionCall(input, copy, *ioparam, typmod);
+	if (recv->fn_oid == InvalidOid)
 	{
-		Oid			recv;
+		Oid			fn;
 
-		getTypeBinaryInputInfo(t->coltypes[col], &recv, &t->colrecvparam[col]);
-		fmgr_info(recv, &t->colrecv[col]);
+		getTypeBinaryInputInfo(base ? t->basetypes[col] : t->coltypes[col], &fn, recvparam);
+		fmgr_info(fn, recv);
 	}
 	buf.data = copy;
 	buf.len = (int) v.len;
 	buf.maxlen = (int) v.len + 1;
 	buf.cursor = 0;
-	return ReceiveFunctionCall(&t->colrecv[col], &buf, t->colrecvparam[col], t->coltypmods[col]);
+	return ReceiveFunctionCall(recv, &buf, *recvparam, typmod);
 }
 
 static void
@@ -635,7 +670,7 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 
 				if (t->cols[c].flags & CHORUS_COL_GENERATED)
 					continue;
-				values[n] = to_datum(t, c, v, &nulls[n]);
+				values[n] = to_datum(t, c, v, &nulls[n], false);
 				n++;
 			}
 		}
@@ -643,7 +678,7 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 		{
 			if (t->full_identity && (t->cols[t->ident[k]].flags & CHORUS_COL_GENERATED))
 				continue;		/* not compared: computed from the others */
-			values[n] = to_datum(t, t->ident[k], oldv[k], &nulls[n]);
+			values[n] = to_datum(t, t->ident[k], oldv[k], &nulls[n], true);
 			n++;
 		}
 		rc = SPI_execute_plan(table_plan(t, op == CHORUS_OP_INSERT ? 0 : op == CHORUS_OP_UPDATE ? 1 : 2),
