@@ -448,7 +448,13 @@ run_truncate(StringInfo list, bool restart)
 
 	if (list->len == 0)
 		return;
-	rc = SPI_execute(psprintf("TRUNCATE ONLY %s%s", list->data, restart ? " RESTART IDENTITY" : ""), false, 0);
+	/*
+	 * CASCADE: the origin truncated every table that references these (or it
+	 * would have failed), but a partitioned one among them has no rows of its
+	 * own and so no capture: it comes in here through the foreign key.
+	 */
+	rc = SPI_execute(psprintf("TRUNCATE ONLY %s%s CASCADE", list->data, restart ? " RESTART IDENTITY" : ""),
+					 false, 0);
 	if (rc != SPI_OK_UTILITY)
 		elog(ERROR, "chorus: TRUNCATE failed: %s", SPI_result_code_string(rc));
 	resetStringInfo(list);
