@@ -201,6 +201,20 @@ chorus_is_relation_object(ObjectType t)
 		t == OBJECT_FOREIGN_TABLE || t == OBJECT_INDEX;
 }
 
+/* Objects that belong to a table (a rule, a trigger, a policy, a constraint): named [..., table, name]. */
+static bool
+chorus_is_table_part(ObjectType t)
+{
+	return t == OBJECT_RULE || t == OBJECT_TRIGGER || t == OBJECT_POLICY || t == OBJECT_TABCONSTRAINT;
+}
+
+/* The table of such an object, from its name list. */
+static RangeVar *
+chorus_table_of_part(List *names)
+{
+	return makeRangeVarFromNameList(list_truncate(list_copy(names), list_length(names) - 1));
+}
+
 /* Objects that exist on one node only: statements about them stay local. */
 static bool
 chorus_is_node_object(ObjectType t)
@@ -386,6 +400,9 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 				if (chorus_is_relation_object(ds->removeType))
 					foreach(lc, ds->objects)
 						chorus_ddl_relation(k, makeRangeVarFromNameList(lfirst_node(List, lc)), false);
+				else if (chorus_is_table_part(ds->removeType))
+					foreach(lc, ds->objects)
+						chorus_ddl_relation(k, chorus_table_of_part(lfirst_node(List, lc)), false);
 				break;
 			}
 		case T_RenameStmt:
@@ -406,13 +423,8 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 					return CHORUS_DDL_LOCAL;
 				if (chorus_is_relation_object(cs->objtype))
 					chorus_ddl_relation(k, makeRangeVarFromNameList(castNode(List, cs->object)), false);
-				else if (cs->objtype == OBJECT_COLUMN)
-				{
-					List	   *names = castNode(List, cs->object);
-
-					chorus_ddl_relation(k, makeRangeVarFromNameList(list_truncate(list_copy(names),
-																				  list_length(names) - 1)), false);
-				}
+				else if (cs->objtype == OBJECT_COLUMN || chorus_is_table_part(cs->objtype))
+					chorus_ddl_relation(k, chorus_table_of_part(castNode(List, cs->object)), false);
 				break;
 			}
 		case T_SecLabelStmt:
