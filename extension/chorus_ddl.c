@@ -77,10 +77,13 @@ static int	chorus_ddl_depth = 0;
  * its replay on every node. check_function_bodies is not among them: a replay
  * never checks function bodies (the origin did, if it had it on), so a body
  * naming an object of the origin's session only does not stop the others.
+ * default_tablespace is not among them either: tablespaces are per node (a
+ * node lacking one, or that skipped an ALTER ... SET TABLESPACE, places a
+ * table by its own defaults).
  */
 static const char *const chorus_ddl_settings[] = {
 	"search_path", "TimeZone", "DateStyle", "IntervalStyle", "standard_conforming_strings",
-	"default_tablespace", "default_table_access_method", "default_toast_compression",
+	"default_table_access_method", "default_toast_compression",
 	"extra_float_digits", "bytea_output", "xmloption", "xmlbinary", "array_nulls",
 	"transform_null_equals", "backslash_quote", "timezone_abbreviations",
 	"default_text_search_config", "lc_monetary", "lc_numeric", "lc_time",
@@ -326,7 +329,6 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 		case T_AlterDatabaseSetStmt:
 		case T_AlterDatabaseRefreshCollStmt:
 		case T_AlterSystemStmt:
-		case T_RefreshMatViewStmt:
 		case T_CreateSubscriptionStmt:
 		case T_AlterSubscriptionStmt:
 		case T_DropSubscriptionStmt:
@@ -371,6 +373,10 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 			break;
 		case T_AlterTableStmt:
 			chorus_ddl_relation(k, ((AlterTableStmt *) stmt)->relation, false);
+			break;
+		case T_RefreshMatViewStmt:
+			/* every node refreshes at the same point of the order, from the same rows */
+			chorus_ddl_relation(k, ((RefreshMatViewStmt *) stmt)->relation, false);
 			break;
 		case T_IndexStmt:
 			if (((IndexStmt *) stmt)->concurrent)

@@ -252,11 +252,9 @@ DECLARE
     cmd record;
 BEGIN
     FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands() LOOP
-        IF cmd.object_type = 'table'
-           AND cmd.command_tag IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE')
-           AND chorus.replicable(cmd.objid::regclass) THEN
+        IF cmd.object_type = 'table' AND chorus.replicable(cmd.objid::regclass) THEN
             PERFORM chorus.attach(cmd.objid::regclass);
-        ELSIF cmd.object_type = 'sequence' AND cmd.command_tag = 'CREATE SEQUENCE'
+        ELSIF cmd.object_type = 'sequence' AND cmd.command_tag IN ('CREATE SEQUENCE', 'CREATE SCHEMA')
               AND NOT cmd.in_extension THEN
             PERFORM chorus.spread_sequence(cmd.objid::regclass);
         END IF;
@@ -265,7 +263,8 @@ END
 $$;
 
 CREATE EVENT TRIGGER chorus_on_ddl_end ON ddl_command_end
-    WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'CREATE SEQUENCE', 'ALTER TABLE')
+    WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'CREATE SEQUENCE', 'ALTER TABLE',
+                 'CREATE SCHEMA')  -- CREATE SCHEMA ... CREATE TABLE ...: its tables too
     EXECUTE FUNCTION chorus.on_ddl_end();
 ALTER EVENT TRIGGER chorus_on_ddl_end ENABLE ALWAYS;
 

@@ -163,7 +163,7 @@ class ApplySession:
         except psycopg.Error as e:
             what, tail = "", ""
             if first.has_schema and ddl_ok:
-                what = "the schema change that succeeded on its origin failed here: "
+                what = "a writeset with schema changes that succeeded on its origin failed here: "
                 stmts = first.statements
                 if stmts:
                     tail = f" (statement: {stmts[0].statement[:200].decode('utf-8', 'replace')})"
@@ -234,11 +234,15 @@ class ApplySession:
         """Clean up the session after a failed apply and say what to raise: a lost connection or a
         transient SQLSTATE is retried (TransientApplyError), anything else stops the node."""
         self._stop_reading()
-        if isinstance(e, psycopg.OperationalError):
+        conn = self.conn
+        state = e.sqlstate or ""
+        if (conn is None or conn.broken or conn.closed or conn.pgconn.status != pq.ConnStatus.OK or not state
+                or state.startswith(("08", "57P"))):
+            # the connection is gone (psycopg's OperationalError also covers SQLSTATEs such as
+            # 55000 "not populated": those are the statement's, and answered below)
             await self._reset()
             return ApplyConnectionLost(f"GID {gid}: connection problem: {e}")
         await self._rollback()
-        state = e.sqlstate or ""
         if state == ALREADY_COMMITTED or await self._committed_here(gid):
             # e.g. a duplicate key because a local backend of the previous coordinator committed
             # the same writeset while this apply waited for its row locks

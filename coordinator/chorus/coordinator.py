@@ -1383,7 +1383,22 @@ def _is_ddl(payload: bytes) -> bool:
 
 
 def _keys(ws: wire.Writeset) -> list[tuple[bytes, wire.KeyMode]]:
-    return [(k.hashed(), k.mode) for k in ws.keys]
+    """What the scheduler orders writesets by: their certification keys, and for each table
+    without a primary key one more key, exclusive, only for the order of apply: its rows are
+    found by their whole image, and an INSERT has no row key, so a later UPDATE of the row it
+    inserted must not overtake it (it would find no row). Certification does not see it: two
+    nodes may still insert into such a table at once."""
+    keys = [(k.hashed(), k.mode) for k in ws.keys]
+    for t in ws.tables:
+        if t.full_identity:
+            keys.append((_order_key(t), wire.KeyMode.EXCLUSIVE))
+    return keys
+
+
+@functools.lru_cache(maxsize=4096)
+def _order_key(t: wire.Table) -> bytes:
+    return wire.key_hash((b"", t.nspname.encode("utf-8", "surrogateescape"),
+                          t.relname.encode("utf-8", "surrogateescape")))
 
 
 async def _unix_server(path: str, create: Callable[[str], Awaitable[asyncio.base_events.Server]]

@@ -135,6 +135,25 @@ SCHEMA_CASES = {
     """,
 }
 
+# Writesets applied in parallel on the other nodes: an UPDATE of rows a moment-old INSERT made in a
+# table without a key must wait for it (it finds rows by their whole image); a table made inside
+# CREATE SCHEMA replicates its rows; a materialized view is refreshed everywhere.
+ORDER_CASES = "".join(f"""
+        CREATE TABLE racet{i} (a numeric, b float8);
+        INSERT INTO racet{i} SELECT g / 7.0, NULL FROM generate_series(1, 22) g;
+        UPDATE racet{i} SET b = a::float8;
+        DELETE FROM racet{i} WHERE a > 2;""" for i in range(12)) + """
+        CREATE SCHEMA made_inside CREATE TABLE t (a int) CREATE SEQUENCE q;
+        INSERT INTO made_inside.t VALUES (1), (nextval('made_inside.q'));
+        CREATE TABLE mv_base (id int PRIMARY KEY, v int);
+        INSERT INTO mv_base SELECT g, g FROM generate_series(1, 10) g;
+        CREATE MATERIALIZED VIEW mv_sum AS SELECT sum(v) AS total FROM mv_base WITH NO DATA;
+        REFRESH MATERIALIZED VIEW mv_sum;
+        CREATE MATERIALIZED VIEW mv_on_mv AS SELECT total * 2 AS twice FROM mv_sum;
+        INSERT INTO mv_base VALUES (11, 11);
+        REFRESH MATERIALIZED VIEW mv_on_mv;
+"""
+
 # An application role that owns its schema, with no other right (least privilege).
 APP_ROLE = """
 CREATE ROLE app_owner LOGIN;
@@ -192,6 +211,15 @@ def test_schema_changes_replay_in_their_origins_context(fcluster: Cluster, case:
         assert err.count("names both temporary and permanent objects") == 1, err
         assert err.count("depend on a temporary one") == 1, err
     _check(fcluster)
+
+
+def test_apply_order_created_schemas_and_materialized_views(fcluster: Cluster) -> None:
+    err = _run(fcluster, "order_cases", ORDER_CASES)
+    assert "ERROR" not in err, err
+    _check(fcluster)
+    with fcluster.connect(2) as c:
+        assert c.execute("SELECT count(*) FROM made_inside.t").fetchone() == (2,)
+        assert c.execute("SELECT twice FROM order_cases.mv_on_mv").fetchone() == (110,)
 
 
 def test_an_application_role_runs_ddl_and_writes(fcluster: Cluster) -> None:
