@@ -161,6 +161,7 @@ CREATE SCHEMA app AUTHORIZATION app_owner;
 """
 APP_WORK = """
 SET search_path = app;
+DROP TABLE vals, keyed;
 CREATE TABLE items (id serial PRIMARY KEY, name text, created timestamptz DEFAULT '2020-01-01');
 CREATE SEQUENCE counter;
 CREATE TEMP TABLE t_tmp (a int);
@@ -224,6 +225,9 @@ def test_apply_order_created_schemas_and_materialized_views(fcluster: Cluster) -
 
 def test_an_application_role_runs_ddl_and_writes(fcluster: Cluster) -> None:
     _run(fcluster, "public", APP_ROLE)
+    # the value cases, as this role, in its schema
+    err = _run(fcluster, "app", VALUES, SETTINGS["sql-dmy-kolkata"], user="app_owner")
+    assert "ERROR" not in err, err
     err = _run(fcluster, "app", APP_WORK, SETTINGS["postgres-la"], user="app_owner")
     assert "ERROR" not in err, err
     _check(fcluster)
@@ -253,7 +257,7 @@ def test_a_tablespace_only_the_origin_has(fcluster: Cluster) -> None:
 def test_latin1_database() -> None:
     """A database in LATIN1: text that is not UTF-8 travels as bytes, names too."""
     with extra_cluster("chorus-latin1-", 40, "--encoding", "LATIN1") as c:
-        script = ("CREATE TABLE caf\xe9 (id int PRIMARY KEY, nom text, \xe9t\xe9 date);\n"
+        script = (VALUES + "CREATE TABLE caf\xe9 (id int PRIMARY KEY, nom text, \xe9t\xe9 date);\n"
                   "INSERT INTO caf\xe9 VALUES (1, 'cr\xe8me br\xfbl\xe9e', '03/04/2020');\n"
                   "UPDATE caf\xe9 SET nom = nom || ' \xa7' WHERE id = 1;\n")
         dsn = c.dsn(0)
