@@ -135,8 +135,12 @@ class ApplySession:
 
     async def _apply(self, gid: int, wait_for: int, writesets: Sequence[wire.Writeset], ddl_ok: bool,
                      prev: int = -1) -> None:
-        if self.conn is None or self.conn.closed:
-            await self.connect()
+        try:
+            if self.conn is None or self.conn.closed:
+                await self.connect()
+        except psycopg.Error as e:  # the session was ended while it was being set up: retried
+            await self._reset()
+            raise ApplyConnectionLost(f"GID {gid}: connecting the apply session: {e}") from e
         conn = self.conn
         assert conn is not None
         if any(ws.has_schema for ws in writesets) and len(writesets) != 1:

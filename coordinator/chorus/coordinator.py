@@ -1384,14 +1384,17 @@ def _is_ddl(payload: bytes) -> bool:
 
 def _keys(ws: wire.Writeset) -> list[tuple[bytes, wire.KeyMode]]:
     """What the scheduler orders writesets by: their certification keys, and for each table
-    without a primary key one more key, exclusive, only for the order of apply: its rows are
-    found by their whole image, and an INSERT has no row key, so a later UPDATE of the row it
-    inserted must not overtake it (it would find no row). Certification does not see it: two
-    nodes may still insert into such a table at once."""
+    without a primary key one more key, only for the order of apply: its rows are found by their
+    whole image, and an INSERT has no row key, so a later UPDATE of the row it inserted must not
+    overtake it (it would find no row). Certification does not see it: two nodes may still
+    insert into such a table at once."""
     keys = [(k.hashed(), k.mode) for k in ws.keys]
-    for t in ws.tables:
+    for i, t in enumerate(ws.tables):
         if t.full_identity:
-            keys.append((_order_key(t), wire.KeyMode.EXCLUSIVE))
+            # inserts may pass each other (shared); an UPDATE, DELETE or TRUNCATE waits for the
+            # writesets of the table before it, and those after it wait for it (exclusive)
+            changes = any(isinstance(r, wire.Row) and r.table == i and r.op != wire.OP_INSERT for r in ws.rows)
+            keys.append((_order_key(t), wire.KeyMode.EXCLUSIVE if changes else wire.KeyMode.REFERENCE))
     return keys
 
 

@@ -116,15 +116,20 @@ def test_failed_schema_change_is_skipped_everywhere(cluster: Cluster) -> None:
         assert cluster.status(i)["state"] == "online"
 
 
-def test_schema_change_inside_a_transaction_block_is_refused(cluster: Cluster) -> None:
+def test_schema_change_inside_a_transaction_block_replicates_with_it(cluster: Cluster) -> None:
+    """A schema change in a transaction block or a DO block replicates with its transaction
+    (issue 19); CREATE INDEX CONCURRENTLY is still refused."""
     with cluster.connect(0, autocommit=False) as c:
-        with pytest.raises(psycopg.errors.ActiveSqlTransaction, match="outside a transaction block"):
-            c.execute("CREATE TABLE ddl_in_block (id integer PRIMARY KEY)")
+        c.execute("CREATE TABLE ddl_in_block (id integer PRIMARY KEY)")
+        c.execute("INSERT INTO ddl_in_block VALUES (1)")
+        c.commit()
     with cluster.connect(0) as c:
         with pytest.raises(psycopg.errors.FeatureNotSupported, match="CONCURRENTLY"):
             c.execute("CREATE INDEX CONCURRENTLY ON ddl_kv (v)")
-        with pytest.raises(psycopg.errors.FeatureNotSupported, match="DO blocks"):
-            c.execute("DO $$ BEGIN CREATE TABLE ddl_in_do (id integer); END $$")
+        c.execute("DO $$ BEGIN CREATE TABLE ddl_in_do (id integer); INSERT INTO ddl_in_do VALUES (2); END $$")
+    cluster.assert_identical()
+    with cluster.connect(2) as c:
+        assert c.execute("SELECT (SELECT id FROM ddl_in_block), (SELECT id FROM ddl_in_do)").fetchone() == (1, 2)
 
 
 def test_local_statements_stay_local(cluster: Cluster) -> None:

@@ -157,6 +157,13 @@ SECRET_KEY = "chorus-test"
 USE_TZ = True
 INSTALLED_APPS = ["django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
                   "django.contrib.sessions", "django.contrib.messages"]
+MIDDLEWARE = ["django.contrib.sessions.middleware.SessionMiddleware",
+              "django.contrib.auth.middleware.AuthenticationMiddleware",
+              "django.contrib.messages.middleware.MessageMiddleware"]
+TEMPLATES = [{{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True,
+               "OPTIONS": {{"context_processors": ["django.template.context_processors.request",
+                                                   "django.contrib.auth.context_processors.auth",
+                                                   "django.contrib.messages.context_processors.messages"]}}}}]
 DATABASES = {{"default": {{"ENGINE": "django.db.backends.postgresql", "NAME": "postgres", "USER": "postgres",
                            "HOST": "127.0.0.1", "PORT": "{port}"}}}}
 '''
@@ -253,7 +260,8 @@ def test_savepoints_do_blocks_and_event_triggers(mcluster: Cluster) -> None:
     _check(mcluster)
     with mcluster.connect(2) as c:
         assert c.execute("SELECT to_regclass('sp_gone'), to_regclass('do_failed')").fetchone() == (None, None)
-        assert c.execute("SELECT count(*) FROM ddl_audit WHERE object LIKE 'public.audited%'").fetchone() == (2,)
+        assert c.execute("SELECT count(*) FROM ddl_audit WHERE tag = 'CREATE TABLE' "
+                         "AND object LIKE 'public.audited%'").fetchone() == (2,)
         assert c.execute("SELECT column_default FROM information_schema.columns "
                          "WHERE table_name = 'from_function' AND column_name = 'at'").fetchone() == (
             "'2020-04-03'::date",)
