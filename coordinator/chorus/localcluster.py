@@ -13,7 +13,9 @@ DIR/nodes/<name>/wslog/        (the writeset log)
 DIR/keys/                      (0700: the cluster's recovery certificate, key and secret)
 ```
 
-A node's recovery server listens on 127.0.0.1, port = its PostgreSQL port - 1000.
+A node's recovery server listens on 127.0.0.1, port = its PostgreSQL port - 1000. Both ports
+are best chosen below the kernel's ephemeral range (32768-60999 on Linux): a port in it may be
+held by any outgoing connection at the moment a node starts.
 """
 
 from __future__ import annotations
@@ -256,6 +258,7 @@ class LocalCluster:
     def _start_coordinator(self, n: NodeMeta) -> None:
         if _alive(n.coordinator_pid, "chorus"):
             return
+        _port_free_or_fail(n.port - 1000, f"{n.name}'s recovery server")
         d = self.node_dir(n.name)
         self.log(f"{n.name}: starting the coordinator")
         cmd, kw = self._wrap(n.name, [self.venv_chorus, "run", "--config", str(d / "chorus.toml")])

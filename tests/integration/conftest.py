@@ -74,7 +74,7 @@ class Cluster:
 def cluster() -> Iterator[Cluster]:
     directory = tempfile.mkdtemp(prefix="chorus-it-", dir="/tmp")
     os.chmod(directory, 0o755)
-    port = int(os.environ.get("CHORUS_TEST_PORT_BASE", "55433"))
+    port = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433"))
     r = chorus("local", "up", "--nodes", "3", "--dir", directory, "--port-base", str(port), "--json")
     if r.returncode != 0:
         chorus("local", "down", "--dir", directory)
@@ -97,7 +97,7 @@ def extra_cluster(prefix: str, port_offset: int, *options: str) -> Iterator[Clus
     ``options`` on ports from the test port base plus ``port_offset``, and removed afterwards."""
     directory = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     os.chmod(directory, 0o755)
-    port = int(os.environ.get("CHORUS_TEST_PORT_BASE", "55433")) + port_offset
+    port = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + port_offset
     r = chorus("local", "up", "--nodes", "3", "--dir", directory, "--port-base", str(port), *options, "--json")
     if r.returncode != 0:
         chorus("local", "down", "--dir", directory)
