@@ -179,6 +179,7 @@ typedef struct ChorusXact
 	bool		has_last_seen;
 	bool		has_schema;		/* holds schema change items (CHORUS_WS_FLAG_DDL) */
 	bool		schema_key_done;	/* the cluster-wide schema change key is in keys */
+	bool		concurrent;		/* CREATE/DROP INDEX CONCURRENTLY's first step (CHORUS_WS_FLAG_CONCURRENT) */
 	int			table_epoch;	/* bumped by each schema change: table descriptions are made anew */
 	/* savepoints: row buffer length at each open subtransaction's start */
 	int			nsubs;

@@ -551,6 +551,9 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 	if (flags & CHORUS_WS_FLAG_TOI)
 		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 						errmsg("chorus: a schema change's ordering request is not applied; its content is")));
+	if (flags & CHORUS_WS_FLAG_CONCURRENT)
+		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+						errmsg("chorus: CREATE/DROP INDEX CONCURRENTLY runs in a session of its own, not in an apply")));
 	r.pos = 2 + 1 + 1 + 4 + 4 + 8;
 	encoding = ws_u16(&r);
 	if (encoding != GetDatabaseEncoding())

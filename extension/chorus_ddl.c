@@ -104,6 +104,7 @@ typedef struct ChorusDdlKeys
 	uint32		n;
 	bool		any_temp;
 	bool		any_persistent;
+	bool		concurrent;		/* CREATE/DROP INDEX CONCURRENTLY: runs beside the total order */
 } ChorusDdlKeys;
 
 /* One replicated statement, from its ordering to its recording. */
@@ -119,6 +120,8 @@ typedef struct ChorusDdlRun
 } ChorusDdlRun;
 
 static ChorusDdlRun *chorus_ddl_run = NULL;
+
+static void chorus_ddl_concurrent(ChorusDdlRun *run);
 
 void
 chorus_define_ddl_gucs(void)
@@ -379,22 +382,14 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 			chorus_ddl_relation(k, ((RefreshMatViewStmt *) stmt)->relation, false);
 			break;
 		case T_IndexStmt:
-			if (((IndexStmt *) stmt)->concurrent)
-			{
-				*why = "CREATE INDEX CONCURRENTLY cannot run in total order";
-				return CHORUS_DDL_REFUSE;
-			}
+			k->concurrent = ((IndexStmt *) stmt)->concurrent;
 			chorus_ddl_relation(k, ((IndexStmt *) stmt)->relation, false);
 			break;
 		case T_DropStmt:
 			{
 				DropStmt   *ds = (DropStmt *) stmt;
 
-				if (ds->concurrent)
-				{
-					*why = "DROP INDEX CONCURRENTLY cannot run in total order";
-					return CHORUS_DDL_REFUSE;
-				}
+				k->concurrent = ds->concurrent;
 				if (chorus_is_node_object(ds->removeType))
 					return CHORUS_DDL_LOCAL;
 				if (ds->removeType == OBJECT_EXTENSION)
@@ -575,6 +570,11 @@ chorus_ddl_utility(PlannedStmt *pstmt, const char *queryString, ProcessUtilityCo
 		run->target_existed = OidIsValid(RangeVarGetRelid(ctas->into->rel, NoLock, true));
 	MemoryContextSwitchTo(old);
 
+	if (run->keys.concurrent)
+	{
+		chorus_ddl_concurrent(run);
+		return false;
+	}
 	if (run->toi)
 	{
 		initStringInfo(&ws);
@@ -599,6 +599,52 @@ chorus_ddl_item(ChorusDdlRun *run, const char *statement)
 						   run->role, statement);
 	chorus_xact.nrows++;
 	chorus_xact.has_schema = true;
+}
+
+/*
+ * chorus_ddl_schema_key
+ *		The cluster-wide key every schema change holds, exclusive: two
+ *		concurrent ones never both commit.
+ */
+static void
+chorus_ddl_schema_key(void)
+{
+	MemoryContext old;
+
+	if (chorus_xact.schema_key_done)
+		return;
+	old = MemoryContextSwitchTo(chorus_xact.cxt);
+	chorus_put_u8(&chorus_xact.keys, CHORUS_KEY_EXCLUSIVE);
+	chorus_put_u16(&chorus_xact.keys, 2);
+	chorus_put_blob(&chorus_xact.keys, CHORUS_SCHEMA_KEY_NSP, strlen(CHORUS_SCHEMA_KEY_NSP));
+	chorus_put_blob(&chorus_xact.keys, CHORUS_SCHEMA_KEY_REL, strlen(CHORUS_SCHEMA_KEY_REL));
+	chorus_xact.nkeys++;
+	chorus_xact.schema_key_done = true;
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * chorus_ddl_concurrent
+ *		CREATE or DROP INDEX CONCURRENTLY runs beside the total order, as on a
+ *		single PostgreSQL it runs beside other sessions' writes. PostgreSQL
+ *		commits its first step (the index's catalog entry, or marking it
+ *		invalid) in a transaction of its own before the long part: the
+ *		statement joins that transaction's writeset (flag CONCURRENT, no table
+ *		keys: row writes anywhere go on; the cluster-wide schema key orders it
+ *		against other schema changes), so the step commits at a GID like any
+ *		writeset, and a certification loss ends the statement before anything
+ *		is built. At that GID every other node starts the same statement in a
+ *		session of its own (chorus/concurrent.py) and goes on once it holds the
+ *		table's lock; the later steps commit nothing that is replicated.
+ */
+static void
+chorus_ddl_concurrent(ChorusDdlRun *run)
+{
+	chorus_xact_begin_capture();
+	chorus_note_snapshot();
+	chorus_ddl_schema_key();
+	chorus_ddl_item(run, run->statement);
+	chorus_xact.concurrent = true;
 }
 
 /*
@@ -936,17 +982,8 @@ chorus_ddl_record(PlannedStmt *pstmt)
 	old = MemoryContextSwitchTo(chorus_xact.cxt);
 	appendBinaryStringInfo(&chorus_xact.keys, run->keys.buf.data, run->keys.buf.len);
 	chorus_xact.nkeys += run->keys.n;
-	if (!chorus_xact.schema_key_done)
-	{
-		/* one cluster-wide key: two concurrent schema changes never both commit */
-		chorus_put_u8(&chorus_xact.keys, CHORUS_KEY_EXCLUSIVE);
-		chorus_put_u16(&chorus_xact.keys, 2);
-		chorus_put_blob(&chorus_xact.keys, CHORUS_SCHEMA_KEY_NSP, strlen(CHORUS_SCHEMA_KEY_NSP));
-		chorus_put_blob(&chorus_xact.keys, CHORUS_SCHEMA_KEY_REL, strlen(CHORUS_SCHEMA_KEY_REL));
-		chorus_xact.nkeys++;
-		chorus_xact.schema_key_done = true;
-	}
 	MemoryContextSwitchTo(old);
+	chorus_ddl_schema_key();
 
 	if (IsA(stmt, ViewStmt))
 	{

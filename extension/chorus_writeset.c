@@ -122,6 +122,8 @@ chorus_serialize_writeset(StringInfo out, TransactionId xid, uint8 flags)
 
 	if (chorus_xact.has_schema)
 		flags |= CHORUS_WS_FLAG_DDL;
+	if (chorus_xact.concurrent)
+		flags |= CHORUS_WS_FLAG_CONCURRENT;
 	chorus_put_header(out, flags, xid, chorus_xact.last_seen, chorus_xact.ntables,
 					  chorus_xact.nrows, chorus_xact.nkeys);
 	for (i = 0; i < chorus_xact.ntables; i++)

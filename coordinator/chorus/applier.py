@@ -18,6 +18,7 @@ import psycopg
 from psycopg import pq
 
 from chorus import wire
+from chorus.concurrent import ConcurrentSchemaChanges
 
 log = logging.getLogger("chorus.applier")
 
@@ -70,9 +71,12 @@ class ApplySession:
     uses psycopg's API.
     """
 
-    def __init__(self, dsn: str, name: str) -> None:
+    def __init__(self, dsn: str, name: str, concurrent: Optional[ConcurrentSchemaChanges] = None) -> None:
         self.dsn = dsn
         self.name = name
+        # runs CREATE/DROP INDEX CONCURRENTLY once its GID has committed here (None: such a
+        # writeset only commits its GID, as on its origin, where the origin's backend runs it)
+        self.concurrent = concurrent
         self.conn: Optional[psycopg.AsyncConnection[Any]] = None
         self.pid = 0
         self._reading = -1  # the socket registered with the loop for the fast path, or -1
@@ -150,6 +154,8 @@ class ApplySession:
             name, data = _APPLY, wire.empty(first.encoding)  # the GID commits, nothing changes
         elif first.toi:
             raise ApplyError(f"GID {gid}: the content of the schema change is missing")
+        elif first.concurrent:
+            name, data = _APPLY, wire.empty(first.encoding)  # its GID commits; then it runs beside
         elif len(writesets) == 1:
             name, data = _APPLY, first.raw or wire.encode(first)
         else:
@@ -175,6 +181,8 @@ class ApplySession:
         except ApplyError:
             await self._rollback()
             raise
+        if first.concurrent and ddl_ok and self.concurrent is not None:
+            await self.concurrent.start(gid, first.statements[0])
 
     async def _call(self, conn: psycopg.AsyncConnection[Any], statement: bytes, gid: int, wait_for: int,
                     data: bytes, prev: int) -> None:

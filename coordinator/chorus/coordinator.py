@@ -29,6 +29,7 @@ from chorus import recovery as rc
 from chorus import wire
 from chorus.applier import ApplyConnectionLost, ApplyError, ApplySession, TransientApplyError
 from chorus.bus import Bus, BusError, View
+from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.config import NodeConfig
 from chorus.replicator import (Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried, Phase,
                                PhaseChange, Replicator, Send, SyncReached, VoteDecided, VoteOpened)
@@ -174,8 +175,10 @@ class Coordinator:
         self._lane_last: list[int] = [0]  # the last certified GID admitted per lane
         self.db: Optional[psycopg.AsyncConnection[Any]] = None
         self.catchup_batch = cfg.catchup_batch
-        self.workers = [ApplySession(cfg.dsn, f"{cfg.name}-{i}") for i in range(max(1, cfg.apply_workers))]
-        self.replay_session = ApplySession(cfg.dsn, f"{cfg.name}-replay")
+        self.concurrent = ConcurrentSchemaChanges(cfg.dsn, cfg.name)
+        self.workers = [ApplySession(cfg.dsn, f"{cfg.name}-{i}", self.concurrent)
+                        for i in range(max(1, cfg.apply_workers))]
+        self.replay_session = ApplySession(cfg.dsn, f"{cfg.name}-replay", self.concurrent)
         self.idle = list(self.workers)
         self.replay_busy = False
         self.db_ok = asyncio.Event()
@@ -1320,6 +1323,7 @@ class Coordinator:
             "bus_writesets": self.counters.bus_writesets,
             "uptime_s": round(time.time() - self.started, 1),
             "recovery": self.catchup.as_dict() if self.catchup is not None else None,
+            "concurrent_index_changes": self.concurrent.as_dict(),
             "writeset_log": {"low_gid": self.wslog.low_gid, "high_gid": self.wslog.high_gid,
                              "holds_after_gid": self.wslog.base_gid,
                              "waiting_for_schema_outcome": self.feeder.waiting},

@@ -45,7 +45,8 @@ def modes_conflict(a: KeyMode, b: KeyMode) -> bool:
 # Header flags.
 FLAG_DDL = 0x01  # holds schema change items: applied alone, after everything before it
 FLAG_TOI = 0x02  # a schema change's place in the total order; its content comes with its outcome
-FLAGS_KNOWN = FLAG_DDL | FLAG_TOI
+FLAG_CONCURRENT = 0x04  # CREATE/DROP INDEX CONCURRENTLY: each node runs it in a session of its own
+FLAGS_KNOWN = FLAG_DDL | FLAG_TOI | FLAG_CONCURRENT
 
 # Column flags.
 COL_IDENTITY = 0x01
@@ -212,6 +213,12 @@ class Writeset:
         return bool(self.flags & FLAG_TOI)
 
     @property
+    def concurrent(self) -> bool:
+        """CREATE or DROP INDEX CONCURRENTLY: its GID commits nothing; then every node but its
+        origin runs the statement in a session of its own (chorus/concurrent.py)."""
+        return bool(self.flags & FLAG_CONCURRENT)
+
+    @property
     def statements(self) -> list[Schema]:
         return [r for r in self.rows if isinstance(r, Schema)]
 
@@ -236,7 +243,8 @@ def _name(b: bytes) -> str:
     return b.decode("utf-8", "surrogateescape")
 
 
-def _name_bytes(s: str) -> bytes:
+def name_bytes(s: str) -> bytes:
+    """A name or setting of a writeset back as the bytes its origin wrote."""
     return s.encode("utf-8", "surrogateescape")
 
 
@@ -408,6 +416,8 @@ def _decode(buf: bytes) -> Writeset:
         keys.append(Key(_MODES[mode], tuple(parts), _blake2b(view[start:pos], digest_size=16).digest()))
     if flags & FLAG_TOI and (ntables or len(rows) != 1 or not isinstance(rows[0], Schema)):
         raise WireError("a schema change's ordering request holds exactly one schema change item")
+    if flags & FLAG_CONCURRENT and (flags & FLAG_TOI or not flags & FLAG_DDL or ntables or len(rows) != 1):
+        raise WireError("a concurrent index change holds exactly one schema change item")
     if bool(flags & FLAG_DDL) != any(isinstance(r, Schema) for r in rows):
         raise WireError("the DDL flag does not match the schema change items")
     if pos != n:
@@ -420,7 +430,7 @@ _MODES = {1: KeyMode.REFERENCE, 2: KeyMode.UPDATE, 3: KeyMode.EXCLUSIVE}
 
 
 def _text(s: str) -> bytes:
-    b = _name_bytes(s)
+    b = name_bytes(s)
     return struct.pack(">H", len(b)) + b
 
 

@@ -5,10 +5,12 @@ writeset (seed 10.1, option 2). Checked with the fidelity harness (chorus/fideli
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -265,3 +267,106 @@ def test_savepoints_do_blocks_and_event_triggers(mcluster: Cluster) -> None:
         assert c.execute("SELECT column_default FROM information_schema.columns "
                          "WHERE table_name = 'from_function' AND column_name = 'at'").fetchone() == (
             "'2020-04-03'::date",)
+
+
+def _index_states(c: Cluster, name: str) -> list[object]:
+    """Per node: None if index ``name`` is absent, else whether it is valid."""
+    out: list[object] = []
+    for i in range(len(c.nodes)):
+        with c.connect(i) as conn:
+            row = conn.execute("SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                               "WHERE c.relname = %s", (name,)).fetchone()
+            out.append(None if row is None else row[0])
+    return out
+
+
+def _wait_index(c: Cluster, name: str, want: object, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    states = _index_states(c, name)
+    while states != [want] * len(c.nodes):
+        assert time.monotonic() < deadline, f"index {name}: {states}, want {want} everywhere"
+        time.sleep(0.2)
+        states = _index_states(c, name)
+
+
+class _TableLoad:
+    """Updates rows of ``table`` on every node at once, counting each node's commits."""
+
+    def __init__(self, c: Cluster, table: str, rows: int) -> None:
+        self.c, self.table, self.rows = c, table, rows
+        self.stop = threading.Event()
+        self.commits = [0] * len(c.nodes)
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(len(c.nodes))]
+
+    def _run(self, i: int) -> None:
+        rnd = random.Random(i)
+        with self.c.connect(i) as conn:
+            while not self.stop.is_set():
+                try:
+                    conn.execute(f"UPDATE {self.table} SET v = v + 1 WHERE id = %s", (rnd.randrange(1, self.rows),))
+                    self.commits[i] += 1
+                except psycopg.errors.SerializationFailure:
+                    pass
+
+    def __enter__(self) -> "_TableLoad":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def test_create_and_drop_index_concurrently_under_load(mcluster: Cluster) -> None:
+    """CREATE INDEX CONCURRENTLY on n1 while every node writes the table: writes go on on every
+    node, each other node builds the index in a session of its own, and it ends valid
+    everywhere; DROP INDEX CONCURRENTLY on n2 removes it everywhere. A unique build that meets
+    duplicates fails on its origin and leaves the index invalid on every node, as PostgreSQL
+    leaves it."""
+    rows = 200_000
+    with mcluster.connect(0) as c:
+        c.execute("CREATE TABLE cic_t (id int PRIMARY KEY, v int NOT NULL, pad text)")
+        for start in range(1, rows + 1, 50_000):
+            c.execute("INSERT INTO cic_t SELECT g, g %% 1000, md5(g::text) FROM generate_series(%s, %s) g",
+                      (start, min(rows, start + 49_999)))
+    mcluster.quiesce()
+    before = [mcluster.status(i)["concurrent_index_changes"]["succeeded"] for i in range(3)]
+    with _TableLoad(mcluster, "cic_t", rows) as load:
+        time.sleep(0.5)
+        at_start = list(load.commits)
+        with mcluster.connect(0) as c:
+            c.execute("CREATE INDEX CONCURRENTLY cic_ix ON cic_t (md5(pad || v::text), v)")
+        _wait_index(mcluster, "cic_ix", True)
+        during = [n - s for n, s in zip(load.commits, at_start)]
+        time.sleep(0.3)
+    assert all(d > 0 for d in during), f"writes per node while the index was built: {during}"
+    after = [mcluster.status(i)["concurrent_index_changes"]["succeeded"] for i in range(3)]
+    # the origin's backend built it; every other node in a session of its own
+    assert [a - b for a, b in zip(after, before)] == [0, 1, 1], (before, after)
+
+    with _TableLoad(mcluster, "cic_t", rows):
+        with mcluster.connect(1) as c:
+            c.execute("DROP INDEX CONCURRENTLY cic_ix")
+        _wait_index(mcluster, "cic_ix", None)
+
+    with mcluster.connect(0) as c:
+        c.execute("CREATE TABLE cic_dup (id int PRIMARY KEY, v int)")
+        c.execute("INSERT INTO cic_dup SELECT g, g % 10 FROM generate_series(1, 100) g")
+    mcluster.quiesce()
+    failed = [mcluster.status(i)["concurrent_index_changes"]["failed"] for i in range(3)]
+    with mcluster.connect(0) as c:
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            c.execute("CREATE UNIQUE INDEX CONCURRENTLY cic_dup_ix ON cic_dup (v)")
+    _wait_index(mcluster, "cic_dup_ix", False)
+    deadline = time.monotonic() + 30
+    while [mcluster.status(i)["concurrent_index_changes"]["failed"] - failed[i] for i in (1, 2)] != [1, 1]:
+        assert time.monotonic() < deadline, "the failed build is not reported on n2 and n3"
+        time.sleep(0.2)
+    recent = mcluster.status(1)["concurrent_index_changes"]["recent"][-1]
+    assert not recent["ok"] and recent["error"].startswith("23505"), recent
+    with mcluster.connect(2) as c:
+        c.execute("DROP INDEX cic_dup_ix")
+    _wait_index(mcluster, "cic_dup_ix", None)
+    _check(mcluster)

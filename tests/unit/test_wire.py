@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chorus import wire
-from chorus.wire import (FLAG_DDL, FLAG_TOI, Binary, Column, Key, KeyMode, Row, Schema, Table, WireError,
+from chorus.wire import (FLAG_CONCURRENT, FLAG_DDL, FLAG_TOI, Binary, Column, Key, KeyMode, Row, Schema, Table, WireError,
                          Writeset, decode, encode)
 
 TABLE = Table("public", "accounts", (Column("id", "integer"), Column("owner", "text"),
@@ -146,6 +146,32 @@ def test_toi_request_holds_exactly_one_schema_change() -> None:
     assert decode(encode(ok)).toi
     with pytest.raises(WireError, match="exactly one schema change"):
         decode(encode(Writeset(0, 1, 0, (), (_schema(), _schema()), (), flags=FLAG_TOI)))
+
+
+def test_concurrent_index_change_holds_exactly_one_schema_change() -> None:
+    """CREATE/DROP INDEX CONCURRENTLY: one statement, no rows, never an ordering request."""
+    ok = Writeset(0, 1, 0, (), (_schema("CREATE INDEX CONCURRENTLY i ON t (v)"),), (), flags=FLAG_CONCURRENT)
+    back = decode(encode(ok))
+    assert back.concurrent and back.has_schema and not back.toi
+    for bad in (Writeset(0, 1, 0, (), (_schema(), _schema()), (), flags=FLAG_CONCURRENT),
+                Writeset(0, 1, 0, (TABLE,), (_schema(), Row("I", 0, (), (b"1", b"a", None))), (), flags=FLAG_CONCURRENT),
+                Writeset(0, 1, 0, (), (_schema(),), (), flags=FLAG_CONCURRENT | FLAG_TOI)):
+        with pytest.raises(WireError, match="concurrent index change"):
+            decode(encode(bad))
+    with pytest.raises(WireError):  # the flag without its statement
+        decode(encode(Writeset(0, 1, 0, (), (), (), flags=FLAG_CONCURRENT)))
+
+
+def test_concurrent_session_takes_the_origins_context_quoted() -> None:
+    """The session that runs a concurrent index change on another node: the origin's settings as
+    escape literals (standard_conforming_strings may be off among them) and its role quoted."""
+    from chorus.concurrent import session_setup
+    item = Schema((("standard_conforming_strings", "off"), ("search_path", "a'b\\c, \"$user\"")),
+                  'role "x"', b"CREATE INDEX CONCURRENTLY i ON t (v)")
+    out = session_setup(item)
+    assert out[0] == b"SET chorus.replicate_ddl = off"
+    assert b"set_config(E'search_path', E'a''b\\\\c, \"$user\"', false)" in out[3]
+    assert out[-1] == b'SET ROLE "role ""x"""'
 
 
 def test_merge_keeps_rows_in_order_and_shares_tables() -> None:

@@ -33,8 +33,8 @@ def test_writeset_constants_match() -> None:
     assert d["CHORUS_WS_MAGIC"] == wire.MAGIC
     assert d["CHORUS_WS_VERSION"] == wire.VERSION
     assert d["CHORUS_WS_HEAD_SIZE"] == wire.HEAD_SIZE
-    assert (d["CHORUS_WS_FLAG_DDL"], d["CHORUS_WS_FLAG_TOI"], d["CHORUS_WS_FLAGS_KNOWN"]) == (
-        wire.FLAG_DDL, wire.FLAG_TOI, wire.FLAGS_KNOWN)
+    assert (d["CHORUS_WS_FLAG_DDL"], d["CHORUS_WS_FLAG_TOI"], d["CHORUS_WS_FLAG_CONCURRENT"],
+            d["CHORUS_WS_FLAGS_KNOWN"]) == (wire.FLAG_DDL, wire.FLAG_TOI, wire.FLAG_CONCURRENT, wire.FLAGS_KNOWN)
     assert (d["CHORUS_COL_IDENTITY"], d["CHORUS_COL_GENERATED"], d["CHORUS_COL_FLAGS_KNOWN"]) == (
         wire.COL_IDENTITY, wire.COL_GENERATED, wire.COL_FLAGS_KNOWN)
     assert (d["CHORUS_TABLE_FULL_IDENTITY"], d["CHORUS_TABLE_FLAGS_KNOWN"]) == (

@@ -1,0 +1,146 @@
+"""Schema changes that run beside the total order: CREATE INDEX CONCURRENTLY and DROP INDEX
+CONCURRENTLY (docs/DDL.md).
+
+On a single PostgreSQL these statements let other sessions write while they work. Chorus keeps
+that: the origin commits the statement's first step (the index's catalog entry, or marking it
+invalid) at a GID like any writeset (chorus_ddl.c, flag CONCURRENT); every other node commits
+that GID empty, then runs the same statement here, in a session of its own, under the origin's
+settings and role, and goes on with the total order once the statement holds its table's lock.
+Row writes go on everywhere meanwhile; a later schema change of the same table waits for the
+build, as it would on the origin. A build that fails on a node leaves its index invalid there, as
+PostgreSQL leaves it; the reason is logged and shown by ``chorus status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+import psycopg
+
+from chorus import wire
+
+log = logging.getLogger("chorus.concurrent")
+
+# How long the total order waits for a statement to take its table's lock. Another session
+# holding a conflicting lock (a VACUUM, an ANALYZE, a plain CREATE INDEX) can delay it; past
+# this the order goes on and the statement takes the lock when it can.
+LOCK_WAIT_S = 10.0
+
+_HOLDS_LOCK = ("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE pid = %s AND granted "
+               "AND locktype = 'relation' AND mode = 'ShareUpdateExclusiveLock')")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    gid: int
+    statement: str
+    ok: bool
+    error: str
+    seconds: float
+
+
+def _literal(value: str) -> bytes:
+    """``value`` as an escape string literal, whatever standard_conforming_strings says; its
+    bytes as the origin's database wrote them."""
+    b = wire.name_bytes(value)
+    return b"E'" + b.replace(b"\\", b"\\\\").replace(b"'", b"''") + b"'"
+
+
+def _identifier(name: str) -> bytes:
+    return b'"' + wire.name_bytes(name).replace(b'"', b'""') + b'"'
+
+
+def session_setup(item: wire.Schema) -> list[bytes]:
+    """The statements that give a session the origin's context for ``item``: replication of
+    its schema changes off (every node runs it itself), deadlocks decided by the other session
+    (an apply that meets one is retried), the origin's settings, then its role."""
+    out = [b"SET chorus.replicate_ddl = off", b"SET deadlock_timeout = '30s'"]
+    out += [b"SELECT pg_catalog.set_config(" + _literal(name) + b", " + _literal(value) + b", false)"
+            for name, value in item.settings]
+    if item.role:
+        out.append(b"SET ROLE " + _identifier(item.role))
+    return out
+
+
+class ConcurrentSchemaChanges:
+    """The concurrent index statements this node runs for other nodes, and their outcomes."""
+
+    def __init__(self, dsn: str, name: str, history: int = 20) -> None:
+        self.dsn = dsn
+        self.name = name
+        self.running: dict[int, asyncio.Task[None]] = {}
+        self.recent: deque[Outcome] = deque(maxlen=history)
+        self.succeeded = 0
+        self.failed = 0
+
+    async def start(self, gid: int, item: wire.Schema, lock_wait: float = LOCK_WAIT_S) -> None:
+        """Run ``item`` (GID ``gid``, committed here) in a session of its own; return once it holds
+        its table's lock, has ended, or ``lock_wait`` seconds have passed."""
+        text = item.statement.decode("utf-8", "replace")
+        t0 = time.monotonic()
+        conn: Optional[psycopg.AsyncConnection[Any]] = None
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.dsn, autocommit=True, application_name=f"chorus concurrent {self.name} GID {gid}")
+            for statement in session_setup(item):
+                await conn.execute(statement)
+        except psycopg.Error as e:
+            if conn is not None:
+                await conn.close()
+            self._done(gid, text, t0, f"setting up its session: {e}")
+            return
+        pid = conn.info.backend_pid
+        task = asyncio.create_task(self._run(gid, conn, item.statement, text, t0))
+        self.running[gid] = task
+        log.info("GID %d: running %s", gid, text[:200])
+        deadline = asyncio.get_running_loop().time() + lock_wait
+        try:
+            async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as watch:
+                while not task.done() and asyncio.get_running_loop().time() < deadline:
+                    cur = await watch.execute(_HOLDS_LOCK, (pid,))
+                    row = await cur.fetchone()
+                    if row and row[0]:
+                        return
+                    await asyncio.sleep(0.005)
+        except psycopg.Error as e:
+            log.warning("GID %d: cannot watch the statement's lock (%s); going on", gid, e)
+            return
+        if not task.done():
+            log.warning("GID %d: the statement waits for its table's lock (held by another session); "
+                        "the total order goes on without it", gid)
+
+    async def _run(self, gid: int, conn: psycopg.AsyncConnection[Any], statement: bytes, text: str,
+                   t0: float) -> None:
+        error = ""
+        try:
+            await conn.execute(statement)
+        except psycopg.Error as e:
+            error = f"{e.sqlstate or ''} {str(e).strip()}".strip()
+        finally:
+            self.running.pop(gid, None)
+            try:
+                await conn.close()
+            except psycopg.Error:
+                pass
+        self._done(gid, text, t0, error)
+
+    def _done(self, gid: int, text: str, t0: float, error: str) -> None:
+        seconds = round(time.monotonic() - t0, 3)
+        self.recent.append(Outcome(gid, text[:200], not error, error, seconds))
+        if error:
+            self.failed += 1
+            log.error("GID %d: %s failed on this node: %s. Its index is left invalid here, as PostgreSQL "
+                      "leaves it: drop it (DROP INDEX) or rebuild it here (REINDEX INDEX CONCURRENTLY)",
+                      gid, text[:200], error)
+        else:
+            self.succeeded += 1
+            log.info("GID %d: done in %.1f s", gid, seconds)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"running": sorted(self.running), "succeeded": self.succeeded, "failed": self.failed,
+                "recent": [asdict(o) for o in self.recent]}
