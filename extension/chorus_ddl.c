@@ -318,9 +318,34 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 					return CHORUS_DDL_LOCAL;
 				return chorus_ddl_classify((Node *) ctas, k, why);
 			}
+		case T_ReindexStmt:
+			{
+				ReindexStmt *rs = (ReindexStmt *) stmt;
+				bool		concurrently = false;
+
+				foreach(lc, rs->params)
+				{
+					DefElem    *opt = lfirst_node(DefElem, lc);
+
+					if (strcmp(opt->defname, "concurrently") == 0)
+						concurrently = defGetBoolean(opt);
+				}
+
+				/*
+				 * REINDEX CONCURRENTLY of an index, a table or a schema rebuilds
+				 * it on every node, beside the total order (how a live cluster's
+				 * bloated indexes are rebuilt); a plain REINDEX repairs one node's
+				 * storage, and a database's or the system catalogs' are that
+				 * node's own: they run where they are issued.
+				 */
+				if (!concurrently || rs->kind == REINDEX_OBJECT_DATABASE || rs->kind == REINDEX_OBJECT_SYSTEM)
+					return CHORUS_DDL_LOCAL;
+				k->concurrent = true;
+				chorus_ddl_relation(k, rs->relation, false);
+				break;
+			}
 			/* never replicated: maintenance, storage, databases, the system (appendix A) */
 		case T_VacuumStmt:		/* VACUUM and ANALYZE */
-		case T_ReindexStmt:
 		case T_ClusterStmt:
 		case T_CreateTableSpaceStmt:
 		case T_DropTableSpaceStmt:
@@ -625,16 +650,17 @@ chorus_ddl_schema_key(void)
 
 /*
  * chorus_ddl_concurrent
- *		CREATE or DROP INDEX CONCURRENTLY runs beside the total order, as on a
- *		single PostgreSQL it runs beside other sessions' writes. PostgreSQL
- *		commits its first step (the index's catalog entry, or marking it
- *		invalid) in a transaction of its own before the long part: the
- *		statement joins that transaction's writeset (flag CONCURRENT, no table
- *		keys: row writes anywhere go on; the cluster-wide schema key orders it
- *		against other schema changes), so the step commits at a GID like any
- *		writeset, and a certification loss ends the statement before anything
- *		is built. At that GID every other node starts the same statement in a
- *		session of its own (chorus/concurrent.py) and goes on once it holds the
+ *		CREATE INDEX, DROP INDEX and REINDEX CONCURRENTLY run beside the total
+ *		order, as on a single PostgreSQL they run beside other sessions'
+ *		writes. PostgreSQL commits their first step (the index's catalog
+ *		entry, marking it invalid, the new copies) in a transaction of its own
+ *		before the long part: the statement joins that transaction's writeset
+ *		(flag CONCURRENT, no table keys: row writes anywhere go on; the
+ *		cluster-wide schema key orders it against other schema changes), so
+ *		the step commits at a GID like any writeset, and a certification loss
+ *		ends the statement before anything is built. At that GID every other
+ *		node starts the same statement in a session of its own
+ *		(chorus/concurrent.py) and goes on once it holds the
  *		table's lock; the later steps commit nothing that is replicated.
  */
 static void

@@ -18,7 +18,7 @@
 /* header flags */
 #define CHORUS_WS_FLAG_DDL 0x01		/* holds schema change items: applied alone, after all before it */
 #define CHORUS_WS_FLAG_TOI 0x02		/* a schema change's place in the total order; its content follows */
-#define CHORUS_WS_FLAG_CONCURRENT 0x04	/* CREATE/DROP INDEX CONCURRENTLY: each node runs it in a session of its own */
+#define CHORUS_WS_FLAG_CONCURRENT 0x04	/* CREATE/DROP INDEX, REINDEX CONCURRENTLY: each node runs it in a session of its own */
 #define CHORUS_WS_FLAGS_KNOWN (CHORUS_WS_FLAG_DDL | CHORUS_WS_FLAG_TOI | CHORUS_WS_FLAG_CONCURRENT)
 
 /* column flags in a table description */

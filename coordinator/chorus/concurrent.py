@@ -1,9 +1,9 @@
-"""Schema changes that run beside the total order: CREATE INDEX CONCURRENTLY and DROP INDEX
+"""Schema changes that run beside the total order: CREATE INDEX, DROP INDEX and REINDEX
 CONCURRENTLY (docs/DDL.md).
 
 On a single PostgreSQL these statements let other sessions write while they work. Chorus keeps
-that: the origin commits the statement's first step (the index's catalog entry, or marking it
-invalid) at a GID like any writeset (chorus_ddl.c, flag CONCURRENT); every other node commits
+that: the origin commits the statement's first step (the index's catalog entry, marking it
+invalid, or the new copies) at a GID like any writeset (chorus_ddl.c, flag CONCURRENT); every other node commits
 that GID empty, then runs the same statement here, in a session of its own, under the origin's
 settings and role, and goes on with the total order once the statement holds its table's lock.
 Row writes go on everywhere meanwhile; a later schema change of the same table waits for the
@@ -135,7 +135,7 @@ class ConcurrentSchemaChanges:
         if error:
             self.failed += 1
             log.error("GID %d: %s failed on this node: %s. Its index is left invalid here, as PostgreSQL "
-                      "leaves it: drop it (DROP INDEX) or rebuild it here (REINDEX INDEX CONCURRENTLY)",
+                      "leaves it: drop it (DROP INDEX) or rebuild it (docs/DDL.md)",
                       gid, text[:200], error)
         else:
             self.succeeded += 1

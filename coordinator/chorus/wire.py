@@ -45,7 +45,7 @@ def modes_conflict(a: KeyMode, b: KeyMode) -> bool:
 # Header flags.
 FLAG_DDL = 0x01  # holds schema change items: applied alone, after everything before it
 FLAG_TOI = 0x02  # a schema change's place in the total order; its content comes with its outcome
-FLAG_CONCURRENT = 0x04  # CREATE/DROP INDEX CONCURRENTLY: each node runs it in a session of its own
+FLAG_CONCURRENT = 0x04  # CREATE/DROP INDEX, REINDEX CONCURRENTLY: each node runs it in a session of its own
 FLAGS_KNOWN = FLAG_DDL | FLAG_TOI | FLAG_CONCURRENT
 
 # Column flags.
@@ -214,7 +214,7 @@ class Writeset:
 
     @property
     def concurrent(self) -> bool:
-        """CREATE or DROP INDEX CONCURRENTLY: its GID commits nothing; then every node but its
+        """CREATE/DROP INDEX or REINDEX CONCURRENTLY: its GID commits nothing; then every node but its
         origin runs the statement in a session of its own (chorus/concurrent.py)."""
         return bool(self.flags & FLAG_CONCURRENT)
 

@@ -322,7 +322,8 @@ class _TableLoad:
 def test_create_and_drop_index_concurrently_under_load(mcluster: Cluster) -> None:
     """CREATE INDEX CONCURRENTLY on n1 while every node writes the table: writes go on on every
     node, each other node builds the index in a session of its own, and it ends valid
-    everywhere; DROP INDEX CONCURRENTLY on n2 removes it everywhere. A unique build that meets
+    everywhere; REINDEX CONCURRENTLY on n3 rebuilds it everywhere; DROP INDEX CONCURRENTLY on n2
+    removes it everywhere. A unique build that meets
     duplicates fails on its origin and leaves the index invalid on every node, as PostgreSQL
     leaves it."""
     rows = 200_000
@@ -345,6 +346,16 @@ def test_create_and_drop_index_concurrently_under_load(mcluster: Cluster) -> Non
     after = [mcluster.status(i)["concurrent_index_changes"]["succeeded"] for i in range(3)]
     # the origin's backend built it; every other node in a session of its own
     assert [a - b for a, b in zip(after, before)] == [0, 1, 1], (before, after)
+
+    # REINDEX CONCURRENTLY from n3: the others rebuild beside the order too
+    with _TableLoad(mcluster, "cic_t", rows):
+        with mcluster.connect(2) as c:
+            c.execute("REINDEX INDEX CONCURRENTLY cic_ix")
+        _wait_index(mcluster, "cic_ix", True)
+    deadline = time.monotonic() + 60
+    while [mcluster.status(i)["concurrent_index_changes"]["succeeded"] - after[i] for i in range(3)] != [1, 1, 0]:
+        assert time.monotonic() < deadline, "REINDEX CONCURRENTLY did not run on n1 and n2"
+        time.sleep(0.2)
 
     with _TableLoad(mcluster, "cic_t", rows):
         with mcluster.connect(1) as c:
