@@ -35,7 +35,7 @@ from chorus.replicator import (Apply, CatchUp, DdlOutcome, Joined, LocalVerdict,
                                PhaseChange, Replicator, Send, SyncReached, VoteDecided, VoteOpened)
 from chorus.scheduler import Scheduler
 from chorus.state import NodeState, load_state, save_state
-from chorus.wslog import FLAG_DDL_SKIPPED, LogError, LogRecord, WritesetLog
+from chorus.wslog import FLAG_DDL_SKIPPED, LogError, LogFeeder, LogRecord, WritesetLog
 
 log = logging.getLogger("chorus.coordinator")
 
@@ -207,7 +207,7 @@ class Coordinator:
         self._background: set[asyncio.Task[Any]] = set()  # the loop keeps only weak references
         self.wslog = WritesetLog(cfg.wslog_dir, cfg.log_segment_mb << 20, cfg.log_total_mb << 20)
         self.max_writeset = self.wslog.max_payload(cfg.name)  # one log record: larger local writesets are refused
-        self.feeder = rc.LogFeeder(self.wslog)
+        self.feeder = LogFeeder(self.wslog)
         self.keys = (rc.ClusterKeys(cfg.tls_cert, cfg.tls_key, cfg.secret_file)
                      if cfg.tls_cert and cfg.tls_key and cfg.secret_file else None)
         self.recovery_server: Optional[rc.RecoveryServer] = None

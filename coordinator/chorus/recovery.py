@@ -30,12 +30,11 @@ import ssl
 import struct
 import subprocess
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional, Sequence
 
 from chorus import busproto as bp
-from chorus.wslog import FLAG_DDL_SKIPPED, Buffer, LogRangeUnavailable, LogRecord, WritesetLog
+from chorus.wslog import LogRangeUnavailable, LogRecord, WritesetLog
 
 log = logging.getLogger("chorus.recovery")
 
@@ -336,71 +335,3 @@ class Progress:
                 "bytes_to_go_estimate": int(to_go * avg), "records": self.records,
                 "rate_gids_per_s": round(rate, 1), "rate_mb_per_s": round(self.bytes / elapsed / 1e6, 2),
                 "eta_s": round(to_go / rate, 1) if rate > 0 else None, "elapsed_s": round(elapsed, 1)}
-
-
-class LogFeeder:
-    """Appends certified writesets to the log in GID order, each with its final flags: the
-    record of a schema change run in total order waits for the change's outcome, and is then
-    logged as its content (what every node applies), or, if it failed, as its ordering request
-    flagged skipped; the records after it wait with it, so a reader never meets a schema change
-    whose outcome is unknown.
-
-    Records are written when :meth:`flush` is called (the coordinator does after each read of
-    the bus), several with one system call; :meth:`certified` flushes by itself when many wait.
-    """
-
-    FLUSH_AT = 256  # records waiting that make certified() flush
-
-    def __init__(self, wslog: WritesetLog) -> None:
-        self.log = wslog
-        self._held: deque[tuple[int, str, bytes, bool]] = deque()  # (gid, origin, payload, is a schema change)
-        self._outcomes: dict[int, tuple[bool, bytes]] = {}  # gid -> (ran, its content)
-
-    def certified(self, gid: int, origin: str, payload: bytes, ddl: bool) -> None:
-        if gid <= self.log.end_gid:
-            return  # already logged (a catch-up record this node held before it restarted)
-        self._held.append((gid, origin, payload, ddl))
-        if len(self._held) >= self.FLUSH_AT:
-            self.flush()
-
-    def outcome(self, gid: int, ok: bool, content: bytes = b"") -> None:
-        """The outcome of schema change ``gid``: it ran (``content``: what every node applies)
-        or not."""
-        self._outcomes[gid] = (ok, content)
-        self.flush()
-
-    @property
-    def waiting(self) -> int:
-        """Records held back by a schema change whose outcome is not known yet."""
-        return len(self._held) if any(ddl for _, _, _, ddl in self._held) else 0
-
-    def flush(self) -> None:
-        """Write every record that can be written now."""
-        records: list[tuple[int, str, Buffer, int]] = []
-        last = self.log.end_gid
-        while self._held:
-            gid, origin, payload, ddl = self._held[0]
-            flags = 0
-            if ddl:
-                outcome = self._outcomes.pop(gid, None)
-                if outcome is None:
-                    break
-                ok, content = outcome
-                flags = 0 if ok else FLAG_DDL_SKIPPED
-                if ok and content:
-                    payload = content
-            self._held.popleft()
-            if gid <= last:
-                continue
-            if len(payload) > self.log.max_payload(origin):
-                # larger than a segment: the log cannot hold it, so it restarts after it (a node
-                # that misses this GID needs total recovery, or a partner with larger segments)
-                self.log.append_many(records)
-                records = []
-                log.warning("GID %d (%d bytes) is not in the writeset log: larger than a segment holds; "
-                            "the log now starts after it", gid, len(payload))
-                self.log.reset(gid)
-            else:
-                records.append((gid, origin, payload, flags))
-            last = gid
-        self.log.append_many(records)

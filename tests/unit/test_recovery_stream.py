@@ -12,7 +12,7 @@ import pytest
 
 from chorus import busproto as bp
 from chorus import recovery as rc
-from chorus.wslog import FLAG_DDL_SKIPPED, LogRecord, WritesetLog
+from chorus.wslog import FLAG_DDL_SKIPPED, LogFeeder, LogRecord, WritesetLog
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -25,7 +25,7 @@ def _log(path: Path) -> WritesetLog:
 
 def test_feeder_logs_a_schema_change_with_its_outcome_and_holds_what_follows(tmp_path: Path) -> None:
     w = _log(tmp_path / "log")
-    f = rc.LogFeeder(w)
+    f = LogFeeder(w)
     f.certified(1, "n1", b"a", ddl=False)
     f.certified(2, "n2", b"ddl", ddl=True)
     f.certified(4, "n1", b"b", ddl=False)

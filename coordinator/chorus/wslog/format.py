@@ -1,0 +1,162 @@
+"""The writeset log's on-disk format (docs/WSLOG.md): constants, errors, the segment header
+and the record header, and the check of one record. Pure functions over bytes."""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import crc32c as _crc32c
+
+FORMAT_VERSION = 1
+SEGMENT_MAGIC = b"CHORUSWL"
+RECORD_MAGIC = b"WR"
+SEGMENT_SUFFIX = ".wsl"
+
+FLAG_DDL_SKIPPED = 0x01  # a schema change whose origin failed: commit the GID, skip the change
+KNOWN_FLAGS = FLAG_DDL_SKIPPED
+
+MAX_ORIGIN_BYTES = 255
+MAX_PAYLOAD_BYTES = 0xFFFFFFFF
+MIN_SEGMENT_BYTES = 4096
+
+SEGMENT_HEAD = struct.Struct("<8sHHIQQQQQ")  # everything before the header CRC
+U32 = struct.Struct("<I")
+SEGMENT_HEADER_SIZE = 64
+DATA_START = SEGMENT_HEADER_SIZE
+
+RECORD = struct.Struct("<I2sBBIQQ")  # crc, magic, flags, origin length, payload length, gid, seq
+RECORD_REST = struct.Struct("<2sBBIQQ")  # the same without the CRC: what the CRC starts with
+RECORD_HEADER_SIZE = RECORD.size
+END_MARK = bytes(8)  # what follows the last record
+FREE_HEADER = bytes(SEGMENT_HEADER_SIZE)
+
+Buffer = Union[bytes, bytearray, memoryview]
+
+
+class LogError(Exception):
+    """Base of the writeset log's errors."""
+
+
+class LogCorrupt(LogError):
+    """The files are not a valid log: a damaged header, a bad directory, a record that fails its check."""
+
+
+class LogVersionError(LogCorrupt):
+    """A segment written in a format version this code does not read."""
+
+
+class LogRangeUnavailable(LogError):
+    """The log does not (or no longer) hold the records asked for."""
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    gid: int
+    origin: str  # the node that originated the writeset (utf-8, at most 255 bytes)
+    flags: int  # u8, FLAG_DDL_SKIPPED
+    payload: bytes  # the encoded writeset, opaque to the log
+
+
+def segment_name(seq: int) -> str:
+    return f"{seq:08d}{SEGMENT_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class SegmentHeader:
+    seq: int
+    epoch: int
+    segment_bytes: int
+    prev_gid: int
+    first_gid: int
+
+    def encode(self) -> bytes:
+        head = SEGMENT_HEAD.pack(SEGMENT_MAGIC, FORMAT_VERSION, SEGMENT_HEADER_SIZE, 0, self.seq,
+                                  self.epoch, self.segment_bytes, self.prev_gid, self.first_gid)
+        return head + U32.pack(_crc32c.crc32c(head)) + bytes(SEGMENT_HEADER_SIZE - SEGMENT_HEAD.size - 4)
+
+
+def decode_segment_header(raw: bytes) -> Optional[SegmentHeader]:
+    """The header at the start of ``raw``; None for a free segment (an all-zero header).
+
+    Raises :class:`LogVersionError` for a format version other than 1 and :class:`LogCorrupt`
+    for anything else wrong.
+    """
+    if len(raw) < SEGMENT_HEADER_SIZE:
+        raise LogCorrupt(f"{len(raw)} bytes, too short for a segment header ({SEGMENT_HEADER_SIZE} bytes)")
+    raw = raw[:SEGMENT_HEADER_SIZE]
+    if raw == FREE_HEADER:
+        return None
+    magic, version, header_size, flags, seq, epoch, segment_bytes, prev_gid, first_gid = SEGMENT_HEAD.unpack_from(raw)
+    if magic != SEGMENT_MAGIC:
+        raise LogCorrupt(f"not a writeset log segment header (magic {magic!r})")
+    if version != FORMAT_VERSION:
+        raise LogVersionError(f"segment format version {version}; this Chorus reads version {FORMAT_VERSION} only "
+                              "(written by a newer Chorus?)")
+    (crc,) = U32.unpack_from(raw, SEGMENT_HEAD.size)
+    if crc != _crc32c.crc32c(raw[:SEGMENT_HEAD.size]):
+        raise LogCorrupt("segment header checksum mismatch")
+    if header_size != SEGMENT_HEADER_SIZE or flags != 0 or seq == 0:
+        raise LogCorrupt(f"segment header has header size {header_size}, flags {flags:#x}, seq {seq}: not valid in version 1")
+    return SegmentHeader(seq, epoch, segment_bytes, prev_gid, first_gid)
+
+
+def encode_record_header(gid: int, origin: bytes, payload: Buffer, flags: int, seq: int) -> bytes:
+    """The header of a record; the origin and the payload follow it."""
+    rest = RECORD_REST.pack(RECORD_MAGIC, flags, len(origin), len(payload), gid, seq)
+    crc = _crc32c.crc32c(payload, _crc32c.crc32c(origin, _crc32c.crc32c(rest)))
+    return U32.pack(crc) + rest
+
+
+class BadRecord(Exception):
+    """What ends the records of a segment when it is not a clean end."""
+
+    def __init__(self, kind: str, message: str, gid: Optional[int] = None, flags: Optional[int] = None,
+                 origin: Optional[str] = None, size: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.gid, self.flags, self.origin, self.size = gid, flags, origin, size
+
+
+def origin_text(buf: Union[memoryview, mmap.mmap], start: int, length: int) -> str:
+    return bytes(buf[start:start + length]).decode("utf-8")
+
+
+def parse_record(mv: memoryview, off: int, limit: int, seq: int, after_gid: int) -> Optional[tuple[int, int, int, int]]:
+    """Check the record at ``off``; return (gid, flags, origin length, size), or None at the end.
+
+    ``limit`` is the end of the segment, ``seq`` its sequence number, ``after_gid`` the GID the
+    record must follow. Raises :class:`BadRecord` for anything but a valid record or the end.
+    """
+    room = limit - off
+    if room <= 0:
+        return None
+    if room < RECORD_HEADER_SIZE:
+        if mv[off:limit] == bytes(room):
+            return None
+        raise BadRecord("torn", f"{room} bytes at the end of the segment are neither zero nor a record")
+    if mv[off:off + 8] == END_MARK:
+        return None
+    crc, magic, flags, origin_len, payload_len, gid, rec_seq = RECORD.unpack_from(mv, off)
+    if magic != RECORD_MAGIC:
+        raise BadRecord("garbage", "no record here (bad record magic)")
+    size = RECORD_HEADER_SIZE + origin_len + payload_len
+    if size > room:
+        raise BadRecord("torn", f"a record of {size} bytes runs past the end of the segment", gid, flags, None, size)
+    if rec_seq != seq:
+        raise BadRecord("stale", f"the record carries segment seq {rec_seq}, not {seq} "
+                         "(left over from an earlier use of the file)", gid, flags, None, size)
+    if _crc32c.crc32c(mv[off + 4:off + size]) != crc:
+        raise BadRecord("checksum", "CRC32C mismatch", gid, flags, None, size)
+    try:
+        origin = origin_text(mv, off + RECORD_HEADER_SIZE, origin_len)
+    except UnicodeDecodeError:
+        raise BadRecord("origin", "the origin is not utf-8", gid, flags, None, size) from None
+    if flags & ~KNOWN_FLAGS:
+        raise BadRecord("flags", f"unknown record flags {flags:#x}", gid, flags, origin, size)
+    if gid <= after_gid:
+        raise BadRecord("order", f"GID {gid} does not follow GID {after_gid}", gid, flags, origin, size)
+    return gid, flags, origin_len, size

@@ -1,0 +1,468 @@
+"""The writer of a node's writeset log, and the feeder that gives it every certified writeset
+in GID order (docs/WSLOG.md: format, durability, reuse)."""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import fcntl
+import logging
+import mmap
+import os
+from collections import deque
+from typing import Any, Optional
+
+from chorus.wslog.format import (DATA_START, END_MARK, FLAG_DDL_SKIPPED, FREE_HEADER, KNOWN_FLAGS, MAX_ORIGIN_BYTES,
+                                 MAX_PAYLOAD_BYTES, MIN_SEGMENT_BYTES, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE,
+                                 SEGMENT_SUFFIX, Buffer, LogCorrupt, LogError, LogRangeUnavailable, LogVersionError,
+                                 SegmentHeader, encode_record_header, segment_name)
+from chorus.wslog.reader import LogReader, Segment, SegmentFile
+from chorus.wslog.scan import Analysis, FoundSegment, analyze, dirty_extent, open_found, segment_paths, tip_gid_of
+
+log = logging.getLogger("chorus.wslog")
+
+_MAX_IOV = 900  # buffers in one pwritev (the system allows 1024)
+
+def _pwrite_all(fd: int, bufs: list[Buffer], off: int) -> None:
+    total = sum(len(b) for b in bufs)
+    done = os.pwritev(fd, bufs, off)
+    if done != total:  # short write: write the rest plainly
+        rest = b"".join(bytes(b) for b in bufs)[done:]
+        while rest:
+            n = os.pwrite(fd, rest, off + done)
+            done += n
+            rest = rest[n:]
+
+
+def _write_zeros(fd: int, start: int, end: int) -> None:
+    chunk = bytes(min(end - start, 1 << 20))
+    while start < end:
+        n = min(len(chunk), end - start)
+        _pwrite_all(fd, [chunk[:n]], start)
+        start += n
+
+
+class WritesetLog:
+    """The writeset log of one node: one writer (this object), any number of readers."""
+
+    def __init__(self, directory: str, segment_bytes: int = 64 << 20, total_bytes: int = 4 << 30) -> None:
+        if segment_bytes < MIN_SEGMENT_BYTES:
+            raise ValueError(f"segment_bytes must be at least {MIN_SEGMENT_BYTES}")
+        self.directory = directory
+        self._segment_bytes = segment_bytes
+        self._capacity = max(2, total_bytes // segment_bytes)
+        self._dir_fd: Optional[int] = None
+        self._live: list[Segment] = []  # oldest first; the last one takes the appends
+        self._free: list[SegmentFile] = []
+        self._epoch = 0
+        self._next_seq = 1
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self._dir_fd is not None
+
+    @property
+    def low_gid(self) -> int:
+        """The first GID held (0 if empty)."""
+        for s in self._live:
+            if s.records:
+                return s.first_gid
+        return 0
+
+    @property
+    def high_gid(self) -> int:
+        """The last GID held (0 if empty)."""
+        for s in reversed(self._live):
+            if s.records:
+                return s.last_gid
+        return 0
+
+    @property
+    def base_gid(self) -> int:
+        """The log holds every certified GID after this one (up to ``end_gid``)."""
+        return self._live[0].prev_gid if self._live else 0
+
+    @property
+    def end_gid(self) -> int:
+        """The last GID appended, or the reset() point if none since; appends must exceed it."""
+        return self._live[-1].tip_gid if self._live else 0
+
+    # -- open, close ----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create the directory if missing, take the writer's lock, check the segments, cut a bad tail."""
+        if self.is_open:
+            raise LogError(f"writeset log {self.directory} is already open")
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        except (FileExistsError, NotADirectoryError) as e:
+            raise LogCorrupt(f"writeset log {self.directory} is not a directory") from e
+        try:
+            fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(dir_fd)
+            raise LogError(f"writeset log {self.directory} is in use by another process") from None
+        self._dir_fd = dir_fd
+        try:
+            self._load()
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self) -> None:
+        for name in os.listdir(self.directory):
+            if name.endswith(SEGMENT_SUFFIX + ".tmp"):
+                os.unlink(os.path.join(self.directory, name))  # a creation a crash interrupted
+        found: list[FoundSegment] = []
+        try:
+            for path in segment_paths(self.directory):
+                f = open_found(path, writable=True)
+                if f is not None:
+                    found.append(f)
+            for f in found:
+                if f.version_problem:
+                    raise LogVersionError(f"{f.path}: {f.header_problem}")
+            an = analyze(found)
+            for f in an.live:
+                assert f.header is not None
+                if f.header.segment_bytes != self._segment_bytes:
+                    raise LogError(f"writeset log {self.directory} has segments of {f.header.segment_bytes} bytes, "
+                                   f"not the configured {self._segment_bytes}: configure that size, or remove the "
+                                   "segment files (the log then starts empty)")
+            seqs = [f.header.seq for f in found if f.header] + [_name_seq(f.path) for f in found]
+            self._next_seq = max(seqs, default=0) + 1
+            self._epoch = max((f.header.epoch for f in found if f.header), default=0)
+            self._cut(an)
+            self._adopt(an)
+        finally:
+            for f in found:
+                f.close()  # those not adopted
+        if not self._live:
+            if found:
+                log.warning("writeset log %s: no valid segment; starting empty", self.directory)
+            self._epoch += 1
+            self._start_segment(prev_gid=0, first_gid=0)
+        os.fsync(self._require_open())
+
+    def _cut(self, an: Analysis) -> None:
+        """Make the disk match the analysis: zero the bad tail, free the segments after it."""
+        if an.end_reason is not None:
+            lost = [d.scan for d in an.dropped if d.scan is not None]
+            torn = 0
+            if an.cut is not None:
+                f, off = an.cut
+                assert f.mm is not None and f.header is not None
+                torn = dirty_extent(f.mm, off, f.size) - off
+                _write_zeros(f.fd, off, off + torn)
+                if off == DATA_START and f.header.first_gid:
+                    f.header = SegmentHeader(f.header.seq, f.header.epoch, f.header.segment_bytes, f.header.prev_gid, 0)
+                    _pwrite_all(f.fd, [f.header.encode()], 0)
+                os.fdatasync(f.fd)
+            log.warning("writeset log %s: the log ends early (%s): dropped %d bytes after the last good record and "
+                        "%d later segments holding %d records (%d bytes); it now ends at GID %d",
+                        self.directory, an.end_reason, torn, len(an.dropped), sum(s.records for s in lost),
+                        sum(s.end - DATA_START for s in lost), tip_gid_of(an.live[-1]))
+        for f in an.found:
+            if f.state == "bad header":
+                log.warning("writeset log %s: %s has a damaged header (%s); its contents are dropped",
+                            self.directory, f.name, f.header_problem)
+            elif f.state == "old epoch":
+                log.info("writeset log %s: %s is from before a reset; freed", self.directory, f.name)
+            if f.state != "live" and f.raw_header != FREE_HEADER and f.size >= SEGMENT_HEADER_SIZE:
+                _pwrite_all(f.fd, [FREE_HEADER], 0)
+                os.fdatasync(f.fd)
+
+    def _adopt(self, an: Analysis) -> None:
+        """Take over the files: the live ones as segments, the others as free files (or delete them)."""
+        for f in an.found:
+            if f.state != "live":
+                if f.size != self._segment_bytes or len(self._free) + len(an.live) >= self._capacity:
+                    f.close()
+                    os.unlink(f.path)
+                    continue
+                self._free.append(SegmentFile(f.path, *f.release()))
+                continue
+            assert f.header is not None and f.scan is not None and f.mm is not None
+            want = os.path.join(self.directory, segment_name(f.header.seq))
+            if f.path != want and not os.path.exists(want):
+                os.rename(f.path, want)
+                f.path = want
+            seg = Segment(SegmentFile(f.path, *f.release()), f.header.seq, f.header.prev_gid, f.header.first_gid)
+            seg.first_gid = f.scan.first_gid if f.scan.records else f.header.first_gid
+            seg.last_gid, seg.records, seg.end, seg.index = f.scan.last_gid, f.scan.records, f.scan.end, f.scan.index
+            if self._live:
+                self._live[-1].sealed = True
+                self._live[-1].next = seg
+            self._live.append(seg)
+
+    def close(self) -> None:
+        """Close the files (without flushing them: call sync() first on a clean shutdown)."""
+        for s in self._live:
+            s.valid = False
+        files = [s.file for s in self._live] + self._free
+        self._live, self._free = [], []
+        for f in files:
+            f.close()
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)  # releases the lock
+            self._dir_fd = None
+
+    def sync(self) -> None:
+        """Flush every write so far to disk."""
+        dir_fd = self._require_open()
+        for s in self._live:
+            if s.file.dirty:
+                os.fdatasync(s.file.fd)
+                s.file.dirty = False
+        os.fsync(dir_fd)
+
+    def _require_open(self) -> int:
+        if self._dir_fd is None:
+            raise LogError(f"writeset log {self.directory} is not open")
+        return self._dir_fd
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def max_payload(self, origin: str) -> int:
+        """The largest writeset one record of ``origin`` can hold (a record never spans segments)."""
+        return min(self._segment_bytes - DATA_START - RECORD_HEADER_SIZE - len(origin.encode("utf-8")),
+                   MAX_PAYLOAD_BYTES)
+
+    def append(self, gid: int, origin: str, payload: Buffer, flags: int = 0) -> None:
+        """Append one certified writeset; ``gid`` must exceed ``end_gid``."""
+        self.append_many([(gid, origin, payload, flags)])
+
+    def append_many(self, records: list[tuple[int, str, Buffer, int]]) -> None:
+        """Append certified writesets ``(gid, origin, payload, flags)`` in GID order, each GID
+        above the one before; the records that land in one segment are written with one system
+        call. A record that cannot be logged raises ValueError; the ones before it are logged."""
+        self._require_open()
+        out: list[Buffer] = []  # records not yet written, all in segment `seg` from offset `start`
+        seg = self._live[-1]
+        start = seg.end
+        for gid, origin, payload, flags in records:
+            if gid <= self.end_gid:
+                self._write_records(seg, start, out)
+                raise ValueError(f"GID {gid} does not follow GID {self.end_gid}, the last one in the writeset log")
+            if not 0 <= flags <= 0xFF or flags & ~KNOWN_FLAGS:
+                self._write_records(seg, start, out)
+                raise ValueError(f"unknown writeset log record flags {flags:#x}")
+            origin_b = origin.encode("utf-8")
+            size = RECORD_HEADER_SIZE + len(origin_b) + len(payload)
+            usable = self._segment_bytes - DATA_START
+            if len(origin_b) > MAX_ORIGIN_BYTES or size > usable or len(payload) > MAX_PAYLOAD_BYTES:
+                self._write_records(seg, start, out)
+                if len(origin_b) > MAX_ORIGIN_BYTES:
+                    raise ValueError(f"origin {origin!r} is longer than {MAX_ORIGIN_BYTES} bytes")
+                raise ValueError(f"a writeset log record of {size} bytes (GID {gid}) does not fit in a segment "
+                                 f"({usable} usable bytes): raise the segment size")
+            if seg.end + size > self._segment_bytes or len(out) > _MAX_IOV:
+                self._write_records(seg, start, out)
+                out = []
+                if seg.end + size > self._segment_bytes:
+                    seg = self._start_segment(prev_gid=seg.tip_gid, first_gid=gid)
+                start = seg.end
+            if not seg.records and seg.first_gid != gid:
+                seg.first_gid = gid
+                self._write_header(seg)
+            off = seg.end
+            out += [encode_record_header(gid, origin_b, payload, flags, seg.seq), origin_b, payload]
+            if not seg.records:
+                seg.first_gid = gid
+            seg.index.note(gid, off)
+            seg.records += 1
+            seg.last_gid = gid
+            seg.end = off + size
+        self._write_records(seg, start, out)
+
+    def _write_records(self, seg: Segment, start: int, bufs: list[Buffer]) -> None:
+        """Write encoded records at ``start`` of ``seg`` and the end marker after them."""
+        if not bufs:
+            return
+        room_after = self._segment_bytes - seg.end
+        if room_after > 0:
+            bufs.append(END_MARK[:room_after])
+        _pwrite_all(seg.file.fd, bufs, start)
+        seg.file.dirty = True
+
+    def reset(self, after_gid: int) -> None:
+        """Forget every record: the log holds nothing, and the next append must exceed ``after_gid``.
+
+        For when the log no longer matches the database (it lost its unsynced tail in a host crash,
+        or it is behind the committed GID). Every reader fails from now on. Flushed before it
+        returns: the new epoch's header is the commit point.
+        """
+        self._require_open()
+        if after_gid < 0:
+            raise ValueError(f"reset point {after_gid} is negative")
+        for s in self._live:
+            s.valid = False
+        self._free.extend(s.file for s in self._live)
+        self._live = []
+        self._epoch += 1
+        self._start_segment(prev_gid=after_gid, first_gid=0)
+        for f in self._free:  # for out-of-process readers; the epoch already excludes them
+            _pwrite_all(f.fd, [FREE_HEADER], 0)
+
+    def _start_segment(self, prev_gid: int, first_gid: int) -> Segment:
+        seq = self._next_seq
+        self._next_seq += 1
+        f = self._take_file(seq)
+        seg = Segment(f, seq, prev_gid, first_gid)
+        self._write_header(seg, extra=[END_MARK])  # and end the records of the file's previous use
+        os.fdatasync(f.fd)  # the new seq is on disk before any record under it
+        want = os.path.join(self.directory, segment_name(seq))
+        os.rename(f.path, want)
+        f.path = want
+        if self._live:
+            self._live[-1].sealed = True
+            self._live[-1].next = seg
+        self._live.append(seg)
+        return seg
+
+    def _take_file(self, seq: int) -> SegmentFile:
+        if self._free:
+            return self._free.pop()
+        if len(self._live) < self._capacity:
+            return self._create_file(os.path.join(self.directory, segment_name(seq) + ".tmp"))
+        while True:  # the ring is full: reuse the oldest segment
+            oldest = self._live.pop(0)
+            oldest.valid = False
+            if len(self._live) < self._capacity:
+                return oldest.file
+            oldest.file.close()  # the ring was made smaller
+            os.unlink(oldest.file.path)
+
+    def _create_file(self, path: str) -> SegmentFile:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, self._segment_bytes)
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                os.ftruncate(fd, self._segment_bytes)
+            mm = mmap.mmap(fd, self._segment_bytes, access=mmap.ACCESS_READ)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        return SegmentFile(path, fd, mm)
+
+    def _write_header(self, seg: Segment, extra: Optional[list[Buffer]] = None) -> None:
+        header = SegmentHeader(seg.seq, self._epoch, self._segment_bytes, seg.prev_gid, seg.first_gid)
+        _pwrite_all(seg.file.fd, [header.encode()] + (extra or []), 0)
+        seg.file.dirty = True
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def reader(self, after_gid: int) -> "LogReader":
+        """A reader of the records after ``after_gid``, in order.
+
+        Raises :class:`LogRangeUnavailable` unless ``base_gid <= after_gid``, i.e. unless the log
+        holds every certified GID after ``after_gid`` (see the module docstring).
+        """
+        self._require_open()
+        if after_gid < self.base_gid:
+            raise LogRangeUnavailable(
+                f"the writeset log holds the writesets after GID {self.base_gid} (up to GID {self.end_gid}), "
+                f"not all of those after GID {after_gid}")
+        i = bisect.bisect_right(self._live, after_gid, key=lambda s: s.prev_gid) - 1
+        seg = self._live[i]
+        off = seg.end if after_gid >= seg.tip_gid else seg.index.start(after_gid)
+        return LogReader(self._require_open, seg, off, after_gid)
+
+    def stats(self) -> dict[str, Any]:
+        self._require_open()
+        return {
+            "directory": self.directory,
+            "segment_bytes": self._segment_bytes,
+            "capacity_segments": self._capacity,
+            "segments": len(self._live),
+            "free_segments": len(self._free),
+            "records": sum(s.records for s in self._live),
+            "bytes_used": sum(s.end - DATA_START for s in self._live),
+            "low_gid": self.low_gid,
+            "high_gid": self.high_gid,
+            "base_gid": self.base_gid,
+            "end_gid": self.end_gid,
+            "epoch": self._epoch,
+            "oldest_seq": self._live[0].seq,
+            "newest_seq": self._live[-1].seq,
+        }
+
+
+def _name_seq(path: str) -> int:
+    stem = os.path.basename(path)[:-len(SEGMENT_SUFFIX)]
+    return int(stem) if stem.isdigit() else 0
+
+
+class LogFeeder:
+    """Appends certified writesets to the log in GID order, each with its final flags: the
+    record of a schema change run in total order waits for the change's outcome, and is then
+    logged as its content (what every node applies), or, if it failed, as its ordering request
+    flagged skipped; the records after it wait with it, so a reader never meets a schema change
+    whose outcome is unknown.
+
+    Records are written when :meth:`flush` is called (the coordinator does after each read of
+    the bus), several with one system call; :meth:`certified` flushes by itself when many wait.
+    """
+
+    FLUSH_AT = 256  # records waiting that make certified() flush
+
+    def __init__(self, wslog: WritesetLog) -> None:
+        self.log = wslog
+        self._held: deque[tuple[int, str, bytes, bool]] = deque()  # (gid, origin, payload, is a schema change)
+        self._outcomes: dict[int, tuple[bool, bytes]] = {}  # gid -> (ran, its content)
+
+    def certified(self, gid: int, origin: str, payload: bytes, ddl: bool) -> None:
+        if gid <= self.log.end_gid:
+            return  # already logged (a catch-up record this node held before it restarted)
+        self._held.append((gid, origin, payload, ddl))
+        if len(self._held) >= self.FLUSH_AT:
+            self.flush()
+
+    def outcome(self, gid: int, ok: bool, content: bytes = b"") -> None:
+        """The outcome of schema change ``gid``: it ran (``content``: what every node applies)
+        or not."""
+        self._outcomes[gid] = (ok, content)
+        self.flush()
+
+    @property
+    def waiting(self) -> int:
+        """Records held back by a schema change whose outcome is not known yet."""
+        return len(self._held) if any(ddl for _, _, _, ddl in self._held) else 0
+
+    def flush(self) -> None:
+        """Write every record that can be written now."""
+        records: list[tuple[int, str, Buffer, int]] = []
+        last = self.log.end_gid
+        while self._held:
+            gid, origin, payload, ddl = self._held[0]
+            flags = 0
+            if ddl:
+                outcome = self._outcomes.pop(gid, None)
+                if outcome is None:
+                    break
+                ok, content = outcome
+                flags = 0 if ok else FLAG_DDL_SKIPPED
+                if ok and content:
+                    payload = content
+            self._held.popleft()
+            if gid <= last:
+                continue
+            if len(payload) > self.log.max_payload(origin):
+                # larger than a segment: the log cannot hold it, so it restarts after it (a node
+                # that misses this GID needs total recovery, or a partner with larger segments)
+                self.log.append_many(records)
+                records = []
+                log.warning("GID %d (%d bytes) is not in the writeset log: larger than a segment holds; "
+                            "the log now starts after it", gid, len(payload))
+                self.log.reset(gid)
+            else:
+                records.append((gid, origin, payload, flags))
+            last = gid
+        self.log.append_many(records)
