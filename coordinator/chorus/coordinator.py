@@ -613,7 +613,7 @@ class Coordinator:
             self._sync_request(b)
         elif t == b"R":
             gid, _, content = bpf.parse_ran(frame.payload)
-            wire.decode(content)  # validated before it reaches the bus
+            wire.scan(content)  # checked before it reaches the bus
             p = self.pending.get(gid)
             if p is not None and p.writeset.toi and p.backend is b:
                 self._send_msg(bp.DdlResult(self.cfg.name, gid, True, "", content))
@@ -630,7 +630,7 @@ class Coordinator:
             self._spawn(self._orphaned(b, gid))
 
     def _local_writeset(self, b: _Backend, payload: bytes) -> None:
-        ws = wire.decode(payload)  # validates before it reaches the bus
+        ws = wire.scan(payload)  # checked before it reaches the bus
         b.pid = ws.pid
         r = self.replicator
         if r is None or not r.accepts_writes or not self.db_ok.is_set():
@@ -1184,7 +1184,7 @@ class Coordinator:
             else:
                 flush()
                 try:
-                    ws = wire.decode(rec.payload)
+                    ws = wire.scan(rec.payload)
                 except wire.WireError as e:
                     raise rc.RecoveryError(f"GID {rec.gid} from the partner's log does not decode: {e}") from e
                 p = _Pending(rec.gid, prev, rec.origin, ws)
@@ -1397,7 +1397,7 @@ def _keys(ws: wire.Writeset) -> list[tuple[bytes, wire.KeyMode]]:
         if t.full_identity:
             # inserts may pass each other (shared); an UPDATE, DELETE or TRUNCATE waits for the
             # writesets of the table before it, and those after it wait for it (exclusive)
-            changes = any(isinstance(r, wire.Row) and r.table == i and r.op != wire.OP_INSERT for r in ws.rows)
+            changes = i in ws.changed_tables
             keys.append((_order_key(t), wire.KeyMode.EXCLUSIVE if changes else wire.KeyMode.REFERENCE))
     return keys
 

@@ -627,7 +627,7 @@ class Replicator:
                 ok, error = msg.ok, msg.error
                 if ok:
                     try:
-                        content = wire.decode(msg.content)
+                        content = wire.scan(msg.content)
                         if content.toi:
                             raise wire.WireError("it is an ordering request")
                     except wire.WireError as e:
@@ -663,7 +663,7 @@ class Replicator:
         self.stats.delivered += 1
         try:
             cached = self.local_decoded.pop(msg.ticket, None) if local else None
-            ws = cached if cached is not None else wire.decode(msg.writeset)
+            ws = cached if cached is not None else wire.scan(msg.writeset)
         except wire.WireError as e:
             self.stats.malformed += 1
             self.stats.cert_failures += 1

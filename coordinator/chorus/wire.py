@@ -200,6 +200,18 @@ class Writeset:
     flags: int = 0
     encoding: int = UTF8
     raw: bytes = field(default=b"", compare=False, repr=False)  # the encoded form, when decoded
+    # Read by scan(): ``rows`` holds its schema change items only (the row changes stay in
+    # ``raw``, for the apply function), and ``scanned_changes`` the tables its rows change other
+    # than by INSERT.
+    scanned: bool = field(default=False, compare=False, repr=False)
+    scanned_changes: frozenset[int] = field(default=frozenset(), compare=False, repr=False)
+
+    @property
+    def changed_tables(self) -> frozenset[int]:
+        """The indexes of the tables it UPDATEs, DELETEs from or TRUNCATEs."""
+        if self.scanned:
+            return self.scanned_changes
+        return frozenset(r.table for r in self.rows if isinstance(r, Row) and r.op != OP_INSERT)
 
     @property
     def has_schema(self) -> bool:
@@ -251,12 +263,23 @@ def name_bytes(s: str) -> bytes:
 def decode(buf: bytes) -> Writeset:
     """Parse writeset bytes; raise :class:`WireError` on anything malformed."""
     try:
-        return _decode(bytes(buf))
+        return _decode(bytes(buf), True)
     except (struct.error, IndexError) as e:
         raise WireError(f"writeset truncated: {e}") from e
 
 
-def _decode(buf: bytes) -> Writeset:
+def scan(buf: bytes) -> Writeset:
+    """Check writeset bytes as :func:`decode` does, and read what certification, scheduling and
+    schema changes need (header, tables, schema change items, keys) without making objects of
+    the row values: the live path's reading (the apply function reads the rows, from ``raw``).
+    The result is ``scanned``: its ``rows`` are its schema change items only."""
+    try:
+        return _decode(bytes(buf), False)
+    except (struct.error, IndexError) as e:
+        raise WireError(f"writeset truncated: {e}") from e
+
+
+def _decode(buf: bytes, full: bool) -> Writeset:
     n = len(buf)
     if n < _HEAD.size or buf[:2] != MAGIC:
         raise WireError("not a writeset (bad magic)" if buf[:2] != MAGIC else "writeset truncated in header")
@@ -345,23 +368,28 @@ def _decode(buf: bytes) -> Writeset:
         for _v in range(cnt):
             kind = buf[pos]
             if kind == VAL_NULL:
-                out.append(None)
+                if full:
+                    out.append(None)
                 pos += 1
             elif kind == VAL_TEXT or kind == VAL_BINARY:
                 (ln,) = u32(buf, pos + 1)
                 end = pos + 5 + ln
                 if end > n:
                     raise WireError(f"writeset truncated reading {what}")
-                out.append(buf[pos + 5:end] if kind == VAL_TEXT else Binary(buf[pos + 5:end]))
+                if full:
+                    out.append(buf[pos + 5:end] if kind == VAL_TEXT else Binary(buf[pos + 5:end]))
                 pos = end
             else:
                 raise WireError(f"{what} has unknown value kind {kind:#x}")
         return tuple(out), pos
 
     rows: list[Item] = []
+    nschema = 0
+    changes: set[int] = set()
     for _ in range(nrows):
         op = chr(buf[pos])
         if op == OP_SCHEMA:
+            nschema += 1
             (nset,) = u16(buf, pos + 1)
             pos += 3
             settings = []
@@ -385,15 +413,19 @@ def _decode(buf: bytes) -> Writeset:
             pos += 1
             if tflags & ~TRUNCATE_FLAGS_KNOWN:
                 raise WireError(f"TRUNCATE with unknown flags {tflags:#x}")
-            rows.append(Row(op, ti, (), (), tflags))
+            changes.add(ti)
+            if full:
+                rows.append(Row(op, ti, (), (), tflags))
             continue
         old: tuple[Value, ...] = ()
         new: tuple[Value, ...] = ()
         if op == "U" or op == "D":
             old, pos = values(pos, len(t.identity), "old tuple")
+            changes.add(ti)
         if op == "I" or op == "U":
             new, pos = values(pos, len(t.columns), "new tuple")
-        rows.append(Row(op, ti, old, new))
+        if full:
+            rows.append(Row(op, ti, old, new))
 
     keys: list[Key] = []
     for _ in range(nkeys):
@@ -414,15 +446,18 @@ def _decode(buf: bytes) -> Writeset:
             pos = end
         # the encoded parts are exactly what key_hash hashes
         keys.append(Key(_MODES[mode], tuple(parts), _blake2b(view[start:pos], digest_size=16).digest()))
-    if flags & FLAG_TOI and (ntables or len(rows) != 1 or not isinstance(rows[0], Schema)):
+    if flags & FLAG_TOI and (ntables or nrows != 1 or nschema != 1):
         raise WireError("a schema change's ordering request holds exactly one schema change item")
-    if flags & FLAG_CONCURRENT and (flags & FLAG_TOI or not flags & FLAG_DDL or ntables or len(rows) != 1):
+    if flags & FLAG_CONCURRENT and (flags & FLAG_TOI or not flags & FLAG_DDL or ntables or nrows != 1):
         raise WireError("a concurrent index change holds exactly one schema change item")
-    if bool(flags & FLAG_DDL) != any(isinstance(r, Schema) for r in rows):
+    if bool(flags & FLAG_DDL) != (nschema > 0):
         raise WireError("the DDL flag does not match the schema change items")
     if pos != n:
         raise WireError(f"{n - pos} trailing bytes after writeset")
-    return Writeset(xid, pid, last_seen, tuple(tables), tuple(rows), tuple(keys), flags, encoding, buf)
+    if full:
+        return Writeset(xid, pid, last_seen, tuple(tables), tuple(rows), tuple(keys), flags, encoding, buf)
+    return Writeset(xid, pid, last_seen, tuple(tables), tuple(rows), tuple(keys), flags, encoding, buf,
+                    True, frozenset(changes))
 
 
 _blake2b = hashlib.blake2b
@@ -446,6 +481,8 @@ def _tuple(values: tuple[Value, ...]) -> bytes:
 
 def encode(ws: Writeset) -> bytes:
     """Write a writeset (the inverse of :func:`decode`); the extension does the same in C."""
+    if ws.scanned:
+        raise ValueError("a scanned writeset is written as it was read: use its raw bytes")
     flags = (ws.flags & ~FLAG_DDL) | (FLAG_DDL if any(r.op == OP_SCHEMA for r in ws.rows) else 0)
     out = [MAGIC, struct.pack(">BBIIQHHII", VERSION, flags, ws.xid, ws.pid, ws.last_seen, ws.encoding,
                               len(ws.tables), len(ws.rows), len(ws.keys))]
@@ -480,6 +517,8 @@ def merge(writesets: list[Writeset]) -> Writeset:
     shared, the keys of all (catch-up applies a run of consecutive GIDs in one transaction)."""
     if any(ws.has_schema or ws.statements for ws in writesets):
         raise ValueError("schema changes are not merged")
+    if any(ws.scanned for ws in writesets):
+        raise ValueError("scanned writesets are not merged: decode them")
     if len(writesets) == 1:
         return writesets[0]
     tables: list[Table] = []
