@@ -28,6 +28,7 @@ from chorus import busproto as bp
 from chorus import recovery as rc
 from chorus import wire
 from chorus.applier import ApplyConnectionLost, ApplyError, ApplySession, TransientApplyError
+from chorus.blockers import Blocking, BlockerWatch
 from chorus.bus import Bus, BusError, View
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.config import NodeConfig
@@ -1039,18 +1040,11 @@ class Coordinator:
         self.stopping.set()
 
     async def _blocker_loop(self) -> None:
-        """Local loses to remote (DESIGN.md invariant 6). Every BLOCKER_CHECK_S, one query asks
-        what blocks the sessions of certified writesets that have been running a while (apply
-        sessions, and the backend of a schema change while it runs). A local transaction that is
-        not certified and holds a lock one of them needs is aborted: it comes later in the total
-        order and would lose anyway. A statement waiting for a lock is cancelled at once (40001);
-        one still running after the grace period too; a session idle in transaction gets 40001
-        at its next statement or COMMIT and is closed if still idle after the grace (PostgreSQL
-        cannot abort an idle transaction and keep the connection). Appliers are never touched; a
-        certified local transaction only in the deadlock case described below."""
-        grace = self.cfg.idle_blocker_grace_ms / 1000
-        first_seen: dict[tuple[int, int, Any], float] = {}  # (gid, pid, xact_start) -> first seen
-        ended: set[tuple[int, int]] = set()  # (gid, pid): certified sessions terminated
+        """Local loses to remote (DESIGN.md invariant 6; the policy: chorus/blockers.py). Every
+        BLOCKER_CHECK_S, one query asks what blocks the sessions of certified writesets that have
+        been running a while (apply sessions, and the backend of a schema change while it runs);
+        the watch says which local sessions to abort and how."""
+        watch = BlockerWatch(self.cfg.idle_blocker_grace_ms / 1000)
         while True:
             await asyncio.sleep(BLOCKER_CHECK_S)
             if self.db is None or not self.db_ok.is_set():
@@ -1060,10 +1054,7 @@ class Coordinator:
                 del self._waiters[g]
             waiting = {w.pid(): g for g, w in self._waiters.items()
                        if now - w.since >= BLOCKER_CHECK_S and w.pid()}
-            live = set(waiting.values())
-            for k in [k for k in first_seen if k[0] not in live]:
-                del first_seen[k]
-            ended = {e for e in ended if e[0] in live}
+            watch.forget(waiting.values())
             if not waiting:
                 continue
             try:
@@ -1071,45 +1062,16 @@ class Coordinator:
                     "SELECT w.pid, a.pid, a.state, a.xact_start FROM unnest(%s::int[]) AS w(pid),"
                     " unnest(pg_blocking_pids(w.pid)) AS b(pid) JOIN pg_stat_activity a ON a.pid = b.pid",
                     (list(waiting),))
-                await self._abort_blockers(rows, waiting, grace, first_seen, ended)
+                appliers = {w.pid for w in [*self.workers, self.replay_session]}
+                certified = {p.backend.pid: g for g, p in self.pending.items() if p.backend is not None}
+                for a in watch.decide([Blocking(*row) for row in rows], waiting, appliers, certified,
+                                      time.monotonic()):
+                    if a.note:
+                        (log.warning if a.warning else log.info)("%s", a.note)
+                    if await self._q("SELECT chorus.abort_local(%s, %s, %s)", (a.pid, a.gid, a.how)) and a.counts:
+                        self.counters.local_aborts += 1
             except psycopg.Error as e:
                 log.warning("checking what blocks the appliers: %s", str(e).strip())
-
-    async def _abort_blockers(self, rows: list[tuple[Any, ...]], waiting: dict[int, int], grace: float,
-                              first_seen: dict[tuple[int, int, Any], float],
-                              ended: set[tuple[int, int]]) -> None:
-        now = time.monotonic()
-        appliers = {w.pid for w in [*self.workers, self.replay_session]}
-        certified = {p.backend.pid: g for g, p in self.pending.items() if p.backend is not None}
-        for waiter, pid, state, xact_start in rows:
-            gid = waiting[waiter]
-            if pid in appliers:
-                continue
-            since = first_seen.setdefault((gid, pid, xact_start), now)
-            if pid in certified:
-                # It commits before us, unless it comes later in the order: then it waits for our
-                # turn while we wait for its lock (one it took without writing the row, e.g.
-                # SELECT FOR UPDATE). Its session is ended after the grace and its writeset
-                # committed after ours (invariant 3).
-                if certified[pid] > gid and now - since >= grace and (gid, pid) not in ended:
-                    log.warning("GID %d waits for a lock of local backend %d whose certified GID %d comes "
-                                "later: ending that session, GID %d is committed from its writeset",
-                                gid, pid, certified[pid], certified[pid])
-                    await self._q("SELECT chorus.abort_local(%s, %s, 'terminate')", (pid, gid))
-                    ended.add((gid, pid))
-                continue
-            idle = state is not None and state.startswith("idle")
-            late = now - since >= grace
-            if since == now or not idle or late:
-                # a statement waiting for a lock is cancelled at once, one still running after the
-                # grace too; an idle session is flagged, then closed
-                how = ("close" if late else "flag") if idle else ("interrupt" if late else "cancel")
-                if since == now or how == "close":
-                    log.info("GID %d waits for local backend %d (%s, not certified): %s",
-                             gid, pid, state, "closing the session" if how == "close"
-                             else "aborting its transaction")
-                if await self._q("SELECT chorus.abort_local(%s, %s, %s)", (pid, gid, how)) and since == now:
-                    self.counters.local_aborts += 1
 
     # ---- partial recovery ---------------------------------------------------------------
 
