@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg  # noqa: E402
 
 from chorus.config import load_config, write_config  # noqa: E402
-from chorus.coordinator import admin_request  # noqa: E402
+from chorus.admin import admin_request  # noqa: E402
 from chorus.localcluster import LocalCluster  # noqa: E402
 from pgbench_compare import pgbench_init, pgbench_run  # noqa: E402
 

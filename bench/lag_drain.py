@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chorus.coordinator import admin_request  # noqa: E402
+from chorus.admin import admin_request  # noqa: E402
 from chorus.localcluster import LocalCluster  # noqa: E402
 from pgbench_compare import pgbench_init, pgbench_run  # noqa: E402
 

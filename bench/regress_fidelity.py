@@ -48,7 +48,7 @@ sys.path.insert(0, str(HERE.parent / "coordinator"))
 
 from chorus import fidelity  # noqa: E402
 from chorus.check import CheckError, NodeRef, wait_quiescent  # noqa: E402
-from chorus.coordinator import admin_request  # noqa: E402
+from chorus.admin import admin_request  # noqa: E402
 
 PGBIN = "/usr/lib/postgresql/15/bin"
 CHORUS = str(HERE.parent / ".venv" / "bin" / "chorus")

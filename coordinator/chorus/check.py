@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Sequence
 import psycopg
 from psycopg import sql
 
-from chorus.coordinator import admin_request
+from chorus.admin import admin_request
 
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "chorus", "pg_toast")
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import os
 import signal
@@ -23,6 +22,7 @@ from typing import Any, Awaitable, Callable, Coroutine, Optional
 
 import psycopg
 
+from chorus import admin
 from chorus import backendproto as bpf
 from chorus import busproto as bp
 from chorus import recovery as rc
@@ -1305,38 +1305,26 @@ class Coordinator:
                 "ddl": p.writeset.has_schema, **self.scheduler.describe(gid)}
 
     async def _serve_admin(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            line = await asyncio.wait_for(reader.readline(), 10)
-            try:
-                req = json.loads(line or b"{}")
-                cmd = req.get("cmd", "status")
-            except (json.JSONDecodeError, AttributeError):
-                cmd = None
-            if cmd == "status":
-                resp: dict[str, Any] = {"ok": True, "status": self.status()}
-            elif cmd == "settled":
-                # verify: has this node committed every writeset it certified up to GID upto?
-                upto = int(req.get("upto", 0))
-                resp = {"ok": True, "settled": self.replicator is not None and
-                        not any(g <= upto for g in self.pending)}
-            elif cmd in ("stop", "leave"):
-                self.stopping.set()
-                resp = {"ok": True}
-            elif cmd == "recover":
-                r = self.replicator
-                if r is None or r.phase in (Phase.ONLINE, Phase.RECOVERING):
-                    resp = {"ok": False, "error": f"the node is {r.phase.value if r else 'starting'}"}
-                else:
-                    await self._act(r.rejoin(await self._committed_gid(), time.monotonic()))
-                    resp = {"ok": True}
-            else:
-                resp = {"ok": False, "error": f"unknown admin command {cmd!r}"}
-            writer.write(json.dumps(resp).encode() + b"\n")
-            await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+        await admin.serve(reader, writer, self._admin_answer)
+
+    async def _admin_answer(self, cmd: str, req: dict[str, Any]) -> dict[str, Any]:
+        """The answer to one admin request (chorus/admin.py)."""
+        if cmd == "status":
+            return {"ok": True, "status": self.status()}
+        if cmd == "settled":
+            # verify: has this node committed every writeset it certified up to GID upto?
+            upto = int(req.get("upto", 0))
+            return {"ok": True, "settled": self.replicator is not None and not any(g <= upto for g in self.pending)}
+        if cmd in ("stop", "leave"):
+            self.stopping.set()
+            return {"ok": True}
+        if cmd == "recover":
+            r = self.replicator
+            if r is None or r.phase in (Phase.ONLINE, Phase.RECOVERING):
+                return {"ok": False, "error": f"the node is {r.phase.value if r else 'starting'}"}
+            await self._act(r.rejoin(await self._committed_gid(), time.monotonic()))
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown admin command {cmd!r}"}
 
 
 def _raw(ws: wire.Writeset) -> bytes:
@@ -1385,23 +1373,5 @@ async def _unix_server(path: str, create: Callable[[str], Awaitable[asyncio.base
         os.umask(old)
     os.chmod(path, 0o600)
     return server
-
-
-def admin_request(path: str, cmd: str = "status", timeout: float = 5.0, **args: Any) -> dict[str, Any]:
-    """Blocking client for the admin socket (used by the CLI)."""
-    import socket
-
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(path)
-        s.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-    out: dict[str, Any] = json.loads(buf)
-    return out
 
 

@@ -288,7 +288,7 @@ class LocalCluster:
         self._chown(Path(path).parent)
 
     def wait_online(self, meta: Meta, names: Optional[list[str]] = None, timeout: float = 60) -> None:
-        from chorus.coordinator import admin_request
+        from chorus.admin import admin_request
 
         deadline = time.monotonic() + timeout
         pending = [n for n in meta.nodes if names is None or n.name in names]

@@ -424,7 +424,7 @@ HOLD_MS = 60000
 
 def common_snapshots(nodes: list[tuple[Endpoint, str]], say: Say, timeout: float = 60) -> list[Snapshot]:
     """Snapshots of every node at one GID. ``nodes``: (endpoint, admin socket)."""
-    from chorus.coordinator import admin_request
+    from chorus.admin import admin_request
 
     margin = 20
     deadline = time.monotonic() + timeout

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from chorus.check import NodeRef, compare, wait_quiescent
-from chorus.coordinator import admin_request
+from chorus.admin import admin_request
 from chorus.lab.rig import Lab
 from chorus.workload import BANK_SCHEMA, SET_SCHEMA, bank_setup
 

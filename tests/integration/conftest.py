@@ -53,7 +53,7 @@ class Cluster:
         assert not diffs, "\n".join(diffs)
 
     def status(self, i: int) -> dict[str, Any]:
-        from chorus.coordinator import admin_request
+        from chorus.admin import admin_request
         return admin_request(self.nodes[i].admin)["status"]
 
     def wait_online(self, i: int, timeout: float = 60) -> None:

@@ -16,7 +16,7 @@ def _cluster(directory: str, quiet: bool = False) -> LocalCluster:
 
 
 def _node_status(admin: str) -> dict[str, Any]:
-    from chorus.coordinator import admin_request
+    from chorus.admin import admin_request
 
     try:
         st: dict[str, Any] = admin_request(admin, timeout=2)["status"]

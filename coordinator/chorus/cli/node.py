@@ -75,7 +75,7 @@ def bootstrap(config_path: str, force: bool) -> None:
 
 
 def fetch_status(admin_socket: str) -> dict[str, Any]:
-    from chorus.coordinator import admin_request
+    from chorus.admin import admin_request
 
     try:
         resp = admin_request(admin_socket)
@@ -274,7 +274,7 @@ def leave(config_path: Optional[str], directory: Optional[str], name: Optional[s
         except LocalClusterError as e:
             raise ChorusCliError(str(e)) from e
         return
-    from chorus.coordinator import admin_request
+    from chorus.admin import admin_request
 
     resp = admin_request(_admin_of(config_path, directory, name), "leave")
     if not resp.get("ok"):
@@ -290,7 +290,7 @@ def recover(config_path: Optional[str], directory: Optional[str], name: Optional
             as_json: bool) -> None:
     """Ask a node that stayed out (needs recovery, or outside the primary component) to join again
     and catch up from a member's writeset log, and follow it until it is online."""
-    from chorus.coordinator import admin_request
+    from chorus.admin import admin_request
 
     admin = _admin_of(config_path, directory, name)
     resp = admin_request(admin, "recover")

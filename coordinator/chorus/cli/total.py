@@ -45,7 +45,7 @@ def _endpoint(n: Any) -> Any:
 
 
 def _online_status(c: Any, meta: Any, name: str) -> Optional[dict[str, Any]]:
-    from chorus.coordinator import admin_request
+    from chorus.admin import admin_request
 
     try:
         st: dict[str, Any] = admin_request(c.config(meta, c._node(meta, name)).admin_socket)["status"]
@@ -98,7 +98,7 @@ def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster
     node adopts the UUID of the cluster its group runs when it joins."""
     import os
 
-    from chorus.coordinator import admin_request
+    from chorus.admin import admin_request
     from chorus.state import load_state, save_state
     from chorus.total import Endpoint, TotalRecoveryError, total_recover
 

@@ -226,7 +226,7 @@ def _groups(group_of: dict[int, int]) -> list[list[int]]:
 def control(path: str, req: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
     """Send one command to a running switch and return its answer (the same JSON-lines exchange
     as a coordinator's admin socket)."""
-    from chorus.coordinator import admin_request  # not needed by the switch process itself
+    from chorus.admin import admin_request  # not needed by the switch process itself
 
     args = {k: v for k, v in req.items() if k != "cmd"}
     answer = admin_request(path, str(req["cmd"]), timeout, **args)
