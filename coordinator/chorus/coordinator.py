@@ -114,7 +114,7 @@ class _Waiter:
 @dataclass
 class _Pending:
     gid: int
-    wait_for: int
+    prev: int  # the GID certified before it
     origin: str
     writeset: wire.Writeset
     backend: Optional[_Backend] = None
@@ -125,13 +125,13 @@ class _Pending:
     # inconsistency voting decided that the majority failed to apply it: it commits empty here
     skip: bool = False
     delivered_at: float = field(default_factory=time.monotonic)
-    # what its commit waits for: wait_for (the previous certified GID) with one commit lane, the
-    # previous certified GID of its lane with several (docs/APPLY.md; set by _assign_lane)
-    lane_wait: int = -1
+    # what its commit waits for: prev with one commit lane, the previous certified GID of its
+    # lane with several (docs/APPLY.md; set by _assign_lane); the extension's names are the same
+    wait_for: int = -1
 
     def __post_init__(self) -> None:
-        if self.lane_wait < 0:
-            self.lane_wait = self.wait_for
+        if self.wait_for < 0:
+            self.wait_for = self.prev
         if self.writeset.toi:  # a schema change's place: its outcome and content come later
             self.ddl_known = asyncio.Event()
 
@@ -515,7 +515,7 @@ class Coordinator:
             elif isinstance(a, (Apply, DdlOutcome)) and self._held is not None:
                 self._held.append(a)  # after the catch-up range
             elif isinstance(a, Apply):
-                self._admit(_Pending(a.gid, a.wait_for, a.origin, a.writeset), local=False)
+                self._admit(_Pending(a.gid, a.prev, a.origin, a.writeset), local=False)
                 self._dispatch_soon()
             elif isinstance(a, DdlOutcome):
                 self.feeder.outcome(a.gid, a.ok, _raw(a.content) if a.content is not None else b"")
@@ -742,14 +742,14 @@ class Coordinator:
                 b.send(bpf.verdict_frame(kind, v.gid, 0, v.reason))
             return
         assert v.writeset is not None
-        p = _Pending(v.gid, v.wait_for, self.cfg.name, v.writeset, b)
+        p = _Pending(v.gid, v.prev, self.cfg.name, v.writeset, b)
         self._admit(p, local=True)
         if b is None or b.closed:
             log.info("backend of certified GID %d is gone: replaying it", v.gid)
             self._replay(v.gid)
             return
         b.certified.add(v.gid)
-        b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, p.lane_wait, "", prev=v.wait_for))
+        b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, p.wait_for, "", prev=v.prev))
         if v.writeset.toi:  # it runs now: local transactions in its way lose
             self._waiters[v.gid] = _Waiter(lambda: b.pid if p.backend is b else 0, time.monotonic())
 
@@ -767,7 +767,7 @@ class Coordinator:
             b = p.backend
             if not b.closed:
                 b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT if o.ok else bpf.VERDICT_REFUSED,
-                                         o.gid, p.wait_for, o.error))
+                                         o.gid, p.prev, o.error))
             if o.ok:
                 return  # the backend commits it
             self._replay(o.gid)  # commit the GID without the change
@@ -788,10 +788,10 @@ class Coordinator:
         """What the commit of ``p`` waits for; certified writesets come here in GID order."""
         if self.lanes > 1:  # (a schema change also waits for everything before it: applier.py)
             lane = p.gid % self.lanes
-            p.lane_wait = self._lane_last[lane]
+            p.wait_for = self._lane_last[lane]
             self._lane_last[lane] = p.gid
         else:
-            p.lane_wait = p.wait_for
+            p.wait_for = p.prev
 
     def _local_done(self, gid: int) -> None:
         p = self.pending.pop(gid, None)
@@ -922,8 +922,8 @@ class Coordinator:
             try:
                 first = ps[0]
                 assert first is not None
-                done = await session.apply_run(gid, first.lane_wait, writesets,
-                                               ddl_ok=p.ddl_ok is not False and not p.skip, prev=first.wait_for)
+                done = await session.apply_run(gid, first.wait_for, writesets,
+                                               ddl_ok=p.ddl_ok is not False and not p.skip, prev=first.prev)
             finally:
                 self._waiters.pop(gid, None)
             self.last_apply_ms = (time.monotonic() - t0) * 1000
@@ -1104,13 +1104,13 @@ class Coordinator:
         assert r is not None
         self._held = []
         prog = self.catchup = rc.Progress(c.after, c.upto)
-        prev = c.after  # the last certified GID handed to apply: the next one's wait_for
+        prev = c.after  # the last certified GID handed to apply: the next one's prev
         # Runs of consecutive row writesets are applied as one transaction (wire.merge): the
         # commit of the run's last GID covers the GIDs before it, and the per-transaction cost
         # (a round trip, a commit, the commit turn) is paid once per run, not per writeset.
         batch: list[LogRecord] = []
         batch_bytes = 0
-        batch_wait_for = prev
+        batch_prev = prev
 
         def flush() -> None:
             nonlocal batch, batch_bytes
@@ -1123,20 +1123,20 @@ class Coordinator:
                 raise rc.RecoveryError(f"a writeset in GIDs {batch[0].gid}..{batch[-1].gid} from the partner's "
                                        f"log does not decode: {e}") from e
             last = batch[-1]
-            self.pending[last.gid] = _Pending(last.gid, batch_wait_for, last.origin, merged)
+            self.pending[last.gid] = _Pending(last.gid, batch_prev, last.origin, merged)
             self.scheduler.add(last.gid, _keys(merged), local=False)
             batch, batch_bytes = [], 0
             self._dispatch()
 
         async def take(rec: LogRecord) -> None:
-            nonlocal prev, batch_wait_for, batch_bytes
+            nonlocal prev, batch_prev, batch_bytes
             prog.position, prog.records, prog.bytes = rec.gid, prog.records + 1, prog.bytes + len(rec.payload)
             if rec.gid <= self.watermark:
                 prev = rec.gid
                 return
             if not _is_ddl(rec.payload) and self.catchup_batch > 1 and self.lanes == 1:
                 if not batch:
-                    batch_wait_for = prev
+                    batch_prev = prev
                 self.feeder.certified(rec.gid, rec.origin, rec.payload, False)
                 batch.append(rec)
                 batch_bytes += len(rec.payload)
@@ -1300,7 +1300,7 @@ class Coordinator:
 
     def _describe_pending(self, gid: int) -> dict[str, Any]:
         p = self.pending[gid]
-        return {"gid": gid, "wait_for": p.wait_for, "origin": p.origin,
+        return {"gid": gid, "prev": p.prev, "wait_for": p.wait_for, "origin": p.origin,
                 "backend_pid": p.backend.pid if p.backend is not None else None,
                 "ddl": p.writeset.has_schema, **self.scheduler.describe(gid)}
 

@@ -57,7 +57,7 @@ class LocalVerdict:
     ticket: int
     ok: bool
     gid: int
-    wait_for: int
+    prev: int  # the GID certified before it
     reason: str
     writeset: Optional[wire.Writeset]
     unknown: bool = False  # certified, but the node left the primary component before it was stable
@@ -65,10 +65,10 @@ class LocalVerdict:
 
 @dataclass(frozen=True)
 class Apply:
-    """Apply a certified remote writeset; commit after ``wait_for``."""
+    """Apply a certified remote writeset; ``prev``: the GID certified before it."""
 
     gid: int
-    wait_for: int
+    prev: int
     origin: str
     writeset: wire.Writeset
 
@@ -691,13 +691,13 @@ class Replicator:
                 self.stats.local_failed += 1
                 return [LocalVerdict(msg.ticket, False, gid, 0, v.reason, ws)]
             return []
-        wait_for, self.last_certified = self.last_certified, gid
+        prev, self.last_certified = self.last_certified, gid
         self.stats.certified += 1
         if local:
             self.stats.local_certified += 1
-            return self._hold(gid, LocalVerdict(msg.ticket, True, gid, wait_for, "", ws))
+            return self._hold(gid, LocalVerdict(msg.ticket, True, gid, prev, "", ws))
         self.stats.remote_certified += 1
-        return self._hold(gid, Apply(gid, wait_for, msg.origin, ws))
+        return self._hold(gid, Apply(gid, prev, msg.origin, ws))
 
     def _ddl_settled(self, gid: int, ok: bool, error: str,
                      content: Optional[wire.Writeset] = None) -> list[Action]:
