@@ -213,7 +213,7 @@ class Coordinator:
                      if cfg.tls_cert and cfg.tls_key and cfg.secret_file else None)
         self.recovery_server: Optional[rc.RecoveryServer] = None
         self.catchup: Optional[rc.Progress] = None  # the current or last partial recovery
-        self._held: Optional[list[Any]] = None  # live actions held while catching up
+        self._held_live: Optional[list[Any]] = None  # live actions held while catching up
         self._log_offers: dict[str, list[bp.LogInfo]] = {}
 
     # ---- start and stop -----------------------------------------------------------------
@@ -512,8 +512,8 @@ class Coordinator:
         for a in actions:
             if isinstance(a, LocalVerdict):
                 self._local_verdict(a)
-            elif isinstance(a, (Apply, DdlOutcome)) and self._held is not None:
-                self._held.append(a)  # after the catch-up range
+            elif isinstance(a, (Apply, DdlOutcome)) and self._held_live is not None:
+                self._held_live.append(a)  # after the catch-up range
             elif isinstance(a, Apply):
                 self._admit(_Pending(a.gid, a.prev, a.origin, a.writeset), local=False)
                 self._dispatch_soon()
@@ -853,7 +853,7 @@ class Coordinator:
     # ---- apply --------------------------------------------------------------------------
 
     def _flow_check(self) -> None:
-        if self._held is not None:
+        if self._held_live is not None:
             return  # streaming a catch-up: the cluster need not wait for that (Galera's joiner)
         backlog = len(self.pending)
         if not self._flow_requested and backlog >= self.cfg.flow_pause_at:
@@ -1102,7 +1102,7 @@ class Coordinator:
         committed."""
         r = self.replicator
         assert r is not None
-        self._held = []
+        self._held_live = []
         prog = self.catchup = rc.Progress(c.after, c.upto)
         prev = c.after  # the last certified GID handed to apply: the next one's prev
         # Runs of consecutive row writesets are applied as one transaction (wire.merge): the
@@ -1179,14 +1179,14 @@ class Coordinator:
                         break  # following the live stream: one round at a time
                 # The live stream held meanwhile is in the members' logs too: rather than hold it
                 # all in memory and apply it in one go, keep streaming while that shrinks it.
-                self._held = [a for a in self._held if not (isinstance(a, Apply) and a.gid <= prog.position)]
-                live = [a.gid for a in self._held if isinstance(a, Apply)]
+                self._held_live = [a for a in self._held_live if not (isinstance(a, Apply) and a.gid <= prog.position)]
+                live = [a.gid for a in self._held_live if isinstance(a, Apply)]
                 if len(live) <= CATCHUP_WINDOW or (backlog is not None and len(live) >= backlog):
                     break
                 backlog, target = len(live), live[-1]
                 prog.upto = target
             prog.state = "applying"
-            held, self._held = self._held, None
+            held, self._held_live = self._held_live, None
             await self._act(held)
             while self.watermark < c.upto and not self.fatal:
                 await asyncio.sleep(0.02)
@@ -1195,8 +1195,8 @@ class Coordinator:
                      prog.records, prog.bytes / 1e6, prog.partner)
             await self._act(r.recovered())
         finally:
-            if self._held is not None:
-                self._held = None
+            if self._held_live is not None:
+                self._held_live = None
                 if prog.state != "done":
                     prog.state, prog.finished = "failed", time.monotonic()
 

@@ -221,7 +221,7 @@ class Replicator:
     votes: Votes = field(default_factory=Votes)
     released: int = 0  # the last GID released
     received: dict[str, int] = field(default_factory=dict)  # bus node -> GID it reported delivered
-    _held: list[tuple[int, Action]] = field(default_factory=list)
+    _unstable: list[tuple[int, Action]] = field(default_factory=list)  # certified, not yet released
     _reported: int = 0
     _report_on_bus: bool = False
     _report_last_tick: int = -1  # the report that was on the bus at the previous tick
@@ -386,7 +386,7 @@ class Replicator:
         # Writesets not yet known to a quorum: the primary component may or may not have them.
         # None commits here; the node learns their fate when it rejoins (partial recovery
         # brings those the primary has). Their clients hear that the outcome is unknown.
-        held, self._held = self._held, []
+        held, self._unstable = self._unstable, []
         held += [(gid, LocalVerdict(m.ticket, True, gid, 0, "", ws)) for gid, m, ws in self._deferred
                  if m.origin == self.node]
         self._deferred.clear()
@@ -406,7 +406,7 @@ class Replicator:
     @property
     def held_count(self) -> int:
         """Certified writesets waiting until a quorum of bus nodes is known to have them."""
-        return len(self._held)
+        return len(self._unstable)
 
     def _covered(self, gid: int) -> bool:
         """Whether a quorum of bus nodes is known to have delivered GID ``gid``."""
@@ -417,11 +417,11 @@ class Replicator:
         return self.votes.holds(nodes)
 
     def _hold(self, gid: int, action: Action) -> list[Action]:
-        if self.votes.quorum <= 1 and not self._held and not self.votes.tie_breaker:
+        if self.votes.quorum <= 1 and not self._unstable and not self.votes.tie_breaker:
             # this bus node alone is a quorum (one Corosync for all nodes): it has delivered it
             self.released = gid
             return [action]
-        self._held.append((gid, action))
+        self._unstable.append((gid, action))
         return self._release()
 
     def _release(self) -> list[Action]:
@@ -429,16 +429,16 @@ class Replicator:
         if self.votes.quorum > 1 and self.phase in _FOLLOWING and not self._report_on_bus and self.gid > self._reported:
             self._reported, self._report_on_bus = self.gid, True
             out.append(Send(bp.Received(self.node, self.gid)))
-        if not self._held:
+        if not self._unstable:
             self.released = max(self.released, self.last_certified)
             return out
         n = 0
-        while n < len(self._held) and self._covered(self._held[n][0]):
-            out.append(self._held[n][1])
+        while n < len(self._unstable) and self._covered(self._unstable[n][0]):
+            out.append(self._unstable[n][1])
             n += 1
         if n:
-            self.released = self._held[n - 1][0]
-            del self._held[:n]
+            self.released = self._unstable[n - 1][0]
+            del self._unstable[:n]
         return out
 
     def _received(self, sender: str, msg: bp.Received) -> list[Action]:
@@ -511,7 +511,7 @@ class Replicator:
     def _bootstrapped(self, sender: str, msg: bp.Bootstrap) -> list[Action]:
         self.cluster_uuid = msg.cluster_uuid
         self.gid = self.last_certified = self.released = msg.gid
-        self._held.clear()
+        self._unstable.clear()
         self._deferred.clear()
         self.ddl_open.clear()
         self.certifier = Certifier(msg.gid)
@@ -544,7 +544,7 @@ class Replicator:
         self.cluster_uuid = msg.cluster_uuid
         self.gid = msg.gid
         self.last_certified = self.released = msg.certified
-        self._held.clear()
+        self._unstable.clear()
         self._deferred.clear()
         self.ddl_open.clear()
         self.certifier = Certifier.restore(msg.certifier)

@@ -415,14 +415,14 @@ class LogFeeder:
 
     def __init__(self, wslog: WritesetLog) -> None:
         self.log = wslog
-        self._held: deque[tuple[int, str, bytes, bool]] = deque()  # (gid, origin, payload, is a schema change)
+        self._unwritten: deque[tuple[int, str, bytes, bool]] = deque()  # (gid, origin, payload, is a schema change)
         self._outcomes: dict[int, tuple[bool, bytes]] = {}  # gid -> (ran, its content)
 
     def certified(self, gid: int, origin: str, payload: bytes, ddl: bool) -> None:
         if gid <= self.log.end_gid:
             return  # already logged (a catch-up record this node held before it restarted)
-        self._held.append((gid, origin, payload, ddl))
-        if len(self._held) >= self.FLUSH_AT:
+        self._unwritten.append((gid, origin, payload, ddl))
+        if len(self._unwritten) >= self.FLUSH_AT:
             self.flush()
 
     def outcome(self, gid: int, ok: bool, content: bytes = b"") -> None:
@@ -434,14 +434,14 @@ class LogFeeder:
     @property
     def waiting(self) -> int:
         """Records held back by a schema change whose outcome is not known yet."""
-        return len(self._held) if any(ddl for _, _, _, ddl in self._held) else 0
+        return len(self._unwritten) if any(ddl for _, _, _, ddl in self._unwritten) else 0
 
     def flush(self) -> None:
         """Write every record that can be written now."""
         records: list[tuple[int, str, Buffer, int]] = []
         last = self.log.end_gid
-        while self._held:
-            gid, origin, payload, ddl = self._held[0]
+        while self._unwritten:
+            gid, origin, payload, ddl = self._unwritten[0]
             flags = 0
             if ddl:
                 outcome = self._outcomes.pop(gid, None)
@@ -451,7 +451,7 @@ class LogFeeder:
                 flags = 0 if ok else FLAG_DDL_SKIPPED
                 if ok and content:
                     payload = content
-            self._held.popleft()
+            self._unwritten.popleft()
             if gid <= last:
                 continue
             if len(payload) > self.log.max_payload(origin):
