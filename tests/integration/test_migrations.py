@@ -381,3 +381,30 @@ def test_create_and_drop_index_concurrently_under_load(mcluster: Cluster) -> Non
         c.execute("DROP INDEX cic_dup_ix")
     _wait_index(mcluster, "cic_dup_ix", None)
     _check(mcluster)
+
+
+def test_a_local_transaction_in_the_way_of_a_schema_change_loses(mcluster: Cluster) -> None:
+    """n2 reads a table in a transaction and keeps it open (its lock stays); n1 alters the table
+    in a migration. At its GID n2 applies the change as PostgreSQL would, with its lock: the local
+    transaction in the way is aborted with 40001 (a busy one at once, an idle one after the
+    grace period), not the change, and every node ends identical."""
+    with mcluster.connect(0) as c:
+        c.execute("CREATE TABLE in_the_way (id int PRIMARY KEY, v int)")
+        c.execute("INSERT INTO in_the_way VALUES (1, 1)")
+    mcluster.quiesce()
+    local = mcluster.connect(1, autocommit=False)
+    assert local.execute("SELECT count(*) FROM in_the_way").fetchone() == (1,)  # holds its lock, idle
+    with mcluster.connect(0, autocommit=False) as c:
+        c.execute("ALTER TABLE in_the_way ADD COLUMN w int DEFAULT 5")
+        c.execute("INSERT INTO in_the_way VALUES (2, 2, 2)")
+        c.commit()
+    mcluster.quiesce(timeout=60)  # n2 got through: the local transaction was ended
+    with pytest.raises(psycopg.Error) as exc:
+        local.execute("SELECT 1")
+        local.commit()
+    assert exc.value.sqlstate in ("40001", None), exc.value  # None: libpq saw only the closed socket
+    local.close()
+    assert mcluster.status(1)["local_aborts_for_appliers"] >= 1
+    with mcluster.connect(1) as c:
+        assert c.execute("SELECT id, v, w FROM in_the_way ORDER BY id").fetchall() == [(1, 1, 5), (2, 2, 2)]
+    _check(mcluster)
