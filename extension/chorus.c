@@ -242,7 +242,7 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 
 	if (!IsA(pstmt->utilityStmt, TransactionStmt))
 		chorus_check_aborted();
-	if (chorus_xact.applying && chorus_shared != NULL)
+	if ((chorus_xact.applying || chorus_replaying) && chorus_shared != NULL)
 	{
 		/* a replayed schema change: this node's tablespaces */
 		pstmt = chorus_ddl_replay_fixups(pstmt);
@@ -349,6 +349,10 @@ _PG_init(void)
 							 "Capture this session's writes to replicated tables.",
 							 "Off: the session's writes stay local (for loading identical data on every node).",
 							 &chorus_capture_enabled, true, PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("chorus.replaying",
+							 "This session runs schema changes replicated from another node (set by the coordinator).",
+							 "Their node-local parts are fixed up as in an apply: a tablespace this node lacks is left out.",
+							 &chorus_replaying, false, PGC_SUSET, 0, NULL, NULL, NULL);
 	DefineCustomBoolVariable("chorus.causal_reads",
 							 "Each READ COMMITTED statement first waits until this node has committed everything the cluster had committed when it began.",
 							 "Like Galera's wsrep_sync_wait. For REPEATABLE READ, call chorus.sync_wait() before BEGIN.",

@@ -110,6 +110,7 @@ extern int	chorus_causal_reads_timeout;
 /* GUCs */
 extern char *chorus_socket_path;
 extern bool chorus_capture_enabled;
+extern bool chorus_replaying;
 extern int	chorus_max_writeset_mb;
 extern char *chorus_exclude_schemas;
 

@@ -65,6 +65,7 @@
 #include "chorus.h"
 
 bool		chorus_replicate_ddl = true;
+bool		chorus_replaying = false;
 bool		chorus_replicate_roles = true;
 int			chorus_node_number = 0;
 int			chorus_max_nodes = 16;
@@ -230,6 +231,41 @@ chorus_is_node_object(ObjectType t)
 		t == OBJECT_LARGEOBJECT;	/* large objects are not replicated */
 }
 
+/*
+ * chorus_constant_datum / chorus_constant_bound
+ *		Whether a partition bound, as written, is made of constants (a literal,
+ *		a cast literal, MINVALUE or MAXVALUE). A bound such as current_timestamp
+ *		is evaluated when the statement runs: replayed later on another node it
+ *		would give that node another bound, and rows would go to other
+ *		partitions there.
+ */
+static bool
+chorus_constant_datum(Node *n)
+{
+	while (n != NULL && IsA(n, TypeCast))
+		n = ((TypeCast *) n)->arg;
+	return n == NULL || IsA(n, A_Const) || IsA(n, ColumnRef);
+}
+
+static bool
+chorus_constant_bound(PartitionBoundSpec *b)
+{
+	ListCell   *lc;
+
+	if (b == NULL)
+		return true;
+	foreach(lc, b->listdatums)
+		if (!chorus_constant_datum(lfirst(lc)))
+			return false;
+	foreach(lc, b->lowerdatums)
+		if (!chorus_constant_datum(lfirst(lc)))
+			return false;
+	foreach(lc, b->upperdatums)
+		if (!chorus_constant_datum(lfirst(lc)))
+			return false;
+	return true;
+}
+
 /* A schema-qualified name list that names the session's temporary schema. */
 static bool
 chorus_names_temp_schema(List *names)
@@ -322,6 +358,8 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 			{
 				ReindexStmt *rs = (ReindexStmt *) stmt;
 				bool		concurrently = false;
+				bool		tablespace = false;
+				Oid			nsp;
 
 				foreach(lc, rs->params)
 				{
@@ -329,7 +367,16 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 
 					if (strcmp(opt->defname, "concurrently") == 0)
 						concurrently = defGetBoolean(opt);
+					else if (strcmp(opt->defname, "tablespace") == 0)
+						tablespace = true;
 				}
+				/* moving indexes to a tablespace is this node's storage, as tablespaces are */
+				if (tablespace)
+					return CHORUS_DDL_LOCAL;
+				/* a temporary schema is one session's */
+				if (rs->kind == REINDEX_OBJECT_SCHEMA &&
+					OidIsValid(nsp = get_namespace_oid(rs->name, true)) && isAnyTempNamespace(nsp))
+					return CHORUS_DDL_LOCAL;
 
 				/*
 				 * REINDEX CONCURRENTLY of an index, a table or a schema rebuilds
@@ -379,6 +426,11 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 			{
 				CreateStmt *cs = (CreateStmt *) stmt;
 
+				if (!chorus_constant_bound(cs->partbound))
+				{
+					*why = "a partition bound that is not a constant (it would be evaluated again, to another value, on each node)";
+					return CHORUS_DDL_REFUSE;
+				}
 				chorus_ddl_relation(k, cs->relation, true);
 				foreach(lc, cs->inhRelations)
 					chorus_ddl_relation(k, lfirst_node(RangeVar, lc), false);
@@ -400,6 +452,20 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 			chorus_ddl_relation(k, ((AlterSeqStmt *) stmt)->sequence, false);
 			break;
 		case T_AlterTableStmt:
+			foreach(lc, ((AlterTableStmt *) stmt)->cmds)
+			{
+				AlterTableCmd *cmd = lfirst_node(AlterTableCmd, lc);
+
+				if (cmd->subtype == AT_AttachPartition &&
+					!chorus_constant_bound(((PartitionCmd *) cmd->def)->bound))
+				{
+					*why = "a partition bound that is not a constant (it would be evaluated again, to another value, on each node)";
+					return CHORUS_DDL_REFUSE;
+				}
+				/* DETACH PARTITION ... CONCURRENTLY commits in steps, like CREATE INDEX CONCURRENTLY */
+				if (cmd->subtype == AT_DetachPartition && ((PartitionCmd *) cmd->def)->concurrent)
+					k->concurrent = true;
+			}
 			chorus_ddl_relation(k, ((AlterTableStmt *) stmt)->relation, false);
 			break;
 		case T_RefreshMatViewStmt:
@@ -650,10 +716,11 @@ chorus_ddl_schema_key(void)
 
 /*
  * chorus_ddl_concurrent
- *		CREATE INDEX, DROP INDEX and REINDEX CONCURRENTLY run beside the total
- *		order, as on a single PostgreSQL they run beside other sessions'
- *		writes. PostgreSQL commits their first step (the index's catalog
- *		entry, marking it invalid, the new copies) in a transaction of its own
+ *		CREATE INDEX, DROP INDEX and REINDEX CONCURRENTLY, and ALTER TABLE ...
+ *		DETACH PARTITION ... CONCURRENTLY, run beside the total order, as on a
+ *		single PostgreSQL they run beside other sessions' writes. PostgreSQL
+ *		commits their first step (the index's catalog entry, marking it
+ *		invalid, the new copies, the pending detach) in a transaction of its own
  *		before the long part: the statement joins that transaction's writeset
  *		(flag CONCURRENT, no table keys: row writes anywhere go on; the
  *		cluster-wide schema key orders it against other schema changes), so

@@ -150,6 +150,9 @@ class ApplySession:
         if any(ws.has_schema for ws in writesets) and len(writesets) != 1:
             raise ApplyError(f"GID {gid}: a schema change is applied alone")
         first = writesets[0]
+        if first.has_schema and ddl_ok and not first.concurrent and self.concurrent is not None:
+            # after the index builds running here on the tables it names, as on its origin
+            await self.concurrent.wait_clear({(k.parts[0], k.parts[1]) for k in first.keys if len(k.parts) == 2})
         if not ddl_ok:
             name, data = _APPLY, wire.empty(first.encoding)  # the GID commits, nothing changes
         elif first.toi:

@@ -33,6 +33,13 @@ LOCK_WAIT_S = 10.0
 
 _HOLDS_LOCK = ("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE pid = %s AND granted "
                "AND locktype = 'relation' AND mode = 'ShareUpdateExclusiveLock')")
+# the tables (and their indexes' tables) the running statements hold locks on
+_TABLES_LOCKED = ("SELECT DISTINCT l.pid, n.nspname, t.relname FROM pg_catalog.pg_locks l "
+                  "JOIN pg_catalog.pg_class c ON c.oid = l.relation "
+                  "LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = c.oid "
+                  "JOIN pg_catalog.pg_class t ON t.oid = coalesce(i.indrelid, c.oid) "
+                  "JOIN pg_catalog.pg_namespace n ON n.oid = t.relnamespace "
+                  "WHERE l.pid = ANY(%s) AND l.locktype = 'relation'")
 
 
 @dataclass(frozen=True)
@@ -57,9 +64,10 @@ def _identifier(name: str) -> bytes:
 
 def session_setup(item: wire.Schema) -> list[bytes]:
     """The statements that give a session the origin's context for ``item``: replication of
-    its schema changes off (every node runs it itself), deadlocks decided by the other session
-    (an apply that meets one is retried), the origin's settings, then its role."""
-    out = [b"SET chorus.replicate_ddl = off", b"SET deadlock_timeout = '30s'"]
+    its schema changes off (every node runs it itself), its node-local parts fixed up as in an
+    apply (a tablespace this node lacks), deadlocks decided by the other session (an apply that
+    meets one is retried), the origin's settings, then its role."""
+    out = [b"SET chorus.replicate_ddl = off", b"SET chorus.replaying = on", b"SET deadlock_timeout = '30s'"]
     out += [b"SELECT pg_catalog.set_config(" + _literal(name) + b", " + _literal(value) + b", false)"
             for name, value in item.settings]
     if item.role:
@@ -74,6 +82,7 @@ class ConcurrentSchemaChanges:
         self.dsn = dsn
         self.name = name
         self.running: dict[int, asyncio.Task[None]] = {}
+        self.pids: dict[int, int] = {}  # GID -> the backend running it
         self.recent: deque[Outcome] = deque(maxlen=history)
         self.succeeded = 0
         self.failed = 0
@@ -97,6 +106,7 @@ class ConcurrentSchemaChanges:
         pid = conn.info.backend_pid
         task = asyncio.create_task(self._run(gid, conn, item.statement, text, t0))
         self.running[gid] = task
+        self.pids[gid] = pid
         log.info("GID %d: running %s", gid, text[:200])
         deadline = asyncio.get_running_loop().time() + lock_wait
         try:
@@ -123,11 +133,35 @@ class ConcurrentSchemaChanges:
             error = f"{e.sqlstate or ''} {str(e).strip()}".strip()
         finally:
             self.running.pop(gid, None)
+            self.pids.pop(gid, None)
             try:
                 await conn.close()
             except psycopg.Error:
                 pass
         self._done(gid, text, t0, error)
+
+    async def wait_clear(self, tables: set[tuple[bytes, bytes]]) -> None:
+        """Wait until no running statement holds a lock on one of ``tables`` ((schema, name) as a
+        writeset's keys name them): a later schema change of such a table runs after the build
+        here, as it did on its origin (and takes no lock a build waits on: they would
+        deadlock)."""
+        while self.running and tables:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                    codec = conn.info.encoding
+                    cur = await conn.execute(_TABLES_LOCKED, (list(self.pids.values()),))
+                    rows = await cur.fetchall()
+            except psycopg.Error as e:
+                log.warning("cannot see which tables the running index builds hold (%s): waiting for all", e)
+                rows = [(pid, None, None) for pid in self.pids.values()]
+            by_pid = {pid: gid for gid, pid in self.pids.items()}
+            in_way = {by_pid[pid] for pid, nsp, rel in rows if pid in by_pid and (
+                nsp is None or (nsp.encode(codec, "surrogateescape"), rel.encode(codec, "surrogateescape")) in tables)}
+            waits = [self.running[g] for g in in_way if g in self.running]
+            if not waits:
+                return
+            log.info("a schema change waits for the index builds of GIDs %s here", sorted(in_way))
+            await asyncio.wait(waits)
 
     def _done(self, gid: int, text: str, t0: float, error: str) -> None:
         seconds = round(time.monotonic() - t0, 3)

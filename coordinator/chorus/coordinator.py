@@ -1062,7 +1062,8 @@ class Coordinator:
                     "SELECT w.pid, a.pid, a.state, a.xact_start FROM unnest(%s::int[]) AS w(pid),"
                     " unnest(pg_blocking_pids(w.pid)) AS b(pid) JOIN pg_stat_activity a ON a.pid = b.pid",
                     (list(waiting),))
-                appliers = {w.pid for w in [*self.workers, self.replay_session]}
+                # appliers, and the sessions running other nodes' index builds, are never touched
+                appliers = {w.pid for w in [*self.workers, self.replay_session]} | set(self.concurrent.pids.values())
                 certified = {p.backend.pid: g for g, p in self.pending.items() if p.backend is not None}
                 for a in watch.decide([Blocking(*row) for row in rows], waiting, appliers, certified,
                                       time.monotonic()):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import time
 from typing import Iterator
 
 import psycopg
@@ -244,14 +245,56 @@ def test_a_tablespace_only_the_origin_has(fcluster: Cluster) -> None:
         c.execute(f"CREATE TABLESPACE only_n1 LOCATION '{path}'")
     err = _run(fcluster, "ts", "CREATE TABLE in_ts (id int PRIMARY KEY) TABLESPACE only_n1;\n"
                                "INSERT INTO in_ts VALUES (1);\n"
-                               "CREATE INDEX in_ts_idx ON in_ts (id) TABLESPACE only_n1;\n")
+                               "CREATE INDEX in_ts_idx ON in_ts (id) TABLESPACE only_n1;\n"
+                               "CREATE INDEX CONCURRENTLY in_ts_cidx ON in_ts (id) TABLESPACE only_n1;\n"
+                               "REINDEX (TABLESPACE only_n1, CONCURRENTLY) TABLE in_ts;\n")
     assert "ERROR" not in err, err
+    _wait_valid(fcluster, "in_ts_cidx")
     _check(fcluster)
     for i in (1, 2):
         assert fcluster.status(i)["state"] == "online"
     with fcluster.connect(0) as c:
         c.execute("DROP TABLE ts.in_ts")
         c.execute("DROP TABLESPACE only_n1")
+
+
+def _wait_valid(c: Cluster, index: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for i in range(len(c.nodes)):
+            with c.connect(i) as conn:
+                states.append(conn.execute("SELECT i.indisvalid FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid "
+                                           "WHERE x.relname = %s", (index,)).fetchone())
+        if states == [(True,)] * len(c.nodes):
+            return
+        assert time.monotonic() < deadline, f"{index}: {states}"
+        time.sleep(0.2)
+
+
+def test_partition_bounds_and_concurrent_detach(fcluster: Cluster) -> None:
+    """A partition bound evaluated when it runs (current_timestamp) is refused: replayed later it
+    would be another bound on each node. DETACH PARTITION CONCURRENTLY replicates beside the
+    total order, like CREATE INDEX CONCURRENTLY."""
+    with fcluster.connect(0) as c:
+        c.execute("CREATE TABLE bounded (at timestamptz, v int) PARTITION BY RANGE (at)")
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="partition bound that is not a constant"):
+            c.execute("CREATE TABLE bounded_now PARTITION OF bounded FOR VALUES FROM (MINVALUE) TO (current_timestamp)")
+        c.execute("CREATE TABLE bounded_old PARTITION OF bounded FOR VALUES FROM (MINVALUE) TO ('2020-01-01 00:00+00')")
+        c.execute("CREATE TABLE bounded_new (at timestamptz, v int)")
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="partition bound that is not a constant"):
+            c.execute("ALTER TABLE bounded ATTACH PARTITION bounded_new FOR VALUES FROM ('2020-01-01 00:00+00') "
+                      "TO (now() + interval '1 day')")
+        c.execute("ALTER TABLE bounded ATTACH PARTITION bounded_new FOR VALUES FROM ('2020-01-01 00:00+00') "
+                  "TO (MAXVALUE)")
+        c.execute("INSERT INTO bounded VALUES ('2019-05-05 00:00+00', 1), ('2021-05-05 00:00+00', 2)")
+        c.execute("ALTER TABLE bounded DETACH PARTITION bounded_old CONCURRENTLY")
+        c.execute("DROP TABLE bounded")
+        c.execute("INSERT INTO bounded_old VALUES ('2018-01-01 00:00+00', 3)")
+    _check(fcluster)
+    with fcluster.connect(2) as c:
+        assert c.execute("SELECT v FROM bounded_old ORDER BY v").fetchall() == [(1,), (3,)]
+        assert c.execute("SELECT to_regclass('bounded_new')").fetchone() == (None,)
 
 
 def test_latin1_database() -> None:
