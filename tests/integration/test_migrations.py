@@ -12,7 +12,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import psycopg
 import pytest
@@ -34,28 +34,28 @@ def _check(c: Cluster) -> None:
     assert diff is None, str(diff)
 
 
-class _Load:
-    """Writes on nodes n2 and n3 while a migration runs on n1 (tables it does not touch)."""
+class _Writers:
+    """Threads that each write through one node until stopped, counting their commits per node
+    (a certification loss, 40001, is not a commit)."""
 
-    def __init__(self, c: Cluster) -> None:
-        self.c = c
+    def __init__(self, c: Cluster, nodes: Sequence[int], write: Callable[[psycopg.Connection[Any], int, random.Random], object]
+                 ) -> None:
+        self.c, self.write = c, write
         self.stop = threading.Event()
-        self.commits = 0
-        with c.connect(1) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS side_load (id bigserial PRIMARY KEY, node text, at timestamptz)")
-        c.quiesce()
-        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in (1, 2)]
+        self.commits = [0] * len(c.nodes)
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in nodes]
 
     def _run(self, i: int) -> None:
+        rnd = random.Random(i)
         with self.c.connect(i) as conn:
             while not self.stop.is_set():
                 try:
-                    conn.execute("INSERT INTO side_load (node, at) VALUES (%s, now())", (f"n{i + 1}",))
-                    self.commits += 1
+                    self.write(conn, i, rnd)
+                    self.commits[i] += 1
                 except psycopg.errors.SerializationFailure:
                     pass
 
-    def __enter__(self) -> "_Load":
+    def __enter__(self) -> "_Writers":
         for t in self.threads:
             t.start()
         return self
@@ -64,6 +64,21 @@ class _Load:
         self.stop.set()
         for t in self.threads:
             t.join()
+
+
+def _side_load(c: Cluster) -> _Writers:
+    """Writes on nodes n2 and n3 while a migration runs on n1 (a table it does not touch)."""
+    with c.connect(1) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS side_load (id bigserial PRIMARY KEY, node text, at timestamptz)")
+    c.quiesce()
+    return _Writers(c, (1, 2), lambda conn, i, rnd: conn.execute(
+        "INSERT INTO side_load (node, at) VALUES (%s, now())", (f"n{i + 1}",)))
+
+
+def _table_load(c: Cluster, table: str, rows: int) -> _Writers:
+    """Updates random rows of ``table`` on every node at once."""
+    return _Writers(c, range(len(c.nodes)), lambda conn, i, rnd: conn.execute(
+        f"UPDATE {table} SET v = v + 1 WHERE id = %s", (rnd.randrange(1, rows),)))
 
 
 ALEMBIC_ENV = '''
@@ -142,11 +157,11 @@ def test_alembic_migrations_in_transactions_under_load(mcluster: Cluster, tmp_pa
     one transaction), then `downgrade base` and `upgrade head` again, while n2 and n3 write."""
     port = mcluster.dsn(0).split("port=")[1].split()[0]
     ini = _alembic_project(tmp_path, f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres")
-    with _Load(mcluster) as load:
+    with _side_load(mcluster) as load:
         _alembic(ini, "upgrade", "head")
         _alembic(ini, "downgrade", "base")
         _alembic(ini, "upgrade", "head")
-    assert load.commits > 0
+    assert sum(load.commits) > 0
     _check(mcluster)
     with mcluster.connect(2) as c:
         assert c.execute("SELECT count(*), count(*) FILTER (WHERE display_name = upper(display_name)) "
@@ -289,36 +304,6 @@ def _wait_index(c: Cluster, name: str, want: object, timeout: float = 90) -> Non
         states = _index_states(c, name)
 
 
-class _TableLoad:
-    """Updates rows of ``table`` on every node at once, counting each node's commits."""
-
-    def __init__(self, c: Cluster, table: str, rows: int) -> None:
-        self.c, self.table, self.rows = c, table, rows
-        self.stop = threading.Event()
-        self.commits = [0] * len(c.nodes)
-        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(len(c.nodes))]
-
-    def _run(self, i: int) -> None:
-        rnd = random.Random(i)
-        with self.c.connect(i) as conn:
-            while not self.stop.is_set():
-                try:
-                    conn.execute(f"UPDATE {self.table} SET v = v + 1 WHERE id = %s", (rnd.randrange(1, self.rows),))
-                    self.commits[i] += 1
-                except psycopg.errors.SerializationFailure:
-                    pass
-
-    def __enter__(self) -> "_TableLoad":
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
-
-
 def test_create_and_drop_index_concurrently_under_load(mcluster: Cluster) -> None:
     """CREATE INDEX CONCURRENTLY on n1 while every node writes the table: writes go on on every
     node, each other node builds the index in a session of its own, and it ends valid
@@ -334,7 +319,7 @@ def test_create_and_drop_index_concurrently_under_load(mcluster: Cluster) -> Non
                       (start, min(rows, start + 49_999)))
     mcluster.quiesce()
     before = [mcluster.status(i)["concurrent_index_changes"]["succeeded"] for i in range(3)]
-    with _TableLoad(mcluster, "cic_t", rows) as load:
+    with _table_load(mcluster, "cic_t", rows) as load:
         time.sleep(0.5)
         at_start = list(load.commits)
         with mcluster.connect(0) as c:
@@ -348,7 +333,7 @@ def test_create_and_drop_index_concurrently_under_load(mcluster: Cluster) -> Non
     assert [a - b for a, b in zip(after, before)] == [0, 1, 1], (before, after)
 
     # REINDEX CONCURRENTLY from n3: the others rebuild beside the order too
-    with _TableLoad(mcluster, "cic_t", rows):
+    with _table_load(mcluster, "cic_t", rows):
         with mcluster.connect(2) as c:
             c.execute("REINDEX INDEX CONCURRENTLY cic_ix")
         _wait_index(mcluster, "cic_ix", True)
@@ -357,7 +342,7 @@ def test_create_and_drop_index_concurrently_under_load(mcluster: Cluster) -> Non
         assert time.monotonic() < deadline, "REINDEX CONCURRENTLY did not run on n1 and n2"
         time.sleep(0.2)
 
-    with _TableLoad(mcluster, "cic_t", rows):
+    with _table_load(mcluster, "cic_t", rows):
         with mcluster.connect(1) as c:
             c.execute("DROP INDEX CONCURRENTLY cic_ix")
         _wait_index(mcluster, "cic_ix", None)
