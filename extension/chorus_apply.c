@@ -770,6 +770,7 @@ chorus_apply_run(PG_FUNCTION_ARGS)
 		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
 						errmsg("chorus: the run of GIDs after %lld up to %lld is partly committed on this node (up to %llu)",
 							   (long long) wait_for, (long long) gid, (unsigned long long) committed)));
+	StaticAssertStmt(CHORUS_RUN_LENGTH_SIZE == sizeof(uint32), "a run's writesets follow u32 lengths");
 	while (r.pos < r.len)
 	{
 		uint32		n = ws_u32(&r);

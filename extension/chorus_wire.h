@@ -72,4 +72,10 @@
 #define CHORUS_VERDICT_UNKNOWN 3
 #define CHORUS_VERDICT_TOO_LARGE 4
 
+/* ---- apply functions (docs/PROTOCOL.md section 4) ---- */
+/* SQLSTATE of an apply whose GID is committed on this node already (chorus.h: ERRCODE_CHORUS_ALREADY_COMMITTED) */
+#define CHORUS_SQLSTATE_ALREADY_COMMITTED "CH001"
+/* chorus.apply_run: each writeset of the run follows its length, a big-endian u32 of this size */
+#define CHORUS_RUN_LENGTH_SIZE 4
+
 #endif							/* CHORUS_WIRE_H */

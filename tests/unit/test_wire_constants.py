@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from chorus import applier
 from chorus import backendproto as bpf
 from chorus import wire
 
@@ -57,3 +58,16 @@ def test_frame_constants_match() -> None:
     assert d["CHORUS_FRAME_DONE_SIZE"] == bpf._FIXED[b"C"] == bpf._FIXED[b"A"]
     assert d["CHORUS_VERDICT_BODY_SIZE"] == bpf._VERDICT.size - 4
     assert str(d["CHORUS_FRAME_VERDICT"]).encode() == bpf._VERDICT.pack(0, b"V", 0, 0, 0, 0, 0)[4:5]
+
+
+def test_apply_constants_match() -> None:
+    """The SQLSTATE of an apply whose GID is already committed, as the header names it and as
+    chorus.h raises it, is the one the applier recognises; the run framing's length size too."""
+    d = _defines()
+    assert d["CHORUS_SQLSTATE_ALREADY_COMMITTED"] == applier.ALREADY_COMMITTED.encode()
+    raised = re.search(r"ERRCODE_CHORUS_ALREADY_COMMITTED MAKE_SQLSTATE\(([^)]*)\)",
+                       (HEADER.parent / "chorus.h").read_text())
+    assert raised is not None
+    assert "".join(c.strip().strip("'") for c in raised.group(1).split(",")) == applier.ALREADY_COMMITTED
+    assert d["CHORUS_RUN_LENGTH_SIZE"] == applier._U32.size
+
