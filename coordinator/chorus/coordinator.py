@@ -16,7 +16,6 @@ import os
 import signal
 import time
 import uuid
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Coroutine, Optional
 
@@ -30,6 +29,7 @@ from chorus import wire
 from chorus.applier import ApplyConnectionLost, ApplyError, ApplySession, TransientApplyError
 from chorus.blockers import Blocking, BlockerWatch
 from chorus.bus import Bus, BusError, View
+from chorus.commitbook import CommitBook
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.config import NodeConfig
 from chorus.replicator import (Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried, Phase,
@@ -126,7 +126,7 @@ class _Pending:
     skip: bool = False
     delivered_at: float = field(default_factory=time.monotonic)
     # what its commit waits for: prev with one commit lane, the previous certified GID of its
-    # lane with several (docs/APPLY.md; set by _assign_lane); the extension's names are the same
+    # lane with several (docs/APPLY.md; set by CommitBook.assign_lane); the extension's names are the same
     wait_for: int = -1
 
     def __post_init__(self) -> None:
@@ -161,19 +161,16 @@ class Coordinator:
         self.state: NodeState = load_state(cfg.state_file, cfg.name)
         self.replicator: Optional[Replicator] = None
         self.scheduler = Scheduler()
-        self.pending: dict[int, _Pending] = {}
-        # Committed here, perhaps not yet flushed: applied commits are not flushed one by one
-        # (applier.py), and a local one may be counted before its backend flushed it. Kept until
-        # chorus.durable_gid() passes them; re-applied if PostgreSQL crashes before that.
-        self._unflushed: deque[_Pending] = deque()
+        # pending certified writesets, the watermark, commit lanes, unflushed commits (commitbook.py):
+        # applied commits are not flushed one by one (applier.py), and a local one may be counted
+        # before its backend flushed it; they are re-applied if PostgreSQL crashes before
+        # chorus.durable_gid() passes them
+        self.book: CommitBook[_Pending] = CommitBook()
         self.tickets: dict[int, _Backend] = {}
         self.next_ticket = 1
         self.counters = Counters()
-        self.watermark = 0
-        self.lanes = 1  # commit lanes in use (apply.commit_lanes, once the database agrees)
         self._max_committed = 0  # the highest GID the database had committed at start
         self.compat = ""  # the database's encoding and PostgreSQL major version
-        self._lane_last: list[int] = [0]  # the last certified GID admitted per lane
         self.db: Optional[psycopg.AsyncConnection[Any]] = None
         self.catchup_batch = cfg.catchup_batch
         self.concurrent = ConcurrentSchemaChanges(cfg.dsn, cfg.name)
@@ -218,6 +215,20 @@ class Coordinator:
 
     # ---- start and stop -----------------------------------------------------------------
 
+    @property
+    def pending(self) -> dict[int, _Pending]:
+        """Certified writesets not committed here yet, by GID."""
+        return self.book.pending
+
+    @property
+    def watermark(self) -> int:
+        """Every GID up to it is committed here."""
+        return self.book.watermark
+
+    @property
+    def lanes(self) -> int:
+        return self.book.lanes
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -227,7 +238,7 @@ class Coordinator:
                              "it starts again only once total recovery has rebuilt it")
         await self._connect_db()
         durable = await self._init_node()
-        self.watermark = durable
+        self.book.advance(durable)
         if self.state.cluster_uuid and durable != self.state.last_gid:
             log.info("database is at GID %d (state file said %d)", durable, self.state.last_gid)
         self._open_log(durable)
@@ -372,7 +383,7 @@ class Coordinator:
             durable = int(await self._q("SELECT chorus.durable_gid()"))
             await self._q("SELECT chorus.node_init(%s, %s)", (durable, lanes))
             durable = await self._committed_gid()
-            self.lanes, self._lane_last = lanes, [durable] * lanes
+            self.book.start(lanes, durable)
             self._max_committed = int(await self._q("SELECT max_done FROM chorus.lane_state()"))
             # what a node's data must share with the cluster's (docs/PROTOCOL.md section 2)
             self.compat = str(await self._q(
@@ -429,26 +440,20 @@ class Coordinator:
                 await asyncio.sleep(DB_RETRY_S)
         else:
             return
-        lost = [p for p in self._unflushed if p.gid > durable]
-        self._unflushed.clear()
-        self.watermark = durable
-        for g in [g for g in self.pending if g <= durable]:
-            del self.pending[g]
+        lost = self.book.restart(durable)  # pending again, the lanes starting at the durable GID
         if lost:
             # committed before the crash but not flushed: applied again, before everything else
             log.info("PostgreSQL lost GIDs %d..%d it had committed but not flushed: applying them again",
                      lost[0].gid, lost[-1].gid)
+            again = {p.gid for p in lost}
             self.scheduler = Scheduler()
-            for p in [*lost, *(self.pending[g] for g in sorted(self.pending))]:
-                if p.gid not in self.pending:
+            for p in [*lost, *(p for g, p in self.pending.items() if g not in again)]:
+                if p.gid in again:
                     p.backend = None
-                    self.pending[p.gid] = p
                 self.scheduler.add(p.gid, _keys(p.writeset), local=p.origin == self.cfg.name,
                                    barrier=p.writeset.has_schema)
         else:
             self.scheduler.committed_upto(durable)
-        for g in sorted(self.pending):  # the lanes start again at the durable GID
-            self._assign_lane(self.pending[g])
         replays = self.scheduler.replay_all_from(durable)
         log.info("PostgreSQL is back at GID %d; re-applying %d certified writesets", durable, len(replays))
         for w in [*self.workers, self.replay_session]:
@@ -577,8 +582,7 @@ class Coordinator:
             except psycopg.Error as e:
                 self._spawn(self._database_lost(str(e).strip()))
                 continue
-            if wm > self.watermark:
-                self.watermark = wm
+            self.book.advance(wm)
             self._reap_committed(wm)
             try:
                 self._flushed(int(await self._q("SELECT chorus.durable_gid()")))
@@ -594,8 +598,7 @@ class Coordinator:
 
     def _flushed(self, durable: int) -> None:
         """Everything up to GID ``durable`` is on disk: forget the writesets kept for a crash."""
-        while self._unflushed and self._unflushed[0].gid <= durable:
-            self._unflushed.popleft()
+        self.book.flushed(durable)
 
     def _reap_committed(self, watermark: int) -> None:
         for g in [g for g in self.pending if g <= watermark and self.pending[g].backend is not None]:
@@ -778,30 +781,18 @@ class Coordinator:
     def _admit(self, p: _Pending, local: bool) -> None:
         """A certified writeset (in GID order): into the writeset log, the pending set and the
         scheduler. With several commit lanes its commit waits for the previous certified GID of
-        its lane."""
-        self._assign_lane(p)
+        its lane (a schema change also waits for everything before it: applier.py)."""
+        self.book.admit(p)
         self.feeder.certified(p.gid, p.origin, _raw(p.writeset), p.writeset.toi)
-        self.pending[p.gid] = p
         self.scheduler.add(p.gid, _keys(p.writeset), local=local, barrier=p.writeset.has_schema)
 
-    def _assign_lane(self, p: _Pending) -> None:
-        """What the commit of ``p`` waits for; certified writesets come here in GID order."""
-        if self.lanes > 1:  # (a schema change also waits for everything before it: applier.py)
-            lane = p.gid % self.lanes
-            p.wait_for = self._lane_last[lane]
-            self._lane_last[lane] = p.gid
-        else:
-            p.wait_for = p.prev
-
     def _local_done(self, gid: int) -> None:
-        p = self.pending.pop(gid, None)
+        p = self.book.committed(gid)
         if p is None:
             return
-        self._unflushed.append(p)
         if p.backend is not None:
             p.backend.certified.discard(gid)
         self.counters.local_commits += 1
-        self.watermark = max(self.watermark, gid)  # commits are in GID order: all before it too
         self.scheduler.committed(gid)
         self._applied_here(gid)
         self._dispatch()
@@ -935,13 +926,11 @@ class Coordinator:
                 self.counters.applied += len(run)
                 self.counters.apply_transactions += 1
             for g in run:
-                done_p = self.pending.pop(g, None)
-                if done_p is not None:
-                    self._unflushed.append(done_p)
+                done_p = self.book.committed(g)
                 self.scheduler.committed(g)
                 if done_p is None or not done_p.skip:
                     self._applied_here(g)
-            self.watermark = max(self.watermark, gid)
+            self.book.advance(gid)
         except TransientApplyError as e:
             self.counters.apply_retries += 1
             log.info("retrying GID %s: %s", gid if len(run) == 1 else f"{run[0]}..{gid}", e)
@@ -1124,7 +1113,7 @@ class Coordinator:
                 raise rc.RecoveryError(f"a writeset in GIDs {batch[0].gid}..{batch[-1].gid} from the partner's "
                                        f"log does not decode: {e}") from e
             last = batch[-1]
-            self.pending[last.gid] = _Pending(last.gid, batch_prev, last.origin, merged)
+            self.book.admit(_Pending(last.gid, batch_prev, last.origin, merged))
             self.scheduler.add(last.gid, _keys(merged), local=False)
             batch, batch_bytes = [], 0
             self._dispatch()
@@ -1315,7 +1304,7 @@ class Coordinator:
         if cmd == "settled":
             # verify: has this node committed every writeset it certified up to GID upto?
             upto = int(req.get("upto", 0))
-            return {"ok": True, "settled": self.replicator is not None and not any(g <= upto for g in self.pending)}
+            return {"ok": True, "settled": self.replicator is not None and self.book.settled(upto)}
         if cmd in ("stop", "leave"):
             self.stopping.set()
             return {"ok": True}

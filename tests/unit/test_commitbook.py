@@ -1,0 +1,102 @@
+"""The commit bookkeeping (chorus/commitbook.py) against a simple reference model: random
+admissions, commits, flushes and PostgreSQL restarts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chorus.commitbook import CommitBook
+
+
+@dataclass
+class P:
+    gid: int
+    prev: int
+    wait_for: int = -1
+
+
+def test_one_lane_waits_for_the_previous_certified_gid() -> None:
+    book: CommitBook[P] = CommitBook()
+    book.start(1, 10)
+    for gid, prev in ((11, 10), (13, 11), (14, 13)):
+        book.admit(P(gid, prev))
+    assert [(p.gid, p.wait_for) for p in book.pending.values()] == [(11, 10), (13, 11), (14, 13)]
+
+
+def test_lanes_wait_for_their_own_previous_gid() -> None:
+    book: CommitBook[P] = CommitBook()
+    book.start(2, 10)
+    for gid in (11, 12, 13, 15, 16):
+        book.admit(P(gid, gid - 1))
+    assert {p.gid: p.wait_for for p in book.pending.values()} == {11: 10, 12: 10, 13: 11, 15: 13, 16: 12}
+
+
+def test_a_restart_gives_back_what_was_not_flushed() -> None:
+    book: CommitBook[P] = CommitBook()
+    book.start(1, 0)
+    for g in range(1, 6):
+        book.admit(P(g, g - 1))
+    for g in (1, 2, 3):
+        assert book.committed(g) is not None
+    book.flushed(1)
+    assert book.watermark == 3 and book.unflushed == 2
+    book.start(1, 1)
+    lost = book.restart(1)
+    assert [p.gid for p in lost] == [2, 3]
+    assert list(book.pending) == [2, 3, 4, 5] and book.watermark == 1 and book.unflushed == 0
+    assert [p.wait_for for p in book.pending.values()] == [1, 2, 3, 4]
+    assert book.committed(99) is None and book.watermark == 1
+
+
+@settings(max_examples=300)
+@given(st.integers(1, 3), st.lists(st.tuples(st.sampled_from("acfr"), st.integers(0, 5)), max_size=60))
+def test_against_a_reference_model(lanes: int, ops: list[tuple[str, int]]) -> None:
+    book: CommitBook[P] = CommitBook()
+    book.start(lanes, 0)
+    last_certified = 0
+    lane_last = [0] * lanes  # the model's lanes
+    pending: set[int] = set()
+    committed: list[int] = []  # committed here, in GID order
+    durable = 0
+
+    def wait_of(gid: int, prev: int) -> int:
+        if lanes == 1:
+            return prev
+        w, lane_last[gid % lanes] = lane_last[gid % lanes], gid
+        return w
+
+    for op, n in ops:
+        if op == "a":  # the next certified GID (gaps: failed certifications)
+            gid = last_certified + 1 + n % 2
+            book.admit(P(gid, last_certified))
+            assert book.pending[gid].wait_for == wait_of(gid, last_certified)
+            last_certified = gid
+            pending.add(gid)
+        elif op == "c" and pending:  # commits come in GID order
+            gid = min(pending)
+            assert book.committed(gid) is not None
+            pending.discard(gid)
+            committed.append(gid)
+            assert book.watermark == gid
+        elif op == "f" and committed:  # the database flushed up to a committed GID
+            durable = max(durable, committed[min(n, len(committed) - 1)])
+            book.flushed(durable)
+        elif op == "r":  # PostgreSQL restarts holding everything up to the durable GID
+            lost_want = [g for g in committed if g > durable]
+            book.start(lanes, durable)
+            lost = book.restart(durable)
+            assert [p.gid for p in lost] == lost_want
+            committed = [g for g in committed if g <= durable]
+            pending |= set(lost_want)
+            assert book.watermark == durable and book.unflushed == 0
+            lane_last = [durable] * lanes
+            assert list(book.pending) == sorted(pending)  # pending again in GID order, lanes anew
+            for g, p in book.pending.items():
+                assert p.wait_for == wait_of(g, p.prev)
+        assert set(book.pending) == pending
+        assert book.unflushed == len([g for g in committed if g > durable])
+    assert book.settled(min(pending) - 1 if pending else last_certified)
+    assert not pending or not book.settled(max(pending))
