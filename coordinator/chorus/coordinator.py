@@ -357,14 +357,18 @@ class Coordinator:
             return await cur.fetchall()
 
     def _open_log(self, committed: int) -> None:
-        """Open the writeset log. Its records are not synced per commit (seed 9.5.1): after a
-        host crash it can end before the database's committed GID; it then starts again after
-        that GID (this node serves no older range; the records it lost are in the others' logs)."""
+        """Open the writeset log, ending at the database's committed GID. Its records are not
+        synced per commit (seed 9.5.1): after a host crash it can end before that GID; it then
+        starts again after it (this node serves no older range; the records it lost are in the
+        others' logs). Records after that GID are cut: they were certified in a view this node
+        did not commit them in, and after every node crashed the cluster may re-form without
+        them and give those GIDs to other writesets (the others' logs hold what the cluster
+        kept)."""
         try:
-            self.wslog.open()
+            self.wslog.open(upto=committed)
         except (LogError, OSError) as e:
             raise FatalError(f"cannot open the writeset log in {self.cfg.wslog_dir}: {e}") from e
-        if self.wslog.end_gid < committed:
+        if self.wslog.end_gid < committed or self.wslog.base_gid > committed:
             if self.wslog.end_gid:
                 log.warning("the writeset log ends at GID %d but the database has committed GID %d (the "
                             "log's unsynced tail was lost): starting the log again after GID %d",

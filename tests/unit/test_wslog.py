@@ -653,3 +653,28 @@ def test_records_are_written_when_append_returns(tmp_path: Path) -> None:
     assert [r["gid"] for r in res["records"]] == [1, 2]
     wl.close()
     assert os.path.exists(tmp_path)
+
+
+@pytest.mark.parametrize("upto", [0, 1, 9, 10, 17, 30, 40, 45])
+def test_open_up_to_a_gid_cuts_the_records_after_it(tmp_path: Path, upto: int) -> None:
+    """A restarting node ends its log at its database's committed GID: the records after it were
+    certified in a view it did not commit them in, and the cluster may give those GIDs to other
+    writesets. Cut wherever the GID falls (inside a segment, at a segment's end, before the first
+    record), the log goes on with the cluster's records."""
+    wl = make(tmp_path / "log", segments=16)
+    written = fill(wl, range(1, 41))  # three segments
+    assert len({s.seq for s in wl._live}) == 3
+    wl.close()
+    wl = WritesetLog(str(tmp_path / "log"), segment_bytes=SEG, total_bytes=16 * SEG)
+    wl.open(upto=upto)
+    assert wl.end_gid == min(upto, 40)
+    assert read_all(wl, 0) == [r for r in written if r.gid <= upto]
+    other = [LogRecord(g, "other", 0, b"the cluster's GID %d" % g) for g in range(min(upto, 40) + 1, min(upto, 40) + 4)]
+    for r in other:
+        wl.append(r.gid, r.origin, r.payload, r.flags)
+    wl.close()
+    wl = WritesetLog(str(tmp_path / "log"), segment_bytes=SEG, total_bytes=16 * SEG)
+    wl.open()
+    assert read_all(wl, 0) == [r for r in written if r.gid <= upto] + other
+    assert verify_directory(str(tmp_path / "log"))["ok"]
+    wl.close()

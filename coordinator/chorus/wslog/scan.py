@@ -52,9 +52,12 @@ class Scan:
     index: SparseIndex = field(default_factory=SparseIndex)
     problem: Optional[BadRecord] = None  # what ended the records, when not a clean end
     listing: Optional[list[dict[str, Any]]] = None
+    beyond: bool = False  # records after the GID the scan was limited to follow ``end``
 
 
-def scan_records(mm: mmap.mmap, header: SegmentHeader, listing: bool = False) -> Scan:
+def scan_records(mm: mmap.mmap, header: SegmentHeader, listing: bool = False, upto: Optional[int] = None) -> Scan:
+    """Check the records of one segment. With ``upto``, the records end before the first one
+    whose GID is above it (``beyond`` then says that there were more)."""
     limit = min(len(mm), header.segment_bytes)
     scan = Scan(end=DATA_START, listing=[] if listing else None)
     off, last = DATA_START, header.prev_gid
@@ -74,6 +77,9 @@ def scan_records(mm: mmap.mmap, header: SegmentHeader, listing: bool = False) ->
             if rec is None:
                 break
             gid, flags, origin_len, size = rec
+            if upto is not None and gid > upto:
+                scan.beyond = True
+                break
             if scan.listing is not None:
                 scan.listing.append({"gid": gid, "origin": origin_text(mv, off + RECORD_HEADER_SIZE, origin_len),
                                      "flags": flags, "size": size, "offset": off, "crc_ok": True})
@@ -181,8 +187,9 @@ class Analysis:
     dropped: list[FoundSegment] = field(default_factory=list)  # segments of the log's epoch after the end
 
 
-def analyze(found: list[FoundSegment]) -> Analysis:
-    """Decide the log from the files' headers and records (reads the maps, writes nothing)."""
+def analyze(found: list[FoundSegment], upto: Optional[int] = None) -> Analysis:
+    """Decide the log from the files' headers and records (reads the maps, writes nothing). With
+    ``upto``, the log ends at GID ``upto``: the records after it are cut like a bad tail."""
     an = Analysis([], [], [])
     for f in found:
         if f.header_problem is not None:
@@ -195,7 +202,7 @@ def analyze(found: list[FoundSegment]) -> Analysis:
         if f.header.epoch != epoch:
             f.state = "old epoch"
             continue
-        f.scan = scan = scan_records(f.mm, f.header)
+        f.scan = scan = scan_records(f.mm, f.header, upto=upto)
         if scan.problem is not None:
             an.problems.append(Problem(f.name, scan.end, scan.problem.kind, describe(scan.problem)))
         if an.end_reason is not None:
@@ -205,7 +212,7 @@ def analyze(found: list[FoundSegment]) -> Analysis:
         if an.live and f.header.prev_gid > tip_gid_of(an.live[-1]):
             before = an.live[-1]  # a writer may have appended to it since it was read, then moved on
             assert before.mm is not None and before.header is not None
-            before.scan = scan_records(before.mm, before.header)
+            before.scan = scan_records(before.mm, before.header, upto=upto)
         if an.live and f.header.prev_gid != tip_gid_of(an.live[-1]):
             before = an.live[-1]
             an.problems.append(Problem(f.name, 0, "chain", f"the segment follows GID {f.header.prev_gid} but "
@@ -219,6 +226,9 @@ def analyze(found: list[FoundSegment]) -> Analysis:
         if scan.problem is not None:
             an.cut = (f, scan.end)
             an.end_reason = f"{f.name} offset {scan.end}: {scan.problem.kind}: {describe(scan.problem)}"
+        elif scan.beyond:
+            an.cut = (f, scan.end)
+            an.end_reason = f"it held records after GID {upto}, where it was asked to end"
     an.found = an.live + [f for f in found if f.state != "live"]
     return an
 

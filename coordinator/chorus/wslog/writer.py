@@ -91,8 +91,9 @@ class WritesetLog:
 
     # -- open, close ----------------------------------------------------------------------------
 
-    def open(self) -> None:
-        """Create the directory if missing, take the writer's lock, check the segments, cut a bad tail."""
+    def open(self, upto: Optional[int] = None) -> None:
+        """Create the directory if missing, take the writer's lock, check the segments, cut a bad tail.
+        With ``upto``, the records after GID ``upto`` are cut too."""
         if self.is_open:
             raise LogError(f"writeset log {self.directory} is already open")
         try:
@@ -107,12 +108,12 @@ class WritesetLog:
             raise LogError(f"writeset log {self.directory} is in use by another process") from None
         self._dir_fd = dir_fd
         try:
-            self._load()
+            self._load(upto)
         except BaseException:
             self.close()
             raise
 
-    def _load(self) -> None:
+    def _load(self, upto: Optional[int]) -> None:
         for name in os.listdir(self.directory):
             if name.endswith(SEGMENT_SUFFIX + ".tmp"):
                 os.unlink(os.path.join(self.directory, name))  # a creation a crash interrupted
@@ -125,7 +126,7 @@ class WritesetLog:
             for f in found:
                 if f.version_problem:
                     raise LogVersionError(f"{f.path}: {f.header_problem}")
-            an = analyze(found)
+            an = analyze(found, upto)
             for f in an.live:
                 assert f.header is not None
                 if f.header.segment_bytes != self._segment_bytes:
