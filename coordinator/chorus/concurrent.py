@@ -58,8 +58,6 @@ def _literal(value: str) -> bytes:
     return b"E'" + b.replace(b"\\", b"\\\\").replace(b"'", b"''") + b"'"
 
 
-def _identifier(name: str) -> bytes:
-    return b'"' + wire.name_bytes(name).replace(b'"', b'""') + b'"'
 
 
 def session_setup(item: wire.Schema) -> list[bytes]:
@@ -71,7 +69,7 @@ def session_setup(item: wire.Schema) -> list[bytes]:
     out += [b"SELECT pg_catalog.set_config(" + _literal(name) + b", " + _literal(value) + b", false)"
             for name, value in item.settings]
     if item.role:
-        out.append(b"SET ROLE " + _identifier(item.role))
+        out.append(b"SET ROLE " + wire.name_bytes(wire.quote_ident(item.role)))
     return out
 
 
