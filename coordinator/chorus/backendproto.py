@@ -1,7 +1,14 @@
-"""Frames on the backend <-> coordinator socket (docs/PROTOCOL.md section 1)."""
+"""Frames on the backend <-> coordinator socket (docs/PROTOCOL.md section 1).
+
+Every frame is a u32 length (of the type byte and the body), a type byte and a body. From the
+backend: W (its writeset, at COMMIT), C and A (it committed or aborted a certified GID), R (the
+schema change it ran, as every node applies it), S (a causal-read request). From the
+coordinator: V (a verdict). The extension's side is extension/chorus_wire.h.
+"""
 
 from __future__ import annotations
 
+import enum
 import struct
 from dataclasses import dataclass
 from typing import Optional
@@ -15,6 +22,16 @@ VERDICT_UNKNOWN = 3  # the node left the primary component before the outcome wa
 VERDICT_TOO_LARGE = 4  # larger than this node's writeset log can hold: refused before it is ordered
 
 
+class FrameType(bytes, enum.Enum):
+    """A frame's type byte. (Bus messages have type bytes of their own: busproto.py.)"""
+    WRITESET = b"W"  # backend: its writeset, for certification
+    COMMITTED = b"C"  # backend: it committed certified GID gid (u64 gid, u32 xid)
+    ABORTED = b"A"  # backend: it ended without committing certified GID gid (u64 gid, u32 xid)
+    DDL_RAN = b"R"  # backend: the schema change gid ran here (u64 gid, u32 xid, its content)
+    SYNC = b"S"  # backend: a causal-read request (no body)
+    VERDICT = b"V"  # coordinator: the answer to W or S
+
+
 class FrameError(ValueError):
     """A malformed frame: the connection is closed."""
 
@@ -26,8 +43,8 @@ class Frame:
 
 
 _LEN = struct.Struct(">I")
-_FIXED = {b"C": 13, b"A": 13, b"S": 1}  # frame types with a fixed body length
-_RAN_HEAD = 12  # frame R: u64 gid, u32 xid, then the schema change's content (a writeset)
+_FIXED = {FrameType.COMMITTED.value: 13, FrameType.ABORTED.value: 13, FrameType.SYNC.value: 1}  # fixed lengths
+_RAN_HEAD = 12  # DDL_RAN: u64 gid, u32 xid, then the schema change's content (a writeset)
 
 
 class FrameParser:
@@ -56,7 +73,7 @@ class FrameParser:
             fixed = _FIXED.get(ftype)
             if fixed is not None and length != fixed:
                 raise FrameError(f"frame {ftype!r} has {length - 1} payload bytes, expected {fixed - 1}")
-            if ftype == b"R" and length - 1 < _RAN_HEAD:
+            if ftype == FrameType.DDL_RAN and length - 1 < _RAN_HEAD:
                 raise FrameError(f"frame b'R' has {length - 1} payload bytes, expected at least {_RAN_HEAD}")
             if n - pos - 4 < length:
                 break
@@ -67,7 +84,7 @@ class FrameParser:
         return out
 
 
-_TYPES = (b"W", b"C", b"A", b"R", b"S")
+_TYPES = frozenset(t.value for t in FrameType if t is not FrameType.VERDICT)  # what a backend sends
 
 
 def parse_done(payload: bytes) -> tuple[int, int]:
@@ -90,12 +107,12 @@ def verdict_frame(verdict: int, gid: int, wait_for: int, message: str, prev: Opt
     """The answer to a backend: the verdict, the GID, what its commit waits for and the previous
     certified GID (the same as wait_for with one commit lane), and a message."""
     msg = message.encode("utf-8")[:65535]
-    return _VERDICT.pack(_VERDICT.size - 4 + len(msg), b"V", verdict, gid, wait_for,
+    return _VERDICT.pack(_VERDICT.size - 4 + len(msg), FrameType.VERDICT.value, verdict, gid, wait_for,
                          wait_for if prev is None else prev, len(msg)) + msg
 
 
 def writeset_frame(payload: bytes) -> bytes:
-    return struct.pack(">I", len(payload) + 1) + b"W" + payload
+    return struct.pack(">I", len(payload) + 1) + FrameType.WRITESET.value + payload
 
 
 def done_frame(kind: bytes, gid: int, xid: int) -> bytes:
@@ -103,4 +120,4 @@ def done_frame(kind: bytes, gid: int, xid: int) -> bytes:
 
 
 def ran_frame(gid: int, xid: int, content: bytes) -> bytes:
-    return struct.pack(">I", 13 + len(content)) + b"R" + struct.pack(">QI", gid, xid) + content
+    return struct.pack(">I", 13 + len(content)) + FrameType.DDL_RAN.value + struct.pack(">QI", gid, xid) + content

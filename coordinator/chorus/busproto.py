@@ -22,11 +22,30 @@ types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32
 
 from __future__ import annotations
 
+import enum
 import struct
 from dataclasses import dataclass
 from typing import Union
 
 VERSION = 2
+
+
+class MessageType(bytes, enum.Enum):
+    """A bus message's type byte (the table above). Backend frames and recovery-stream frames
+    have type bytes of their own, some the same letters: backendproto.py, recoveryproto.py."""
+    WRITESET = b"W"
+    WRITESET_BATCH = b"M"
+    GID_REQUEST = b"Q"
+    GID_REPLY = b"G"
+    BOOTSTRAP = b"B"
+    PROGRESS = b"P"
+    RECEIVED = b"R"
+    FLOW_CONTROL = b"F"
+    DDL_RESULT = b"D"
+    SYNC_MARKER = b"S"
+    VOTE = b"O"
+    LOG_QUERY = b"L"
+    LOG_INFO = b"I"
 
 
 class BusProtoError(ValueError):
@@ -200,15 +219,15 @@ def _blob(x: bytes) -> bytes:
 def encode(m: Message) -> bytes:
     head = bytes([VERSION])
     if isinstance(m, WritesetMsg):
-        return head + b"W" + _s(m.origin) + struct.pack(">Q", m.ticket) + m.writeset
+        return head + MessageType.WRITESET.value + _s(m.origin) + struct.pack(">Q", m.ticket) + m.writeset
     if isinstance(m, WritesetBatch):
-        out = [head, b"M", _s(m.origin), struct.pack(">I", len(m.items))]
+        out = [head, MessageType.WRITESET_BATCH.value, _s(m.origin), struct.pack(">I", len(m.items))]
         out += [struct.pack(">Q", t) + _blob(w) for t, w in m.items]
         return b"".join(out)
     if isinstance(m, GidRequest):
-        return head + b"Q" + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid) + struct.pack(">Q", m.last_gid)
+        return head + MessageType.GID_REQUEST.value + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid) + struct.pack(">Q", m.last_gid)
     if isinstance(m, GidReply):
-        out = [head, b"G", _s(m.node), _s(m.request_id), _s(m.member), _s(m.cluster_uuid), struct.pack(">QQH", m.gid, m.certified, len(m.online))]
+        out = [head, MessageType.GID_REPLY.value, _s(m.node), _s(m.request_id), _s(m.member), _s(m.cluster_uuid), struct.pack(">QQH", m.gid, m.certified, len(m.online))]
         out += [_s(n) + _s(mid) for n, mid in m.online]
         out.append(struct.pack(">H", len(m.progress)))
         out += [_s(n) + struct.pack(">Q", g) for n, g in m.progress]
@@ -218,26 +237,31 @@ def encode(m: Message) -> bytes:
         out.append(_s(m.compat))
         return b"".join(out)
     if isinstance(m, Bootstrap):
-        return head + b"B" + _s(m.node) + _s(m.cluster_uuid) + struct.pack(">Q", m.gid)
+        return head + MessageType.BOOTSTRAP.value + _s(m.node) + _s(m.cluster_uuid) + struct.pack(">Q", m.gid)
     if isinstance(m, Progress):
-        return head + b"P" + _s(m.node) + struct.pack(">Q", m.committed_gid)
+        return head + MessageType.PROGRESS.value + _s(m.node) + struct.pack(">Q", m.committed_gid)
     if isinstance(m, Received):
-        return head + b"R" + _s(m.node) + struct.pack(">Q", m.gid)
+        return head + MessageType.RECEIVED.value + _s(m.node) + struct.pack(">Q", m.gid)
     if isinstance(m, FlowControl):
-        return head + b"F" + _s(m.node) + bytes([1 if m.pause else 0])
+        return head + MessageType.FLOW_CONTROL.value + _s(m.node) + bytes([1 if m.pause else 0])
     if isinstance(m, DdlResult):
-        return (head + b"D" + _s(m.node) + struct.pack(">QB", m.gid, 1 if m.ok else 0)
+        return (head + MessageType.DDL_RESULT.value + _s(m.node) + struct.pack(">QB", m.gid, 1 if m.ok else 0)
                 + _s(m.error[:4000]) + _blob(m.content))
     if isinstance(m, SyncMarker):
-        return head + b"S" + _s(m.node) + struct.pack(">Q", m.token)
+        return head + MessageType.SYNC_MARKER.value + _s(m.node) + struct.pack(">Q", m.token)
     if isinstance(m, Vote):
-        return head + b"O" + _s(m.node) + struct.pack(">QB", m.gid, 1 if m.ok else 0) + _s(m.reason[:4000])
+        return head + MessageType.VOTE.value + _s(m.node) + struct.pack(">QB", m.gid, 1 if m.ok else 0) + _s(m.reason[:4000])
     if isinstance(m, LogQuery):
-        return head + b"L" + _s(m.node) + _s(m.request_id)
+        return head + MessageType.LOG_QUERY.value + _s(m.node) + _s(m.request_id)
     if isinstance(m, LogInfo):
-        return (head + b"I" + _s(m.node) + _s(m.request_id) + _s(m.partner) + _s(m.address)
+        return (head + MessageType.LOG_INFO.value + _s(m.node) + _s(m.request_id) + _s(m.partner) + _s(m.address)
                 + struct.pack(">QQQQ", m.after_min, m.high, m.committed, m.load))
     raise TypeError(f"not a bus message: {m!r}")
+
+
+def carries_writesets(b: bytes) -> bool:
+    """Whether an encoded message is a WritesetMsg or WritesetBatch (its type byte), unread."""
+    return b[1:2] in (MessageType.WRITESET.value, MessageType.WRITESET_BATCH.value)
 
 
 def decode(b: bytes) -> Message:
@@ -247,19 +271,19 @@ def decode(b: bytes) -> Message:
         raise BusProtoError(f"unsupported bus message version {version}")
     t = r.take(1)
     m: Message
-    if t == b"W":
+    if t == MessageType.WRITESET:
         origin = r.s()
         ticket = r.u64()
         return WritesetMsg(origin, ticket, b[r.p:])
-    if t == b"M":
+    if t == MessageType.WRITESET_BATCH:
         origin = r.s()
         n = r.u32()
         if n > len(b):
             raise BusProtoError("batch count exceeds the message length")
         m = WritesetBatch(origin, tuple((r.u64(), r.blob()) for _ in range(n)))
-    elif t == b"Q":
+    elif t == MessageType.GID_REQUEST:
         m = GidRequest(r.s(), r.s(), r.s(), r.u64())
-    elif t == b"G":
+    elif t == MessageType.GID_REPLY:
         node, rid, member, uuid = r.s(), r.s(), r.s(), r.s()
         gid = r.u64()
         certified = r.u64()
@@ -268,27 +292,27 @@ def decode(b: bytes) -> Message:
         cert = r.blob()
         paused = tuple(r.s() for _ in range(r.u16()))
         m = GidReply(node, rid, member, uuid, gid, certified, online, progress, cert, paused, r.s())
-    elif t == b"B":
+    elif t == MessageType.BOOTSTRAP:
         m = Bootstrap(r.s(), r.s(), r.u64())
-    elif t == b"P":
+    elif t == MessageType.PROGRESS:
         m = Progress(r.s(), r.u64())
-    elif t == b"R":
+    elif t == MessageType.RECEIVED:
         m = Received(r.s(), r.u64())
-    elif t == b"F":
+    elif t == MessageType.FLOW_CONTROL:
         m = FlowControl(r.s(), r.take(1) == b"\x01")
-    elif t == b"D":
+    elif t == MessageType.DDL_RESULT:
         node, gid, ok = r.s(), r.u64(), r.take(1) == b"\x01"
         m = DdlResult(node, gid, ok, r.s(), r.blob())
-    elif t == b"S":
+    elif t == MessageType.SYNC_MARKER:
         m = SyncMarker(r.s(), r.u64())
-    elif t == b"O":
+    elif t == MessageType.VOTE:
         voter, voted, outcome = r.s(), r.u64(), r.take(1)
         if outcome not in (b"\x00", b"\x01"):
             raise BusProtoError("vote outcome is neither 0 nor 1")
         m = Vote(voter, voted, outcome == b"\x01", r.s())
-    elif t == b"L":
+    elif t == MessageType.LOG_QUERY:
         m = LogQuery(r.s(), r.s())
-    elif t == b"I":
+    elif t == MessageType.LOG_INFO:
         m = LogInfo(r.s(), r.s(), r.s(), r.s(), r.u64(), r.u64(), r.u64(), r.u64())
     else:
         raise BusProtoError(f"unknown bus message type {t!r}")

@@ -94,3 +94,62 @@ class CommitBook(Generic[E]):
     def settled(self, upto: int) -> bool:
         """Nothing certified up to ``upto`` waits to commit here."""
         return not any(g <= upto for g in self.pending)
+
+
+class FlowControl:
+    """Whether this node asks the cluster to pause its writes (flow control, docs/APPLY.md): it
+    asks once its backlog of certified writesets not committed here reaches ``pause_at``, and
+    lets go once it is down to ``resume_at``."""
+
+    def __init__(self, pause_at: int, resume_at: int) -> None:
+        self.pause_at = pause_at
+        self.resume_at = resume_at
+        self.requested = False
+
+    def check(self, backlog: int) -> Optional[bool]:
+        """The request to send now (True: pause, False: resume), or None."""
+        if not self.requested and backlog >= self.pause_at:
+            self.requested = True
+            return True
+        if self.requested and backlog <= self.resume_at:
+            self.requested = False
+            return False
+        return None
+
+    def reassert(self, cluster_counts_it: bool) -> Optional[bool]:
+        """Flow control is a state, not an event: if the cluster's view of this node's request
+        (as delivered back to it) differs from what it wants, say it again. Covers a request sent
+        while the node was not yet counted online, or lost to a failed send."""
+        return self.requested if cluster_counts_it != self.requested else None
+
+
+R = TypeVar("R")
+
+
+class RunBatcher(Generic[R]):
+    """Catch-up batching: consecutive row writesets from a partner's log are applied as one
+    transaction (the commit of the run's last GID covers the GIDs before it), at most
+    ``max_count`` writesets and about ``max_bytes`` bytes in a run: the per-transaction cost (a
+    round trip, a commit, the commit turn) is paid once per run, not per writeset."""
+
+    def __init__(self, max_count: int, max_bytes: int) -> None:
+        self.max_count = max_count
+        self.max_bytes = max_bytes
+        self._items: list[R] = []
+        self._bytes = 0
+        self._prev = 0
+
+    def add(self, item: R, prev: int, size: int) -> bool:
+        """Add the writeset certified after GID ``prev``; True once the run is full."""
+        if not self._items:
+            self._prev = prev
+        self._items.append(item)
+        self._bytes += size
+        return len(self._items) >= self.max_count or self._bytes > self.max_bytes
+
+    def take(self) -> Optional[tuple[list[R], int]]:
+        """The run so far and the GID certified before it (None if empty); the batcher empties."""
+        if not self._items:
+            return None
+        run, self._items, self._bytes = self._items, [], 0
+        return run, self._prev

@@ -11,47 +11,30 @@ Both ends prove they hold the cluster's keys: TLS with the cluster certificate o
 (each verifies the other against it), then an HMAC-SHA256 challenge over fresh nonces with the
 cluster secret, so a peer that has only one of the two cannot take part.
 
-Wire (inside TLS): the hello exchange is JSON lines; then frames ``u8 type, u32 length, body``:
-``R`` a record (``u64 gid, u8 flags, u16 origin length, origin, payload``), ``E`` the end of this
-answer (``u64 safe stop``), ``X`` an error (UTF-8 text; a range the log no longer holds starts
-with ``range-unavailable:``).
+The wire format (the hello exchange, then record, end and error frames) is recoveryproto.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
-import json
 import logging
 import os
 import secrets
 import ssl
-import struct
 import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional, Sequence
 
 from chorus import busproto as bp
+from chorus import recoveryproto as proto
+from chorus.recoveryproto import RangeUnavailable as RangeUnavailable, RecoveryError as RecoveryError
 from chorus.wslog import LogRangeUnavailable, LogRecord, WritesetLog
 
 log = logging.getLogger("chorus.recovery")
 
-PROTOCOL = 1
-MAX_HELLO = 4096
-MAX_FRAME = 512 << 20
 CHUNK_BYTES = 1 << 20
-HANDSHAKE_TIMEOUT_S = 10.0
-RANGE_UNAVAILABLE = "range-unavailable:"
-
-
-class RecoveryError(Exception):
-    """The stream failed (network, authentication, protocol); another partner may do."""
-
-
-class RangeUnavailable(RecoveryError):
-    """The partner's log no longer holds the start of the range."""
 
 
 # ---- keys -------------------------------------------------------------------------------
@@ -106,50 +89,6 @@ def _context(keys: ClusterKeys, server: bool) -> ssl.SSLContext:
     return ctx
 
 
-def _proof(secret: bytes, role: bytes, cluster: str, first: str, second: str) -> str:
-    msg = b"|".join([b"chorus-recovery", role, cluster.encode(), first.encode(), second.encode()])
-    return hmac.new(secret, msg, hashlib.sha256).hexdigest()
-
-
-async def _read_json(reader: asyncio.StreamReader) -> dict[str, object]:
-    line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT_S)
-    if not line or len(line) > MAX_HELLO:
-        raise RecoveryError("handshake: connection closed or message too long")
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise RecoveryError(f"handshake: not JSON: {e}") from e
-    if not isinstance(obj, dict):
-        raise RecoveryError("handshake: not a JSON object")
-    return obj
-
-
-def _send_json(writer: asyncio.StreamWriter, obj: dict[str, object]) -> None:
-    writer.write(json.dumps(obj).encode() + b"\n")
-
-
-def _frame(kind: bytes, body: bytes) -> bytes:
-    return kind + struct.pack(">I", len(body)) + body
-
-
-def encode_record(r: LogRecord) -> bytes:
-    o = r.origin.encode("utf-8")
-    return _frame(b"R", struct.pack(">QBH", r.gid, r.flags, len(o)) + o + r.payload)
-
-
-def decode_record(body: bytes) -> LogRecord:
-    if len(body) < 11:
-        raise RecoveryError("record frame too short")
-    gid, flags, olen = struct.unpack_from(">QBH", body)
-    if 11 + olen > len(body):
-        raise RecoveryError("record frame truncated")
-    try:
-        origin = body[11:11 + olen].decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RecoveryError("record origin is not UTF-8") from e
-    return LogRecord(gid, origin, flags, body[11 + olen:])
-
-
 # ---- the partner ------------------------------------------------------------------------
 
 
@@ -170,7 +109,7 @@ class RecoveryServer:
     async def start(self, listen: str) -> None:
         host, port = _split(listen)
         self.server = await asyncio.start_server(self._serve, host, port, ssl=_context(self.keys, True),
-                                                 ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+                                                 ssl_handshake_timeout=proto.HANDSHAKE_TIMEOUT_S)
 
     async def close(self) -> None:
         if self.server is not None:
@@ -191,17 +130,17 @@ class RecoveryServer:
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         secret = self.keys.secret()
         cluster = self.cluster_uuid()
-        hello = await _read_json(reader)
-        if hello.get("protocol") != PROTOCOL:
+        hello = await proto.read_hello(reader)
+        if hello.get("protocol") != proto.PROTOCOL:
             raise RecoveryError(f"unsupported recovery protocol {hello.get('protocol')!r}")
         nonce_c = str(hello.get("nonce", ""))
         if hello.get("cluster") != cluster or len(nonce_c) < 32:
-            _send_json(writer, {"error": f"this node serves cluster {cluster}"})
+            writer.write(proto.hello({"error": f"this node serves cluster {cluster}"}))
             raise RecoveryError(f"joiner {hello.get('node')!r} asked for cluster {hello.get('cluster')!r}")
         nonce_s = secrets.token_hex(16)
-        _send_json(writer, {"nonce": nonce_s, "proof": _proof(secret, b"partner", cluster, nonce_c, nonce_s)})
-        req = await _read_json(reader)
-        if not hmac.compare_digest(str(req.get("proof", "")), _proof(secret, b"joiner", cluster, nonce_s, nonce_c)):
+        writer.write(proto.hello({"nonce": nonce_s, "proof": proto.proof(secret, b"partner", cluster, nonce_c, nonce_s)}))
+        req = await proto.read_hello(reader)
+        if not hmac.compare_digest(str(req.get("proof", "")), proto.proof(secret, b"joiner", cluster, nonce_s, nonce_c)):
             raise RecoveryError(f"joiner {hello.get('node')!r} failed authentication")
         after, upto = req.get("after"), req.get("upto")
         if not isinstance(after, int) or not isinstance(upto, int) or not 0 <= after <= upto:
@@ -210,7 +149,7 @@ class RecoveryServer:
         try:
             rd = self.log.reader(after)
         except LogRangeUnavailable as e:
-            writer.write(_frame(b"X", f"{RANGE_UNAVAILABLE} {e}".encode()))
+            writer.write(proto.encode_error(f"{proto.RANGE_UNAVAILABLE} {e}"))
             await writer.drain()
             return
         try:
@@ -218,19 +157,19 @@ class RecoveryServer:
                 try:
                     recs = rd.read(stop, CHUNK_BYTES)
                 except LogRangeUnavailable as e:  # the writer reused the segment under us
-                    writer.write(_frame(b"X", f"{RANGE_UNAVAILABLE} {e}".encode()))
+                    writer.write(proto.encode_error(f"{proto.RANGE_UNAVAILABLE} {e}"))
                     await writer.drain()
                     return
                 if not recs:
                     break
                 for r in recs:
-                    writer.write(encode_record(r))
+                    writer.write(proto.encode_record(r))
                     self.served_records += 1
                     self.served_bytes += len(r.payload)
                 await writer.drain()
         finally:
             rd.close()
-        writer.write(_frame(b"E", struct.pack(">Q", stop)))
+        writer.write(proto.encode_end(stop))
         await writer.drain()
         log.info("served GIDs %d..%d to %s", after + 1, stop, hello.get("node"))
 
@@ -252,47 +191,38 @@ async def fetch(address: str, keys: ClusterKeys, cluster: str, node: str, after:
     host, port = _split(address)
     try:
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=_context(keys, False), limit=1 << 20), HANDSHAKE_TIMEOUT_S)
+            asyncio.open_connection(host, port, ssl=_context(keys, False), limit=1 << 20), proto.HANDSHAKE_TIMEOUT_S)
     except (OSError, ssl.SSLError, asyncio.TimeoutError) as e:
         raise RecoveryError(f"cannot connect to {address}: {e}") from e
     try:
         secret = keys.secret()
         nonce_c = secrets.token_hex(16)
-        _send_json(writer, {"protocol": PROTOCOL, "cluster": cluster, "node": node, "nonce": nonce_c})
-        hello = await _read_json(reader)
+        writer.write(proto.hello({"protocol": proto.PROTOCOL, "cluster": cluster, "node": node, "nonce": nonce_c}))
+        hello = await proto.read_hello(reader)
         if "error" in hello:
             raise RecoveryError(f"partner refused: {hello['error']}")
         nonce_s = str(hello.get("nonce", ""))
         if len(nonce_s) < 32 or not hmac.compare_digest(
-                str(hello.get("proof", "")), _proof(secret, b"partner", cluster, nonce_c, nonce_s)):
+                str(hello.get("proof", "")), proto.proof(secret, b"partner", cluster, nonce_c, nonce_s)):
             raise RecoveryError(f"partner {address} failed authentication")
-        _send_json(writer, {"proof": _proof(secret, b"joiner", cluster, nonce_s, nonce_c),
-                            "after": after, "upto": upto})
+        writer.write(proto.hello({"proof": proto.proof(secret, b"joiner", cluster, nonce_s, nonce_c),
+                            "after": after, "upto": upto}))
         last = after
         while True:
-            head = await reader.readexactly(5)
-            kind, n = head[:1], struct.unpack(">I", head[1:])[0]
-            if n > MAX_FRAME:
-                raise RecoveryError(f"frame of {n} bytes is too large")
-            body = await reader.readexactly(n)
-            if kind == b"R":
-                r = decode_record(body)
+            kind, body = await proto.read_frame(reader)
+            if kind == proto.FrameKind.RECORD:
+                r = proto.decode_record(body)
                 if r.gid <= last or r.gid > upto:
                     raise RecoveryError(f"partner sent GID {r.gid} out of order (after {last}, up to {upto})")
                 last = r.gid
                 await on_record(r)
-            elif kind == b"E":
-                (stop,) = struct.unpack(">Q", body)
+            elif kind == proto.FrameKind.END:
+                stop = proto.decode_end(body)
                 if stop < last or stop > upto:
                     raise RecoveryError(f"partner ended at {stop}, outside ({last}, {upto}]")
-                return int(stop)
-            elif kind == b"X":
-                text = body.decode("utf-8", "replace")
-                if text.startswith(RANGE_UNAVAILABLE):
-                    raise RangeUnavailable(text[len(RANGE_UNAVAILABLE):].strip())
-                raise RecoveryError(f"partner error: {text}")
+                return stop
             else:
-                raise RecoveryError(f"unknown frame type {kind!r}")
+                raise proto.decode_error(body)
     except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError) as e:
         raise RecoveryError(f"stream from {address} broke: {e}") from e
     finally:

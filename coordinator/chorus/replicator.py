@@ -154,8 +154,15 @@ class LogOffered:
     info: bp.LogInfo
 
 
+@dataclass(frozen=True)
+class Pause:
+    """Flow control: new write statements on this node wait (``paused``) because some node asked
+    the cluster to slow down, or go on again because none does any more."""
+    paused: bool
+
+
 Action = Union[Send, LocalVerdict, Apply, PhaseChange, Joined, DdlOutcome, SyncReached, CatchUp,
-               LogQueried, LogOffered, VoteOpened, VoteDecided]
+               LogQueried, LogOffered, VoteOpened, VoteDecided, Pause]
 
 
 @dataclass
@@ -210,9 +217,10 @@ class Replicator:
     _joining_since: float = 0.0
     _buffer: list[Delivery] = field(default_factory=list)
     _requesters: dict[str, str] = field(default_factory=dict)  # GID request id -> bus member
-    # local writesets the coordinator already decoded (validated) when the backend sent them
-    local_decoded: dict[int, wire.Writeset] = field(default_factory=dict)
+    # local writesets the coordinator scanned (validated) when the backend sent them, by ticket
+    _local_scanned: dict[int, wire.Writeset] = field(default_factory=dict)
     paused_by: set[str] = field(default_factory=set)  # nodes that asked the cluster to slow down
+    _paused: bool = False  # the last Pause returned
     # Uniform commit. Corosync delivers in agreed order, not uniformly: a node may deliver a
     # message that no other node receives before a partition cuts it off. So a certified
     # writeset is released (to be committed, logged, or answered to its backend) only once bus
@@ -233,6 +241,15 @@ class Replicator:
     _reform_sent: bool = False
 
     # ---- inputs ------------------------------------------------------------------------
+
+    def expect_local(self, ticket: int, writeset: wire.Writeset) -> None:
+        """A local backend's writeset, scanned, goes to the bus with ``ticket``: when it is
+        delivered back it is not parsed again."""
+        self._local_scanned[ticket] = writeset
+
+    def forget_local(self, ticket: int) -> None:
+        """The writeset of ``ticket`` never reached the bus."""
+        self._local_scanned.pop(ticket, None)
 
     def on_view(self, view: View, now: float) -> list[Action]:
         out: list[Action] = []
@@ -291,7 +308,7 @@ class Replicator:
             out += self._request(now)  # members that can answer arrived: ask now, not at the next retry
         elif self.phase in _FOLLOWING:
             out += self._release()
-        return out
+        return self._pause_changed(out)
 
     def on_delivery(self, d: Delivery) -> list[Action]:
         try:
@@ -300,8 +317,15 @@ class Replicator:
             log.warning("dropping malformed bus message from %s: %s", d.sender, e)
             return []
         if self.phase == Phase.JOINING:
-            return self._joining(d, msg)
-        return self._handle(d.sender, msg)
+            return self._pause_changed(self._joining(d, msg))
+        return self._pause_changed(self._handle(d.sender, msg))
+
+    def _pause_changed(self, out: list[Action]) -> list[Action]:
+        """``out``, and a :class:`Pause` first if whether anyone asks to pause changed."""
+        if bool(self.paused_by) != self._paused:
+            self._paused = bool(self.paused_by)
+            out.insert(0, Pause(self._paused))
+        return out
 
     def tick(self, now: float) -> list[Action]:
         """Timers: re-ask for the GID; bootstrap if told to and nobody answered; report again
@@ -393,7 +417,7 @@ class Replicator:
         self.ddl_open.clear()
         for gid, a in held:
             if isinstance(a, LocalVerdict):
-                self.local_decoded.pop(a.ticket, None)
+                self._local_scanned.pop(a.ticket, None)
                 out.append(LocalVerdict(a.ticket, False, gid, 0,
                                         f"this node left the primary component before GID {gid} was known to a "
                                         "quorum of nodes: whether it committed will be known when the node rejoins",
@@ -501,7 +525,7 @@ class Replicator:
                 msg.messages() if isinstance(msg, bp.WritesetBatch) else [])
             mine = [m for m in own if m.origin == self.node]
             for m in mine:
-                self.local_decoded.pop(m.ticket, None)
+                self._local_scanned.pop(m.ticket, None)
             return [LocalVerdict(m.ticket, False, 0, 0, "this node is not online", None) for m in mine]
         if isinstance(msg, bp.GidReply) and msg.node == self.node and msg.request_id == self._request_id:
             return self._joined(d, msg)
@@ -655,14 +679,14 @@ class Replicator:
         # it learns it was out: the others drop it exactly as the origin refuses it.
         if self.phase not in _FOLLOWING or not self.quorate or msg.origin not in self.online:
             if local:
-                self.local_decoded.pop(msg.ticket, None)
+                self._local_scanned.pop(msg.ticket, None)
                 return [LocalVerdict(msg.ticket, False, 0, 0, "this node left the primary component", None)]
             return []
         self.gid += 1
         gid = self.gid
         self.stats.delivered += 1
         try:
-            cached = self.local_decoded.pop(msg.ticket, None) if local else None
+            cached = self._local_scanned.pop(msg.ticket, None) if local else None
             ws = cached if cached is not None else wire.scan(msg.writeset)
         except wire.WireError as e:
             self.stats.malformed += 1

@@ -245,6 +245,7 @@ def quote_ident(name: str) -> str:
 _TABLES: dict[bytes, list[tuple[bytes, Table]]] = {}
 
 _HEAD = struct.Struct(">2sBBIIQHHII")
+_FLAGS_AT = 3  # the header: magic (2 bytes), version, then the flags byte
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _KEYHEAD = struct.Struct(">BH")
@@ -266,6 +267,11 @@ def decode(buf: bytes) -> Writeset:
         return _decode(bytes(buf), True)
     except (struct.error, IndexError) as e:
         raise WireError(f"writeset truncated: {e}") from e
+
+
+def is_schema_change(buf: bytes) -> bool:
+    """Whether writeset bytes hold a schema change (its header's flags), without reading further."""
+    return len(buf) > _FLAGS_AT and bool(buf[_FLAGS_AT] & (FLAG_DDL | FLAG_TOI))
 
 
 def scan(buf: bytes) -> Writeset:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chorus.commitbook import CommitBook
+from chorus.commitbook import CommitBook, FlowControl, RunBatcher
 
 
 @dataclass
@@ -100,3 +100,61 @@ def test_against_a_reference_model(lanes: int, ops: list[tuple[str, int]]) -> No
         assert book.unflushed == len([g for g in committed if g > durable])
     assert book.settled(min(pending) - 1 if pending else last_certified)
     assert not pending or not book.settled(max(pending))
+
+
+def test_flow_control_pauses_at_the_high_mark_and_resumes_at_the_low_one() -> None:
+    fc = FlowControl(pause_at=10, resume_at=3)
+    assert [fc.check(n) for n in (0, 9, 10, 11, 10, 4)] == [None, None, True, None, None, None]
+    assert fc.requested
+    assert fc.check(3) is False and not fc.requested
+    assert fc.check(9) is None
+
+
+@given(st.lists(st.integers(0, 30), max_size=60))
+def test_flow_control_requests_alternate_and_follow_the_backlog(backlogs: list[int]) -> None:
+    fc = FlowControl(pause_at=20, resume_at=5)
+    sent: list[bool] = []
+    for n in backlogs:
+        r = fc.check(n)
+        if r is not None:
+            sent.append(r)
+            assert (r and n >= 20) or (not r and n <= 5)
+        assert fc.requested == (sent[-1] if sent else False)
+    assert all(a != b for a, b in zip(sent, sent[1:]))  # pause, resume, pause, ...
+
+
+def test_flow_control_says_its_request_again_when_the_cluster_sees_otherwise() -> None:
+    fc = FlowControl(pause_at=1, resume_at=0)
+    assert fc.reassert(cluster_counts_it=False) is None
+    assert fc.reassert(cluster_counts_it=True) is False  # a pause the node no longer wants
+    fc.check(5)
+    assert fc.reassert(cluster_counts_it=False) is True
+    assert fc.reassert(cluster_counts_it=True) is None
+
+
+@given(st.lists(st.tuples(st.integers(1, 5000), st.booleans()), max_size=80),
+       st.integers(1, 6), st.integers(1, 20000))
+def test_run_batcher_keeps_every_writeset_once_in_order_within_its_limits(
+        sizes: list[tuple[int, bool]], max_count: int, max_bytes: int) -> None:
+    """Against a reference: runs cover the writesets in order, each run starts after the GID
+    before its first writeset, and a run is cut as soon as it has max_count writesets or more
+    than max_bytes bytes (or where the caller flushes, as at a schema change)."""
+    batcher: RunBatcher[int] = RunBatcher(max_count, max_bytes)
+    runs: list[tuple[list[int], int]] = []
+    prev = 0
+    for gid, (size, flush_after) in enumerate(sizes, start=1):
+        if batcher.add(gid, prev, size) or flush_after:
+            got = batcher.take()
+            assert got is not None
+            runs.append(got)
+        prev = gid
+    rest = batcher.take()
+    if rest is not None:
+        runs.append(rest)
+    assert batcher.take() is None
+    assert [g for run, _ in runs for g in run] == list(range(1, len(sizes) + 1))
+    for run, before in runs:
+        assert before == run[0] - 1
+        assert len(run) <= max_count
+        full = [sizes[g - 1][0] for g in run]
+        assert sum(full[:-1]) <= max_bytes  # cut once it went past the limit, not later

@@ -12,6 +12,7 @@ import pytest
 
 from chorus import busproto as bp
 from chorus import recovery as rc
+from chorus import recoveryproto as proto
 from chorus.wslog import FLAG_DDL_SKIPPED, LogFeeder, LogRecord, WritesetLog
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
@@ -148,9 +149,29 @@ def test_wrong_secret_or_cluster_is_rejected(tmp_path: Path, keys: rc.ClusterKey
 
 def test_record_frames_round_trip_and_reject_garbage() -> None:
     r = LogRecord(7, "nöde", FLAG_DDL_SKIPPED, b"\x00payload")
-    frame = rc.encode_record(r)
-    assert frame[:1] == b"R" and rc.decode_record(frame[5:]) == r
+    frame = proto.encode_record(r)
+    assert frame[:1] == proto.FrameKind.RECORD.value and proto.decode_record(frame[5:]) == r
     with pytest.raises(rc.RecoveryError):
-        rc.decode_record(b"\x00" * 5)
+        proto.decode_record(b"\x00" * 5)
     with pytest.raises(rc.RecoveryError):
-        rc.decode_record(frame[5:5 + 11] + b"")  # origin missing
+        proto.decode_record(frame[5:5 + 11] + b"")  # origin missing
+
+
+def test_stream_frames_are_read_by_kind_and_unknown_or_oversized_ones_refused() -> None:
+    async def read(data: bytes) -> tuple[proto.FrameKind, bytes]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        return await proto.read_frame(reader)
+
+    assert asyncio.run(read(proto.encode_end(42))) == (proto.FrameKind.END, (42).to_bytes(8, "big"))
+    assert proto.decode_end((42).to_bytes(8, "big")) == 42
+    with pytest.raises(rc.RecoveryError, match="end frame"):
+        proto.decode_end(b"\x00" * 7)
+    kind, body = asyncio.run(read(proto.encode_error(f"{proto.RANGE_UNAVAILABLE} gone")))
+    assert kind == proto.FrameKind.ERROR and isinstance(proto.decode_error(body), rc.RangeUnavailable)
+    assert not isinstance(proto.decode_error(b"disk full"), rc.RangeUnavailable)
+    with pytest.raises(rc.RecoveryError, match="unknown frame type"):
+        asyncio.run(read(b"Z\x00\x00\x00\x00"))
+    with pytest.raises(rc.RecoveryError, match="too large"):
+        asyncio.run(read(b"R\xff\xff\xff\xff"))

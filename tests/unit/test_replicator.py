@@ -12,8 +12,8 @@ from collections import deque
 from chorus import busproto as bp
 from chorus import wire
 from chorus.bus import Delivery, View
-from chorus.replicator import (Apply, CatchUp, DdlOutcome, LocalVerdict, LogOffered, LogQueried, Phase, PhaseChange,
-                               Replicator, Send, VoteDecided, VoteOpened)
+from chorus.replicator import (Apply, CatchUp, DdlOutcome, LocalVerdict, LogOffered, LogQueried, Pause, Phase,
+                               PhaseChange, Replicator, Send, VoteDecided, VoteOpened)
 from chorus.wire import Key, KeyMode, Row, Table, Writeset
 
 NAMES = ["n1", "n2", "n3"]
@@ -562,3 +562,23 @@ def test_local_cluster_counts_coordinators_not_its_one_corosync() -> None:
     acts = r1.on_view(View(3, ("1:100",), (), ("1:200",), "1:100", True, 1, 1), 0.0)
     assert not r1.accepts_writes and r1.phase == Phase.NON_PRIMARY
     assert any(isinstance(a, PhaseChange) and a.phase == Phase.NON_PRIMARY for a in acts)
+
+
+def test_flow_control_pauses_every_node_until_the_last_asker_lets_go() -> None:
+    """A node's FlowControl request pauses writes on every node (each gets one Pause(True)); it
+    lasts until no node asks any more, or the asker leaves the view."""
+    c = form()
+    said: dict[str, list[bool]] = {n: [] for n in NAMES}
+
+    def deliver(sender: str, msg: bp.Message) -> None:
+        for n, r in c.nodes.items():
+            said[n] += [a.paused for a in r.on_delivery(Delivery(sender, bp.encode(msg))) if isinstance(a, Pause)]
+
+    deliver("n2", bp.FlowControl("n2", True))
+    deliver("n3", bp.FlowControl("n3", True))
+    deliver("n2", bp.FlowControl("n2", False))
+    assert said == {n: [True] for n in NAMES}  # n3 still asks
+    for n in ("n1", "n2"):  # n3 leaves: nobody asks any more
+        v = View(2, ("n1", "n2"), (), ("n3",), n, True, 1, 0, "")
+        said[n] += [a.paused for a in c.nodes[n].on_view(v, c.now) if isinstance(a, Pause)]
+    assert said["n1"] == said["n2"] == [True, False]

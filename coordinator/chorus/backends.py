@@ -1,0 +1,228 @@
+"""The local backends' socket (docs/PROTOCOL.md section 1): each backend sends its writeset at
+COMMIT and waits for the verdict; it then reports its commit (or abort) of the certified GID,
+asks for causal-read markers, and returns the content of a schema change it ran.
+
+A backend's writeset gets a ticket and goes to the bus (bussender.py); the verdict comes back
+from the replicator by ticket. A certified local writeset enters the commit pipeline
+(pipeline.py) with its backend, which commits it; if the backend goes away first, the pipeline
+replays it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Coroutine, Optional
+
+import psycopg
+
+from chorus import backendproto as bpf
+from chorus import busproto as bp
+from chorus import wire
+from chorus.bus import BusError
+from chorus.bussender import BusSender
+from chorus.causal import CausalReads
+from chorus.nodedb import NodeDatabase
+from chorus.nodestatus import Counters
+from chorus.pipeline import CommitPipeline, Pending, Waiter
+from chorus.replicator import LocalVerdict
+
+log = logging.getLogger("chorus.coordinator")
+
+# The status of a 32-bit xid of this epoch's recent past (pg_xact_status wants the full xid8).
+_XACT_STATUS = ("SELECT pg_xact_status((CASE WHEN f > c THEN f - 4294967296 ELSE f END)::text::xid8)"
+                " FROM (SELECT c, (c >> 32 << 32) + %s AS f"
+                " FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS c) s) t")
+
+
+@dataclass
+class Backend:
+    transport: asyncio.WriteTransport
+    pid: int = 0
+    ticket: int = 0  # outstanding writeset ticket, 0 if none
+    certified: set[int] = field(default_factory=set)  # certified GIDs not yet reported committed
+    closed: bool = False
+
+    def send(self, frame: bytes) -> None:
+        if not self.closed:
+            self.transport.write(frame)
+
+
+class BackendConnection(asyncio.Protocol):
+    """One backend's socket. Frames are handled as they arrive, in the callback that reads
+    them: the commit path costs no task switch per frame."""
+
+    def __init__(self, server: "BackendServer") -> None:
+        self.server = server
+        self.parser = bpf.FrameParser()
+        self.backend: Optional[Backend] = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        self.backend = Backend(transport)
+
+    def data_received(self, data: bytes) -> None:
+        b = self.backend
+        assert b is not None
+        try:
+            for frame in self.parser.feed(data):
+                self.server.frame(b, frame)
+        except (bpf.FrameError, wire.WireError) as e:
+            self.server.counters.malformed_frames += 1
+            log.warning("closing backend connection (pid %d): malformed frame: %s", b.pid, e)
+            b.transport.close()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if self.backend is not None:
+            self.server.closed(self.backend)
+
+
+class BackendServer:
+    """Answers the backends. ``refusal()`` says why this node takes no writes now (None: it
+    does); ``expect(ticket, writeset)`` hands the replicator the scanned writeset its verdict
+    will be about, so it is not parsed again when it comes back from the bus."""
+
+    def __init__(self, node: str, max_writeset: int, counters: Counters, pipeline: CommitPipeline,
+                 sender: BusSender, causal: CausalReads, db: NodeDatabase,
+                 refusal: Callable[[], Optional[str]], expect: Callable[[int, wire.Writeset], None],
+                 spawn: Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]) -> None:
+        self.node = node
+        self.max_writeset = max_writeset  # one log record: larger local writesets are refused
+        self.counters = counters
+        self.pipeline = pipeline
+        self.sender = sender
+        self.causal = causal
+        self.db = db
+        self._refusal = refusal
+        self._expect = expect
+        self._spawn = spawn
+        self.tickets: dict[int, Backend] = {}
+        self._next_ticket = 1
+
+    def protocol(self) -> BackendConnection:
+        return BackendConnection(self)
+
+    def frame(self, b: Backend, frame: bpf.Frame) -> None:
+        t = frame.type
+        if t == bpf.FrameType.WRITESET:
+            self._writeset(b, frame.payload)
+        elif t == bpf.FrameType.COMMITTED:
+            gid, _ = bpf.parse_done(frame.payload)
+            self.pipeline.local_done(gid)
+        elif t == bpf.FrameType.SYNC:
+            self._sync_request(b)
+        elif t == bpf.FrameType.DDL_RAN:
+            gid, _, content = bpf.parse_ran(frame.payload)
+            wire.scan(content)  # checked before it reaches the bus
+            p = self.pipeline.pending.get(gid)
+            if p is not None and p.writeset.toi and p.backend is b:
+                self.sender.send(bp.DdlResult(self.node, gid, True, "", content))
+        else:  # FrameType.ABORTED
+            gid, xid = bpf.parse_done(frame.payload)
+            log.info("backend %d aborted certified GID %d (xid %d): replaying it", b.pid, gid, xid)
+            self.pipeline.replay(gid)
+
+    def closed(self, b: Backend) -> None:
+        b.closed = True
+        if b.ticket:
+            self.tickets.pop(b.ticket, None)
+        for gid in list(b.certified):
+            self._spawn(self._orphaned(b, gid))
+
+    def _writeset(self, b: Backend, payload: bytes) -> None:
+        ws = wire.scan(payload)  # checked before it reaches the bus
+        b.pid = ws.pid
+        why = self._refusal()
+        if why is not None:
+            self.counters.refused += 1
+            b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0, f"this node does not accept writes: {why}"))
+            return
+        limit = self.max_writeset
+        if len(payload) > limit:
+            # every certified writeset must fit in a log record (partial recovery serves it)
+            self.counters.refused += 1
+            b.send(bpf.verdict_frame(
+                bpf.VERDICT_TOO_LARGE, 0, 0,
+                f"the transaction's writeset ({len(payload) / 1e6:.1f} MB) is larger than this node's writeset log "
+                f"can hold in one record ({limit / 1e6:.1f} MB): raise log.segment_mb or lower "
+                "chorus.max_writeset_size"))
+            return
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        b.ticket = ticket
+        self.tickets[ticket] = b
+        self._expect(ticket, ws)
+        self.sender.queue_writeset(ticket, payload)
+
+    def batch_failed(self, tickets: list[int], e: BusError) -> None:
+        """The bus could not take these writesets: their backends are refused."""
+        for ticket in tickets:
+            b = self.tickets.pop(ticket, None)
+            if b is not None and not b.closed:
+                b.ticket = 0
+                b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0, f"the group bus failed: {e}"))
+
+    def _sync_request(self, b: Backend) -> None:
+        why = self._refusal()
+        if why is not None:
+            b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0, f"this node is not in the primary component: {why}"))
+            return
+        self.causal.request(b)
+
+    def verdict(self, v: LocalVerdict) -> None:
+        """The cluster certified (or refused) the writeset of ticket ``v.ticket``."""
+        b = self.tickets.pop(v.ticket, None)
+        if b is not None:
+            b.ticket = 0
+        if not v.ok:
+            if b is not None and not b.closed:
+                kind = (bpf.VERDICT_UNKNOWN if v.unknown else bpf.VERDICT_CONFLICT if v.gid
+                        else bpf.VERDICT_REFUSED)
+                b.send(bpf.verdict_frame(kind, v.gid, 0, v.reason))
+            return
+        assert v.writeset is not None
+        p = Pending(v.gid, v.prev, self.node, v.writeset, b)
+        self.pipeline.admit(p, local=True)
+        if b is None or b.closed:
+            log.info("backend of certified GID %d is gone: replaying it", v.gid)
+            self.pipeline.replay(v.gid)
+            return
+        b.certified.add(v.gid)
+        b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, p.wait_for, "", prev=v.prev))
+        if v.writeset.toi:  # it runs now: local transactions in its way lose
+            self.pipeline.waiters[v.gid] = Waiter(lambda: b.pid if p.backend is b else 0, time.monotonic())
+
+    @staticmethod
+    def ddl_outcome(p: Pending, ok: bool, error: str) -> None:
+        """Tell a schema change's waiting backend how it went in the cluster."""
+        b = p.backend
+        if isinstance(b, Backend) and not b.closed:
+            b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT if ok else bpf.VERDICT_REFUSED, p.gid, p.prev, error))
+
+    async def _orphaned(self, b: Backend, gid: int) -> None:
+        """A backend closed its socket holding a certified GID: wait until its transaction
+        committed (the watermark passes the GID) or ended without committing (replay). The
+        session itself may live on: a backend whose wait was interrupted rolls back and goes on
+        with its next transaction."""
+        p = self.pipeline.pending.get(gid)
+        xid = p.writeset.xid if p is not None else 0
+        while (p := self.pipeline.pending.get(gid)) is not None and p.backend is b:
+            if not self.db.ok.is_set():
+                return  # the restart path re-applies everything above the durable GID
+            try:
+                if await self.db.committed_gid() >= gid:
+                    self.pipeline.local_done(gid)
+                    return
+                if xid:  # the commit log knows: committed, aborted or in progress
+                    ended = await self.db.q(_XACT_STATUS, (xid,)) == "aborted"
+                else:  # a schema change runs as one statement: it ended when the session is idle
+                    ended = not await self.db.q("SELECT count(*) FROM pg_stat_activity"
+                                                " WHERE pid = %s AND state = 'active'", (b.pid,))
+                if ended and await self.db.committed_gid() < gid:
+                    self.pipeline.replay(gid)
+                    return
+            except psycopg.Error:
+                return
+            await asyncio.sleep(0.05)

@@ -1,0 +1,110 @@
+"""Sending on the group bus: one node's outgoing messages, in the order they are posted.
+
+Local writesets queue in an outbox and leave in batches: at most ``MAX_IN_FLIGHT`` of this node's
+writeset messages are on the bus, not yet delivered back to it, at a time; writesets that queue up
+meanwhile go together in the next message (group commit through the bus). Other messages
+(votes, flow control, markers, log queries) leave at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any, Callable, Coroutine, Optional
+
+from chorus import busproto as bp
+from chorus.bus import Bus, BusError
+
+log = logging.getLogger("chorus.coordinator")
+
+BATCH_BYTES = 256 * 1024
+MAX_IN_FLIGHT = 1  # own writeset messages sent and not yet delivered
+
+Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
+
+
+class BusSender:
+    """Posts this node's messages on ``bus``. ``on_batch_failed(tickets, error)`` hears of local
+    writesets whose message could not be sent."""
+
+    def __init__(self, node: str, spawn: Spawn, on_batch_failed: Callable[[list[int], BusError], None]) -> None:
+        self.node = node
+        self.bus: Optional[Bus] = None  # attached once joined
+        self._spawn = spawn
+        self._on_batch_failed = on_batch_failed
+        self.outbox: list[tuple[int, bytes]] = []  # (ticket, writeset) waiting for the bus
+        self.batches = 0  # bus messages carrying local writesets
+        self.writesets = 0  # local writesets sent
+        self._in_flight = 0
+        self._waiting = 0  # messages handed to a task because the bus could not take them at once
+        self._pump_scheduled = False
+
+    def attach(self, bus: Bus) -> None:
+        self.bus = bus
+
+    def send(self, msg: bp.Message) -> None:
+        """Multicast a message (logged if it cannot be sent)."""
+        self._post(bp.encode(msg), lambda e: log.error("cannot send %s: %s", type(msg).__name__, e))
+
+    def queue_writeset(self, ticket: int, payload: bytes) -> None:
+        """A local writeset for certification: it leaves with the next batch."""
+        self.outbox.append((ticket, payload))
+        if not self._pump_scheduled:
+            # after the other sockets that are readable now: their writesets go in the same message
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self.pump)
+
+    def delivered_own(self, payload: bytes) -> None:
+        """One of this node's messages came back from the bus."""
+        if bp.carries_writesets(payload):
+            self._in_flight = max(0, self._in_flight - 1)
+
+    def view_changed(self) -> None:
+        """What was not delivered before a view change never will be."""
+        self._in_flight = 0
+
+    def pump(self) -> None:
+        """Send queued local writesets, as many per message as BATCH_BYTES allows, while fewer than
+        MAX_IN_FLIGHT writeset messages are on the bus. An idle node sends at once; a busy one sends
+        fewer, larger messages."""
+        self._pump_scheduled = False
+        while self.outbox and self._in_flight < MAX_IN_FLIGHT:
+            n, size = 0, 0
+            for _, payload in self.outbox:
+                if n and size + len(payload) > BATCH_BYTES:
+                    break
+                n += 1
+                size += len(payload)
+            batch, self.outbox = self.outbox[:n], self.outbox[n:]
+            msg: bp.Message = (bp.WritesetMsg(self.node, *batch[0]) if n == 1
+                               else bp.WritesetBatch(self.node, tuple(batch)))
+            self.batches += 1
+            self.writesets += n
+            self._in_flight += 1
+            self._post(bp.encode(msg), functools.partial(self._batch_failed, [t for t, _ in batch]))
+
+    def _batch_failed(self, tickets: list[int], e: BusError) -> None:
+        self._in_flight -= 1
+        self._on_batch_failed(tickets, e)
+        if self.outbox:
+            self.pump()
+
+    def _post(self, payload: bytes, on_error: Callable[[BusError], None]) -> None:
+        """Multicast ``payload``: at once if the bus takes it, else from a task that retries
+        (``on_error`` if it cannot). Messages leave in the order they are posted."""
+        assert self.bus is not None
+        if self._waiting == 0 and self.bus.send_nowait(payload):
+            return
+        self._waiting += 1
+        self._spawn(self._send_later(payload, on_error))
+
+    async def _send_later(self, payload: bytes, on_error: Callable[[BusError], None]) -> None:
+        assert self.bus is not None
+        try:
+            await self.bus.send(payload)
+        except BusError as e:
+            on_error(e)
+        finally:
+            self._waiting -= 1
+

@@ -1,0 +1,191 @@
+"""Partial recovery, the joining side (docs/RECOVERY.md): stream the certified writesets a node
+missed from a member's writeset log and apply them in order, while the live stream after them is
+held; then apply what was held and go online.
+
+The donor side is recovery.py's server; which partner to ask is recovery.choose_partners, and
+how consecutive writesets are batched into runs is commitbook.RunBatcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any, Awaitable, Callable, Optional
+
+from chorus import busproto as bp
+from chorus import recovery as rc
+from chorus import wire
+from chorus.commitbook import RunBatcher
+from chorus.pipeline import CommitPipeline, Pending
+from chorus.replicator import Action, Apply, CatchUp, Phase, Replicator
+from chorus.wslog import FLAG_DDL_SKIPPED, LogFeeder, LogRecord
+
+log = logging.getLogger("chorus.coordinator")
+
+LOG_QUERY_WAIT_S = 1.0  # how long a recovering node collects answers to its LogQuery
+CATCHUP_WINDOW = 256  # catch-up transactions queued for apply at most
+CATCHUP_BATCH_BYTES = 8 << 20  # a run of catch-up writesets applied as one transaction: at most this much
+
+
+class CatchUpRunner:
+    """Runs the node's catch-ups, one at a time. ``act`` carries out replicator actions (the
+    daemon's); ``failed()`` says the node is stopping on a fatal error."""
+
+    def __init__(self, node: str, replicator: Replicator, pipeline: CommitPipeline, feeder: LogFeeder,
+                 keys: Optional[rc.ClusterKeys], partners: tuple[str, ...], batch: int,
+                 send: Callable[[bp.Message], None], act: Callable[[list[Action]], Awaitable[None]],
+                 stopping: asyncio.Event, failed: Callable[[], bool]) -> None:
+        self.node = node
+        self.r = replicator
+        self.pipeline = pipeline
+        self.feeder = feeder
+        self.keys = keys
+        self.partners = partners
+        self.batch = batch
+        self._send = send
+        self._act = act
+        self._stopping = stopping
+        self._failed = failed
+        self.progress: Optional[rc.Progress] = None  # the current or last catch-up
+        self.held: Optional[list[Action]] = None  # live actions held while catching up
+        self._offers: dict[str, list[bp.LogInfo]] = {}
+
+    def offered(self, info: bp.LogInfo) -> None:
+        """A member answered this node's LogQuery."""
+        if info.request_id in self._offers:
+            self._offers[info.request_id].append(info)
+
+    async def run(self, c: CatchUp) -> None:
+        """Stream the certified writesets in (c.after, c.upto] and apply them in order (in
+        parallel where independent, like live ones); meanwhile the live stream after c.upto is
+        held. Then apply what was held and go online once everything up to c.upto is committed."""
+        r, pipeline = self.r, self.pipeline
+        self.held = []
+        prog = self.progress = rc.Progress(c.after, c.upto)
+        prev = c.after  # the last certified GID handed to apply: the next one's prev
+        runs: RunBatcher[LogRecord] = RunBatcher(self.batch, CATCHUP_BATCH_BYTES)
+
+        def flush() -> None:
+            self.feeder.flush()  # logged before anything of it can commit
+            got = runs.take()
+            if got is None:
+                return
+            run, before = got
+            try:
+                merged = wire.merge([wire.decode(b.payload) for b in run])
+            except wire.WireError as e:
+                raise rc.RecoveryError(f"a writeset in GIDs {run[0].gid}..{run[-1].gid} from the partner's "
+                                       f"log does not decode: {e}") from e
+            pipeline.admit_run(Pending(run[-1].gid, before, run[-1].origin, merged))
+            pipeline.dispatch()
+
+        async def take(rec: LogRecord) -> None:
+            nonlocal prev
+            prog.position, prog.records, prog.bytes = rec.gid, prog.records + 1, prog.bytes + len(rec.payload)
+            if rec.gid <= pipeline.watermark:
+                prev = rec.gid
+                return
+            if not wire.is_schema_change(rec.payload) and self.batch > 1 and pipeline.book.lanes == 1:
+                self.feeder.certified(rec.gid, rec.origin, rec.payload, False)
+                full = runs.add(rec, prev, len(rec.payload))
+                prev = rec.gid
+                if full:
+                    flush()
+            else:
+                flush()
+                try:
+                    ws = wire.scan(rec.payload)
+                except wire.WireError as e:
+                    raise rc.RecoveryError(f"GID {rec.gid} from the partner's log does not decode: {e}") from e
+                p = Pending(rec.gid, prev, rec.origin, ws)
+                pipeline.admit(p, local=False)
+                if p.ddl_known is not None:  # the log records a failed schema change as skipped
+                    p.ddl_ok = not rec.flags & FLAG_DDL_SKIPPED
+                    self.feeder.outcome(rec.gid, p.ddl_ok)
+                    p.ddl_known.set()
+                prev = rec.gid
+                self.feeder.flush()
+                pipeline.dispatch()
+            while len(pipeline.pending) > CATCHUP_WINDOW and not self._failed():
+                await asyncio.sleep(0.005)
+
+        try:
+            target, backlog = c.upto, None
+            while True:
+                while prog.position < target:
+                    if r.phase != Phase.RECOVERING or self._stopping.is_set():
+                        log.warning("catch-up stopped at GID %d: the node is %s", prog.position, r.phase.value)
+                        return
+                    before = prog.position
+                    ok = await self._fetch_round(prog, target, take)
+                    flush()  # what this round brought, before waiting for more
+                    if not ok:
+                        return
+                    if prog.position == before:
+                        await asyncio.sleep(0.2)  # the partner has not committed further yet: reload
+                    if target > c.upto:
+                        break  # following the live stream: one round at a time
+                # The live stream held meanwhile is in the members' logs too: rather than hold it
+                # all in memory and apply it in one go, keep streaming while that shrinks it.
+                self.held = [a for a in self.held if not (isinstance(a, Apply) and a.gid <= prog.position)]
+                live = [a.gid for a in self.held if isinstance(a, Apply)]
+                if len(live) <= CATCHUP_WINDOW or (backlog is not None and len(live) >= backlog):
+                    break
+                backlog, target = len(live), live[-1]
+                prog.upto = target
+            prog.state = "applying"
+            held, self.held = self.held, None
+            await self._act(held)
+            while pipeline.watermark < c.upto and not self._failed():
+                await asyncio.sleep(0.02)
+            prog.state, prog.finished = "done", time.monotonic()
+            log.info("caught up from GID %d to %d: %d writesets, %.1f MB from %s", c.after, c.upto,
+                     prog.records, prog.bytes / 1e6, prog.partner)
+            await self._act(r.recovered())
+        finally:
+            if self.held is not None:
+                self.held = None
+                if prog.state != "done":
+                    prog.state, prog.finished = "failed", time.monotonic()
+
+    async def _ask_logs(self) -> list[bp.LogInfo]:
+        """Which members' logs hold what: a LogQuery through the bus, answers for a moment."""
+        rid = uuid.uuid4().hex
+        self._offers[rid] = []
+        self._send(bp.LogQuery(self.node, rid))
+        deadline = time.monotonic() + LOG_QUERY_WAIT_S
+        others = len([n for n in self.r.online if n != self.node])
+        while time.monotonic() < deadline and len(self._offers[rid]) < others:
+            await asyncio.sleep(0.02)
+        return self._offers.pop(rid)
+
+    async def _fetch_round(self, prog: rc.Progress, upto: int,
+                           take: Callable[[LogRecord], Awaitable[None]]) -> bool:
+        """One round of catch-up: ask who holds the range, stream from the best partner up to
+        its safe stop. False (and the node marked as needing total recovery) if nobody can."""
+        r = self.r
+        prog.state = "choosing a partner"
+        offers = await self._ask_logs()
+        partners = rc.choose_partners(offers, prog.position, self.partners)
+        if self.keys is None or not partners:
+            held = ", ".join(f"{o.partner} after GID {o.after_min}" for o in offers) or "no member answered"
+            why = ("this node has no recovery keys configured" if self.keys is None else
+                   f"no member's writeset log holds the GIDs after {prog.position} ({held})")
+            await self._act(r.recovery_failed(
+                f"partial recovery impossible: {why}; total recovery is needed "
+                f"(chorus node join --total)"))
+            return False
+        for o in partners:
+            prog.partner, prog.state = o.partner, "streaming"
+            try:
+                stop = await rc.fetch(o.address, self.keys, r.cluster_uuid, self.node, prog.position, upto, take)
+                prog.position = max(prog.position, stop)
+                break
+            except rc.RecoveryError as e:
+                log.warning("catch-up from %s (%s) failed at GID %d: %s", o.partner, o.address, prog.position, e)
+        return True
+
+    def status(self) -> Optional[dict[str, Any]]:
+        return self.progress.as_dict() if self.progress is not None else None

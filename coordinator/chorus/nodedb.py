@@ -1,0 +1,126 @@
+"""The coordinator's own connection to its PostgreSQL: the node's committed and durable GIDs,
+the writes switch, and the start of a coordinator (``chorus.node_init``). Apply sessions have
+connections of their own (applier.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import psycopg
+
+log = logging.getLogger("chorus.coordinator")
+
+DB_RETRY_S = 0.5
+
+
+class DatabaseFatal(Exception):
+    """The database cannot serve this node (no extension, wrong state): the daemon stops."""
+
+
+@dataclass(frozen=True)
+class NodeStart:
+    """What the database says when a coordinator (re)starts."""
+    committed: int  # the node's committed GID (the watermark)
+    lanes: int  # the commit lanes it runs
+    max_committed: int  # the highest GID committed through any lane
+    compat: str  # its encoding and PostgreSQL major version (docs/PROTOCOL.md section 2)
+
+
+class NodeDatabase:
+    def __init__(self, dsn: str, name: str) -> None:
+        self.dsn = dsn
+        self.name = name
+        self.conn: Optional[psycopg.AsyncConnection[Any]] = None
+        self.ok = asyncio.Event()  # connected and initialised
+
+    async def connect(self, stopping: asyncio.Event) -> None:
+        """Connect, retrying with backoff until it works or ``stopping`` is set."""
+        delay = DB_RETRY_S
+        while True:
+            try:
+                self.conn = await psycopg.AsyncConnection.connect(
+                    self.dsn, autocommit=True, application_name=f"chorus coordinator {self.name}")
+                return
+            except psycopg.Error as e:
+                if stopping.is_set():
+                    raise DatabaseFatal("stopped while waiting for PostgreSQL") from e
+                log.warning("cannot connect to PostgreSQL (%s); retrying", str(e).strip())
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            try:
+                await self.conn.close()
+            except psycopg.Error:
+                pass
+
+    async def q(self, query: str, params: tuple[Any, ...] = ()) -> Any:
+        """The first column of the first row."""
+        assert self.conn is not None
+        async with self.conn.cursor() as cur:
+            await cur.execute(query, params)
+            row = await cur.fetchone()
+            return row[0] if row else None
+
+    async def q_all(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        assert self.conn is not None
+        async with self.conn.cursor() as cur:
+            await cur.execute(query, params)
+            return await cur.fetchall()
+
+    async def q_logged(self, query: str, params: tuple[Any, ...]) -> None:
+        """Run it; a failure is only logged."""
+        try:
+            await self.q(query, params)
+        except psycopg.Error as e:
+            log.warning("%s: %s", query, str(e).strip())
+
+    async def start_node(self, commit_lanes: int) -> NodeStart:
+        """Tell the extension the coordinator is (re)starting. After a coordinator restart the
+        committed GID can be past the durable one (a backend committed meanwhile)."""
+        try:
+            lanes = int(await self.q("SELECT chorus.set_lanes(%s)", (commit_lanes,)))
+            if lanes != commit_lanes:
+                log.warning("using %d commit lanes, not the %d configured: the lanes were not settled by a clean "
+                            "shutdown; the change takes effect after one", lanes, commit_lanes)
+            durable = await self.durable_gid()
+            await self.q("SELECT chorus.node_init(%s, %s)", (durable, lanes))
+            start = NodeStart(
+                committed=await self.committed_gid(), lanes=lanes,
+                max_committed=int(await self.q("SELECT max_done FROM chorus.lane_state()")),
+                compat=str(await self.q(
+                    "SELECT current_setting('server_encoding') || ' / PostgreSQL ' || "
+                    "current_setting('server_version_num')::int / 10000")))
+            await self.q("SELECT chorus.set_online(false, 'Its coordinator is starting and has not joined the cluster yet')")
+        except psycopg.errors.UndefinedFunction as e:
+            raise DatabaseFatal("the chorus extension is not installed in this database "
+                                "(CREATE EXTENSION chorus)") from e
+        except psycopg.errors.ObjectNotInPrerequisiteState as e:
+            raise DatabaseFatal(f"{e}".strip()) from e
+        self.ok.set()
+        return start
+
+    async def committed_gid(self) -> int:
+        return int(await self.q("SELECT chorus.committed_gid()"))
+
+    async def durable_gid(self) -> int:
+        return int(await self.q("SELECT chorus.durable_gid()"))
+
+    async def set_online(self, online: bool, reason: str = "") -> None:
+        if self.conn is None or self.conn.closed:
+            return
+        try:
+            await self.q("SELECT chorus.set_online(%s, %s)", (online, reason[:250]))
+        except psycopg.Error as e:
+            log.warning("cannot set online=%s: %s", online, str(e).strip())
+
+    async def alive(self) -> bool:
+        try:
+            await self.q("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False

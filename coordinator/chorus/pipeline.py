@@ -1,0 +1,380 @@
+"""The node's commit pipeline: certified writesets from admission to their commit here.
+
+Every certified writeset, local or remote, is admitted in GID order: into the writeset log, the
+commit book (pending set, watermark, lanes: commitbook.py) and the dependency scheduler
+(scheduler.py). Remote ones are applied by a pool of apply sessions (applier.py), in parallel
+where independent and as runs of consecutive writesets where they are not; a local one is
+committed by its backend, or replayed by the replay session if its backend gave up. After a
+PostgreSQL restart the pipeline applies again what the database lost.
+
+It talks to the rest of the node through what it is given: ``send`` puts a message on the bus,
+``spawn`` starts a background task, and :class:`Hooks` hear of commits, failures and fatal bugs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Coroutine, Optional, Protocol
+
+from chorus import busproto as bp
+from chorus import wire
+from chorus.applier import ApplyConnectionLost, ApplyError, ApplySession, TransientApplyError
+from chorus.commitbook import CommitBook
+from chorus.concurrent import ConcurrentSchemaChanges
+from chorus.nodestatus import Counters
+from chorus.replicator import DdlOutcome
+from chorus.scheduler import Scheduler
+from chorus.wslog import LogFeeder
+
+log = logging.getLogger("chorus.coordinator")
+
+RUN_BYTES = 4 << 20  # a run of live remote writesets applied as one transaction: at most this much
+
+
+class BackendRef(Protocol):
+    """The local backend committing a certified writeset (backends.py)."""
+    pid: int
+    certified: set[int]
+
+
+@dataclass
+class Waiter:
+    """A session committing a certified writeset, watched for local lock blockers (lockwatch.py)."""
+    pid: Callable[[], int]  # 0 while unknown (connecting) or gone
+    since: float
+
+
+@dataclass
+class Pending:
+    gid: int
+    prev: int  # the GID certified before it
+    origin: str
+    writeset: wire.Writeset
+    backend: Optional[BackendRef] = None
+    # schema changes: the outcome on the origin (None until the cluster knows it)
+    ddl_ok: Optional[bool] = None
+    ddl_known: Optional[asyncio.Event] = None
+    ddl_failure_sent: bool = False
+    # inconsistency voting decided that the majority failed to apply it: it commits empty here
+    skip: bool = False
+    delivered_at: float = field(default_factory=time.monotonic)
+    # what its commit waits for: prev with one commit lane, the previous certified GID of its
+    # lane with several (docs/APPLY.md; set by CommitBook.assign_lane); the extension's names are the same
+    wait_for: int = -1
+
+    def __post_init__(self) -> None:
+        if self.wait_for < 0:
+            self.wait_for = self.prev
+        if self.writeset.toi:  # a schema change's place: its outcome and content come later
+            self.ddl_known = asyncio.Event()
+
+
+@dataclass
+class Hooks:
+    """What the pipeline tells the rest of the node."""
+    committed_here: Callable[[int], None]  # GID committed here (applied or by its backend)
+    apply_failed: Callable[[int, str], Coroutine[Any, Any, None]]  # it cannot be applied here
+    connection_lost: Callable[[str], Coroutine[Any, Any, None]]  # an apply session lost PostgreSQL
+    fatal: Callable[[str], None]  # a bug: stop rather than stall
+    backlog_changed: Callable[[], None]  # the pending set may have grown or shrunk
+
+
+class CommitPipeline:
+    def __init__(self, name: str, dsn: str, workers: int, max_run: int, concurrent: ConcurrentSchemaChanges,
+                 feeder: LogFeeder, db_ok: asyncio.Event, counters: Counters,
+                 send: Callable[[bp.Message], None],
+                 spawn: Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"], hooks: Hooks) -> None:
+        self.name = name
+        self.dsn = dsn
+        self.max_run = max_run
+        self.feeder = feeder
+        self.db_ok = db_ok
+        self.counters = counters
+        self._send = send
+        self._spawn = spawn
+        self.hooks = hooks
+        # pending certified writesets, the watermark, commit lanes, unflushed commits (commitbook.py):
+        # applied commits are not flushed one by one (applier.py), and a local one may be counted
+        # before its backend flushed it; they are re-applied if PostgreSQL crashes before
+        # chorus.durable_gid() passes them
+        self.book: CommitBook[Pending] = CommitBook()
+        self.scheduler = Scheduler()
+        self.workers = [ApplySession(dsn, f"{name}-{i}", concurrent) for i in range(max(1, workers))]
+        self.replay_session = ApplySession(dsn, f"{name}-replay", concurrent)
+        self.idle = list(self.workers)
+        self.replay_busy = False
+        self.waiters: dict[int, Waiter] = {}  # GID -> the session committing it
+        self.last_apply_ms = 0.0
+        self._dispatch_scheduled = False
+
+    @property
+    def pending(self) -> dict[int, Pending]:
+        """Certified writesets not committed here yet, by GID."""
+        return self.book.pending
+
+    @property
+    def watermark(self) -> int:
+        """Every GID up to it is committed here."""
+        return self.book.watermark
+
+    @property
+    def busy(self) -> int:
+        return len(self.workers) - len(self.idle)
+
+    def sessions(self) -> list[ApplySession]:
+        return [*self.workers, self.replay_session]
+
+    async def close(self) -> None:
+        for w in self.sessions():
+            await w.close()
+
+    # ---- admission and commits ------------------------------------------------------------
+
+    def admit(self, p: Pending, local: bool) -> None:
+        """A certified writeset (in GID order): into the writeset log, the pending set and the
+        scheduler. With several commit lanes its commit waits for the previous certified GID of
+        its lane (a schema change also waits for everything before it: applier.py)."""
+        self.book.admit(p)
+        self.feeder.certified(p.gid, p.origin, raw(p.writeset), p.writeset.toi)
+        self.scheduler.add(p.gid, order_keys(p.writeset), local=local, barrier=p.writeset.has_schema)
+
+    def admit_run(self, p: Pending) -> None:
+        """A run of catch-up writesets merged into one (their records logged already)."""
+        self.book.admit(p)
+        self.scheduler.add(p.gid, order_keys(p.writeset), local=False)
+
+    def local_done(self, gid: int) -> None:
+        """The backend of local GID ``gid`` (or an earlier coordinator's) committed it."""
+        p = self.book.committed(gid)
+        if p is None:
+            return
+        if p.backend is not None:
+            p.backend.certified.discard(gid)
+        self.counters.local_commits += 1
+        self.scheduler.committed(gid)
+        self.hooks.committed_here(gid)
+        self.dispatch()
+
+    def reap_committed(self, watermark: int) -> None:
+        """Local writesets whose commit the database shows though their backend did not say so."""
+        for g in [g for g in self.pending if g <= watermark and self.pending[g].backend is not None]:
+            self.local_done(g)
+
+    def replay(self, gid: int) -> None:
+        """Local GID ``gid`` lost its backend before it committed: the replay session commits it."""
+        p = self.pending.get(gid)
+        if p is None:
+            return
+        if p.backend is not None:
+            p.backend.certified.discard(gid)
+            p.backend = None
+        if p.ddl_known is not None and p.ddl_ok is None:
+            # A schema change whose origin backend gave up: the cluster must learn that it did not
+            # run here; the outcome (the first result delivered) decides what every node does.
+            if not p.ddl_failure_sent:
+                p.ddl_failure_sent = True
+                self._send(bp.DdlResult(self.name, gid, False, f"it failed on its origin {self.name}"))
+            return
+        self.scheduler.replay(gid)
+        self.dispatch()
+
+    def ddl_outcome(self, o: DdlOutcome, tell_backend: Callable[[Pending], None]) -> None:
+        """The cluster knows how a schema change went on its origin. ``tell_backend`` answers the
+        origin's waiting backend, if this node is the origin and it still waits."""
+        p = self.pending.get(o.gid)
+        if p is None or p.ddl_known is None:
+            return
+        p.ddl_ok = o.ok
+        if o.ok and o.content is not None:
+            p.writeset = o.content  # what every node applies for it
+        p.ddl_known.set()
+        if not o.ok:
+            log.info("schema change GID %d from %s is skipped: %s", o.gid, p.origin, o.error)
+        if p.backend is not None:
+            tell_backend(p)
+            if o.ok:
+                return  # the backend commits it
+            self.replay(o.gid)  # commit the GID without the change
+        elif p.origin == self.name:
+            self.scheduler.replay(o.gid)
+        self.dispatch()
+
+    def flushed(self, durable: int) -> None:
+        """Everything up to GID ``durable`` is on disk: forget the writesets kept for a crash."""
+        self.book.flushed(durable)
+
+    async def restart(self, lanes: int, durable: int) -> None:
+        """PostgreSQL came back at GID ``durable`` with ``lanes`` commit lanes: apply again what it
+        lost (committed, not flushed), before everything else, then the rest."""
+        self.book.start(lanes, durable)
+        lost = self.book.restart(durable)  # pending again, the lanes starting at the durable GID
+        if lost:
+            log.info("PostgreSQL lost GIDs %d..%d it had committed but not flushed: applying them again",
+                     lost[0].gid, lost[-1].gid)
+            again = {p.gid for p in lost}
+            self.scheduler = Scheduler()
+            for p in [*lost, *(p for g, p in self.pending.items() if g not in again)]:
+                if p.gid in again:
+                    p.backend = None
+                self.scheduler.add(p.gid, order_keys(p.writeset), local=p.origin == self.name,
+                                   barrier=p.writeset.has_schema)
+        else:
+            self.scheduler.committed_upto(durable)
+        replays = self.scheduler.replay_all_from(durable)
+        log.info("PostgreSQL is back at GID %d; re-applying %d certified writesets", durable, len(replays))
+        await self.close()
+        self.idle = list(self.workers)
+        self.replay_busy = False
+
+    # ---- apply ------------------------------------------------------------------------------
+
+    def dispatch_soon(self) -> None:
+        """Dispatch once the writesets delivered together are all admitted: consecutive ones can
+        then go to one session as a run."""
+        if not self._dispatch_scheduled:
+            self._dispatch_scheduled = True
+            asyncio.get_running_loop().call_soon(self.dispatch)
+
+    def dispatch(self) -> None:
+        """Hand what is ready to idle sessions."""
+        self._dispatch_scheduled = False
+        self.hooks.backlog_changed()
+        if not self.db_ok.is_set():
+            return
+        if not self.replay_busy:
+            gid = self.scheduler.next_replay()
+            if gid is not None:
+                self.replay_busy = True
+                self._spawn(self._apply(self.replay_session, [gid], replay=True))
+        # a run commits its GIDs as one: only where commits follow the order of GIDs (one lane)
+        max_run = self.max_run if self.book.lanes == 1 else 1
+        for run in self.scheduler.ready_runs(len(self.idle), max_run, self._run_fits):
+            if len(self.idle) < len(self.workers):
+                self.counters.overlapped_applies += 1
+            session = self.idle.pop()
+            self._spawn(self._apply(session, run, replay=False))
+        if self.busy > self.counters.max_workers_busy:
+            self.counters.max_workers_busy = self.busy
+
+    def _run_fits(self, run: list[int]) -> bool:
+        return sum(len(raw(self.pending[g].writeset)) for g in run) <= RUN_BYTES
+
+    async def commit_skipped(self, gid: int) -> None:
+        """Commit GID ``gid`` without its changes (the majority could not apply it either), in a
+        session of its own: the pool's may all wait for this GID's turn."""
+        p = self.pending.get(gid)
+        if p is None:
+            return
+        log.warning("GID %d: the majority could not apply it either; it commits empty here", gid)
+        p.skip = True
+        session = ApplySession(self.dsn, f"{self.name}-vote")
+        try:
+            await self._apply(session, [gid], replay=False, pooled=False)
+        finally:
+            await session.close()
+
+    async def _apply(self, session: ApplySession, run: list[int], replay: bool, pooled: bool = True) -> None:
+        """Apply certified writesets ``run`` (one, or consecutive remote ones applied as one
+        transaction) in ``session`` (one of the pool's unless ``pooled`` is false)."""
+        gid = run[-1]
+        try:
+            ps = [self.pending.get(g) for g in run]
+            if any(p is None for p in ps):
+                return
+            p = ps[-1]
+            assert p is not None
+            if p.ddl_known is not None:
+                await p.ddl_known.wait()  # then its writeset is the content every node applies
+            writesets = [p.writeset for p in ps if p is not None]
+            t0 = time.monotonic()
+            self.waiters[gid] = Waiter(lambda: session.pid, t0)
+            try:
+                first = ps[0]
+                assert first is not None
+                done = await session.apply_run(gid, first.wait_for, writesets,
+                                               ddl_ok=p.ddl_ok is not False and not p.skip, prev=first.prev)
+            finally:
+                self.waiters.pop(gid, None)
+            self.last_apply_ms = (time.monotonic() - t0) * 1000
+            if not done:
+                self.counters.already_committed += len(run)
+            elif replay:
+                self.counters.replayed += len(run)
+            else:
+                self.counters.applied += len(run)
+                self.counters.apply_transactions += 1
+            for g in run:
+                done_p = self.book.committed(g)
+                self.scheduler.committed(g)
+                if done_p is None or not done_p.skip:
+                    self.hooks.committed_here(g)
+            self.book.advance(gid)
+        except TransientApplyError as e:
+            self.counters.apply_retries += 1
+            log.info("retrying GID %s: %s", gid if len(run) == 1 else f"{run[0]}..{gid}", e)
+            for g in run:
+                self.scheduler.redispatch(g)
+            if isinstance(e, ApplyConnectionLost):
+                self._spawn(self.hooks.connection_lost(str(e)))
+            await asyncio.sleep(0.01)
+        except ApplyError as e:
+            if len(run) > 1:  # which one fails: each is tried alone
+                log.info("GIDs %d..%d failed as a run: applying them one by one (%s)", run[0], gid, e)
+                for g in run:
+                    self.scheduler.redispatch(g)
+            else:
+                self._spawn(self.hooks.apply_failed(gid, str(e)))
+        except Exception as e:  # a bug: the writeset would never commit here; stop rather than stall
+            msg = f"applying GID {gid} failed unexpectedly: {e!r}"
+            log.exception("%s; stopping", msg)
+            self.hooks.fatal(msg)
+        finally:
+            if replay:
+                self.replay_busy = False
+            elif pooled:
+                self.idle.append(session)
+            self.dispatch()
+
+    def describe(self, gid: int) -> dict[str, Any]:
+        p = self.pending[gid]
+        return {"gid": gid, "prev": p.prev, "wait_for": p.wait_for, "origin": p.origin,
+                "backend_pid": p.backend.pid if p.backend is not None else None,
+                "ddl": p.writeset.has_schema, **self.scheduler.describe(gid)}
+
+    def lag_ms(self) -> float:
+        """How long the oldest certified writeset not committed here has been waiting."""
+        if not self.pending:
+            return 0.0
+        oldest = min(p.delivered_at for p in self.pending.values())
+        return round((time.monotonic() - oldest) * 1000, 1)
+
+
+def raw(ws: wire.Writeset) -> bytes:
+    """A writeset's bytes, as received or encoded anew."""
+    return ws.raw or wire.encode(ws)
+
+
+def order_keys(ws: wire.Writeset) -> list[tuple[bytes, wire.KeyMode]]:
+    """What the scheduler orders writesets by: their certification keys, and for each table
+    without a primary key one more key, only for the order of apply: its rows are found by their
+    whole image, and an INSERT has no row key, so a later UPDATE of the row it inserted must not
+    overtake it (it would find no row). Certification does not see it: two nodes may still
+    insert into such a table at once."""
+    keys = [(k.hashed(), k.mode) for k in ws.keys]
+    for i, t in enumerate(ws.tables):
+        if t.full_identity:
+            # inserts may pass each other (shared); an UPDATE, DELETE or TRUNCATE waits for the
+            # writesets of the table before it, and those after it wait for it (exclusive)
+            changes = i in ws.changed_tables
+            keys.append((_table_order_key(t), wire.KeyMode.EXCLUSIVE if changes else wire.KeyMode.REFERENCE))
+    return keys
+
+
+@functools.lru_cache(maxsize=4096)
+def _table_order_key(t: wire.Table) -> bytes:
+    return wire.key_hash((b"", t.nspname.encode("utf-8", "surrogateescape"),
+                          t.relname.encode("utf-8", "surrogateescape")))

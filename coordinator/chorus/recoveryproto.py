@@ -1,0 +1,130 @@
+"""The partial-recovery stream's wire format, version 1 (docs/RECOVERY.md; the server and the
+client are recovery.py).
+
+Inside TLS, first a hello exchange of JSON lines (at most MAX_HELLO bytes each):
+
+- joiner: ``{"protocol": 1, "cluster", "node", "nonce"}``;
+- partner: ``{"nonce", "proof"}`` or ``{"error"}``;
+- joiner: ``{"proof", "after", "upto"}``, the range ``(after, upto]`` it asks for.
+
+A proof is HMAC-SHA256 with the cluster secret over the role, the cluster and both nonces.
+Then frames ``u8 kind, u32 length, body`` (at most MAX_FRAME bytes), kinds in
+:class:`FrameKind`: records, then one END or one ERROR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hashlib
+import hmac
+import json
+import struct
+
+from chorus.wslog import LogRecord
+
+PROTOCOL = 1
+MAX_HELLO = 4096
+MAX_FRAME = 512 << 20
+HANDSHAKE_TIMEOUT_S = 10.0
+RANGE_UNAVAILABLE = "range-unavailable:"  # an ERROR's text: the log no longer holds the range's start
+
+
+class RecoveryError(Exception):
+    """The stream failed (network, authentication, protocol); another partner may do."""
+
+
+class RangeUnavailable(RecoveryError):
+    """The partner's log no longer holds the start of the range."""
+
+
+class FrameKind(bytes, enum.Enum):
+    """A stream frame's kind byte. (Bus messages and backend frames have their own.)"""
+    RECORD = b"R"  # a log record: u64 gid, u8 flags, u16 origin length, origin, payload
+    END = b"E"  # the end of this answer: u64 safe stop (the last GID the partner could serve)
+    ERROR = b"X"  # UTF-8 text
+
+
+_HEAD = struct.Struct(">cI")
+_RECORD = struct.Struct(">QBH")
+_END = struct.Struct(">Q")
+
+
+def proof(secret: bytes, role: bytes, cluster: str, first: str, second: str) -> str:
+    msg = b"|".join([b"chorus-recovery", role, cluster.encode(), first.encode(), second.encode()])
+    return hmac.new(secret, msg, hashlib.sha256).hexdigest()
+
+
+async def read_hello(reader: asyncio.StreamReader) -> dict[str, object]:
+    """One JSON line of the hello exchange."""
+    line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT_S)
+    if not line or len(line) > MAX_HELLO:
+        raise RecoveryError("handshake: connection closed or message too long")
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise RecoveryError(f"handshake: not JSON: {e}") from e
+    if not isinstance(obj, dict):
+        raise RecoveryError("handshake: not a JSON object")
+    return obj
+
+
+def hello(obj: dict[str, object]) -> bytes:
+    return json.dumps(obj).encode() + b"\n"
+
+
+def _frame(kind: FrameKind, body: bytes) -> bytes:
+    return _HEAD.pack(kind.value, len(body)) + body
+
+
+def encode_record(r: LogRecord) -> bytes:
+    o = r.origin.encode("utf-8")
+    return _frame(FrameKind.RECORD, _RECORD.pack(r.gid, r.flags, len(o)) + o + r.payload)
+
+
+def decode_record(body: bytes) -> LogRecord:
+    if len(body) < _RECORD.size:
+        raise RecoveryError("record frame too short")
+    gid, flags, olen = _RECORD.unpack_from(body)
+    start = _RECORD.size
+    if start + olen > len(body):
+        raise RecoveryError("record frame truncated")
+    try:
+        origin = body[start:start + olen].decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RecoveryError("record origin is not UTF-8") from e
+    return LogRecord(gid, origin, flags, body[start + olen:])
+
+
+def encode_end(stop: int) -> bytes:
+    return _frame(FrameKind.END, _END.pack(stop))
+
+
+def decode_end(body: bytes) -> int:
+    if len(body) != _END.size:
+        raise RecoveryError(f"end frame of {len(body)} bytes, expected {_END.size}")
+    return int(_END.unpack(body)[0])
+
+
+def encode_error(text: str) -> bytes:
+    return _frame(FrameKind.ERROR, text.encode())
+
+
+def decode_error(body: bytes) -> RecoveryError:
+    """The exception an ERROR frame stands for."""
+    text = body.decode("utf-8", "replace")
+    if text.startswith(RANGE_UNAVAILABLE):
+        return RangeUnavailable(text[len(RANGE_UNAVAILABLE):].strip())
+    return RecoveryError(f"partner error: {text}")
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[FrameKind, bytes]:
+    """The next frame; an unknown kind or an oversized frame is refused."""
+    kind, n = _HEAD.unpack(await reader.readexactly(_HEAD.size))
+    if n > MAX_FRAME:
+        raise RecoveryError(f"frame of {n} bytes is too large")
+    try:
+        known = FrameKind(kind)
+    except ValueError:
+        raise RecoveryError(f"unknown frame type {kind!r}") from None
+    return known, await reader.readexactly(n)

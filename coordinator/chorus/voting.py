@@ -1,0 +1,80 @@
+"""Inconsistency voting (Galera 4; docs/MEMBERSHIP.md): a node that fails to apply a certified
+writeset asks the members whether they applied it. If the majority did, the failing node leaves
+the cluster and stops; if the majority failed too, the GID commits empty everywhere and the
+nodes that applied it leave."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable, Coroutine, Optional
+
+from chorus import busproto as bp
+from chorus.replicator import VoteDecided
+
+log = logging.getLogger("chorus.coordinator")
+
+
+class InconsistencyVoting:
+    """``decided(gid)`` is the cluster's decision on a GID if there is one (the replicator's);
+    ``watermark()`` how far this node has committed; ``commit_skipped(gid)`` commits a GID
+    without its changes; ``leave(why)`` takes the node out of the cluster."""
+
+    def __init__(self, node: str, send: Callable[[bp.Message], None],
+                 decided: Callable[[int], Optional[bool]], watermark: Callable[[], int],
+                 commit_skipped: Callable[[int], Coroutine[Any, Any, None]],
+                 leave: Callable[[str], None]) -> None:
+        self.node = node
+        self._send = send
+        self._decided = decided
+        self._watermark = watermark
+        self._commit_skipped = commit_skipped
+        self._leave = leave
+        self._failures: dict[int, str] = {}  # GIDs this node failed to apply -> why
+        self._waits: dict[int, asyncio.Future[bool]] = {}  # ... waiting for the decision
+        self._due: set[int] = set()  # votes open on GIDs not committed here yet
+
+    async def apply_failed(self, gid: int, reason: str) -> None:
+        """This node failed to apply certified writeset ``gid`` (it succeeded on its origin)."""
+        decided = self._decided(gid)
+        if decided is None:
+            self._failures[gid] = reason
+            waiter = self._waits.setdefault(gid, asyncio.get_running_loop().create_future())
+            log.error("GID %d could not be applied here (%s): the nodes vote on it", gid, reason)
+            self._send(bp.Vote(self.node, gid, False, reason))
+            decided = await waiter
+        if decided:
+            self._leave_inconsistent(gid, f"the majority applied it and this node could not ({reason})")
+            return
+        await self._commit_skipped(gid)
+
+    def opened(self, gid: int) -> None:
+        """A node failed to apply ``gid``: say whether this one did, now or once it has."""
+        if gid in self._failures:
+            return  # voted already
+        if self._watermark() >= gid:
+            self._send(bp.Vote(self.node, gid, True))
+        else:
+            self._due.add(gid)
+
+    def committed_here(self, gid: int) -> None:
+        """GID ``gid`` committed here (applied, or committed by its local backend)."""
+        if gid in self._due:
+            self._due.discard(gid)
+            self._send(bp.Vote(self.node, gid, True))
+        if self._decided(gid) is False:
+            self._leave_inconsistent(gid, "the majority could not apply it and this node did")
+
+    def decided(self, d: VoteDecided) -> None:
+        log.warning("inconsistency vote on GID %d: %s (%s)", d.gid,
+                    "the majority applied it" if d.ok else "the majority could not apply it", d.detail)
+        waiter = self._waits.pop(d.gid, None)
+        if waiter is not None:
+            if not waiter.done():
+                waiter.set_result(d.ok)
+        elif not d.ok and self._watermark() >= d.gid and d.gid not in self._due:
+            self._leave_inconsistent(d.gid, "the majority could not apply it and this node did")
+
+    def _leave_inconsistent(self, gid: int, why: str) -> None:
+        self._leave(f"inconsistency vote on GID {gid}: {why}; this node leaves the cluster and stops "
+                    "(rebuild it with chorus node join --total)")

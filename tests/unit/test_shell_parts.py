@@ -1,0 +1,150 @@
+"""The coordinator's parts that decide without a database: causal-read markers (causal.py),
+inconsistency voting (voting.py) and the bus sender's batching (bussender.py), each built alone
+with what the daemon would give it (issue 20: no part reaches another through a shared self)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from chorus import backendproto as bpf
+from chorus import busproto as bp
+from chorus.bus import BusError
+from chorus.bussender import BATCH_BYTES, BusSender
+from chorus.causal import CausalReads
+from chorus.replicator import SyncReached, VoteDecided
+from chorus.voting import InconsistencyVoting
+
+
+class Reader:
+    def __init__(self) -> None:
+        self.closed = False
+        self.frames: list[bytes] = []
+
+    def send(self, frame: bytes) -> None:
+        self.frames.append(frame)
+
+
+def _kind_gid(frame: bytes) -> tuple[int, int]:
+    assert frame[4:5] == bpf.FrameType.VERDICT.value
+    return frame[5], int.from_bytes(frame[6:14], "big")
+
+
+def test_causal_readers_share_a_marker_and_learn_its_gid() -> None:
+    sent: list[bp.Message] = []
+    c = CausalReads("n1", sent.append)
+    a, b, late = Reader(), Reader(), Reader()
+    c.request(a)
+    c.request(b)  # while the first marker is on the bus: it waits for the next
+    assert sent == [bp.SyncMarker("n1", 1)]
+    c.reached(SyncReached(1, 42, True))
+    assert [_kind_gid(f) for f in a.frames] == [(bpf.VERDICT_COMMIT, 42)]
+    assert sent == [bp.SyncMarker("n1", 1), bp.SyncMarker("n1", 2)]  # b's marker
+    c.request(late)
+    c.view_changed()  # marker 2 will never be delivered: a new one carries b and late
+    assert sent[-1] == bp.SyncMarker("n1", 3)
+    c.reached(SyncReached(2, 50, True))  # a stale token answers nobody
+    assert b.frames == [] and late.frames == []
+    c.reached(SyncReached(3, 0, False))
+    assert [_kind_gid(f)[0] for f in b.frames + late.frames] == [bpf.VERDICT_REFUSED] * 2
+
+
+class Votes:
+    def __init__(self, watermark: int) -> None:
+        self.sent: list[bp.Message] = []
+        self.decisions: dict[int, bool] = {}
+        self.watermark = watermark
+        self.skipped: list[int] = []
+        self.left: list[str] = []
+
+    def voting(self) -> InconsistencyVoting:
+        async def skip(gid: int) -> None:
+            self.skipped.append(gid)
+        return InconsistencyVoting("n1", self.sent.append, self.decisions.get, lambda: self.watermark, skip,
+                                   self.left.append)
+
+
+def test_a_node_votes_once_it_has_committed_the_gid() -> None:
+    v = Votes(watermark=5)
+    voting = v.voting()
+    voting.opened(5)
+    voting.opened(7)  # not committed here yet: the vote waits
+    assert v.sent == [bp.Vote("n1", 5, True)]
+    voting.committed_here(7)
+    assert v.sent[-1] == bp.Vote("n1", 7, True)
+
+
+def test_a_failed_apply_leaves_if_the_majority_applied_it_and_commits_empty_if_not() -> None:
+    async def scenario(majority_applied: bool) -> Votes:
+        v = Votes(watermark=9)
+        voting = v.voting()
+        task = asyncio.create_task(voting.apply_failed(10, "boom"))
+        await asyncio.sleep(0)
+        assert v.sent == [bp.Vote("n1", 10, False, "boom")]
+        voting.decided(VoteDecided(10, majority_applied, ""))
+        await task
+        return v
+
+    applied = asyncio.run(scenario(True))
+    assert applied.skipped == [] and "the majority applied it" in applied.left[0]
+    failed = asyncio.run(scenario(False))
+    assert failed.skipped == [10] and failed.left == []
+
+
+def test_a_node_that_applied_what_the_majority_could_not_leaves() -> None:
+    v = Votes(watermark=12)
+    voting = v.voting()
+    voting.decided(VoteDecided(11, False, ""))
+    assert "could not apply it and this node did" in v.left[0]
+
+
+class Bus:
+    def __init__(self, takes: bool) -> None:
+        self.takes = takes
+        self.now: list[bytes] = []
+        self.later: list[bytes] = []
+
+    def send_nowait(self, payload: bytes) -> bool:
+        if self.takes:
+            self.now.append(payload)
+        return self.takes
+
+    async def send(self, payload: bytes) -> None:
+        raise BusError("down")
+
+
+def test_local_writesets_leave_one_message_at_a_time_in_batches() -> None:
+    async def scenario() -> tuple[Bus, list[int]]:
+        bus = Bus(takes=True)
+        failed: list[int] = []
+        s = BusSender("n1", asyncio.create_task, lambda tickets, e: failed.extend(tickets))
+        s.attach(bus)  # type: ignore[arg-type]
+        for t in range(1, 4):
+            s.queue_writeset(t, b"x" * 10)
+        await asyncio.sleep(0)
+        assert len(bus.now) == 1 and s.batches == 1  # the first pump sends all three together
+        for t in range(4, 7):
+            s.queue_writeset(t, b"y" * (BATCH_BYTES // 2))
+        await asyncio.sleep(0)
+        assert len(bus.now) == 1  # one message in flight: the next waits for its delivery
+        s.delivered_own(bus.now[0])
+        s.pump()
+        assert len(bus.now) == 2 and s.writesets == 5  # two half-batches fit in one message
+        return bus, failed
+
+    bus, failed = asyncio.run(scenario())
+    assert [bp.decode(m).__class__.__name__ for m in bus.now] == ["WritesetBatch", "WritesetBatch"]
+    assert failed == []
+
+
+def test_a_batch_the_bus_cannot_take_fails_its_tickets() -> None:
+    async def scenario() -> list[int]:
+        failed: list[int] = []
+        s = BusSender("n1", asyncio.create_task, lambda tickets, e: failed.extend(tickets))
+        s.attach(Bus(takes=False))  # type: ignore[arg-type]
+        s.queue_writeset(1, b"a")
+        s.queue_writeset(2, b"b")
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return failed
+
+    assert asyncio.run(scenario()) == [1, 2]
