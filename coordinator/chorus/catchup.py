@@ -3,7 +3,9 @@ missed from a member's writeset log and apply them in order, while the live stre
 held; then apply what was held and go online.
 
 The donor side is recovery.py's server; which partner to ask is recovery.choose_partners, and
-how consecutive writesets are batched into runs is commitbook.RunBatcher.
+how consecutive writesets are batched into runs is commitbook.RunBatcher. A run is applied
+as one transaction by the apply function's run form, as a live run is; each writeset is only
+scanned here, never decoded.
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ log = logging.getLogger("chorus.coordinator")
 LOG_QUERY_WAIT_S = 1.0  # how long a recovering node collects answers to its LogQuery
 CATCHUP_WINDOW = 256  # catch-up transactions queued for apply at most
 CATCHUP_BATCH_BYTES = 8 << 20  # a run of catch-up writesets applied as one transaction: at most this much
+
+
+def _scan(rec: LogRecord) -> wire.Writeset:
+    """A record's writeset, checked and scanned (its rows are read by the apply function)."""
+    try:
+        return wire.scan(rec.payload)
+    except wire.WireError as e:
+        raise rc.RecoveryError(f"GID {rec.gid} from the partner's log does not decode: {e}") from e
 
 
 class CatchUpRunner:
@@ -73,12 +83,8 @@ class CatchUpRunner:
             if got is None:
                 return
             run, before = got
-            try:
-                merged = wire.merge([wire.decode(b.payload) for b in run])
-            except wire.WireError as e:
-                raise rc.RecoveryError(f"a writeset in GIDs {run[0].gid}..{run[-1].gid} from the partner's "
-                                       f"log does not decode: {e}") from e
-            pipeline.admit_run(Pending(run[-1].gid, before, run[-1].origin, merged))
+            scanned = tuple(_scan(rec) for rec in run)
+            pipeline.admit_run(Pending(run[-1].gid, before, run[-1].origin, scanned[-1], before=scanned[:-1]))
             pipeline.dispatch()
 
         async def take(rec: LogRecord) -> None:
@@ -95,11 +101,7 @@ class CatchUpRunner:
                     flush()
             else:
                 flush()
-                try:
-                    ws = wire.scan(rec.payload)
-                except wire.WireError as e:
-                    raise rc.RecoveryError(f"GID {rec.gid} from the partner's log does not decode: {e}") from e
-                p = Pending(rec.gid, prev, rec.origin, ws)
+                p = Pending(rec.gid, prev, rec.origin, _scan(rec))
                 pipeline.admit(p, local=False)
                 if p.ddl_known is not None:  # the log records a failed schema change as skipped
                     p.ddl_ok = not rec.flags & FLAG_DDL_SKIPPED

@@ -65,6 +65,12 @@ class Pending:
     # what its commit waits for: prev with one commit lane, the previous certified GID of its
     # lane with several (docs/APPLY.md; set by CommitBook.assign_lane); the extension's names are the same
     wait_for: int = -1
+    # catch-up: the writesets of the GIDs just before it (after prev), committed with it as one run
+    before: tuple[wire.Writeset, ...] = ()
+
+    def run(self) -> tuple[wire.Writeset, ...]:
+        """The writesets its commit applies, in GID order."""
+        return (*self.before, self.writeset)
 
     def __post_init__(self) -> None:
         if self.wait_for < 0:
@@ -143,9 +149,10 @@ class CommitPipeline:
         self.scheduler.add(p.gid, order_keys(p.writeset), local=local, barrier=p.writeset.has_schema)
 
     def admit_run(self, p: Pending) -> None:
-        """A run of catch-up writesets merged into one (their records logged already)."""
+        """A run of catch-up writesets (``p.before`` and ``p.writeset``), committed as one at
+        ``p.gid``; their records are logged already."""
         self.book.admit(p)
-        self.scheduler.add(p.gid, order_keys(p.writeset), local=False)
+        self.scheduler.add(p.gid, [k for ws in p.run() for k in order_keys(ws)], local=False)
 
     def local_done(self, gid: int) -> None:
         """The backend of local GID ``gid`` (or an earlier coordinator's) committed it."""
@@ -261,7 +268,7 @@ class CommitPipeline:
             self.counters.max_workers_busy = self.busy
 
     def _run_fits(self, run: list[int]) -> bool:
-        return sum(len(raw(self.pending[g].writeset)) for g in run) <= RUN_BYTES
+        return sum(len(raw(ws)) for g in run for ws in self.pending[g].run()) <= RUN_BYTES
 
     async def commit_skipped(self, gid: int) -> None:
         """Commit GID ``gid`` without its changes (the majority could not apply it either), in a
@@ -289,7 +296,7 @@ class CommitPipeline:
             assert p is not None
             if p.ddl_known is not None:
                 await p.ddl_known.wait()  # then its writeset is the content every node applies
-            writesets = [p.writeset for p in ps if p is not None]
+            writesets = [ws for p in ps if p is not None for ws in p.run()]
             t0 = time.monotonic()
             self.waiters[gid] = Waiter(lambda: session.pid, t0)
             try:

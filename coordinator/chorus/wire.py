@@ -518,33 +518,6 @@ def encode(ws: Writeset) -> bytes:
     return b"".join(out)
 
 
-def merge(writesets: list[Writeset]) -> Writeset:
-    """Row writesets applied one after another, as one writeset: the rows in order, the tables
-    shared, the keys of all (catch-up applies a run of consecutive GIDs in one transaction)."""
-    if any(ws.has_schema or ws.statements for ws in writesets):
-        raise ValueError("schema changes are not merged")
-    if any(ws.scanned for ws in writesets):
-        raise ValueError("scanned writesets are not merged: decode them")
-    if len(writesets) == 1:
-        return writesets[0]
-    tables: list[Table] = []
-    index: dict[Table, int] = {}
-    rows: list[Row] = []
-    keys: dict[Key, None] = {}
-    for ws in writesets:
-        remap = []
-        for t in ws.tables:
-            if t not in index:
-                index[t] = len(tables)
-                tables.append(t)
-            remap.append(index[t])
-        rows += [Row(r.op, remap[r.table], r.old, r.new, r.flags) for r in ws.rows if isinstance(r, Row)]
-        keys.update(dict.fromkeys(ws.keys))
-    last = writesets[-1]
-    return Writeset(last.xid, last.pid, last.last_seen, tuple(tables), tuple(rows), tuple(keys),
-                    encoding=last.encoding)
-
-
 def empty(encoding: int = UTF8) -> bytes:
     """A writeset with nothing in it: applied, it commits its GID and changes nothing (a schema
     change that failed on its origin)."""

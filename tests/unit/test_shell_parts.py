@@ -5,14 +5,20 @@ with what the daemon would give it (issue 20: no part reaches another through a 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from chorus import backendproto as bpf
+from chorus import wire
 from chorus import busproto as bp
 from chorus.bus import BusError
 from chorus.bussender import BATCH_BYTES, BusSender
 from chorus.causal import CausalReads
+from chorus.concurrent import ConcurrentSchemaChanges
+from chorus.nodestatus import Counters
+from chorus.pipeline import CommitPipeline, Hooks, Pending
 from chorus.replicator import SyncReached, VoteDecided
 from chorus.voting import InconsistencyVoting
+from chorus.wslog import LogFeeder, WritesetLog
 
 
 class Reader:
@@ -148,3 +154,36 @@ def test_a_batch_the_bus_cannot_take_fails_its_tickets() -> None:
         return failed
 
     assert asyncio.run(scenario()) == [1, 2]
+
+
+def test_a_catch_up_run_is_scheduled_by_the_keys_of_all_its_writesets(tmp_path: Path) -> None:
+    """A catch-up run (commitbook.RunBatcher) is admitted as one pending entry holding every
+    writeset of it, scanned, not merged: what comes after waits for it if it shares a key with
+    any of them, and its apply hands all of them, in order, to the apply function."""
+    table = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
+
+    def ws(key: bytes) -> wire.Writeset:
+        return wire.scan(wire.encode(wire.Writeset(1, 1, 0, (table,), (wire.Row("I", 0, (), (key,)),),
+                                                   (wire.Key(wire.KeyMode.UPDATE, (b"public", b"t", b"id", key)),))))
+
+    async def scenario() -> list[list[int]]:
+        log = WritesetLog(str(tmp_path / "log"), segment_bytes=1 << 16, total_bytes=4 << 16)
+        log.open()
+        hooks = Hooks(committed_here=lambda g: None, apply_failed=_never, connection_lost=_never,
+                      fatal=lambda why: None, backlog_changed=lambda: None)
+        p = CommitPipeline("n1", "dbname=none", 1, 8, ConcurrentSchemaChanges("dbname=none", "n1"), LogFeeder(log),
+                           asyncio.Event(), Counters(), lambda m: None, asyncio.create_task, hooks)
+        a, b = ws(b"1"), ws(b"2")
+        run = Pending(2, 0, "n2", b, before=(a,))
+        assert run.run() == (a, b)
+        p.admit_run(run)
+        p.admit(Pending(3, 2, "n2", ws(b"1")), local=False)  # shares a key with the run's first writeset
+        p.admit(Pending(4, 3, "n2", ws(b"9")), local=False)
+        log.close()
+        return p.scheduler.ready_runs(10, 1)
+
+    assert asyncio.run(scenario()) == [[2]]  # 3 waits for the run; 4 comes after 3 in the queue
+
+
+async def _never(*args: object) -> None:
+    raise AssertionError("not called")

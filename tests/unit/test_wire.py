@@ -163,12 +163,10 @@ def test_scan_reads_what_decode_reads(data: st.DataObject) -> None:
     _same_reading(bytes(raw))
 
 
-def test_a_scanned_writeset_is_not_written_again_nor_merged() -> None:
+def test_a_scanned_writeset_is_not_written_again() -> None:
     s = wire.scan(wire.encode(sample()))
     with pytest.raises(ValueError):
         wire.encode(s)
-    with pytest.raises(ValueError):
-        wire.merge([s, s])
 
 
 def test_key_describe() -> None:
@@ -224,20 +222,3 @@ def test_concurrent_session_takes_the_origins_context_quoted() -> None:
     assert out[:2] == [b"SET chorus.replicate_ddl = off", b"SET chorus.replaying = on"]
     assert any(b"set_config(E'search_path', E'a''b\\\\c, \"$user\"', false)" in o for o in out)
     assert out[-1] == b'SET ROLE "role ""x"""'
-
-
-def test_merge_keeps_rows_in_order_and_shares_tables() -> None:
-    other = Table("public", "log", (Column("id", "bigint"), Column("note", "text")), (0,))
-    a = Writeset(1, 1, 10, (TABLE,), (Row("I", 0, (), (b"1", b"ann", None)),),
-                 (Key(KeyMode.UPDATE, (b"public", b"accounts", b"id", b"1")),))
-    b = Writeset(2, 1, 11, (other, TABLE), (Row("I", 0, (), (b"7", b"x")), Row("U", 1, (b"1",), (b"1", b"bob", None))),
-                 (Key(KeyMode.UPDATE, (b"public", b"accounts", b"id", b"1")),
-                  Key(KeyMode.UPDATE, (b"public", b"log", b"id", b"7"))))
-    m = wire.merge([a, b])
-    assert m.tables == (TABLE, other)
-    assert [(r.op, m.tables[r.table].relname, r.new[0]) for r in m.rows] == [
-        ("I", "accounts", b"1"), ("I", "log", b"7"), ("U", "accounts", b"1")]
-    assert len(m.keys) == 2  # the shared key once
-    assert wire.decode(wire.encode(m)) == m
-    with pytest.raises(ValueError):
-        wire.merge([a, Writeset(3, 1, 12, (), (_schema("DROP TABLE x"),), ())])
