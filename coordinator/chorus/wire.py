@@ -16,7 +16,7 @@ import hashlib
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Iterable, NamedTuple, Optional, Union
+from typing import Any, Iterable, NamedTuple, Optional, Union
 
 MAGIC = b"CW"
 VERSION = 2
@@ -516,6 +516,34 @@ def encode(ws: Writeset) -> bytes:
         out.append(struct.pack(">BH", int(k.mode), len(k.parts)))
         out += [struct.pack(">I", len(p)) + p for p in k.parts]
     return b"".join(out)
+
+
+def describe(ws: Writeset) -> dict[str, Any]:
+    """A writeset as plain data (JSON-ready): every field, values as ``{"text": ...}``,
+    ``{"binary": hex}`` or None. Two readers of the same bytes agree iff their descriptions are
+    equal: the golden writesets (tests/golden/) keep one beside each file."""
+    def value(v: Value) -> Optional[dict[str, str]]:
+        if v is None:
+            return None
+        if isinstance(v, Binary):
+            return {"binary": v.hex()}
+        return {"text": v.decode("utf-8", "backslashreplace")}
+
+    def item(r: Item) -> dict[str, Any]:
+        if isinstance(r, Schema):
+            return {"op": r.op, "settings": [list(x) for x in r.settings], "role": r.role,
+                    "statement": r.statement.decode("utf-8", "backslashreplace")}
+        return {"op": r.op, "table": r.table, "old": [value(v) for v in r.old],
+                "new": [value(v) for v in r.new], "flags": r.flags}
+
+    return {
+        "xid": ws.xid, "pid": ws.pid, "last_seen": ws.last_seen, "flags": ws.flags, "encoding": ws.encoding,
+        "tables": [{"schema": t.nspname, "name": t.relname, "full_identity": t.full_identity,
+                    "identity": list(t.identity), "columns": [[c.name, c.typname, c.flags] for c in t.columns]}
+                   for t in ws.tables],
+        "items": [item(r) for r in ws.rows],
+        "keys": [{"mode": int(k.mode), "parts": [p.hex() for p in k.parts]} for k in ws.keys],
+    }
 
 
 def empty(encoding: int = UTF8) -> bytes:
