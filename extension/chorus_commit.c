@@ -222,24 +222,27 @@ chorus_send_frame(char type, const char *body, int len)
 static uint8
 chorus_read_verdict(uint64 *gid, uint64 *wait_for, uint64 *prev, char **msg)
 {
-	char		head[5];
+	char		head[CHORUS_FRAME_LENGTH_SIZE + 1];
 	char		body[CHORUS_VERDICT_BODY_SIZE];
 	uint32		len;
 	uint16		msglen;
 
 	PG_TRY();
 	{
-		chorus_recv_exact(head, 5);
-		memcpy(&len, head, 4);
+		chorus_recv_exact(head, sizeof(head));
+		memcpy(&len, head, CHORUS_FRAME_LENGTH_SIZE);
 		len = pg_ntoh32(len);
-		if (head[4] != CHORUS_FRAME_VERDICT || len < sizeof(body) || len > sizeof(body) + PG_UINT16_MAX)
+		if (head[CHORUS_FRAME_LENGTH_SIZE] != CHORUS_FRAME_VERDICT ||
+			len < sizeof(body) || len > sizeof(body) + PG_UINT16_MAX)
 		{
 			chorus_disconnect();
 			ereport(ERROR, (errcode(ERRCODE_PROTOCOL_VIOLATION),
 							errmsg("chorus: malformed reply from the coordinator")));
 		}
+		/* the type byte is read already: the body after it */
 		chorus_recv_exact(body + 1, sizeof(body) - 1);
-		msglen = pg_ntoh16(*(uint16 *) (body + 26));
+		memcpy(&msglen, body + CHORUS_VERDICT_OFF_MSGLEN, 2);
+		msglen = pg_ntoh16(msglen);
 		*msg = palloc(msglen + 1);
 		chorus_recv_exact(*msg, msglen);
 		(*msg)[msglen] = '\0';
@@ -250,13 +253,13 @@ chorus_read_verdict(uint64 *gid, uint64 *wait_for, uint64 *prev, char **msg)
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
-	memcpy(gid, body + 2, 8);
-	memcpy(wait_for, body + 10, 8);
-	memcpy(prev, body + 18, 8);
+	memcpy(gid, body + CHORUS_VERDICT_OFF_GID, 8);
+	memcpy(wait_for, body + CHORUS_VERDICT_OFF_WAIT_FOR, 8);
+	memcpy(prev, body + CHORUS_VERDICT_OFF_PREV, 8);
 	*gid = pg_ntoh64(*gid);
 	*wait_for = pg_ntoh64(*wait_for);
 	*prev = pg_ntoh64(*prev);
-	return (uint8) body[1];
+	return (uint8) body[CHORUS_VERDICT_OFF_VERDICT];
 }
 
 /*
