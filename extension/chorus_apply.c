@@ -36,14 +36,16 @@
 #include "utils/memutils.h"
 #include "utils/syscache.h"
 
-#include "chorus.h"
+#include "chorus_capture.h"
+#include "chorus_commit.h"
+#include "chorus_shmem.h"
+#include "chorus_values.h"
+#include "chorus_wire.h"
 
 PG_FUNCTION_INFO_V1(chorus_apply_writeset);
 PG_FUNCTION_INFO_V1(chorus_apply_run);
 
 #define PLAN_KEY_SIZE 2048
-
-extern Datum chorus_apply_begin(PG_FUNCTION_ARGS);
 
 typedef struct ApplyReader
 {
@@ -737,7 +739,7 @@ chorus_apply_writeset(PG_FUNCTION_ARGS)
 	bytea	   *ws = PG_GETARG_BYTEA_PP(2);
 	int64		prev = PG_NARGS() > 3 ? PG_GETARG_INT64(3) : -1;
 
-	DirectFunctionCall3(chorus_apply_begin, Int64GetDatum(gid), Int64GetDatum(wait_for), Int64GetDatum(prev));
+	chorus_apply_begin_commit(chorus_commit_state(), chorus_capture_state()->nrows > 0, gid, wait_for, prev);
 	PG_RETURN_INT64(chorus_apply_rows(VARDATA_ANY(ws), VARSIZE_ANY_EXHDR(ws), gid,
 									  (uint64) (prev >= 0 ? prev : wait_for)));
 }
@@ -762,7 +764,7 @@ chorus_apply_run(PG_FUNCTION_ARGS)
 	uint64		committed;
 	int64		applied = 0;
 
-	DirectFunctionCall2(chorus_apply_begin, Int64GetDatum(gid), Int64GetDatum(wait_for));
+	chorus_apply_begin_commit(chorus_commit_state(), chorus_capture_state()->nrows > 0, gid, wait_for, -1);
 	LWLockAcquire(chorus_shared->lock, LW_SHARED);
 	committed = chorus_shared->committed_gid;
 	LWLockRelease(chorus_shared->lock);

@@ -82,7 +82,7 @@
 #define CHORUS_VERDICT_TOO_LARGE 4
 
 /* ---- apply functions (docs/PROTOCOL.md section 4) ---- */
-/* SQLSTATE of an apply whose GID is committed on this node already (chorus.h: ERRCODE_CHORUS_ALREADY_COMMITTED) */
+/* SQLSTATE of an apply whose GID is committed on this node already (chorus_shmem.h: ERRCODE_CHORUS_ALREADY_COMMITTED) */
 #define CHORUS_SQLSTATE_ALREADY_COMMITTED "CH001"
 /* chorus.apply_run: each writeset of the run follows its length, a big-endian u32 of this size */
 #define CHORUS_RUN_LENGTH_SIZE 4

@@ -82,11 +82,11 @@ def test_verdict_offsets_match() -> None:
 
 def test_apply_constants_match() -> None:
     """The SQLSTATE of an apply whose GID is already committed, as the header names it and as
-    chorus.h raises it, is the one the applier recognises; the run framing's length size too."""
+    the extension raises it (chorus_shmem.h), is the one the applier recognises; the run framing's length size too."""
     d = _defines()
     assert d["CHORUS_SQLSTATE_ALREADY_COMMITTED"] == applier.ALREADY_COMMITTED.encode()
-    raised = re.search(r"ERRCODE_CHORUS_ALREADY_COMMITTED MAKE_SQLSTATE\(([^)]*)\)",
-                       (HEADER.parent / "chorus.h").read_text())
+    headers = "".join(h.read_text() for h in sorted(HEADER.parent.glob("*.h")))
+    raised = re.search(r"ERRCODE_CHORUS_ALREADY_COMMITTED MAKE_SQLSTATE\(([^)]*)\)", headers)
     assert raised is not None
     assert "".join(c.strip().strip("'") for c in raised.group(1).split(",")) == applier.ALREADY_COMMITTED
     assert d["CHORUS_RUN_LENGTH_SIZE"] == applier._U32.size
