@@ -4,11 +4,12 @@
  *		Fast apply: chorus.apply_writeset(gid, wait_for, writeset bytea) applies
  *		the rows and schema changes of a certified writeset inside the caller's
  *		transaction, in one call (docs/PROTOCOL.md section 4). The writeset is
- *		parsed here, in the wire format of docs/PROTOCOL.md section 2 (constants
- *		in chorus_wire.h); statements are built from quoted identifiers only and
- *		prepared once per table shape; values reach PostgreSQL through each
- *		local column's receive function (binary values) or input function (text,
- *		read under the same fixed settings it was printed under). A schema
+ *		read with chorus_wsread.c, in the wire format of docs/PROTOCOL.md
+ *		section 2 (constants in chorus_wire.h); statements are built from
+ *		quoted identifiers only and prepared once per table shape; values
+ *		reach PostgreSQL through each local column's receive function (binary
+ *		values) or input function (text, read under the same fixed settings it
+ *		was printed under). A schema
  *		change item runs its statement with the settings and role it ran under
  *		on its origin. The coordinator has validated the writeset already; any
  *		inconsistency is still an ERROR here, never a crash.
@@ -41,18 +42,12 @@
 #include "chorus_shmem.h"
 #include "chorus_values.h"
 #include "chorus_wire.h"
+#include "chorus_wsread.h"
 
 PG_FUNCTION_INFO_V1(chorus_apply_writeset);
 PG_FUNCTION_INFO_V1(chorus_apply_run);
 
 #define PLAN_KEY_SIZE 2048
-
-typedef struct ApplyReader
-{
-	const char *buf;
-	int			len;
-	int			pos;
-} ApplyReader;
 
 typedef struct ApplyCol
 {
@@ -83,14 +78,6 @@ typedef struct ApplyTable
 	Oid		   *baserecvparam;
 } ApplyTable;
 
-/* One value as the writeset holds it: kind, and the bytes of a non-NULL value. */
-typedef struct ApplyValue
-{
-	uint8		kind;
-	const char *data;
-	uint32		len;
-} ApplyValue;
-
 /* plans survive across calls, keyed by their SQL text */
 typedef struct PlanEntry
 {
@@ -100,93 +87,83 @@ typedef struct PlanEntry
 
 static HTAB *chorus_plans = NULL;
 
-static void
-ws_need(ApplyReader *r, int n)
-{
-	if (n < 0 || r->pos + n > r->len)
-		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-						errmsg("chorus: writeset truncated at byte %d", r->pos)));
-}
-
-static uint8
-ws_u8(ApplyReader *r)
-{
-	ws_need(r, 1);
-	return (uint8) r->buf[r->pos++];
-}
-
-static uint16
-ws_u16(ApplyReader *r)
-{
-	uint16		v;
-
-	ws_need(r, 2);
-	memcpy(&v, r->buf + r->pos, 2);
-	r->pos += 2;
-	return pg_ntoh16(v);
-}
-
-static uint32
-ws_u32(ApplyReader *r)
-{
-	uint32		v;
-
-	ws_need(r, 4);
-	memcpy(&v, r->buf + r->pos, 4);
-	r->pos += 4;
-	return pg_ntoh32(v);
-}
-
-static char *
-ws_text16(ApplyReader *r)
-{
-	int			n = ws_u16(r);
-	char	   *s;
-
-	ws_need(r, n);
-	s = pnstrdup(r->buf + r->pos, n);
-	r->pos += n;
-	return s;
-}
-
-/* a value: CHORUS_VAL_NULL, or a text or binary kind with u32 length and bytes */
-static ApplyValue
-ws_value(ApplyReader *r)
-{
-	ApplyValue	v;
-
-	v.kind = ws_u8(r);
-	v.data = NULL;
-	v.len = 0;
-	if (v.kind == CHORUS_VAL_NULL)
-		return v;
-	if (v.kind != CHORUS_VAL_TEXT && v.kind != CHORUS_VAL_BINARY)
-		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-						errmsg("chorus: writeset value of unknown kind 0x%02x", v.kind)));
-	v.len = ws_u32(r);
-	ws_need(r, (int) Min(v.len, (uint32) PG_INT32_MAX));
-	v.data = r->buf + r->pos;
-	r->pos += v.len;
-	return v;
-}
-
-/* a u32-length blob as a palloc'd, NUL-terminated string */
-static char *
-ws_blob_text(ApplyReader *r)
-{
-	uint32		n = ws_u32(r);
-	char	   *s;
-
-	ws_need(r, (int) Min(n, (uint32) PG_INT32_MAX));
-	s = pnstrdup(r->buf + r->pos, n);
-	r->pos += n;
-	return s;
-}
-
 static const char *
 qualified(ApplyTable *t)
 {
 	return quote_qualified_identifier(t->nspname, t->relname);
+}
+
+/* Bytes of the writeset as a palloc'd, NUL-terminated string. */
+static char *
+ws_text(ChorusWsBytes b)
+{
+	return pnstrdup(b.data, b.len);
+}
+
+/*
+ * apply_refuse
+ *		The error for a writeset the reader refused (r->err). t: the table whose
+ *		description or row is being read, if any; image: "old" or "new", the
+ *		row image being read.
+ */
+static void apply_refuse(const ChorusWsReader *r, ApplyTable *t, const char *image) pg_attribute_noreturn();
+
+static void
+apply_refuse(const ChorusWsReader *r, ApplyTable *t, const char *image)
+{
+	uint8		v = (uint8) r->err_value;
+
+	switch (r->err)
+	{
+		case CHORUS_WSR_TRUNCATED:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: writeset truncated at byte %d", (int) r->err_pos)));
+			break;
+		case CHORUS_WSR_BAD_MAGIC:
+		case CHORUS_WSR_BAD_VERSION:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: not a version %d writeset", CHORUS_WS_VERSION)));
+			break;
+		case CHORUS_WSR_UNKNOWN_FLAGS:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: writeset with unknown flags 0x%02x", v)));
+			break;
+		case CHORUS_WSR_COLUMN_FLAGS:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: column with unknown flags 0x%02x in %s", v, qualified(t))));
+			break;
+		case CHORUS_WSR_IDENTITY_RANGE:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: identity column out of range in %s", qualified(t))));
+			break;
+		case CHORUS_WSR_TABLE_FLAGS:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: table %s with unknown flags 0x%02x", qualified(t), v)));
+			break;
+		case CHORUS_WSR_UNKNOWN_OP:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: unknown row op 0x%02x", v)));
+			break;
+		case CHORUS_WSR_TABLE_RANGE:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: row refers to table %u of %u",
+								   (unsigned) r->err_value, (unsigned) r->err_expected)));
+			break;
+		case CHORUS_WSR_TRUNCATE_FLAGS:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: TRUNCATE with unknown flags 0x%02x", v)));
+			break;
+		case CHORUS_WSR_WIDTH:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: %s tuple of %s has the wrong width", image, qualified(t))));
+			break;
+		case CHORUS_WSR_VALUE_KIND:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: writeset value of unknown kind 0x%02x", v)));
+			break;
+		default:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: %s", chorus_wsr_error_text(r->err))));
+			break;
+	}
 }
 
 /* the local column types, by name: values are parsed for this node's table */
@@ -403,7 +380,7 @@ table_plan(ApplyTable *t, int op)
  *		old value need not pass a domain check added NOT VALID since).
  */
 static Datum
-to_datum(ApplyTable *t, int col, ApplyValue v, char *isnull, bool old)
+to_datum(ApplyTable *t, int col, ChorusWsValue v, char *isnull, bool old)
 {
 	StringInfoData buf;
 	char	   *copy;
@@ -475,15 +452,19 @@ apply_setting_optional(const char *name)
  *		under the settings and role it ran under on its origin, without checking
  *		function bodies (the origin did). A role missing here (created with
  *		chorus.replicate_roles off) runs it as the apply user, with a warning.
+ *		r stands after the item's start, which says it has nsettings settings.
  */
 static void
-apply_schema(ApplyReader *r, int64 gid)
+apply_schema(ChorusWsReader *r, int nsettings, int64 gid)
 {
-	int			nsettings = ws_u16(r);
 	int			nest = NewGUCNestLevel();
 	Oid			save_uid,
 				roleid;
 	int			save_sec;
+	ChorusWsBytes nameb,
+				valueb,
+				roleb,
+				statementb;
 	char	   *role;
 	char	   *statement;
 	int			rc,
@@ -491,8 +472,13 @@ apply_schema(ApplyReader *r, int64 gid)
 
 	for (i = 0; i < nsettings; i++)
 	{
-		char	   *name = ws_text16(r);
-		char	   *value = ws_text16(r);
+		char	   *name;
+		char	   *value;
+
+		if (chorus_wsr_setting(r, &nameb, &valueb) != 0)
+			apply_refuse(r, NULL, NULL);
+		name = ws_text(nameb);
+		value = ws_text(valueb);
 
 		if (strcmp(name, "default_tablespace") == 0 && value[0] != '\0' &&
 			!OidIsValid(get_tablespace_oid(value, true)))
@@ -502,8 +488,10 @@ apply_schema(ApplyReader *r, int64 gid)
 	}
 	(void) set_config_option("check_function_bodies", "off", PGC_SUSET, PGC_S_SESSION,
 							 GUC_ACTION_SAVE, true, 0, false);
-	role = ws_text16(r);
-	statement = ws_blob_text(r);
+	if (chorus_wsr_schema_end(r, &roleb, &statementb) != 0)
+		apply_refuse(r, NULL, NULL);
+	role = ws_text(roleb);
+	statement = ws_text(statementb);
 	roleid = get_role_oid(role, true);
 	GetUserIdAndSecContext(&save_uid, &save_sec);
 	if (OidIsValid(roleid))
@@ -528,7 +516,8 @@ apply_schema(ApplyReader *r, int64 gid)
 static int64
 chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 {
-	ApplyReader r = {buf, len, 0};
+	ChorusWsReader r;
+	ChorusWsHeader h;
 	MemoryContext cxt,
 				old;
 	ApplyTable *tables;
@@ -542,32 +531,24 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 	int			nest;
 	uint32		i;
 
-	ws_need(&r, CHORUS_WS_HEAD_SIZE);
-	if (memcmp(r.buf, CHORUS_WS_MAGIC, 2) != 0 || (uint8) r.buf[2] != CHORUS_WS_VERSION)
-		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-						errmsg("chorus: not a version %d writeset", CHORUS_WS_VERSION)));
-	flags = (uint8) r.buf[3];
-	if ((flags & ~CHORUS_WS_FLAGS_KNOWN) != 0)
-		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-						errmsg("chorus: writeset with unknown flags 0x%02x", flags)));
+	/* the header: magic, version, flags and counts checked */
+	if (chorus_wsr_open(&r, buf, len, &h) != 0)
+		apply_refuse(&r, NULL, NULL);
+	flags = h.flags;
 	if (flags & CHORUS_WS_FLAG_TOI)
 		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 						errmsg("chorus: a schema change's ordering request is not applied; its content is")));
 	if (flags & CHORUS_WS_FLAG_CONCURRENT)
 		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 						errmsg("chorus: CREATE/DROP INDEX CONCURRENTLY runs in a session of its own, not in an apply")));
-	r.pos = 2 + 1 + 1 + 4 + 4 + 8;
-	encoding = ws_u16(&r);
+	encoding = h.encoding;
 	if (encoding != GetDatabaseEncoding())
 		ereport(ERROR, (errcode(ERRCODE_CHARACTER_NOT_IN_REPERTOIRE),
 						errmsg("chorus: GID %lld was written in a database with encoding %s; this one is %s",
 							   (long long) gid, pg_encoding_to_char(encoding), GetDatabaseEncodingName()),
 						errhint("Every node of a cluster needs a database of the same encoding.")));
-	ntables = ws_u16(&r);
-	nrows = ws_u32(&r);
-	(void) ws_u32(&r);			/* keys: certification only */
-	if (ntables > (uint32) r.len || nrows > (uint32) r.len)
-		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: writeset counts exceed its length")));
+	ntables = h.ntables;
+	nrows = h.nrows;			/* the keys are for certification only: not read */
 	/* a schema change runs after everything before it has committed here, whatever the lanes */
 	if (flags & CHORUS_WS_FLAG_DDL)
 		chorus_wait_for_turn(prev);
@@ -578,35 +559,41 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 	for (i = 0; i < ntables; i++)
 	{
 		ApplyTable *t = &tables[i];
+		ChorusWsBytes nsp,
+					rel,
+					name,
+					typname;
+		uint16		ncols,
+					nident,
+					col;
 		int			c;
 		uint8		tflags;
 
-		t->nspname = ws_text16(&r);
-		t->relname = ws_text16(&r);
-		t->ncols = ws_u16(&r);
+		if (chorus_wsr_table(&r, &nsp, &rel, &ncols) != 0)
+			apply_refuse(&r, NULL, NULL);
+		t->nspname = ws_text(nsp);
+		t->relname = ws_text(rel);
+		t->ncols = ncols;
 		t->cols = palloc(sizeof(ApplyCol) * Max(t->ncols, 1));
 		for (c = 0; c < t->ncols; c++)
 		{
-			t->cols[c].name = ws_text16(&r);
-			pfree(ws_text16(&r));	/* the origin's type name: the local type decides */
-			t->cols[c].flags = ws_u8(&r);
-			if (t->cols[c].flags & ~CHORUS_COL_FLAGS_KNOWN)
-				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-								errmsg("chorus: column with unknown flags 0x%02x in %s", t->cols[c].flags, qualified(t))));
+			/* the origin's type name is not used: the local type decides */
+			if (chorus_wsr_column(&r, &name, &typname, &t->cols[c].flags) != 0)
+				apply_refuse(&r, t, NULL);
+			t->cols[c].name = ws_text(name);
 		}
-		t->nident = ws_u16(&r);
+		if (chorus_wsr_identity_count(&r, &nident) != 0)
+			apply_refuse(&r, t, NULL);
+		t->nident = nident;
 		t->ident = palloc(sizeof(int) * Max(t->nident, 1));
 		for (c = 0; c < t->nident; c++)
 		{
-			t->ident[c] = ws_u16(&r);
-			if (t->ident[c] >= t->ncols)
-				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-								errmsg("chorus: identity column out of range in %s", qualified(t))));
+			if (chorus_wsr_identity(&r, ncols, &col) != 0)
+				apply_refuse(&r, t, NULL);
+			t->ident[c] = col;
 		}
-		tflags = ws_u8(&r);
-		if (tflags & ~CHORUS_TABLE_FLAGS_KNOWN)
-			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-							errmsg("chorus: table %s with unknown flags 0x%02x", qualified(t), tflags)));
+		if (chorus_wsr_table_flags(&r, &tflags) != 0)
+			apply_refuse(&r, t, NULL);
 		t->full_identity = (tflags & CHORUS_TABLE_FULL_IDENTITY) != 0;
 	}
 
@@ -617,8 +604,8 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 	initStringInfo(&truncates);
 	for (i = 0; i < nrows; i++)
 	{
-		char		op = (char) ws_u8(&r);
-		uint16		ti;
+		ChorusWsItem item;
+		char		op;
 		ApplyTable *t;
 		Datum	   *values;
 		char	   *nulls;
@@ -626,29 +613,27 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 					c,
 					k,
 					rc;
-		ApplyValue *oldv = NULL;
+		ChorusWsValue *oldv = NULL;
 
+		/* its op (known), a row's table (in range), a TRUNCATE's flags (known) */
+		if (chorus_wsr_item(&r, &item) != 0)
+			apply_refuse(&r, NULL, NULL);
+		op = item.op;
 		if (op == CHORUS_OP_SCHEMA)
 		{
 			run_truncate(&truncates, truncate_restart);
 			/* the statement runs under its origin's settings, then the fixed ones return */
 			chorus_canonical_exit(nest);
-			apply_schema(&r, gid);
+			apply_schema(&r, item.nsettings, gid);
 			nest = chorus_canonical_enter(false);
 			applied++;
 			continue;
 		}
-		ti = ws_u16(&r);
-		if (ti >= ntables)
-			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: row refers to table %u of %u", ti, ntables)));
-		t = &tables[ti];
+		t = &tables[item.table];
 		if (op == CHORUS_OP_TRUNCATE)
 		{
-			uint8		tflags = ws_u8(&r);
-			bool		restart = (tflags & CHORUS_TRUNCATE_RESTART) != 0;
+			bool		restart = (item.truncate_flags & CHORUS_TRUNCATE_RESTART) != 0;
 
-			if (tflags & ~CHORUS_TRUNCATE_FLAGS_KNOWN)
-				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: TRUNCATE with unknown flags 0x%02x", tflags)));
 			if (restart != truncate_restart)
 				run_truncate(&truncates, truncate_restart);
 			truncate_restart = restart;
@@ -657,28 +642,29 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 			continue;
 		}
 		run_truncate(&truncates, truncate_restart);
-		if (op != CHORUS_OP_INSERT && op != CHORUS_OP_UPDATE && op != CHORUS_OP_DELETE)
-			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: unknown row op 0x%02x", (uint8) op)));
 		if (t->coltypes == NULL)
 			resolve_types(t);
 		values = palloc(sizeof(Datum) * (t->ncols + t->nident + 1));
 		nulls = palloc(t->ncols + t->nident + 1);
 		if (op != CHORUS_OP_INSERT)
 		{
-			if (ws_u16(&r) != t->nident)
-				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: old tuple of %s has the wrong width", qualified(t))));
-			oldv = palloc(sizeof(ApplyValue) * Max(t->nident, 1));
+			if (chorus_wsr_tuple(&r, (uint16) t->nident) != 0)
+				apply_refuse(&r, t, "old");
+			oldv = palloc(sizeof(ChorusWsValue) * Max(t->nident, 1));
 			for (k = 0; k < t->nident; k++)
-				oldv[k] = ws_value(&r);
+				if (chorus_wsr_value(&r, &oldv[k]) != 0)
+					apply_refuse(&r, t, "old");
 		}
 		if (op != CHORUS_OP_DELETE)
 		{
-			if (ws_u16(&r) != t->ncols)
-				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: new tuple of %s has the wrong width", qualified(t))));
+			if (chorus_wsr_tuple(&r, (uint16) t->ncols) != 0)
+				apply_refuse(&r, t, "new");
 			for (c = 0; c < t->ncols; c++)
 			{
-				ApplyValue	v = ws_value(&r);
+				ChorusWsValue v;
 
+				if (chorus_wsr_value(&r, &v) != 0)
+					apply_refuse(&r, t, "new");
 				if (t->cols[c].flags & CHORUS_COL_GENERATED)
 					continue;
 				values[n] = to_datum(t, c, v, &nulls[n], false);
@@ -716,8 +702,6 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 		pfree(nulls);
 	}
 	run_truncate(&truncates, truncate_restart);
-	if (r.pos > r.len)
-		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: writeset overrun")));
 	SPI_finish();
 	chorus_canonical_exit(nest);
 	MemoryContextSwitchTo(old);
@@ -760,7 +744,10 @@ chorus_apply_run(PG_FUNCTION_ARGS)
 	int64		gid = PG_GETARG_INT64(0);
 	int64		wait_for = PG_GETARG_INT64(1);
 	bytea	   *run = PG_GETARG_BYTEA_PP(2);
-	ApplyReader r = {VARDATA_ANY(run), VARSIZE_ANY_EXHDR(run), 0};
+	ChorusWsReader r;
+	const char *ws;
+	size_t		len;
+	int			more;
 	uint64		committed;
 	int64		applied = 0;
 
@@ -772,14 +759,10 @@ chorus_apply_run(PG_FUNCTION_ARGS)
 		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
 						errmsg("chorus: the run of GIDs after %lld up to %lld is partly committed on this node (up to %llu)",
 							   (long long) wait_for, (long long) gid, (unsigned long long) committed)));
-	StaticAssertStmt(CHORUS_RUN_LENGTH_SIZE == sizeof(uint32), "a run's writesets follow u32 lengths");
-	while (r.pos < r.len)
-	{
-		uint32		n = ws_u32(&r);
-
-		ws_need(&r, (int) Min(n, (uint32) PG_INT32_MAX));
-		applied += chorus_apply_rows(r.buf + r.pos, (int) n, gid, (uint64) wait_for);
-		r.pos += n;
-	}
+	chorus_wsr_run_open(&r, VARDATA_ANY(run), VARSIZE_ANY_EXHDR(run));
+	while ((more = chorus_wsr_run_next(&r, &ws, &len)) > 0)
+		applied += chorus_apply_rows(ws, (int) len, gid, (uint64) wait_for);
+	if (more < 0)
+		apply_refuse(&r, NULL, NULL);
 	PG_RETURN_INT64(applied);
 }

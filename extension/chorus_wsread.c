@@ -17,6 +17,9 @@
 #include "chorus_wire.h"
 #include "chorus_wsread.h"
 
+/* a run's writesets follow their lengths, read as u32 (chorus_wsr_run_next) */
+typedef char chorus_run_length_is_u32[CHORUS_RUN_LENGTH_SIZE == sizeof(uint32_t) ? 1 : -1];
+
 /* Fail with err at byte pos (the first failure stays). */
 static int
 wsr_fail(ChorusWsReader *r, ChorusWsrError err, size_t pos, uint64_t value, uint64_t expected)
