@@ -19,9 +19,6 @@
 #include "postgres.h"
 
 #include "fmgr.h"
-#include "access/htup_details.h"
-#include "catalog/namespace.h"
-#include "catalog/pg_attribute.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
@@ -29,13 +26,8 @@
 #include "commands/tablespace.h"
 #include "utils/acl.h"
 #include "utils/guc.h"
-#include "nodes/makefuncs.h"
-#include "port/pg_bswap.h"
 #include "utils/builtins.h"
-#include "utils/hsearch.h"
-#include "utils/lsyscache.h"
 #include "utils/memutils.h"
-#include "utils/syscache.h"
 
 #include "chorus_capture.h"
 #include "chorus_commit.h"
@@ -43,55 +35,10 @@
 #include "chorus_values.h"
 #include "chorus_wire.h"
 #include "chorus_wsread.h"
+#include "chorus_apply_table.h"
 
 PG_FUNCTION_INFO_V1(chorus_apply_writeset);
 PG_FUNCTION_INFO_V1(chorus_apply_run);
-
-#define PLAN_KEY_SIZE 2048
-
-typedef struct ApplyCol
-{
-	char	   *name;
-	uint8		flags;
-} ApplyCol;
-
-typedef struct ApplyTable
-{
-	char	   *nspname;
-	char	   *relname;
-	int			ncols;
-	ApplyCol   *cols;
-	int			nident;
-	int		   *ident;
-	bool		full_identity;
-	SPIPlanPtr	plans[3];		/* insert, update, delete */
-	Oid		   *coltypes;		/* local types of the columns, InvalidOid for generated */
-	int32	   *coltypmods;
-	FmgrInfo   *colinput;		/* their input functions */
-	Oid		   *colioparam;
-	FmgrInfo   *colrecv;		/* their receive functions, looked up at the first binary value */
-	Oid		   *colrecvparam;
-	Oid		   *basetypes;		/* a domain's base type (the column's type otherwise) */
-	FmgrInfo   *baseinput;		/* ... its input and receive functions, for old images */
-	Oid		   *baseioparam;
-	FmgrInfo   *baserecv;
-	Oid		   *baserecvparam;
-} ApplyTable;
-
-/* plans survive across calls, keyed by their SQL text */
-typedef struct PlanEntry
-{
-	char		key[PLAN_KEY_SIZE];	/* the SQL text and its parameter types */
-	SPIPlanPtr	plan;
-} PlanEntry;
-
-static HTAB *chorus_plans = NULL;
-
-static const char *
-qualified(ApplyTable *t)
-{
-	return quote_qualified_identifier(t->nspname, t->relname);
-}
 
 /* Bytes of the writeset as a palloc'd, NUL-terminated string. */
 static char *
@@ -130,15 +77,15 @@ apply_refuse(const ChorusWsReader *r, ApplyTable *t, const char *image)
 			break;
 		case CHORUS_WSR_COLUMN_FLAGS:
 			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-							errmsg("chorus: column with unknown flags 0x%02x in %s", v, qualified(t))));
+							errmsg("chorus: column with unknown flags 0x%02x in %s", v, chorus_apply_table_name(t))));
 			break;
 		case CHORUS_WSR_IDENTITY_RANGE:
 			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-							errmsg("chorus: identity column out of range in %s", qualified(t))));
+							errmsg("chorus: identity column out of range in %s", chorus_apply_table_name(t))));
 			break;
 		case CHORUS_WSR_TABLE_FLAGS:
 			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-							errmsg("chorus: table %s with unknown flags 0x%02x", qualified(t), v)));
+							errmsg("chorus: table %s with unknown flags 0x%02x", chorus_apply_table_name(t), v)));
 			break;
 		case CHORUS_WSR_UNKNOWN_OP:
 			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: unknown row op 0x%02x", v)));
@@ -153,7 +100,7 @@ apply_refuse(const ChorusWsReader *r, ApplyTable *t, const char *image)
 			break;
 		case CHORUS_WSR_WIDTH:
 			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-							errmsg("chorus: %s tuple of %s has the wrong width", image, qualified(t))));
+							errmsg("chorus: %s tuple of %s has the wrong width", image, chorus_apply_table_name(t))));
 			break;
 		case CHORUS_WSR_VALUE_KIND:
 			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
@@ -164,260 +111,6 @@ apply_refuse(const ChorusWsReader *r, ApplyTable *t, const char *image)
 							errmsg("chorus: %s", chorus_wsr_error_text(r->err))));
 			break;
 	}
-}
-
-/* the local column types, by name: values are parsed for this node's table */
-static void
-resolve_types(ApplyTable *t)
-{
-	Oid			relid;
-	Oid			typinput;
-	int			i;
-
-	relid = RangeVarGetRelid(makeRangeVar(t->nspname, t->relname, -1), RowExclusiveLock, false);
-	t->coltypes = palloc0(sizeof(Oid) * Max(t->ncols, 1));
-	t->coltypmods = palloc0(sizeof(int32) * Max(t->ncols, 1));
-	t->colinput = palloc0(sizeof(FmgrInfo) * Max(t->ncols, 1));
-	t->colioparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
-	t->colrecv = palloc0(sizeof(FmgrInfo) * Max(t->ncols, 1));
-	t->colrecvparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
-	t->basetypes = palloc0(sizeof(Oid) * Max(t->ncols, 1));
-	t->baseinput = palloc0(sizeof(FmgrInfo) * Max(t->ncols, 1));
-	t->baseioparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
-	t->baserecv = palloc0(sizeof(FmgrInfo) * Max(t->ncols, 1));
-	t->baserecvparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
-	for (i = 0; i < t->ncols; i++)
-	{
-		HeapTuple	tup;
-		Form_pg_attribute att;
-
-		if (t->cols[i].flags & CHORUS_COL_GENERATED)
-			continue;
-		tup = SearchSysCacheAttName(relid, t->cols[i].name);
-		if (!HeapTupleIsValid(tup))
-			ereport(ERROR, (errcode(ERRCODE_UNDEFINED_COLUMN),
-							errmsg("chorus: column \"%s\" of %s does not exist here",
-								   t->cols[i].name, qualified(t))));
-		att = (Form_pg_attribute) GETSTRUCT(tup);
-		t->coltypes[i] = att->atttypid;
-		t->coltypmods[i] = att->atttypmod;
-		ReleaseSysCache(tup);
-		getTypeInputInfo(t->coltypes[i], &typinput, &t->colioparam[i]);
-		fmgr_info(typinput, &t->colinput[i]);
-		t->basetypes[i] = getBaseType(t->coltypes[i]);
-	}
-}
-
-static SPIPlanPtr
-prepare(const char *sql, int nargs, Oid *argtypes)
-{
-	SPIPlanPtr	p = SPI_prepare(sql, nargs, argtypes);
-
-	if (p == NULL)
-		elog(ERROR, "chorus: preparing \"%s\": %s", sql, SPI_result_code_string(SPI_result));
-	return p;
-}
-
-static SPIPlanPtr
-get_plan(const char *sql, int nargs, Oid *argtypes)
-{
-	PlanEntry  *e;
-	bool		found;
-	char		key[PLAN_KEY_SIZE];
-	StringInfoData k;
-	int			i;
-
-	if (chorus_plans == NULL)
-	{
-		HASHCTL		ctl;
-
-		ctl.keysize = PLAN_KEY_SIZE;
-		ctl.entrysize = sizeof(PlanEntry);
-		chorus_plans = hash_create("chorus apply plans", 64, &ctl, HASH_ELEM | HASH_STRINGS);
-	}
-	initStringInfo(&k);
-	appendStringInfoString(&k, sql);
-	for (i = 0; i < nargs; i++)
-		appendStringInfo(&k, " %u", argtypes[i]);
-	if (k.len >= PLAN_KEY_SIZE)
-		return prepare(sql, nargs, argtypes);	/* very wide tables: prepared per writeset */
-	memset(key, 0, sizeof(key));
-	memcpy(key, k.data, k.len);
-	e = hash_search(chorus_plans, key, HASH_ENTER, &found);
-	if (!found)
-		e->plan = NULL;
-	if (e->plan == NULL)
-	{
-		SPIPlanPtr	p = prepare(sql, nargs, argtypes);
-
-		if (SPI_keepplan(p) != 0)
-			elog(ERROR, "chorus: cannot keep plan");
-		e->plan = p;
-	}
-	return e->plan;
-}
-
-/*
- * The statement for op (0 insert, 1 update, 2 delete) on t, with its
- * parameter types: new values of non-generated columns, then the old identity.
- */
-static SPIPlanPtr
-table_plan(ApplyTable *t, int op)
-{
-	StringInfoData sql;
-	Oid		   *types;
-	int			n = 0,
-				i;
-	bool		first = true;
-
-	if (t->plans[op] != NULL)
-		return t->plans[op];
-	types = palloc(sizeof(Oid) * (t->ncols + t->nident + 1));
-	initStringInfo(&sql);
-	if (op == 0)
-	{
-		StringInfoData vals;
-
-		initStringInfo(&vals);
-		appendStringInfo(&sql, "INSERT INTO %s (", qualified(t));
-		for (i = 0; i < t->ncols; i++)
-		{
-			if (t->cols[i].flags & CHORUS_COL_GENERATED)
-				continue;
-			appendStringInfo(&sql, "%s%s", first ? "" : ", ", quote_identifier(t->cols[i].name));
-			appendStringInfo(&vals, "%s$%d", first ? "" : ", ", n + 1);
-			types[n++] = t->coltypes[i];
-			first = false;
-		}
-		if (n == 0)				/* no column to set: a row of defaults */
-		{
-			resetStringInfo(&sql);
-			appendStringInfo(&sql, "INSERT INTO %s DEFAULT VALUES", qualified(t));
-		}
-		else
-			appendStringInfo(&sql, ") OVERRIDING SYSTEM VALUE VALUES (%s)", vals.data);
-	}
-	else
-	{
-		/*
-		 * ONLY: the row is this table's, not one of its inheritance children's
-		 * (their rows are captured, and applied, as theirs).
-		 */
-		if (op == 1)
-		{
-			StringInfoData set;
-
-			initStringInfo(&set);
-			for (i = 0; i < t->ncols; i++)
-			{
-				if (t->cols[i].flags & CHORUS_COL_GENERATED)
-					continue;
-				appendStringInfo(&set, "%s%s = $%d", first ? "" : ", ",
-								 quote_identifier(t->cols[i].name), n + 1);
-				types[n++] = t->coltypes[i];
-				first = false;
-			}
-			if (n == 0)			/* nothing to set: the row must be there all the same */
-				appendStringInfo(&sql, "SELECT 1 FROM ONLY %s", qualified(t));
-			else
-				appendStringInfo(&sql, "UPDATE ONLY %s SET %s", qualified(t), set.data);
-		}
-		else
-			appendStringInfo(&sql, "DELETE FROM ONLY %s", qualified(t));
-		appendStringInfoString(&sql, " WHERE ");
-		if (t->full_identity)
-		{
-			/*
-			 * No primary key: the row whose every column is identical to the
-			 * old image (record image equality, *=: 1.0 and 1.00, or 'a' and
-			 * 'A' under a case-insensitive collation, are different rows).
-			 * Any one of several identical rows is the same change.
-			 */
-			StringInfoData img;
-			int			m = 0;
-
-			initStringInfo(&img);
-			appendStringInfo(&sql, "ctid = (SELECT ctid FROM ONLY %s WHERE pg_catalog.record_image_eq(ROW(", qualified(t));
-			for (i = 0; i < t->nident; i++)
-			{
-				int			c = t->ident[i];
-
-				if (t->cols[c].flags & CHORUS_COL_GENERATED)
-					continue;
-				/* a domain's old value is compared as its base type: it need not pass the
-				 * domain's checks any more (a constraint added NOT VALID) */
-				if (t->basetypes[c] != t->coltypes[c])
-					appendStringInfo(&sql, "%s%s::%s", m ? ", " : "", quote_identifier(t->cols[c].name),
-									 format_type_be_qualified(t->basetypes[c]));
-				else
-					appendStringInfo(&sql, "%s%s", m ? ", " : "", quote_identifier(t->cols[c].name));
-				appendStringInfo(&img, "%s$%d", m ? ", " : "", n + 1);
-				types[n++] = t->basetypes[c];
-				m++;
-			}
-			if (m == 0)
-				appendStringInfoString(&sql, "), ROW()) LIMIT 1)");
-			else
-				appendStringInfo(&sql, "), ROW(%s)) LIMIT 1)", img.data);
-		}
-		else
-			for (i = 0; i < t->nident; i++)
-			{
-				int			c = t->ident[i];
-
-				appendStringInfo(&sql, "%s%s = $%d", i ? " AND " : "", quote_identifier(t->cols[c].name), n + 1);
-				types[n++] = t->basetypes[c];
-			}
-	}
-	t->plans[op] = get_plan(sql.data, n, types);
-	return t->plans[op];
-}
-
-/*
- * to_datum
- *		The datum of value v for column col of t, in this node's column type;
- *		old: a value of an old image, read as the column's base type (a row's
- *		old value need not pass a domain check added NOT VALID since).
- */
-static Datum
-to_datum(ApplyTable *t, int col, ChorusWsValue v, char *isnull, bool old)
-{
-	StringInfoData buf;
-	char	   *copy;
-	bool		base = old && t->basetypes[col] != t->coltypes[col];
-	FmgrInfo   *input = base ? &t->baseinput[col] : &t->colinput[col];
-	FmgrInfo   *recv = base ? &t->baserecv[col] : &t->colrecv[col];
-	Oid		   *ioparam = base ? &t->baseioparam[col] : &t->colioparam[col];
-	Oid		   *recvparam = base ? &t->baserecvparam[col] : &t->colrecvparam[col];
-	int32		typmod = base ? -1 : t->coltypmods[col];
-
-	if (base && input->fn_oid == InvalidOid)
-	{
-		Oid			fn;
-
-		getTypeInputInfo(t->basetypes[col], &fn, ioparam);
-		fmgr_info(fn, input);
-	}
-	*isnull = (v.kind == CHORUS_VAL_NULL) ? 'n' : ' ';
-	if (v.kind == CHORUS_VAL_NULL)
-		return InputFunctionCall(input, NULL, *ioparam, typmod);
-	copy = palloc(v.len + 1);
-	memcpy(copy, v.data, v.len);
-	copy[v.len] = '\0';
-	if (v.kind == CHORUS_VAL_TEXT)
-		return InputFunctionCall(input, copy, *ioparam, typmod);
-	if (recv->fn_oid == InvalidOid)
-	{
-		Oid			fn;
-
-		getTypeBinaryInputInfo(base ? t->basetypes[col] : t->coltypes[col], &fn, recvparam);
-		fmgr_info(fn, recv);
-	}
-	buf.data = copy;
-	buf.len = (int) v.len;
-	buf.maxlen = (int) v.len + 1;
-	buf.cursor = 0;
-	return ReceiveFunctionCall(recv, &buf, *recvparam, typmod);
 }
 
 static void
@@ -637,13 +330,13 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 			if (restart != truncate_restart)
 				run_truncate(&truncates, truncate_restart);
 			truncate_restart = restart;
-			appendStringInfo(&truncates, "%s%s", truncates.len ? ", " : "", qualified(t));
+			appendStringInfo(&truncates, "%s%s", truncates.len ? ", " : "", chorus_apply_table_name(t));
 			applied++;
 			continue;
 		}
 		run_truncate(&truncates, truncate_restart);
 		if (t->coltypes == NULL)
-			resolve_types(t);
+			chorus_apply_resolve_types(t);
 		values = palloc(sizeof(Datum) * (t->ncols + t->nident + 1));
 		nulls = palloc(t->ncols + t->nident + 1);
 		if (op != CHORUS_OP_INSERT)
@@ -667,7 +360,7 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 					apply_refuse(&r, t, "new");
 				if (t->cols[c].flags & CHORUS_COL_GENERATED)
 					continue;
-				values[n] = to_datum(t, c, v, &nulls[n], false);
+				values[n] = chorus_apply_datum(t, c, v, &nulls[n], false);
 				n++;
 			}
 		}
@@ -675,13 +368,13 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 		{
 			if (t->full_identity && (t->cols[t->ident[k]].flags & CHORUS_COL_GENERATED))
 				continue;		/* not compared: computed from the others */
-			values[n] = to_datum(t, t->ident[k], oldv[k], &nulls[n], true);
+			values[n] = chorus_apply_datum(t, t->ident[k], oldv[k], &nulls[n], true);
 			n++;
 		}
-		rc = SPI_execute_plan(table_plan(t, op == CHORUS_OP_INSERT ? 0 : op == CHORUS_OP_UPDATE ? 1 : 2),
+		rc = SPI_execute_plan(chorus_apply_plan(t, op == CHORUS_OP_INSERT ? 0 : op == CHORUS_OP_UPDATE ? 1 : 2),
 							  values, nulls, false, 0);
 		if (rc < 0)
-			elog(ERROR, "chorus: applying a row of %s: %s", qualified(t), SPI_result_code_string(rc));
+			elog(ERROR, "chorus: applying a row of %s: %s", chorus_apply_table_name(t), SPI_result_code_string(rc));
 		if (op != CHORUS_OP_INSERT && SPI_processed != 1)
 		{
 			StringInfoData key;
@@ -694,7 +387,7 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 			ereport(ERROR,
 					(errcode(ERRCODE_DATA_CORRUPTED),
 					 errmsg("chorus: GID %lld: %s of %s (%s) matched %llu rows: this node's data differs from the cluster's",
-							(long long) gid, op == CHORUS_OP_UPDATE ? "UPDATE" : "DELETE", qualified(t), key.data,
+							(long long) gid, op == CHORUS_OP_UPDATE ? "UPDATE" : "DELETE", chorus_apply_table_name(t), key.data,
 							(unsigned long long) SPI_processed)));
 		}
 		applied++;
