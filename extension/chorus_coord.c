@@ -263,8 +263,8 @@ chorus_refuse_unless_commit(const ChorusVerdict *v)
  * chorus_send_done
  *		Tell the coordinator that the transaction xid of certified GID gid
  *		committed (kind CHORUS_FRAME_COMMITTED) or aborted (CHORUS_FRAME_ABORTED).
- *		It runs after the end of the transaction: a connection lost meanwhile
- *		is not an error (the coordinator sees the backend vanish).
+ *		The transaction has ended: a failed send is not reported (the
+ *		connection is dropped).
  */
 void
 chorus_send_done(char kind, uint64 gid, TransactionId xid)

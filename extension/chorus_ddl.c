@@ -22,6 +22,12 @@
  *		same rows everywhere (CREATE TABLE AS, volatile column defaults, SET
  *		LOGGED). The origin sends that content with its report; every node
  *		applies it at the statement's GID (chorus_apply.c).
+ *
+ *		Which statements replicate is chorus_ddl_classify.c's decision, the
+ *		rows a statement ships chorus_ddl_rows.c's, and the node-local parts of
+ *		a replayed one chorus_ddl_replay.c's. Here too: chorus.attach() and
+ *		chorus.alter_sequence(), which the SQL side calls for new tables and
+ *		sequences.
  */
 #include "postgres.h"
 

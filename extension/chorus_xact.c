@@ -71,6 +71,22 @@ chorus_resume_cancel(void)
 }
 
 /*
+ * chorus_xact_end
+ *		The end of a top-level transaction, committed or aborted: cancels are
+ *		no longer held, the abort slot is cleared, and the transaction's schema
+ *		change, capture and commit state are forgotten.
+ */
+static void
+chorus_xact_end(ChorusCapture *cap, ChorusCommitState *cs)
+{
+	chorus_resume_cancel();
+	chorus_clear_aborted();
+	chorus_ddl_reset();
+	chorus_capture_reset(cap);
+	chorus_commit_reset(cs);
+}
+
+/*
  * chorus_xact_callback
  *		PRE_COMMIT: certify (local) and wait for our turn (local and applied).
  *		COMMIT: advance the watermark. ABORT: a certified local transaction that
@@ -134,11 +150,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 				if (cs->certified)
 					chorus_send_done(CHORUS_FRAME_COMMITTED, cs->gid, cs->xid);
 			}
-			chorus_resume_cancel();
-			chorus_clear_aborted();
-			chorus_ddl_reset();
-			chorus_capture_reset(cap);
-			chorus_commit_reset(cs);
+			chorus_xact_end(cap, cs);
 			break;
 		case XACT_EVENT_ABORT:
 			if (cs->claimed)
@@ -151,11 +163,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 			chorus_release_origin(cs);
 			if (cs->certified)
 				chorus_send_done(CHORUS_FRAME_ABORTED, cs->gid, cs->xid);
-			chorus_resume_cancel();
-			chorus_clear_aborted();
-			chorus_ddl_reset();
-			chorus_capture_reset(cap);
-			chorus_commit_reset(cs);
+			chorus_xact_end(cap, cs);
 			break;
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PARALLEL_ABORT:
