@@ -329,7 +329,7 @@ chorus_wait_hold(uint64 gid)
  *		(csn-pending-lists: the watermark only passes a contiguous prefix); else
  *		it waits in above[]. The caller holds the lock exclusively.
  */
-void
+static void
 chorus_note_committed(uint64 gid, uint64 prev)
 {
 	ChorusShared *sh = chorus_shared;

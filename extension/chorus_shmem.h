@@ -83,7 +83,6 @@ extern void chorus_wait_for_turn(uint64 wait_for);
 extern void chorus_wait_own_turn(uint64 gid, uint64 wait_for);
 extern void chorus_claim_turn(uint64 gid, bool *claimed_it);
 extern void chorus_unclaim_turn(uint64 gid);
-extern void chorus_note_committed(uint64 gid, uint64 prev);
 extern bool chorus_gid_committed(uint64 gid, uint64 prev);
 extern void chorus_record_commit(uint64 gid, uint64 prev, TransactionId xid);
 extern void chorus_flush_prefix(uint64 gid);

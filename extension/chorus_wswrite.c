@@ -52,7 +52,7 @@ chorus_put_u64(StringInfo buf, uint64 v)
  *		u16 length + bytes; names longer than 65535 bytes cannot occur
  *		(identifiers are at most NAMEDATALEN).
  */
-void
+static void
 chorus_put_str(StringInfo buf, const char *s)
 {
 	size_t		len = strlen(s);

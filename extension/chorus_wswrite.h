@@ -11,7 +11,6 @@ extern void chorus_put_u8(StringInfo buf, uint8 v);
 extern void chorus_put_u16(StringInfo buf, uint16 v);
 extern void chorus_put_u32(StringInfo buf, uint32 v);
 extern void chorus_put_u64(StringInfo buf, uint64 v);
-extern void chorus_put_str(StringInfo buf, const char *s);
 extern void chorus_put_blob(StringInfo buf, const char *data, uint32 len);
 extern void chorus_put_header(StringInfo out, uint8 flags, TransactionId xid, uint64 last_seen,
 							  int ntables, uint32 nrows, uint32 nkeys);

