@@ -4,11 +4,12 @@
  *		Fast apply: chorus.apply_writeset(gid, wait_for, writeset bytea) applies
  *		the rows and schema changes of a certified writeset inside the caller's
  *		transaction, in one call (docs/PROTOCOL.md section 4). The writeset is
- *		parsed here, in the wire format of docs/PROTOCOL.md section 2 (constants
- *		in chorus_wire.h); statements are built from quoted identifiers only and
- *		prepared once per table shape; values reach PostgreSQL through each
- *		local column's receive function (binary values) or input function (text,
- *		read under the same fixed settings it was printed under). A schema
+ *		read with chorus_wsread.c, in the wire format of docs/PROTOCOL.md
+ *		section 2 (constants in chorus_wire.h); statements are built from
+ *		quoted identifiers only and prepared once per table shape; values
+ *		reach PostgreSQL through each local column's receive function (binary
+ *		values) or input function (text, read under the same fixed settings it
+ *		was printed under). A schema
  *		change item runs its statement with the settings and role it ran under
  *		on its origin. The coordinator has validated the writeset already; any
  *		inconsistency is still an ERROR here, never a crash.
@@ -18,9 +19,6 @@
 #include "postgres.h"
 
 #include "fmgr.h"
-#include "access/htup_details.h"
-#include "catalog/namespace.h"
-#include "catalog/pg_attribute.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
@@ -28,417 +26,91 @@
 #include "commands/tablespace.h"
 #include "utils/acl.h"
 #include "utils/guc.h"
-#include "nodes/makefuncs.h"
-#include "port/pg_bswap.h"
 #include "utils/builtins.h"
-#include "utils/hsearch.h"
-#include "utils/lsyscache.h"
 #include "utils/memutils.h"
-#include "utils/syscache.h"
 
-#include "chorus.h"
+#include "chorus_capture.h"
+#include "chorus_commit.h"
+#include "chorus_shmem.h"
+#include "chorus_values.h"
+#include "chorus_wire.h"
+#include "chorus_wsread.h"
+#include "chorus_apply_table.h"
 
 PG_FUNCTION_INFO_V1(chorus_apply_writeset);
 PG_FUNCTION_INFO_V1(chorus_apply_run);
 
-#define PLAN_KEY_SIZE 2048
-
-extern Datum chorus_apply_begin(PG_FUNCTION_ARGS);
-
-typedef struct ApplyReader
-{
-	const char *buf;
-	int			len;
-	int			pos;
-} ApplyReader;
-
-typedef struct ApplyCol
-{
-	char	   *name;
-	uint8		flags;
-} ApplyCol;
-
-typedef struct ApplyTable
-{
-	char	   *nspname;
-	char	   *relname;
-	int			ncols;
-	ApplyCol   *cols;
-	int			nident;
-	int		   *ident;
-	bool		full_identity;
-	SPIPlanPtr	plans[3];		/* insert, update, delete */
-	Oid		   *coltypes;		/* local types of the columns, InvalidOid for generated */
-	int32	   *coltypmods;
-	FmgrInfo   *colinput;		/* their input functions */
-	Oid		   *colioparam;
-	FmgrInfo   *colrecv;		/* their receive functions, looked up at the first binary value */
-	Oid		   *colrecvparam;
-	Oid		   *basetypes;		/* a domain's base type (the column's type otherwise) */
-	FmgrInfo   *baseinput;		/* ... its input and receive functions, for old images */
-	Oid		   *baseioparam;
-	FmgrInfo   *baserecv;
-	Oid		   *baserecvparam;
-} ApplyTable;
-
-/* One value as the writeset holds it: kind, and the bytes of a non-NULL value. */
-typedef struct ApplyValue
-{
-	uint8		kind;
-	const char *data;
-	uint32		len;
-} ApplyValue;
-
-/* plans survive across calls, keyed by their SQL text */
-typedef struct PlanEntry
-{
-	char		key[PLAN_KEY_SIZE];	/* the SQL text and its parameter types */
-	SPIPlanPtr	plan;
-} PlanEntry;
-
-static HTAB *chorus_plans = NULL;
-
-static void
-ws_need(ApplyReader *r, int n)
-{
-	if (n < 0 || r->pos + n > r->len)
-		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-						errmsg("chorus: writeset truncated at byte %d", r->pos)));
-}
-
-static uint8
-ws_u8(ApplyReader *r)
-{
-	ws_need(r, 1);
-	return (uint8) r->buf[r->pos++];
-}
-
-static uint16
-ws_u16(ApplyReader *r)
-{
-	uint16		v;
-
-	ws_need(r, 2);
-	memcpy(&v, r->buf + r->pos, 2);
-	r->pos += 2;
-	return pg_ntoh16(v);
-}
-
-static uint32
-ws_u32(ApplyReader *r)
-{
-	uint32		v;
-
-	ws_need(r, 4);
-	memcpy(&v, r->buf + r->pos, 4);
-	r->pos += 4;
-	return pg_ntoh32(v);
-}
-
+/* Bytes of the writeset as a palloc'd, NUL-terminated string. */
 static char *
-ws_text16(ApplyReader *r)
+ws_text(ChorusWsBytes b)
 {
-	int			n = ws_u16(r);
-	char	   *s;
-
-	ws_need(r, n);
-	s = pnstrdup(r->buf + r->pos, n);
-	r->pos += n;
-	return s;
-}
-
-/* a value: CHORUS_VAL_NULL, or a text or binary kind with u32 length and bytes */
-static ApplyValue
-ws_value(ApplyReader *r)
-{
-	ApplyValue	v;
-
-	v.kind = ws_u8(r);
-	v.data = NULL;
-	v.len = 0;
-	if (v.kind == CHORUS_VAL_NULL)
-		return v;
-	if (v.kind != CHORUS_VAL_TEXT && v.kind != CHORUS_VAL_BINARY)
-		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-						errmsg("chorus: writeset value of unknown kind 0x%02x", v.kind)));
-	v.len = ws_u32(r);
-	ws_need(r, (int) Min(v.len, (uint32) PG_INT32_MAX));
-	v.data = r->buf + r->pos;
-	r->pos += v.len;
-	return v;
-}
-
-/* a u32-length blob as a palloc'd, NUL-terminated string */
-static char *
-ws_blob_text(ApplyReader *r)
-{
-	uint32		n = ws_u32(r);
-	char	   *s;
-
-	ws_need(r, (int) Min(n, (uint32) PG_INT32_MAX));
-	s = pnstrdup(r->buf + r->pos, n);
-	r->pos += n;
-	return s;
-}
-
-static const char *
-qualified(ApplyTable *t)
-{
-	return quote_qualified_identifier(t->nspname, t->relname);
-}
-
-/* the local column types, by name: values are parsed for this node's table */
-static void
-resolve_types(ApplyTable *t)
-{
-	Oid			relid;
-	Oid			typinput;
-	int			i;
-
-	relid = RangeVarGetRelid(makeRangeVar(t->nspname, t->relname, -1), RowExclusiveLock, false);
-	t->coltypes = palloc0(sizeof(Oid) * Max(t->ncols, 1));
-	t->coltypmods = palloc0(sizeof(int32) * Max(t->ncols, 1));
-	t->colinput = palloc0(sizeof(FmgrInfo) * Max(t->ncols, 1));
-	t->colioparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
-	t->colrecv = palloc0(sizeof(FmgrInfo) * Max(t->ncols, 1));
-	t->colrecvparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
-	t->basetypes = palloc0(sizeof(Oid) * Max(t->ncols, 1));
-	t->baseinput = palloc0(sizeof(FmgrInfo) * Max(t->ncols, 1));
-	t->baseioparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
-	t->baserecv = palloc0(sizeof(FmgrInfo) * Max(t->ncols, 1));
-	t->baserecvparam = palloc0(sizeof(Oid) * Max(t->ncols, 1));
-	for (i = 0; i < t->ncols; i++)
-	{
-		HeapTuple	tup;
-		Form_pg_attribute att;
-
-		if (t->cols[i].flags & CHORUS_COL_GENERATED)
-			continue;
-		tup = SearchSysCacheAttName(relid, t->cols[i].name);
-		if (!HeapTupleIsValid(tup))
-			ereport(ERROR, (errcode(ERRCODE_UNDEFINED_COLUMN),
-							errmsg("chorus: column \"%s\" of %s does not exist here",
-								   t->cols[i].name, qualified(t))));
-		att = (Form_pg_attribute) GETSTRUCT(tup);
-		t->coltypes[i] = att->atttypid;
-		t->coltypmods[i] = att->atttypmod;
-		ReleaseSysCache(tup);
-		getTypeInputInfo(t->coltypes[i], &typinput, &t->colioparam[i]);
-		fmgr_info(typinput, &t->colinput[i]);
-		t->basetypes[i] = getBaseType(t->coltypes[i]);
-	}
-}
-
-static SPIPlanPtr
-prepare(const char *sql, int nargs, Oid *argtypes)
-{
-	SPIPlanPtr	p = SPI_prepare(sql, nargs, argtypes);
-
-	if (p == NULL)
-		elog(ERROR, "chorus: preparing \"%s\": %s", sql, SPI_result_code_string(SPI_result));
-	return p;
-}
-
-static SPIPlanPtr
-get_plan(const char *sql, int nargs, Oid *argtypes)
-{
-	PlanEntry  *e;
-	bool		found;
-	char		key[PLAN_KEY_SIZE];
-	StringInfoData k;
-	int			i;
-
-	if (chorus_plans == NULL)
-	{
-		HASHCTL		ctl;
-
-		ctl.keysize = PLAN_KEY_SIZE;
-		ctl.entrysize = sizeof(PlanEntry);
-		chorus_plans = hash_create("chorus apply plans", 64, &ctl, HASH_ELEM | HASH_STRINGS);
-	}
-	initStringInfo(&k);
-	appendStringInfoString(&k, sql);
-	for (i = 0; i < nargs; i++)
-		appendStringInfo(&k, " %u", argtypes[i]);
-	if (k.len >= PLAN_KEY_SIZE)
-		return prepare(sql, nargs, argtypes);	/* very wide tables: prepared per writeset */
-	memset(key, 0, sizeof(key));
-	memcpy(key, k.data, k.len);
-	e = hash_search(chorus_plans, key, HASH_ENTER, &found);
-	if (!found)
-		e->plan = NULL;
-	if (e->plan == NULL)
-	{
-		SPIPlanPtr	p = prepare(sql, nargs, argtypes);
-
-		if (SPI_keepplan(p) != 0)
-			elog(ERROR, "chorus: cannot keep plan");
-		e->plan = p;
-	}
-	return e->plan;
+	return pnstrdup(b.data, b.len);
 }
 
 /*
- * The statement for op (0 insert, 1 update, 2 delete) on t, with its
- * parameter types: new values of non-generated columns, then the old identity.
+ * apply_refuse
+ *		The error for a writeset the reader refused (r->err). t: the table whose
+ *		description or row is being read, if any; image: "old" or "new", the
+ *		row image being read.
  */
-static SPIPlanPtr
-table_plan(ApplyTable *t, int op)
+static void apply_refuse(const ChorusWsReader *r, ApplyTable *t, const char *image) pg_attribute_noreturn();
+
+static void
+apply_refuse(const ChorusWsReader *r, ApplyTable *t, const char *image)
 {
-	StringInfoData sql;
-	Oid		   *types;
-	int			n = 0,
-				i;
-	bool		first = true;
+	uint8		v = (uint8) r->err_value;
 
-	if (t->plans[op] != NULL)
-		return t->plans[op];
-	types = palloc(sizeof(Oid) * (t->ncols + t->nident + 1));
-	initStringInfo(&sql);
-	if (op == 0)
+	switch (r->err)
 	{
-		StringInfoData vals;
-
-		initStringInfo(&vals);
-		appendStringInfo(&sql, "INSERT INTO %s (", qualified(t));
-		for (i = 0; i < t->ncols; i++)
-		{
-			if (t->cols[i].flags & CHORUS_COL_GENERATED)
-				continue;
-			appendStringInfo(&sql, "%s%s", first ? "" : ", ", quote_identifier(t->cols[i].name));
-			appendStringInfo(&vals, "%s$%d", first ? "" : ", ", n + 1);
-			types[n++] = t->coltypes[i];
-			first = false;
-		}
-		if (n == 0)				/* no column to set: a row of defaults */
-		{
-			resetStringInfo(&sql);
-			appendStringInfo(&sql, "INSERT INTO %s DEFAULT VALUES", qualified(t));
-		}
-		else
-			appendStringInfo(&sql, ") OVERRIDING SYSTEM VALUE VALUES (%s)", vals.data);
+		case CHORUS_WSR_TRUNCATED:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: writeset truncated at byte %d", (int) r->err_pos)));
+			break;
+		case CHORUS_WSR_BAD_MAGIC:
+		case CHORUS_WSR_BAD_VERSION:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: not a version %d writeset", CHORUS_WS_VERSION)));
+			break;
+		case CHORUS_WSR_UNKNOWN_FLAGS:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: writeset with unknown flags 0x%02x", v)));
+			break;
+		case CHORUS_WSR_COLUMN_FLAGS:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: column with unknown flags 0x%02x in %s", v, chorus_apply_table_name(t))));
+			break;
+		case CHORUS_WSR_IDENTITY_RANGE:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: identity column out of range in %s", chorus_apply_table_name(t))));
+			break;
+		case CHORUS_WSR_TABLE_FLAGS:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: table %s with unknown flags 0x%02x", chorus_apply_table_name(t), v)));
+			break;
+		case CHORUS_WSR_UNKNOWN_OP:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: unknown row op 0x%02x", v)));
+			break;
+		case CHORUS_WSR_TABLE_RANGE:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: row refers to table %u of %u",
+								   (unsigned) r->err_value, (unsigned) r->err_expected)));
+			break;
+		case CHORUS_WSR_TRUNCATE_FLAGS:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: TRUNCATE with unknown flags 0x%02x", v)));
+			break;
+		case CHORUS_WSR_WIDTH:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: %s tuple of %s has the wrong width", image, chorus_apply_table_name(t))));
+			break;
+		case CHORUS_WSR_VALUE_KIND:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: writeset value of unknown kind 0x%02x", v)));
+			break;
+		default:
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+							errmsg("chorus: %s", chorus_wsr_error_text(r->err))));
+			break;
 	}
-	else
-	{
-		/*
-		 * ONLY: the row is this table's, not one of its inheritance children's
-		 * (their rows are captured, and applied, as theirs).
-		 */
-		if (op == 1)
-		{
-			StringInfoData set;
-
-			initStringInfo(&set);
-			for (i = 0; i < t->ncols; i++)
-			{
-				if (t->cols[i].flags & CHORUS_COL_GENERATED)
-					continue;
-				appendStringInfo(&set, "%s%s = $%d", first ? "" : ", ",
-								 quote_identifier(t->cols[i].name), n + 1);
-				types[n++] = t->coltypes[i];
-				first = false;
-			}
-			if (n == 0)			/* nothing to set: the row must be there all the same */
-				appendStringInfo(&sql, "SELECT 1 FROM ONLY %s", qualified(t));
-			else
-				appendStringInfo(&sql, "UPDATE ONLY %s SET %s", qualified(t), set.data);
-		}
-		else
-			appendStringInfo(&sql, "DELETE FROM ONLY %s", qualified(t));
-		appendStringInfoString(&sql, " WHERE ");
-		if (t->full_identity)
-		{
-			/*
-			 * No primary key: the row whose every column is identical to the
-			 * old image (record image equality, *=: 1.0 and 1.00, or 'a' and
-			 * 'A' under a case-insensitive collation, are different rows).
-			 * Any one of several identical rows is the same change.
-			 */
-			StringInfoData img;
-			int			m = 0;
-
-			initStringInfo(&img);
-			appendStringInfo(&sql, "ctid = (SELECT ctid FROM ONLY %s WHERE pg_catalog.record_image_eq(ROW(", qualified(t));
-			for (i = 0; i < t->nident; i++)
-			{
-				int			c = t->ident[i];
-
-				if (t->cols[c].flags & CHORUS_COL_GENERATED)
-					continue;
-				/* a domain's old value is compared as its base type: it need not pass the
-				 * domain's checks any more (a constraint added NOT VALID) */
-				if (t->basetypes[c] != t->coltypes[c])
-					appendStringInfo(&sql, "%s%s::%s", m ? ", " : "", quote_identifier(t->cols[c].name),
-									 format_type_be_qualified(t->basetypes[c]));
-				else
-					appendStringInfo(&sql, "%s%s", m ? ", " : "", quote_identifier(t->cols[c].name));
-				appendStringInfo(&img, "%s$%d", m ? ", " : "", n + 1);
-				types[n++] = t->basetypes[c];
-				m++;
-			}
-			if (m == 0)
-				appendStringInfoString(&sql, "), ROW()) LIMIT 1)");
-			else
-				appendStringInfo(&sql, "), ROW(%s)) LIMIT 1)", img.data);
-		}
-		else
-			for (i = 0; i < t->nident; i++)
-			{
-				int			c = t->ident[i];
-
-				appendStringInfo(&sql, "%s%s = $%d", i ? " AND " : "", quote_identifier(t->cols[c].name), n + 1);
-				types[n++] = t->basetypes[c];
-			}
-	}
-	t->plans[op] = get_plan(sql.data, n, types);
-	return t->plans[op];
-}
-
-/*
- * to_datum
- *		The datum of value v for column col of t, in this node's column type;
- *		old: a value of an old image, read as the column's base type (a row's
- *		old value need not pass a domain check added NOT VALID since).
- */
-static Datum
-to_datum(ApplyTable *t, int col, ApplyValue v, char *isnull, bool old)
-{
-	StringInfoData buf;
-	char	   *copy;
-	bool		base = old && t->basetypes[col] != t->coltypes[col];
-	FmgrInfo   *input = base ? &t->baseinput[col] : &t->colinput[col];
-	FmgrInfo   *recv = base ? &t->baserecv[col] : &t->colrecv[col];
-	Oid		   *ioparam = base ? &t->baseioparam[col] : &t->colioparam[col];
-	Oid		   *recvparam = base ? &t->baserecvparam[col] : &t->colrecvparam[col];
-	int32		typmod = base ? -1 : t->coltypmods[col];
-
-	if (base && input->fn_oid == InvalidOid)
-	{
-		Oid			fn;
-
-		getTypeInputInfo(t->basetypes[col], &fn, ioparam);
-		fmgr_info(fn, input);
-	}
-	*isnull = (v.kind == CHORUS_VAL_NULL) ? 'n' : ' ';
-	if (v.kind == CHORUS_VAL_NULL)
-		return InputFunctionCall(input, NULL, *ioparam, typmod);
-	copy = palloc(v.len + 1);
-	memcpy(copy, v.data, v.len);
-	copy[v.len] = '\0';
-	if (v.kind == CHORUS_VAL_TEXT)
-		return InputFunctionCall(input, copy, *ioparam, typmod);
-	if (recv->fn_oid == InvalidOid)
-	{
-		Oid			fn;
-
-		getTypeBinaryInputInfo(base ? t->basetypes[col] : t->coltypes[col], &fn, recvparam);
-		fmgr_info(fn, recv);
-	}
-	buf.data = copy;
-	buf.len = (int) v.len;
-	buf.maxlen = (int) v.len + 1;
-	buf.cursor = 0;
-	return ReceiveFunctionCall(recv, &buf, *recvparam, typmod);
 }
 
 static void
@@ -473,15 +145,19 @@ apply_setting_optional(const char *name)
  *		under the settings and role it ran under on its origin, without checking
  *		function bodies (the origin did). A role missing here (created with
  *		chorus.replicate_roles off) runs it as the apply user, with a warning.
+ *		r stands after the item's start, which says it has nsettings settings.
  */
 static void
-apply_schema(ApplyReader *r, int64 gid)
+apply_schema(ChorusWsReader *r, int nsettings, int64 gid)
 {
-	int			nsettings = ws_u16(r);
 	int			nest = NewGUCNestLevel();
 	Oid			save_uid,
 				roleid;
 	int			save_sec;
+	ChorusWsBytes nameb,
+				valueb,
+				roleb,
+				statementb;
 	char	   *role;
 	char	   *statement;
 	int			rc,
@@ -489,8 +165,13 @@ apply_schema(ApplyReader *r, int64 gid)
 
 	for (i = 0; i < nsettings; i++)
 	{
-		char	   *name = ws_text16(r);
-		char	   *value = ws_text16(r);
+		char	   *name;
+		char	   *value;
+
+		if (chorus_wsr_setting(r, &nameb, &valueb) != 0)
+			apply_refuse(r, NULL, NULL);
+		name = ws_text(nameb);
+		value = ws_text(valueb);
 
 		if (strcmp(name, "default_tablespace") == 0 && value[0] != '\0' &&
 			!OidIsValid(get_tablespace_oid(value, true)))
@@ -500,8 +181,10 @@ apply_schema(ApplyReader *r, int64 gid)
 	}
 	(void) set_config_option("check_function_bodies", "off", PGC_SUSET, PGC_S_SESSION,
 							 GUC_ACTION_SAVE, true, 0, false);
-	role = ws_text16(r);
-	statement = ws_blob_text(r);
+	if (chorus_wsr_schema_end(r, &roleb, &statementb) != 0)
+		apply_refuse(r, NULL, NULL);
+	role = ws_text(roleb);
+	statement = ws_text(statementb);
 	roleid = get_role_oid(role, true);
 	GetUserIdAndSecContext(&save_uid, &save_sec);
 	if (OidIsValid(roleid))
@@ -526,7 +209,8 @@ apply_schema(ApplyReader *r, int64 gid)
 static int64
 chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 {
-	ApplyReader r = {buf, len, 0};
+	ChorusWsReader r;
+	ChorusWsHeader h;
 	MemoryContext cxt,
 				old;
 	ApplyTable *tables;
@@ -540,32 +224,24 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 	int			nest;
 	uint32		i;
 
-	ws_need(&r, CHORUS_WS_HEAD_SIZE);
-	if (memcmp(r.buf, CHORUS_WS_MAGIC, 2) != 0 || (uint8) r.buf[2] != CHORUS_WS_VERSION)
-		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-						errmsg("chorus: not a version %d writeset", CHORUS_WS_VERSION)));
-	flags = (uint8) r.buf[3];
-	if ((flags & ~CHORUS_WS_FLAGS_KNOWN) != 0)
-		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-						errmsg("chorus: writeset with unknown flags 0x%02x", flags)));
+	/* the header: magic, version, flags and counts checked */
+	if (chorus_wsr_open(&r, buf, len, &h) != 0)
+		apply_refuse(&r, NULL, NULL);
+	flags = h.flags;
 	if (flags & CHORUS_WS_FLAG_TOI)
 		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 						errmsg("chorus: a schema change's ordering request is not applied; its content is")));
 	if (flags & CHORUS_WS_FLAG_CONCURRENT)
 		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 						errmsg("chorus: CREATE/DROP INDEX CONCURRENTLY runs in a session of its own, not in an apply")));
-	r.pos = 2 + 1 + 1 + 4 + 4 + 8;
-	encoding = ws_u16(&r);
+	encoding = h.encoding;
 	if (encoding != GetDatabaseEncoding())
 		ereport(ERROR, (errcode(ERRCODE_CHARACTER_NOT_IN_REPERTOIRE),
 						errmsg("chorus: GID %lld was written in a database with encoding %s; this one is %s",
 							   (long long) gid, pg_encoding_to_char(encoding), GetDatabaseEncodingName()),
 						errhint("Every node of a cluster needs a database of the same encoding.")));
-	ntables = ws_u16(&r);
-	nrows = ws_u32(&r);
-	(void) ws_u32(&r);			/* keys: certification only */
-	if (ntables > (uint32) r.len || nrows > (uint32) r.len)
-		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: writeset counts exceed its length")));
+	ntables = h.ntables;
+	nrows = h.nrows;			/* the keys are for certification only: not read */
 	/* a schema change runs after everything before it has committed here, whatever the lanes */
 	if (flags & CHORUS_WS_FLAG_DDL)
 		chorus_wait_for_turn(prev);
@@ -576,35 +252,41 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 	for (i = 0; i < ntables; i++)
 	{
 		ApplyTable *t = &tables[i];
+		ChorusWsBytes nsp,
+					rel,
+					name,
+					typname;
+		uint16		ncols,
+					nident,
+					col;
 		int			c;
 		uint8		tflags;
 
-		t->nspname = ws_text16(&r);
-		t->relname = ws_text16(&r);
-		t->ncols = ws_u16(&r);
+		if (chorus_wsr_table(&r, &nsp, &rel, &ncols) != 0)
+			apply_refuse(&r, NULL, NULL);
+		t->nspname = ws_text(nsp);
+		t->relname = ws_text(rel);
+		t->ncols = ncols;
 		t->cols = palloc(sizeof(ApplyCol) * Max(t->ncols, 1));
 		for (c = 0; c < t->ncols; c++)
 		{
-			t->cols[c].name = ws_text16(&r);
-			pfree(ws_text16(&r));	/* the origin's type name: the local type decides */
-			t->cols[c].flags = ws_u8(&r);
-			if (t->cols[c].flags & ~CHORUS_COL_FLAGS_KNOWN)
-				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-								errmsg("chorus: column with unknown flags 0x%02x in %s", t->cols[c].flags, qualified(t))));
+			/* the origin's type name is not used: the local type decides */
+			if (chorus_wsr_column(&r, &name, &typname, &t->cols[c].flags) != 0)
+				apply_refuse(&r, t, NULL);
+			t->cols[c].name = ws_text(name);
 		}
-		t->nident = ws_u16(&r);
+		if (chorus_wsr_identity_count(&r, &nident) != 0)
+			apply_refuse(&r, t, NULL);
+		t->nident = nident;
 		t->ident = palloc(sizeof(int) * Max(t->nident, 1));
 		for (c = 0; c < t->nident; c++)
 		{
-			t->ident[c] = ws_u16(&r);
-			if (t->ident[c] >= t->ncols)
-				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-								errmsg("chorus: identity column out of range in %s", qualified(t))));
+			if (chorus_wsr_identity(&r, ncols, &col) != 0)
+				apply_refuse(&r, t, NULL);
+			t->ident[c] = col;
 		}
-		tflags = ws_u8(&r);
-		if (tflags & ~CHORUS_TABLE_FLAGS_KNOWN)
-			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
-							errmsg("chorus: table %s with unknown flags 0x%02x", qualified(t), tflags)));
+		if (chorus_wsr_table_flags(&r, &tflags) != 0)
+			apply_refuse(&r, t, NULL);
 		t->full_identity = (tflags & CHORUS_TABLE_FULL_IDENTITY) != 0;
 	}
 
@@ -615,8 +297,8 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 	initStringInfo(&truncates);
 	for (i = 0; i < nrows; i++)
 	{
-		char		op = (char) ws_u8(&r);
-		uint16		ti;
+		ChorusWsItem item;
+		char		op;
 		ApplyTable *t;
 		Datum	   *values;
 		char	   *nulls;
@@ -624,62 +306,61 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 					c,
 					k,
 					rc;
-		ApplyValue *oldv = NULL;
+		ChorusWsValue *oldv = NULL;
 
+		/* its op (known), a row's table (in range), a TRUNCATE's flags (known) */
+		if (chorus_wsr_item(&r, &item) != 0)
+			apply_refuse(&r, NULL, NULL);
+		op = item.op;
 		if (op == CHORUS_OP_SCHEMA)
 		{
 			run_truncate(&truncates, truncate_restart);
 			/* the statement runs under its origin's settings, then the fixed ones return */
 			chorus_canonical_exit(nest);
-			apply_schema(&r, gid);
+			apply_schema(&r, item.nsettings, gid);
 			nest = chorus_canonical_enter(false);
 			applied++;
 			continue;
 		}
-		ti = ws_u16(&r);
-		if (ti >= ntables)
-			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: row refers to table %u of %u", ti, ntables)));
-		t = &tables[ti];
+		t = &tables[item.table];
 		if (op == CHORUS_OP_TRUNCATE)
 		{
-			uint8		tflags = ws_u8(&r);
-			bool		restart = (tflags & CHORUS_TRUNCATE_RESTART) != 0;
+			bool		restart = (item.truncate_flags & CHORUS_TRUNCATE_RESTART) != 0;
 
-			if (tflags & ~CHORUS_TRUNCATE_FLAGS_KNOWN)
-				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: TRUNCATE with unknown flags 0x%02x", tflags)));
 			if (restart != truncate_restart)
 				run_truncate(&truncates, truncate_restart);
 			truncate_restart = restart;
-			appendStringInfo(&truncates, "%s%s", truncates.len ? ", " : "", qualified(t));
+			appendStringInfo(&truncates, "%s%s", truncates.len ? ", " : "", chorus_apply_table_name(t));
 			applied++;
 			continue;
 		}
 		run_truncate(&truncates, truncate_restart);
-		if (op != CHORUS_OP_INSERT && op != CHORUS_OP_UPDATE && op != CHORUS_OP_DELETE)
-			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: unknown row op 0x%02x", (uint8) op)));
 		if (t->coltypes == NULL)
-			resolve_types(t);
+			chorus_apply_resolve_types(t);
 		values = palloc(sizeof(Datum) * (t->ncols + t->nident + 1));
 		nulls = palloc(t->ncols + t->nident + 1);
 		if (op != CHORUS_OP_INSERT)
 		{
-			if (ws_u16(&r) != t->nident)
-				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: old tuple of %s has the wrong width", qualified(t))));
-			oldv = palloc(sizeof(ApplyValue) * Max(t->nident, 1));
+			if (chorus_wsr_tuple(&r, (uint16) t->nident) != 0)
+				apply_refuse(&r, t, "old");
+			oldv = palloc(sizeof(ChorusWsValue) * Max(t->nident, 1));
 			for (k = 0; k < t->nident; k++)
-				oldv[k] = ws_value(&r);
+				if (chorus_wsr_value(&r, &oldv[k]) != 0)
+					apply_refuse(&r, t, "old");
 		}
 		if (op != CHORUS_OP_DELETE)
 		{
-			if (ws_u16(&r) != t->ncols)
-				ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: new tuple of %s has the wrong width", qualified(t))));
+			if (chorus_wsr_tuple(&r, (uint16) t->ncols) != 0)
+				apply_refuse(&r, t, "new");
 			for (c = 0; c < t->ncols; c++)
 			{
-				ApplyValue	v = ws_value(&r);
+				ChorusWsValue v;
 
+				if (chorus_wsr_value(&r, &v) != 0)
+					apply_refuse(&r, t, "new");
 				if (t->cols[c].flags & CHORUS_COL_GENERATED)
 					continue;
-				values[n] = to_datum(t, c, v, &nulls[n], false);
+				values[n] = chorus_apply_datum(t, c, v, &nulls[n], false);
 				n++;
 			}
 		}
@@ -687,13 +368,13 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 		{
 			if (t->full_identity && (t->cols[t->ident[k]].flags & CHORUS_COL_GENERATED))
 				continue;		/* not compared: computed from the others */
-			values[n] = to_datum(t, t->ident[k], oldv[k], &nulls[n], true);
+			values[n] = chorus_apply_datum(t, t->ident[k], oldv[k], &nulls[n], true);
 			n++;
 		}
-		rc = SPI_execute_plan(table_plan(t, op == CHORUS_OP_INSERT ? 0 : op == CHORUS_OP_UPDATE ? 1 : 2),
+		rc = SPI_execute_plan(chorus_apply_plan(t, op == CHORUS_OP_INSERT ? 0 : op == CHORUS_OP_UPDATE ? 1 : 2),
 							  values, nulls, false, 0);
 		if (rc < 0)
-			elog(ERROR, "chorus: applying a row of %s: %s", qualified(t), SPI_result_code_string(rc));
+			elog(ERROR, "chorus: applying a row of %s: %s", chorus_apply_table_name(t), SPI_result_code_string(rc));
 		if (op != CHORUS_OP_INSERT && SPI_processed != 1)
 		{
 			StringInfoData key;
@@ -706,7 +387,7 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 			ereport(ERROR,
 					(errcode(ERRCODE_DATA_CORRUPTED),
 					 errmsg("chorus: GID %lld: %s of %s (%s) matched %llu rows: this node's data differs from the cluster's",
-							(long long) gid, op == CHORUS_OP_UPDATE ? "UPDATE" : "DELETE", qualified(t), key.data,
+							(long long) gid, op == CHORUS_OP_UPDATE ? "UPDATE" : "DELETE", chorus_apply_table_name(t), key.data,
 							(unsigned long long) SPI_processed)));
 		}
 		applied++;
@@ -714,8 +395,6 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 		pfree(nulls);
 	}
 	run_truncate(&truncates, truncate_restart);
-	if (r.pos > r.len)
-		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("chorus: writeset overrun")));
 	SPI_finish();
 	chorus_canonical_exit(nest);
 	MemoryContextSwitchTo(old);
@@ -737,7 +416,7 @@ chorus_apply_writeset(PG_FUNCTION_ARGS)
 	bytea	   *ws = PG_GETARG_BYTEA_PP(2);
 	int64		prev = PG_NARGS() > 3 ? PG_GETARG_INT64(3) : -1;
 
-	DirectFunctionCall3(chorus_apply_begin, Int64GetDatum(gid), Int64GetDatum(wait_for), Int64GetDatum(prev));
+	chorus_apply_begin_commit(chorus_commit_state(), chorus_capture_state()->nrows > 0, gid, wait_for, prev);
 	PG_RETURN_INT64(chorus_apply_rows(VARDATA_ANY(ws), VARSIZE_ANY_EXHDR(ws), gid,
 									  (uint64) (prev >= 0 ? prev : wait_for)));
 }
@@ -758,11 +437,14 @@ chorus_apply_run(PG_FUNCTION_ARGS)
 	int64		gid = PG_GETARG_INT64(0);
 	int64		wait_for = PG_GETARG_INT64(1);
 	bytea	   *run = PG_GETARG_BYTEA_PP(2);
-	ApplyReader r = {VARDATA_ANY(run), VARSIZE_ANY_EXHDR(run), 0};
+	ChorusWsReader r;
+	const char *ws;
+	size_t		len;
+	int			more;
 	uint64		committed;
 	int64		applied = 0;
 
-	DirectFunctionCall2(chorus_apply_begin, Int64GetDatum(gid), Int64GetDatum(wait_for));
+	chorus_apply_begin_commit(chorus_commit_state(), chorus_capture_state()->nrows > 0, gid, wait_for, -1);
 	LWLockAcquire(chorus_shared->lock, LW_SHARED);
 	committed = chorus_shared->committed_gid;
 	LWLockRelease(chorus_shared->lock);
@@ -770,14 +452,10 @@ chorus_apply_run(PG_FUNCTION_ARGS)
 		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
 						errmsg("chorus: the run of GIDs after %lld up to %lld is partly committed on this node (up to %llu)",
 							   (long long) wait_for, (long long) gid, (unsigned long long) committed)));
-	StaticAssertStmt(CHORUS_RUN_LENGTH_SIZE == sizeof(uint32), "a run's writesets follow u32 lengths");
-	while (r.pos < r.len)
-	{
-		uint32		n = ws_u32(&r);
-
-		ws_need(&r, (int) Min(n, (uint32) PG_INT32_MAX));
-		applied += chorus_apply_rows(r.buf + r.pos, (int) n, gid, (uint64) wait_for);
-		r.pos += n;
-	}
+	chorus_wsr_run_open(&r, VARDATA_ANY(run), VARSIZE_ANY_EXHDR(run));
+	while ((more = chorus_wsr_run_next(&r, &ws, &len)) > 0)
+		applied += chorus_apply_rows(ws, (int) len, gid, (uint64) wait_for);
+	if (more < 0)
+		apply_refuse(&r, NULL, NULL);
 	PG_RETURN_INT64(applied);
 }

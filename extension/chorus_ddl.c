@@ -1,6 +1,7 @@
 /*
  * chorus_ddl.c
- *		Replicated schema changes (docs/DDL.md), in one of two ways.
+ *		Replicated schema changes (docs/DDL.md), from the utility hook to the
+ *		report of their outcome, in one of two ways.
  *
  *		A statement on its own (autocommit, top level) runs in total order
  *		(total order isolation): its place in the total order is taken first (a
@@ -21,54 +22,52 @@
  *		same rows everywhere (CREATE TABLE AS, volatile column defaults, SET
  *		LOGGED). The origin sends that content with its report; every node
  *		applies it at the statement's GID (chorus_apply.c).
+ *
+ *		Which statements replicate is chorus_ddl_classify.c's decision, the
+ *		rows a statement ships chorus_ddl_rows.c's, and the node-local parts of
+ *		a replayed one chorus_ddl_replay.c's. Here too: chorus.attach() and
+ *		chorus.alter_sequence(), which the SQL side calls for new tables and
+ *		sequences.
  */
 #include "postgres.h"
 
 #include "access/genam.h"
-#include "access/heapam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
-#include "access/tableam.h"
 #include "access/xact.h"
-#include "catalog/dependency.h"
-#include "catalog/index.h"
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
-#include "catalog/pg_am.h"
 #include "catalog/pg_authid.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_depend.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
-#include "commands/defrem.h"
 #include "commands/extension.h"
 #include "commands/sequence.h"
-#include "commands/tablespace.h"
 #include "commands/trigger.h"
-#include "parser/parse_node.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
-#include "nodes/parsenodes.h"
-#include "utils/acl.h"
+#include "parser/parse_node.h"
 #include "utils/builtins.h"
-#include "utils/formatting.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
-#include "utils/ruleutils.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
-#include "chorus.h"
-
-bool		chorus_replicate_ddl = true;
-bool		chorus_replaying = false;
-bool		chorus_replicate_roles = true;
-int			chorus_node_number = 0;
-int			chorus_max_nodes = 16;
+#include "chorus_capture.h"
+#include "chorus_commit.h"
+#include "chorus_coord.h"
+#include "chorus_ddl.h"
+#include "chorus_ddl_classify.h"
+#include "chorus_ddl_rows.h"
+#include "chorus_settings.h"
+#include "chorus_shmem.h"
+#include "chorus_wire.h"
+#include "chorus_wswrite.h"
 
 /* Depth of replicated schema changes running in this backend (nested DDL is theirs). */
 static int	chorus_ddl_depth = 0;
@@ -91,23 +90,6 @@ static const char *const chorus_ddl_settings[] = {
 };
 #define CHORUS_NSETTINGS lengthof(chorus_ddl_settings)
 
-typedef enum ChorusDdlKind
-{
-	CHORUS_DDL_LOCAL,			/* runs on this node only */
-	CHORUS_DDL_REPLICATE,		/* ordered and run on every node */
-	CHORUS_DDL_REFUSE			/* cannot be replicated safely: error */
-} ChorusDdlKind;
-
-/* The tables a statement names, as exclusive certification keys. */
-typedef struct ChorusDdlKeys
-{
-	StringInfoData buf;
-	uint32		n;
-	bool		any_temp;
-	bool		any_persistent;
-	bool		concurrent;		/* CREATE/DROP INDEX CONCURRENTLY: runs beside the total order */
-} ChorusDdlKeys;
-
 /* One replicated statement, from its ordering to its recording. */
 typedef struct ChorusDdlRun
 {
@@ -122,451 +104,7 @@ typedef struct ChorusDdlRun
 
 static ChorusDdlRun *chorus_ddl_run = NULL;
 
-static void chorus_ddl_concurrent(ChorusDdlRun *run);
-
-void
-chorus_define_ddl_gucs(void)
-{
-	DefineCustomBoolVariable("chorus.replicate_ddl",
-							 "Replicate this session's schema changes to every node, in total order.",
-							 "Off: schema changes stay on this node (for changes made on every node by hand).",
-							 &chorus_replicate_ddl, true, PGC_SUSET, 0, NULL, NULL, NULL);
-	DefineCustomBoolVariable("chorus.replicate_roles",
-							 "Replicate CREATE/ALTER/DROP ROLE and role membership changes.",
-							 NULL, &chorus_replicate_roles, true, PGC_SUSET, 0, NULL, NULL, NULL);
-	DefineCustomIntVariable("chorus.node_number",
-							"This node's number (1..chorus.max_nodes): its residue class for sequences.",
-							"0: sequences are left as created (they may collide between nodes).",
-							&chorus_node_number, 0, 0, 1024, PGC_SIGHUP, 0, NULL, NULL, NULL);
-	DefineCustomIntVariable("chorus.max_nodes",
-							"Sequences step by this many values so each node draws its own residue class.",
-							"Must be the same on every node; see docs/DDL.md to change it.",
-							&chorus_max_nodes, 16, 1, 1024, PGC_SIGHUP, 0, NULL, NULL, NULL);
-}
-
-static void
-chorus_ddl_key(ChorusDdlKeys *k, const char *nsp, const char *rel)
-{
-	chorus_put_u8(&k->buf, CHORUS_KEY_EXCLUSIVE);
-	chorus_put_u16(&k->buf, 2);
-	chorus_put_blob(&k->buf, nsp, strlen(nsp));
-	chorus_put_blob(&k->buf, rel, strlen(rel));
-	k->n++;
-}
-
-/*
- * chorus_ddl_relation
- *		Key the table rv names (an index stands for its table). creating: the
- *		relation does not exist yet; key the name it will have.
- */
-static void
-chorus_ddl_relation(ChorusDdlKeys *k, RangeVar *rv, bool creating)
-{
-	Oid			relid;
-
-	if (rv == NULL)
-		return;
-	if (creating)
-	{
-		Oid			nspid;
-
-		if (rv->relpersistence == RELPERSISTENCE_TEMP)
-		{
-			k->any_temp = true;
-			return;
-		}
-		nspid = RangeVarGetCreationNamespace(rv);
-		if (isAnyTempNamespace(nspid))
-		{
-			k->any_temp = true;
-			return;
-		}
-		k->any_persistent = true;
-		chorus_ddl_key(k, get_namespace_name(nspid), rv->relname);
-		return;
-	}
-	relid = RangeVarGetRelid(rv, NoLock, true);
-	if (!OidIsValid(relid))
-		return;
-	if (get_rel_relkind(relid) == RELKIND_INDEX || get_rel_relkind(relid) == RELKIND_PARTITIONED_INDEX)
-		relid = IndexGetRelation(relid, true);
-	if (!OidIsValid(relid))
-		return;
-	if (get_rel_persistence(relid) == RELPERSISTENCE_TEMP)
-	{
-		k->any_temp = true;
-		return;
-	}
-	k->any_persistent = true;
-	chorus_ddl_key(k, get_namespace_name(get_rel_namespace(relid)), get_rel_name(relid));
-}
-
-static bool
-chorus_is_relation_object(ObjectType t)
-{
-	return t == OBJECT_TABLE || t == OBJECT_VIEW || t == OBJECT_MATVIEW || t == OBJECT_SEQUENCE ||
-		t == OBJECT_FOREIGN_TABLE || t == OBJECT_INDEX;
-}
-
-/* Objects that belong to a table (a rule, a trigger, a policy, a constraint): named [..., table, name]. */
-static bool
-chorus_is_table_part(ObjectType t)
-{
-	return t == OBJECT_RULE || t == OBJECT_TRIGGER || t == OBJECT_POLICY || t == OBJECT_TABCONSTRAINT;
-}
-
-/* The table of such an object, from its name list. */
-static RangeVar *
-chorus_table_of_part(List *names)
-{
-	return makeRangeVarFromNameList(list_truncate(list_copy(names), list_length(names) - 1));
-}
-
-/* Objects that exist on one node only: statements about them stay local. */
-static bool
-chorus_is_node_object(ObjectType t)
-{
-	return t == OBJECT_DATABASE || t == OBJECT_TABLESPACE || t == OBJECT_PUBLICATION ||
-		t == OBJECT_PUBLICATION_NAMESPACE || t == OBJECT_PUBLICATION_REL || t == OBJECT_SUBSCRIPTION ||
-		t == OBJECT_LARGEOBJECT;	/* large objects are not replicated */
-}
-
-/*
- * chorus_constant_datum / chorus_constant_bound
- *		Whether a partition bound, as written, is made of constants (a literal,
- *		a cast literal, MINVALUE or MAXVALUE). A bound such as current_timestamp
- *		is evaluated when the statement runs: replayed later on another node it
- *		would give that node another bound, and rows would go to other
- *		partitions there.
- */
-static bool
-chorus_constant_datum(Node *n)
-{
-	while (n != NULL && IsA(n, TypeCast))
-		n = ((TypeCast *) n)->arg;
-	return n == NULL || IsA(n, A_Const) || IsA(n, ColumnRef);
-}
-
-static bool
-chorus_constant_bound(PartitionBoundSpec *b)
-{
-	ListCell   *lc;
-
-	if (b == NULL)
-		return true;
-	foreach(lc, b->listdatums)
-		if (!chorus_constant_datum(lfirst(lc)))
-			return false;
-	foreach(lc, b->lowerdatums)
-		if (!chorus_constant_datum(lfirst(lc)))
-			return false;
-	foreach(lc, b->upperdatums)
-		if (!chorus_constant_datum(lfirst(lc)))
-			return false;
-	return true;
-}
-
-/* A schema-qualified name list that names the session's temporary schema. */
-static bool
-chorus_names_temp_schema(List *names)
-{
-	char	   *schema;
-	char	   *obj;
-
-	DeconstructQualifiedName(names, &schema, &obj);
-	return schema != NULL && (strcmp(schema, "pg_temp") == 0 ||
-							  isAnyTempNamespace(get_namespace_oid(schema, true)));
-}
-
-/* The CREATE TABLE AS statement inside an EXPLAIN ANALYZE, which creates the table. */
-static CreateTableAsStmt *
-chorus_explain_ctas(ExplainStmt *es)
-{
-	Query	   *q = (Query *) es->query;
-	ListCell   *lc;
-	bool		analyze = false;
-
-	if (q == NULL || !IsA(q, Query) || q->commandType != CMD_UTILITY ||
-		!IsA(q->utilityStmt, CreateTableAsStmt))
-		return NULL;
-	foreach(lc, es->options)
-	{
-		DefElem    *opt = lfirst_node(DefElem, lc);
-
-		if (strcmp(opt->defname, "analyze") == 0)
-			analyze = defGetBoolean(opt);
-	}
-	return analyze ? (CreateTableAsStmt *) q->utilityStmt : NULL;
-}
-
-/* The table a CREATE TABLE AS family statement makes, or NULL. */
-static CreateTableAsStmt *
-chorus_ctas_of(Node *stmt)
-{
-	if (IsA(stmt, CreateTableAsStmt))
-		return (CreateTableAsStmt *) stmt;
-	if (IsA(stmt, ExplainStmt))
-		return chorus_explain_ctas((ExplainStmt *) stmt);
-	return NULL;
-}
-
-/*
- * chorus_ddl_classify
- *		Which statements replicate (docs/DDL.md; seed section 10.2 and appendix A),
- *		and the tables they touch.
- */
-static ChorusDdlKind
-chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
-{
-	ListCell   *lc;
-
-	switch (nodeTag(stmt))
-	{
-			/* not schema changes, or handled as row changes (TRUNCATE, COPY) */
-		case T_TransactionStmt:
-		case T_VariableSetStmt:
-		case T_VariableShowStmt:
-		case T_DiscardStmt:
-		case T_PrepareStmt:
-		case T_ExecuteStmt:
-		case T_DeallocateStmt:
-		case T_DeclareCursorStmt:
-		case T_ClosePortalStmt:
-		case T_FetchStmt:
-		case T_CopyStmt:
-		case T_LockStmt:
-		case T_ConstraintsSetStmt:
-		case T_CallStmt:
-		case T_DoStmt:
-		case T_TruncateStmt:
-		case T_NotifyStmt:
-		case T_ListenStmt:
-		case T_UnlistenStmt:
-		case T_CheckPointStmt:
-		case T_LoadStmt:
-			return CHORUS_DDL_LOCAL;
-		case T_ExplainStmt:
-			{
-				/* EXPLAIN ANALYZE CREATE TABLE AS creates the table: it replicates as one */
-				CreateTableAsStmt *ctas = chorus_explain_ctas((ExplainStmt *) stmt);
-
-				if (ctas == NULL)
-					return CHORUS_DDL_LOCAL;
-				return chorus_ddl_classify((Node *) ctas, k, why);
-			}
-		case T_ReindexStmt:
-			{
-				ReindexStmt *rs = (ReindexStmt *) stmt;
-				bool		concurrently = false;
-				bool		tablespace = false;
-				Oid			nsp;
-
-				foreach(lc, rs->params)
-				{
-					DefElem    *opt = lfirst_node(DefElem, lc);
-
-					if (strcmp(opt->defname, "concurrently") == 0)
-						concurrently = defGetBoolean(opt);
-					else if (strcmp(opt->defname, "tablespace") == 0)
-						tablespace = true;
-				}
-				/* moving indexes to a tablespace is this node's storage, as tablespaces are */
-				if (tablespace)
-					return CHORUS_DDL_LOCAL;
-				/* a temporary schema is one session's */
-				if (rs->kind == REINDEX_OBJECT_SCHEMA &&
-					OidIsValid(nsp = get_namespace_oid(rs->name, true)) && isAnyTempNamespace(nsp))
-					return CHORUS_DDL_LOCAL;
-
-				/*
-				 * REINDEX CONCURRENTLY of an index, a table or a schema rebuilds
-				 * it on every node, beside the total order (how a live cluster's
-				 * bloated indexes are rebuilt); a plain REINDEX repairs one node's
-				 * storage, and a database's or the system catalogs' are that
-				 * node's own: they run where they are issued.
-				 */
-				if (!concurrently || rs->kind == REINDEX_OBJECT_DATABASE || rs->kind == REINDEX_OBJECT_SYSTEM)
-					return CHORUS_DDL_LOCAL;
-				k->concurrent = true;
-				chorus_ddl_relation(k, rs->relation, false);
-				break;
-			}
-			/* never replicated: maintenance, storage, databases, the system (appendix A) */
-		case T_VacuumStmt:		/* VACUUM and ANALYZE */
-		case T_ClusterStmt:
-		case T_CreateTableSpaceStmt:
-		case T_DropTableSpaceStmt:
-		case T_AlterTableSpaceOptionsStmt:
-		case T_AlterTableMoveAllStmt:
-		case T_CreatedbStmt:
-		case T_DropdbStmt:
-		case T_AlterDatabaseStmt:
-		case T_AlterDatabaseSetStmt:
-		case T_AlterDatabaseRefreshCollStmt:
-		case T_AlterSystemStmt:
-		case T_CreateSubscriptionStmt:
-		case T_AlterSubscriptionStmt:
-		case T_DropSubscriptionStmt:
-		case T_CreatePublicationStmt:
-		case T_AlterPublicationStmt:
-			return CHORUS_DDL_LOCAL;
-		case T_CreateRoleStmt:
-		case T_AlterRoleStmt:
-		case T_AlterRoleSetStmt:
-		case T_DropRoleStmt:
-		case T_GrantRoleStmt:
-			return chorus_replicate_roles ? CHORUS_DDL_REPLICATE : CHORUS_DDL_LOCAL;
-		case T_CreateExtensionStmt:
-			return strcmp(((CreateExtensionStmt *) stmt)->extname, "chorus") == 0
-				? CHORUS_DDL_LOCAL : CHORUS_DDL_REPLICATE;
-		case T_AlterExtensionStmt:
-			return strcmp(((AlterExtensionStmt *) stmt)->extname, "chorus") == 0
-				? CHORUS_DDL_LOCAL : CHORUS_DDL_REPLICATE;
-		case T_CreateStmt:
-			{
-				CreateStmt *cs = (CreateStmt *) stmt;
-
-				if (!chorus_constant_bound(cs->partbound))
-				{
-					*why = "a partition bound that is not a constant (it would be evaluated again, to another value, on each node)";
-					return CHORUS_DDL_REFUSE;
-				}
-				chorus_ddl_relation(k, cs->relation, true);
-				foreach(lc, cs->inhRelations)
-					chorus_ddl_relation(k, lfirst_node(RangeVar, lc), false);
-				foreach(lc, cs->tableElts)
-					if (IsA(lfirst(lc), TableLikeClause))	/* LIKE another table: it must exist elsewhere */
-						chorus_ddl_relation(k, ((TableLikeClause *) lfirst(lc))->relation, false);
-				break;
-			}
-		case T_CreateTableAsStmt:
-			chorus_ddl_relation(k, ((CreateTableAsStmt *) stmt)->into->rel, true);
-			break;
-		case T_ViewStmt:
-			chorus_ddl_relation(k, ((ViewStmt *) stmt)->view, true);
-			break;
-		case T_CreateSeqStmt:
-			chorus_ddl_relation(k, ((CreateSeqStmt *) stmt)->sequence, true);
-			break;
-		case T_AlterSeqStmt:
-			chorus_ddl_relation(k, ((AlterSeqStmt *) stmt)->sequence, false);
-			break;
-		case T_AlterTableStmt:
-			foreach(lc, ((AlterTableStmt *) stmt)->cmds)
-			{
-				AlterTableCmd *cmd = lfirst_node(AlterTableCmd, lc);
-
-				if (cmd->subtype == AT_AttachPartition &&
-					!chorus_constant_bound(((PartitionCmd *) cmd->def)->bound))
-				{
-					*why = "a partition bound that is not a constant (it would be evaluated again, to another value, on each node)";
-					return CHORUS_DDL_REFUSE;
-				}
-				/* DETACH PARTITION ... CONCURRENTLY commits in steps, like CREATE INDEX CONCURRENTLY */
-				if (cmd->subtype == AT_DetachPartition && ((PartitionCmd *) cmd->def)->concurrent)
-					k->concurrent = true;
-			}
-			chorus_ddl_relation(k, ((AlterTableStmt *) stmt)->relation, false);
-			break;
-		case T_RefreshMatViewStmt:
-			/* every node refreshes at the same point of the order, from the same rows */
-			chorus_ddl_relation(k, ((RefreshMatViewStmt *) stmt)->relation, false);
-			break;
-		case T_IndexStmt:
-			k->concurrent = ((IndexStmt *) stmt)->concurrent;
-			chorus_ddl_relation(k, ((IndexStmt *) stmt)->relation, false);
-			break;
-		case T_DropStmt:
-			{
-				DropStmt   *ds = (DropStmt *) stmt;
-
-				k->concurrent = ds->concurrent;
-				if (chorus_is_node_object(ds->removeType))
-					return CHORUS_DDL_LOCAL;
-				if (ds->removeType == OBJECT_EXTENSION)
-				{
-					foreach(lc, ds->objects)
-						if (strcmp(strVal(lfirst(lc)), "chorus") == 0)
-							return CHORUS_DDL_LOCAL;
-				}
-				if (chorus_is_relation_object(ds->removeType))
-					foreach(lc, ds->objects)
-						chorus_ddl_relation(k, makeRangeVarFromNameList(lfirst_node(List, lc)), false);
-				else if (chorus_is_table_part(ds->removeType))
-					foreach(lc, ds->objects)
-						chorus_ddl_relation(k, chorus_table_of_part(lfirst_node(List, lc)), false);
-				break;
-			}
-		case T_RenameStmt:
-			if (chorus_is_node_object(((RenameStmt *) stmt)->renameType))
-				return CHORUS_DDL_LOCAL;
-			chorus_ddl_relation(k, ((RenameStmt *) stmt)->relation, false);
-			break;
-		case T_AlterOwnerStmt:
-			if (chorus_is_node_object(((AlterOwnerStmt *) stmt)->objectType))
-				return CHORUS_DDL_LOCAL;
-			chorus_ddl_relation(k, ((AlterOwnerStmt *) stmt)->relation, false);
-			break;
-		case T_CommentStmt:
-			{
-				CommentStmt *cs = (CommentStmt *) stmt;
-
-				if (chorus_is_node_object(cs->objtype))
-					return CHORUS_DDL_LOCAL;
-				if (chorus_is_relation_object(cs->objtype))
-					chorus_ddl_relation(k, makeRangeVarFromNameList(castNode(List, cs->object)), false);
-				else if (cs->objtype == OBJECT_COLUMN || chorus_is_table_part(cs->objtype))
-					chorus_ddl_relation(k, chorus_table_of_part(castNode(List, cs->object)), false);
-				break;
-			}
-		case T_SecLabelStmt:
-			if (chorus_is_node_object(((SecLabelStmt *) stmt)->objtype))
-				return CHORUS_DDL_LOCAL;
-			break;
-		case T_AlterObjectSchemaStmt:
-			chorus_ddl_relation(k, ((AlterObjectSchemaStmt *) stmt)->relation, false);
-			break;
-		case T_CreateTrigStmt:
-			chorus_ddl_relation(k, ((CreateTrigStmt *) stmt)->relation, false);
-			break;
-		case T_RuleStmt:
-			chorus_ddl_relation(k, ((RuleStmt *) stmt)->relation, false);
-			break;
-		case T_CreatePolicyStmt:
-			chorus_ddl_relation(k, ((CreatePolicyStmt *) stmt)->table, false);
-			break;
-		case T_AlterPolicyStmt:
-			chorus_ddl_relation(k, ((AlterPolicyStmt *) stmt)->table, false);
-			break;
-		case T_CreateFunctionStmt:
-			/* a function in the session's temporary schema lives and dies with the session */
-			if (chorus_names_temp_schema(((CreateFunctionStmt *) stmt)->funcname))
-				return CHORUS_DDL_LOCAL;
-			break;
-		case T_GrantStmt:
-			{
-				GrantStmt  *gs = (GrantStmt *) stmt;
-
-				if (chorus_is_node_object(gs->objtype))
-					return CHORUS_DDL_LOCAL;
-				if (gs->targtype == ACL_TARGET_OBJECT && gs->objtype == OBJECT_TABLE)
-					foreach(lc, gs->objects)
-						chorus_ddl_relation(k, lfirst_node(RangeVar, lc), false);
-				break;
-			}
-		default:
-			break;
-	}
-	/* a statement about temporary objects only is local to this session */
-	if (k->any_temp && !k->any_persistent)
-		return CHORUS_DDL_LOCAL;
-	if (k->any_temp)
-	{
-		*why = "this statement names both temporary and permanent objects";
-		return CHORUS_DDL_REFUSE;
-	}
-	return CHORUS_DDL_REPLICATE;
-}
+static void chorus_ddl_concurrent(ChorusCapture *cap, ChorusDdlRun *run);
 
 /*
  * chorus_ddl_settings_of
@@ -599,6 +137,7 @@ chorus_ddl_order_writeset(StringInfo out, ChorusDdlRun *run)
 	LWLockAcquire(chorus_shared->lock, LW_SHARED);
 	committed = chorus_shared->committed_gid;
 	LWLockRelease(chorus_shared->lock);
+	/* no tables, one item (the schema change), its keys */
 	chorus_put_header(out, CHORUS_WS_FLAG_TOI | CHORUS_WS_FLAG_DDL, 0, committed, 0, 1, run->keys.n);
 	chorus_put_schema_item(out, CHORUS_NSETTINGS, chorus_ddl_settings, run->values, run->role, run->statement);
 	appendBinaryStringInfo(out, run->keys.buf.data, run->keys.buf.len);
@@ -612,8 +151,8 @@ chorus_ddl_order_writeset(StringInfo out, ChorusDdlRun *run)
  *		chorus_ddl_done() in any case).
  */
 bool
-chorus_ddl_utility(PlannedStmt *pstmt, const char *queryString, ProcessUtilityContext context,
-				   ParamListInfo params)
+chorus_ddl_utility(ChorusCapture *cap, ChorusCommitState *cs, PlannedStmt *pstmt,
+				   const char *queryString, ProcessUtilityContext context, ParamListInfo params)
 {
 	ChorusDdlRun *run;
 	ChorusDdlKind kind;
@@ -622,7 +161,7 @@ chorus_ddl_utility(PlannedStmt *pstmt, const char *queryString, ProcessUtilityCo
 	CreateTableAsStmt *ctas;
 	MemoryContext old;
 
-	if (!chorus_capture_enabled || !chorus_replicate_ddl || chorus_xact.applying ||
+	if (!chorus_capture_enabled || !chorus_replicate_ddl || cs->applying ||
 		chorus_ddl_depth > 0 || creating_extension || IsBinaryUpgrade)
 		return false;
 
@@ -649,8 +188,8 @@ chorus_ddl_utility(PlannedStmt *pstmt, const char *queryString, ProcessUtilityCo
 
 	old = MemoryContextSwitchTo(TopTransactionContext);
 	/* on its own: in total order; else (a block, a function, after other changes): with its transaction */
-	run->toi = context == PROCESS_UTILITY_TOPLEVEL && !IsTransactionBlock() && !chorus_xact.ddl &&
-		!chorus_xact.has_schema && chorus_xact.nrows == 0;
+	run->toi = context == PROCESS_UTILITY_TOPLEVEL && !IsTransactionBlock() && !cs->ddl &&
+		!cap->has_schema && cap->nrows == 0;
 	if (pstmt->stmt_len > 0)
 		run->statement = pnstrdup(queryString + pstmt->stmt_location, pstmt->stmt_len);
 	else
@@ -663,14 +202,14 @@ chorus_ddl_utility(PlannedStmt *pstmt, const char *queryString, ProcessUtilityCo
 
 	if (run->keys.concurrent)
 	{
-		chorus_ddl_concurrent(run);
+		chorus_ddl_concurrent(cap, run);
 		return false;
 	}
 	if (run->toi)
 	{
 		initStringInfo(&ws);
 		chorus_ddl_order_writeset(&ws, run);
-		chorus_ddl_order(&ws);
+		chorus_ddl_order(cs, &ws);
 		pfree(ws.data);
 	}
 	run->cid = GetCurrentCommandId(false);
@@ -684,12 +223,12 @@ chorus_ddl_utility(PlannedStmt *pstmt, const char *queryString, ProcessUtilityCo
  *		Append a schema change item with the run's settings and role.
  */
 static void
-chorus_ddl_item(ChorusDdlRun *run, const char *statement)
+chorus_ddl_item(ChorusCapture *cap, ChorusDdlRun *run, const char *statement)
 {
-	chorus_put_schema_item(&chorus_xact.rows, CHORUS_NSETTINGS, chorus_ddl_settings, run->values,
+	chorus_put_schema_item(&cap->rows, CHORUS_NSETTINGS, chorus_ddl_settings, run->values,
 						   run->role, statement);
-	chorus_xact.nrows++;
-	chorus_xact.has_schema = true;
+	cap->nrows++;
+	cap->has_schema = true;
 }
 
 /*
@@ -698,19 +237,16 @@ chorus_ddl_item(ChorusDdlRun *run, const char *statement)
  *		concurrent ones never both commit.
  */
 static void
-chorus_ddl_schema_key(void)
+chorus_ddl_schema_key(ChorusCapture *cap)
 {
 	MemoryContext old;
 
-	if (chorus_xact.schema_key_done)
+	if (cap->schema_key_done)
 		return;
-	old = MemoryContextSwitchTo(chorus_xact.cxt);
-	chorus_put_u8(&chorus_xact.keys, CHORUS_KEY_EXCLUSIVE);
-	chorus_put_u16(&chorus_xact.keys, 2);
-	chorus_put_blob(&chorus_xact.keys, CHORUS_SCHEMA_KEY_NSP, strlen(CHORUS_SCHEMA_KEY_NSP));
-	chorus_put_blob(&chorus_xact.keys, CHORUS_SCHEMA_KEY_REL, strlen(CHORUS_SCHEMA_KEY_REL));
-	chorus_xact.nkeys++;
-	chorus_xact.schema_key_done = true;
+	old = MemoryContextSwitchTo(cap->cxt);
+	chorus_put_table_key(&cap->keys, CHORUS_KEY_EXCLUSIVE, CHORUS_SCHEMA_KEY_NSP, CHORUS_SCHEMA_KEY_REL);
+	cap->nkeys++;
+	cap->schema_key_done = true;
 	MemoryContextSwitchTo(old);
 }
 
@@ -731,248 +267,13 @@ chorus_ddl_schema_key(void)
  *		table's lock; the later steps commit nothing that is replicated.
  */
 static void
-chorus_ddl_concurrent(ChorusDdlRun *run)
+chorus_ddl_concurrent(ChorusCapture *cap, ChorusDdlRun *run)
 {
-	chorus_xact_begin_capture();
-	chorus_note_snapshot();
-	chorus_ddl_schema_key();
-	chorus_ddl_item(run, run->statement);
-	chorus_xact.concurrent = true;
-}
-
-/*
- * chorus_ddl_create_text
- *		A CREATE TABLE statement for relid as it stands: the structure a CREATE
- *		TABLE AS made (columns with their types and collations, persistence,
- *		access method, storage options, tablespace), without its query, which
- *		need not give the same rows elsewhere.
- */
-static char *
-chorus_ddl_create_text(Relation rel)
-{
-	TupleDesc	desc = RelationGetDescr(rel);
-	StringInfoData s;
-	HeapTuple	tup;
-	bool		isnull;
-	Datum		opts;
-	int			i,
-				n = 0;
-
-	initStringInfo(&s);
-	appendStringInfo(&s, "CREATE %sTABLE %s (",
-					 rel->rd_rel->relpersistence == RELPERSISTENCE_UNLOGGED ? "UNLOGGED " : "",
-					 quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
-												RelationGetRelationName(rel)));
-	for (i = 0; i < desc->natts; i++)
-	{
-		Form_pg_attribute att = TupleDescAttr(desc, i);
-
-		if (att->attisdropped)
-			continue;
-		appendStringInfo(&s, "%s%s %s", n++ ? ", " : "", quote_identifier(NameStr(att->attname)),
-						 format_type_extended(att->atttypid, att->atttypmod,
-											  FORMAT_TYPE_TYPEMOD_GIVEN | FORMAT_TYPE_FORCE_QUALIFY));
-		if (OidIsValid(att->attcollation) && att->attcollation != get_typcollation(att->atttypid))
-			appendStringInfo(&s, " COLLATE %s", generate_collation_name(att->attcollation));
-	}
-	appendStringInfoChar(&s, ')');
-	if (OidIsValid(rel->rd_rel->relam))
-		appendStringInfo(&s, " USING %s", quote_identifier(get_am_name(rel->rd_rel->relam)));
-	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(RelationGetRelid(rel)));
-	if (HeapTupleIsValid(tup))
-	{
-		opts = SysCacheGetAttr(RELOID, tup, Anum_pg_class_reloptions, &isnull);
-		if (!isnull)
-		{
-			Datum	   *items;
-			int			nitems;
-
-			deconstruct_array(DatumGetArrayTypeP(opts), TEXTOID, -1, false, TYPALIGN_INT,
-							  &items, NULL, &nitems);
-			appendStringInfoString(&s, " WITH (");
-			for (i = 0; i < nitems; i++)
-			{
-				char	   *opt = TextDatumGetCString(items[i]);
-				char	   *eq = strchr(opt, '=');
-
-				if (eq == NULL)
-					continue;
-				*eq = '\0';
-				appendStringInfo(&s, "%s%s = %s", i ? ", " : "", quote_identifier(opt),
-								 quote_literal_cstr(eq + 1));
-			}
-			appendStringInfoChar(&s, ')');
-		}
-		ReleaseSysCache(tup);
-	}
-	if (OidIsValid(rel->rd_rel->reltablespace))
-		appendStringInfo(&s, " TABLESPACE %s",
-						 quote_identifier(get_tablespace_name(rel->rd_rel->reltablespace)));
-	return s.data;
-}
-
-/*
- * chorus_ddl_ship_rows
- *		Add every row of rel, as this transaction sees it now, to the writeset:
- *		as inserts after a TRUNCATE (replace), or as updates by the table's
- *		identity (the other nodes overwrite what their own replay computed).
- *		Without keys: the statement's exclusive table key covers them.
- */
-static void
-chorus_ddl_ship_rows(Relation rel, bool replace)
-{
-	MemoryContext rowcxt = AllocSetContextCreate(CurrentMemoryContext, "chorus ddl rows", ALLOCSET_DEFAULT_SIZES);
-	TableScanDesc scan;
-	HeapTuple	tuple;
-	ChorusTable *t;
-
-	CommandCounterIncrement();
-	PushCopiedSnapshot(GetTransactionSnapshot());
-	UpdateActiveSnapshotCommandId();
-	t = chorus_capture_table(rel);
-	if (t->full_identity)
-		replace = true;			/* an old image would not match a changed row elsewhere */
-	if (replace)
-	{
-		chorus_put_u8(&chorus_xact.rows, CHORUS_OP_TRUNCATE);
-		chorus_put_u16(&chorus_xact.rows, (uint16) t->index);
-		chorus_put_u8(&chorus_xact.rows, 0);
-		chorus_xact.nrows++;
-	}
-	scan = table_beginscan(rel, GetActiveSnapshot(), 0, NULL);
-	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
-	{
-		MemoryContext old = MemoryContextSwitchTo(rowcxt);
-
-		if (replace)
-			chorus_capture_row(rel, CHORUS_OP_INSERT, NULL, tuple, false);
-		else
-			chorus_capture_row(rel, CHORUS_OP_UPDATE, tuple, tuple, false);
-		MemoryContextSwitchTo(old);
-		MemoryContextReset(rowcxt);
-	}
-	table_endscan(scan);
-	PopActiveSnapshot();
-	MemoryContextDelete(rowcxt);
-}
-
-/*
- * chorus_expr_is_fixed
- *		Whether a (raw) expression gives the same value on every node: literals
- *		(not the time words 'now', 'today', ...), columns, casts and operators
- *		over them. Function calls, CURRENT_TIMESTAMP and subqueries are taken
- *		not to (a stable or volatile function's value depends on when and where
- *		it runs; immutable ones are rare enough in defaults to pay the rows).
- */
-static bool
-chorus_expr_is_fixed(Node *n)
-{
-	if (n == NULL)
-		return true;
-	switch (nodeTag(n))
-	{
-		case T_A_Const:
-			{
-				A_Const    *c = (A_Const *) n;
-
-				if (!c->isnull && IsA(&c->val, String))
-				{
-					char	   *v = asc_tolower(strVal(&c->val), strlen(strVal(&c->val)));
-
-					return strstr(v, "now") == NULL && strstr(v, "today") == NULL &&
-						strstr(v, "tomorrow") == NULL && strstr(v, "yesterday") == NULL &&
-						strstr(v, "allballs") == NULL;
-				}
-				return true;
-			}
-		case T_TypeCast:
-			return chorus_expr_is_fixed(((TypeCast *) n)->arg);
-		case T_ColumnRef:
-			return true;
-		case T_A_Expr:
-			return chorus_expr_is_fixed(((A_Expr *) n)->lexpr) && chorus_expr_is_fixed(((A_Expr *) n)->rexpr);
-		case T_BoolExpr:
-			{
-				ListCell   *lc;
-
-				foreach(lc, ((BoolExpr *) n)->args)
-					if (!chorus_expr_is_fixed(lfirst(lc)))
-						return false;
-				return true;
-			}
-		case T_NullTest:
-			return chorus_expr_is_fixed((Node *) ((NullTest *) n)->arg);
-		case T_CollateClause:
-			return chorus_expr_is_fixed(((CollateClause *) n)->arg);
-		default:
-			return false;
-	}
-}
-
-static bool
-chorus_serial_type(TypeName *tn)
-{
-	char	   *name;
-
-	if (tn == NULL || list_length(tn->names) != 1)
-		return false;
-	name = strVal(linitial(tn->names));
-	return strcmp(name, "serial") == 0 || strcmp(name, "bigserial") == 0 ||
-		strcmp(name, "smallserial") == 0 || strcmp(name, "serial2") == 0 ||
-		strcmp(name, "serial4") == 0 || strcmp(name, "serial8") == 0;
-}
-
-/*
- * chorus_column_is_fixed
- *		Whether an added column gets the same value in every row on every node:
- *		no default from a function or sequence, no identity, not serial.
- */
-static bool
-chorus_column_is_fixed(ColumnDef *def)
-{
-	ListCell   *lc;
-
-	if (chorus_serial_type(def->typeName) || def->identity || !chorus_expr_is_fixed(def->raw_default))
-		return false;
-	foreach(lc, def->constraints)
-	{
-		Constraint *c = lfirst_node(Constraint, lc);
-
-		if (c->contype == CONSTR_IDENTITY)
-			return false;
-		if (c->contype == CONSTR_DEFAULT && !chorus_expr_is_fixed(c->raw_expr))
-			return false;
-	}
-	return true;
-}
-
-/*
- * chorus_alter_rows
- *		What rows an ALTER TABLE must ship: 0 none; 1 every row, as updates (a
- *		column whose values its replay would compute differently: a volatile
- *		default, a sequence, a USING expression with functions); 2 every row,
- *		replacing the table's (SET LOGGED: an unlogged table's rows are each
- *		node's own until then).
- */
-static int
-chorus_alter_rows(AlterTableStmt *ats)
-{
-	ListCell   *lc;
-	int			ship = 0;
-
-	foreach(lc, ats->cmds)
-	{
-		AlterTableCmd *cmd = lfirst_node(AlterTableCmd, lc);
-
-		if (cmd->subtype == AT_SetLogged)
-			ship = 2;
-		else if (cmd->subtype == AT_AddColumn && !chorus_column_is_fixed(castNode(ColumnDef, cmd->def)))
-			ship = Max(ship, 1);
-		else if (cmd->subtype == AT_AlterColumnType &&
-				 !chorus_expr_is_fixed(castNode(ColumnDef, cmd->def)->raw_default))
-			ship = Max(ship, 1);
-	}
-	return ship;
+	chorus_capture_begin(cap);
+	chorus_note_snapshot(cap);
+	chorus_ddl_schema_key(cap);
+	chorus_ddl_item(cap, run, run->statement);
+	cap->concurrent = true;
 }
 
 /*
@@ -1059,7 +360,7 @@ chorus_temp_dependency(CommandId since)
  *		replay would not reproduce them), with its table keys.
  */
 void
-chorus_ddl_record(PlannedStmt *pstmt)
+chorus_ddl_record(ChorusCapture *cap, PlannedStmt *pstmt)
 {
 	ChorusDdlRun *run = chorus_ddl_run;
 	Node	   *stmt = pstmt->utilityStmt;
@@ -1069,14 +370,14 @@ chorus_ddl_record(PlannedStmt *pstmt)
 	if (run == NULL)
 		return;
 	chorus_ddl_run = NULL;
-	chorus_xact_begin_capture();
+	chorus_capture_begin(cap);
 	if (!run->toi)
-		chorus_note_snapshot();	/* certified at commit, against what its snapshot saw */
-	old = MemoryContextSwitchTo(chorus_xact.cxt);
-	appendBinaryStringInfo(&chorus_xact.keys, run->keys.buf.data, run->keys.buf.len);
-	chorus_xact.nkeys += run->keys.n;
+		chorus_note_snapshot(cap);	/* certified at commit, against what its snapshot saw */
+	old = MemoryContextSwitchTo(cap->cxt);
+	appendBinaryStringInfo(&cap->keys, run->keys.buf.data, run->keys.buf.len);
+	cap->nkeys += run->keys.n;
 	MemoryContextSwitchTo(old);
-	chorus_ddl_schema_key();
+	chorus_ddl_schema_key(cap);
 
 	if (IsA(stmt, ViewStmt))
 	{
@@ -1107,15 +408,15 @@ chorus_ddl_record(PlannedStmt *pstmt)
 		relid = RangeVarGetRelid(ctas->into->rel, NoLock, false);
 		chorus_attach_table(relid); /* before this opens it: ALTER TABLE refuses a table in use */
 		rel = table_open(relid, AccessShareLock);
-		chorus_ddl_item(run, chorus_ddl_create_text(rel));
-		chorus_xact.table_epoch++;
+		chorus_ddl_item(cap, run, chorus_ddl_create_text(rel));
+		cap->table_epoch++;
 		if (rel->rd_rel->relpersistence == RELPERSISTENCE_PERMANENT)
-			chorus_ddl_ship_rows(rel, false);
+			chorus_ddl_ship_rows(cap, rel, false);
 		table_close(rel, AccessShareLock);
 		return;
 	}
-	chorus_ddl_item(run, run->statement);
-	chorus_xact.table_epoch++;
+	chorus_ddl_item(cap, run, run->statement);
+	cap->table_epoch++;
 	if (IsA(stmt, AlterTableStmt))
 	{
 		AlterTableStmt *ats = (AlterTableStmt *) stmt;
@@ -1130,7 +431,7 @@ chorus_ddl_record(PlannedStmt *pstmt)
 				Relation	rel = table_open(relid, AccessShareLock);
 
 				if (rel->rd_rel->relpersistence == RELPERSISTENCE_PERMANENT)
-					chorus_ddl_ship_rows(rel, ship == 2);
+					chorus_ddl_ship_rows(cap, rel, ship == 2);
 				table_close(rel, AccessShareLock);
 			}
 		}
@@ -1155,112 +456,31 @@ chorus_ddl_reset(void)
 }
 
 /*
- * chorus_missing_tablespace
- *		A tablespace a replayed statement names that this node lacks: its
- *		objects go to the default tablespace here (tablespaces are per node).
+ * chorus_ddl_confirm
+ *		At PRE_COMMIT of a schema change run in total order: it ran here; tell
+ *		the cluster, with its content (the transaction's writeset, as captured
+ *		in cap: the statement in its replay form and the rows it produced),
+ *		which every node applies at its GID; and wait until that report is in
+ *		the total order before committing, so no node can end up with the
+ *		change while the others skip it.
  */
-static char *
-chorus_missing_tablespace(char *name, const char *what)
+void
+chorus_ddl_confirm(ChorusCapture *cap, ChorusCommitState *cs)
 {
-	if (name == NULL || OidIsValid(get_tablespace_oid(name, true)))
-		return name;
-	ereport(WARNING,
-			(errmsg("chorus: tablespace \"%s\" does not exist on this node; %s goes to the default tablespace",
-					name, what)));
-	return NULL;
-}
+	StringInfoData body;
+	ChorusVerdict v;
 
-static void
-chorus_fix_constraints(List *elts)
-{
-	ListCell   *lc;
-
-	foreach(lc, elts)
-	{
-		Node	   *n = lfirst(lc);
-
-		if (IsA(n, Constraint))
-			((Constraint *) n)->indexspace = chorus_missing_tablespace(((Constraint *) n)->indexspace, "the index");
-		else if (IsA(n, ColumnDef))
-			chorus_fix_constraints(((ColumnDef *) n)->constraints);
-	}
-}
-
-/*
- * chorus_ddl_replay_fixups
- *		A replayed statement (in an apply session) that names a tablespace this
- *		node lacks uses the default one instead; ALTER ... SET TABLESPACE to it
- *		is skipped. Returns the statement to run (a copy if changed), or NULL
- *		when nothing is left to run.
- */
-PlannedStmt *
-chorus_ddl_replay_fixups(PlannedStmt *pstmt)
-{
-	Node	   *stmt = pstmt->utilityStmt;
-	PlannedStmt *copy;
-	ListCell   *lc;
-
-	switch (nodeTag(stmt))
-	{
-		case T_CreateStmt:
-		case T_IndexStmt:
-		case T_CreateTableAsStmt:
-		case T_AlterTableStmt:
-			break;
-		default:
-			return pstmt;
-	}
-	copy = copyObject(pstmt);
-	stmt = copy->utilityStmt;
-	switch (nodeTag(stmt))
-	{
-		case T_CreateStmt:
-			{
-				CreateStmt *cs = (CreateStmt *) stmt;
-
-				cs->tablespacename = chorus_missing_tablespace(cs->tablespacename, "the table");
-				chorus_fix_constraints(cs->tableElts);
-				chorus_fix_constraints(cs->constraints);
-				break;
-			}
-		case T_IndexStmt:
-			((IndexStmt *) stmt)->tableSpace = chorus_missing_tablespace(((IndexStmt *) stmt)->tableSpace, "the index");
-			break;
-		case T_CreateTableAsStmt:
-			{
-				IntoClause *into = ((CreateTableAsStmt *) stmt)->into;
-
-				into->tableSpaceName = chorus_missing_tablespace(into->tableSpaceName, "the table");
-				break;
-			}
-		case T_AlterTableStmt:
-			{
-				AlterTableStmt *ats = (AlterTableStmt *) stmt;
-				List	   *keep = NIL;
-
-				foreach(lc, ats->cmds)
-				{
-					AlterTableCmd *cmd = lfirst_node(AlterTableCmd, lc);
-
-					if (cmd->subtype == AT_SetTableSpace &&
-						chorus_missing_tablespace(cmd->name, "the relation") == NULL)
-						continue;
-					if (cmd->subtype == AT_AddConstraint && cmd->def && IsA(cmd->def, Constraint))
-						chorus_fix_constraints(list_make1(cmd->def));
-					if (cmd->subtype == AT_AddIndex && cmd->def && IsA(cmd->def, IndexStmt))
-						((IndexStmt *) cmd->def)->tableSpace =
-							chorus_missing_tablespace(((IndexStmt *) cmd->def)->tableSpace, "the index");
-					keep = lappend(keep, cmd);
-				}
-				if (keep == NIL)
-					return NULL;
-				ats->cmds = keep;
-				break;
-			}
-		default:
-			break;
-	}
-	return copy;
+	chorus_capture_begin(cap);
+	initStringInfo(&body);
+	chorus_put_u64(&body, cs->gid);
+	chorus_put_u32(&body, cs->xid);
+	chorus_serialize_writeset(cap, &body, cs->xid, 0);
+	chorus_coord_ask(CHORUS_FRAME_RAN, body.data, body.len, &v);
+	pfree(body.data);
+	if (v.verdict != CHORUS_VERDICT_COMMIT)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("chorus: the schema change was not committed: %s", v.msg)));
 }
 
 PG_FUNCTION_INFO_V1(chorus_attach);

@@ -29,7 +29,8 @@
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
 
-#include "chorus.h"
+#include "chorus_values.h"
+#include "chorus_wire.h"
 
 /* The scalar type behind typid: an array's element type (a domain's base type), else typid. */
 static Oid

@@ -50,6 +50,7 @@
 #define CHORUS_KEY_REFERENCE 1
 #define CHORUS_KEY_UPDATE 2
 #define CHORUS_KEY_EXCLUSIVE 3
+#define CHORUS_KEY_MAX_PARTS 4096	/* a key has 1 to this many parts */
 
 /* the table-level key every schema change holds, exclusive: two concurrent ones never both commit */
 #define CHORUS_SCHEMA_KEY_NSP "chorus"
@@ -62,9 +63,17 @@
 #define CHORUS_FRAME_ABORTED 'A'
 #define CHORUS_FRAME_RAN 'R'		/* a schema change ran here: u64 gid, u32 xid, its writeset */
 #define CHORUS_FRAME_SYNC 'S'
+#define CHORUS_FRAME_LENGTH_SIZE 4	/* each frame starts with a big-endian u32: the length of type and body */
 #define CHORUS_FRAME_DONE_SIZE (1 + 8 + 4)	/* type, gid, xid: frames C and A */
-/* verdict body: type, verdict, gid, wait_for, prev, u16 message length */
+#define CHORUS_FRAME_RAN_HEAD_SIZE (8 + 4)	/* frame R's body before its writeset: gid, xid */
+/* verdict body: type, verdict, gid, wait_for, prev, u16 message length (then the message) */
 #define CHORUS_VERDICT_BODY_SIZE (1 + 1 + 8 + 8 + 8 + 2)
+/* ... and where each field starts in it (the type byte at 0) */
+#define CHORUS_VERDICT_OFF_VERDICT 1
+#define CHORUS_VERDICT_OFF_GID 2
+#define CHORUS_VERDICT_OFF_WAIT_FOR 10
+#define CHORUS_VERDICT_OFF_PREV 18
+#define CHORUS_VERDICT_OFF_MSGLEN 26
 
 #define CHORUS_VERDICT_COMMIT 0
 #define CHORUS_VERDICT_CONFLICT 1
@@ -73,7 +82,7 @@
 #define CHORUS_VERDICT_TOO_LARGE 4
 
 /* ---- apply functions (docs/PROTOCOL.md section 4) ---- */
-/* SQLSTATE of an apply whose GID is committed on this node already (chorus.h: ERRCODE_CHORUS_ALREADY_COMMITTED) */
+/* SQLSTATE of an apply whose GID is committed on this node already (chorus_shmem.h: ERRCODE_CHORUS_ALREADY_COMMITTED) */
 #define CHORUS_SQLSTATE_ALREADY_COMMITTED "CH001"
 /* chorus.apply_run: each writeset of the run follows its length, a big-endian u32 of this size */
 #define CHORUS_RUN_LENGTH_SIZE 4

@@ -1,7 +1,7 @@
 """The writeset wire format, version 2 (docs/PROTOCOL.md section 2).
 
-The extension writes it (``extension/chorus_writeset.c``, constants in ``extension/chorus_wire.h``);
-this module reads it without SQL and, for tests and tools, writes it too. Readers reject anything
+The extension writes it (``extension/chorus_wswrite.c``) and reads it in C
+(``extension/chorus_wsread.c``), its constants in ``extension/chorus_wire.h``; this module reads it without SQL and, for tests and tools, writes it too. Readers reject anything
 they do not understand with :class:`WireError`: a wrong magic, an unknown version, flag bit, value
 kind or op, a truncated field, trailing bytes, an index out of range.
 

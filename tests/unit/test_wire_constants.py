@@ -5,6 +5,7 @@ so neither side can change one alone."""
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 
 from chorus import applier
@@ -47,6 +48,7 @@ def test_writeset_constants_match() -> None:
     assert [ord(str(d[f"CHORUS_VAL_{n}"])) for n in ("NULL", "TEXT", "BINARY")] == [
         wire.VAL_NULL, wire.VAL_TEXT, wire.VAL_BINARY]
     assert [d[f"CHORUS_KEY_{m.name}"] for m in wire.KeyMode] == [int(m) for m in wire.KeyMode]
+    assert d["CHORUS_KEY_MAX_PARTS"] == wire.MAX_PARTS
 
 
 def test_frame_constants_match() -> None:
@@ -58,15 +60,33 @@ def test_frame_constants_match() -> None:
     assert d["CHORUS_FRAME_DONE_SIZE"] == bpf._FIXED[b"C"] == bpf._FIXED[b"A"]
     assert d["CHORUS_VERDICT_BODY_SIZE"] == bpf._VERDICT.size - 4
     assert str(d["CHORUS_FRAME_VERDICT"]).encode() == bpf._VERDICT.pack(0, b"V", 0, 0, 0, 0, 0)[4:5]
+    assert d["CHORUS_FRAME_LENGTH_SIZE"] == bpf._LEN.size
+    assert d["CHORUS_FRAME_RAN_HEAD_SIZE"] == bpf._RAN_HEAD
+
+
+def test_verdict_offsets_match() -> None:
+    """The backend reads each field of a verdict at the offset the coordinator packs it at:
+    offsets count from the type byte, which follows the length."""
+    d = _defines()
+    fmt = bpf._VERDICT.format
+    fields = fmt.lstrip(">")
+    assert fields[0] == "I" and fields[1] == "c"
+
+    def offset(i: int) -> int:
+        return struct.calcsize(">" + fields[:i]) - bpf._LEN.size
+
+    for i, name in enumerate(("VERDICT", "GID", "WAIT_FOR", "PREV", "MSGLEN"), start=2):
+        assert d[f"CHORUS_VERDICT_OFF_{name}"] == offset(i), name
+    assert offset(len(fields)) == d["CHORUS_VERDICT_BODY_SIZE"]
 
 
 def test_apply_constants_match() -> None:
     """The SQLSTATE of an apply whose GID is already committed, as the header names it and as
-    chorus.h raises it, is the one the applier recognises; the run framing's length size too."""
+    the extension raises it (chorus_shmem.h), is the one the applier recognises; the run framing's length size too."""
     d = _defines()
     assert d["CHORUS_SQLSTATE_ALREADY_COMMITTED"] == applier.ALREADY_COMMITTED.encode()
-    raised = re.search(r"ERRCODE_CHORUS_ALREADY_COMMITTED MAKE_SQLSTATE\(([^)]*)\)",
-                       (HEADER.parent / "chorus.h").read_text())
+    headers = "".join(h.read_text() for h in sorted(HEADER.parent.glob("*.h")))
+    raised = re.search(r"ERRCODE_CHORUS_ALREADY_COMMITTED MAKE_SQLSTATE\(([^)]*)\)", headers)
     assert raised is not None
     assert "".join(c.strip().strip("'") for c in raised.group(1).split(",")) == applier.ALREADY_COMMITTED
     assert d["CHORUS_RUN_LENGTH_SIZE"] == applier._U32.size

@@ -1,0 +1,56 @@
+/*
+ * chorus_capture.h
+ *		The capture state of the current transaction and what adds to it
+ *		(chorus_capture.c).
+ */
+#ifndef CHORUS_CAPTURE_H
+#define CHORUS_CAPTURE_H
+
+#include "access/htup.h"
+#include "lib/stringinfo.h"
+#include "utils/rel.h"
+
+#include "chorus_table.h"
+
+/* The current top-level transaction's capture: what its writeset will hold. */
+typedef struct ChorusCapture
+{
+	MemoryContext cxt;
+	int			ntables;
+	int			maxtables;
+	ChorusTable **tables;
+	StringInfoData rows;
+	uint32		nrows;
+	StringInfoData keys;
+	uint32		nkeys;
+	uint64		last_seen;
+	bool		has_last_seen;
+	bool		has_schema;		/* holds schema change items (CHORUS_WS_FLAG_DDL) */
+	bool		schema_key_done;	/* the cluster-wide schema change key is in keys */
+	bool		concurrent;		/* CREATE/DROP INDEX CONCURRENTLY's first step (CHORUS_WS_FLAG_CONCURRENT) */
+	int			table_epoch;	/* bumped by each schema change: table descriptions are made anew */
+	/* savepoints: row buffer length at each open subtransaction's start */
+	int			nsubs;
+	int			maxsubs;
+	SubTransactionId *sub_ids;
+	int		   *sub_rowlen;
+	uint32	   *sub_nrows;
+	bool	   *sub_has_schema;
+} ChorusCapture;
+
+/* Set by the utility hook while a TRUNCATE ... RESTART IDENTITY runs. */
+extern bool chorus_truncate_restart;
+
+extern ChorusCapture *chorus_capture_state(void);
+extern void chorus_capture_reset(ChorusCapture *cap);
+extern void chorus_capture_begin(ChorusCapture *cap);
+extern void chorus_subxact_start(ChorusCapture *cap, SubTransactionId subid);
+extern void chorus_subxact_abort(ChorusCapture *cap, SubTransactionId subid);
+extern void chorus_subxact_commit(ChorusCapture *cap, SubTransactionId subid);
+extern void chorus_note_snapshot(ChorusCapture *cap);
+extern ChorusTable *chorus_capture_table(ChorusCapture *cap, Relation rel);
+extern void chorus_capture_row(ChorusCapture *cap, Relation rel, char op, HeapTuple oldtup,
+							   HeapTuple newtup, bool keys);
+extern void chorus_serialize_writeset(ChorusCapture *cap, StringInfo out, TransactionId xid, uint8 flags);
+
+#endif							/* CHORUS_CAPTURE_H */

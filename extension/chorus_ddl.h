@@ -1,0 +1,23 @@
+/*
+ * chorus_ddl.h
+ *		Replicated schema changes (chorus_ddl.c).
+ */
+#ifndef CHORUS_DDL_H
+#define CHORUS_DDL_H
+
+#include "nodes/params.h"
+#include "nodes/plannodes.h"
+#include "tcop/utility.h"
+
+#include "chorus_capture.h"
+#include "chorus_commit.h"
+
+extern bool chorus_ddl_utility(ChorusCapture *cap, ChorusCommitState *cs, PlannedStmt *pstmt,
+							   const char *queryString, ProcessUtilityContext context,
+							   ParamListInfo params);
+extern void chorus_ddl_record(ChorusCapture *cap, PlannedStmt *pstmt);
+extern void chorus_ddl_done(void);
+extern void chorus_ddl_reset(void);
+extern void chorus_ddl_confirm(ChorusCapture *cap, ChorusCommitState *cs);
+
+#endif							/* CHORUS_DDL_H */

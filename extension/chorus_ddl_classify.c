@@ -1,0 +1,444 @@
+/*
+ * chorus_ddl_classify.c
+ *		Which utility statements are replicated schema changes, which stay on
+ *		this node and which are refused (docs/DDL.md; seed section 10.2 and
+ *		appendix A), and the tables each one names, as exclusive certification
+ *		keys. Looks at the parse tree and the catalogs; changes nothing.
+ */
+#include "postgres.h"
+
+#include "catalog/index.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "commands/defrem.h"
+#include "nodes/makefuncs.h"
+#include "nodes/parsenodes.h"
+#include "utils/lsyscache.h"
+
+#include "chorus_ddl_classify.h"
+#include "chorus_settings.h"
+#include "chorus_wire.h"
+#include "chorus_wswrite.h"
+
+/* An exclusive key on table nsp.rel. */
+static void
+chorus_ddl_key(ChorusDdlKeys *k, const char *nsp, const char *rel)
+{
+	chorus_put_table_key(&k->buf, CHORUS_KEY_EXCLUSIVE, nsp, rel);
+	k->n++;
+}
+
+/*
+ * chorus_ddl_relation
+ *		Key the table rv names (an index stands for its table). creating: the
+ *		relation does not exist yet; key the name it will have.
+ */
+static void
+chorus_ddl_relation(ChorusDdlKeys *k, RangeVar *rv, bool creating)
+{
+	Oid			relid;
+
+	if (rv == NULL)
+		return;
+	if (creating)
+	{
+		Oid			nspid;
+
+		if (rv->relpersistence == RELPERSISTENCE_TEMP)
+		{
+			k->any_temp = true;
+			return;
+		}
+		nspid = RangeVarGetCreationNamespace(rv);
+		if (isAnyTempNamespace(nspid))
+		{
+			k->any_temp = true;
+			return;
+		}
+		k->any_persistent = true;
+		chorus_ddl_key(k, get_namespace_name(nspid), rv->relname);
+		return;
+	}
+	relid = RangeVarGetRelid(rv, NoLock, true);
+	if (!OidIsValid(relid))
+		return;
+	if (get_rel_relkind(relid) == RELKIND_INDEX || get_rel_relkind(relid) == RELKIND_PARTITIONED_INDEX)
+		relid = IndexGetRelation(relid, true);
+	if (!OidIsValid(relid))
+		return;
+	if (get_rel_persistence(relid) == RELPERSISTENCE_TEMP)
+	{
+		k->any_temp = true;
+		return;
+	}
+	k->any_persistent = true;
+	chorus_ddl_key(k, get_namespace_name(get_rel_namespace(relid)), get_rel_name(relid));
+}
+
+static bool
+chorus_is_relation_object(ObjectType t)
+{
+	return t == OBJECT_TABLE || t == OBJECT_VIEW || t == OBJECT_MATVIEW || t == OBJECT_SEQUENCE ||
+		t == OBJECT_FOREIGN_TABLE || t == OBJECT_INDEX;
+}
+
+/* Objects that belong to a table (a rule, a trigger, a policy, a constraint): named [..., table, name]. */
+static bool
+chorus_is_table_part(ObjectType t)
+{
+	return t == OBJECT_RULE || t == OBJECT_TRIGGER || t == OBJECT_POLICY || t == OBJECT_TABCONSTRAINT;
+}
+
+/* The table of such an object, from its name list. */
+static RangeVar *
+chorus_table_of_part(List *names)
+{
+	return makeRangeVarFromNameList(list_truncate(list_copy(names), list_length(names) - 1));
+}
+
+/* Objects that exist on one node only: statements about them stay local. */
+static bool
+chorus_is_node_object(ObjectType t)
+{
+	return t == OBJECT_DATABASE || t == OBJECT_TABLESPACE || t == OBJECT_PUBLICATION ||
+		t == OBJECT_PUBLICATION_NAMESPACE || t == OBJECT_PUBLICATION_REL || t == OBJECT_SUBSCRIPTION ||
+		t == OBJECT_LARGEOBJECT;	/* large objects are not replicated */
+}
+
+/*
+ * chorus_constant_datum / chorus_constant_bound
+ *		Whether a partition bound, as written, is made of constants (a literal,
+ *		a cast literal, MINVALUE or MAXVALUE). A bound such as current_timestamp
+ *		is evaluated when the statement runs: replayed later on another node it
+ *		would give that node another bound, and rows would go to other
+ *		partitions there.
+ */
+static bool
+chorus_constant_datum(Node *n)
+{
+	while (n != NULL && IsA(n, TypeCast))
+		n = ((TypeCast *) n)->arg;
+	return n == NULL || IsA(n, A_Const) || IsA(n, ColumnRef);
+}
+
+static bool
+chorus_constant_bound(PartitionBoundSpec *b)
+{
+	ListCell   *lc;
+
+	if (b == NULL)
+		return true;
+	foreach(lc, b->listdatums)
+		if (!chorus_constant_datum(lfirst(lc)))
+			return false;
+	foreach(lc, b->lowerdatums)
+		if (!chorus_constant_datum(lfirst(lc)))
+			return false;
+	foreach(lc, b->upperdatums)
+		if (!chorus_constant_datum(lfirst(lc)))
+			return false;
+	return true;
+}
+
+/* A schema-qualified name list that names the session's temporary schema. */
+static bool
+chorus_names_temp_schema(List *names)
+{
+	char	   *schema;
+	char	   *obj;
+
+	DeconstructQualifiedName(names, &schema, &obj);
+	return schema != NULL && (strcmp(schema, "pg_temp") == 0 ||
+							  isAnyTempNamespace(get_namespace_oid(schema, true)));
+}
+
+/* The CREATE TABLE AS statement inside an EXPLAIN ANALYZE, which creates the table. */
+static CreateTableAsStmt *
+chorus_explain_ctas(ExplainStmt *es)
+{
+	Query	   *q = (Query *) es->query;
+	ListCell   *lc;
+	bool		analyze = false;
+
+	if (q == NULL || !IsA(q, Query) || q->commandType != CMD_UTILITY ||
+		!IsA(q->utilityStmt, CreateTableAsStmt))
+		return NULL;
+	foreach(lc, es->options)
+	{
+		DefElem    *opt = lfirst_node(DefElem, lc);
+
+		if (strcmp(opt->defname, "analyze") == 0)
+			analyze = defGetBoolean(opt);
+	}
+	return analyze ? (CreateTableAsStmt *) q->utilityStmt : NULL;
+}
+
+/* The table a CREATE TABLE AS family statement makes, or NULL. */
+CreateTableAsStmt *
+chorus_ctas_of(Node *stmt)
+{
+	if (IsA(stmt, CreateTableAsStmt))
+		return (CreateTableAsStmt *) stmt;
+	if (IsA(stmt, ExplainStmt))
+		return chorus_explain_ctas((ExplainStmt *) stmt);
+	return NULL;
+}
+
+/*
+ * chorus_ddl_classify
+ *		Which statements replicate (docs/DDL.md; seed section 10.2 and appendix A),
+ *		and the tables they touch.
+ */
+ChorusDdlKind
+chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
+{
+	ListCell   *lc;
+
+	switch (nodeTag(stmt))
+	{
+			/* not schema changes, or handled as row changes (TRUNCATE, COPY) */
+		case T_TransactionStmt:
+		case T_VariableSetStmt:
+		case T_VariableShowStmt:
+		case T_DiscardStmt:
+		case T_PrepareStmt:
+		case T_ExecuteStmt:
+		case T_DeallocateStmt:
+		case T_DeclareCursorStmt:
+		case T_ClosePortalStmt:
+		case T_FetchStmt:
+		case T_CopyStmt:
+		case T_LockStmt:
+		case T_ConstraintsSetStmt:
+		case T_CallStmt:
+		case T_DoStmt:
+		case T_TruncateStmt:
+		case T_NotifyStmt:
+		case T_ListenStmt:
+		case T_UnlistenStmt:
+		case T_CheckPointStmt:
+		case T_LoadStmt:
+			return CHORUS_DDL_LOCAL;
+		case T_ExplainStmt:
+			{
+				/* EXPLAIN ANALYZE CREATE TABLE AS creates the table: it replicates as one */
+				CreateTableAsStmt *ctas = chorus_explain_ctas((ExplainStmt *) stmt);
+
+				if (ctas == NULL)
+					return CHORUS_DDL_LOCAL;
+				return chorus_ddl_classify((Node *) ctas, k, why);
+			}
+		case T_ReindexStmt:
+			{
+				ReindexStmt *rs = (ReindexStmt *) stmt;
+				bool		concurrently = false;
+				bool		tablespace = false;
+				Oid			nsp;
+
+				foreach(lc, rs->params)
+				{
+					DefElem    *opt = lfirst_node(DefElem, lc);
+
+					if (strcmp(opt->defname, "concurrently") == 0)
+						concurrently = defGetBoolean(opt);
+					else if (strcmp(opt->defname, "tablespace") == 0)
+						tablespace = true;
+				}
+				/* moving indexes to a tablespace is this node's storage, as tablespaces are */
+				if (tablespace)
+					return CHORUS_DDL_LOCAL;
+				/* a temporary schema is one session's */
+				if (rs->kind == REINDEX_OBJECT_SCHEMA &&
+					OidIsValid(nsp = get_namespace_oid(rs->name, true)) && isAnyTempNamespace(nsp))
+					return CHORUS_DDL_LOCAL;
+
+				/*
+				 * REINDEX CONCURRENTLY of an index, a table or a schema rebuilds
+				 * it on every node, beside the total order (how a live cluster's
+				 * bloated indexes are rebuilt); a plain REINDEX repairs one node's
+				 * storage, and a database's or the system catalogs' are that
+				 * node's own: they run where they are issued.
+				 */
+				if (!concurrently || rs->kind == REINDEX_OBJECT_DATABASE || rs->kind == REINDEX_OBJECT_SYSTEM)
+					return CHORUS_DDL_LOCAL;
+				k->concurrent = true;
+				chorus_ddl_relation(k, rs->relation, false);
+				break;
+			}
+			/* never replicated: maintenance, storage, databases, the system (appendix A) */
+		case T_VacuumStmt:		/* VACUUM and ANALYZE */
+		case T_ClusterStmt:
+		case T_CreateTableSpaceStmt:
+		case T_DropTableSpaceStmt:
+		case T_AlterTableSpaceOptionsStmt:
+		case T_AlterTableMoveAllStmt:
+		case T_CreatedbStmt:
+		case T_DropdbStmt:
+		case T_AlterDatabaseStmt:
+		case T_AlterDatabaseSetStmt:
+		case T_AlterDatabaseRefreshCollStmt:
+		case T_AlterSystemStmt:
+		case T_CreateSubscriptionStmt:
+		case T_AlterSubscriptionStmt:
+		case T_DropSubscriptionStmt:
+		case T_CreatePublicationStmt:
+		case T_AlterPublicationStmt:
+			return CHORUS_DDL_LOCAL;
+		case T_CreateRoleStmt:
+		case T_AlterRoleStmt:
+		case T_AlterRoleSetStmt:
+		case T_DropRoleStmt:
+		case T_GrantRoleStmt:
+			return chorus_replicate_roles ? CHORUS_DDL_REPLICATE : CHORUS_DDL_LOCAL;
+		case T_CreateExtensionStmt:
+			return strcmp(((CreateExtensionStmt *) stmt)->extname, "chorus") == 0
+				? CHORUS_DDL_LOCAL : CHORUS_DDL_REPLICATE;
+		case T_AlterExtensionStmt:
+			return strcmp(((AlterExtensionStmt *) stmt)->extname, "chorus") == 0
+				? CHORUS_DDL_LOCAL : CHORUS_DDL_REPLICATE;
+		case T_CreateStmt:
+			{
+				CreateStmt *cs = (CreateStmt *) stmt;
+
+				if (!chorus_constant_bound(cs->partbound))
+				{
+					*why = "a partition bound that is not a constant (it would be evaluated again, to another value, on each node)";
+					return CHORUS_DDL_REFUSE;
+				}
+				chorus_ddl_relation(k, cs->relation, true);
+				foreach(lc, cs->inhRelations)
+					chorus_ddl_relation(k, lfirst_node(RangeVar, lc), false);
+				foreach(lc, cs->tableElts)
+					if (IsA(lfirst(lc), TableLikeClause))	/* LIKE another table: it must exist elsewhere */
+						chorus_ddl_relation(k, ((TableLikeClause *) lfirst(lc))->relation, false);
+				break;
+			}
+		case T_CreateTableAsStmt:
+			chorus_ddl_relation(k, ((CreateTableAsStmt *) stmt)->into->rel, true);
+			break;
+		case T_ViewStmt:
+			chorus_ddl_relation(k, ((ViewStmt *) stmt)->view, true);
+			break;
+		case T_CreateSeqStmt:
+			chorus_ddl_relation(k, ((CreateSeqStmt *) stmt)->sequence, true);
+			break;
+		case T_AlterSeqStmt:
+			chorus_ddl_relation(k, ((AlterSeqStmt *) stmt)->sequence, false);
+			break;
+		case T_AlterTableStmt:
+			foreach(lc, ((AlterTableStmt *) stmt)->cmds)
+			{
+				AlterTableCmd *cmd = lfirst_node(AlterTableCmd, lc);
+
+				if (cmd->subtype == AT_AttachPartition &&
+					!chorus_constant_bound(((PartitionCmd *) cmd->def)->bound))
+				{
+					*why = "a partition bound that is not a constant (it would be evaluated again, to another value, on each node)";
+					return CHORUS_DDL_REFUSE;
+				}
+				/* DETACH PARTITION ... CONCURRENTLY commits in steps, like CREATE INDEX CONCURRENTLY */
+				if (cmd->subtype == AT_DetachPartition && ((PartitionCmd *) cmd->def)->concurrent)
+					k->concurrent = true;
+			}
+			chorus_ddl_relation(k, ((AlterTableStmt *) stmt)->relation, false);
+			break;
+		case T_RefreshMatViewStmt:
+			/* every node refreshes at the same point of the order, from the same rows */
+			chorus_ddl_relation(k, ((RefreshMatViewStmt *) stmt)->relation, false);
+			break;
+		case T_IndexStmt:
+			k->concurrent = ((IndexStmt *) stmt)->concurrent;
+			chorus_ddl_relation(k, ((IndexStmt *) stmt)->relation, false);
+			break;
+		case T_DropStmt:
+			{
+				DropStmt   *ds = (DropStmt *) stmt;
+
+				k->concurrent = ds->concurrent;
+				if (chorus_is_node_object(ds->removeType))
+					return CHORUS_DDL_LOCAL;
+				if (ds->removeType == OBJECT_EXTENSION)
+				{
+					foreach(lc, ds->objects)
+						if (strcmp(strVal(lfirst(lc)), "chorus") == 0)
+							return CHORUS_DDL_LOCAL;
+				}
+				if (chorus_is_relation_object(ds->removeType))
+					foreach(lc, ds->objects)
+						chorus_ddl_relation(k, makeRangeVarFromNameList(lfirst_node(List, lc)), false);
+				else if (chorus_is_table_part(ds->removeType))
+					foreach(lc, ds->objects)
+						chorus_ddl_relation(k, chorus_table_of_part(lfirst_node(List, lc)), false);
+				break;
+			}
+		case T_RenameStmt:
+			if (chorus_is_node_object(((RenameStmt *) stmt)->renameType))
+				return CHORUS_DDL_LOCAL;
+			chorus_ddl_relation(k, ((RenameStmt *) stmt)->relation, false);
+			break;
+		case T_AlterOwnerStmt:
+			if (chorus_is_node_object(((AlterOwnerStmt *) stmt)->objectType))
+				return CHORUS_DDL_LOCAL;
+			chorus_ddl_relation(k, ((AlterOwnerStmt *) stmt)->relation, false);
+			break;
+		case T_CommentStmt:
+			{
+				CommentStmt *cs = (CommentStmt *) stmt;
+
+				if (chorus_is_node_object(cs->objtype))
+					return CHORUS_DDL_LOCAL;
+				if (chorus_is_relation_object(cs->objtype))
+					chorus_ddl_relation(k, makeRangeVarFromNameList(castNode(List, cs->object)), false);
+				else if (cs->objtype == OBJECT_COLUMN || chorus_is_table_part(cs->objtype))
+					chorus_ddl_relation(k, chorus_table_of_part(castNode(List, cs->object)), false);
+				break;
+			}
+		case T_SecLabelStmt:
+			if (chorus_is_node_object(((SecLabelStmt *) stmt)->objtype))
+				return CHORUS_DDL_LOCAL;
+			break;
+		case T_AlterObjectSchemaStmt:
+			chorus_ddl_relation(k, ((AlterObjectSchemaStmt *) stmt)->relation, false);
+			break;
+		case T_CreateTrigStmt:
+			chorus_ddl_relation(k, ((CreateTrigStmt *) stmt)->relation, false);
+			break;
+		case T_RuleStmt:
+			chorus_ddl_relation(k, ((RuleStmt *) stmt)->relation, false);
+			break;
+		case T_CreatePolicyStmt:
+			chorus_ddl_relation(k, ((CreatePolicyStmt *) stmt)->table, false);
+			break;
+		case T_AlterPolicyStmt:
+			chorus_ddl_relation(k, ((AlterPolicyStmt *) stmt)->table, false);
+			break;
+		case T_CreateFunctionStmt:
+			/* a function in the session's temporary schema lives and dies with the session */
+			if (chorus_names_temp_schema(((CreateFunctionStmt *) stmt)->funcname))
+				return CHORUS_DDL_LOCAL;
+			break;
+		case T_GrantStmt:
+			{
+				GrantStmt  *gs = (GrantStmt *) stmt;
+
+				if (chorus_is_node_object(gs->objtype))
+					return CHORUS_DDL_LOCAL;
+				if (gs->targtype == ACL_TARGET_OBJECT && gs->objtype == OBJECT_TABLE)
+					foreach(lc, gs->objects)
+						chorus_ddl_relation(k, lfirst_node(RangeVar, lc), false);
+				break;
+			}
+		default:
+			break;
+	}
+	/* a statement about temporary objects only is local to this session */
+	if (k->any_temp && !k->any_persistent)
+		return CHORUS_DDL_LOCAL;
+	if (k->any_temp)
+	{
+		*why = "this statement names both temporary and permanent objects";
+		return CHORUS_DDL_REFUSE;
+	}
+	return CHORUS_DDL_REPLICATE;
+}
+

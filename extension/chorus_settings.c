@@ -1,0 +1,76 @@
+/*
+ * chorus_settings.c
+ *		Owns the extension's settings (GUCs, all named chorus.*): the variables
+ *		every other file reads, and their definition at load time.
+ */
+#include "postgres.h"
+
+#include <limits.h>
+
+#include "utils/guc.h"
+
+#include "chorus_settings.h"
+
+char	   *chorus_socket_path = NULL;
+bool		chorus_capture_enabled = true;
+bool		chorus_replaying = false;
+bool		chorus_causal_reads = false;
+int			chorus_causal_reads_timeout = 10000;
+int			chorus_max_writeset_mb = 256;
+char	   *chorus_exclude_schemas = NULL;
+bool		chorus_replicate_ddl = true;
+bool		chorus_replicate_roles = true;
+int			chorus_node_number = 0;
+int			chorus_max_nodes = 16;
+
+/*
+ * chorus_define_settings
+ *		Define every chorus.* setting and reserve the prefix (from _PG_init).
+ */
+void
+chorus_define_settings(void)
+{
+	DefineCustomStringVariable("chorus.socket_path",
+							   "Unix socket of this node's Chorus coordinator.",
+							   "Empty: replication is off and writes to replicated tables fail.",
+							   &chorus_socket_path, "", PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("chorus.capture",
+							 "Capture this session's writes to replicated tables.",
+							 "Off: the session's writes stay local (for loading identical data on every node).",
+							 &chorus_capture_enabled, true, PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("chorus.replaying",
+							 "This session runs schema changes replicated from another node (set by the coordinator).",
+							 "Their node-local parts are fixed up as in an apply: a tablespace this node lacks is left out.",
+							 &chorus_replaying, false, PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("chorus.causal_reads",
+							 "Each READ COMMITTED statement first waits until this node has committed everything the cluster had committed when it began.",
+							 "Like Galera's wsrep_sync_wait. For REPEATABLE READ, call chorus.sync_wait() before BEGIN.",
+							 &chorus_causal_reads, false, PGC_USERSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("chorus.causal_reads_timeout",
+							"How long a causal read waits for this node to catch up before it fails.",
+							NULL, &chorus_causal_reads_timeout, 10000, 1, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("chorus.max_writeset_size",
+							"Largest writeset a transaction may produce, in megabytes.",
+							NULL, &chorus_max_writeset_mb, 256, 1, 900, PGC_SUSET,
+							GUC_UNIT_MB, NULL, NULL, NULL);
+	DefineCustomStringVariable("chorus.exclude_schemas",
+							   "Comma-separated schemas whose new tables are not replicated.",
+							   NULL, &chorus_exclude_schemas, "", PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("chorus.replicate_ddl",
+							 "Replicate this session's schema changes to every node, in total order.",
+							 "Off: schema changes stay on this node (for changes made on every node by hand).",
+							 &chorus_replicate_ddl, true, PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("chorus.replicate_roles",
+							 "Replicate CREATE/ALTER/DROP ROLE and role membership changes.",
+							 NULL, &chorus_replicate_roles, true, PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("chorus.node_number",
+							"This node's number (1..chorus.max_nodes): its residue class for sequences.",
+							"0: sequences are left as created (they may collide between nodes).",
+							&chorus_node_number, 0, 0, 1024, PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("chorus.max_nodes",
+							"Sequences step by this many values so each node draws its own residue class.",
+							"Must be the same on every node; see docs/DDL.md to change it.",
+							&chorus_max_nodes, 16, 1, 1024, PGC_SIGHUP, 0, NULL, NULL, NULL);
+	MarkGUCPrefixReserved("chorus");
+}

@@ -1,0 +1,22 @@
+/*
+ * chorus_settings.h
+ *		The extension's settings (GUCs): their variables and their definition.
+ */
+#ifndef CHORUS_SETTINGS_H
+#define CHORUS_SETTINGS_H
+
+extern char *chorus_socket_path;
+extern bool chorus_capture_enabled;
+extern bool chorus_replaying;
+extern bool chorus_causal_reads;
+extern int	chorus_causal_reads_timeout;
+extern int	chorus_max_writeset_mb;
+extern char *chorus_exclude_schemas;
+extern bool chorus_replicate_ddl;
+extern bool chorus_replicate_roles;
+extern int	chorus_node_number;
+extern int	chorus_max_nodes;
+
+extern void chorus_define_settings(void);
+
+#endif							/* CHORUS_SETTINGS_H */

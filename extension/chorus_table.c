@@ -1,0 +1,244 @@
+/*
+ * chorus_table.c
+ *		Describes a replicated table for the writeset, once per transaction (and
+ *		again after a schema change): its columns and their flags, its identity
+ *		(primary key, replica identity index, or the whole row), its unique keys
+ *		and foreign keys for certification, and how each column's values travel
+ *		(chorus_values.c).
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "catalog/index.h"
+#include "catalog/pg_constraint.h"
+#include "catalog/pg_index.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/relcache.h"
+#include "utils/syscache.h"
+
+#include "chorus_table.h"
+#include "chorus_values.h"
+#include "chorus_wire.h"
+
+/*
+ * chorus_foreign_keys
+ *		The table's foreign keys, each as the parent's unique key (in the parent
+ *		index's column order, so the reference key equals the key the parent's
+ *		own row changes carry) and the child columns that hold it.
+ */
+static void
+chorus_foreign_keys(Relation rel, ChorusTable *t, const int *colof)
+{
+	List	   *fks = RelationGetFKeyList(rel);
+	ListCell   *lc;
+
+	t->fkeys = palloc0(sizeof(ChorusForeignKey) * Max(list_length(fks), 1));
+	foreach(lc, fks)
+	{
+		ForeignKeyCacheInfo *fk = lfirst_node(ForeignKeyCacheInfo, lc);
+		HeapTuple	ctup = SearchSysCache1(CONSTROID, ObjectIdGetDatum(fk->conoid));
+		Oid			indid;
+		Relation	idx;
+		Form_pg_index ind;
+		ChorusForeignKey *f = &t->fkeys[t->nfkeys];
+		StringInfoData names;
+		bool		ok = true;
+		int			k,
+					j;
+
+		if (!HeapTupleIsValid(ctup))
+			continue;
+		indid = ((Form_pg_constraint) GETSTRUCT(ctup))->conindid;
+		ReleaseSysCache(ctup);
+		if (!OidIsValid(indid))
+			continue;
+		idx = index_open(indid, AccessShareLock);
+		ind = idx->rd_index;
+		f->ncols = ind->indnkeyatts;
+		f->cols = palloc(sizeof(int) * f->ncols);
+		initStringInfo(&names);
+		for (k = 0; k < ind->indnkeyatts && ok; k++)
+		{
+			AttrNumber	pa = ind->indkey.values[k];
+
+			for (j = 0; j < fk->nkeys && fk->confkey[j] != pa; j++)
+				;
+			if (pa <= 0 || j == fk->nkeys || colof[fk->conkey[j]] < 0)
+			{
+				ok = false;
+				break;
+			}
+			f->cols[k] = colof[fk->conkey[j]];
+			appendStringInfo(&names, "%s%s", k ? "," : "", get_attname(fk->confrelid, pa, false));
+		}
+		index_close(idx, AccessShareLock);
+		if (!ok)
+			continue;
+		f->colnames = names.data;
+		f->nspname = get_namespace_name(get_rel_namespace(fk->confrelid));
+		f->relname = get_rel_name(fk->confrelid);
+		t->nfkeys++;
+	}
+}
+
+/*
+ * chorus_describe_table
+ *		The writeset's description of relation rel, made in cxt (it lives as
+ *		long as the transaction's capture) and marked with the capture's
+ *		table epoch: columns, identity (primary key, or every column for
+ *		REPLICA IDENTITY FULL) and unique keys.
+ */
+ChorusTable *
+chorus_describe_table(Relation rel, MemoryContext cxt, int epoch)
+{
+	Oid			relid = RelationGetRelid(rel);
+	TupleDesc	desc = RelationGetDescr(rel);
+	ChorusTable *t;
+	MemoryContext old;
+	List	   *indexes;
+	ListCell   *lc;
+	Oid			pkoid,
+				identoid;
+	int			i,
+				n;
+	int		   *colof;
+
+	old = MemoryContextSwitchTo(cxt);
+	t = palloc0(sizeof(ChorusTable));
+	t->relid = relid;
+	t->epoch = epoch;
+	t->nspname = get_namespace_name(RelationGetNamespace(rel));
+	t->relname = pstrdup(RelationGetRelationName(rel));
+	t->attnums = palloc(sizeof(AttrNumber) * desc->natts);
+	t->attnames = palloc(sizeof(char *) * desc->natts);
+	t->typnames = palloc(sizeof(char *) * desc->natts);
+	t->colflags = palloc0(sizeof(uint8) * desc->natts);
+	t->colkind = palloc0(sizeof(uint8) * desc->natts);
+	t->valfn = palloc0(sizeof(FmgrInfo) * desc->natts);
+	t->textfn = palloc0(sizeof(FmgrInfo) * desc->natts);
+	t->keycol = palloc0(sizeof(bool) * desc->natts);
+	colof = palloc(sizeof(int) * (desc->natts + 1));
+	n = 0;
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		colof[i + 1] = -1;
+		if (att->attisdropped)
+			continue;
+		t->attnums[n] = att->attnum;
+		t->attnames[n] = pstrdup(NameStr(att->attname));
+		t->typnames[n] = format_type_be(att->atttypid);
+		if (att->attidentity != '\0')
+			t->colflags[n] |= CHORUS_COL_IDENTITY;
+		if (att->attgenerated == ATTRIBUTE_GENERATED_STORED)
+			t->colflags[n] |= CHORUS_COL_GENERATED;
+		colof[i + 1] = n;
+		n++;
+	}
+	t->ncols = n;
+
+	/* unique keys, the identity (primary key, else replica identity index) first */
+	pkoid = RelationGetPrimaryKeyIndex(rel);
+	identoid = OidIsValid(pkoid) ? pkoid : RelationGetReplicaIndex(rel);
+	indexes = RelationGetIndexList(rel);
+	t->uniques = palloc0(sizeof(ChorusUniqueKey) * (list_length(indexes) + 1));
+	t->expr_indexes = palloc0(sizeof(Oid) * (list_length(indexes) + 1));
+	t->expr_names = palloc0(sizeof(char *) * (list_length(indexes) + 1));
+	foreach(lc, indexes)
+	{
+		Oid			indexoid = lfirst_oid(lc);
+		Relation	idx = index_open(indexoid, AccessShareLock);
+		Form_pg_index ind = idx->rd_index;
+		bool		plain = true;
+		int			k;
+
+		if (ind->indisunique && ind->indisvalid)
+		{
+			for (k = 0; k < ind->indnkeyatts; k++)
+				if (ind->indkey.values[k] <= 0 || colof[ind->indkey.values[k]] < 0)
+					plain = false;
+			if (plain)
+			{
+				ChorusUniqueKey *u;
+				StringInfoData names;
+
+				/* keep the identity at position 0 */
+				if (indexoid == identoid && t->nunique > 0)
+				{
+					t->uniques[t->nunique] = t->uniques[0];
+					u = &t->uniques[0];
+				}
+				else
+					u = &t->uniques[t->nunique];
+				t->nunique++;
+				u->is_identity = (indexoid == identoid);
+				u->ncols = ind->indnkeyatts;
+				u->cols = palloc(sizeof(int) * u->ncols);
+				initStringInfo(&names);
+				for (k = 0; k < ind->indnkeyatts; k++)
+				{
+					u->cols[k] = colof[ind->indkey.values[k]];
+					t->keycol[u->cols[k]] = true;
+					appendStringInfo(&names, "%s%s", k ? "," : "", t->attnames[u->cols[k]]);
+				}
+				u->colnames = names.data;
+			}
+			else
+			{
+				/* not plain: some key column is an expression */
+				t->expr_indexes[t->nexpr] = indexoid;
+				t->expr_names[t->nexpr] = psprintf("(%s)", RelationGetRelationName(idx));
+				t->nexpr++;
+			}
+		}
+		index_close(idx, AccessShareLock);
+	}
+	list_free(indexes);
+
+	chorus_foreign_keys(rel, t, colof);
+	for (i = 0; i < t->nfkeys; i++)
+		for (n = 0; n < t->fkeys[i].ncols; n++)
+			t->keycol[t->fkeys[i].cols[n]] = true;
+
+	if (t->nunique > 0 && t->uniques[0].is_identity)
+	{
+		t->nidentity = t->uniques[0].ncols;
+		t->identity = t->uniques[0].cols;
+	}
+	else
+	{
+		/*
+		 * No primary key and no identity index: the whole old row identifies a
+		 * row, as with REPLICA IDENTITY FULL (docs/PROTOCOL.md section 3).
+		 */
+		t->full_identity = true;
+		t->nidentity = t->ncols;
+		t->identity = palloc(sizeof(int) * Max(t->ncols, 1));
+		for (i = 0; i < t->ncols; i++)
+		{
+			t->identity[i] = i;
+			t->keycol[i] = true;
+		}
+	}
+
+	/* unique indexes on expressions: their key text may depend on settings */
+	if (t->nexpr > 0)
+		t->canonical = true;
+
+	/* how each column's values travel (chorus_values.c) */
+	for (i = 0; i < t->ncols; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, t->attnums[i] - 1);
+
+		chorus_check_replicable_type(att->atttypid, t->attnames[i], quote_qualified_identifier(t->nspname, t->relname));
+		t->colkind[i] = chorus_column_io(att->atttypid, t->keycol[i], cxt, &t->valfn[i],
+										 &t->textfn[i], &t->canonical, &t->qualify);
+	}
+	MemoryContextSwitchTo(old);
+	return t;
+}
