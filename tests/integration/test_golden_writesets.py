@@ -57,6 +57,8 @@ CASES: dict[str, list[str]] = {
     "schema_concurrently": ["CREATE INDEX CONCURRENTLY golden_composite_v ON golden.composite (v)"],
 }
 ALONE = {"schema_alone", "schema_concurrently"}
+# a schema change carries its session's settings: the same on every machine, whatever initdb chose
+SESSION = "-c TimeZone=UTC -c DateStyle=ISO,MDY -c lc_monetary=C -c lc_numeric=C -c lc_time=C"
 
 
 def zeroed(payload: bytes) -> bytes:
@@ -94,7 +96,7 @@ def test_the_c_writer_still_writes_the_golden_writesets(cluster: Cluster) -> Non
     captured: dict[str, bytes] = {}
     for name, statements in CASES.items():
         before = _committed(cluster)
-        with cluster.connect(0, autocommit=name in ALONE) as c:
+        with cluster.connect(0, autocommit=name in ALONE, options=SESSION) as c:
             for s in statements:
                 c.execute(s)
             if name not in ALONE:
