@@ -59,8 +59,9 @@ class FatalError(Exception):
 
 
 class Coordinator:
-    def __init__(self, cfg: NodeConfig, bus_factory: Callable[[], Bus]) -> None:
+    def __init__(self, cfg: NodeConfig, bus_factory: Callable[[], Bus], event_loop: str = "asyncio") -> None:
         self.cfg = cfg
+        self.event_loop = event_loop  # which asyncio loop runs it (eventloop.py), for status
         self.bus_factory = bus_factory
         self.bus: Optional[Bus] = None
         self.state: NodeState = load_state(cfg.state_file, cfg.name)
@@ -494,6 +495,7 @@ class Coordinator:
             bus_batches=self.sender.batches,
             bus_writesets=self.sender.writesets,
             uptime_s=round(time.time() - self.started, 1),
+            event_loop=self.event_loop,
             recovery=self.catchup.status() if self.catchup is not None else None,
             concurrent_index_changes=self.concurrent.as_dict(),
             writeset_log={"low_gid": self.wslog.low_gid, "high_gid": self.wslog.high_gid,

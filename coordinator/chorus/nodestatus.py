@@ -71,6 +71,7 @@ class NodeStatus:
     bus_batches: int
     bus_writesets: int
     uptime_s: float
+    event_loop: str  # uvloop or asyncio (eventloop.py)
     recovery: Optional[dict[str, Any]]
     concurrent_index_changes: dict[str, Any]
     writeset_log: dict[str, Any]

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 import time
@@ -33,18 +32,23 @@ config_option = click.option("--config", "config_path", required=True, type=clic
 @config_option
 def run(config_path: str) -> None:
     """Run the coordinator of one node (in the foreground)."""
+    from chorus import eventloop
     from chorus.bus.corosync import CorosyncBus
     from chorus.coordinator import Coordinator, FatalError
 
     cfg = _config(config_path)
+    try:
+        loop = eventloop.choose()
+    except eventloop.LoopChoiceError as e:
+        raise ChorusCliError(str(e)) from e
     logging.basicConfig(
         level=getattr(logging, cfg.log_level.upper(), logging.INFO),
         format=f"%(asctime)s {cfg.name} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    coord = Coordinator(cfg, lambda: CorosyncBus(cfg.cluster_group))
+    coord = Coordinator(cfg, lambda: CorosyncBus(cfg.cluster_group), event_loop=loop)
     try:
-        asyncio.run(coord.run())
+        eventloop.run(coord.run, loop)
     except FatalError as e:
         logging.getLogger("chorus").error("fatal: %s", e)
         raise SystemExit(2)
