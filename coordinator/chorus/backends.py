@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Coroutine, Optional
+from typing import Any, Callable, Coroutine, Optional, cast
 
 import psycopg
 
@@ -60,8 +60,8 @@ class BackendConnection(asyncio.Protocol):
         self.backend: Optional[Backend] = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        self.backend = Backend(transport)
+        # a stream transport (uvloop's is not a subclass of asyncio's classes)
+        self.backend = Backend(cast(asyncio.WriteTransport, transport))
 
     def data_received(self, data: bytes) -> None:
         b = self.backend
