@@ -52,9 +52,12 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   say "installing the Python package, its test tools and pyspark into .venv"
   .venv/bin/pip install -q --upgrade pip >/dev/null
-  .venv/bin/pip install -q -e '.[test,spark]'
+  .venv/bin/pip install -q -e '.[test,spark,build]'
   echo "$want" > "$stamp"
 fi
+
+say "building the compiled writeset reader (coordinator/chorus/_cwire.pyx)"
+(cd coordinator && ../.venv/bin/cythonize -3 -i -q chorus/_cwire.pyx >/dev/null)
 
 say "building and installing the chorus extension"
 make -s -C extension with_llvm=no PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config >/dev/null

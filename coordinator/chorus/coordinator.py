@@ -30,6 +30,7 @@ import psycopg
 from chorus import admin
 from chorus import busproto as bp
 from chorus import recovery as rc
+from chorus import wire
 from chorus.backends import BackendServer
 from chorus.bus import Bus, BusError, View
 from chorus.bussender import BusSender
@@ -496,6 +497,7 @@ class Coordinator:
             bus_writesets=self.sender.writesets,
             uptime_s=round(time.time() - self.started, 1),
             event_loop=self.event_loop,
+            impl=wire.IMPL,
             recovery=self.catchup.status() if self.catchup is not None else None,
             concurrent_index_changes=self.concurrent.as_dict(),
             writeset_log={"low_gid": self.wslog.low_gid, "high_gid": self.wslog.high_gid,

@@ -72,6 +72,7 @@ class NodeStatus:
     bus_writesets: int
     uptime_s: float
     event_loop: str  # uvloop or asyncio (eventloop.py)
+    impl: str  # the writeset reader: c (compiled) or python (wire.IMPL)
     recovery: Optional[dict[str, Any]]
     concurrent_index_changes: dict[str, Any]
     writeset_log: dict[str, Any]

@@ -13,10 +13,12 @@ bytes kept as surrogates (``surrogateescape``), so they go back out unchanged wh
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
+import sys
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Iterable, NamedTuple, Optional, Union
+from typing import Any, Iterable, NamedTuple, Optional, Protocol, Union
 
 MAGIC = b"CW"
 VERSION = 2
@@ -264,7 +266,7 @@ def name_bytes(s: str) -> bytes:
 def decode(buf: bytes) -> Writeset:
     """Parse writeset bytes; raise :class:`WireError` on anything malformed."""
     try:
-        return _decode(bytes(buf), True)
+        return _read(bytes(buf), True)
     except (struct.error, IndexError) as e:
         raise WireError(f"writeset truncated: {e}") from e
 
@@ -280,12 +282,21 @@ def scan(buf: bytes) -> Writeset:
     the row values: the live path's reading (the apply function reads the rows, from ``raw``).
     The result is ``scanned``: its ``rows`` are its schema change items only."""
     try:
-        return _decode(bytes(buf), False)
+        return _read(bytes(buf), False)
     except (struct.error, IndexError) as e:
         raise WireError(f"writeset truncated: {e}") from e
 
 
-def _decode(buf: bytes, full: bool) -> Writeset:
+class Reader(Protocol):
+    """A reader of writeset bytes: ``full`` decodes every value, else it scans (what
+    :func:`scan` says). Two implementations: :func:`read_python` below, the reference, and the
+    compiled one in ``chorus/_cwire.pyx``; :data:`IMPL` says which one :func:`decode` and
+    :func:`scan` use."""
+
+    def __call__(self, buf: bytes, full: bool) -> Writeset: ...
+
+
+def read_python(buf: bytes, full: bool) -> Writeset:
     n = len(buf)
     if n < _HEAD.size or buf[:2] != MAGIC:
         raise WireError("not a writeset (bad magic)" if buf[:2] != MAGIC else "writeset truncated in header")
@@ -550,3 +561,22 @@ def empty(encoding: int = UTF8) -> bytes:
     """A writeset with nothing in it: applied, it commits its GID and changes nothing (a schema
     change that failed on its origin)."""
     return encode(Writeset(0, 0, 0, (), (), (), encoding=encoding))
+
+
+def _choose() -> tuple[str, Reader]:
+    """The reader to use: the compiled one when it is built, unless ``CHORUS_IMPL=python``;
+    ``CHORUS_IMPL=c`` insists on it. (Built, it is bound either way: the tests compare both.)"""
+    want = os.environ.get("CHORUS_IMPL", "").strip().lower()
+    if want not in ("", "c", "python"):
+        raise ImportError(f"CHORUS_IMPL={want!r}: expected c or python")
+    try:
+        from chorus import _cwire
+    except ImportError:
+        if want == "c":
+            raise
+        return "python", read_python
+    _cwire.bind(sys.modules[__name__])
+    return ("python", read_python) if want == "python" else ("c", _cwire.read)
+
+
+IMPL, _read = _choose()
