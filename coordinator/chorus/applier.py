@@ -80,6 +80,7 @@ class ApplySession:
         self.conn: Optional[psycopg.AsyncConnection[Any]] = None
         self.pid = 0
         self._reading = -1  # the socket registered with the loop for the fast path, or -1
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._waiter: Optional[asyncio.Future[Optional[pq.abc.PGresult]]] = None
         self._result: Optional[pq.abc.PGresult] = None
 
@@ -192,7 +193,9 @@ class ApplySession:
         """Run prepared ``statement(gid, wait_for, data, prev)`` as one autocommitted statement."""
         pg = conn.pgconn
         pg.send_query_prepared(statement, [b"%d" % gid, b"%d" % wait_for, data, b"%d" % prev], [0, 0, 1, 0])
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:  # kept: looking it up costs a system call (getpid) per apply in Python 3.11
+            loop = self._loop = asyncio.get_running_loop()
         while pg.flush():  # a large writeset: wait until the socket takes the rest
             writable: asyncio.Future[None] = loop.create_future()
             loop.add_writer(pg.socket, _resolve, writable)

@@ -31,6 +31,7 @@ class BusSender:
     def __init__(self, node: str, spawn: Spawn, on_batch_failed: Callable[[list[int], BusError], None]) -> None:
         self.node = node
         self.bus: Optional[Bus] = None  # attached once joined
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._spawn = spawn
         self._on_batch_failed = on_batch_failed
         self.outbox: list[tuple[int, bytes]] = []  # (ticket, writeset) waiting for the bus
@@ -40,8 +41,10 @@ class BusSender:
         self._waiting = 0  # messages handed to a task because the bus could not take them at once
         self._pump_scheduled = False
 
-    def attach(self, bus: Bus) -> None:
-        self.bus = bus
+    def attach(self, bus: Bus, loop: asyncio.AbstractEventLoop) -> None:
+        """Send on ``bus`` from ``loop`` (kept: asyncio.get_running_loop costs a getpid() system
+        call per call in Python 3.11, and this runs for every local writeset)."""
+        self.bus, self._loop = bus, loop
 
     def send(self, msg: bp.Message) -> None:
         """Multicast a message (logged if it cannot be sent)."""
@@ -53,7 +56,8 @@ class BusSender:
         if not self._pump_scheduled:
             # after the other sockets that are readable now: their writesets go in the same message
             self._pump_scheduled = True
-            asyncio.get_running_loop().call_soon(self.pump)
+            assert self._loop is not None
+            self._loop.call_soon(self.pump)
 
     def delivered_own(self, payload: bytes) -> None:
         """One of this node's messages came back from the bus."""

@@ -77,6 +77,7 @@ class Coordinator:
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()  # the loop keeps only weak references
         self._servers: list[asyncio.base_events.Server] = []
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # kept once running: see _spawn
         self._pause_wanted = False  # flow control: whether writes here should wait (the replicator's Pause)
         self._paused_told = False  # what the extension was last told
 
@@ -108,7 +109,7 @@ class Coordinator:
     # ---- start and stop -----------------------------------------------------------------
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         if self.state.left_by_vote:
@@ -143,7 +144,7 @@ class Coordinator:
             await self.recovery_server.start(self.cfg.recovery_listen)
             log.info("recovery server listening on %s", self.cfg.recovery_listen)
         self.bus = self.bus_factory()
-        self.sender.attach(self.bus)
+        self.sender.attach(self.bus, loop)
         await self.bus.join()
         log.info("node %s joined bus group as %s", self.cfg.name, self.bus.local_id)
         self._tasks = [
@@ -213,7 +214,9 @@ class Coordinator:
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: Optional[str] = None) -> asyncio.Task[Any]:
         """Start a background task and keep it referenced until it ends (an unreferenced
         pending task can be garbage-collected mid-flight: found with a catch-up that vanished)."""
-        task = asyncio.create_task(coro, name=name)
+        # on the loop kept at start: asyncio.create_task looks it up, a getpid() system call in 3.11
+        loop = self._loop or asyncio.get_running_loop()
+        task = loop.create_task(coro, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task

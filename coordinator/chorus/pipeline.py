@@ -116,6 +116,7 @@ class CommitPipeline:
         self.waiters: dict[int, Waiter] = {}  # GID -> the session committing it
         self.last_apply_ms = 0.0
         self._dispatch_scheduled = False
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # kept: looking it up costs a system call
 
     @property
     def pending(self) -> dict[int, Pending]:
@@ -244,7 +245,9 @@ class CommitPipeline:
         then go to one session as a run."""
         if not self._dispatch_scheduled:
             self._dispatch_scheduled = True
-            asyncio.get_running_loop().call_soon(self.dispatch)
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.call_soon(self.dispatch)
 
     def dispatch(self) -> None:
         """Hand what is ready to idle sessions."""

@@ -123,7 +123,7 @@ def test_local_writesets_leave_one_message_at_a_time_in_batches() -> None:
         bus = Bus(takes=True)
         failed: list[int] = []
         s = BusSender("n1", asyncio.create_task, lambda tickets, e: failed.extend(tickets))
-        s.attach(bus)  # type: ignore[arg-type]
+        s.attach(bus, asyncio.get_running_loop())  # type: ignore[arg-type]
         for t in range(1, 4):
             s.queue_writeset(t, b"x" * 10)
         await asyncio.sleep(0)
@@ -146,7 +146,7 @@ def test_a_batch_the_bus_cannot_take_fails_its_tickets() -> None:
     async def scenario() -> list[int]:
         failed: list[int] = []
         s = BusSender("n1", asyncio.create_task, lambda tickets, e: failed.extend(tickets))
-        s.attach(Bus(takes=False))  # type: ignore[arg-type]
+        s.attach(Bus(takes=False), asyncio.get_running_loop())  # type: ignore[arg-type]
         s.queue_writeset(1, b"a")
         s.queue_writeset(2, b"b")
         for _ in range(5):

@@ -171,7 +171,7 @@ class CorosyncBus(Bus):
         # events arrive in cpg_dispatch's callbacks; the consumer takes them all at once
         self._pending: list[Event] = []
         self._failure: Optional[BusError] = None
-        self._ready = asyncio.Event()
+        self._wake: Optional[asyncio.Future[None]] = None  # batches() waits on it for events
         self._reassembler = Reassembler()
         self._send_lock = asyncio.Lock()
         self._seq = 0
@@ -290,7 +290,12 @@ class CorosyncBus(Bus):
 
     def _push(self, ev: Event) -> None:
         self._pending.append(ev)
-        self._ready.set()
+        self._wakeup()
+
+    def _wakeup(self) -> None:
+        w = self._wake
+        if w is not None and not w.done():
+            w.set_result(None)
 
     def _fail(self, why: str) -> None:
         if self._loop is not None and self._fd >= 0:
@@ -298,7 +303,7 @@ class CorosyncBus(Bus):
             self._fd = -1
         if self._failure is None:
             self._failure = BusError(why)
-        self._ready.set()
+        self._wakeup()
 
     def _on_deliver(self, handle: Any, group: Any, nodeid: int, pid: int, msg: Any, msg_len: int) -> None:
         sender = _member(nodeid, pid)
@@ -362,8 +367,11 @@ class CorosyncBus(Bus):
             if not self._pending:
                 if self._failure is not None:
                     raise self._failure
-                self._ready.clear()
-                await self._ready.wait()
+                # a future of the loop kept at join: asyncio.Event.wait would look the loop up
+                # (a getpid() system call in Python 3.11) once per batch
+                assert self._loop is not None
+                self._wake = self._loop.create_future()
+                await self._wake
                 continue
             batch, self._pending = self._pending, []
             yield batch
