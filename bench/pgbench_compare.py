@@ -74,7 +74,7 @@ def pgbench_init(dsn: str, scale: int) -> None:
     subprocess.run([PGBENCH, "-i", "-q", "-s", str(scale), dsn], env=env, check=True, capture_output=True)
 
 
-CPU_CLASSES = ("postgres", "coordinator", "corosync", "pgbench")
+CPU_CLASSES = ("postgres", "coordinator", "corosync", "client")
 
 
 def _cpu_class(cmdline: bytes) -> Optional[str]:
@@ -84,8 +84,8 @@ def _cpu_class(cmdline: bytes) -> Optional[str]:
         return "postgres"  # the postmaster, its backends and helpers (their titles start with "postgres:")
     if prog.endswith(b"corosync"):
         return "corosync"
-    if prog.endswith(b"pgbench"):
-        return "pgbench"
+    if prog.endswith(b"pgbench") or prog.endswith(b"sysbench"):
+        return "client"
     if any(a.endswith(b"chorus") and b == b"run" for a, b in zip(args, args[1:])):
         return "coordinator"
     return None
@@ -93,7 +93,7 @@ def _cpu_class(cmdline: bytes) -> Optional[str]:
 
 def cpu_seconds() -> dict[str, float]:
     """CPU time used so far by the live processes of each class (PostgreSQL, coordinators,
-    Corosync, pgbench) on this machine."""
+    Corosync, the benchmark's client: pgbench or sysbench) on this machine."""
     hz = os.sysconf("SC_CLK_TCK")
     out = dict.fromkeys(CPU_CLASSES, 0.0)
     for pid in os.listdir("/proc"):
