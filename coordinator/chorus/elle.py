@@ -200,11 +200,12 @@ def check(history: Sequence[Txn], final: Sequence[Txn] = ()) -> Report:
     for t in txns:
         if t.outcome == "ok":
             _check_internal(t, found)
-    _check_reads(ok_reads, writes, found)
-    orders = _version_orders(ok_reads, found)
+    groups = _group_reads(ok_reads)
+    _check_reads(groups, writes, found)
+    orders = _version_orders(groups, found)
 
-    observed = {writes.writer[(op.key, v)] for _, op in ok_reads for v in op.seen
-                if (op.key, v) in writes.writer}
+    observed = {writes.writer[(k, v)] for k, g in groups.items() for v in g.distinct()
+                if (k, v) in writes.writer}
     by_id = {t.id: t for t in txns}
     committed = {t.id for t in txns if t.outcome == "ok"
                  or (t.outcome == "info" and t.id in observed)}
@@ -294,68 +295,110 @@ def _check_internal(t: Txn, found: list[Anomaly]) -> None:
         own.pop(op.key, None)
 
 
-def _check_reads(reads: Sequence[tuple[Txn, Read]], writes: _Writes,
+@dataclass(frozen=True)
+class _KeyReads:
+    """The ``ok`` reads of one key: the longest, and those that are not a prefix of it."""
+
+    reads: tuple[tuple[Txn, Read], ...]
+    longest: tuple[Txn, tuple[Value, ...]]
+    odd: tuple[tuple[Txn, Read], ...]
+
+    def distinct(self) -> dict[Value, None]:
+        """Every value some read of the key holds. Prefix reads add nothing to the longest, so
+        the scan costs the longest read plus the odd ones, not every read."""
+        values = dict.fromkeys(self.longest[1])
+        for _, op in self.odd:
+            values.update(dict.fromkeys(op.seen))
+        return values
+
+    def readers(self, v: Value) -> tuple[int, ...]:
+        """The transactions whose read of the key holds ``v``."""
+        top = self.longest[1]
+        first = top.index(v) if v in top else len(top)
+        odd = {id(op) for _, op in self.odd}
+        return tuple(dict.fromkeys(
+            t.id for t, op in self.reads
+            if (len(op.seen) > first if id(op) not in odd else v in op.seen)))
+
+
+def _group_reads(reads: Sequence[tuple[Txn, Read]]) -> dict[Key, _KeyReads]:
+    by_key: dict[Key, list[tuple[Txn, Read]]] = {}
+    for t, op in reads:
+        by_key.setdefault(op.key, []).append((t, op))
+    out: dict[Key, _KeyReads] = {}
+    for k, rs in by_key.items():
+        lt, lop = max(rs, key=lambda r: len(r[1].seen))
+        top = lop.seen
+        odd = tuple((t, op) for t, op in rs if top[:len(op.seen)] != op.seen)
+        out[k] = _KeyReads(tuple(rs), (lt, top), odd)
+    return out
+
+
+def _check_reads(groups: Mapping[Key, _KeyReads], writes: _Writes,
                  found: list[Anomaly]) -> None:
     """Garbage, aborted (G1a) and intermediate (G1b) reads, duplicate elements."""
-    for t, op in reads:
-        seen = op.seen
-        if len(set(seen)) != len(seen):
-            dup = sorted({v for v in seen if seen.count(v) > 1})
-            found.append(Anomaly(
-                "duplicate-element", f"T{t.id} read {op.key} = {_show(seen)}, which holds "
-                f"{dup} more than once", (t.id,), key=op.key))
-        for v in dict.fromkeys(seen):
-            w = writes.writer.get((op.key, v))
+    for k, g in groups.items():
+        for t, seen in [g.longest] + [(t, op.seen) for t, op in g.odd]:
+            if len(set(seen)) != len(seen):
+                dup = sorted({v for v in seen if seen.count(v) > 1})
+                found.append(Anomaly(
+                    "duplicate-element", f"T{t.id} read {k} = {_show(seen)}, which holds "
+                    f"{dup} more than once", (t.id,), key=k))
+        for v in g.distinct():
+            w = writes.writer.get((k, v))
             if w is None:
+                who = g.readers(v)
                 found.append(Anomaly(
-                    "garbage-read", f"T{t.id} read {op.key} = {_show(seen)}, holding {v}, "
-                    f"which no transaction ever appended", (t.id,), key=op.key))
-            elif writes.outcome[w] == "fail" and w != t.id:
+                    "garbage-read", f"{_names(who)} read {k} holding {v}, which no "
+                    f"transaction ever appended", who, key=k))
+            elif writes.outcome[w] == "fail":
+                who = tuple(r for r in g.readers(v) if r != w)
                 found.append(Anomaly(
-                    "G1a", f"T{t.id} read {op.key} = {_show(seen)}, holding {v}, appended "
-                    f"by T{w}, which aborted", (w, t.id), key=op.key))
-        ext = _external(t, op, writes)
-        if ext:
-            v = ext[-1]
-            w = writes.writer.get((op.key, v))
-            if w is not None and w != t.id and writes.last.get((w, op.key)) != v:
-                found.append(Anomaly(
-                    "G1b", f"T{t.id} read {op.key} = {_show(ext)}, ending at {v}, an "
-                    f"intermediate append of T{w}, whose last append to {op.key} was "
-                    f"{writes.last[(w, op.key)]}", (w, t.id), key=op.key))
+                    "G1a", f"{_names(who)} read {k} holding {v}, appended by T{w}, which "
+                    f"aborted", (w,) + who, key=k))
+        for t, op in g.reads:
+            n = _external(t, op, writes)
+            if n:
+                v = op.seen[n - 1]
+                w = writes.writer.get((k, v))
+                if w is not None and w != t.id and writes.last.get((w, k)) != v:
+                    found.append(Anomaly(
+                        "G1b", f"T{t.id} read {k} = {_show(op.seen[:n])}, ending at {v}, an "
+                        f"intermediate append of T{w}, whose last append to {k} was "
+                        f"{writes.last[(w, k)]}", (w, t.id), key=k))
 
 
-def _external(t: Txn, op: Read, writes: _Writes) -> tuple[Value, ...]:
-    """The part of a read that came from other transactions: its own trailing appends cut."""
+def _names(ids: Sequence[int], limit: int = 5) -> str:
+    shown = ", ".join(f"T{i}" for i in ids[:limit])
+    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+
+def _external(t: Txn, op: Read, writes: _Writes) -> int:
+    """How much of a read came from other transactions: its own trailing appends cut."""
     seen = op.seen
     n = len(seen)
     while n and writes.writer.get((op.key, seen[n - 1])) == t.id:
         n -= 1
-    return seen[:n]
+    return n
 
 
-def _version_orders(reads: Sequence[tuple[Txn, Read]],
+def _version_orders(groups: Mapping[Key, _KeyReads],
                     found: list[Anomaly]) -> dict[Key, tuple[Value, ...]]:
     """Each key's version order: its longest read, if every other read is a prefix of it."""
-    longest: dict[Key, tuple[Txn, tuple[Value, ...]]] = {}
-    for t, op in reads:
-        if op.key not in longest or len(op.seen) > len(longest[op.key][1]):
-            longest[op.key] = (t, op.seen)
-    bad: dict[Key, list[tuple[Txn, tuple[Value, ...]]]] = {}
-    for t, op in reads:
-        top = longest[op.key][1]
-        if top[:len(op.seen)] != op.seen:
-            bad.setdefault(op.key, []).append((t, op.seen))
-    orders = {k: top for k, (_, top) in longest.items() if k not in bad}
-    for k, offenders in bad.items():
-        lt, top = longest[k]
-        t, seen = offenders[0]
+    orders: dict[Key, tuple[Value, ...]] = {}
+    for k, g in groups.items():
+        lt, top = g.longest
+        if not g.odd:
+            orders[k] = top
+            continue
+        t, op = g.odd[0]
+        seen = op.seen
         i = next(i for i, (a, b) in enumerate(zip(seen, top)) if a != b)
-        who = tuple(dict.fromkeys([lt.id] + [o.id for o, _ in offenders]))
+        who = tuple(dict.fromkeys([lt.id] + [o.id for o, _ in g.odd]))
         found.append(Anomaly(
             "incompatible-order",
             f"reads of {k} disagree on its order: T{t.id} read {_show(seen[:i + 1])} but "
-            f"T{lt.id} read {_show(top[:i + 1])} (position {i}); {len(offenders)} read(s) "
+            f"T{lt.id} read {_show(top[:i + 1])} (position {i}); {len(g.odd)} read(s) "
             f"are not a prefix of the longest; no dependencies are inferred through {k}",
             who, key=k))
     return orders
@@ -425,12 +468,12 @@ def _build_graph(reads: Sequence[tuple[Txn, Read]], orders: Mapping[Key, tuple[V
         if op.key not in orders:
             continue
         order = orders[op.key]
-        ext = _external(t, op, writes)
-        last = writer(op.key, ext[-1]) if ext else None
+        n = _external(t, op, writes)
+        last = writer(op.key, op.seen[n - 1]) if n else None
         if last is not None:
             g.add(last, t.id, "wr", op.key)
-        if len(ext) < len(order):
-            nxt = writer(op.key, order[len(ext)])
+        if n < len(order):
+            nxt = writer(op.key, order[n])
             if nxt is not None and nxt != last:  # same writer: an intermediate read, G1b
                 g.add(t.id, nxt, "rw", op.key)
     return g
