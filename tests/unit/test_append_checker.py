@@ -15,7 +15,7 @@ from typing import Any, Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chorus.elle import Append, Key, Outcome, Read, Report, Txn, check
+from chorus.elle import Append, Edge, Key, Outcome, Read, Report, Txn, check
 
 
 def T(id: int, *ops: tuple[str, str, Any], outcome: Outcome = "ok", final: bool = False) -> Txn:
@@ -340,3 +340,18 @@ def test_cycle_search_handles_a_long_chain_without_recursion() -> None:
     h.append(T(n, R("x", *range(n)), R("y", *range(1, n), 0), final=True))
     r = check(h)
     assert r.kinds() == {"G0"} and not r.valid
+
+
+def test_a_long_read_skew_cycle_is_found() -> None:
+    # T0 appends to x and y; T1..T299 each read y and append to it, so T0 reaches T299 over
+    # wr/ww edges; T299 misses T0's append to x: one rw edge closes a 300-transaction cycle.
+    n = 300
+    h = [T(0, A("x", 0), A("y", 0))]
+    h += [T(i, R("y", *range(i)), A("y", i)) for i in range(1, n - 1)]
+    h.append(T(n - 1, R("y", *range(n - 1)), A("y", n - 1), R("x")))
+    h.append(T(n, R("x", 0), R("y", *range(n)), final=True))
+    r = check(h)
+    assert r.kinds() == {"G-single"}
+    (g,) = r.anomalies
+    assert sum(e.kind == "rw" for e in g.cycle) == 1
+    assert g.cycle[0] == Edge(n - 1, 0, "rw", "x") and len(g.cycle) == n
