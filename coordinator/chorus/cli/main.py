@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from chorus.cli import check as check_cmds
 from chorus.cli import demo as demo_cmds
 from chorus.cli import lab as lab_cmds
 from chorus.cli import local as local_cmds
@@ -21,6 +22,7 @@ cli.add_command(local_cmds.local)
 cli.add_command(lab_cmds.lab)
 cli.add_command(local_cmds.sql_command)
 cli.add_command(demo_cmds.demo)
+cli.add_command(check_cmds.check)
 cli.add_command(log_cmds.log)
 for command in node_cmds.COMMANDS:
     cli.add_command(command)
