@@ -148,6 +148,8 @@ def _client(dsn: str, node: str, process: int, keys: _Keys, until: float, seed: 
                     conn.rollback()
                 except psycopg.Error:
                     conn = None
+            if state not in ("40001", "40P01"):
+                time.sleep(0.1)  # refused (25006) or broken: do not spin while the node is out
     if conn is not None:
         conn.close()
 

@@ -3,12 +3,18 @@ partitions, delay, loss, freezes and crashes on demand (docs/LAB.md)."""
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from typing import Any, Callable
 
 import click
 
+from chorus import appendload
+from chorus.check import CheckError, NodeRef, wait_quiescent
+
 from chorus.cli.common import ChorusCliError, json_option, print_json, print_table
 from chorus.cli.local import _node_status
+from chorus.lab.nemesis import Nemesis
 from chorus.lab.rig import Lab
 from chorus.localcluster import LocalClusterError
 
@@ -120,6 +126,53 @@ for _name, _doc, _action in (
      Lab.restart_host),
 ):
     lab.add_command(_host_command(_name, _doc, _action))
+
+
+@lab.command()
+@lab_dir_option
+@click.option("--seconds", default=120.0, show_default=True, help="How long the faults go on.")
+@click.option("--seed", default=1, show_default=True, help="The fault schedule follows it.")
+@click.option("--clients", default=1, show_default=True, help="List-append clients per host.")
+@json_option
+def nemesis(directory: str, seconds: float, seed: int, clients: int, as_json: bool) -> None:
+    """Randomized faults (partitions, kills, crashes, freezes, delay and loss) while list-append
+    clients run on every host; then heal everything, let the cluster settle and check the
+    history (docs/CHECKER.md). Exit status 1 if anything forbidden is found."""
+    lab_ = _lab(directory)
+    hosts = _do(lambda: lab_.describe(lab_.load()))
+    names = [h["name"] for h in hosts]
+    targets = [(h["name"], h["socket_dsn"]) for h in hosts]  # a client reaches its own host
+    refs = [NodeRef(h["name"], h["socket_dsn"], h["admin"]) for h in hosts]
+    out: list[appendload.History] = []
+    worker = threading.Thread(target=lambda: out.append(appendload.run(targets, seconds + 8, clients, seed=seed)),
+                              daemon=True)
+    worker.start()
+    events = Nemesis(lab_, names, seed, say=lambda line: click.echo(line, err=True)).run(seconds)
+    worker.join(seconds + 300)
+    if not out:
+        raise ChorusCliError("the list-append clients did not end")
+    h = out[0]
+    _do(lambda: lab_.wait_online(lab_.load(), names, timeout=300))
+    try:
+        wait_quiescent(refs, timeout=300)
+    except CheckError as e:
+        raise ChorusCliError(f"the cluster did not settle after the faults: {e}") from e
+    appendload.read_final(targets, h)
+    report = appendload.check(h)
+    faults = Counter(e.what for e in events if not e.what.startswith(("undo", "heal")))
+    result = {"valid": report.valid, "seed": seed, "seconds": seconds, "outcomes": h.counts(),
+              "nemesis": dict(faults), "events": [e.as_dict() for e in events], **report.as_dict()}
+    if as_json:
+        print_json(result)
+    else:
+        c = h.counts()
+        print_table(["transactions", "ok", "failed", "unknown", "forbidden anomalies", "valid"],
+                    [[len(h.txns), c["ok"], c["fail"], c["info"], len(report.violations), report.valid]])
+        click.echo("faults: " + ", ".join(f"{k} x{v}" for k, v in sorted(faults.items())))
+        for a in report.violations:
+            click.echo(f"FORBIDDEN {a.kind}: {a.description}")
+    if not report.valid:
+        raise SystemExit(1)
 
 
 @lab.command()
