@@ -41,11 +41,11 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     """Serve one connection: read a request, write ``answer(cmd, request)``. A request that is not
     a JSON object gets an error answer."""
     try:
-        line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT_S)
         try:
+            line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT_S)
             req = json.loads(line or b"{}")
             cmd = req.get("cmd", "status")
-        except (json.JSONDecodeError, AttributeError):
+        except (ValueError, AttributeError):  # not JSON, not UTF-8, not an object, a line too long
             req, cmd = {}, None
         if not isinstance(cmd, str):
             resp: dict[str, Any] = {"ok": False, "error": f"unknown admin command {cmd!r}"}

@@ -57,12 +57,15 @@ def proof(secret: bytes, role: bytes, cluster: str, first: str, second: str) -> 
 
 async def read_hello(reader: asyncio.StreamReader) -> dict[str, object]:
     """One JSON line of the hello exchange."""
-    line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT_S)
+    try:
+        line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT_S)
+    except ValueError as e:  # a line longer than the stream's limit
+        raise RecoveryError("handshake: message too long") from e
     if not line or len(line) > MAX_HELLO:
         raise RecoveryError("handshake: connection closed or message too long")
     try:
         obj = json.loads(line)
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # not JSON, or not UTF-8
         raise RecoveryError(f"handshake: not JSON: {e}") from e
     if not isinstance(obj, dict):
         raise RecoveryError("handshake: not a JSON object")

@@ -4,7 +4,10 @@ partner serving a growing log and a joiner (anchor, safe stop, reload, authentic
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import random
+import ssl
 import shutil
 from pathlib import Path
 
@@ -175,3 +178,116 @@ def test_stream_frames_are_read_by_kind_and_unknown_or_oversized_ones_refused() 
         asyncio.run(read(b"Z\x00\x00\x00\x00"))
     with pytest.raises(rc.RecoveryError, match="too large"):
         asyncio.run(read(b"R\xff\xff\xff\xff"))
+
+
+def test_bad_frames_from_peers_with_and_without_the_secret_are_refused(
+        tmp_path: Path, keys: rc.ClusterKeys, caplog: pytest.LogCaptureFixture) -> None:
+    """Fuzzed peers of the recovery server: one without the cluster's secret sends garbage for
+    its hello; one that proves it holds the secret sends garbage requests (and a few valid ones,
+    a range far past the log's end among them). The server ends each such connection with a
+    clear warning and no unhandled exception, and goes on serving an honest joiner."""
+    rnd = random.Random(5)
+
+    async def peer(port: int, with_secret: bool, junk: bytes) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=rc._context(keys, False))
+        try:
+            if with_secret:
+                nonce = "a" * 32
+                writer.write(proto.hello({"protocol": proto.PROTOCOL, "cluster": "cluster-1", "node": "x",
+                                          "nonce": nonce}))
+                hello = await proto.read_hello(reader)
+                proof = proto.proof(keys.secret(), b"joiner", "cluster-1", str(hello["nonce"]), nonce)
+                writer.write(junk.replace(b"PROOF", proof.encode()))
+            else:
+                writer.write(junk)
+            await writer.drain()
+            await asyncio.wait_for(reader.read(), 5)  # the server answers or closes, never hangs
+        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError, rc.RecoveryError):
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        p = _Partner(tmp_path, keys)
+        for g in range(1, 30):
+            p.commit(g)
+        await p.server.start("127.0.0.1:0")
+        assert p.server.server is not None
+        port = p.server.server.sockets[0].getsockname()[1]
+        requests = [b'{"proof": "PROOF", "after": %d, "upto": %d}\n' % (a, b)
+                    for a, b in ((-1, 5), (9, 3), (2**70, 2**71), (0, 2**64))]
+        requests += [b'{"proof": "PROOF", "after": "1", "upto": null}\n', b'{"proof": "PROOF"}\n', b"[]\n",
+                     b'{"proof": "PROOF", "after": 1.5, "upto": 2}\n', b"\xff" * 100 + b"\n"]
+        for i in range(40):
+            junk = bytes(rnd.randrange(256) for _ in range(rnd.randint(0, 400)))
+            await peer(port, with_secret=False, junk=junk + b"\n")
+            await peer(port, with_secret=True, junk=requests[i % len(requests)] if i < 2 * len(requests)
+                       else junk + b"\n")
+        assert p.server.active == 0
+        got: list[LogRecord] = []
+
+        async def take(r: LogRecord) -> None:
+            got.append(r)
+
+        assert await rc.fetch(f"127.0.0.1:{port}", keys, "cluster-1", "n9", 0, 29, take) == 29
+        assert [r.gid for r in got] == list(range(1, 30))
+        await p.server.close()
+
+    asyncio.run(main())
+    gc.collect()  # an unhandled exception in a connection's task is logged when the task goes
+    unhandled = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert not unhandled, unhandled[0].getMessage()
+
+
+def test_a_partner_sending_garbage_frames_gets_only_recovery_errors(tmp_path: Path, keys: rc.ClusterKeys) -> None:
+    """A member that proves it holds the secret, then streams damaged frames: the joiner's fetch
+    raises RecoveryError (it tries another partner), never another exception, and takes no
+    record it cannot check."""
+    rnd = random.Random(9)
+    good = proto.encode_record(LogRecord(1, "n1", 0, b"payload")) + proto.encode_end(1)
+
+    async def partner(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frames: bytes) -> None:
+        try:
+            hello = await proto.read_hello(reader)
+            nonce = "b" * 32
+            writer.write(proto.hello({"nonce": nonce, "proof": proto.proof(keys.secret(), b"partner", "cluster-1",
+                                                                           str(hello["nonce"]), nonce)}))
+            await proto.read_hello(reader)
+            writer.write(frames)
+            await writer.drain()
+        except (ConnectionError, rc.RecoveryError):
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        outcomes = {"refused": 0, "ok": 0}
+        for _ in range(60):
+            b = bytearray(good)
+            how = rnd.randrange(3)
+            if how == 0:
+                b = b[:rnd.randrange(len(b))]
+            elif how == 1:
+                for _ in range(rnd.randint(1, 3)):
+                    b[rnd.randrange(len(b))] = rnd.randrange(256)
+            else:
+                b = bytearray(rnd.randrange(256) for _ in range(rnd.randint(1, 60)))
+            frames = bytes(b)
+            server = await asyncio.start_server(lambda r, w, f=frames: partner(r, w, f), "127.0.0.1", 0,
+                                                ssl=rc._context(keys, True))
+            port = server.sockets[0].getsockname()[1]
+            got: list[LogRecord] = []
+
+            async def take(r: LogRecord) -> None:
+                got.append(r)
+            try:
+                stop = await rc.fetch(f"127.0.0.1:{port}", keys, "cluster-1", "n9", 0, 5, take)
+                outcomes["ok"] += 1
+                assert stop <= 5 and all(0 < r.gid <= stop for r in got)
+            except rc.RecoveryError:
+                outcomes["refused"] += 1
+            server.close()
+            await server.wait_closed()
+        assert outcomes["refused"] > 30
+
+    asyncio.run(main())
