@@ -28,45 +28,9 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 
-from chorus.localcluster import PG_CONF, PGBIN, LocalCluster  # noqa: E402
+from chorus.localcluster import PGBIN, LocalCluster, PlainPostgres as Plain  # noqa: E402
 
 PGBENCH = str(PGBIN / "pgbench")
-
-
-def run_as_postgres(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-    extra = {"user": "postgres", "group": "postgres", "extra_groups": []} if os.geteuid() == 0 else {}
-    return subprocess.run(cmd, capture_output=True, text=True, check=True, **extra, **kw)  # type: ignore[call-overload]
-
-
-class Plain:
-    """A plain PostgreSQL with the same settings, without Chorus."""
-
-    def __init__(self, root: Path, port: int) -> None:
-        self.dir = root / "plain"
-        self.port = port
-        self.dsn = f"host=127.0.0.1 port={port} dbname=postgres user=postgres"
-
-    def start(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        run = self.dir / "run"
-        run.mkdir(exist_ok=True)
-        if os.geteuid() == 0:
-            shutil.chown(self.dir, "postgres", "postgres")
-            shutil.chown(run, "postgres", "postgres")
-        pgdata = self.dir / "pgdata"
-        if not pgdata.exists():
-            run_as_postgres([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
-                             "-E", "UTF8", "--locale=C.UTF-8"])
-            conf = PG_CONF.format(port=self.port, run=run, number=0)
-            conf = "\n".join(l for l in conf.splitlines() if "chorus" not in l)
-            with open(pgdata / "postgresql.conf", "a") as f:
-                f.write(conf + "\n")
-        run_as_postgres([str(PGBIN / "pg_ctl"), "-D", str(pgdata), "-l", str(self.dir / "postgres.log"),
-                         "-w", "start"])
-
-    def stop(self) -> None:
-        subprocess.run([str(PGBIN / "pg_ctl"), "-D", str(self.dir / "pgdata"), "-m", "fast", "stop"],
-                       capture_output=True, **({"user": "postgres"} if os.geteuid() == 0 else {}))
 
 
 def pgbench_init(dsn: str, scale: int) -> None:

@@ -498,3 +498,39 @@ uidgid {{
   gid: {user}
 }}
 """
+
+
+class PlainPostgres:
+    """A plain PostgreSQL with the local cluster's settings, without Chorus: the benchmarks'
+    baseline, and the reference the checker's tests hold a single PostgreSQL to."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        self.dir = root / "plain"
+        self.port = port
+        self.dsn = f"host=127.0.0.1 port={port} dbname=postgres user=postgres"
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        run = self.dir / "run"
+        run.mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+            shutil.chown(run, "postgres", "postgres")
+        pgdata = self.dir / "pgdata"
+        if not pgdata.exists():
+            _as_postgres([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
+                          "-E", "UTF8", "--locale=C.UTF-8"])
+            conf = PG_CONF.format(port=self.port, run=run, number=0)
+            conf = "\n".join(line for line in conf.splitlines() if "chorus" not in line)
+            with open(pgdata / "postgresql.conf", "a") as f:
+                f.write(conf + "\n")
+        _as_postgres([str(PGBIN / "pg_ctl"), "-D", str(pgdata), "-l", str(self.dir / "postgres.log"), "-w", "start"])
+
+    def stop(self) -> None:
+        _as_postgres([str(PGBIN / "pg_ctl"), "-D", str(self.dir / "pgdata"), "-m", "fast", "stop"], check=False)
+
+
+def _as_postgres(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a PostgreSQL program as the postgres user (when root: the server refuses root)."""
+    extra: dict[str, Any] = {"user": "postgres", "group": "postgres", "extra_groups": []} if os.geteuid() == 0 else {}
+    return subprocess.run(cmd, capture_output=True, text=True, check=check, **extra)

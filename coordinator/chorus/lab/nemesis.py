@@ -1,7 +1,7 @@
 """A randomized nemesis for the lab (issue 23; docs/LAB.md): for a bounded time, at random
 moments, one fault after another on random hosts, each undone after a random while: partitions
 (random halves, one host cut off, every host alone), kill -9 of a host's PostgreSQL, of its
-coordinator, or of the whole host, a crash of every host at once, freezing a host, delay and
+coordinator, of its Corosync, or of the whole host, a crash of every host at once, freezing a host, delay and
 loss on every link. Then everything is healed and restarted. The schedule comes from a seed: a
 run that found something can be run again.
 
@@ -18,9 +18,9 @@ from typing import Callable, Optional
 
 from chorus.lab.rig import Lab
 
-FAULTS = ("partition-halves", "isolate-one", "all-alone", "kill-postgres", "kill-coordinator", "kill-host",
-          "crash-all", "freeze", "netem")
-WEIGHTS = (3, 3, 1, 2, 2, 2, 1, 2, 2)
+FAULTS = ("partition-halves", "isolate-one", "all-alone", "kill-postgres", "kill-coordinator", "kill-corosync",
+          "kill-host", "crash-all", "freeze", "netem")
+WEIGHTS = (3, 3, 1, 2, 2, 1, 2, 1, 2, 2)
 
 
 @dataclass(frozen=True)
@@ -101,9 +101,9 @@ class Nemesis:
             self._note(fault, host)
             self.lab.kill(host, what)
             return lambda: self._undo(fault, host, lambda: self.lab.restart_host(host, wait=False))
-        if fault == "kill-host":
+        if fault in ("kill-corosync", "kill-host"):
             self._note(fault, host)
-            self.lab.kill_host(host)
+            (self.lab.kill_bus if fault == "kill-corosync" else self.lab.kill_host)(host)
             return lambda: self._undo(fault, host, lambda: self.lab.restart_host(host, wait=False))
         if fault == "crash-all":
             self._note(fault, "*")

@@ -297,10 +297,13 @@ class Lab(LocalCluster):
 
     def kill_host(self, name: str) -> None:
         """SIGKILL the host's coordinator, PostgreSQL and corosync: a crashed machine."""
-        lm = self.lab()
         self.thaw(name)
         self.kill(name, "all")
-        pid = lm.corosync.get(name, 0)
+        self.kill_bus(name)
+
+    def kill_bus(self, name: str) -> None:
+        """SIGKILL the host's corosync alone (its coordinator then stops: it lost the bus)."""
+        pid = self.lab().corosync.get(name, 0)
         if _alive(pid, "corosync"):
             os.kill(pid, signal.SIGKILL)
             _wait_gone(pid, "corosync", 10)
