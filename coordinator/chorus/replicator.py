@@ -615,6 +615,13 @@ class Replicator:
         if isinstance(msg, bp.LogQuery):
             return [LogQueried(msg.node, msg.request_id)] if self.phase == Phase.ONLINE else []
         if isinstance(msg, bp.GidRequest):
+            if msg.node == self.node and msg.request_id != self._request_id:
+                # A GID request in this node's name that it did not make (a member's bug, or
+                # worse): every other node forgets this node here, so this node must leave too,
+                # or it would go on certifying writesets the others drop. It asks to join again.
+                out = self._leave_primary(f"bus member {sender} asked to join in this node's name")
+                self.last_gid = self.released
+                return out + self._request(self._request_at)
             out = []
             if msg.node in self.online and msg.node != self.node:
                 # it asks to join, so it is not online any more (it left the primary component

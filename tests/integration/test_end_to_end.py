@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import struct
@@ -14,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from chorus import wire
 from conftest import Cluster, chorus, commit_all
 
 pytestmark = pytest.mark.integration
@@ -238,4 +240,50 @@ def test_coordinator_down_refuses_writes_but_serves_reads(cluster: Cluster) -> N
     cluster.wait_online(2)
     with cluster.connect(2) as c:
         c.execute("INSERT INTO kv (k, v) VALUES (501, 'coordinator back')")
+    cluster.assert_identical()
+
+
+def test_fuzzed_frames_on_the_backend_socket_are_refused_and_the_node_goes_on(cluster: Cluster) -> None:
+    """The backend socket crosses a trust boundary (it is the postgres user's): random frames,
+    cut and damaged writesets are refused (the connection closed, or answered with a refusal),
+    and the coordinator goes on serving the real backends. A damaged writeset that would still
+    read as valid is not sent: it would be certified and applied like a real one."""
+    sock_path = os.path.join(cluster.dir, "nodes", cluster.nodes[0].name, "run", "chorus.sock")
+    rnd = random.Random(17)
+    t = wire.Table("public", "kv", (wire.Column("k", "integer", 0), wire.Column("v", "text", 0)), (0,))
+    good = wire.encode(wire.Writeset(1, 1, 0, (t,), (wire.Row("I", 0, (), (wire.Binary(b"\0\0\0\1"), b"x")),),
+                                     (wire.Key(wire.KeyMode.UPDATE, (b"public", b"kv", b"k", b"1")),)))
+    before = cluster.status(0)["malformed_frames"]
+    sent = 0
+    for i in range(150):
+        if i % 2:
+            body = bytearray(good)
+            for _ in range(rnd.randint(1, 4)):
+                body[rnd.randrange(len(body))] = rnd.randrange(256)
+            body = body[:rnd.randrange(len(body) + 1)] if i % 3 == 0 else body
+            try:
+                wire.scan(bytes(body))
+                continue  # still a valid writeset: not a malformed frame
+            except wire.WireError:
+                pass
+            frame = struct.pack(">I", len(body) + 1) + b"W" + bytes(body)
+        else:
+            junk = bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 40)))
+            frame = struct.pack(">I", rnd.choice([0, 1, 5, 13, len(junk) + 1, 1 << 31])) + \
+                rnd.choice([b"W", b"C", b"A", b"R", b"S", b"Z", b"\0"]) + junk
+            if frame[4:5] in (b"C", b"A", b"R"):
+                continue  # well-formed reports of GIDs would be believed: the socket is the backends'
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(sock_path)
+            s.sendall(frame)
+            s.shutdown(socket.SHUT_WR)
+            while s.recv(4096):  # a refusal, then the close; or the close
+                pass
+        sent += 1
+    assert sent > 50
+    with cluster.connect(0) as c:
+        c.execute("INSERT INTO kv (k, v) VALUES (401, 'after fuzzing')")
+    assert cluster.status(0)["malformed_frames"] > before
+    assert cluster.status(0)["state"] == "online"
     cluster.assert_identical()

@@ -22,6 +22,9 @@ from chorus import wire
 from chorus.admin import serve
 from test_replicator import NAMES, form, writeset
 
+# CHORUS_FUZZ_SCALE=100 runs a hundred times as many examples (a longer run from the command line)
+SCALE = int(os.environ.get("CHORUS_FUZZ_SCALE", "1"))
+
 
 def _mutations(raw: bytes, rnd: random.Random) -> list[bytes]:
     out = [raw[:rnd.randrange(len(raw) + 1)], raw + bytes([rnd.randrange(256)])]
@@ -39,7 +42,7 @@ SAMPLES = [bp.encode(m) for m in (
     bp.LogQuery("n2", "q"), bp.LogInfo("n1", "q", "n2", "h:1", 0, 5, 5, 0), bp.Received("n2", 4))]
 
 
-@settings(max_examples=500)
+@settings(max_examples=500 * SCALE)
 @given(st.binary(max_size=200), st.integers(0, len(SAMPLES) - 1), st.randoms(use_true_random=False))
 def test_bus_messages_decode_or_are_refused_with_their_own_error(garbage: bytes, which: int,
                                                                  rnd: random.Random) -> None:
@@ -50,11 +53,13 @@ def test_bus_messages_decode_or_are_refused_with_their_own_error(garbage: bytes,
             pass
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, len(SAMPLES) - 1), st.integers(0, 2**32)), min_size=1, max_size=8))
 def test_a_malformed_message_from_a_member_leaves_every_node_deciding_alike(bad: list[tuple[int, int]]) -> None:
-    """Every node delivers the same damaged messages (from n2) between valid writesets: each
-    refuses them alike and they all certify and apply what follows with the same GIDs."""
+    """Every node delivers the same damaged messages (from n2) between valid writesets: those
+    that do not parse are refused alike; those that still parse are taken alike (a damaged GID
+    request in n2's name makes every node, n2 too, count n2 out). No node commits a GID the
+    others do not, and the nodes that stay online agree on every GID."""
     c = form()
     for which, seed in bad:
         rnd = random.Random(seed)
@@ -62,14 +67,15 @@ def test_a_malformed_message_from_a_member_leaves_every_node_deciding_alike(bad:
             c.order.append(("n2", raw))
         c.submit("n1", 0, seed % 50)
     c.drain()
-    gids = {n: [g for g, ok in c.log[n] if ok] for n in NAMES}
-    assert gids["n1"] == gids["n2"] == gids["n3"] and gids["n1"]
-    assert len({r.gid for r in c.nodes.values()}) == 1  # the same position everywhere
-    for r in c.nodes.values():
-        assert r.accepts_writes
+    committed = {n: {g for g, ok in c.log[n] if ok} for n in NAMES}
+    online = [n for n in NAMES if c.nodes[n].accepts_writes]
+    assert "n1" in online and "n3" in online
+    assert all(committed[n] == committed["n1"] and c.nodes[n].gid == c.nodes["n1"].gid for n in online)
+    assert all(committed[n] <= committed["n1"] for n in NAMES)
+    assert committed["n1"]
 
 
-@settings(max_examples=400)
+@settings(max_examples=400 * SCALE)
 @given(st.binary(max_size=120), st.lists(st.integers(1, 40), max_size=6))
 def test_backend_frames_parse_or_are_refused_with_frame_or_wire_errors(data: bytes, cuts: list[int]) -> None:
     """What a backend may send, cut anywhere: FrameParser yields frames or raises FrameError,

@@ -5,6 +5,7 @@ they read alike, whichever implementation each node runs (CHORUS_IMPL)."""
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 from typing import Any, Callable
@@ -15,6 +16,9 @@ from hypothesis import strategies as st
 
 from chorus import wire
 from chorus.wire import Binary, Column, Key, KeyMode, Row, Table, Writeset
+
+# CHORUS_FUZZ_SCALE=100 runs a hundred times as many examples (a longer run from the command line)
+SCALE = int(os.environ.get("CHORUS_FUZZ_SCALE", "1"))
 
 _cwire = pytest.importorskip("chorus._cwire", reason="the compiled reader is not built (scripts/setup.sh builds it)")
 
@@ -72,7 +76,7 @@ def writesets(draw: st.DrawFn) -> Writeset:
                     draw(st.sampled_from([6, 8])))
 
 
-@settings(max_examples=400)
+@settings(max_examples=400 * SCALE)
 @given(writesets())
 def test_both_read_every_writeset_alike(ws: Writeset) -> None:
     raw = wire.encode(ws)
@@ -80,7 +84,7 @@ def test_both_read_every_writeset_alike(ws: Writeset) -> None:
     assert _cwire.read(raw, True) == ws
 
 
-@settings(max_examples=400)
+@settings(max_examples=400 * SCALE)
 @given(writesets(), st.data())
 def test_both_refuse_the_same_damaged_writesets(ws: Writeset, data: st.DataObject) -> None:
     raw = bytearray(wire.encode(ws))
@@ -95,7 +99,7 @@ def test_both_refuse_the_same_damaged_writesets(ws: Writeset, data: st.DataObjec
     _same(bytes(raw))
 
 
-@settings(max_examples=300)
+@settings(max_examples=300 * SCALE)
 @given(st.binary(max_size=200))
 def test_both_refuse_garbage_alike(raw: bytes) -> None:
     _same(b"CW\x02" + raw)

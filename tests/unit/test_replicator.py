@@ -582,3 +582,18 @@ def test_flow_control_pauses_every_node_until_the_last_asker_lets_go() -> None:
         v = View(2, ("n1", "n2"), (), ("n3",), n, True, 1, 0, "")
         said[n] += [a.paused for a in c.nodes[n].on_view(v, c.now) if isinstance(a, Pause)]
     assert said["n1"] == said["n2"] == [True, False]
+
+
+def test_a_gid_request_in_a_nodes_name_that_it_did_not_send_takes_it_out_everywhere() -> None:
+    """Found by fuzzing the bus (tests/unit/test_fuzz_boundaries.py): a damaged message that
+    still parsed as a GidRequest in n2's name made n1 and n3 count n2 out while n2, which never
+    asked, went on certifying its own writesets: they committed on n2 alone. Now n2 leaves the
+    primary component at the same place and asks to join again."""
+    c = form()
+    c.order.append(("n2", bp.encode(bp.GidRequest("n2", "not-n2s-request", c.nodes["n1"].cluster_uuid, 0))))
+    c.order.append(("n2", bp.encode(bp.WritesetMsg("n2", 99, writeset(0, 7)))))
+    c.drain()
+    assert not any(ok for _, ok in c.log["n2"])  # n2 committed nothing the others dropped
+    assert c.applied["n1"] == c.applied["n3"] == []
+    assert c.nodes["n1"].gid == c.nodes["n3"].gid
+    assert "n2" in c.nodes["n1"].online  # it asked to join again, and is back
