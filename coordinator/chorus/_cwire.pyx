@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The compiled reader of the writeset wire format: the same reading as wire.py's ``_decode``
+"""The compiled reader of the writeset wire format: the same reading as wire.py's ``read_python``
 (the reference), compiled with Cython. wire.py picks one at import (``CHORUS_IMPL=python|c``);
 tests/unit/test_impl.py checks that both read every writeset alike and refuse the same bytes.
 
@@ -163,7 +163,7 @@ cdef class _Reader:
 
 
 def read(object buf, bint full):
-    """Read writeset bytes (``full``: decode, else scan), as wire.py's ``_decode`` does."""
+    """Read writeset bytes (``full``: decode, else scan), as wire.py's ``read_python`` does."""
     if not bound:
         raise RuntimeError("chorus._cwire is not bound to the wire module")
     cdef _Reader r = _Reader.__new__(_Reader)
