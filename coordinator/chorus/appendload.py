@@ -155,10 +155,13 @@ def _client(dsn: str, node: str, process: int, keys: _Keys, until: float, seed: 
 
 
 def run(nodes: Sequence[tuple[str, str]], seconds: float, clients_per_node: int = 2,
-        settings: Optional[Settings] = None, seed: int = 0) -> History:
-    """Run the workload on every node (``(name, dsn)``) at once for ``seconds``."""
+        settings: Optional[Settings] = None, seed: int = 0, prepared: bool = False) -> History:
+    """Run the workload on every node (``(name, dsn)``) at once for ``seconds``, after
+    :func:`setup` on the first node unless ``prepared`` (a caller about to break the cluster
+    makes the table first)."""
     s = settings or Settings()
-    setup(nodes[0][1], s.keys)
+    if not prepared:
+        setup(nodes[0][1], s.keys)
     keys = _Keys(s)
     h = History()
     until = time.monotonic() + seconds

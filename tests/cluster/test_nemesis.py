@@ -30,8 +30,10 @@ def test_randomized_faults_lose_nothing_and_break_no_isolation(healthy: LabClust
     lab = healthy
     nodes = lab.endpoints()
     histories: list[appendload.History] = []
+    appendload.setup(nodes[0][1], appendload.Settings().keys)  # before anything breaks
+    lab.assert_identical()
     appends = threading.Thread(target=lambda: histories.append(
-        appendload.run(nodes, SECONDS + 8, clients_per_node=1, seed=SEED)), daemon=True)
+        appendload.run(nodes, SECONDS + 8, clients_per_node=1, seed=SEED, prepared=True)), daemon=True)
     bank = Load(nodes, bank_intent_op(ACCOUNTS), workers_per_node=1).start()
     sets = Load(nodes, set_intent_op, workers_per_node=1).start()
     appends.start()

@@ -144,8 +144,10 @@ def nemesis(directory: str, seconds: float, seed: int, clients: int, as_json: bo
     targets = [(h["name"], h["socket_dsn"]) for h in hosts]  # a client reaches its own host
     refs = [NodeRef(h["name"], h["socket_dsn"], h["admin"]) for h in hosts]
     out: list[appendload.History] = []
-    worker = threading.Thread(target=lambda: out.append(appendload.run(targets, seconds + 8, clients, seed=seed)),
-                              daemon=True)
+    settings = appendload.Settings()
+    appendload.setup(targets[0][1], settings.keys)  # before anything breaks
+    worker = threading.Thread(target=lambda: out.append(
+        appendload.run(targets, seconds + 8, clients, settings, seed=seed, prepared=True)), daemon=True)
     worker.start()
     events = Nemesis(lab_, names, seed, say=lambda line: click.echo(line, err=True)).run(seconds)
     worker.join(seconds + 300)
