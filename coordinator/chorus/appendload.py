@@ -26,6 +26,7 @@ import psycopg
 from chorus import elle
 
 # made anew for each run: values are unique within one run only
+COMMIT_REFUSALS = {"40001", "25006"}  # at COMMIT: certainly not committed (docs/ISOLATION.md)
 SCHEMA = ("DROP TABLE IF EXISTS chorus_append",
           "CREATE TABLE chorus_append (k integer PRIMARY KEY, v integer[] NOT NULL DEFAULT '{}')")
 
@@ -91,21 +92,34 @@ def setup(dsn: str, keys: int) -> None:
                   (keys - 1,))
 
 
+class CommitFailed(Exception):
+    """COMMIT raised ``error``: the writeset may have gone to the cluster before it did."""
+
+    def __init__(self, error: psycopg.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _transaction(conn: psycopg.Connection[Any], ops: list[tuple[str, int, Optional[int]]]
                  ) -> list[tuple[str, int, Any]]:
-    """Run one transaction's micro-operations; what each observed."""
+    """Run one transaction's micro-operations; what each observed. An error at COMMIT is
+    raised as :class:`CommitFailed`."""
     out: list[tuple[str, int, Any]] = []
-    with conn.transaction():
-        for f, k, v in ops:
-            if f == "append":
-                cur = conn.execute("UPDATE chorus_append SET v = v || %s WHERE k = %s", (v, k))
-                if cur.rowcount == 0:  # a new key: its row is made by its first append
-                    conn.execute("INSERT INTO chorus_append (k, v) VALUES (%s, ARRAY[%s]::integer[])"
-                                 " ON CONFLICT (k) DO UPDATE SET v = chorus_append.v || EXCLUDED.v", (k, v))
-                out.append(("append", k, v))
-            else:
-                row = conn.execute("SELECT v FROM chorus_append WHERE k = %s", (k,)).fetchone()
-                out.append(("r", k, list(row[0]) if row else None))
+    conn.execute("BEGIN")
+    for f, k, v in ops:
+        if f == "append":
+            cur = conn.execute("UPDATE chorus_append SET v = v || %s WHERE k = %s", (v, k))
+            if cur.rowcount == 0:  # a new key: its row is made by its first append
+                conn.execute("INSERT INTO chorus_append (k, v) VALUES (%s, ARRAY[%s]::integer[])"
+                             " ON CONFLICT (k) DO UPDATE SET v = chorus_append.v || EXCLUDED.v", (k, v))
+            out.append(("append", k, v))
+        else:
+            row = conn.execute("SELECT v FROM chorus_append WHERE k = %s", (k,)).fetchone()
+            out.append(("r", k, list(row[0]) if row else None))
+    try:
+        conn.execute("COMMIT")
+    except psycopg.Error as e:
+        raise CommitFailed(e) from e
     return out
 
 
@@ -133,11 +147,16 @@ def _client(dsn: str, node: str, process: int, keys: _Keys, until: float, seed: 
         try:
             done = _transaction(conn, ops)
             h.add(elle.Txn.of(tid, done, "ok", process, node, invoked, time.monotonic()))
-        except psycopg.Error as e:
-            state = e.sqlstate or ""
-            # the connection broke (08006, 08007 or no answer at all): it may have committed;
-            # any error the server raised (40001 at COMMIT included) rolled the transaction back
-            unknown = state.startswith("08") or not state or conn.closed
+        except (psycopg.Error, CommitFailed) as raised:
+            at_commit = isinstance(raised, CommitFailed)
+            error = raised.error if isinstance(raised, CommitFailed) else raised
+            state = error.sqlstate or ""
+            # Before COMMIT, any error the server raised rolled the transaction back. At COMMIT
+            # only a certification loss (40001) or a refusal before the writeset was sent (25006)
+            # is certain: a broken connection (08006), 08007, or a cancel during the verdict
+            # wait (57014: the coordinator replays a certified writeset) leaves it unknown.
+            unknown = not state or conn.closed or state.startswith("08") or (
+                at_commit and state not in COMMIT_REFUSALS)
             outcome: elle.Outcome = "info" if unknown else "fail"
             h.add(elle.Txn.of(tid, [o for o in intended if o[0] == "append"], outcome, process, node, invoked,
                               time.monotonic()))
