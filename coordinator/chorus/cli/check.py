@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections import Counter
+from typing import Any, Sequence
 
 import click
 
 from chorus import appendload
-from chorus.check import CheckError, node_refs, wait_quiescent
+from chorus.check import CheckError, NodeRef, node_refs, wait_quiescent
 from chorus.cli.common import ChorusCliError, dir_option, json_option, print_json, print_table
 from chorus.localcluster import LocalCluster, LocalClusterError
 
@@ -30,7 +31,8 @@ def append(directory: str, seconds: float, clients: int, keys: int, seed: int, a
     the Elle-style check: cycles snapshot isolation forbids, lost acknowledged appends, garbage
     and aborted reads. Exit status 1 if anything forbidden is found."""
     try:
-        nodes = LocalCluster(directory).describe(LocalCluster(directory).load())
+        cluster = LocalCluster(directory)
+        nodes = cluster.describe(cluster.load())
     except LocalClusterError as e:
         raise ChorusCliError(str(e)) from e
     targets = [(n["name"], n["dsn"]) for n in nodes]
@@ -38,21 +40,35 @@ def append(directory: str, seconds: float, clients: int, keys: int, seed: int, a
     if not as_json:
         click.echo(f"list-append on {len(targets)} nodes, {clients} clients each, {seconds:.0f} s ...", err=True)
     h = appendload.run(targets, seconds, clients, appendload.Settings(keys=keys), seed)
+    settle_and_judge(h, targets, node_refs(nodes), 120, as_json, {"seconds": round(time.monotonic() - started, 1)})
+
+
+def settle_and_judge(h: appendload.History, targets: list[tuple[str, str]], refs: list[NodeRef], timeout: float,
+                     as_json: bool, extra: dict[str, Any], lines: Sequence[str] = ()) -> None:
+    """After a list-append run: wait until the cluster has settled, read every list on every
+    node, check the history, and say so: a table (then ``lines``, the allowed anomalies counted,
+    every forbidden one), or JSON
+    with ``extra``. Exit status 1 if anything forbidden was found."""
     try:
-        wait_quiescent(node_refs(nodes), timeout=120)
+        wait_quiescent(refs, timeout=timeout)
     except CheckError as e:
-        raise ChorusCliError(f"the cluster did not settle after the workload: {e}") from e
+        raise ChorusCliError(f"the cluster did not settle after the run: {e}") from e
     appendload.read_final(targets, h)
     report = appendload.check(h)
-    out: dict[str, Any] = {"valid": report.valid, "seconds": round(time.monotonic() - started, 1),
-                           "outcomes": h.counts(), "client_errors": h.errors[:20], **report.as_dict()}
+    c = h.counts()
     if as_json:
-        print_json(out)
+        print_json({"valid": report.valid, "outcomes": c, "client_errors": h.errors[:20], **extra,
+                    **report.as_dict()})
     else:
-        c = h.counts()
-        print_table(["transactions", "ok", "failed", "unknown", "anomalies", "valid"],
+        print_table(["transactions", "ok", "failed", "unknown", "forbidden anomalies", "valid"],
                     [[len(h.txns), c["ok"], c["fail"], c["info"], len(report.violations), report.valid]])
-        for a in report.anomalies:
-            click.echo(f"{'FORBIDDEN' if a.forbidden else 'allowed'} {a.kind}: {a.description}")
+        for line in lines:
+            click.echo(line)
+        allowed = Counter(a.kind for a in report.allowed)
+        if allowed:
+            click.echo("allowed under snapshot isolation: "
+                       + ", ".join(f"{k} x{v}" for k, v in sorted(allowed.items())) + " (--json lists them)")
+        for a in report.violations:
+            click.echo(f"FORBIDDEN {a.kind}: {a.description}")
     if not report.valid:
         raise SystemExit(1)

@@ -10,8 +10,9 @@ from typing import Any, Callable
 import click
 
 from chorus import appendload
-from chorus.check import CheckError, NodeRef, wait_quiescent
+from chorus.check import NodeRef
 
+from chorus.cli.check import settle_and_judge
 from chorus.cli.common import ChorusCliError, json_option, print_json, print_table
 from chorus.cli.local import _node_status
 from chorus.lab.nemesis import Nemesis
@@ -153,28 +154,11 @@ def nemesis(directory: str, seconds: float, seed: int, clients: int, as_json: bo
     worker.join(seconds + 300)
     if not out:
         raise ChorusCliError("the list-append clients did not end")
-    h = out[0]
     _do(lambda: lab_.wait_online(lab_.load(), names, timeout=300))
-    try:
-        wait_quiescent(refs, timeout=300)
-    except CheckError as e:
-        raise ChorusCliError(f"the cluster did not settle after the faults: {e}") from e
-    appendload.read_final(targets, h)
-    report = appendload.check(h)
     faults = Counter(e.what for e in events if not e.what.startswith(("undo", "heal")))
-    result = {"valid": report.valid, "seed": seed, "seconds": seconds, "outcomes": h.counts(),
-              "nemesis": dict(faults), "events": [e.as_dict() for e in events], **report.as_dict()}
-    if as_json:
-        print_json(result)
-    else:
-        c = h.counts()
-        print_table(["transactions", "ok", "failed", "unknown", "forbidden anomalies", "valid"],
-                    [[len(h.txns), c["ok"], c["fail"], c["info"], len(report.violations), report.valid]])
-        click.echo("faults: " + ", ".join(f"{k} x{v}" for k, v in sorted(faults.items())))
-        for a in report.violations:
-            click.echo(f"FORBIDDEN {a.kind}: {a.description}")
-    if not report.valid:
-        raise SystemExit(1)
+    settle_and_judge(out[0], targets, refs, 300, as_json,
+                     {"seed": seed, "seconds": seconds, "nemesis": dict(faults), "events": [e.as_dict() for e in events]},
+                     ["faults: " + ", ".join(f"{k} x{v}" for k, v in sorted(faults.items()))])
 
 
 @lab.command()
