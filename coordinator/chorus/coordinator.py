@@ -414,7 +414,7 @@ class Coordinator:
             return self.phase_reason
         return None
 
-    def _expect_local(self, ticket: int, writeset: Any) -> None:
+    def _expect_local(self, ticket: int, writeset: wire.Writeset) -> None:
         assert self.replicator is not None
         self.replicator.expect_local(ticket, writeset)
 

@@ -63,15 +63,7 @@ class LabCluster:
 
     def restore(self) -> None:
         """Undo whatever a test did to the network and the hosts."""
-        self.lab.heal()
-        self.lab.netem("")
-        for n in self.names:
-            self.lab.thaw(n)
-        meta = self.lab.load()
-        for n in meta.nodes:
-            d = {x["name"]: x for x in self.lab.describe(meta)}[n.name]
-            if not (d["pg_pid"] and d["coordinator_pid"] and d["corosync_pid"]):
-                self.lab.restart_host(n.name)
+        self.lab.heal_all()
         self.wait_all_online()
 
     def assert_identical(self, timeout: float = 90) -> None:

@@ -61,16 +61,7 @@ class Nemesis:
 
     def heal_all(self) -> None:
         self._note("heal all", "*")
-        self.lab.heal()
-        self.lab.netem("")
-        for n in self.names:
-            self.lab.thaw(n)
-        meta = self.lab.load()
-        alive = {d["name"]: d for d in self.lab.describe(meta)}
-        for n in self.names:
-            d = alive[n]
-            if not (d["pg_pid"] and d["coordinator_pid"] and d.get("corosync_pid", 1)):
-                self.lab.restart_host(n, wait=False)
+        self.lab.heal_all()
 
     # ---- the faults ----------------------------------------------------------------------
 

@@ -311,6 +311,18 @@ class Lab(LocalCluster):
     def restart_host(self, name: str, wait: bool = True) -> None:
         self.start(name, wait=wait)
 
+    def heal_all(self) -> None:
+        """Undo every fault: the network healed and clean, every host thawed, every host with a
+        process down restarted (not waited for)."""
+        self.heal()
+        self.netem("")
+        meta = self.load()
+        for n in meta.nodes:
+            self.thaw(n.name)
+        for d in self.describe(self.load()):
+            if not (d["pg_pid"] and d["coordinator_pid"] and d["corosync_pid"]):
+                self.restart_host(d["name"], wait=False)
+
     def down(self) -> None:
         if not self.lab_path.exists():
             return super().down()
