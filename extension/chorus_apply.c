@@ -5,8 +5,11 @@
  *		the rows and schema changes of a certified writeset inside the caller's
  *		transaction, in one call (docs/PROTOCOL.md section 4). The writeset is
  *		read with chorus_wsread.c, in the wire format of docs/PROTOCOL.md
- *		section 2 (constants in chorus_wire.h); statements are built from
- *		quoted identifiers only and prepared once per table shape; values
+ *		section 2 (constants in chorus_wire.h); rows go through the executor's
+ *		replication helpers (chorus_apply_exec.c), or, for a table without an
+ *		identity index the executor can use (or with chorus.apply_executor
+ *		off), through statements built from quoted identifiers only and
+ *		prepared once per table shape (chorus_apply_table.c); values
  *		reach PostgreSQL through each local column's receive function (binary
  *		values) or input function (text, read under the same fixed settings it
  *		was printed under). A schema
@@ -35,7 +38,9 @@
 #include "chorus_values.h"
 #include "chorus_wire.h"
 #include "chorus_wsread.h"
+#include "chorus_apply_exec.h"
 #include "chorus_apply_table.h"
+#include "chorus_settings.h"
 
 PG_FUNCTION_INFO_V1(chorus_apply_writeset);
 PG_FUNCTION_INFO_V1(chorus_apply_run);
@@ -113,13 +118,40 @@ apply_refuse(const ChorusWsReader *r, ApplyTable *t, const char *image)
 	}
 }
 
+/*
+ * The SPI connection of one writeset's apply, made at the first statement
+ * that needs it (a TRUNCATE, a schema change, a row of a table the executor
+ * does not take) and ended with the writeset.
+ */
 static void
-run_truncate(StringInfo list, bool restart)
+apply_spi_connect(bool *connected, MemoryContext cxt)
+{
+	if (*connected)
+		return;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "chorus: SPI_connect failed");
+	MemoryContextSwitchTo(cxt);	/* allocations stay the apply's (SPI_finish returns to it too) */
+	*connected = true;
+}
+
+/*
+ * apply_truncate
+ *		Run the TRUNCATEs gathered in list, if any: after the rows before them,
+ *		whose executor state (ex) ends first (a TRUNCATE needs its tables closed).
+ */
+static void
+apply_truncate(StringInfo list, bool restart, ApplyExec **ex, bool *spi, MemoryContext cxt)
 {
 	int			rc;
 
 	if (list->len == 0)
 		return;
+	if (*ex != NULL)
+	{
+		chorus_apply_exec_end(*ex);
+		*ex = NULL;
+	}
+	apply_spi_connect(spi, cxt);
 	/*
 	 * CASCADE: the origin truncated every table that references these (or it
 	 * would have failed), but a partitioned one among them has no rows of its
@@ -130,6 +162,82 @@ run_truncate(StringInfo list, bool restart)
 	if (rc != SPI_OK_UTILITY)
 		elog(ERROR, "chorus: TRUNCATE failed: %s", SPI_result_code_string(rc));
 	resetStringInfo(list);
+}
+
+/* The error for a row to update or delete that is not here (or is here more than once). */
+static void apply_missing_row(ApplyTable *t, ApplyRow *row, int64 gid, uint64 matched) pg_attribute_noreturn();
+
+static void
+apply_missing_row(ApplyTable *t, ApplyRow *row, int64 gid, uint64 matched)
+{
+	StringInfoData key;
+	int			k;
+
+	initStringInfo(&key);
+	for (k = 0; k < t->nident; k++)
+		appendStringInfo(&key, "%s%s", k ? ", " : "",
+						 row->oldv[k].kind == CHORUS_VAL_NULL ? "NULL" :
+						 row->oldv[k].kind == CHORUS_VAL_BINARY ? "(binary)" :
+						 pnstrdup(row->oldv[k].data, row->oldv[k].len));
+	ereport(ERROR,
+			(errcode(ERRCODE_DATA_CORRUPTED),
+			 errmsg("chorus: GID %lld: %s of %s (%s) matched %llu rows: this node's data differs from the cluster's",
+					(long long) gid, row->op == CHORUS_OP_UPDATE ? "UPDATE" : "DELETE", chorus_apply_table_name(t),
+					key.data, (unsigned long long) matched)));
+}
+
+/*
+ * apply_spi_row
+ *		Apply one row of t with its prepared statement: the new values of the
+ *		columns that are not generated, then the old identity.
+ */
+static void
+apply_spi_row(ApplyTable *t, ApplyRow *row, int64 gid)
+{
+	Datum	   *values = palloc(sizeof(Datum) * (t->ncols + t->nident + 1));
+	char	   *nulls = palloc(t->ncols + t->nident + 1);
+	bool		isnull;
+	int			n = 0,
+				c,
+				k,
+				rc;
+
+	for (c = 0; row->op != CHORUS_OP_DELETE && c < t->ncols; c++)
+	{
+		if (t->cols[c].flags & CHORUS_COL_GENERATED)
+			continue;
+		if (row->op == CHORUS_OP_UPDATE && (k = chorus_apply_update_skips(t, c)) >= 0)
+		{
+			ChorusWsValue o = row->oldv[k],
+						v = row->newv[c];
+
+			/* left out of the statement: it must not have changed */
+			if (o.kind != v.kind || o.len != v.len || (o.len > 0 && memcmp(o.data, v.data, o.len) != 0))
+				ereport(ERROR,
+						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+						 errmsg("chorus: GID %lld: an UPDATE of %s sets its GENERATED ALWAYS identity column \"%s\", which a statement cannot",
+								(long long) gid, chorus_apply_table_name(t), t->cols[c].name),
+						 errhint("Rows of a table with a primary key are applied through the executor, which can (chorus.apply_executor).")));
+			continue;
+		}
+		values[n] = chorus_apply_datum(t, c, row->newv[c], &isnull, false);
+		nulls[n++] = isnull ? 'n' : ' ';
+	}
+	for (k = 0; row->op != CHORUS_OP_INSERT && k < t->nident; k++)
+	{
+		if (t->full_identity && (t->cols[t->ident[k]].flags & CHORUS_COL_GENERATED))
+			continue;			/* not compared: computed from the others */
+		values[n] = chorus_apply_datum(t, t->ident[k], row->oldv[k], &isnull, true);
+		nulls[n++] = isnull ? 'n' : ' ';
+	}
+	rc = SPI_execute_plan(chorus_apply_plan(t, row->op == CHORUS_OP_INSERT ? 0 : row->op == CHORUS_OP_UPDATE ? 1 : 2),
+						  values, nulls, false, 0);
+	if (rc < 0)
+		elog(ERROR, "chorus: applying a row of %s: %s", chorus_apply_table_name(t), SPI_result_code_string(rc));
+	if (row->op != CHORUS_OP_INSERT && SPI_processed != 1)
+		apply_missing_row(t, row, gid, SPI_processed);
+	pfree(values);
+	pfree(nulls);
 }
 
 /* Settings that cannot be set on this node are warned about, not fatal (locales, tablespaces). */
@@ -223,6 +331,11 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 	int64		applied = 0;
 	int			nest;
 	uint32		i;
+	ApplyExec  *ex = NULL;		/* the executor state of the rows since the last statement */
+	bool		spi = false;	/* connected to SPI */
+	int			width = 1;		/* the widest table */
+	ChorusWsValue *oldv,
+			   *newv;
 
 	/* the header: magic, version, flags and counts checked */
 	if (chorus_wsr_open(&r, buf, len, &h) != 0)
@@ -290,112 +403,97 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 		t->full_identity = (tflags & CHORUS_TABLE_FULL_IDENTITY) != 0;
 	}
 
+	for (i = 0; i < ntables; i++)
+		width = Max(width, tables[i].ncols);
+	oldv = palloc(sizeof(ChorusWsValue) * width);
+	newv = palloc(sizeof(ChorusWsValue) * width);
+
 	/* text values are read under the settings they were printed under (chorus_values.c) */
 	nest = chorus_canonical_enter(false);
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "chorus: SPI_connect failed");
 	initStringInfo(&truncates);
 	for (i = 0; i < nrows; i++)
 	{
 		ChorusWsItem item;
-		char		op;
 		ApplyTable *t;
-		Datum	   *values;
-		char	   *nulls;
-		int			n = 0,
-					c,
-					k,
-					rc;
-		ChorusWsValue *oldv = NULL;
+		ApplyRow	row;
+		int			c,
+					k;
 
 		/* its op (known), a row's table (in range), a TRUNCATE's flags (known) */
 		if (chorus_wsr_item(&r, &item) != 0)
 			apply_refuse(&r, NULL, NULL);
-		op = item.op;
-		if (op == CHORUS_OP_SCHEMA)
+		row.op = item.op;
+		row.oldv = oldv;
+		row.newv = newv;
+		if (row.op == CHORUS_OP_SCHEMA)
 		{
-			run_truncate(&truncates, truncate_restart);
+			apply_truncate(&truncates, truncate_restart, &ex, &spi, cxt);
+			if (ex != NULL)
+			{
+				chorus_apply_exec_end(ex);
+				ex = NULL;
+			}
+			apply_spi_connect(&spi, cxt);
 			/* the statement runs under its origin's settings, then the fixed ones return */
 			chorus_canonical_exit(nest);
 			apply_schema(&r, item.nsettings, gid);
 			nest = chorus_canonical_enter(false);
+			/* it may have changed the tables: each is found again at its next row */
+			for (c = 0; c < (int) ntables; c++)
+				tables[c].rel = NULL;
 			applied++;
 			continue;
 		}
 		t = &tables[item.table];
-		if (op == CHORUS_OP_TRUNCATE)
+		if (row.op == CHORUS_OP_TRUNCATE)
 		{
 			bool		restart = (item.truncate_flags & CHORUS_TRUNCATE_RESTART) != 0;
 
 			if (restart != truncate_restart)
-				run_truncate(&truncates, truncate_restart);
+				apply_truncate(&truncates, truncate_restart, &ex, &spi, cxt);
 			truncate_restart = restart;
 			appendStringInfo(&truncates, "%s%s", truncates.len ? ", " : "", chorus_apply_table_name(t));
 			applied++;
 			continue;
 		}
-		run_truncate(&truncates, truncate_restart);
-		if (t->coltypes == NULL)
-			chorus_apply_resolve_types(t);
-		values = palloc(sizeof(Datum) * (t->ncols + t->nident + 1));
-		nulls = palloc(t->ncols + t->nident + 1);
-		if (op != CHORUS_OP_INSERT)
+		apply_truncate(&truncates, truncate_restart, &ex, &spi, cxt);
+		if (chorus_apply_unresolved(t))
+			chorus_apply_resolve(t);
+		if (row.op != CHORUS_OP_INSERT)
 		{
 			if (chorus_wsr_tuple(&r, (uint16) t->nident) != 0)
 				apply_refuse(&r, t, "old");
-			oldv = palloc(sizeof(ChorusWsValue) * Max(t->nident, 1));
 			for (k = 0; k < t->nident; k++)
 				if (chorus_wsr_value(&r, &oldv[k]) != 0)
 					apply_refuse(&r, t, "old");
 		}
-		if (op != CHORUS_OP_DELETE)
+		if (row.op != CHORUS_OP_DELETE)
 		{
 			if (chorus_wsr_tuple(&r, (uint16) t->ncols) != 0)
 				apply_refuse(&r, t, "new");
 			for (c = 0; c < t->ncols; c++)
-			{
-				ChorusWsValue v;
-
-				if (chorus_wsr_value(&r, &v) != 0)
+				if (chorus_wsr_value(&r, &newv[c]) != 0)
 					apply_refuse(&r, t, "new");
-				if (t->cols[c].flags & CHORUS_COL_GENERATED)
-					continue;
-				values[n] = chorus_apply_datum(t, c, v, &nulls[n], false);
-				n++;
-			}
 		}
-		for (k = 0; oldv != NULL && k < t->nident; k++)
+		if (chorus_apply_executor && t->rel->why_spi == NULL)
 		{
-			if (t->full_identity && (t->cols[t->ident[k]].flags & CHORUS_COL_GENERATED))
-				continue;		/* not compared: computed from the others */
-			values[n] = chorus_apply_datum(t, t->ident[k], oldv[k], &nulls[n], true);
-			n++;
+			if (ex == NULL)
+				ex = chorus_apply_exec_begin(tables, (int) ntables);
+			if (!chorus_apply_exec_row(ex, t, &row))
+				apply_missing_row(t, &row, gid, 0);
 		}
-		rc = SPI_execute_plan(chorus_apply_plan(t, op == CHORUS_OP_INSERT ? 0 : op == CHORUS_OP_UPDATE ? 1 : 2),
-							  values, nulls, false, 0);
-		if (rc < 0)
-			elog(ERROR, "chorus: applying a row of %s: %s", chorus_apply_table_name(t), SPI_result_code_string(rc));
-		if (op != CHORUS_OP_INSERT && SPI_processed != 1)
+		else
 		{
-			StringInfoData key;
-
-			initStringInfo(&key);
-			for (k = 0; k < t->nident; k++)
-				appendStringInfo(&key, "%s%s", k ? ", " : "",
-								 oldv[k].kind == CHORUS_VAL_NULL ? "NULL" :
-								 oldv[k].kind == CHORUS_VAL_BINARY ? "(binary)" : pnstrdup(oldv[k].data, oldv[k].len));
-			ereport(ERROR,
-					(errcode(ERRCODE_DATA_CORRUPTED),
-					 errmsg("chorus: GID %lld: %s of %s (%s) matched %llu rows: this node's data differs from the cluster's",
-							(long long) gid, op == CHORUS_OP_UPDATE ? "UPDATE" : "DELETE", chorus_apply_table_name(t), key.data,
-							(unsigned long long) SPI_processed)));
+			apply_spi_connect(&spi, cxt);
+			apply_spi_row(t, &row, gid);
 		}
 		applied++;
-		pfree(values);
-		pfree(nulls);
 	}
-	run_truncate(&truncates, truncate_restart);
-	SPI_finish();
+	apply_truncate(&truncates, truncate_restart, &ex, &spi, cxt);
+	if (ex != NULL)
+		chorus_apply_exec_end(ex);
+	if (spi)
+		SPI_finish();
 	chorus_canonical_exit(nest);
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(cxt);

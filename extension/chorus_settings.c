@@ -18,6 +18,7 @@ bool		chorus_causal_reads = false;
 int			chorus_causal_reads_timeout = 10000;
 int			chorus_max_writeset_mb = 256;
 char	   *chorus_exclude_schemas = NULL;
+bool		chorus_apply_executor = true;
 bool		chorus_replicate_ddl = true;
 bool		chorus_replicate_roles = true;
 int			chorus_node_number = 0;
@@ -57,6 +58,10 @@ chorus_define_settings(void)
 	DefineCustomStringVariable("chorus.exclude_schemas",
 							   "Comma-separated schemas whose new tables are not replicated.",
 							   NULL, &chorus_exclude_schemas, "", PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("chorus.apply_executor",
+							 "Apply replicated rows through the executor's replication helpers, as logical replication does.",
+							 "Off: through prepared statements (SPI), as tables without a primary key or identity index always are.",
+							 &chorus_apply_executor, true, PGC_SUSET, 0, NULL, NULL, NULL);
 	DefineCustomBoolVariable("chorus.replicate_ddl",
 							 "Replicate this session's schema changes to every node, in total order.",
 							 "Off: schema changes stay on this node (for changes made on every node by hand).",

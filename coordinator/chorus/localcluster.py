@@ -502,11 +502,14 @@ uidgid {{
 
 class PlainPostgres:
     """A plain PostgreSQL with the local cluster's settings, without Chorus: the benchmarks'
-    baseline, and the reference the checker's tests hold a single PostgreSQL to."""
+    baseline, and the reference the checker's tests hold a single PostgreSQL to. With
+    ``extension``: the chorus extension preloaded but no coordinator, for tests of the apply
+    function on one PostgreSQL."""
 
-    def __init__(self, root: Path, port: int) -> None:
-        self.dir = root / "plain"
+    def __init__(self, root: Path, port: int, extension: bool = False) -> None:
+        self.dir = root / ("chorus-pg" if extension else "plain")
         self.port = port
+        self.extension = extension
         self.dsn = f"host=127.0.0.1 port={port} dbname=postgres user=postgres"
 
     def start(self) -> None:
@@ -521,7 +524,8 @@ class PlainPostgres:
             _as_postgres([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
                           "-E", "UTF8", "--locale=C.UTF-8"])
             conf = PG_CONF.format(port=self.port, run=run, number=0)
-            conf = "\n".join(line for line in conf.splitlines() if "chorus" not in line)
+            if not self.extension:
+                conf = "\n".join(line for line in conf.splitlines() if "chorus" not in line)
             with open(pgdata / "postgresql.conf", "a") as f:
                 f.write(conf + "\n")
         _as_postgres([str(PGBIN / "pg_ctl"), "-D", str(pgdata), "-l", str(self.dir / "postgres.log"), "-w", "start"])

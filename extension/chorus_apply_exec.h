@@ -1,0 +1,25 @@
+/*
+ * chorus_apply_exec.h
+ *		Applying rows through the executor's replication helpers, as
+ *		PostgreSQL's logical replication worker does (chorus_apply_exec.c).
+ */
+#ifndef CHORUS_APPLY_EXEC_H
+#define CHORUS_APPLY_EXEC_H
+
+#include "chorus_apply_table.h"
+
+typedef struct ApplyExec ApplyExec;
+
+/* What one row asks of its table: its op, and the values of its images. */
+typedef struct ApplyRow
+{
+	char		op;				/* CHORUS_OP_INSERT, _UPDATE or _DELETE */
+	ChorusWsValue *oldv;		/* the old image's identity values (update, delete) */
+	ChorusWsValue *newv;		/* the new image, every column (insert, update) */
+} ApplyRow;
+
+extern ApplyExec *chorus_apply_exec_begin(ApplyTable *tables, int ntables);
+extern bool chorus_apply_exec_row(ApplyExec *ex, ApplyTable *t, ApplyRow *row);
+extern void chorus_apply_exec_end(ApplyExec *ex);
+
+#endif							/* CHORUS_APPLY_EXEC_H */
