@@ -7,7 +7,10 @@ interleaved and the median of each is reported, with latency p50/p95 from pgbenc
 per-transaction log, and the ratio to plain PostgreSQL. The 3-node load is spread over all
 nodes (clients divided between them). A second table says where the CPU goes: microseconds of
 CPU per transaction used by PostgreSQL, the coordinators, Corosync and pgbench (all nodes of a
-configuration together), sampled in the middle of each run.
+configuration together), sampled in the middle of each run. The coordinators run the compiled
+hot path (CHORUS_IMPL=c) and, as ``chorus-1-python`` and ``chorus-3-python``, the pure-Python
+one (``--impls c`` leaves those out). A third table gives the latency Chorus adds to a commit:
+pgbench -N with one client on plain PostgreSQL and on the 1-node cluster.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 
@@ -126,7 +129,22 @@ def bench_args(doc: str, port_base: int) -> argparse.Namespace:
     ap.add_argument("--scale", type=int, default=10)
     ap.add_argument("--port-base", type=int, default=port_base)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--impls", default="c,python",
+                    help="the coordinator's implementations to run (CHORUS_IMPL), comma-separated")
     return ap.parse_args()
+
+
+def cluster_up(cluster: LocalCluster, nodes: int, port_base: int, impl: str) -> list[dict[str, Any]]:
+    """Start ``cluster`` with its coordinators on implementation ``impl`` (CHORUS_IMPL)."""
+    saved = os.environ.get("CHORUS_IMPL")
+    os.environ["CHORUS_IMPL"] = impl
+    try:
+        return cluster.up(nodes, port_base)
+    finally:
+        if saved is None:
+            del os.environ["CHORUS_IMPL"]
+        else:
+            os.environ["CHORUS_IMPL"] = saved
 
 
 def bench_root(prefix: str) -> Path:
@@ -139,26 +157,50 @@ def main() -> None:
     args = bench_args(__doc__ or "", 56433)
     root = bench_root("chorus-bench-")
     plain = Plain(root, args.port_base)
-    one = LocalCluster(str(root / "c1"))
-    three = LocalCluster(str(root / "c3"))
-    results: dict[str, list[dict[str, float]]] = {"plain": [], "chorus-1": [], "chorus-3": []}
+    clusters: list[LocalCluster] = []
+    configs: dict[str, list[str]] = {"plain": [plain.dsn]}
     try:
         plain.start()
-        n1 = one.up(1, args.port_base + 1)
-        n3 = three.up(3, args.port_base + 2)
-        configs = {"plain": [plain.dsn], "chorus-1": [n["dsn"] for n in n1], "chorus-3": [n["dsn"] for n in n3]}
+        port = args.port_base + 1
+        for impl in args.impls.split(","):
+            for nodes in (1, 3):
+                name = f"chorus-{nodes}" + ("" if impl == "c" else f"-{impl}")
+                cluster = LocalCluster(str(root / name))
+                clusters.append(cluster)
+                configs[name] = [n["dsn"] for n in cluster_up(cluster, nodes, port, impl)]
+                port += nodes
         for dsns in configs.values():
             for dsn in dsns:
                 pgbench_init(dsn, args.scale)
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in configs}
+        single = {"plain": configs["plain"], "chorus-1": configs[next(k for k in configs if k.startswith("chorus-1"))]}
+        latency: dict[str, list[dict[str, float]]] = {name: [] for name in single}
         for r in range(args.rounds):
             for name, dsns in configs.items():
                 record(results, name, r + 1, pgbench_run(dsns, args.clients, args.seconds, root / "logs" / name))
+            for name, dsns in single.items():
+                record(latency, name, r + 1, pgbench_run(dsns, 1, args.seconds, root / "logs" / f"1-{name}"))
     finally:
-        three.down()
-        one.down()
+        for cluster in reversed(clusters):
+            cluster.down()
         plain.stop()
     report(results, args, "")
+    report_latency(latency, args)
     shutil.rmtree(root, ignore_errors=True)
+
+
+def report_latency(latency: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
+    """What Chorus adds to one commit: median p50 with one client, plain vs 1 node."""
+    p50 = {k: statistics.median(x["p50_ms"] for x in v) for k, v in latency.items() if v}
+    names = list(p50)
+    added = p50[names[1]] - p50[names[0]]
+    if args.json:
+        print(json.dumps({"latency_one_client_p50_ms": p50, "added_p50_ms": added}))
+        return
+    print(f"\nLatency with one client (pgbench -N -c 1, medians of {args.rounds} rounds)")
+    for k, v in p50.items():
+        print(f"{k:<13} p50 {v:6.3f} ms")
+    print(f"added by Chorus on 1 node: {added:.3f} ms per commit")
 
 
 def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace, note: str) -> None:

@@ -15,6 +15,7 @@
 #include "access/xact.h"
 #include "commands/trigger.h"
 #include "utils/memutils.h"
+#include "utils/snapmgr.h"
 #include "utils/rel.h"
 
 #include "chorus_capture.h"
@@ -262,11 +263,26 @@ chorus_put_image_value(StringInfo buf, ChorusTable *t, ChorusImage *img, int c)
 void
 chorus_note_snapshot(ChorusCapture *cap)
 {
-	uint64		seen = chorus_visible_gid();
+	Snapshot	snap = GetActiveSnapshot();
+	uint64		seen;
 
+	/*
+	 * The rows of one statement share its snapshot: what it sees of the order
+	 * was noted at the first. Two snapshots with the same bounds built at the
+	 * same count of completed transactions see the same transactions (as
+	 * GetSnapshotData's reuse of a snapshot relies on).
+	 */
+	if (snap != NULL && cap->has_last_seen && snap->snapXactCompletionCount != 0 &&
+		snap->snapXactCompletionCount == cap->noted_completions &&
+		snap->xmin == cap->noted_xmin && snap->xmax == cap->noted_xmax)
+		return;
+	seen = chorus_visible_gid();
 	if (!cap->has_last_seen || seen < cap->last_seen)
 		cap->last_seen = seen;
 	cap->has_last_seen = true;
+	cap->noted_completions = snap != NULL ? snap->snapXactCompletionCount : 0;
+	cap->noted_xmin = snap != NULL ? snap->xmin : InvalidTransactionId;
+	cap->noted_xmax = snap != NULL ? snap->xmax : InvalidTransactionId;
 }
 
 static void
@@ -294,8 +310,11 @@ chorus_capture_start(ChorusCapture *cap, bool applying, Relation rel)
 		return false;
 	if (rel->rd_rel->relpersistence != RELPERSISTENCE_PERMANENT)
 		return false;
-	chorus_check_writable();
+	/* once a transaction: a node that stops taking writes later refuses the writeset at commit */
+	if (!cap->writable_checked)
+		chorus_check_writable();
 	chorus_capture_begin(cap);
+	cap->writable_checked = true;
 	chorus_note_snapshot(cap);
 	return true;
 }

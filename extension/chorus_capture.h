@@ -25,6 +25,11 @@ typedef struct ChorusCapture
 	uint32		nkeys;
 	uint64		last_seen;
 	bool		has_last_seen;
+	/* the snapshot last_seen was last taken under: the same one need not be looked at again */
+	uint64		noted_completions;	/* its snapXactCompletionCount, 0: none */
+	TransactionId noted_xmin;
+	TransactionId noted_xmax;
+	bool		writable_checked;	/* the node took writes at its first capture */
 	bool		has_schema;		/* holds schema change items (CHORUS_WS_FLAG_DDL) */
 	bool		schema_key_done;	/* the cluster-wide schema change key is in keys */
 	bool		concurrent;		/* CREATE/DROP INDEX CONCURRENTLY's first step (CHORUS_WS_FLAG_CONCURRENT) */
