@@ -8,14 +8,22 @@ Per hashed key and mode the index keeps the newest GID and the newest GID from a
 origin than that one: together they answer "the newest GID from any origin other than X" in
 O(1). Entries at or below the purge horizon are dropped; a writeset whose ``last_seen`` is below
 the horizon fails as "snapshot too old" because the index can no longer prove it safe.
+
+Two implementations of one interface (:class:`CertificationIndex`): :class:`PyCertifier`, the
+reference, and the compiled one in ``chorus/_ccert.pyx``. :data:`Certifier` is the one chosen at
+import: the compiled one when it is built, unless ``CHORUS_IMPL=python`` (``CHORUS_IMPL=c``
+insists on it); :data:`IMPL` says which. Both certify, purge and snapshot alike
+(tests/unit/test_impl.py), so nodes running either agree.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Protocol
 
 from chorus.wire import Key, KeyMode, modes_conflict
 
@@ -58,7 +66,31 @@ class _Slot:
         return self.gid2, self.origin2
 
 
-class Certifier:
+class CertificationIndex(Protocol):
+    """What the replicator asks of a certification index (either implementation)."""
+
+    horizon: int
+
+    def __len__(self) -> int: ...
+
+    def certify(self, gid: int, origin: str, last_seen: int, keys: Iterable[Key]) -> Verdict: ...
+
+    def record(self, gid: int, keys: Iterable[Key]) -> None: ...
+
+    def purge(self, horizon: int) -> int: ...
+
+    def snapshot(self) -> bytes: ...
+
+
+class CertifierClass(Protocol):
+    """An implementation: made empty from a horizon, or restored from a snapshot."""
+
+    def __call__(self, horizon: int = 0) -> CertificationIndex: ...
+
+    def restore(self, data: bytes) -> CertificationIndex: ...
+
+
+class PyCertifier:
     """The certification index. Pure: no I/O, same inputs give the same verdicts everywhere."""
 
     def __init__(self, horizon: int = 0) -> None:
@@ -106,6 +138,7 @@ class Certifier:
         touch what it touched fail. Its keys count as written by no node, so they conflict with
         the origin's own transactions too. Recorded once its outcome is known (it ran), before
         any writeset ordered after it is certified (replicator.py)."""
+        keys = list(keys)
         hashed = [k.hashed() for k in keys]
         for k, h in zip(keys, hashed):
             self._index.setdefault(h, {}).setdefault(k.mode, _Slot()).add(gid, DDL_ORIGIN)
@@ -140,7 +173,7 @@ class Certifier:
                           separators=(",", ":")).encode()
 
     @classmethod
-    def restore(cls, data: bytes) -> "Certifier":
+    def restore(cls, data: bytes) -> "PyCertifier":
         obj = json.loads(data)
         c = cls(int(obj["horizon"]))
         for h, slots in obj["index"].items():
@@ -157,3 +190,21 @@ class Certifier:
 
 def describe_verdict(v: Verdict) -> Optional[str]:
     return None if v.ok else v.reason
+
+
+def _choose() -> tuple[str, CertifierClass]:
+    """The implementation to use (as wire.py chooses its reader)."""
+    want = os.environ.get("CHORUS_IMPL", "").strip().lower()
+    if want not in ("", "c", "python"):
+        raise ImportError(f"CHORUS_IMPL={want!r}: expected c or python")
+    try:
+        from chorus import _ccert
+    except ImportError:
+        if want == "c":
+            raise
+        return "python", PyCertifier
+    _ccert.bind(sys.modules[__name__])
+    return ("python", PyCertifier) if want == "python" else ("c", _ccert.Certifier)
+
+
+IMPL, Certifier = _choose()

@@ -21,7 +21,7 @@ from typing import Optional, Union
 from chorus import busproto as bp
 from chorus import wire
 from chorus.bus import Delivery, View, Votes, bus_node
-from chorus.certifier import OK, Certifier
+from chorus.certifier import OK, CertificationIndex, Certifier
 
 log = logging.getLogger("chorus.replicator")
 
@@ -196,7 +196,7 @@ class Replicator:
     last_certified: int = 0
     quorate: bool = False
     local_member: str = ""
-    certifier: Certifier = field(default_factory=Certifier)
+    certifier: CertificationIndex = field(default_factory=Certifier)
     # certification history kept below the cluster-wide committed minimum, in GIDs: a
     # transaction whose snapshot is older than this fails as "snapshot too old"
     history: int = 20000
