@@ -30,7 +30,7 @@ import psycopg
 from chorus import admin
 from chorus import busproto as bp
 from chorus import recovery as rc
-from chorus import wire
+from chorus import certifier, scheduler, wire
 from chorus.backends import BackendServer
 from chorus.bus import Bus, BusError, View
 from chorus.bussender import BusSender
@@ -58,6 +58,15 @@ PROGRESS_EVERY_S = 1.0
 class FatalError(Exception):
     """Stops the daemon."""
 
+
+
+def hot_path_impl() -> str:
+    """Which implementation the hot path runs (CHORUS_IMPL): "c" or "python" when its parts agree
+    (the writeset reader, the certification index, the scheduler), else each part's."""
+    parts = {"reader": wire.IMPL, "certifier": certifier.IMPL, "scheduler": scheduler.IMPL}
+    if len(set(parts.values())) == 1:
+        return wire.IMPL
+    return ",".join(f"{k}={v}" for k, v in parts.items())
 
 class Coordinator:
     def __init__(self, cfg: NodeConfig, bus_factory: Callable[[], Bus], event_loop: str = "asyncio") -> None:
@@ -500,7 +509,7 @@ class Coordinator:
             bus_writesets=self.sender.writesets,
             uptime_s=round(time.time() - self.started, 1),
             event_loop=self.event_loop,
-            impl=wire.IMPL,
+            impl=hot_path_impl(),
             recovery=self.catchup.status() if self.catchup is not None else None,
             concurrent_index_changes=self.concurrent.as_dict(),
             writeset_log={"low_gid": self.wslog.low_gid, "high_gid": self.wslog.high_gid,

@@ -72,7 +72,7 @@ class NodeStatus:
     bus_writesets: int
     uptime_s: float
     event_loop: str  # uvloop or asyncio (eventloop.py)
-    impl: str  # the writeset reader: c (compiled) or python (wire.IMPL)
+    impl: str  # the hot path: c (compiled) or python (coordinator.hot_path_impl)
     recovery: Optional[dict[str, Any]]
     concurrent_index_changes: dict[str, Any]
     writeset_log: dict[str, Any]

@@ -7,13 +7,19 @@ writeset is always dispatched before a later one, so a session waiting for its c
 holds up one that comes before it), each once its dependencies have committed. Local writesets
 are committed by their own backends; one whose backend could not commit it is *replayed*: it is
 dispatched at once, ahead of everything (it is the earliest the others wait for).
+
+Two implementations of one interface (:class:`ApplyScheduler`): :class:`PyScheduler`, the
+reference, and the compiled one in ``chorus/_csched.pyx``; :data:`Scheduler` is the one chosen at
+import, as certifier.py chooses (``CHORUS_IMPL``, :data:`IMPL`). tests/unit/test_impl_scheduler.py
+holds them to the same dispatches.
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional, Protocol
 
 from chorus.wire import KeyMode
 
@@ -43,7 +49,38 @@ class _Item:
     alone: bool = False  # an attempt failed: it may have committed, so it is never part of a run again
 
 
-class Scheduler:
+class ApplyScheduler(Protocol):
+    """What the commit pipeline asks of a scheduler (either implementation)."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def queued(self) -> int: ...
+
+    def add(self, gid: int, keys: Iterable[tuple[bytes, KeyMode]], local: bool, barrier: bool = False) -> None: ...
+
+    def replay(self, gid: int) -> None: ...
+
+    def replay_all_from(self, gid: int) -> list[int]: ...
+
+    def next_replay(self) -> Optional[int]: ...
+
+    def ready_remote(self, limit: int) -> list[int]: ...
+
+    def ready_runs(self, limit: int, max_run: int, fits: Callable[[list[int]], bool] = ...) -> list[list[int]]: ...
+
+    def redispatch(self, gid: int) -> None: ...
+
+    def committed(self, gid: int) -> None: ...
+
+    def committed_upto(self, gid: int) -> None: ...
+
+    def describe(self, gid: int) -> dict[str, object]: ...
+
+    def pending(self) -> list[int]: ...
+
+
+class PyScheduler:
     def __init__(self) -> None:
         self._items: dict[int, _Item] = {}
         self._keys: dict[bytes, _KeyState] = {}
@@ -210,3 +247,20 @@ class Scheduler:
 
     def pending(self) -> list[int]:
         return sorted(self._items)
+
+
+def _choose() -> tuple[str, Callable[[], ApplyScheduler]]:
+    """The implementation to use (as certifier.py and wire.py choose theirs)."""
+    want = os.environ.get("CHORUS_IMPL", "").strip().lower()
+    if want not in ("", "c", "python"):
+        raise ImportError(f"CHORUS_IMPL={want!r}: expected c or python")
+    try:
+        from chorus import _csched
+    except ImportError:
+        if want == "c":
+            raise
+        return "python", PyScheduler
+    return ("python", PyScheduler) if want == "python" else ("c", _csched.Scheduler)
+
+
+IMPL, Scheduler = _choose()
