@@ -56,8 +56,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-say "building the compiled hot path (coordinator/chorus/_cwire.pyx, _ccert.pyx, _csched.pyx)"
-(cd coordinator && ../.venv/bin/cythonize -3 -i -q chorus/_cwire.pyx chorus/_ccert.pyx chorus/_csched.pyx >/dev/null)
+say "building the compiled hot path (coordinator/chorus/_cwire.pyx, _ccert.pyx, _csched.pyx, _cproto.pyx)"
+(cd coordinator && ../.venv/bin/cythonize -3 -i -q chorus/_cwire.pyx chorus/_ccert.pyx chorus/_csched.pyx chorus/_cproto.pyx >/dev/null)
 
 say "building and installing the chorus extension"
 make -s -C extension with_llvm=no PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config >/dev/null

@@ -5,6 +5,8 @@
 same verdicts, the same purges and the same snapshots for the same sequences, and that a snapshot
 of either restores into the other: every node must certify alike whichever it runs.
 
+GIDs are unsigned 64-bit here, as on the wire: a value the bus carries always fits.
+
 It makes certifier.py's own objects (``Verdict``, ``OK``), which certifier.py hands it
 (:func:`bind`): this module imports no other module of Chorus.
 """
@@ -28,7 +30,7 @@ cdef inline bint conflict(long a, long b):
 
 cdef class _Slot:
     """Newest (gid, origin) for one key and mode, and the newest from another origin."""
-    cdef public long long gid, gid2
+    cdef public unsigned long long gid, gid2
     cdef public str origin, origin2
 
     def __cinit__(self):
@@ -37,7 +39,7 @@ cdef class _Slot:
         self.origin = ""
         self.origin2 = ""
 
-    cdef inline void add(self, long long gid, str origin):
+    cdef inline void add(self, unsigned long long gid, str origin):
         if origin != self.origin:
             self.gid2, self.origin2 = self.gid, self.origin
         self.gid, self.origin = gid, origin
@@ -45,11 +47,11 @@ cdef class _Slot:
 
 cdef class Certifier:
     """The certification index (certifier.PyCertifier's, compiled). Pure: no I/O."""
-    cdef public long long horizon
+    cdef public unsigned long long horizon
     cdef dict _index  # hashed key -> {KeyMode: _Slot}, modes in the order they were first indexed
     cdef object _by_gid  # deque of (gid, [hashed keys])
 
-    def __init__(self, long long horizon=0):
+    def __init__(self, unsigned long long horizon=0):
         self.horizon = horizon
         self._index = {}
         self._by_gid = deque()
@@ -57,13 +59,13 @@ cdef class Certifier:
     def __len__(self):
         return len(self._index)
 
-    def certify(self, long long gid, str origin, long long last_seen, keys):
+    def certify(self, unsigned long long gid, str origin, unsigned long long last_seen, keys):
         """Certify writeset ``gid`` and, if it passes, index its keys."""
         cdef list ks = list(keys)
         cdef list hashes = []
         cdef dict slots
         cdef _Slot slot
-        cdef long long other_gid
+        cdef unsigned long long other_gid
         cdef str other_origin, by
         cdef Py_ssize_t i, n = len(ks)
         cdef long kmode
@@ -99,7 +101,7 @@ cdef class Certifier:
         self._index_keys(gid, origin, ks, hashes)
         return OK
 
-    cdef void _index_keys(self, long long gid, str origin, list ks, list hashes):
+    cdef void _index_keys(self, unsigned long long gid, str origin, list ks, list hashes):
         cdef Py_ssize_t i
         cdef dict slots
         cdef _Slot slot
@@ -120,17 +122,19 @@ cdef class Certifier:
         if hashes:
             self._by_gid.append((gid, hashes))
 
-    def record(self, long long gid, keys):
+    def record(self, unsigned long long gid, keys):
         """Index the keys of schema change ``gid`` without certifying it (certifier.PyCertifier.record)."""
         cdef list ks = list(keys)
         self._index_keys(gid, DDL_ORIGIN, ks, [k.hashed() for k in ks])
 
-    def purge(self, long long horizon):
-        """Forget entries with GID <= ``horizon``; returns how many keys were dropped."""
-        cdef long long dropped = 0
+    def purge(self, horizon_in):
+        """Forget entries with GID <= ``horizon``; returns how many keys were dropped. (Any
+        integer: one computed from a forged progress report may be negative.)"""
+        cdef unsigned long long horizon, dropped = 0
         cdef dict slots
-        if horizon <= self.horizon:
+        if horizon_in <= self.horizon:
             return 0
+        horizon = horizon_in
         self.horizon = horizon
         while self._by_gid and self._by_gid[0][0] <= horizon:
             _, hashes = self._by_gid.popleft()

@@ -4,14 +4,20 @@ Every frame is a u32 length (of the type byte and the body), a type byte and a b
 backend: W (its writeset, at COMMIT), C and A (it committed or aborted a certified GID), R (the
 schema change it ran, as every node applies it), S (a causal-read request). From the
 coordinator: V (a verdict). The extension's side is extension/chorus_wire.h.
+
+The frame parser and the verdict frame have a compiled implementation beside these pure-Python
+references (``chorus/_cproto.pyx``): :class:`FrameParser` and :func:`verdict_frame` are the ones
+``CHORUS_IMPL`` chose (:data:`IMPL`), as in wire.py; tests/unit/test_impl_proto.py holds them alike.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import struct
+import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, Protocol
 
 MAX_FRAME = 1 << 30
 
@@ -47,7 +53,13 @@ _FIXED = {FrameType.COMMITTED.value: 13, FrameType.ABORTED.value: 13, FrameType.
 _RAN_HEAD = 12  # DDL_RAN: u64 gid, u32 xid, then the schema change's content (a writeset)
 
 
-class FrameParser:
+class FrameSplitter(Protocol):
+    """A frame parser (either implementation)."""
+
+    def feed(self, data: bytes) -> list[Frame]: ...
+
+
+class PyFrameParser:
     """Splits the bytes a backend sends into frames, as they arrive (the coordinator reads its
     sockets with callbacks, not one coroutine per frame). Raises :class:`FrameError` on the
     first malformed frame; the connection must then be closed."""
@@ -103,7 +115,7 @@ def parse_ran(payload: bytes) -> tuple[int, int, bytes]:
 _VERDICT = struct.Struct(">IcBQQQH")
 
 
-def verdict_frame(verdict: int, gid: int, wait_for: int, message: str, prev: Optional[int] = None) -> bytes:
+def py_verdict_frame(verdict: int, gid: int, wait_for: int, message: str, prev: Optional[int] = None) -> bytes:
     """The answer to a backend: the verdict, the GID, what its commit waits for and the previous
     certified GID (the same as wait_for with one commit lane), and a message."""
     msg = message.encode("utf-8")[:65535]
@@ -121,3 +133,26 @@ def done_frame(kind: bytes, gid: int, xid: int) -> bytes:
 
 def ran_frame(gid: int, xid: int, content: bytes) -> bytes:
     return struct.pack(">I", 13 + len(content)) + FrameType.DDL_RAN.value + struct.pack(">QI", gid, xid) + content
+
+
+VerdictFrame = Callable[[int, int, int, str, Optional[int]], bytes]
+
+
+def _choose() -> tuple[str, Callable[[], FrameSplitter], Callable[..., bytes]]:
+    """The implementation to use (as wire.py chooses its reader)."""
+    want = os.environ.get("CHORUS_IMPL", "").strip().lower()
+    if want not in ("", "c", "python"):
+        raise ImportError(f"CHORUS_IMPL={want!r}: expected c or python")
+    try:
+        from chorus import _cproto
+    except ImportError:
+        if want == "c":
+            raise
+        return "python", PyFrameParser, py_verdict_frame
+    _cproto.bind_backend(sys.modules[__name__])
+    if want == "python":
+        return "python", PyFrameParser, py_verdict_frame
+    return "c", _cproto.FrameParser, _cproto.verdict_frame
+
+
+IMPL, FrameParser, verdict_frame = _choose()

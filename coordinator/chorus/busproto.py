@@ -18,14 +18,20 @@ types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32
 | ``I`` | :class:`LogInfo` | every online node, answering an ``L``: its log's range, load and recovery address |
 | ``O`` | :class:`Vote` | a node that failed to apply a certified writeset, then every node: its outcome for that GID (inconsistency voting) |
 | ``R`` | :class:`Received` | a following node whose Corosync is one of several: it has delivered every GID up to this one (uniform commit) |
+
+The messages that carry writesets (``W`` and ``M``) have a compiled codec beside the pure-Python
+reference (``py_encode_writesets``, ``py_decode_writesets``; ``chorus/_cproto.pyx``), chosen by
+``CHORUS_IMPL`` (:data:`IMPL`); tests/unit/test_impl_proto.py holds them alike.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import struct
+import sys
 from dataclasses import dataclass
-from typing import Union
+from typing import Callable, Iterable, Union
 
 VERSION = 2
 
@@ -221,9 +227,7 @@ def encode(m: Message) -> bytes:
     if isinstance(m, WritesetMsg):
         return head + MessageType.WRITESET.value + _s(m.origin) + struct.pack(">Q", m.ticket) + m.writeset
     if isinstance(m, WritesetBatch):
-        out = [head, MessageType.WRITESET_BATCH.value, _s(m.origin), struct.pack(">I", len(m.items))]
-        out += [struct.pack(">Q", t) + _blob(w) for t, w in m.items]
-        return b"".join(out)
+        return _encode_writesets(m.origin, m.items)
     if isinstance(m, GidRequest):
         return head + MessageType.GID_REQUEST.value + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid) + struct.pack(">Q", m.last_gid)
     if isinstance(m, GidReply):
@@ -259,6 +263,35 @@ def encode(m: Message) -> bytes:
     raise TypeError(f"not a bus message: {m!r}")
 
 
+def py_encode_writesets(origin: str, items: Iterable[tuple[int, bytes]]) -> bytes:
+    """A WritesetBatch message: the origin, the count, and each (ticket, writeset)."""
+    items = list(items)
+    out = [bytes([VERSION]), MessageType.WRITESET_BATCH.value, _s(origin), struct.pack(">I", len(items))]
+    out += [struct.pack(">Q", t) + _blob(w) for t, w in items]
+    return b"".join(out)
+
+
+def py_decode_writesets(b: bytes) -> tuple[str, list[tuple[int, bytes]]]:
+    """(origin, [(ticket, writeset)]) of a WritesetMsg or a WritesetBatch message."""
+    r = _R(b)
+    version = r.take(1)[0]
+    if version != VERSION:
+        raise BusProtoError(f"unsupported bus message version {version}")
+    t = r.take(1)
+    if t not in (MessageType.WRITESET.value, MessageType.WRITESET_BATCH.value):
+        raise BusProtoError(f"not a writeset message: type {t!r}")
+    origin = r.s()
+    if t == MessageType.WRITESET.value:
+        ticket = r.u64()
+        return origin, [(ticket, b[r.p:])]
+    n = r.u32()
+    if n > len(b):
+        raise BusProtoError("batch count exceeds the message length")
+    items = [(r.u64(), r.blob()) for _ in range(n)]
+    r.end()
+    return origin, items
+
+
 def carries_writesets(b: bytes) -> bool:
     """Whether an encoded message is a WritesetMsg or WritesetBatch (its type byte), unread."""
     return b[1:2] in (MessageType.WRITESET.value, MessageType.WRITESET_BATCH.value)
@@ -272,16 +305,12 @@ def decode(b: bytes) -> Message:
     t = r.take(1)
     m: Message
     if t == MessageType.WRITESET:
-        origin = r.s()
-        ticket = r.u64()
-        return WritesetMsg(origin, ticket, b[r.p:])
+        origin, items = _decode_writesets(b)
+        return WritesetMsg(origin, *items[0])
     if t == MessageType.WRITESET_BATCH:
-        origin = r.s()
-        n = r.u32()
-        if n > len(b):
-            raise BusProtoError("batch count exceeds the message length")
-        m = WritesetBatch(origin, tuple((r.u64(), r.blob()) for _ in range(n)))
-    elif t == MessageType.GID_REQUEST:
+        origin, items = _decode_writesets(b)
+        return WritesetBatch(origin, tuple(items))
+    if t == MessageType.GID_REQUEST:
         m = GidRequest(r.s(), r.s(), r.s(), r.u64())
     elif t == MessageType.GID_REPLY:
         node, rid, member, uuid = r.s(), r.s(), r.s(), r.s()
@@ -318,3 +347,25 @@ def decode(b: bytes) -> Message:
         raise BusProtoError(f"unknown bus message type {t!r}")
     r.end()
     return m
+
+
+def _choose() -> tuple[str, Callable[[str, Iterable[tuple[int, bytes]]], bytes],
+                       Callable[[bytes], tuple[str, list[tuple[int, bytes]]]]]:
+    """The codec of writeset messages to use: the compiled one (chorus/_cproto.pyx) when it is
+    built, unless ``CHORUS_IMPL=python`` (as wire.py chooses its reader)."""
+    want = os.environ.get("CHORUS_IMPL", "").strip().lower()
+    if want not in ("", "c", "python"):
+        raise ImportError(f"CHORUS_IMPL={want!r}: expected c or python")
+    try:
+        from chorus import _cproto
+    except ImportError:
+        if want == "c":
+            raise
+        return "python", py_encode_writesets, py_decode_writesets
+    _cproto.bind_bus(sys.modules[__name__])
+    if want == "python":
+        return "python", py_encode_writesets, py_decode_writesets
+    return "c", _cproto.encode_writesets, _cproto.decode_writesets
+
+
+IMPL, _encode_writesets, _decode_writesets = _choose()

@@ -82,3 +82,16 @@ def test_the_chosen_one_is_named() -> None:
     want = os.environ.get("CHORUS_IMPL", "c") or "c"
     assert certifier.IMPL == want
     assert certifier.Certifier is (certifier.PyCertifier if want == "python" else _ccert.Certifier)
+
+
+def test_any_value_the_bus_can_carry() -> None:
+    """GIDs and snapshots as large as a u64 holds (a damaged or forged message), and a horizon
+    computed below zero, are taken alike."""
+    big = 2**64 - 1
+    runs = []
+    for impl in (certifier.PyCertifier, _ccert.Certifier):
+        c = impl()
+        runs.append([c.certify(5, "n1", big, [Key(KeyMode.UPDATE, PARTS[2])]),
+                     c.certify(6, "n2", 0, [Key(KeyMode.UPDATE, PARTS[2])]),
+                     c.purge(-3), c.purge(big - 1), c.certify(big, "n1", big - 1, []), c.snapshot()])
+    assert runs[0] == runs[1]

@@ -1,0 +1,210 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The compiled codecs of the commit path's frames: the backend socket's frame parser and
+verdict frame (backendproto.py: ``PyFrameParser``, ``py_verdict_frame``), and the bus messages
+that carry writesets (busproto.py: ``py_encode_writesets``, ``py_decode_writesets``). Each is the
+same reading and writing as its pure-Python reference, compiled with Cython; the modules pick one
+at import (``CHORUS_IMPL=python|c``). tests/unit/test_impl_proto.py checks with Hypothesis that
+both give the same frames and messages and refuse the same bytes.
+
+It raises the modules' own exceptions and makes their own objects, which they hand it
+(:func:`bind_backend`, :func:`bind_bus`): this module imports no other module of Chorus.
+"""
+
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+
+cdef object Frame, FrameError, TYPES, FIXED
+cdef uint32_t MAX_FRAME
+cdef object BusProtoError
+cdef int BUS_VERSION
+cdef uint8_t T_WRITESET, T_BATCH
+
+cdef enum:
+    RAN_HEAD = 12  # backendproto._RAN_HEAD
+    VERDICT_HEAD = 32  # backendproto._VERDICT.size
+
+
+def bind_backend(backendproto) -> None:
+    """Take backendproto's classes and constants (once, at its import)."""
+    global Frame, FrameError, TYPES, FIXED, MAX_FRAME
+    Frame, FrameError = backendproto.Frame, backendproto.FrameError
+    TYPES, FIXED, MAX_FRAME = backendproto._TYPES, backendproto._FIXED, backendproto.MAX_FRAME
+
+
+def bind_bus(busproto) -> None:
+    """Take busproto's exception and constants (once, at its import)."""
+    global BusProtoError, BUS_VERSION, T_WRITESET, T_BATCH
+    BusProtoError, BUS_VERSION = busproto.BusProtoError, busproto.VERSION
+    T_WRITESET = busproto.MessageType.WRITESET.value[0]
+    T_BATCH = busproto.MessageType.WRITESET_BATCH.value[0]
+
+
+cdef inline uint32_t be32(const uint8_t *p):
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3]
+
+
+cdef inline uint64_t be64(const uint8_t *p):
+    return (<uint64_t>be32(p) << 32) | <uint64_t>be32(p + 4)
+
+
+cdef inline void put32(uint8_t *p, uint32_t v):
+    p[0] = v >> 24
+    p[1] = v >> 16
+    p[2] = v >> 8
+    p[3] = v
+
+
+cdef inline void put64(uint8_t *p, uint64_t v):
+    put32(p, <uint32_t>(v >> 32))
+    put32(p + 4, <uint32_t>v)
+
+
+cdef class FrameParser:
+    """Splits the bytes a backend sends into frames (backendproto.PyFrameParser, compiled)."""
+    cdef bytearray _buf
+
+    def __init__(self):
+        self._buf = bytearray()
+
+    def feed(self, data):
+        cdef bytearray buf = self._buf
+        cdef list out = []
+        cdef Py_ssize_t pos = 0, n
+        cdef uint32_t length
+        cdef const uint8_t *p
+        buf += data
+        n = len(buf)
+        p = <const uint8_t *><char *>buf
+        while n - pos >= 4:
+            length = be32(p + pos)
+            if length < 1 or length > MAX_FRAME:
+                raise FrameError(f"frame length {length} out of range")
+            if n - pos < 5:
+                break  # the type byte has not arrived yet
+            ftype = PyBytes_FromStringAndSize(<char *>p + pos + 4, 1)
+            if ftype not in TYPES:
+                raise FrameError(f"unknown frame type {ftype!r}")
+            fixed = FIXED.get(ftype)
+            if fixed is not None and length != fixed:
+                raise FrameError(f"frame {ftype!r} has {length - 1} payload bytes, expected {fixed - 1}")
+            if ftype == b"R" and length - 1 < RAN_HEAD:
+                raise FrameError(f"frame b'R' has {length - 1} payload bytes, expected at least {RAN_HEAD}")
+            if <uint64_t>(n - pos - 4) < length:
+                break
+            out.append(Frame(ftype, PyBytes_FromStringAndSize(<char *>p + pos + 5, length - 1)))
+            pos += 4 + length
+        if pos:
+            del buf[:pos]
+        return out
+
+
+def verdict_frame(int verdict, uint64_t gid, uint64_t wait_for, str message, prev=None):
+    """The answer to a backend (backendproto.py_verdict_frame, compiled)."""
+    cdef bytes msg = message.encode("utf-8")[:65535]
+    cdef Py_ssize_t m = len(msg)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, VERDICT_HEAD + m)
+    cdef uint8_t *p = <uint8_t *>PyBytes_AS_STRING(out)
+    cdef uint64_t before = wait_for if prev is None else <uint64_t>prev
+    if verdict < 0 or verdict > 255:
+        raise OverflowError("verdict out of range")
+    put32(p, <uint32_t>(VERDICT_HEAD - 4 + m))
+    p[4] = b"V"[0]
+    p[5] = <uint8_t>verdict
+    put64(p + 6, gid)
+    put64(p + 14, wait_for)
+    put64(p + 22, before)
+    p[30] = <uint8_t>(m >> 8)
+    p[31] = <uint8_t>m
+    if m:
+        memcpy(p + 32, PyBytes_AS_STRING(msg), m)
+    return out
+
+
+cdef bytes origin_bytes(str origin):
+    cdef bytes b = origin.encode("utf-8")
+    if len(b) > 0xFFFF:
+        raise BusProtoError("string too long for a bus message")
+    return b
+
+
+def encode_writesets(str origin, items):
+    """A WritesetBatch message (busproto.py_encode_writesets, compiled): origin, count, and each
+    (ticket, writeset)."""
+    cdef bytes o = origin_bytes(origin)
+    cdef Py_ssize_t size = 2 + 2 + len(o) + 4, pos, olen = len(o), wlen
+    cdef list ws = []
+    cdef bytes out, w
+    cdef uint8_t *p
+    for ticket, w in items:
+        ws.append((<uint64_t>ticket, w))
+        size += 12 + len(w)
+    out = PyBytes_FromStringAndSize(NULL, size)
+    p = <uint8_t *>PyBytes_AS_STRING(out)
+    p[0] = <uint8_t>BUS_VERSION
+    p[1] = T_BATCH
+    p[2] = <uint8_t>(olen >> 8)
+    p[3] = <uint8_t>olen
+    memcpy(p + 4, PyBytes_AS_STRING(o), olen)
+    pos = 4 + olen
+    put32(p + pos, <uint32_t>len(ws))
+    pos += 4
+    for t, w in ws:
+        wlen = len(w)
+        if wlen > 0xFFFFFFFF:
+            raise BusProtoError("writeset too long for a bus message")
+        put64(p + pos, <uint64_t>t)
+        put32(p + pos + 8, <uint32_t>wlen)
+        memcpy(p + pos + 12, PyBytes_AS_STRING(w), wlen)
+        pos += 12 + wlen
+    return out
+
+
+def decode_writesets(bytes b):
+    """(origin, [(ticket, writeset)]) of a WritesetMsg or WritesetBatch message
+    (busproto.py_decode_writesets, compiled); BusProtoError for anything else or malformed."""
+    cdef Py_ssize_t n = len(b), pos, olen, count, i
+    cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(b)
+    cdef uint64_t ticket
+    cdef uint32_t wlen
+    cdef list items = []
+    if n < 1:
+        raise BusProtoError("bus message truncated")
+    if p[0] != BUS_VERSION:
+        raise BusProtoError(f"unsupported bus message version {p[0]}")
+    if n < 4:
+        raise BusProtoError("bus message truncated")
+    if p[1] != T_WRITESET and p[1] != T_BATCH:
+        raise BusProtoError(f"not a writeset message: type {b[1:2]!r}")
+    olen = (<Py_ssize_t>p[2] << 8) | p[3]
+    if 4 + olen > n:
+        raise BusProtoError("bus message truncated")
+    try:
+        origin = (<char *>p)[4:4 + olen].decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BusProtoError("bus message string is not UTF-8") from e
+    pos = 4 + olen
+    if p[1] == T_WRITESET:
+        if pos + 8 > n:
+            raise BusProtoError("bus message truncated")
+        ticket = be64(p + pos)
+        return origin, [(ticket, b[pos + 8:])]
+    if pos + 4 > n:
+        raise BusProtoError("bus message truncated")
+    count = be32(p + pos)
+    pos += 4
+    if count > n:
+        raise BusProtoError("batch count exceeds the message length")
+    for i in range(count):
+        if pos + 12 > n:
+            raise BusProtoError("bus message truncated")
+        ticket = be64(p + pos)
+        wlen = be32(p + pos + 8)
+        pos += 12
+        if pos + <Py_ssize_t>wlen > n:
+            raise BusProtoError("bus message truncated")
+        items.append((ticket, PyBytes_FromStringAndSize(<char *>p + pos, wlen)))
+        pos += wlen
+    if pos != n:
+        raise BusProtoError("trailing bytes in bus message")
+    return origin, items
