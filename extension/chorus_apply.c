@@ -164,6 +164,16 @@ apply_truncate(StringInfo list, bool restart, ApplyExec **ex, bool *spi, MemoryC
 	resetStringInfo(list);
 }
 
+/* The error for an "unchanged" value where there is no value to keep (a damaged writeset). */
+static void apply_unchanged_refused(ApplyTable *t, const char *where) pg_attribute_noreturn();
+
+static void
+apply_unchanged_refused(ApplyTable *t, const char *where)
+{
+	ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+					errmsg("chorus: an unchanged value in %s of %s", where, chorus_apply_table_name(t))));
+}
+
 /* The error for a row to update or delete that is not here (or is here more than once). */
 static void apply_missing_row(ApplyTable *t, ApplyRow *row, int64 gid, uint64 matched) pg_attribute_noreturn();
 
@@ -204,8 +214,8 @@ apply_spi_row(ApplyTable *t, ApplyRow *row, int64 gid)
 
 	for (c = 0; row->op != CHORUS_OP_DELETE && c < t->ncols; c++)
 	{
-		if (t->cols[c].flags & CHORUS_COL_GENERATED)
-			continue;
+		if ((t->cols[c].flags & CHORUS_COL_GENERATED) || row->newv[c].kind == CHORUS_VAL_UNCHANGED)
+			continue;			/* computed here; kept as it is here */
 		if (row->op == CHORUS_OP_UPDATE && (k = chorus_apply_update_skips(t, c)) >= 0)
 		{
 			ChorusWsValue o = row->oldv[k],
@@ -230,7 +240,8 @@ apply_spi_row(ApplyTable *t, ApplyRow *row, int64 gid)
 		values[n] = chorus_apply_datum(t, t->ident[k], row->oldv[k], &isnull, true);
 		nulls[n++] = isnull ? 'n' : ' ';
 	}
-	rc = SPI_execute_plan(chorus_apply_plan(t, row->op == CHORUS_OP_INSERT ? 0 : row->op == CHORUS_OP_UPDATE ? 1 : 2),
+	rc = SPI_execute_plan(chorus_apply_plan(t, row->op == CHORUS_OP_INSERT ? 0 : row->op == CHORUS_OP_UPDATE ? 1 : 2,
+											row->unchanged ? row->newv : NULL),
 						  values, nulls, false, 0);
 	if (rc < 0)
 		elog(ERROR, "chorus: applying a row of %s: %s", chorus_apply_table_name(t), SPI_result_code_string(rc));
@@ -459,21 +470,34 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 		apply_truncate(&truncates, truncate_restart, &ex, &spi, cxt);
 		if (chorus_apply_unresolved(t))
 			chorus_apply_resolve(t);
+		row.unchanged = false;
 		if (row.op != CHORUS_OP_INSERT)
 		{
 			if (chorus_wsr_tuple(&r, (uint16) t->nident) != 0)
 				apply_refuse(&r, t, "old");
 			for (k = 0; k < t->nident; k++)
+			{
 				if (chorus_wsr_value(&r, &oldv[k]) != 0)
 					apply_refuse(&r, t, "old");
+				if (oldv[k].kind == CHORUS_VAL_UNCHANGED)
+					apply_unchanged_refused(t, "an old image");
+			}
 		}
 		if (row.op != CHORUS_OP_DELETE)
 		{
 			if (chorus_wsr_tuple(&r, (uint16) t->ncols) != 0)
 				apply_refuse(&r, t, "new");
 			for (c = 0; c < t->ncols; c++)
+			{
 				if (chorus_wsr_value(&r, &newv[c]) != 0)
 					apply_refuse(&r, t, "new");
+				if (newv[c].kind == CHORUS_VAL_UNCHANGED)
+				{
+					if (row.op != CHORUS_OP_UPDATE)
+						apply_unchanged_refused(t, "an inserted row");
+					row.unchanged = true;
+				}
+			}
 		}
 		if (chorus_apply_executor && t->rel->why_spi == NULL)
 		{

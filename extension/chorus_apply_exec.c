@@ -137,7 +137,8 @@ apply_exec_identity(ApplyTable *t, ApplyTarget *g, ChorusWsValue *oldv)
 /*
  * The new row in the new slot: the writeset's values at their local columns;
  * from (the row found, for an update) the columns it does not give: dropped
- * ones, and generated ones, computed again from the others.
+ * ones, generated ones (computed again from the others) and unchanged TOAST
+ * values.
  */
 static void
 apply_exec_new(ApplyTable *t, ApplyTarget *g, ChorusWsValue *newv, TupleTableSlot *from)
@@ -159,8 +160,8 @@ apply_exec_new(ApplyTable *t, ApplyTarget *g, ChorusWsValue *newv, TupleTableSlo
 	{
 		AttrNumber	a = t->rel->attnum[c];
 
-		if (a == 0)
-			continue;			/* generated */
+		if (a == 0 || newv[c].kind == CHORUS_VAL_UNCHANGED)
+			continue;			/* generated; or an unchanged TOAST value: the row found holds it */
 		s->tts_values[a - 1] = chorus_apply_datum(t, c, newv[c], &s->tts_isnull[a - 1], false);
 	}
 	ExecStoreVirtualTuple(s);

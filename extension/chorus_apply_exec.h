@@ -16,6 +16,7 @@ typedef struct ApplyRow
 	char		op;				/* CHORUS_OP_INSERT, _UPDATE or _DELETE */
 	ChorusWsValue *oldv;		/* the old image's identity values (update, delete) */
 	ChorusWsValue *newv;		/* the new image, every column (insert, update) */
+	bool		unchanged;		/* some of its new values are CHORUS_VAL_UNCHANGED (update) */
 } ApplyRow;
 
 extern ApplyExec *chorus_apply_exec_begin(ApplyTable *tables, int ntables);

@@ -347,9 +347,11 @@ chorus_apply_update_skips(ApplyTable *t, int col)
 /*
  * The statement for op (0 insert, 1 update, 2 delete) on t, with its
  * parameter types: new values of non-generated columns, then the old identity.
+ * newv: an UPDATE's new values when some are unchanged TOAST values, which
+ * its SET list leaves out (its plan is then kept by its text only).
  */
 SPIPlanPtr
-chorus_apply_plan(ApplyTable *t, int op)
+chorus_apply_plan(ApplyTable *t, int op, const ChorusWsValue *newv)
 {
 	ApplyRel   *r = t->rel;
 	StringInfoData sql;
@@ -358,7 +360,7 @@ chorus_apply_plan(ApplyTable *t, int op)
 				i;
 	bool		first = true;
 
-	if (r->plans[op] != NULL)
+	if (newv == NULL && r->plans[op] != NULL)
 		return r->plans[op];
 	types = palloc(sizeof(Oid) * (t->ncols + t->nident + 1));
 	initStringInfo(&sql);
@@ -398,7 +400,8 @@ chorus_apply_plan(ApplyTable *t, int op)
 			initStringInfo(&set);
 			for (i = 0; i < t->ncols; i++)
 			{
-				if ((t->cols[i].flags & CHORUS_COL_GENERATED) || chorus_apply_update_skips(t, i) >= 0)
+				if ((t->cols[i].flags & CHORUS_COL_GENERATED) || chorus_apply_update_skips(t, i) >= 0 ||
+					(newv != NULL && newv[i].kind == CHORUS_VAL_UNCHANGED))
 					continue;
 				appendStringInfo(&set, "%s%s = $%d", first ? "" : ", ",
 								 quote_identifier(t->cols[i].name), n + 1);
@@ -457,6 +460,8 @@ chorus_apply_plan(ApplyTable *t, int op)
 				types[n++] = r->basetypes[c];
 			}
 	}
+	if (newv != NULL)
+		return get_plan(sql.data, n, types);
 	r->plans[op] = get_plan(sql.data, n, types);
 	return r->plans[op];
 }

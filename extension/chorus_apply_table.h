@@ -83,7 +83,7 @@ chorus_apply_unresolved(ApplyTable *t)
 {
 	return t->rel == NULL || t->generation != t->rel->generation;
 }
-extern SPIPlanPtr chorus_apply_plan(ApplyTable *t, int op);
+extern SPIPlanPtr chorus_apply_plan(ApplyTable *t, int op, const ChorusWsValue *newv);
 extern int	chorus_apply_update_skips(ApplyTable *t, int col);
 extern Datum chorus_apply_datum(ApplyTable *t, int col, ChorusWsValue v, bool *isnull, bool old);
 

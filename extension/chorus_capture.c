@@ -73,6 +73,7 @@ chorus_capture_begin(ChorusCapture *cap)
 	old = MemoryContextSwitchTo(cap->cxt);
 	initStringInfo(&cap->rows);
 	initStringInfo(&cap->keys);
+	initStringInfo(&cap->rowkeys);
 	cap->maxtables = 8;
 	cap->tables = palloc0(sizeof(ChorusTable *) * cap->maxtables);
 	MemoryContextSwitchTo(old);
@@ -256,6 +257,28 @@ chorus_put_image_value(StringInfo buf, ChorusTable *t, ChorusImage *img, int c)
 }
 
 /*
+ * chorus_unchanged_toast
+ *		Is column c of an UPDATE's new image an out-of-line (TOAST) value that
+ *		the UPDATE left alone? Then PostgreSQL kept the old value's pointer in
+ *		the new row, and the value need not travel (seed 12.7): the writeset
+ *		says "unchanged" and the applier keeps the value it has, as logical
+ *		replication does.
+ */
+static bool
+chorus_unchanged_toast(TupleDesc desc, ChorusTable *t, ChorusImage *oldi, ChorusImage *newi, int c)
+{
+	Pointer		o,
+				n;
+
+	if (oldi->isnull[c] || newi->isnull[c] || TupleDescAttr(desc, t->attnums[c] - 1)->attlen != -1)
+		return false;
+	o = DatumGetPointer(oldi->values[c]);
+	n = DatumGetPointer(newi->values[c]);
+	return VARATT_IS_EXTERNAL_ONDISK(n) && VARATT_IS_EXTERNAL_ONDISK(o) &&
+		VARSIZE_EXTERNAL(n) == VARSIZE_EXTERNAL(o) && memcmp(n, o, VARSIZE_EXTERNAL(n)) == 0;
+}
+
+/*
  * chorus_note_snapshot
  *		last_seen of the transaction = the minimum over its captures of the
  *		newest GID visible to the snapshot the capture ran under.
@@ -349,10 +372,13 @@ chorus_capture_row(ChorusCapture *cap, Relation rel, char op, HeapTuple oldtup, 
 			cap->nkeys++;
 			t->table_key_done = true;
 		}
-		cap->nkeys += chorus_row_keys(&cap->keys, t, op, oldtup ? oldi.text : NULL,
-									  newtup ? newi.text : NULL);
+		/* through the limit of row keys per table (chorus_keylimit.c) */
+		resetStringInfo(&cap->rowkeys);
+		(void) chorus_row_keys(&cap->rowkeys, t, op, oldtup ? oldi.text : NULL, newtup ? newi.text : NULL);
 		if (t->nexpr > 0)
-			cap->nkeys += chorus_expr_keys(&cap->keys, rel, t, op, oldtup, newtup);
+			(void) chorus_expr_keys(&cap->rowkeys, rel, t, op, oldtup, newtup);
+		cap->nkeys += chorus_keylimit_append(&cap->keylimit, cap->cxt, &cap->keys, cap->rowkeys.data,
+											 cap->rowkeys.len, chorus_max_row_keys_per_table);
 	}
 
 	chorus_put_row_head(&cap->rows, op, t->index);
@@ -366,7 +392,12 @@ chorus_capture_row(ChorusCapture *cap, Relation rel, char op, HeapTuple oldtup, 
 	{
 		chorus_put_u16(&cap->rows, (uint16) t->ncols);
 		for (i = 0; i < t->ncols; i++)
-			chorus_put_image_value(&cap->rows, t, &newi, i);
+		{
+			if (oldtup != NULL && chorus_unchanged_toast(desc, t, &oldi, &newi, i))
+				chorus_put_value(&cap->rows, CHORUS_VAL_UNCHANGED, NULL, 0);
+			else
+				chorus_put_image_value(&cap->rows, t, &newi, i);
+		}
 	}
 	cap->nrows++;
 	chorus_canonical_exit(nest);
@@ -454,6 +485,7 @@ chorus_serialize_writeset(ChorusCapture *cap, StringInfo out, TransactionId xid,
 		flags |= CHORUS_WS_FLAG_DDL;
 	if (cap->concurrent)
 		flags |= CHORUS_WS_FLAG_CONCURRENT;
+	cap->nkeys = chorus_keylimit_finish(&cap->keylimit, &cap->keys, cap->nkeys);
 	chorus_put_header(out, flags, xid, cap->last_seen, cap->ntables,
 					  cap->nrows, cap->nkeys);
 	for (i = 0; i < cap->ntables; i++)

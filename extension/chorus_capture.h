@@ -10,6 +10,7 @@
 #include "lib/stringinfo.h"
 #include "utils/rel.h"
 
+#include "chorus_keylimit.h"
 #include "chorus_table.h"
 
 /* The current top-level transaction's capture: what its writeset will hold. */
@@ -23,6 +24,8 @@ typedef struct ChorusCapture
 	uint32		nrows;
 	StringInfoData keys;
 	uint32		nkeys;
+	StringInfoData rowkeys;		/* one row change's keys, before the limit per table */
+	ChorusKeyLimit keylimit;	/* row keys per table, and the tables past chorus.max_row_keys_per_table */
 	uint64		last_seen;
 	bool		has_last_seen;
 	/* the snapshot last_seen was last taken under: the same one need not be looked at again */

@@ -19,6 +19,7 @@ int			chorus_causal_reads_timeout = 10000;
 int			chorus_max_writeset_mb = 256;
 char	   *chorus_exclude_schemas = NULL;
 bool		chorus_apply_executor = true;
+int			chorus_max_row_keys_per_table = 10000;
 bool		chorus_replicate_ddl = true;
 bool		chorus_replicate_roles = true;
 int			chorus_node_number = 0;
@@ -58,6 +59,10 @@ chorus_define_settings(void)
 	DefineCustomStringVariable("chorus.exclude_schemas",
 							   "Comma-separated schemas whose new tables are not replicated.",
 							   NULL, &chorus_exclude_schemas, "", PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("chorus.max_row_keys_per_table",
+							"Past this many row keys of one table, a writeset certifies the table as a whole.",
+							"Its row keys become one table key in exclusive mode: the transaction conflicts with every concurrent one that writes the table (docs/ISOLATION.md).",
+							&chorus_max_row_keys_per_table, 10000, 1, INT_MAX, PGC_USERSET, 0, NULL, NULL, NULL);
 	DefineCustomBoolVariable("chorus.apply_executor",
 							 "Apply replicated rows through the executor's replication helpers, as logical replication does.",
 							 "Off: through prepared statements (SPI), as tables without a primary key or identity index always are.",

@@ -13,6 +13,7 @@ extern int	chorus_causal_reads_timeout;
 extern int	chorus_max_writeset_mb;
 extern char *chorus_exclude_schemas;
 extern bool chorus_apply_executor;
+extern int	chorus_max_row_keys_per_table;
 extern bool chorus_replicate_ddl;
 extern bool chorus_replicate_roles;
 extern int	chorus_node_number;

@@ -45,6 +45,8 @@
 #define CHORUS_VAL_NULL 'n'
 #define CHORUS_VAL_TEXT 't'			/* the type's text output, under fixed settings */
 #define CHORUS_VAL_BINARY 'b'		/* the type's binary send form */
+#define CHORUS_VAL_UNCHANGED 'u'	/* an UPDATE's new value that is the old one, not sent: an
+									 * unchanged out-of-line (TOAST) value; the applier keeps its own */
 
 /* certification key modes (DESIGN.md invariant 2) */
 #define CHORUS_KEY_REFERENCE 1

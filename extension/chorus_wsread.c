@@ -284,7 +284,7 @@ chorus_wsr_value(ChorusWsReader *r, ChorusWsValue *v)
 	v->len = 0;
 	if (wsr_u8(r, &v->kind) != 0)
 		return -1;
-	if (v->kind == CHORUS_VAL_NULL)
+	if (v->kind == CHORUS_VAL_NULL || v->kind == CHORUS_VAL_UNCHANGED)
 		return 0;
 	if (v->kind != CHORUS_VAL_TEXT && v->kind != CHORUS_VAL_BINARY)
 		return wsr_fail(r, CHORUS_WSR_VALUE_KIND, at, v->kind, 0);

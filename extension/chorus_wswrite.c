@@ -174,7 +174,7 @@ void
 chorus_put_value(StringInfo out, uint8 kind, const char *data, uint32 len)
 {
 	chorus_put_u8(out, kind);
-	if (kind != CHORUS_VAL_NULL)
+	if (kind != CHORUS_VAL_NULL && kind != CHORUS_VAL_UNCHANGED)
 		chorus_put_blob(out, data, len);
 }
 

@@ -10,7 +10,7 @@ other module of Chorus.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
-cdef object Table, Column, Row, Schema, Key, Writeset, Binary, WireError, TABLES, MODES, blake2b
+cdef object Table, Column, Row, Schema, Key, Writeset, Binary, UNCHANGED, WireError, TABLES, MODES, blake2b
 cdef int MAX_PARTS, VERSION
 cdef uint8_t FLAGS_KNOWN, COL_FLAGS_KNOWN, TABLE_FLAGS_KNOWN, TRUNCATE_FLAGS_KNOWN
 cdef uint8_t FLAG_DDL, FLAG_TOI, FLAG_CONCURRENT, TABLE_FULL_IDENTITY
@@ -18,18 +18,20 @@ cdef bint bound = False
 
 cdef enum:
     HEAD = 32  # the header's size (wire.HEAD_SIZE)
-    VAL_NULL = 0x6E  # value kinds (wire.VAL_NULL, VAL_TEXT, VAL_BINARY)
+    VAL_NULL = 0x6E  # value kinds (wire.VAL_NULL, VAL_TEXT, VAL_BINARY, VAL_UNCHANGED)
     VAL_TEXT = 0x74
     VAL_BINARY = 0x62
+    VAL_UNCHANGED = 0x75
 
 
 def bind(wire) -> None:
     """Take the classes and constants of the wire module (once, at its import)."""
-    global Table, Column, Row, Schema, Key, Writeset, Binary, WireError, TABLES, MODES, blake2b, bound
+    global Table, Column, Row, Schema, Key, Writeset, Binary, UNCHANGED, WireError, TABLES, MODES, blake2b, bound
     global MAX_PARTS, VERSION, FLAGS_KNOWN, COL_FLAGS_KNOWN, TABLE_FLAGS_KNOWN, TRUNCATE_FLAGS_KNOWN
     global FLAG_DDL, FLAG_TOI, FLAG_CONCURRENT, TABLE_FULL_IDENTITY
     Table, Column, Row, Schema, Key = wire.Table, wire.Column, wire.Row, wire.Schema, wire.Key
     Writeset, Binary, WireError, TABLES = wire.Writeset, wire.Binary, wire.WireError, wire._TABLES
+    UNCHANGED = wire.UNCHANGED
     MODES = {1: wire.KeyMode.REFERENCE, 2: wire.KeyMode.UPDATE, 3: wire.KeyMode.EXCLUSIVE}
     import hashlib
     blake2b = hashlib.blake2b
@@ -91,9 +93,9 @@ cdef class _Reader:
         for i in range(cnt):
             self.need(at, 1, what)
             kind = self.p[at]
-            if kind == VAL_NULL:
+            if kind == VAL_NULL or kind == VAL_UNCHANGED:
                 if full:
-                    out.append(None)
+                    out.append(None if kind == VAL_NULL else UNCHANGED)
                 at += 1
             elif kind == VAL_TEXT or kind == VAL_BINARY:
                 self.need(at + 1, 4, what)

@@ -13,11 +13,12 @@ references (``chorus/_cproto.pyx``): :class:`FrameParser` and :func:`verdict_fra
 from __future__ import annotations
 
 import enum
-import os
 import struct
 import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
+
+from chorus import impl
 
 MAX_FRAME = 1 << 30
 
@@ -135,24 +136,11 @@ def ran_frame(gid: int, xid: int, content: bytes) -> bytes:
     return struct.pack(">I", 13 + len(content)) + FrameType.DDL_RAN.value + struct.pack(">QI", gid, xid) + content
 
 
-VerdictFrame = Callable[[int, int, int, str, Optional[int]], bytes]
-
-
-def _choose() -> tuple[str, Callable[[], FrameSplitter], Callable[..., bytes]]:
-    """The implementation to use (as wire.py chooses its reader)."""
-    want = os.environ.get("CHORUS_IMPL", "").strip().lower()
-    if want not in ("", "c", "python"):
-        raise ImportError(f"CHORUS_IMPL={want!r}: expected c or python")
-    try:
-        from chorus import _cproto
-    except ImportError:
-        if want == "c":
-            raise
-        return "python", PyFrameParser, py_verdict_frame
+_cproto = impl.compiled("_cproto")
+if _cproto is not None:
     _cproto.bind_backend(sys.modules[__name__])
-    if want == "python":
-        return "python", PyFrameParser, py_verdict_frame
-    return "c", _cproto.FrameParser, _cproto.verdict_frame
-
-
-IMPL, FrameParser, verdict_frame = _choose()
+IMPL = impl.chosen(_cproto)
+FrameParser: Callable[[], FrameSplitter] = PyFrameParser
+verdict_frame: Callable[..., bytes] = py_verdict_frame
+if IMPL == "c" and _cproto is not None:
+    FrameParser, verdict_frame = _cproto.FrameParser, _cproto.verdict_frame

@@ -27,11 +27,12 @@ reference (``py_encode_writesets``, ``py_decode_writesets``; ``chorus/_cproto.py
 from __future__ import annotations
 
 import enum
-import os
 import struct
 import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union
+
+from chorus import impl
 
 VERSION = 2
 
@@ -349,23 +350,11 @@ def decode(b: bytes) -> Message:
     return m
 
 
-def _choose() -> tuple[str, Callable[[str, Iterable[tuple[int, bytes]]], bytes],
-                       Callable[[bytes], tuple[str, list[tuple[int, bytes]]]]]:
-    """The codec of writeset messages to use: the compiled one (chorus/_cproto.pyx) when it is
-    built, unless ``CHORUS_IMPL=python`` (as wire.py chooses its reader)."""
-    want = os.environ.get("CHORUS_IMPL", "").strip().lower()
-    if want not in ("", "c", "python"):
-        raise ImportError(f"CHORUS_IMPL={want!r}: expected c or python")
-    try:
-        from chorus import _cproto
-    except ImportError:
-        if want == "c":
-            raise
-        return "python", py_encode_writesets, py_decode_writesets
+_cproto = impl.compiled("_cproto")
+if _cproto is not None:
     _cproto.bind_bus(sys.modules[__name__])
-    if want == "python":
-        return "python", py_encode_writesets, py_decode_writesets
-    return "c", _cproto.encode_writesets, _cproto.decode_writesets
-
-
-IMPL, _encode_writesets, _decode_writesets = _choose()
+IMPL = impl.chosen(_cproto)
+_encode_writesets: Callable[[str, Iterable[tuple[int, bytes]]], bytes] = py_encode_writesets
+_decode_writesets: Callable[[bytes], tuple[str, list[tuple[int, bytes]]]] = py_decode_writesets
+if IMPL == "c" and _cproto is not None:
+    _encode_writesets, _decode_writesets = _cproto.encode_writesets, _cproto.decode_writesets

@@ -19,12 +19,12 @@ insists on it); :data:`IMPL` says which. Both certify, purge and snapshot alike
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Optional, Protocol
 
+from chorus import impl
 from chorus.wire import Key, KeyMode, modes_conflict
 
 _MODES = (KeyMode.REFERENCE, KeyMode.UPDATE, KeyMode.EXCLUSIVE)
@@ -192,19 +192,8 @@ def describe_verdict(v: Verdict) -> Optional[str]:
     return None if v.ok else v.reason
 
 
-def _choose() -> tuple[str, CertifierClass]:
-    """The implementation to use (as wire.py chooses its reader)."""
-    want = os.environ.get("CHORUS_IMPL", "").strip().lower()
-    if want not in ("", "c", "python"):
-        raise ImportError(f"CHORUS_IMPL={want!r}: expected c or python")
-    try:
-        from chorus import _ccert
-    except ImportError:
-        if want == "c":
-            raise
-        return "python", PyCertifier
+_ccert = impl.compiled("_ccert")
+if _ccert is not None:
     _ccert.bind(sys.modules[__name__])
-    return ("python", PyCertifier) if want == "python" else ("c", _ccert.Certifier)
-
-
-IMPL, Certifier = _choose()
+IMPL = impl.chosen(_ccert)
+Certifier: CertifierClass = _ccert.Certifier if IMPL == "c" and _ccert is not None else PyCertifier

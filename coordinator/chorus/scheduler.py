@@ -16,11 +16,11 @@ holds them to the same dispatches.
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Protocol
 
+from chorus import impl
 from chorus.wire import KeyMode
 
 
@@ -249,18 +249,6 @@ class PyScheduler:
         return sorted(self._items)
 
 
-def _choose() -> tuple[str, Callable[[], ApplyScheduler]]:
-    """The implementation to use (as certifier.py and wire.py choose theirs)."""
-    want = os.environ.get("CHORUS_IMPL", "").strip().lower()
-    if want not in ("", "c", "python"):
-        raise ImportError(f"CHORUS_IMPL={want!r}: expected c or python")
-    try:
-        from chorus import _csched
-    except ImportError:
-        if want == "c":
-            raise
-        return "python", PyScheduler
-    return ("python", PyScheduler) if want == "python" else ("c", _csched.Scheduler)
-
-
-IMPL, Scheduler = _choose()
+_csched = impl.compiled("_csched")
+IMPL = impl.chosen(_csched)
+Scheduler: Callable[[], ApplyScheduler] = _csched.Scheduler if IMPL == "c" and _csched is not None else PyScheduler

@@ -13,12 +13,13 @@ bytes kept as surrogates (``surrogateescape``), so they go back out unchanged wh
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
 import sys
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Iterable, NamedTuple, Optional, Protocol, Union
+
+from chorus import impl
 
 MAGIC = b"CW"
 VERSION = 2
@@ -67,6 +68,7 @@ TRUNCATE_FLAGS_KNOWN = TRUNCATE_RESTART
 
 # Value kinds.
 VAL_NULL, VAL_TEXT, VAL_BINARY = 0x6E, 0x74, 0x62  # 'n', 't', 'b'
+VAL_UNCHANGED = 0x75  # 'u': an UPDATE's new value that is the old one (an unchanged TOAST value), not sent
 
 HEAD_SIZE = 32
 
@@ -86,7 +88,17 @@ class Binary(bytes):
     __slots__ = ()
 
 
-Value = Optional[bytes]  # None for SQL NULL; Binary for a binary value; bytes for text
+class Unchanged(bytes):
+    """An UPDATE's new value that is the same as the old one and was not sent: an out-of-line
+    (TOASTed) value the UPDATE left alone. The applier keeps the value it has (seed 12.7)."""
+
+    __slots__ = ()
+
+
+UNCHANGED = Unchanged(b"")
+
+
+Value = Optional[bytes]  # None for SQL NULL; Binary for a binary value; UNCHANGED; bytes for text
 
 
 def text(s: str) -> bytes:
@@ -384,9 +396,9 @@ def read_python(buf: bytes, full: bool) -> Writeset:
         out: list[Value] = []
         for _v in range(cnt):
             kind = buf[pos]
-            if kind == VAL_NULL:
+            if kind == VAL_NULL or kind == VAL_UNCHANGED:
                 if full:
-                    out.append(None)
+                    out.append(None if kind == VAL_NULL else UNCHANGED)
                 pos += 1
             elif kind == VAL_TEXT or kind == VAL_BINARY:
                 (ln,) = u32(buf, pos + 1)
@@ -491,6 +503,8 @@ def _tuple(values: tuple[Value, ...]) -> bytes:
     for v in values:
         if v is None:
             out.append(b"n")
+        elif isinstance(v, Unchanged):
+            out.append(b"u")
         else:
             out.append((b"b" if isinstance(v, Binary) else b"t") + struct.pack(">I", len(v)) + v)
     return b"".join(out)
@@ -536,6 +550,8 @@ def describe(ws: Writeset) -> dict[str, Any]:
     def value(v: Value) -> Optional[dict[str, str]]:
         if v is None:
             return None
+        if isinstance(v, Unchanged):
+            return {"unchanged": ""}
         if isinstance(v, Binary):
             return {"binary": v.hex()}
         return {"text": v.decode("utf-8", "backslashreplace")}
@@ -563,20 +579,10 @@ def empty(encoding: int = UTF8) -> bytes:
     return encode(Writeset(0, 0, 0, (), (), (), encoding=encoding))
 
 
-def _choose() -> tuple[str, Reader]:
-    """The reader to use: the compiled one when it is built, unless ``CHORUS_IMPL=python``;
-    ``CHORUS_IMPL=c`` insists on it. (Built, it is bound either way: the tests compare both.)"""
-    want = os.environ.get("CHORUS_IMPL", "").strip().lower()
-    if want not in ("", "c", "python"):
-        raise ImportError(f"CHORUS_IMPL={want!r}: expected c or python")
-    try:
-        from chorus import _cwire
-    except ImportError:
-        if want == "c":
-            raise
-        return "python", read_python
+# the compiled reader when it is built, unless CHORUS_IMPL=python (chorus/impl.py); built, it is
+# bound either way: the tests compare both
+_cwire = impl.compiled("_cwire")
+if _cwire is not None:
     _cwire.bind(sys.modules[__name__])
-    return ("python", read_python) if want == "python" else ("c", _cwire.read)
-
-
-IMPL, _read = _choose()
+IMPL = impl.chosen(_cwire)
+_read: Reader = _cwire.read if IMPL == "c" and _cwire is not None else read_python

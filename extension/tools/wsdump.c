@@ -65,6 +65,11 @@ put_image(ChorusWsReader *r, uint16_t width)
 			fputs("null", js);
 			continue;
 		}
+		if (v.kind == CHORUS_VAL_UNCHANGED)
+		{
+			fputs("\"u\"", js);
+			continue;
+		}
 		put_hex(v.kind == CHORUS_VAL_TEXT ? "t:" : "b:", v.data, v.len);
 	}
 	fputc(']', js);

@@ -6,6 +6,7 @@ The cluster is started once per test session with ``chorus local up`` and stoppe
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -19,7 +20,10 @@ from typing import Any, Iterator
 import psycopg
 import pytest
 
+from chorus import recovery as rc
 from chorus.check import NodeRef, compare, node_refs, wait_quiescent
+from chorus.config import load_config
+from chorus.wslog import LogRecord
 
 
 def chorus(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -55,6 +59,25 @@ class Cluster:
     def status(self, i: int) -> dict[str, Any]:
         from chorus.admin import admin_request
         return admin_request(self.nodes[i].admin)["status"]
+
+    def log_records(self, after: int, upto: int, i: int = 0) -> list[LogRecord]:
+        """The writeset log records of GIDs after..upto, from node ``i``'s log through the partial
+        recovery stream, byte for byte as their origins sent them."""
+        cfg = load_config(f"{self.dir}/nodes/{self.nodes[i].name}/chorus.toml")
+        keys = rc.ClusterKeys(cfg.tls_cert, cfg.tls_key, cfg.secret_file)
+        got: list[LogRecord] = []
+
+        async def take(r: LogRecord) -> None:
+            got.append(r)
+
+        async def fetch() -> None:
+            stop = after
+            while stop < upto:
+                stop = await rc.fetch(cfg.recovery_listen, keys, self.status(i)["cluster_uuid"], "tests", stop, upto,
+                                      take)
+
+        asyncio.run(fetch())
+        return got
 
     def wait_online(self, i: int, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

@@ -369,6 +369,23 @@ def test_schema_change_inside_a_writeset(db: psycopg.Connection[Any], executor: 
 
 
 @PATHS
+def test_unchanged_values_are_kept(db: psycopg.Connection[Any], executor: bool) -> None:
+    """An UPDATE's unchanged (out-of-line) value is not sent: the row keeps the value it has."""
+    db.autocommit = True
+    db.execute("CREATE TABLE keep (id int PRIMARY KEY, n int, big text, nokey text)")
+    db.execute("INSERT INTO keep VALUES (1, 0, repeat('x', 100000), 'a')")
+    a = Applier(db, executor)
+    t = table(db, "keep")
+    a.apply(writeset([t], [wire.Row("U", 0, (b"1",), (b"1", b"5", wire.UNCHANGED, b"b"))]))
+    assert db.execute("SELECT n, length(big), nokey FROM keep").fetchone() == (5, 100000, "b")
+    # where there is no value to keep, it is refused
+    with pytest.raises(psycopg.errors.DataCorrupted, match="unchanged value in an inserted row"):
+        a.apply(writeset([t], [wire.Row("I", 0, (), (b"2", b"5", wire.UNCHANGED, b"b"))]))
+    with pytest.raises(psycopg.errors.DataCorrupted, match="unchanged value in an old image"):
+        a.apply(writeset([t], [wire.Row("D", 0, (wire.UNCHANGED,), ())]))
+
+
+@PATHS
 def test_no_primary_key(db: psycopg.Connection[Any], executor: bool) -> None:
     """Without an identity index the whole old row finds the row (prepared statements, always)."""
     db.autocommit = True

@@ -10,17 +10,13 @@ file. ``CHORUS_WRITE_GOLDEN=1`` writes the files anew (after a deliberate change
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from chorus import recovery as rc
 from chorus import wire
-from chorus.config import load_config
-from chorus.wslog import LogRecord
 from conftest import Cluster
 
 pytestmark = pytest.mark.integration
@@ -70,23 +66,6 @@ def _committed(cluster: Cluster) -> int:
     return int(cluster.status(0)["committed_gid"])
 
 
-def _records(cluster: Cluster, after: int, upto: int) -> list[LogRecord]:
-    cfg = load_config(f"{cluster.dir}/nodes/n1/chorus.toml")
-    keys = rc.ClusterKeys(cfg.tls_cert, cfg.tls_key, cfg.secret_file)
-    got: list[LogRecord] = []
-
-    async def take(r: LogRecord) -> None:
-        got.append(r)
-
-    async def fetch() -> None:
-        stop = after
-        while stop < upto:
-            stop = await rc.fetch(cfg.recovery_listen, keys, cluster.status(0)["cluster_uuid"], "golden", stop, upto, take)
-
-    asyncio.run(fetch())
-    return got
-
-
 def test_the_c_writer_still_writes_the_golden_writesets(cluster: Cluster) -> None:
     with cluster.connect(0) as c:
         for s in SETUP:
@@ -103,7 +82,7 @@ def test_the_c_writer_still_writes_the_golden_writesets(cluster: Cluster) -> Non
                 c.commit()
         cluster.quiesce()
         after = _committed(cluster)
-        mine = [r for r in _records(cluster, before, after) if r.origin == "n1"]
+        mine = [r for r in cluster.log_records(before, after) if r.origin == "n1"]
         assert len(mine) == 1, f"{name}: {len(mine)} writesets from n1 in GIDs {before + 1}..{after}"
         captured[name] = zeroed(mine[0].payload)
         wire.decode(captured[name])  # the Python reader takes it

@@ -39,7 +39,7 @@ def _same(raw: bytes) -> None:
         assert _outcome(_cwire.read, raw, full) == _outcome(wire.read_python, raw, full)
 
 
-values = st.one_of(st.none(), st.binary(max_size=12), st.binary(max_size=8).map(Binary))
+values = st.one_of(st.none(), st.binary(max_size=12), st.binary(max_size=8).map(Binary), st.just(wire.UNCHANGED))
 names = st.text(min_size=0, max_size=6)
 
 

@@ -45,7 +45,7 @@ def test_text_in_any_encoding_and_names_round_trip() -> None:
     assert wire.encode(back) == wire.encode(ws)
 
 
-values = st.one_of(st.none(), st.binary(max_size=20), st.binary(max_size=8).map(Binary))
+values = st.one_of(st.none(), st.binary(max_size=20), st.binary(max_size=8).map(Binary), st.just(wire.UNCHANGED))
 
 
 @settings(max_examples=200)

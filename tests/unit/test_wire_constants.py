@@ -45,8 +45,8 @@ def test_writeset_constants_match() -> None:
         wire.OP_INSERT, wire.OP_UPDATE, wire.OP_DELETE, wire.OP_TRUNCATE, wire.OP_SCHEMA]
     assert (d["CHORUS_TRUNCATE_RESTART"], d["CHORUS_TRUNCATE_FLAGS_KNOWN"]) == (
         wire.TRUNCATE_RESTART, wire.TRUNCATE_FLAGS_KNOWN)
-    assert [ord(str(d[f"CHORUS_VAL_{n}"])) for n in ("NULL", "TEXT", "BINARY")] == [
-        wire.VAL_NULL, wire.VAL_TEXT, wire.VAL_BINARY]
+    assert [ord(str(d[f"CHORUS_VAL_{n}"])) for n in ("NULL", "TEXT", "BINARY", "UNCHANGED")] == [
+        wire.VAL_NULL, wire.VAL_TEXT, wire.VAL_BINARY, wire.VAL_UNCHANGED]
     assert [d[f"CHORUS_KEY_{m.name}"] for m in wire.KeyMode] == [int(m) for m in wire.KeyMode]
     assert d["CHORUS_KEY_MAX_PARTS"] == wire.MAX_PARTS
 

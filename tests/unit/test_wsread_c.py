@@ -49,6 +49,8 @@ def _hex(s: str) -> str:
 def _value(v: wire.Value) -> Optional[str]:
     if v is None:
         return None
+    if isinstance(v, wire.Unchanged):
+        return "u"
     return ("b:" if isinstance(v, wire.Binary) else "t:") + bytes(v).hex()
 
 
@@ -114,7 +116,8 @@ def assert_same(wsdump: Path, bufs: list[bytes], tmp: Path) -> None:
 # ---- writesets of every shape, from the Python encoder ----
 
 _names = st.text(st.characters(exclude_categories=["Cs"]), max_size=8)
-_values = st.one_of(st.none(), st.binary(max_size=12), st.binary(max_size=12).map(wire.Binary))
+_values = st.one_of(st.none(), st.binary(max_size=12), st.binary(max_size=12).map(wire.Binary),
+                    st.just(wire.UNCHANGED))
 
 
 @st.composite

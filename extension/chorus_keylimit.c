@@ -1,0 +1,195 @@
+/*
+ * chorus_keylimit.c
+ *		A writeset holds at most chorus.max_row_keys_per_table row keys of one
+ *		table (docs/ISOLATION.md). Past that, the table's row keys are dropped
+ *		as they come and, when the writeset is written, replaced by one table
+ *		key in exclusive mode: the one mode that conflicts with every other
+ *		writeset of the table (each holds the table's key in reference mode),
+ *		so a conflict the row keys would have found is never missed; a false
+ *		one is possible. The backend's key buffer, the writeset and every
+ *		node's certification index stay bounded however many rows a
+ *		transaction changes. The origin decides; the writeset carries the
+ *		result, so every node certifies the same keys.
+ */
+#include "postgres.h"
+
+#include "utils/memutils.h"
+
+#include "chorus_keylimit.h"
+#include "chorus_wire.h"
+#include "chorus_wswrite.h"
+
+#define TABLE_ID_SIZE (2 * NAMEDATALEN + 2)
+
+typedef struct KeyCount
+{
+	char		id[TABLE_ID_SIZE];	/* schema, NUL, table, NUL (zero-padded) */
+	uint32		count;			/* row keys appended */
+	bool		escalated;		/* past the limit */
+	bool		added;			/* its table key is in the buffer */
+} KeyCount;
+
+/* One key in a key buffer: its parts' positions, as chorus_put_key_head and _blob wrote them. */
+typedef struct KeyView
+{
+	int			start;			/* the key's first byte */
+	int			end;			/* after its last */
+	int			nparts;
+	const char *nsp;
+	uint32		nsplen;
+	const char *rel;
+	uint32		rellen;
+} KeyView;
+
+static uint32
+get_u32(const char *p)
+{
+	const unsigned char *u = (const unsigned char *) p;
+
+	return ((uint32) u[0] << 24) | ((uint32) u[1] << 16) | ((uint32) u[2] << 8) | u[3];
+}
+
+/* Read the key at pos of buf (len bytes): false past the end (the buffer is ours: never malformed). */
+static bool
+key_at(const char *buf, int len, int pos, KeyView *k)
+{
+	int			i;
+
+	if (pos + 3 > len)
+		return false;
+	k->start = pos;
+	k->nparts = ((unsigned char) buf[pos + 1] << 8) | (unsigned char) buf[pos + 2];
+	pos += 3;
+	k->nsp = k->rel = NULL;
+	k->nsplen = k->rellen = 0;
+	for (i = 0; i < k->nparts; i++)
+	{
+		uint32		n;
+
+		if (pos + 4 > len)
+			elog(ERROR, "chorus: the key buffer is damaged");
+		n = get_u32(buf + pos);
+		if (i == 0)
+			k->nsp = buf + pos + 4, k->nsplen = n;
+		else if (i == 1)
+			k->rel = buf + pos + 4, k->rellen = n;
+		pos += 4 + (int) n;
+		if (pos > len)
+			elog(ERROR, "chorus: the key buffer is damaged");
+	}
+	k->end = pos;
+	return true;
+}
+
+/* The counter of the key's table (made if make), or NULL. */
+static KeyCount *
+key_table(ChorusKeyLimit *kl, MemoryContext cxt, const KeyView *k, bool make)
+{
+	char		id[TABLE_ID_SIZE];
+	bool		found;
+	KeyCount   *c;
+
+	if (k->nparts < 2 || k->nsplen >= NAMEDATALEN || k->rellen >= NAMEDATALEN)
+		return NULL;			/* not a table's key (a name is never this long) */
+	if (kl->tables == NULL)
+	{
+		HASHCTL		ctl;
+
+		if (!make)
+			return NULL;
+		ctl.keysize = TABLE_ID_SIZE;
+		ctl.entrysize = sizeof(KeyCount);
+		ctl.hcxt = cxt;
+		kl->tables = hash_create("chorus row keys per table", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	memset(id, 0, sizeof(id));
+	memcpy(id, k->nsp, k->nsplen);
+	memcpy(id + k->nsplen + 1, k->rel, k->rellen);
+	c = hash_search(kl->tables, id, make ? HASH_ENTER : HASH_FIND, &found);
+	if (make && !found)
+	{
+		c->count = 0;
+		c->escalated = false;
+		c->added = false;
+	}
+	return c;
+}
+
+/*
+ * chorus_keylimit_append
+ *		Append to keys the keys of one row change (src, len: written as in a
+ *		key buffer), leaving out row keys of tables past limit. Returns how
+ *		many it appended.
+ */
+uint32
+chorus_keylimit_append(ChorusKeyLimit *kl, MemoryContext cxt, StringInfo keys, const char *src, int len,
+					   int limit)
+{
+	KeyView		k;
+	uint32		n = 0;
+	int			pos = 0;
+
+	while (key_at(src, len, pos, &k))
+	{
+		KeyCount   *c = k.nparts > 2 ? key_table(kl, cxt, &k, true) : NULL;
+
+		pos = k.end;
+		if (c != NULL)
+		{
+			if (c->escalated)
+				continue;
+			if (++c->count > (uint32) limit)
+			{
+				c->escalated = true;
+				kl->nescalated++;
+				continue;
+			}
+		}
+		appendBinaryStringInfo(keys, src + k.start, k.end - k.start);
+		n++;
+	}
+	return n;
+}
+
+/*
+ * chorus_keylimit_finish
+ *		The keys as the writeset carries them: without the row keys of the
+ *		tables past the limit, and with each such table's key in exclusive
+ *		mode. Rewrites keys in place (again and again alike); returns the new
+ *		count.
+ */
+uint32
+chorus_keylimit_finish(ChorusKeyLimit *kl, StringInfo keys, uint32 nkeys)
+{
+	StringInfoData out;
+	HASH_SEQ_STATUS seq;
+	KeyCount   *c;
+	KeyView		k;
+	int			pos = 0;
+	uint32		n = 0;
+
+	if (kl->nescalated == 0)
+		return nkeys;
+	initStringInfo(&out);
+	while (key_at(keys->data, keys->len, pos, &k))
+	{
+		pos = k.end;
+		if (k.nparts > 2 && (c = key_table(kl, NULL, &k, false)) != NULL && c->escalated)
+			continue;
+		appendBinaryStringInfo(&out, keys->data + k.start, k.end - k.start);
+		n++;
+	}
+	hash_seq_init(&seq, kl->tables);
+	while ((c = hash_seq_search(&seq)) != NULL)
+	{
+		if (!c->escalated || c->added)
+			continue;
+		chorus_put_table_key(&out, CHORUS_KEY_EXCLUSIVE, c->id, c->id + strlen(c->id) + 1);
+		c->added = true;		/* written again (a second serialization), the buffer stays the same */
+		n++;
+	}
+	resetStringInfo(keys);
+	appendBinaryStringInfo(keys, out.data, out.len);
+	pfree(out.data);
+	return n;
+}

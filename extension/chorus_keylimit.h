@@ -1,0 +1,23 @@
+/*
+ * chorus_keylimit.h
+ *		A bound on the certification keys one writeset holds per table
+ *		(chorus_keylimit.c).
+ */
+#ifndef CHORUS_KEYLIMIT_H
+#define CHORUS_KEYLIMIT_H
+
+#include "lib/stringinfo.h"
+#include "utils/hsearch.h"
+
+/* The row keys counted per table so far, and the tables past the limit. */
+typedef struct ChorusKeyLimit
+{
+	HTAB	   *tables;			/* made at the first row key, in the capture's context */
+	int			nescalated;		/* tables whose row keys became one table key */
+} ChorusKeyLimit;
+
+extern uint32 chorus_keylimit_append(ChorusKeyLimit *kl, MemoryContext cxt, StringInfo keys,
+									 const char *src, int len, int limit);
+extern uint32 chorus_keylimit_finish(ChorusKeyLimit *kl, StringInfo keys, uint32 nkeys);
+
+#endif							/* CHORUS_KEYLIMIT_H */
