@@ -415,7 +415,7 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 	}
 
 	for (i = 0; i < ntables; i++)
-		width = Max(width, tables[i].ncols);
+		width = Max(width, Max(tables[i].ncols, tables[i].nident));
 	oldv = palloc(sizeof(ChorusWsValue) * width);
 	newv = palloc(sizeof(ChorusWsValue) * width);
 

@@ -285,8 +285,13 @@ prepare(const char *sql, int nargs, Oid *argtypes)
 	return p;
 }
 
+/*
+ * The plan of sql, kept for the session and found again by its text; *kept
+ * false for a statement too long for the cache (very wide tables), whose plan
+ * lives only until SPI_finish and must not be remembered.
+ */
 static SPIPlanPtr
-get_plan(const char *sql, int nargs, Oid *argtypes)
+get_plan(const char *sql, int nargs, Oid *argtypes, bool *kept)
 {
 	PlanEntry  *e;
 	bool		found;
@@ -306,7 +311,8 @@ get_plan(const char *sql, int nargs, Oid *argtypes)
 	appendStringInfoString(&k, sql);
 	for (i = 0; i < nargs; i++)
 		appendStringInfo(&k, " %u", argtypes[i]);
-	if (k.len >= PLAN_KEY_SIZE)
+	*kept = k.len < PLAN_KEY_SIZE;
+	if (!*kept)
 		return prepare(sql, nargs, argtypes);	/* very wide tables: prepared per writeset */
 	memset(key, 0, sizeof(key));
 	memcpy(key, k.data, k.len);
@@ -354,6 +360,8 @@ SPIPlanPtr
 chorus_apply_plan(ApplyTable *t, int op, const ChorusWsValue *newv)
 {
 	ApplyRel   *r = t->rel;
+	SPIPlanPtr	plan;
+	bool		kept;
 	StringInfoData sql;
 	Oid		   *types;
 	int			n = 0,
@@ -460,10 +468,10 @@ chorus_apply_plan(ApplyTable *t, int op, const ChorusWsValue *newv)
 				types[n++] = r->basetypes[c];
 			}
 	}
-	if (newv != NULL)
-		return get_plan(sql.data, n, types);
-	r->plans[op] = get_plan(sql.data, n, types);
-	return r->plans[op];
+	plan = get_plan(sql.data, n, types, &kept);
+	if (newv == NULL && kept)
+		r->plans[op] = plan;	/* kept across writesets with the table's ApplyRel */
+	return plan;
 }
 
 /*

@@ -44,7 +44,7 @@ typedef struct ApplyRel
 	const char *why_spi;		/* NULL: rows go through the executor; else why they cannot */
 	Oid			idxoid;			/* the index on the identity columns (executor) */
 	AttrNumber *attnum;			/* per writeset column: local attribute, 0 for generated ones */
-	SPIPlanPtr	plans[3];		/* the statements for insert, update, delete (SPI) */
+	SPIPlanPtr	plans[3];		/* the statements for insert, update, delete (SPI), when kept */
 	bool	   *always;			/* the local column is GENERATED ALWAYS AS IDENTITY */
 	Oid		   *coltypes;		/* local types of the columns, InvalidOid for generated */
 	int32	   *coltypmods;

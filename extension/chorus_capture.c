@@ -366,12 +366,7 @@ chorus_capture_row(ChorusCapture *cap, Relation rel, char op, HeapTuple oldtup, 
 		chorus_image(t, newtup, desc, false, &newi);
 	if (keys)
 	{
-		if (!t->table_key_done)
-		{
-			chorus_put_table_key(&cap->keys, CHORUS_KEY_REFERENCE, t->nspname, t->relname);
-			cap->nkeys++;
-			t->table_key_done = true;
-		}
+		cap->nkeys += chorus_keylimit_table_key(&cap->keylimit, cap->cxt, &cap->keys, t->nspname, t->relname);
 		/* through the limit of row keys per table (chorus_keylimit.c) */
 		resetStringInfo(&cap->rowkeys);
 		(void) chorus_row_keys(&cap->rowkeys, t, op, oldtup ? oldi.text : NULL, newtup ? newi.text : NULL);
@@ -393,7 +388,8 @@ chorus_capture_row(ChorusCapture *cap, Relation rel, char op, HeapTuple oldtup, 
 		chorus_put_u16(&cap->rows, (uint16) t->ncols);
 		for (i = 0; i < t->ncols; i++)
 		{
-			if (oldtup != NULL && chorus_unchanged_toast(desc, t, &oldi, &newi, i))
+			/* (a schema change's shipped rows pass one tuple as both: their values must travel) */
+			if (oldtup != NULL && oldtup != newtup && chorus_unchanged_toast(desc, t, &oldi, &newi, i))
 				chorus_put_value(&cap->rows, CHORUS_VAL_UNCHANGED, NULL, 0);
 			else
 				chorus_put_image_value(&cap->rows, t, &newi, i);

@@ -3,10 +3,13 @@
  *		A writeset holds at most chorus.max_row_keys_per_table row keys of one
  *		table (docs/ISOLATION.md). Past that, the table's row keys are dropped
  *		as they come and, when the writeset is written, replaced by one table
- *		key in exclusive mode: the one mode that conflicts with every other
- *		writeset of the table (each holds the table's key in reference mode),
- *		so a conflict the row keys would have found is never missed; a false
- *		one is possible. The backend's key buffer, the writeset and every
+ *		key in exclusive mode. That is the one mode that conflicts with every
+ *		other writeset holding a key of the table, because every table a row
+ *		key names (the row's own table, and the parent table a foreign-key
+ *		reference names) also gets its table key in reference mode, once per
+ *		writeset and outside the limit (chorus_keylimit_table_key). So a
+ *		conflict the row keys would have found is never missed; a false one is
+ *		possible. The backend's key buffer, the writeset and every
  *		node's certification index stay bounded however many rows a
  *		transaction changes. The origin decides; the writeset carries the
  *		result, so every node certifies the same keys.
@@ -26,7 +29,8 @@ typedef struct KeyCount
 	char		id[TABLE_ID_SIZE];	/* schema, NUL, table, NUL (zero-padded) */
 	uint32		count;			/* row keys appended */
 	bool		escalated;		/* past the limit */
-	bool		added;			/* its table key is in the buffer */
+	bool		added;			/* its exclusive table key is in the buffer */
+	bool		referenced;		/* its table key in reference mode is in the buffer */
 } KeyCount;
 
 /* One key in a key buffer: its parts' positions, as chorus_put_key_head and _blob wrote them. */
@@ -81,16 +85,17 @@ key_at(const char *buf, int len, int pos, KeyView *k)
 	return true;
 }
 
-/* The counter of the key's table (made if make), or NULL. */
+/* The counter of table nsp.rel (made if make), or NULL. */
 static KeyCount *
-key_table(ChorusKeyLimit *kl, MemoryContext cxt, const KeyView *k, bool make)
+table_count(ChorusKeyLimit *kl, MemoryContext cxt, const char *nsp, uint32 nsplen, const char *rel,
+			uint32 rellen, bool make)
 {
 	char		id[TABLE_ID_SIZE];
 	bool		found;
 	KeyCount   *c;
 
-	if (k->nparts < 2 || k->nsplen >= NAMEDATALEN || k->rellen >= NAMEDATALEN)
-		return NULL;			/* not a table's key (a name is never this long) */
+	if (nsplen >= NAMEDATALEN || rellen >= NAMEDATALEN)
+		return NULL;			/* not a table's name (a name is never this long) */
 	if (kl->tables == NULL)
 	{
 		HASHCTL		ctl;
@@ -103,16 +108,56 @@ key_table(ChorusKeyLimit *kl, MemoryContext cxt, const KeyView *k, bool make)
 		kl->tables = hash_create("chorus row keys per table", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	}
 	memset(id, 0, sizeof(id));
-	memcpy(id, k->nsp, k->nsplen);
-	memcpy(id + k->nsplen + 1, k->rel, k->rellen);
+	memcpy(id, nsp, nsplen);
+	memcpy(id + nsplen + 1, rel, rellen);
 	c = hash_search(kl->tables, id, make ? HASH_ENTER : HASH_FIND, &found);
 	if (make && !found)
 	{
 		c->count = 0;
 		c->escalated = false;
 		c->added = false;
+		c->referenced = false;
 	}
 	return c;
+}
+
+/* The counter of the key's table (made if make), or NULL. */
+static KeyCount *
+key_table(ChorusKeyLimit *kl, MemoryContext cxt, const KeyView *k, bool make)
+{
+	if (k->nparts < 2)
+		return NULL;
+	return table_count(kl, cxt, k->nsp, k->nsplen, k->rel, k->rellen, make);
+}
+
+/* Append c's table key in reference mode unless it is there: 1 if appended. */
+static uint32
+reference_once(KeyCount *c, StringInfo keys)
+{
+	if (c == NULL || c->referenced)
+		return 0;
+	chorus_put_table_key(keys, CHORUS_KEY_REFERENCE, c->id, c->id + strlen(c->id) + 1);
+	c->referenced = true;
+	return 1;
+}
+
+/*
+ * chorus_keylimit_table_key
+ *		The table key of nsp.rel in reference mode, appended to keys the first
+ *		time in the writeset. Returns how many keys it appended (0 or 1).
+ */
+uint32
+chorus_keylimit_table_key(ChorusKeyLimit *kl, MemoryContext cxt, StringInfo keys, const char *nsp,
+						  const char *rel)
+{
+	KeyCount   *c = table_count(kl, cxt, nsp, strlen(nsp), rel, strlen(rel), true);
+
+	if (c == NULL)				/* never: names are shorter than NAMEDATALEN */
+	{
+		chorus_put_table_key(keys, CHORUS_KEY_REFERENCE, nsp, rel);
+		return 1;
+	}
+	return reference_once(c, keys);
 }
 
 /*
@@ -136,6 +181,7 @@ chorus_keylimit_append(ChorusKeyLimit *kl, MemoryContext cxt, StringInfo keys, c
 		pos = k.end;
 		if (c != NULL)
 		{
+			n += reference_once(c, keys);
 			if (c->escalated)
 				continue;
 			if (++c->count > (uint32) limit)

@@ -18,6 +18,8 @@ typedef struct ChorusKeyLimit
 
 extern uint32 chorus_keylimit_append(ChorusKeyLimit *kl, MemoryContext cxt, StringInfo keys,
 									 const char *src, int len, int limit);
+extern uint32 chorus_keylimit_table_key(ChorusKeyLimit *kl, MemoryContext cxt, StringInfo keys,
+										const char *nsp, const char *rel);
 extern uint32 chorus_keylimit_finish(ChorusKeyLimit *kl, StringInfo keys, uint32 nkeys);
 
 #endif							/* CHORUS_KEYLIMIT_H */

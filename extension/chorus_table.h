@@ -55,7 +55,6 @@ typedef struct ChorusTable
 	int			nexpr;			/* unique indexes on expressions */
 	Oid		   *expr_indexes;
 	char	  **expr_names;		/* "(index name)": their keys' column part */
-	bool		table_key_done;
 	bool		truncate_key_done;
 } ChorusTable;
 

@@ -398,6 +398,39 @@ def test_no_primary_key(db: psycopg.Connection[Any], executor: bool) -> None:
     assert db.execute("SELECT a, b::text FROM nokey ORDER BY a").fetchall() == [(1, "1.0"), (2, "2")]
 
 
+@PATHS
+def test_wide_tables_without_a_key(db: psycopg.Connection[Any], executor: bool) -> None:
+    """A statement too long for the plan cache (a wide table without a key) is prepared for each
+    writeset, never remembered past it: the next writeset of the run prepares it again."""
+    db.autocommit = True
+    names = [f"a_rather_long_column_name_number_{i:02d}" for i in range(40)]
+    db.execute(sql.SQL("CREATE TABLE wide ({})").format(
+        sql.SQL(", ").join(sql.SQL("{} int").format(sql.Identifier(n)) for n in names)))
+    a = Applier(db, executor)
+    t = table(db, "wide", identity=())
+    row = tuple(b"%d" % i for i in range(40))
+    a.apply(writeset([t], [wire.Row("I", 0, (), row)]))
+    bumped = [tuple(b"%d" % (i + k) for i in range(40)) for k in range(4)]
+    a.apply_run([writeset([t], [wire.Row("U", 0, bumped[k], bumped[k + 1])]) for k in range(3)])
+    a.apply(writeset([t], [wire.Row("U", 0, bumped[3], row)]))
+    assert db.execute(sql.SQL("SELECT {} FROM wide").format(sql.Identifier(names[39]))).fetchall() == [(39,)]
+
+
+def test_an_identity_wider_than_its_table(db: psycopg.Connection[Any]) -> None:
+    """A (damaged) table description whose identity has more columns than the table is read
+    within bounds: the apply errs or applies, and the backend lives on."""
+    db.autocommit = True
+    db.execute("CREATE TABLE narrow (id int PRIMARY KEY)")
+    db.execute("INSERT INTO narrow VALUES (1)")
+    a = Applier(db, True)
+    t = wire.Table("public", "narrow", (wire.Column("id", "integer"),), (0,) * 300)
+    try:
+        a.apply(writeset([t], [wire.Row("D", 0, (b"1",) * 300, ())]))
+    except psycopg.Error as e:
+        assert not isinstance(e, psycopg.OperationalError), e
+    assert db.execute("SELECT 1").fetchone() == (1,)
+
+
 def test_both_paths_agree_on_a_random_workload(db: psycopg.Connection[Any]) -> None:
     """The same random writesets (runs among them) leave the same rows on both paths, and the rows
     a model of them says."""

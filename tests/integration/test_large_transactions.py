@@ -107,6 +107,35 @@ def test_a_large_transaction_conflicts_with_every_concurrent_writer_of_its_table
     cluster.assert_identical()
 
 
+@pytest.mark.parametrize("limit", [50, 1000], ids=["escalated", "row-keys"])
+def test_a_large_delete_of_parents_conflicts_with_a_new_child(cluster: Cluster, limit: int) -> None:
+    """A child inserted on another node, pointing at a parent a large transaction deletes, makes
+    the large transaction lose, escalated or not: the child's reference names the parent table
+    too, so no orphan is left anywhere."""
+    with cluster.connect(0) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS esc_parent (id integer PRIMARY KEY)")
+        c.execute("CREATE TABLE IF NOT EXISTS esc_child (id integer PRIMARY KEY, "
+                  "parent integer REFERENCES esc_parent)")
+        c.execute("DELETE FROM esc_child")
+        c.execute("DELETE FROM esc_parent")
+        c.execute("INSERT INTO esc_parent SELECT generate_series(1, 500)")
+    cluster.quiesce()
+    big = cluster.connect(0, autocommit=False)
+    try:
+        big.execute(f"SET chorus.max_row_keys_per_table = {limit}")
+        big.execute("DELETE FROM esc_parent WHERE id <= 200")
+        with cluster.connect(1) as small:
+            small.execute("INSERT INTO esc_child VALUES (1, 150)")
+        cluster.quiesce()
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            big.commit()
+    finally:
+        big.close()
+    cluster.assert_identical()
+    with cluster.connect(2) as c:
+        assert c.execute("SELECT count(*) FROM esc_child c JOIN esc_parent p ON p.id = c.parent").fetchone() == (1,)
+
+
 def test_an_update_leaves_large_values_where_they_are(cluster: Cluster) -> None:
     """An UPDATE of a small column of rows holding 10 MB values sends a small writeset: each
     unchanged out-of-line value travels as a marker, and every node keeps its own copy (seed
@@ -139,3 +168,8 @@ def test_an_update_leaves_large_values_where_they_are(cluster: Cluster) -> None:
     cluster.assert_identical()
     with cluster.connect(2) as c:
         assert c.execute("SELECT length(big), right(big, 4) FROM toasty WHERE id = 2").fetchone() == (10240004, "tail")
+    # a schema change whose rows are shipped (a volatile USING) sends its large values whole
+    with cluster.connect(0) as c:
+        c.execute("ALTER TABLE toasty ALTER COLUMN other TYPE text USING other || md5(random()::text)")
+        c.execute("ALTER TABLE toasty ALTER COLUMN big TYPE text USING big || md5(random()::text)")
+    cluster.assert_identical()
