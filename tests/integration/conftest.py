@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -93,8 +94,20 @@ class Cluster:
         raise AssertionError(f"node {self.nodes[i].name} not online: {st}")
 
 
+def _print_logs_if_failed(request: pytest.FixtureRequest, directory: str) -> bool:
+    """After a failed test: the tail of every node's coordinator log (CI keeps no files), and
+    True (the directory stays for a look)."""
+    if not request.session.testsfailed:
+        return False
+    for log in sorted(glob.glob(f"{directory}/nodes/*/coordinator.log")):
+        with open(log, errors="replace") as f:
+            tail = f.readlines()[-40:]
+        print(f"\n--- the last lines of {log}\n" + "".join(tail), file=sys.__stderr__)
+    return True
+
+
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     directory = tempfile.mkdtemp(prefix="chorus-it-", dir="/tmp")
     os.chmod(directory, 0o755)
     port = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433"))
@@ -109,8 +122,9 @@ def cluster() -> Iterator[Cluster]:
         if os.environ.get("CHORUS_KEEP_CLUSTER"):  # debugging: leave it running
             print(f"\ncluster left running in {directory}")
             return
+        failed = _print_logs_if_failed(request, directory)
         d = chorus("local", "down", "--dir", directory)
-        if d.returncode == 0 and not os.environ.get("CHORUS_KEEP_TEST_DIR"):
+        if d.returncode == 0 and not failed and not os.environ.get("CHORUS_KEEP_TEST_DIR"):
             shutil.rmtree(directory, ignore_errors=True)
 
 
