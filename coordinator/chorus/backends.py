@@ -89,7 +89,7 @@ class BackendServer:
                  refusal: Callable[[], Optional[str]], expect: Callable[[int, wire.Writeset], None],
                  spawn: Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]) -> None:
         self.node = node
-        self.max_writeset = max_writeset  # one log record: larger local writesets are refused
+        self.max_writeset = max_writeset  # what the writeset log holds: larger local writesets are refused
         self.counters = counters
         self.pipeline = pipeline
         self.sender = sender
@@ -141,13 +141,13 @@ class BackendServer:
             return
         limit = self.max_writeset
         if len(payload) > limit:
-            # every certified writeset must fit in a log record (partial recovery serves it)
+            # every certified writeset must fit in the writeset log (partial recovery serves it)
             self.counters.refused += 1
             b.send(bpf.verdict_frame(
                 bpf.VERDICT_TOO_LARGE, 0, 0,
                 f"the transaction's writeset ({len(payload) / 1e6:.1f} MB) is larger than this node's writeset log "
-                f"can hold in one record ({limit / 1e6:.1f} MB): raise log.segment_mb or lower "
-                "chorus.max_writeset_size"))
+                f"can hold ({limit / 1e6:.1f} MB): raise log.total_mb in the coordinator's configuration, or "
+                "split the transaction"))
             return
         ticket = self._next_ticket
         self._next_ticket += 1

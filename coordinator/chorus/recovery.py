@@ -131,8 +131,9 @@ class RecoveryServer:
         secret = self.keys.secret()
         cluster = self.cluster_uuid()
         hello = await proto.read_hello(reader)
-        if hello.get("protocol") != proto.PROTOCOL:
-            raise RecoveryError(f"unsupported recovery protocol {hello.get('protocol')!r}")
+        protocol = hello.get("protocol")
+        if protocol not in proto.PROTOCOLS:
+            raise RecoveryError(f"unsupported recovery protocol {protocol!r}")
         nonce_c = str(hello.get("nonce", ""))
         if hello.get("cluster") != cluster or len(nonce_c) < 32:
             writer.write(proto.hello({"error": f"this node serves cluster {cluster}"}))
@@ -163,10 +164,11 @@ class RecoveryServer:
                 if not recs:
                     break
                 for r in recs:
-                    writer.write(proto.encode_record(r))
+                    for frame in proto.encode_record_frames(r, int(protocol)):
+                        writer.write(frame)
+                        await writer.drain()
                     self.served_records += 1
                     self.served_bytes += len(r.payload)
-                await writer.drain()
         finally:
             rd.close()
         writer.write(proto.encode_end(stop))
@@ -208,10 +210,16 @@ async def fetch(address: str, keys: ClusterKeys, cluster: str, node: str, after:
         writer.write(proto.hello({"proof": proto.proof(secret, b"joiner", cluster, nonce_s, nonce_c),
                             "after": after, "upto": upto}))
         last = after
+        parts = proto.PartAssembler()
         while True:
             kind, body = await proto.read_frame(reader)
-            if kind == proto.FrameKind.RECORD:
-                r = proto.decode_record(body)
+            if parts.open and kind != proto.FrameKind.PART:
+                raise RecoveryError(f"partner sent a {kind.name} frame inside a record sent in parts")
+            if kind in (proto.FrameKind.RECORD, proto.FrameKind.PART):
+                whole = parts.add(body) if kind == proto.FrameKind.PART else proto.decode_record(body)
+                if whole is None:
+                    continue
+                r = whole
                 if r.gid <= last or r.gid > upto:
                     raise RecoveryError(f"partner sent GID {r.gid} out of order (after {last}, up to {upto})")
                 last = r.gid

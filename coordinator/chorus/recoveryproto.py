@@ -1,9 +1,10 @@
-"""The partial-recovery stream's wire format, version 1 (docs/RECOVERY.md; the server and the
-client are recovery.py).
+"""The partial-recovery stream's wire format, version 2 (docs/RECOVERY.md; the server and the
+client are recovery.py). Version 2 added PART frames, so that a record of any size travels in
+frames of at most PART_BYTES; a joiner that speaks version 1 gets whole RECORD frames.
 
 Inside TLS, first a hello exchange of JSON lines (at most MAX_HELLO bytes each):
 
-- joiner: ``{"protocol": 1, "cluster", "node", "nonce"}``;
+- joiner: ``{"protocol": 2, "cluster", "node", "nonce"}``;
 - partner: ``{"nonce", "proof"}`` or ``{"error"}``;
 - joiner: ``{"proof", "after", "upto"}``, the range ``(after, upto]`` it asks for.
 
@@ -20,12 +21,16 @@ import hashlib
 import hmac
 import json
 import struct
+from typing import Iterator, Optional
 
 from chorus.wslog import LogRecord
 
-PROTOCOL = 1
+PROTOCOL = 2
+PROTOCOLS = (1, 2)  # what a partner serves
 MAX_HELLO = 4096
 MAX_FRAME = 512 << 20
+PART_BYTES = 8 << 20  # a larger record goes in PART frames of this many payload bytes (version 2)
+MAX_RECORD = 1 << 40  # the largest record a joiner takes in parts
 HANDSHAKE_TIMEOUT_S = 10.0
 RANGE_UNAVAILABLE = "range-unavailable:"  # an ERROR's text: the log no longer holds the range's start
 
@@ -41,6 +46,7 @@ class RangeUnavailable(RecoveryError):
 class FrameKind(bytes, enum.Enum):
     """A stream frame's kind byte. (Bus messages and backend frames have their own.)"""
     RECORD = b"R"  # a log record: u64 gid, u8 flags, u16 origin length, origin, payload
+    PART = b"P"  # a part of a large log record: as RECORD, then u64 total payload length, u64 offset, bytes
     END = b"E"  # the end of this answer: u64 safe stop (the last GID the partner could serve)
     ERROR = b"X"  # UTF-8 text
 
@@ -48,6 +54,7 @@ class FrameKind(bytes, enum.Enum):
 _HEAD = struct.Struct(">cI")
 _RECORD = struct.Struct(">QBH")
 _END = struct.Struct(">Q")
+_PART = struct.Struct(">QQ")
 
 
 def proof(secret: bytes, role: bytes, cluster: str, first: str, second: str) -> str:
@@ -83,6 +90,57 @@ def _frame(kind: FrameKind, body: bytes) -> bytes:
 def encode_record(r: LogRecord) -> bytes:
     o = r.origin.encode("utf-8")
     return _frame(FrameKind.RECORD, _RECORD.pack(r.gid, r.flags, len(o)) + o + r.payload)
+
+
+def encode_record_frames(r: LogRecord, protocol: int = PROTOCOL) -> Iterator[bytes]:
+    """The frames carrying ``r``: one RECORD frame, or PART frames for a record larger than
+    PART_BYTES (to a joiner of protocol version 2)."""
+    if protocol < 2 or len(r.payload) <= PART_BYTES:
+        yield encode_record(r)
+        return
+    o = r.origin.encode("utf-8")
+    head = _RECORD.pack(r.gid, r.flags, len(o)) + o
+    total = len(r.payload)
+    with memoryview(r.payload) as mv:
+        for off in range(0, total, PART_BYTES):
+            yield _frame(FrameKind.PART, head + _PART.pack(total, off) + mv[off:off + PART_BYTES])
+
+
+class PartAssembler:
+    """Joins the PART frames of one record; one record at a time, in order."""
+
+    def __init__(self) -> None:
+        self._head: Optional[tuple[int, int, str]] = None  # gid, flags, origin of the open record
+        self._parts: list[bytes] = []
+        self._have = 0
+        self._total = 0
+
+    @property
+    def open(self) -> bool:
+        return self._head is not None
+
+    def add(self, body: bytes) -> Optional[LogRecord]:
+        """Take one PART frame's body; the whole record once its last part is in, else None."""
+        r = decode_record(body)
+        if len(r.payload) < _PART.size:
+            raise RecoveryError("part frame too short")
+        total, off = _PART.unpack_from(r.payload)
+        data = r.payload[_PART.size:]
+        if off == 0 and self._head is None:
+            if total > MAX_RECORD:
+                raise RecoveryError(f"a record of {total} bytes is larger than a joiner takes ({MAX_RECORD})")
+            self._head, self._parts, self._have, self._total = (r.gid, r.flags, r.origin), [], 0, total
+        elif self._head != (r.gid, r.flags, r.origin) or off != self._have or total != self._total:
+            raise RecoveryError(f"part of GID {r.gid} at byte {off} does not continue the record being received")
+        if not data or self._have + len(data) > total:
+            raise RecoveryError(f"part of GID {r.gid} at byte {off} runs past the record's {total} bytes")
+        self._parts.append(data)
+        self._have += len(data)
+        if self._have < total:
+            return None
+        gid, flags, origin = self._head
+        self._head, payload, self._parts = None, b"".join(self._parts), []
+        return LogRecord(gid, origin, flags, payload)
 
 
 def decode_record(body: bytes) -> LogRecord:

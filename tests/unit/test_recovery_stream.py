@@ -10,6 +10,7 @@ import random
 import ssl
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -291,3 +292,64 @@ def test_a_partner_sending_garbage_frames_gets_only_recovery_errors(tmp_path: Pa
         assert outcomes["refused"] > 30
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("joiner_protocol", [1, 2])
+def test_records_larger_than_a_segment_stream_in_parts(tmp_path: Path, keys: rc.ClusterKeys,
+                                                       monkeypatch: pytest.MonkeyPatch, joiner_protocol: int) -> None:
+    """Log records spanning segments reach the joiner whole: in PART frames for a joiner of
+    protocol 2, in one RECORD frame for one of protocol 1 (an older coordinator)."""
+    monkeypatch.setattr(proto, "PART_BYTES", 10_000)
+    sent: list[bytes] = []
+    encode = proto.encode_record_frames
+
+    def spy(r: LogRecord, protocol: int = proto.PROTOCOL) -> Iterator[bytes]:
+        for f in encode(r, protocol):
+            sent.append(f[:1])
+            yield f
+    monkeypatch.setattr(proto, "encode_record_frames", spy)
+
+    async def main() -> None:
+        p = _Partner(tmp_path, keys)
+        records = [os.urandom(n) for n in (100, 200_000, 10_000, 10_001, 5, 150_000)]
+        for g, payload in enumerate(records, 1):
+            p.commit(g, payload)
+        await p.server.start("127.0.0.1:0")
+        assert p.server.server is not None
+        port = p.server.server.sockets[0].getsockname()[1]
+        got: list[LogRecord] = []
+
+        async def take(r: LogRecord) -> None:
+            got.append(r)
+
+        monkeypatch.setattr(proto, "PROTOCOL", joiner_protocol)
+        stop = await rc.fetch(f"127.0.0.1:{port}", keys, "cluster-1", "n9", 0, 10, take)
+        assert stop == 6 and [r.payload for r in got] == records
+        assert sent.count(b"P") == (0 if joiner_protocol == 1 else 20 + 2 + 15)
+        await p.server.close()
+
+    asyncio.run(main())
+
+
+def test_parts_that_do_not_continue_the_record_are_refused() -> None:
+    r = LogRecord(4, "n1", 0, os.urandom(25))
+    frames = [f[5:] for f in _parts(r, 10)]
+    a = proto.PartAssembler()
+    assert a.add(frames[0]) is None and a.add(frames[1]) is None and a.add(frames[2]) == r and not a.open
+    for bad in ([frames[1]], [frames[0], frames[2]], [frames[0], frames[0]],
+                [frames[0], _parts(LogRecord(5, "n1", 0, r.payload), 10)[1][5:]]):
+        a = proto.PartAssembler()
+        with pytest.raises(rc.RecoveryError):
+            for f in bad:
+                a.add(f)
+    with pytest.raises(rc.RecoveryError, match="too short"):
+        proto.PartAssembler().add(proto.encode_record(LogRecord(1, "n", 0, b"x"))[5:])
+
+
+def _parts(r: LogRecord, size: int) -> list[bytes]:
+    old = proto.PART_BYTES
+    proto.PART_BYTES = size
+    try:
+        return list(proto.encode_record_frames(r))
+    finally:
+        proto.PART_BYTES = old

@@ -107,8 +107,8 @@ def test_append_many_writes_the_same_log_as_appends_one_by_one(tmp_path: Path) -
 
 def test_append_many_stops_at_a_bad_record_with_the_ones_before_logged(tmp_path: Path) -> None:
     wl = make(tmp_path)
-    with pytest.raises(ValueError, match="raise the segment size"):
-        wl.append_many([(1, "a", b"x", 0), (2, "a", b"y", 0), (3, "a", bytes(SEG), 0), (4, "a", b"z", 0)])
+    with pytest.raises(ValueError, match="raise log.total_mb"):
+        wl.append_many([(1, "a", b"x", 0), (2, "a", b"y", 0), (3, "a", bytes(16 * SEG), 0), (4, "a", b"z", 0)])
     assert [r.gid for r in read_all(wl, 0)] == [1, 2]
     wl.append(4, "a", b"z")
     assert [r.gid for r in read_all(wl, 0)] == [1, 2, 4]
@@ -419,13 +419,36 @@ def test_unknown_format_version_is_refused(tmp_path: Path) -> None:
     wl.close()
     path = segment_files(tmp_path)[0]
     raw = bytearray(path.read_bytes()[:64])
-    raw[8:10] = struct.pack("<H", 2)
+    raw[8:10] = struct.pack("<H", 3)
     raw[56:60] = struct.pack("<I", crc32c.crc32c(bytes(raw[:56])))
     patch(path, 0, bytes(raw))
-    with pytest.raises(LogCorrupt, match="version 2"):
+    with pytest.raises(LogCorrupt, match="version 3"):
         make(tmp_path)
     res = inspect_segment(str(path))
-    assert res["state"] == "bad header" and "version 2" in res["header_problem"]
+    assert res["state"] == "bad header" and "version 3" in res["header_problem"]
+
+
+def test_a_version_1_log_is_read_and_appended_to(tmp_path: Path) -> None:
+    """A log written before records could span segments (version 1) opens, reads, and takes
+    appends, large ones in pieces."""
+    wl = make(tmp_path)
+    written = fill(wl, range(1, 30))
+    wl.close()
+    for path in segment_files(tmp_path):
+        raw = bytearray(path.read_bytes()[:64])
+        if raw == bytes(64):
+            continue
+        raw[8:10] = struct.pack("<H", 1)
+        raw[56:60] = struct.pack("<I", crc32c.crc32c(bytes(raw[:56])))
+        patch(path, 0, bytes(raw))
+    assert {inspect_segment(str(p))["header"]["version"] for p in segment_files(tmp_path)} == {1}
+    wl = make(tmp_path)
+    assert read_all(wl, 0) == written
+    big = LogRecord(30, "n", 0, payload(30, 3 * SEG))
+    wl.append(big.gid, big.origin, big.payload)
+    assert read_all(wl, 0) == written + [big]
+    wl.close()
+    assert verify_directory(str(tmp_path))["ok"]
 
 
 def test_not_a_directory(tmp_path: Path) -> None:
@@ -499,8 +522,8 @@ def test_invalid_appends_are_refused(tmp_path: Path) -> None:
         wl.append(5, "a", b"")
     with pytest.raises(ValueError):
         wl.append(4, "a", b"")
-    with pytest.raises(ValueError, match="raise the segment size"):
-        wl.append(6, "a", bytes(SEG))
+    with pytest.raises(ValueError, match="raise log.total_mb"):
+        wl.append(6, "a", bytes(wl.max_payload("a") + 1))
     with pytest.raises(ValueError):
         wl.append(6, "x" * 256, b"")
     with pytest.raises(ValueError):
@@ -678,3 +701,198 @@ def test_open_up_to_a_gid_cuts_the_records_after_it(tmp_path: Path, upto: int) -
     assert read_all(wl, 0) == [r for r in written if r.gid <= upto] + other
     assert verify_directory(str(tmp_path / "log"))["ok"]
     wl.close()
+
+
+# -- records larger than a segment (format version 2: pieces) ---------------------------------
+
+
+def big(gid: int, segments: float) -> LogRecord:
+    """A record whose payload is ``segments`` segments long (random bytes, so a shifted piece shows)."""
+    return LogRecord(gid, f"node{gid % 3}", FLAG_DDL_SKIPPED if gid % 7 == 0 else 0,
+                     os.urandom(int(segments * SEG)))
+
+
+def append_records(wl: WritesetLog, records: list[LogRecord]) -> None:
+    wl.append_many([(r.gid, r.origin, r.payload, r.flags) for r in records])
+
+
+def test_records_in_pieces_round_trip(tmp_path: Path) -> None:
+    wl = make(tmp_path)
+    written = fill(wl, range(1, 8))
+    pieces = [big(8, 3.5), big(9, 0.99), big(10, 1.0), big(11, 2.0)]
+    append_records(wl, pieces)
+    written += pieces + fill(wl, [12, 13])
+    assert read_all(wl, 0) == written
+    for after in range(0, 14):
+        assert read_all(wl, after) == [r for r in written if r.gid > after]
+    assert [r.gid for r in read_all(wl, 0, max_gid=9)] == list(range(1, 10))
+    rd = wl.reader(0)  # a large record is returned whole, alone past max_bytes
+    assert [r.gid for r in rd.read(100, max_bytes=1000)] == [1, 2, 3, 4]
+    assert [r.gid for r in rd.read(100, max_bytes=1000)] == [5, 6, 7]
+    assert [r.gid for r in rd.read(100, max_bytes=1000)] == [8]
+    stats = wl.stats()
+    assert (stats["records"], stats["low_gid"], stats["high_gid"]) == (13, 1, 13)
+    wl.close()
+    res = verify_directory(str(tmp_path))
+    assert res["ok"] and res["records"] == 13 and res["high_gid"] == 13
+    wl = make(tmp_path)
+    assert read_all(wl, 0) == written
+    fill(wl, [14])
+    wl.close()
+    listed = [r for p in segment_files(tmp_path) for r in inspect_segment(str(p))["records"] if r["gid"] == 8]
+    assert [r["piece"]["offset"] for r in listed] == sorted(r["piece"]["offset"] for r in listed)
+    assert len(listed) >= 4 and sum(r["piece"]["length"] for r in listed) == len(pieces[0].payload)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.sampled_from([0, 50, 1500, SEG - 100, SEG, 2 * SEG + 7, 5 * SEG])),
+                min_size=1, max_size=40), st.integers(3, 8), st.data())
+def test_any_mix_of_sizes_wraps_and_reopens(steps: list[tuple[int, int]], segments: int, data: st.DataObject) -> None:
+    """Records of any size in a ring of any size: what reader(after) returns is exactly the
+    records after ``after`` (for after >= base_gid), before and after reopening; the files verify."""
+    with tempfile.TemporaryDirectory() as d:
+        wl = make(Path(d), segments=segments)
+        written: list[LogRecord] = []
+        g = 0
+        for step, size in steps:
+            g += step
+            r = LogRecord(g, "n", 0, os.urandom(size))
+            if size > wl.max_payload("n"):
+                with pytest.raises(ValueError, match="log.total_mb"):
+                    wl.append(r.gid, r.origin, r.payload)
+                continue
+            wl.append(r.gid, r.origin, r.payload)
+            written.append(r)
+        for reopen in (False, True):
+            if reopen:
+                wl.close()
+                assert verify_directory(d)["ok"]
+                wl = make(Path(d), segments=segments)
+            after = data.draw(st.integers(0, g + 1))
+            if after >= wl.base_gid:
+                assert read_all(wl, after) == [r for r in written if r.gid > after]
+            else:
+                with pytest.raises(LogRangeUnavailable):
+                    wl.reader(after)
+        wl.close()
+
+
+def test_the_start_of_a_record_reused_leaves_its_rest_skipped(tmp_path: Path) -> None:
+    """When the ring reuses the segment a record starts in, the segments holding its other pieces
+    begin the log: the log then holds what follows that record."""
+    wl = make(tmp_path, segments=4)
+    first = big(1, 2.5)
+    append_records(wl, [first])
+    rest = fill(wl, range(2, 40))
+    assert wl.base_gid >= 1
+    assert read_all(wl, wl.base_gid) == [r for r in rest if r.gid > wl.base_gid]
+    wl.close()
+    assert verify_directory(str(tmp_path))["ok"]
+    wl = make(tmp_path, segments=4)
+    assert read_all(wl, wl.base_gid) == [r for r in rest if r.gid > wl.base_gid]
+    wl.close()
+
+
+def test_an_orphan_continuation_at_the_start_of_the_log_is_skipped(tmp_path: Path) -> None:
+    """The segments up to the one a record starts in are reused (here: freed by hand); the
+    oldest one left continues that record: the log holds what follows it."""
+    wl = make(tmp_path, segments=8)
+    append_records(wl, [big(1, 1.0), big(2, 3.2)])
+    tail = fill(wl, range(3, 6))
+    wl.close()
+    files = segment_files(tmp_path)
+    head2 = next(i for i, p in enumerate(files) if any(r["gid"] == 2 and r.get("piece", {}).get("offset") == 0
+                                                      for r in inspect_segment(str(p))["records"]))
+    for p in files[:head2 + 1]:
+        patch(p, 0, bytes(64))
+    res = verify_directory(str(tmp_path))
+    assert res["ok"] and res["base_gid"] == 2 and res["segments"][0]["continues"] == 2
+    wl = make(tmp_path, segments=8)
+    assert (wl.base_gid, wl.low_gid, wl.high_gid) == (2, 3, 5)
+    assert read_all(wl, 2) == tail
+    with pytest.raises(LogRangeUnavailable):
+        wl.reader(1)
+    wl.close()
+
+
+@pytest.mark.parametrize("cut_piece", [1, 2, 3])
+def test_a_record_whose_last_pieces_are_lost_is_cut_whole(tmp_path: Path, cut_piece: int,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A process that dies while writing a record in pieces leaves its first pieces: open() cuts
+    the whole record (it was never acknowledged: the log is written before the commit), and the
+    log goes on after the record before it."""
+    wl = make(tmp_path)
+    before = fill(wl, range(1, 6))
+    append_records(wl, [big(6, 3.5)])
+    wl.close()
+    pieces = sorted(((p, r) for p in segment_files(tmp_path) for r in inspect_segment(str(p))["records"]
+                     if r["gid"] == 6), key=lambda x: x[1]["piece"]["offset"])
+    assert len(pieces) == 4
+    path, r = pieces[cut_piece]
+    patch(path, r["offset"], bytes(r["size"]))  # never written
+    res = verify_directory(str(tmp_path))
+    assert not res["ok"] and any(p["kind"] == "piece" for p in res["problems"])
+    with caplog.at_level(logging.WARNING, logger="chorus.wslog"):
+        wl = make(tmp_path)
+    assert "not complete" in caplog.text
+    assert wl.end_gid == 5 and read_all(wl, 0) == before
+    after = [big(6, 1.5)]
+    append_records(wl, after)
+    after += fill(wl, [7])
+    wl.close()
+    assert verify_directory(str(tmp_path))["ok"]
+    wl = make(tmp_path)
+    assert read_all(wl, 0) == before + after
+    wl.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_any_single_bit_flip_in_a_piece_is_detected(data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        directory = Path(d)
+        wl = make(directory)
+        written = fill(wl, range(1, 4)) + [big(4, 2.3)]
+        append_records(wl, written[-1:])
+        written += fill(wl, [5, 6])
+        wl.close()
+        pieces = [(p, r) for p in segment_files(directory) for r in inspect_segment(str(p))["records"] if r["gid"] == 4]
+        path, r = data.draw(st.sampled_from(pieces))
+        bit = data.draw(st.integers(0, r["size"] * 8 - 1))
+        with open(path, "r+b") as f:
+            f.seek(r["offset"] + bit // 8)
+            byte = f.read(1)[0]
+            f.seek(r["offset"] + bit // 8)
+            f.write(bytes([byte ^ (1 << (bit % 8))]))
+        assert not verify_directory(str(directory))["ok"]
+        wl = make(directory)
+        assert wl.end_gid == 3 and read_all(wl, 0) == written[:3]
+        wl.close()
+
+
+@pytest.mark.parametrize("upto", [5, 6, 7])
+def test_open_up_to_a_gid_cuts_a_record_in_pieces_whole(tmp_path: Path, upto: int) -> None:
+    wl = make(tmp_path)
+    written = fill(wl, range(1, 6))
+    append_records(wl, [big(6, 2.5)])
+    wl.close()
+    wl = WritesetLog(str(tmp_path), segment_bytes=SEG, total_bytes=16 * SEG)
+    wl.open(upto=upto)
+    assert wl.end_gid == min(upto, 6)
+    assert [r.gid for r in read_all(wl, 0)] == [g for g in range(1, 7) if g <= upto]
+    assert read_all(wl, 0)[:5] == written
+    wl.close()
+    assert verify_directory(str(tmp_path))["ok"]
+
+
+def test_cli_shows_pieces(tmp_path: Path) -> None:
+    wl = make(tmp_path)
+    fill(wl, [1])
+    append_records(wl, [big(2, 2.5)])
+    fill(wl, [3])
+    wl.close()
+    out = CliRunner().invoke(cli, ["log", "verify", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert "…2" in out.output and "2…" in out.output
+    out = CliRunner().invoke(cli, ["log", "inspect", str(segment_files(tmp_path)[0])])
+    assert out.exit_code == 0 and " of " in out.output, out.output

@@ -14,6 +14,21 @@ def _gids(first: int, last: int, records: int) -> str:
     return f"{first}-{last}" if records else "-"
 
 
+def _span(gids: str, s: dict[str, Any]) -> str:
+    """A segment's GIDs, marked "…" where a record spans from the segment before or into the next."""
+    lead, tail = s.get("continues"), s.get("continued")
+    if lead is not None:
+        gids = f"…{lead}" if gids == "-" else f"…{lead}, {gids}"
+    if tail is not None:
+        gids += "…"
+    return gids
+
+
+def _piece(r: dict[str, Any]) -> str:
+    p = r.get("piece")
+    return "-" if p is None else f"{p['offset']}+{p['length']} of {p['total']}"
+
+
 def _flags(flags: Optional[int]) -> str:
     if flags is None:
         return "?"
@@ -76,9 +91,9 @@ def _show_segment(res: dict[str, Any]) -> None:
         click.echo(f"{k:<{width}}  {v}")
     if res["records"]:
         click.echo()
-        print_table(["GID", "origin", "flags", "bytes", "offset", "CRC"],
+        print_table(["GID", "origin", "flags", "bytes", "offset", "piece (bytes of the record)", "CRC"],
                     [[r["gid"], r["origin"] if r["origin"] is not None else "?", _flags(r["flags"]), r["size"],
-                      r["offset"], "ok" if r["crc_ok"] else "BAD"] for r in res["records"]])
+                      r["offset"], _piece(r), "ok" if r["crc_ok"] else "BAD"] for r in res["records"]])
 
 
 @log.command()
@@ -105,7 +120,7 @@ def _show_directory(res: dict[str, Any]) -> None:
     print_table(["segment", "state", "seq", "epoch", "after GID", "GIDs", "records", "bytes"],
                 [[s["file"], s["state"], s["seq"] if s["seq"] is not None else "-",
                   s["epoch"] if s["epoch"] is not None else "-", s["prev_gid"] if s["prev_gid"] is not None else "-",
-                  _gids(s["first_gid"], s["last_gid"], s["records"]), s["records"], s["bytes"]]
+                  _span(_gids(s["first_gid"], s["last_gid"], s["records"]), s), s["records"], s["bytes"]]
                  for s in res["segments"]])
     click.echo()
     click.echo(f"segments: {res['segment_count']} ({res['live_segments']} in the log); records: {res['records']}; "

@@ -10,16 +10,20 @@ from typing import Optional, Union
 
 import crc32c as _crc32c
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what this code writes
+READ_VERSIONS = (1, 2)  # version 2 added pieces: a record may span segments
 SEGMENT_MAGIC = b"CHORUSWL"
 RECORD_MAGIC = b"WR"
 SEGMENT_SUFFIX = ".wsl"
 
 FLAG_DDL_SKIPPED = 0x01  # a schema change whose origin failed: commit the GID, skip the change
-KNOWN_FLAGS = FLAG_DDL_SKIPPED
+KNOWN_FLAGS = FLAG_DDL_SKIPPED  # the flags of a record, as appends give them and readers return them
+FLAG_PIECE = 0x80  # on disk only: this is one piece of a record that spans segments (version 2)
+DISK_FLAGS = KNOWN_FLAGS | FLAG_PIECE
 
 MAX_ORIGIN_BYTES = 255
-MAX_PAYLOAD_BYTES = 0xFFFFFFFF
+MAX_PAYLOAD_BYTES = 0xFFFFFFFF  # of one record on disk (a whole record, or one piece)
+MAX_RECORD_BYTES = (1 << 63) - 1  # of a record's whole payload, over all its pieces
 MIN_SEGMENT_BYTES = 4096
 
 SEGMENT_HEAD = struct.Struct("<8sHHIQQQQQ")  # everything before the header CRC
@@ -30,6 +34,7 @@ DATA_START = SEGMENT_HEADER_SIZE
 RECORD = struct.Struct("<I2sBBIQQ")  # crc, magic, flags, origin length, payload length, gid, seq
 RECORD_REST = struct.Struct("<2sBBIQQ")  # the same without the CRC: what the CRC starts with
 RECORD_HEADER_SIZE = RECORD.size
+PIECE = struct.Struct("<QQ")  # after the origin of a piece: the record's whole payload length, this piece's offset in it
 END_MARK = bytes(8)  # what follows the last record
 FREE_HEADER = bytes(SEGMENT_HEADER_SIZE)
 
@@ -71,6 +76,7 @@ class SegmentHeader:
     segment_bytes: int
     prev_gid: int
     first_gid: int
+    version: int = FORMAT_VERSION
 
     def encode(self) -> bytes:
         head = SEGMENT_HEAD.pack(SEGMENT_MAGIC, FORMAT_VERSION, SEGMENT_HEADER_SIZE, 0, self.seq,
@@ -92,15 +98,15 @@ def decode_segment_header(raw: bytes) -> Optional[SegmentHeader]:
     magic, version, header_size, flags, seq, epoch, segment_bytes, prev_gid, first_gid = SEGMENT_HEAD.unpack_from(raw)
     if magic != SEGMENT_MAGIC:
         raise LogCorrupt(f"not a writeset log segment header (magic {magic!r})")
-    if version != FORMAT_VERSION:
-        raise LogVersionError(f"segment format version {version}; this Chorus reads version {FORMAT_VERSION} only "
-                              "(written by a newer Chorus?)")
+    if version not in READ_VERSIONS:
+        raise LogVersionError(f"segment format version {version}; this Chorus reads versions "
+                              f"{', '.join(map(str, READ_VERSIONS))} only (written by a newer Chorus?)")
     (crc,) = U32.unpack_from(raw, SEGMENT_HEAD.size)
     if crc != _crc32c.crc32c(raw[:SEGMENT_HEAD.size]):
         raise LogCorrupt("segment header checksum mismatch")
     if header_size != SEGMENT_HEADER_SIZE or flags != 0 or seq == 0:
-        raise LogCorrupt(f"segment header has header size {header_size}, flags {flags:#x}, seq {seq}: not valid in version 1")
-    return SegmentHeader(seq, epoch, segment_bytes, prev_gid, first_gid)
+        raise LogCorrupt(f"segment header has header size {header_size}, flags {flags:#x}, seq {seq}: not valid in version {version}")
+    return SegmentHeader(seq, epoch, segment_bytes, prev_gid, first_gid, version)
 
 
 def encode_record_header(gid: int, origin: bytes, payload: Buffer, flags: int, seq: int) -> bytes:
@@ -108,6 +114,46 @@ def encode_record_header(gid: int, origin: bytes, payload: Buffer, flags: int, s
     rest = RECORD_REST.pack(RECORD_MAGIC, flags, len(origin), len(payload), gid, seq)
     crc = _crc32c.crc32c(payload, _crc32c.crc32c(origin, _crc32c.crc32c(rest)))
     return U32.pack(crc) + rest
+
+
+def encode_piece_header(gid: int, origin: bytes, piece: Buffer, flags: int, seq: int, total: int,
+                        offset: int) -> tuple[bytes, bytes]:
+    """The header of one piece of a record of ``total`` payload bytes, and what follows its
+    origin (the piece's place in the record); the piece's bytes follow those."""
+    where = PIECE.pack(total, offset)
+    rest = RECORD_REST.pack(RECORD_MAGIC, flags | FLAG_PIECE, len(origin), len(piece), gid, seq)
+    crc = _crc32c.crc32c(piece, _crc32c.crc32c(where, _crc32c.crc32c(origin, _crc32c.crc32c(rest))))
+    return U32.pack(crc) + rest, where
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Where a piece sits in its record (``total`` payload bytes; this piece holds
+    ``[offset, offset + length)``)."""
+
+    total: int
+    offset: int
+    length: int
+
+    @property
+    def first(self) -> bool:
+        return self.offset == 0
+
+    @property
+    def last(self) -> bool:
+        return self.offset + self.length == self.total
+
+
+@dataclass(frozen=True)
+class ParsedRecord:
+    """A record (or a piece of one) checked at some offset of a segment."""
+
+    gid: int
+    flags: int  # without FLAG_PIECE
+    origin_len: int
+    size: int  # bytes on disk, header to end
+    data_start: int  # offset of the payload bytes (of this piece) from the record's start
+    piece: Optional[Piece]  # None for a record held whole
 
 
 class BadRecord(Exception):
@@ -125,11 +171,14 @@ def origin_text(buf: Union[memoryview, mmap.mmap], start: int, length: int) -> s
     return bytes(buf[start:start + length]).decode("utf-8")
 
 
-def parse_record(mv: memoryview, off: int, limit: int, seq: int, after_gid: int) -> Optional[tuple[int, int, int, int]]:
-    """Check the record at ``off``; return (gid, flags, origin length, size), or None at the end.
+def parse_record(mv: memoryview, off: int, limit: int, seq: int, after_gid: int,
+                 version: int = FORMAT_VERSION) -> Optional[ParsedRecord]:
+    """Check the record (or the piece) at ``off``; None at the end of the records.
 
-    ``limit`` is the end of the segment, ``seq`` its sequence number, ``after_gid`` the GID the
-    record must follow. Raises :class:`BadRecord` for anything but a valid record or the end.
+    ``limit`` is the end of the segment, ``seq`` its sequence number and ``version`` its format
+    version, ``after_gid`` the GID the record must follow (a piece that continues a record carries
+    that record's GID, so it may equal ``after_gid``; whether it continues the right record is
+    for the caller to check). Raises :class:`BadRecord` for anything but a valid record or the end.
     """
     room = limit - off
     if room <= 0:
@@ -143,7 +192,9 @@ def parse_record(mv: memoryview, off: int, limit: int, seq: int, after_gid: int)
     crc, magic, flags, origin_len, payload_len, gid, rec_seq = RECORD.unpack_from(mv, off)
     if magic != RECORD_MAGIC:
         raise BadRecord("garbage", "no record here (bad record magic)")
-    size = RECORD_HEADER_SIZE + origin_len + payload_len
+    pieced = bool(flags & FLAG_PIECE) and version >= 2
+    data_start = RECORD_HEADER_SIZE + origin_len + (PIECE.size if pieced else 0)
+    size = data_start + payload_len
     if size > room:
         raise BadRecord("torn", f"a record of {size} bytes runs past the end of the segment", gid, flags, None, size)
     if rec_seq != seq:
@@ -155,8 +206,15 @@ def parse_record(mv: memoryview, off: int, limit: int, seq: int, after_gid: int)
         origin = origin_text(mv, off + RECORD_HEADER_SIZE, origin_len)
     except UnicodeDecodeError:
         raise BadRecord("origin", "the origin is not utf-8", gid, flags, None, size) from None
-    if flags & ~KNOWN_FLAGS:
+    if flags & ~(DISK_FLAGS if version >= 2 else KNOWN_FLAGS):
         raise BadRecord("flags", f"unknown record flags {flags:#x}", gid, flags, origin, size)
-    if gid <= after_gid:
+    piece = None
+    if pieced:
+        total, offset = PIECE.unpack_from(mv, off + RECORD_HEADER_SIZE + origin_len)
+        piece = Piece(total, offset, payload_len)
+        if total > MAX_RECORD_BYTES or offset + payload_len > total or (payload_len == 0 and total != 0):
+            raise BadRecord("piece", f"a piece of [{offset}, {offset + payload_len}) does not fit a record of "
+                            f"{total} bytes", gid, flags, origin, size)
+    if gid < after_gid or (gid == after_gid and (piece is None or piece.first)):
         raise BadRecord("order", f"GID {gid} does not follow GID {after_gid}", gid, flags, origin, size)
-    return gid, flags, origin_len, size
+    return ParsedRecord(gid, flags & ~FLAG_PIECE, origin_len, size, data_start, piece)

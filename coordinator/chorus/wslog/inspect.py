@@ -22,7 +22,8 @@ def inspect_segment(path: str) -> dict[str, Any]:
 
     Keys: ``file``, ``file_bytes``, ``header`` (the raw fields, or None for a free or short file),
     ``state`` (``segment``, ``free`` or ``bad header``), ``header_problem``, ``records`` (gid,
-    origin, flags, size, offset, crc_ok; a record that fails its check is listed last with
+    origin, flags, size, offset, crc_ok, and for a piece of a record that spans segments
+    ``piece``: total, offset, length; a record that fails its check is listed last with
     ``crc_ok`` false when its length could be read), ``record_count``, ``first_gid``,
     ``last_gid``, ``valid_end``, ``first_bad_offset`` and ``problem`` (None when clean), and
     ``unsettled`` (a writer kept changing the file while it was read).
@@ -125,9 +126,11 @@ def _verify_once(directory: str) -> dict[str, Any]:
             "prev_gid": h.prev_gid if h else None, "first_gid": s.first_gid if s else 0,
             "last_gid": s.last_gid if s else 0, "records": s.records if s else 0,
             "bytes": s.end - DATA_START if s else 0, "valid_end": s.end if s else None,
+            "continues": s.lead[0] if s and s.lead else None, "continued": s.tail[0] if s and s.tail else None,
         })
     segments.extend({"file": f.name, "state": "changed while read", "seq": None, "epoch": None, "prev_gid": None,
-                     "first_gid": 0, "last_gid": 0, "records": 0, "bytes": 0, "valid_end": None} for f in changed)
+                     "first_gid": 0, "last_gid": 0, "records": 0, "bytes": 0, "valid_end": None, "continues": None,
+                     "continued": None} for f in changed)
     live = [f for f in an.live if f.scan is not None]
     with_records = [f for f in live if f.scan and f.scan.records]
     return {

@@ -9,8 +9,8 @@ from typing import Callable, Optional
 
 import crc32c as _crc32c
 
-from chorus.wslog.format import (DATA_START, RECORD, RECORD_HEADER_SIZE, RECORD_MAGIC, LogCorrupt, LogError,
-                                 LogRangeUnavailable, LogRecord, origin_text)
+from chorus.wslog.format import (DATA_START, FLAG_PIECE, FORMAT_VERSION, PIECE, RECORD, RECORD_HEADER_SIZE, RECORD_MAGIC, LogCorrupt,
+                                 LogError, LogRangeUnavailable, LogRecord, origin_text)
 from chorus.wslog.scan import SparseIndex
 
 class SegmentFile:
@@ -30,7 +30,7 @@ class Segment:
     """One use of a segment file; ``valid`` ends when the file is reused, reset() or the log closes."""
 
     __slots__ = ("file", "seq", "prev_gid", "first_gid", "last_gid", "records", "end", "index", "valid",
-                 "sealed", "next")
+                 "sealed", "next", "version")
 
     def __init__(self, file: SegmentFile, seq: int, prev_gid: int, first_gid: int) -> None:
         self.file = file
@@ -44,6 +44,7 @@ class Segment:
         self.valid = True
         self.sealed = False  # the writer has moved on to the next segment
         self.next: Optional[Segment] = None
+        self.version = FORMAT_VERSION  # of its header: pieces go only into version 2 segments
 
     @property
     def tip_gid(self) -> int:
@@ -91,28 +92,79 @@ class LogReader:
                 seg, off = seg.next, DATA_START
                 continue
             mm = seg.file.mm
-            crc, magic, flags, origin_len, payload_len, gid, rec_seq = RECORD.unpack_from(mm, off)
-            size = RECORD_HEADER_SIZE + origin_len + payload_len
-            if magic != RECORD_MAGIC or rec_seq != seg.seq or off + size > seg.end:
-                raise LogCorrupt(f"writeset log segment {seg.file.path}: no valid record at offset {off}")
-            if gid <= pos:  # before the start: skipped
+            gid, flags, origin_len, size, total, first = self._header(seg, off)
+            if gid <= pos:  # before the start (or a piece of a record before it): skipped
                 off += size
                 continue
-            if gid > max_gid or (out and used + size > max_bytes):
+            if not first:
+                raise LogCorrupt(f"writeset log segment {seg.file.path}: a piece continuing GID {gid} at offset {off} "
+                                 "follows no start of that record")
+            need = RECORD_HEADER_SIZE + origin_len + total
+            if gid > max_gid or (out and used + need > max_bytes):
                 break
-            with memoryview(mm) as mv:
-                ok = _crc32c.crc32c(mv[off + 4:off + size]) == crc
-            if not ok:
-                raise LogCorrupt(f"writeset log segment {seg.file.path}: CRC32C mismatch in the record at offset {off} "
-                                 f"(GID {gid})")
             start = off + RECORD_HEADER_SIZE
-            out.append(LogRecord(gid, origin_text(mm, start, origin_len), flags, mm[start + origin_len:off + size]))
-            used += size
+            origin = origin_text(mm, start, origin_len)
+            if flags & FLAG_PIECE:
+                payload, seg, off = self._assemble(seg, off, gid, total)
+            else:
+                self._check(seg, off, size, gid)
+                payload = mm[start + origin_len:off + size]
+                off += size
+            out.append(LogRecord(gid, origin, flags & ~FLAG_PIECE, payload))
+            used += need
             pos = gid
-            off += size
             if used >= max_bytes:
                 break
         if not seg.valid:  # cannot happen in one thread, but never hand out bytes of a reused file
             raise LogRangeUnavailable(f"the writeset log segment {seg.seq} was reused while being read")
         self._seg, self._off, self._pos = seg, off, pos
         return out
+
+    @staticmethod
+    def _header(seg: Segment, off: int) -> tuple[int, int, int, int, int, bool]:
+        """(gid, flags, origin length, size on disk, the record's whole payload length, whether this
+        is where the record starts) of the record or piece at ``off``, unchecked but in bounds."""
+        crc, magic, flags, origin_len, payload_len, gid, rec_seq = RECORD.unpack_from(seg.file.mm, off)
+        size = RECORD_HEADER_SIZE + origin_len + payload_len
+        total, first = payload_len, True
+        if flags & FLAG_PIECE:
+            size += PIECE.size
+            total, piece_off = PIECE.unpack_from(seg.file.mm, off + RECORD_HEADER_SIZE + origin_len)
+            first = piece_off == 0
+        if magic != RECORD_MAGIC or rec_seq != seg.seq or off + size > seg.end:
+            raise LogCorrupt(f"writeset log segment {seg.file.path}: no valid record at offset {off}")
+        return gid, flags, origin_len, size, total, first
+
+    @staticmethod
+    def _check(seg: Segment, off: int, size: int, gid: int) -> None:
+        (crc,) = RECORD.unpack_from(seg.file.mm, off)[:1]
+        with memoryview(seg.file.mm) as mv:
+            ok = _crc32c.crc32c(mv[off + 4:off + size]) == crc
+        if not ok:
+            raise LogCorrupt(f"writeset log segment {seg.file.path}: CRC32C mismatch in the record at offset {off} "
+                             f"(GID {gid})")
+
+    def _assemble(self, seg: Segment, off: int, gid: int, total: int) -> tuple[bytes, Segment, int]:
+        """The payload of the record of ``gid`` that starts with the piece at ``off`` of ``seg``
+        and continues at the start of the segments after it; and where the record ends."""
+        parts: list[bytes] = []
+        have = 0
+        while True:
+            if not seg.valid:
+                raise LogRangeUnavailable(f"the writeset log segment {seg.seq} was reused while GID {gid} was read")
+            pgid, flags, origin_len, size, ptotal, _ = self._header(seg, off)
+            where = off + RECORD_HEADER_SIZE + origin_len
+            _, piece_off = PIECE.unpack_from(seg.file.mm, where)
+            if pgid != gid or not flags & FLAG_PIECE or ptotal != total or piece_off != have:
+                raise LogCorrupt(f"writeset log segment {seg.file.path}: the piece at offset {off} does not continue "
+                                 f"GID {gid} at byte {have}")
+            self._check(seg, off, size, gid)
+            part = seg.file.mm[where + PIECE.size:off + size]
+            parts.append(part)
+            have += len(part)
+            off += size
+            if have == total:
+                return b"".join(parts), seg, off
+            if not seg.sealed or seg.next is None:
+                raise LogCorrupt(f"writeset log: GID {gid} ends after {have} of its {total} bytes")
+            seg, off = seg.next, DATA_START

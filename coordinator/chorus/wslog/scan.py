@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from chorus.wslog.format import (DATA_START, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, BadRecord,
-                                 LogCorrupt, LogVersionError, SegmentHeader, decode_segment_header, origin_text,
+                                 LogCorrupt, LogVersionError, Piece, SegmentHeader, decode_segment_header, origin_text,
                                  parse_record)
 
 INDEX_EVERY_RECORDS = 64
@@ -46,28 +46,35 @@ class Scan:
     """The records of one segment, checked."""
 
     end: int  # where the valid records end
-    records: int = 0
-    first_gid: int = 0
-    last_gid: int = 0
+    records: int = 0  # records that start here (held whole, or a record's first piece)
+    first_gid: int = 0  # of the first record that starts here
+    last_gid: int = 0  # of the last record or piece here
     index: SparseIndex = field(default_factory=SparseIndex)
     problem: Optional[BadRecord] = None  # what ended the records, when not a clean end
     listing: Optional[list[dict[str, Any]]] = None
     beyond: bool = False  # records after the GID the scan was limited to follow ``end``
+    lead: Optional[tuple[int, Piece]] = None  # the piece that continues a record from the segment before
+    tail: Optional[tuple[int, Piece, int]] = None  # the piece (and its offset) that a later segment continues
 
 
-def scan_records(mm: mmap.mmap, header: SegmentHeader, listing: bool = False, upto: Optional[int] = None) -> Scan:
+def scan_records(mm: mmap.mmap, header: SegmentHeader, listing: bool = False, upto: Optional[int] = None,
+                 end_at: Optional[int] = None) -> Scan:
     """Check the records of one segment. With ``upto``, the records end before the first one
-    whose GID is above it (``beyond`` then says that there were more)."""
+    whose GID is above it (``beyond`` then says that there were more); with ``end_at``, they end
+    at that offset (a record boundary).
+
+    A piece that continues a record may only be the segment's first record, and only of GID
+    ``prev_gid``; a piece that a later segment continues may only be its last. Whether the pieces
+    of adjacent segments fit together is for :func:`analyze`."""
     limit = min(len(mm), header.segment_bytes)
     scan = Scan(end=DATA_START, listing=[] if listing else None)
     off, last = DATA_START, header.prev_gid
     with memoryview(mm) as mv:
-        while True:
+        while end_at is None or off < end_at:
             try:
-                rec = parse_record(mv, off, limit, header.seq, last)
-                if rec is not None and scan.records == 0 and header.first_gid and rec[0] != header.first_gid:
-                    raise BadRecord("first gid", f"the first record has GID {rec[0]}, the header says {header.first_gid}",
-                                     rec[0], rec[1], None, rec[3])
+                rec = parse_record(mv, off, limit, header.seq, last, header.version)
+                if rec is not None:
+                    _check_place(rec.gid, rec.piece, scan, off, header)
             except BadRecord as bad:
                 scan.problem = bad
                 if scan.listing is not None and bad.size is not None:
@@ -76,22 +83,42 @@ def scan_records(mm: mmap.mmap, header: SegmentHeader, listing: bool = False, up
                 break
             if rec is None:
                 break
-            gid, flags, origin_len, size = rec
+            gid, piece = rec.gid, rec.piece
             if upto is not None and gid > upto:
                 scan.beyond = True
                 break
             if scan.listing is not None:
-                scan.listing.append({"gid": gid, "origin": origin_text(mv, off + RECORD_HEADER_SIZE, origin_len),
-                                     "flags": flags, "size": size, "offset": off, "crc_ok": True})
-            if not scan.records:
-                scan.first_gid = gid
-            scan.index.note(gid, off)
-            scan.records += 1
+                entry = {"gid": gid, "origin": origin_text(mv, off + RECORD_HEADER_SIZE, rec.origin_len),
+                         "flags": rec.flags, "size": rec.size, "offset": off, "crc_ok": True}
+                if piece is not None:
+                    entry["piece"] = {"total": piece.total, "offset": piece.offset, "length": piece.length}
+                scan.listing.append(entry)
+            if piece is not None and not piece.first:
+                scan.lead = (gid, piece)
+            else:
+                if not scan.records:
+                    scan.first_gid = gid
+                scan.index.note(gid, off)
+                scan.records += 1
+            if piece is not None and not piece.last:
+                scan.tail = (gid, piece, off)
             scan.last_gid = last = gid
-            off += size
+            off += rec.size
     scan.end = off
     return scan
 
+
+def _check_place(gid: int, piece: Optional[Piece], scan: Scan, off: int, header: SegmentHeader) -> None:
+    """Raise BadRecord when a record stands where the format does not allow it."""
+    if scan.tail is not None:
+        raise BadRecord("piece", f"a record follows a piece of GID {scan.tail[0]} that the next segment should "
+                        "continue", gid)
+    if piece is not None and not piece.first and (off != DATA_START or gid != header.prev_gid):
+        raise BadRecord("piece", f"a piece continuing GID {gid} is not the first record of a segment following it",
+                        gid)
+    starts = piece is None or piece.first
+    if starts and not scan.records and header.first_gid and gid != header.first_gid:
+        raise BadRecord("first gid", f"the first record has GID {gid}, the header says {header.first_gid}", gid)
 
 
 @dataclass(frozen=True)
@@ -229,8 +256,57 @@ def analyze(found: list[FoundSegment], upto: Optional[int] = None) -> Analysis:
         elif scan.beyond:
             an.cut = (f, scan.end)
             an.end_reason = f"it held records after GID {upto}, where it was asked to end"
+    _join_pieces(an, upto)
     an.found = an.live + [f for f in found if f.state != "live"]
     return an
+
+
+def _join_pieces(an: Analysis, upto: Optional[int]) -> None:
+    """Check that the pieces of every record that spans segments follow each other; the log ends
+    before the first record whose pieces do not (a torn or missing continuation, most often the
+    last record's, written when the process died)."""
+    # the record whose pieces continue in the next segment: gid, next offset, total, where it starts
+    open_rec: Optional[tuple[int, int, int, Optional[FoundSegment], int]] = None
+    for i, f in enumerate(an.live):
+        s = f.scan
+        assert s is not None
+        if s.lead is not None:
+            gid, piece = s.lead
+            if open_rec is None and i > 0:
+                _end_at(an, f, DATA_START, upto, f"{f.name} starts with a piece of GID {gid} that no record "
+                        "before it begins")
+                return
+            if open_rec is not None and open_rec[:3] != (gid, piece.offset, piece.total):
+                _end_at(an, open_rec[3] or f, open_rec[4], upto,
+                        f"{f.name} does not continue GID {open_rec[0]} where the segment before left it")
+                return
+            # (the oldest segment may continue a record whose start was reused: it is skipped)
+            head = (open_rec[3], open_rec[4]) if open_rec is not None else (None, DATA_START)
+            open_rec = None if piece.last else (gid, piece.offset + piece.length, piece.total, *head)
+        elif open_rec is not None:
+            _end_at(an, open_rec[3] or f, open_rec[4], upto,
+                    f"the record of GID {open_rec[0]} is not complete ({f.name} does not continue it)")
+            return
+        if s.tail is not None and (s.lead is None or s.tail[1] is not s.lead[1]):
+            gid, piece, off = s.tail
+            open_rec = (gid, piece.offset + piece.length, piece.total, f, off)
+    if open_rec is not None:
+        _end_at(an, open_rec[3] or an.live[0], open_rec[4], upto,
+                f"the record of GID {open_rec[0]} is not complete (the log ends inside it)")
+
+
+def _end_at(an: Analysis, f: FoundSegment, off: int, upto: Optional[int], reason: str) -> None:
+    """End the log at offset ``off`` of live segment ``f``: the later live segments are dropped."""
+    assert f.mm is not None and f.header is not None
+    i = an.live.index(f)
+    for later in an.live[i + 1:]:
+        later.state = "cut"
+        an.dropped.append(later)
+    del an.live[i + 1:]
+    f.scan = scan_records(f.mm, f.header, upto=upto, end_at=off)
+    an.problems.append(Problem(f.name, off, "piece", reason))
+    an.cut = (f, off)
+    an.end_reason = f"{f.name} offset {off}: {reason}"
 
 
 def tip_gid_of(f: FoundSegment) -> int:

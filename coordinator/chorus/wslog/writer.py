@@ -13,9 +13,10 @@ from collections import deque
 from typing import Any, Optional
 
 from chorus.wslog.format import (DATA_START, END_MARK, FLAG_DDL_SKIPPED, FREE_HEADER, KNOWN_FLAGS, MAX_ORIGIN_BYTES,
-                                 MAX_PAYLOAD_BYTES, MIN_SEGMENT_BYTES, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE,
-                                 SEGMENT_SUFFIX, Buffer, LogCorrupt, LogError, LogRangeUnavailable, LogVersionError,
-                                 SegmentHeader, encode_record_header, segment_name)
+                                 MAX_PAYLOAD_BYTES, MAX_RECORD_BYTES, MIN_SEGMENT_BYTES, PIECE, RECORD_HEADER_SIZE,
+                                 SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, Buffer, LogCorrupt, LogError, LogRangeUnavailable,
+                                 LogVersionError, SegmentHeader, encode_piece_header, encode_record_header,
+                                 segment_name)
 from chorus.wslog.reader import LogReader, Segment, SegmentFile
 from chorus.wslog.scan import Analysis, FoundSegment, analyze, dirty_extent, open_found, segment_paths, tip_gid_of
 
@@ -194,6 +195,7 @@ class WritesetLog:
             seg = Segment(SegmentFile(f.path, *f.release()), f.header.seq, f.header.prev_gid, f.header.first_gid)
             seg.first_gid = f.scan.first_gid if f.scan.records else f.header.first_gid
             seg.last_gid, seg.records, seg.end, seg.index = f.scan.last_gid, f.scan.records, f.scan.end, f.scan.index
+            seg.version = f.header.version
             if self._live:
                 self._live[-1].sealed = True
                 self._live[-1].next = seg
@@ -228,9 +230,15 @@ class WritesetLog:
     # -- writing ------------------------------------------------------------------------------
 
     def max_payload(self, origin: str) -> int:
-        """The largest writeset one record of ``origin`` can hold (a record never spans segments)."""
-        return min(self._segment_bytes - DATA_START - RECORD_HEADER_SIZE - len(origin.encode("utf-8")),
-                   MAX_PAYLOAD_BYTES)
+        """The largest writeset one record of ``origin`` can hold: a record may span segments, but
+        never more than the ring holds besides the segment it starts in (so that writing it never
+        reuses the segment holding its start)."""
+        per_segment = self._piece_room(len(origin.encode("utf-8")))
+        return min((self._capacity - 1) * per_segment, MAX_RECORD_BYTES)
+
+    def _piece_room(self, origin_len: int) -> int:
+        """The payload bytes one piece fills a fresh segment with."""
+        return min(self._segment_bytes - DATA_START - RECORD_HEADER_SIZE - origin_len - PIECE.size, MAX_PAYLOAD_BYTES)
 
     def append(self, gid: int, origin: str, payload: Buffer, flags: int = 0) -> None:
         """Append one certified writeset; ``gid`` must exceed ``end_gid``."""
@@ -239,46 +247,84 @@ class WritesetLog:
     def append_many(self, records: list[tuple[int, str, Buffer, int]]) -> None:
         """Append certified writesets ``(gid, origin, payload, flags)`` in GID order, each GID
         above the one before; the records that land in one segment are written with one system
-        call. A record that cannot be logged raises ValueError; the ones before it are logged."""
+        call, and a record larger than a segment in pieces, one per segment. A record that cannot
+        be logged raises ValueError; the ones before it are logged."""
         self._require_open()
         out: list[Buffer] = []  # records not yet written, all in segment `seg` from offset `start`
         seg = self._live[-1]
         start = seg.end
         for gid, origin, payload, flags in records:
-            if gid <= self.end_gid:
-                self._write_records(seg, start, out)
-                raise ValueError(f"GID {gid} does not follow GID {self.end_gid}, the last one in the writeset log")
-            if not 0 <= flags <= 0xFF or flags & ~KNOWN_FLAGS:
-                self._write_records(seg, start, out)
-                raise ValueError(f"unknown writeset log record flags {flags:#x}")
             origin_b = origin.encode("utf-8")
-            size = RECORD_HEADER_SIZE + len(origin_b) + len(payload)
-            usable = self._segment_bytes - DATA_START
-            if len(origin_b) > MAX_ORIGIN_BYTES or size > usable or len(payload) > MAX_PAYLOAD_BYTES:
+            problem = self._refusal(gid, origin_b, payload, flags)
+            if problem is not None:
                 self._write_records(seg, start, out)
-                if len(origin_b) > MAX_ORIGIN_BYTES:
-                    raise ValueError(f"origin {origin!r} is longer than {MAX_ORIGIN_BYTES} bytes")
-                raise ValueError(f"a writeset log record of {size} bytes (GID {gid}) does not fit in a segment "
-                                 f"({usable} usable bytes): raise the segment size")
+                raise ValueError(problem)
+            size = RECORD_HEADER_SIZE + len(origin_b) + len(payload)
+            if size > self._segment_bytes - DATA_START or len(payload) > MAX_PAYLOAD_BYTES:
+                self._write_records(seg, start, out)
+                out = []
+                seg = self._append_pieces(seg, gid, origin_b, payload, flags)
+                start = seg.end
+                continue
             if seg.end + size > self._segment_bytes or len(out) > _MAX_IOV:
                 self._write_records(seg, start, out)
                 out = []
                 if seg.end + size > self._segment_bytes:
                     seg = self._start_segment(prev_gid=seg.tip_gid, first_gid=gid)
                 start = seg.end
-            if not seg.records and seg.first_gid != gid:
-                seg.first_gid = gid
-                self._write_header(seg)
             off = seg.end
+            self._note_start(seg, gid, off)
             out += [encode_record_header(gid, origin_b, payload, flags, seg.seq), origin_b, payload]
-            if not seg.records:
-                seg.first_gid = gid
-            seg.index.note(gid, off)
-            seg.records += 1
-            seg.last_gid = gid
             seg.end = off + size
         self._write_records(seg, start, out)
 
+    def _refusal(self, gid: int, origin_b: bytes, payload: Buffer, flags: int) -> Optional[str]:
+        """Why this record cannot be appended, or None."""
+        if gid <= self.end_gid:
+            return f"GID {gid} does not follow GID {self.end_gid}, the last one in the writeset log"
+        if not 0 <= flags <= 0xFF or flags & ~KNOWN_FLAGS:
+            return f"unknown writeset log record flags {flags:#x}"
+        if len(origin_b) > MAX_ORIGIN_BYTES:
+            return f"origin {origin_b.decode('utf-8')!r} is longer than {MAX_ORIGIN_BYTES} bytes"
+        limit = self.max_payload(origin_b.decode("utf-8"))
+        if len(payload) > limit:
+            return (f"a writeset of {len(payload)} bytes (GID {gid}) is larger than the writeset log can hold "
+                    f"({limit} bytes in a ring of {self._capacity} segments): raise log.total_mb")
+        return None
+
+    def _note_start(self, seg: Segment, gid: int, off: int) -> None:
+        """A record (or a record's first piece) starts at ``off`` of ``seg``."""
+        if not seg.records and seg.first_gid != gid:
+            seg.first_gid = gid
+            self._write_header(seg)
+        seg.first_gid = seg.first_gid or gid
+        seg.index.note(gid, off)
+        seg.records += 1
+        seg.last_gid = gid
+
+    def _append_pieces(self, seg: Segment, gid: int, origin_b: bytes, payload: Buffer, flags: int) -> Segment:
+        """Write a record in pieces: the first fills the rest of ``seg`` (or of a fresh segment
+        when little is left), each next one starts a segment; returns the segment of the last."""
+        overhead = RECORD_HEADER_SIZE + len(origin_b) + PIECE.size
+        # a version 1 segment (written before pieces existed) takes no piece; nor does a nearly full one
+        if seg.version < 2 or self._segment_bytes - seg.end - overhead < self._segment_bytes // 16:
+            seg = self._start_segment(prev_gid=seg.tip_gid, first_gid=gid)
+        total, done = len(payload), 0
+        with memoryview(payload) as mv:
+            while True:
+                n = min(self._segment_bytes - seg.end - overhead, MAX_PAYLOAD_BYTES, total - done)
+                piece = mv[done:done + n]
+                head, where = encode_piece_header(gid, origin_b, piece, flags, seg.seq, total, done)
+                off = seg.end
+                if done == 0:
+                    self._note_start(seg, gid, off)
+                seg.last_gid = gid
+                seg.end = off + overhead + n
+                self._write_records(seg, off, [head, origin_b, where, piece])
+                done += n
+                if done == total:
+                    return seg
+                seg = self._start_segment(prev_gid=gid, first_gid=0)
     def _write_records(self, seg: Segment, start: int, bufs: list[Buffer]) -> None:
         """Write encoded records at ``start`` of ``seg`` and the end marker after them."""
         if not bufs:
@@ -354,7 +400,7 @@ class WritesetLog:
         return SegmentFile(path, fd, mm)
 
     def _write_header(self, seg: Segment, extra: Optional[list[Buffer]] = None) -> None:
-        header = SegmentHeader(seg.seq, self._epoch, self._segment_bytes, seg.prev_gid, seg.first_gid)
+        header = SegmentHeader(seg.seq, self._epoch, self._segment_bytes, seg.prev_gid, seg.first_gid, seg.version)
         _pwrite_all(seg.file.fd, [header.encode()] + (extra or []), 0)
         seg.file.dirty = True
 
@@ -456,11 +502,12 @@ class LogFeeder:
             if gid <= last:
                 continue
             if len(payload) > self.log.max_payload(origin):
-                # larger than a segment: the log cannot hold it, so it restarts after it (a node
-                # that misses this GID needs total recovery, or a partner with larger segments)
+                # larger than this node's ring (configured smaller than the origin's): the log
+                # cannot hold it, so it restarts after it (a node that misses this GID needs total
+                # recovery, or a partner with a larger ring)
                 self.log.append_many(records)
                 records = []
-                log.warning("GID %d (%d bytes) is not in the writeset log: larger than a segment holds; "
+                log.warning("GID %d (%d bytes) is not in the writeset log: larger than its ring holds (log.total_mb); "
                             "the log now starts after it", gid, len(payload))
                 self.log.reset(gid)
             else:
