@@ -1,16 +1,20 @@
 """Large transactions on a 3-node cluster: past ``chorus.max_row_keys_per_table`` row keys of one
 table, a writeset certifies the table as a whole (one table key in exclusive mode), so its key
 list and every node's certification index stay bounded; a conflict is never missed, a false one is
-possible (docs/ISOLATION.md)."""
+possible (docs/ISOLATION.md). A writeset larger than a log segment is logged in pieces and served
+to a returning node (docs/WSLOG.md). An UPDATE leaves unchanged out-of-line values where they are."""
 
 from __future__ import annotations
+
+import json
+import os
 
 import psycopg
 import pytest
 
 from chorus import wire
 from chorus.wire import KeyMode
-from conftest import Cluster
+from conftest import Cluster, chorus
 
 pytestmark = pytest.mark.integration
 
@@ -173,3 +177,30 @@ def test_an_update_leaves_large_values_where_they_are(cluster: Cluster) -> None:
         c.execute("ALTER TABLE toasty ALTER COLUMN other TYPE text USING other || md5(random()::text)")
         c.execute("ALTER TABLE toasty ALTER COLUMN big TYPE text USING big || md5(random()::text)")
     cluster.assert_identical()
+
+
+def test_a_writeset_larger_than_a_log_segment_reaches_every_node_and_one_that_was_away(cluster: Cluster) -> None:
+    """The session cluster's log segments are 32 MB: a 45 MB writeset (it was refused before
+    records could span segments) commits everywhere, is logged in pieces on every node, and a
+    node that was away while it committed gets it through partial recovery."""
+    with cluster.connect(0) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS big_span (id integer PRIMARY KEY, pad text NOT NULL)")
+    cluster.quiesce()
+    name = cluster.nodes[2].name
+    r = chorus("node", "leave", "--dir", cluster.dir, name)
+    assert r.returncode == 0, r.stderr
+    with cluster.connect(0) as c:
+        c.execute("INSERT INTO big_span SELECT g, repeat(md5(g::text), 31) FROM generate_series(1, 45000) g")
+    gid = int(cluster.status(0)["committed_gid"])
+    r = chorus("node", "join", "--dir", cluster.dir, name, "--json")
+    assert r.returncode == 0, r.stderr + r.stdout
+    rec = json.loads(r.stdout)["recovery"]
+    assert rec is not None and rec["state"] == "done" and rec["bytes_received"] > 45_000_000, rec
+    cluster.assert_identical()
+    with cluster.connect(2) as c:
+        assert c.execute("SELECT count(*), sum(length(pad)) FROM big_span").fetchone() == (45000, 45000 * 992)
+    for n in cluster.info["nodes"]:
+        r = chorus("log", "verify", os.path.join(os.path.dirname(n["config"]), "wslog"), "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        segments = json.loads(r.stdout)["segments"]
+        assert any(s["continued"] == gid for s in segments) and any(s["continues"] == gid for s in segments), segments
