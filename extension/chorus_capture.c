@@ -14,7 +14,9 @@
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "commands/trigger.h"
+#include "storage/buffile.h"
 #include "utils/memutils.h"
+#include "utils/resowner.h"
 #include "utils/snapmgr.h"
 #include "utils/rel.h"
 
@@ -51,6 +53,8 @@ chorus_capture_state(void)
 void
 chorus_capture_reset(ChorusCapture *cap)
 {
+	if (cap->spill != NULL)
+		BufFileClose(cap->spill);
 	if (cap->cxt != NULL)
 		MemoryContextDelete(cap->cxt);
 	memset(cap, 0, sizeof(*cap));
@@ -80,6 +84,55 @@ chorus_capture_begin(ChorusCapture *cap)
 }
 
 /*
+ * chorus_rows_keep
+ *		Keep the first len bytes of the rows: the rest was captured in a
+ *		savepoint rolled back. Spilled bytes past len are written over by the
+ *		next spill.
+ */
+static void
+chorus_rows_keep(ChorusCapture *cap, uint64 len)
+{
+	if (len >= cap->spilled)
+		cap->rows.len = (int) (len - cap->spilled);
+	else
+	{
+		cap->spilled = len;
+		cap->rows.len = 0;
+	}
+	cap->rows.data[cap->rows.len] = '\0';
+}
+
+/*
+ * chorus_capture_spill
+ *		Past chorus.capture_work_mem, move the rows held in memory to the
+ *		transaction's temporary file (made on first use, owned by the top-level
+ *		transaction so that a savepoint's end does not close it).
+ */
+static void
+chorus_capture_spill(ChorusCapture *cap)
+{
+	if ((Size) cap->rows.len < (Size) chorus_capture_work_mem * 1024)
+		return;
+	if (cap->spill == NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(cap->cxt);
+		ResourceOwner owner = CurrentResourceOwner;
+
+		CurrentResourceOwner = TopTransactionResourceOwner;
+		cap->spill = BufFileCreateTemp(false);
+		CurrentResourceOwner = owner;
+		MemoryContextSwitchTo(old);
+	}
+	if (BufFileSeek(cap->spill, 0, (off_t) cap->spilled, SEEK_SET) != 0)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("chorus: could not seek in the writeset's temporary file: %m")));
+	BufFileWrite(cap->spill, cap->rows.data, cap->rows.len);
+	cap->spilled += cap->rows.len;
+	resetStringInfo(&cap->rows);
+}
+
+/*
  * chorus_subxact_start
  *		Remember where the row buffer stood when a savepoint began.
  */
@@ -98,7 +151,7 @@ chorus_subxact_start(ChorusCapture *cap, SubTransactionId subid)
 		cap->sub_ids = cap->sub_ids ?
 			repalloc(cap->sub_ids, sizeof(SubTransactionId) * n) : palloc(sizeof(SubTransactionId) * n);
 		cap->sub_rowlen = cap->sub_rowlen ?
-			repalloc(cap->sub_rowlen, sizeof(int) * n) : palloc(sizeof(int) * n);
+			repalloc(cap->sub_rowlen, sizeof(uint64) * n) : palloc(sizeof(uint64) * n);
 		cap->sub_nrows = cap->sub_nrows ?
 			repalloc(cap->sub_nrows, sizeof(uint32) * n) : palloc(sizeof(uint32) * n);
 		cap->sub_has_schema = cap->sub_has_schema ?
@@ -106,7 +159,7 @@ chorus_subxact_start(ChorusCapture *cap, SubTransactionId subid)
 		cap->maxsubs = n;
 	}
 	cap->sub_ids[cap->nsubs] = subid;
-	cap->sub_rowlen[cap->nsubs] = cap->rows.len;
+	cap->sub_rowlen[cap->nsubs] = cap->spilled + cap->rows.len;
 	cap->sub_nrows[cap->nsubs] = cap->nrows;
 	cap->sub_has_schema[cap->nsubs] = cap->has_schema;
 	cap->nsubs++;
@@ -131,8 +184,7 @@ chorus_subxact_abort(ChorusCapture *cap, SubTransactionId subid)
 	{
 		if (cap->sub_ids[i] == subid)
 		{
-			cap->rows.len = cap->sub_rowlen[i];
-			cap->rows.data[cap->rows.len] = '\0';
+			chorus_rows_keep(cap, cap->sub_rowlen[i]);
 			cap->nrows = cap->sub_nrows[i];
 			cap->has_schema = cap->sub_has_schema[i];
 			cap->nsubs = i;
@@ -145,8 +197,7 @@ chorus_subxact_abort(ChorusCapture *cap, SubTransactionId subid)
 	 */
 	if (cap->nsubs == 0 || subid < cap->sub_ids[0])
 	{
-		cap->rows.len = 0;
-		cap->rows.data[0] = '\0';
+		chorus_rows_keep(cap, 0);
 		cap->nrows = 0;
 		cap->has_schema = false;
 		cap->nsubs = 0;
@@ -311,8 +362,9 @@ chorus_note_snapshot(ChorusCapture *cap)
 static void
 chorus_check_size(ChorusCapture *cap)
 {
-	uint64		size = (uint64) cap->rows.len + cap->keys.len;
+	uint64		size = cap->spilled + cap->rows.len + cap->keys.len;
 
+	chorus_capture_spill(cap);
 	if (size > (uint64) chorus_max_writeset_mb * 1024 * 1024)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
@@ -469,11 +521,15 @@ chorus_capture_truncate(PG_FUNCTION_ARGS)
 
 /*
  * chorus_serialize_writeset
- *		Write the transaction's writeset, as captured in cap, into out: header,
- *		table list, rows (and schema change items, in their order), keys.
+ *		The transaction's writeset, as captured in cap: its header and table
+ *		list are appended to head (after what the caller put there), and body
+ *		gets the whole frame body in parts: head, the rows (and schema change
+ *		items, in their order; spilled ones from the temporary file), the keys.
+ *		Valid until the capture changes.
  */
 void
-chorus_serialize_writeset(ChorusCapture *cap, StringInfo out, TransactionId xid, uint8 flags)
+chorus_serialize_writeset(ChorusCapture *cap, StringInfo head, ChorusFrameBody *body,
+						  TransactionId xid, uint8 flags)
 {
 	int			i;
 
@@ -482,15 +538,22 @@ chorus_serialize_writeset(ChorusCapture *cap, StringInfo out, TransactionId xid,
 	if (cap->concurrent)
 		flags |= CHORUS_WS_FLAG_CONCURRENT;
 	cap->nkeys = chorus_keylimit_finish(&cap->keylimit, &cap->keys, cap->nkeys);
-	chorus_put_header(out, flags, xid, cap->last_seen, cap->ntables,
+	chorus_put_header(head, flags, xid, cap->last_seen, cap->ntables,
 					  cap->nrows, cap->nkeys);
 	for (i = 0; i < cap->ntables; i++)
 	{
 		ChorusTable *t = cap->tables[i];
 
-		chorus_put_table(out, t->nspname, t->relname, t->ncols, t->attnames, t->typnames,
+		chorus_put_table(head, t->nspname, t->relname, t->ncols, t->attnames, t->typnames,
 						 t->colflags, t->nidentity, t->identity, t->full_identity);
 	}
-	appendBinaryStringInfo(out, cap->rows.data, cap->rows.len);
-	appendBinaryStringInfo(out, cap->keys.data, cap->keys.len);
+	memset(body, 0, sizeof(*body));
+	body->head = head->data;
+	body->headlen = head->len;
+	body->file = cap->spill;
+	body->filelen = cap->spilled;
+	body->tail[0] = cap->rows.data;
+	body->taillen[0] = cap->rows.len;
+	body->tail[1] = cap->keys.data;
+	body->taillen[1] = cap->keys.len;
 }

@@ -10,6 +10,7 @@
 #include "lib/stringinfo.h"
 #include "utils/rel.h"
 
+#include "chorus_coord.h"
 #include "chorus_keylimit.h"
 #include "chorus_table.h"
 
@@ -20,7 +21,15 @@ typedef struct ChorusCapture
 	int			ntables;
 	int			maxtables;
 	ChorusTable **tables;
+	/*
+	 * The rows (and schema change items), in order: the first spilled bytes in
+	 * the temporary file spill, the rest in rows. Past chorus.capture_work_mem
+	 * the rows in memory go to the file, so a transaction of any size holds
+	 * about that much of its writeset in memory.
+	 */
 	StringInfoData rows;
+	BufFile    *spill;
+	uint64		spilled;
 	uint32		nrows;
 	StringInfoData keys;
 	uint32		nkeys;
@@ -37,11 +46,11 @@ typedef struct ChorusCapture
 	bool		schema_key_done;	/* the cluster-wide schema change key is in keys */
 	bool		concurrent;		/* CREATE/DROP INDEX CONCURRENTLY's first step (CHORUS_WS_FLAG_CONCURRENT) */
 	int			table_epoch;	/* bumped by each schema change: table descriptions are made anew */
-	/* savepoints: row buffer length at each open subtransaction's start */
+	/* savepoints: length of the rows (spilled and in memory) at each open subtransaction's start */
 	int			nsubs;
 	int			maxsubs;
 	SubTransactionId *sub_ids;
-	int		   *sub_rowlen;
+	uint64	   *sub_rowlen;
 	uint32	   *sub_nrows;
 	bool	   *sub_has_schema;
 } ChorusCapture;
@@ -59,6 +68,7 @@ extern void chorus_note_snapshot(ChorusCapture *cap);
 extern ChorusTable *chorus_capture_table(ChorusCapture *cap, Relation rel);
 extern void chorus_capture_row(ChorusCapture *cap, Relation rel, char op, HeapTuple oldtup,
 							   HeapTuple newtup, bool keys);
-extern void chorus_serialize_writeset(ChorusCapture *cap, StringInfo out, TransactionId xid, uint8 flags);
+extern void chorus_serialize_writeset(ChorusCapture *cap, StringInfo head, ChorusFrameBody *body,
+									  TransactionId xid, uint8 flags);
 
 #endif							/* CHORUS_CAPTURE_H */

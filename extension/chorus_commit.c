@@ -80,11 +80,11 @@ chorus_apply_begin_commit(ChorusCommitState *cs, bool captured, int64 gid, int64
  *		verdict calls for.
  */
 void
-chorus_certify(ChorusCommitState *cs, StringInfo ws)
+chorus_certify(ChorusCommitState *cs, const ChorusFrameBody *ws)
 {
 	ChorusVerdict v;
 
-	chorus_coord_ask(CHORUS_FRAME_WRITESET, ws->data, ws->len, &v);
+	chorus_coord_ask_parts(CHORUS_FRAME_WRITESET, ws, &v);
 	if (v.verdict == CHORUS_VERDICT_CONFLICT)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),

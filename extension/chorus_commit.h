@@ -8,6 +8,8 @@
 
 #include "lib/stringinfo.h"
 
+#include "chorus_coord.h"
+
 /* The current top-level transaction's commit: what it applies or was certified as. */
 typedef struct ChorusCommitState
 {
@@ -28,7 +30,7 @@ extern ChorusCommitState *chorus_commit_state(void);
 extern void chorus_commit_reset(ChorusCommitState *cs);
 extern void chorus_apply_begin_commit(ChorusCommitState *cs, bool captured, int64 gid,
 									  int64 wait_for, int64 prev);
-extern void chorus_certify(ChorusCommitState *cs, StringInfo ws);
+extern void chorus_certify(ChorusCommitState *cs, const ChorusFrameBody *ws);
 extern void chorus_ddl_order(ChorusCommitState *cs, StringInfo ws);
 extern void chorus_take_origin(ChorusCommitState *cs);
 extern int	chorus_restore_sync_commit(ChorusCommitState *cs);

@@ -150,23 +150,64 @@ chorus_recv_exact(char *buf, size_t len)
 	}
 }
 
+#define CHORUS_SEND_CHUNK (1024 * 1024)	/* what is read of a spilled writeset at a time */
+
 /*
  * chorus_send_frame
- *		Send one frame: u32 length, type byte, body.
+ *		Send one frame: u32 length, type byte, body (its parts in order).
  */
 static void
-chorus_send_frame(char type, const char *body, int len)
+chorus_send_frame(char type, const ChorusFrameBody *b)
 {
 	StringInfoData frame;
+	uint64		total = b->headlen + b->filelen + b->taillen[0] + b->taillen[1];
+	int			i;
 
+	if (total + 1 > PG_UINT32_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("chorus: a frame of %llu bytes is larger than the coordinator protocol carries",
+						(unsigned long long) total),
+				 errhint("Split the transaction, or lower chorus.max_writeset_size.")));
 	chorus_connect();
 	initStringInfo(&frame);
-	chorus_put_u32(&frame, (uint32) len + 1);
+	chorus_put_u32(&frame, (uint32) total + 1);
 	chorus_put_u8(&frame, (uint8) type);
-	if (len > 0)
-		appendBinaryStringInfo(&frame, body, len);
+	if (b->headlen > 0)
+		appendBinaryStringInfo(&frame, b->head, (int) b->headlen);
 	chorus_send_all(frame.data, frame.len, true);
 	pfree(frame.data);
+	if (b->filelen > 0)
+	{
+		char	   *chunk = palloc(CHORUS_SEND_CHUNK);
+		uint64		left = b->filelen;
+
+		if (BufFileSeek(b->file, 0, 0, SEEK_SET) != 0)
+		{
+			chorus_disconnect();	/* the coordinator must not take what follows for this frame */
+			ereport(ERROR,
+					(errcode_for_file_access(),
+					 errmsg("chorus: could not seek in the writeset's temporary file: %m")));
+		}
+		while (left > 0)
+		{
+			size_t		n = (size_t) Min(left, (uint64) CHORUS_SEND_CHUNK);
+
+			if (BufFileRead(b->file, chunk, n) != n)
+			{
+				chorus_disconnect();
+				ereport(ERROR,
+						(errcode_for_file_access(),
+						 errmsg("chorus: could not read the writeset's temporary file: %m")));
+			}
+			chorus_send_all(chunk, n, true);
+			left -= n;
+		}
+		pfree(chunk);
+	}
+	for (i = 0; i < 2; i++)
+		if (b->taillen[i] > 0)
+			chorus_send_all(b->tail[i], b->taillen[i], true);
 }
 
 /*
@@ -225,7 +266,22 @@ chorus_read_verdict(uint64 *gid, uint64 *wait_for, uint64 *prev, char **msg)
 void
 chorus_coord_ask(char type, const char *body, int len, ChorusVerdict *v)
 {
-	chorus_send_frame(type, body, len);
+	ChorusFrameBody b = {0};
+
+	b.head = body;
+	b.headlen = len;
+	chorus_coord_ask_parts(type, &b, v);
+}
+
+/*
+ * chorus_coord_ask_parts
+ *		The same, with the body in parts (a writeset, whose rows may be in a
+ *		temporary file).
+ */
+void
+chorus_coord_ask_parts(char type, const ChorusFrameBody *body, ChorusVerdict *v)
+{
+	chorus_send_frame(type, body);
 	v->verdict = chorus_read_verdict(&v->gid, &v->wait_for, &v->prev, &v->msg);
 }
 

@@ -467,16 +467,17 @@ chorus_ddl_reset(void)
 void
 chorus_ddl_confirm(ChorusCapture *cap, ChorusCommitState *cs)
 {
-	StringInfoData body;
+	StringInfoData head;
+	ChorusFrameBody body;
 	ChorusVerdict v;
 
 	chorus_capture_begin(cap);
-	initStringInfo(&body);
-	chorus_put_u64(&body, cs->gid);
-	chorus_put_u32(&body, cs->xid);
-	chorus_serialize_writeset(cap, &body, cs->xid, 0);
-	chorus_coord_ask(CHORUS_FRAME_RAN, body.data, body.len, &v);
-	pfree(body.data);
+	initStringInfo(&head);
+	chorus_put_u64(&head, cs->gid);
+	chorus_put_u32(&head, cs->xid);
+	chorus_serialize_writeset(cap, &head, &body, cs->xid, 0);
+	chorus_coord_ask_parts(CHORUS_FRAME_RAN, &body, &v);
+	pfree(head.data);
 	if (v.verdict != CHORUS_VERDICT_COMMIT)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),

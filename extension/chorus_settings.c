@@ -17,6 +17,7 @@ bool		chorus_replaying = false;
 bool		chorus_causal_reads = false;
 int			chorus_causal_reads_timeout = 10000;
 int			chorus_max_writeset_mb = 256;
+int			chorus_capture_work_mem = 16384;
 char	   *chorus_exclude_schemas = NULL;
 bool		chorus_apply_executor = true;
 int			chorus_max_row_keys_per_table = 10000;
@@ -56,6 +57,13 @@ chorus_define_settings(void)
 							"Largest writeset a transaction may produce, in megabytes.",
 							NULL, &chorus_max_writeset_mb, 256, 1, 900, PGC_SUSET,
 							GUC_UNIT_MB, NULL, NULL, NULL);
+	DefineCustomIntVariable("chorus.capture_work_mem",
+							"Memory a transaction's writeset may take before its rows spill to a temporary file.",
+							"Like logical_decoding_work_mem: past it the rows captured so far go to a temporary "
+							"file (temp_tablespaces, temp_file_limit apply), so a large transaction takes no "
+							"more memory than this.",
+							&chorus_capture_work_mem, 16384, 64, MAX_KILOBYTES, PGC_USERSET,
+							GUC_UNIT_KB, NULL, NULL, NULL);
 	DefineCustomStringVariable("chorus.exclude_schemas",
 							   "Comma-separated schemas whose new tables are not replicated.",
 							   NULL, &chorus_exclude_schemas, "", PGC_SUSET, 0, NULL, NULL, NULL);

@@ -11,6 +11,7 @@ extern bool chorus_replaying;
 extern bool chorus_causal_reads;
 extern int	chorus_causal_reads_timeout;
 extern int	chorus_max_writeset_mb;
+extern int	chorus_capture_work_mem;
 extern char *chorus_exclude_schemas;
 extern bool chorus_apply_executor;
 extern int	chorus_max_row_keys_per_table;

@@ -33,12 +33,13 @@
 static void
 chorus_request_verdict(ChorusCapture *cap, ChorusCommitState *cs)
 {
-	StringInfoData ws;
+	StringInfoData head;
+	ChorusFrameBody ws;
 
-	initStringInfo(&ws);
-	chorus_serialize_writeset(cap, &ws, cs->xid, 0);
+	initStringInfo(&head);
+	chorus_serialize_writeset(cap, &head, &ws, cs->xid, 0);
 	chorus_certify(cs, &ws);
-	pfree(ws.data);
+	pfree(head.data);
 }
 
 static bool chorus_cancel_held = false;
