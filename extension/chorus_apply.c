@@ -21,6 +21,10 @@
  */
 #include "postgres.h"
 
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "fmgr.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
@@ -31,6 +35,7 @@
 #include "utils/guc.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
+#include "storage/fd.h"
 
 #include "chorus_capture.h"
 #include "chorus_commit.h"
@@ -44,6 +49,7 @@
 
 PG_FUNCTION_INFO_V1(chorus_apply_writeset);
 PG_FUNCTION_INFO_V1(chorus_apply_run);
+PG_FUNCTION_INFO_V1(chorus_apply_writeset_file);
 
 /* Bytes of the writeset as a palloc'd, NUL-terminated string. */
 static char *
@@ -326,11 +332,12 @@ apply_schema(ChorusWsReader *r, int nsettings, int64 gid)
  *		Returns the number of rows applied.
  */
 static int64
-chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
+chorus_apply_rows(const char *buf, size_t len, int64 gid, uint64 prev)
 {
 	ChorusWsReader r;
 	ChorusWsHeader h;
 	MemoryContext cxt,
+				rowcxt,
 				old;
 	ApplyTable *tables;
 	uint32		ntables,
@@ -371,6 +378,8 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 		chorus_wait_for_turn(prev);
 
 	cxt = AllocSetContextCreate(CurrentMemoryContext, "chorus apply", ALLOCSET_DEFAULT_SIZES);
+	/* what one row applied through SPI needs (its datums): freed after each row */
+	rowcxt = AllocSetContextCreate(cxt, "chorus apply row", ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(cxt);
 	tables = palloc0(sizeof(ApplyTable) * Max(ntables, 1));
 	for (i = 0; i < ntables; i++)
@@ -509,7 +518,10 @@ chorus_apply_rows(const char *buf, int len, int64 gid, uint64 prev)
 		else
 		{
 			apply_spi_connect(&spi, cxt);
+			MemoryContextSwitchTo(rowcxt);
 			apply_spi_row(t, &row, gid);
+			MemoryContextSwitchTo(cxt);
+			MemoryContextReset(rowcxt);
 		}
 		applied++;
 	}
@@ -541,6 +553,65 @@ chorus_apply_writeset(PG_FUNCTION_ARGS)
 	chorus_apply_begin_commit(chorus_commit_state(), chorus_capture_state()->nrows > 0, gid, wait_for, prev);
 	PG_RETURN_INT64(chorus_apply_rows(VARDATA_ANY(ws), VARSIZE_ANY_EXHDR(ws), gid,
 									  (uint64) (prev >= 0 ? prev : wait_for)));
+}
+
+/*
+ * chorus_apply_writeset_file(gid bigint, wait_for bigint, path text, prev bigint) returns bigint
+ *		As chorus_apply_writeset, the writeset read from the file at path: the
+ *		coordinator's spool of a large writeset. The file is mapped, not read
+ *		into memory, so a writeset of any size takes this backend no more memory
+ *		than its rows' values, one at a time (and the file's pages, which the
+ *		kernel may drop). The file must be a regular file of the server's user,
+ *		private to it, as the coordinator (run as that user) makes it.
+ */
+Datum
+chorus_apply_writeset_file(PG_FUNCTION_ARGS)
+{
+	int64		gid = PG_GETARG_INT64(0);
+	int64		wait_for = PG_GETARG_INT64(1);
+	char	   *path = text_to_cstring(PG_GETARG_TEXT_PP(2));
+	int64		prev = PG_GETARG_INT64(3);
+	int			fd;
+	struct stat st;
+	void	   *map;
+	int64		applied = 0;
+
+	chorus_apply_begin_commit(chorus_commit_state(), chorus_capture_state()->nrows > 0, gid, wait_for, prev);
+	fd = OpenTransientFile(path, O_RDONLY | PG_BINARY);
+	if (fd < 0)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("chorus: could not open the spooled writeset of GID %lld \"%s\": %m", (long long) gid, path)));
+	if (fstat(fd, &st) != 0)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("chorus: could not stat \"%s\": %m", path)));
+	if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("chorus: \"%s\" is not a writeset spool file", path),
+				 errdetail("A spool file is a regular file of the server's user, readable by it alone.")));
+	if (st.st_size == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("chorus: the spooled writeset of GID %lld \"%s\" is empty", (long long) gid, path)));
+	map = mmap(NULL, (size_t) st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("chorus: could not map \"%s\": %m", path)));
+	CloseTransientFile(fd);
+	(void) posix_madvise(map, (size_t) st.st_size, POSIX_MADV_SEQUENTIAL);
+	PG_TRY();
+	{
+		applied = chorus_apply_rows(map, (size_t) st.st_size, gid, (uint64) (prev >= 0 ? prev : wait_for));
+	}
+	PG_FINALLY();
+	{
+		munmap(map, (size_t) st.st_size);
+	}
+	PG_END_TRY();
+	PG_RETURN_INT64(applied);
 }
 
 /*
@@ -576,7 +647,7 @@ chorus_apply_run(PG_FUNCTION_ARGS)
 							   (long long) wait_for, (long long) gid, (unsigned long long) committed)));
 	chorus_wsr_run_open(&r, VARDATA_ANY(run), VARSIZE_ANY_EXHDR(run));
 	while ((more = chorus_wsr_run_next(&r, &ws, &len)) > 0)
-		applied += chorus_apply_rows(ws, (int) len, gid, (uint64) wait_for);
+		applied += chorus_apply_rows(ws, len, gid, (uint64) wait_for);
 	if (more < 0)
 		apply_refuse(&r, NULL, NULL);
 	PG_RETURN_INT64(applied);

@@ -48,7 +48,10 @@ struct ApplyExec
 	ApplyTable *tables;
 	int			ntables;
 	ApplyTarget *targets;		/* per table, rel NULL until its first row */
+	int			queued;			/* rows since the AFTER triggers last fired */
 };
+
+#define CHORUS_APPLY_TRIGGER_BATCH 10000
 
 /*
  * chorus_apply_exec_begin
@@ -206,6 +209,18 @@ chorus_apply_exec_row(ApplyExec *ex, ApplyTable *t, ApplyRow *row)
 	}
 	MemoryContextSwitchTo(old);
 	ResetPerTupleExprContext(estate);
+	/*
+	 * The AFTER ROW triggers that fire in an apply (ENABLE ALWAYS or REPLICA,
+	 * among them Chorus's capture trigger, which does nothing here) are queued
+	 * until the end of the query: fired every so many rows, so that a large
+	 * writeset's queue stays small.
+	 */
+	if (++ex->queued >= CHORUS_APPLY_TRIGGER_BATCH)
+	{
+		AfterTriggerEndQuery(estate);
+		AfterTriggerBeginQuery();
+		ex->queued = 0;
+	}
 	/* the next row sees this one (the same row may change twice in one writeset) */
 	CommandCounterIncrement();
 	UpdateActiveSnapshotCommandId();

@@ -19,6 +19,7 @@ from psycopg import pq
 
 from chorus import wire
 from chorus.concurrent import ConcurrentSchemaChanges
+from chorus.spool import SPOOL_AT, Spool
 
 log = logging.getLogger("chorus.applier")
 
@@ -58,6 +59,7 @@ def _resolve(fut: "asyncio.Future[None]") -> None:
 
 _APPLY = b"chorus_apply"  # the prepared statements of the fast path: one writeset,
 _APPLY_RUN = b"chorus_apply_run"  # and a run of consecutive ones
+_APPLY_FILE = b"chorus_apply_file"  # a large writeset, from a spool file (spool.py)
 _U32 = struct.Struct(">I")
 
 
@@ -71,9 +73,11 @@ class ApplySession:
     uses psycopg's API.
     """
 
-    def __init__(self, dsn: str, name: str, concurrent: Optional[ConcurrentSchemaChanges] = None) -> None:
+    def __init__(self, dsn: str, name: str, concurrent: Optional[ConcurrentSchemaChanges] = None,
+                 spool: Optional[Spool] = None) -> None:
         self.dsn = dsn
         self.name = name
+        self.spool = spool  # where a writeset larger than SPOOL_AT goes for the server to read (None: sent whole)
         # runs CREATE/DROP INDEX CONCURRENTLY once its GID has committed here (None: such a
         # writeset only commits its GID, as on its origin, where the origin's backend runs it)
         self.concurrent = concurrent
@@ -113,6 +117,8 @@ class ApplySession:
                                 b"SELECT chorus.apply_writeset($1, $2, $3, $4)")
         await self.conn.execute(b"PREPARE " + _APPLY_RUN + b" (bigint, bigint, bytea, bigint) AS "
                                 b"SELECT chorus.apply_run($1, $2, $3)")
+        await self.conn.execute(b"PREPARE " + _APPLY_FILE + b" (bigint, bigint, text, bigint) AS "
+                                b"SELECT chorus.apply_writeset_file($1, $2, $3, $4)")
 
     async def close(self) -> None:
         self._stop_reading()
@@ -165,7 +171,12 @@ class ApplySession:
         else:
             name = _APPLY_RUN
             data = b"".join(_U32.pack(len(raw)) + raw for raw in (ws.raw or wire.encode(ws) for ws in writesets))
+        spooled = ""
         try:
+            if name == _APPLY and self.spool is not None and len(data) > SPOOL_AT:
+                # the server reads it from a file: its backend holds none of it (spool.py)
+                spooled = await self.spool.write_async(data)
+                name, data = _APPLY_FILE, spooled.encode()
             # One call: the extension parses the writesets and applies their rows (with plans it
             # prepared once per table shape) and schema changes (chorus_apply.c); the statement
             # commits.
@@ -185,6 +196,9 @@ class ApplySession:
         except ApplyError:
             await self._rollback()
             raise
+        finally:
+            if spooled:
+                Spool.remove(spooled)
         if first.concurrent and ddl_ok and self.concurrent is not None:
             await self.concurrent.start(gid, first.statements[0])
 
@@ -192,7 +206,8 @@ class ApplySession:
                     data: bytes, prev: int) -> None:
         """Run prepared ``statement(gid, wait_for, data, prev)`` as one autocommitted statement."""
         pg = conn.pgconn
-        pg.send_query_prepared(statement, [b"%d" % gid, b"%d" % wait_for, data, b"%d" % prev], [0, 0, 1, 0])
+        fmt = 0 if statement == _APPLY_FILE else 1  # a spool file's path, or the writeset(s)
+        pg.send_query_prepared(statement, [b"%d" % gid, b"%d" % wait_for, data, b"%d" % prev], [0, 0, fmt, 0])
         loop = self._loop
         if loop is None:  # kept: looking it up costs a system call (getpid) per apply in Python 3.11
             loop = self._loop = asyncio.get_running_loop()

@@ -22,6 +22,7 @@ from chorus import wire
 from chorus.commitbook import RunBatcher
 from chorus.pipeline import CommitPipeline, Pending
 from chorus.replicator import Action, Apply, CatchUp, Phase, Replicator
+from chorus.spool import SPOOL_AT
 from chorus.wslog import FLAG_DDL_SKIPPED, LogFeeder, LogRecord
 
 log = logging.getLogger("chorus.coordinator")
@@ -93,7 +94,8 @@ class CatchUpRunner:
             if rec.gid <= pipeline.watermark:
                 prev = rec.gid
                 return
-            if not wire.is_schema_change(rec.payload) and self.batch > 1 and pipeline.book.lanes == 1:
+            if (not wire.is_schema_change(rec.payload) and self.batch > 1 and pipeline.book.lanes == 1
+                    and len(rec.payload) <= SPOOL_AT):  # a large one is applied alone, from a spool file
                 self.feeder.certified(rec.gid, rec.origin, rec.payload, False)
                 full = runs.add(rec, prev, len(rec.payload))
                 prev = rec.gid

@@ -82,6 +82,11 @@ class NodeConfig:
     def wslog_dir(self) -> str:
         return self.log_dir or os.path.join(self.data_dir, "wslog")
 
+    @property
+    def spool_dir(self) -> str:
+        """Large writesets for the server to apply from (spool.py)."""
+        return os.path.join(self.data_dir, "spool")
+
 
 _SCHEMA: dict[str, dict[str, tuple[str, type, bool]]] = {
     # section -> key -> (field, type, required)

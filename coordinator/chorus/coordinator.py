@@ -45,6 +45,7 @@ from chorus.nodestatus import Counters, NodeStatus
 from chorus.pipeline import CommitPipeline, Hooks, Pending, raw
 from chorus.replicator import (Action, Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried,
                                Pause, Phase, PhaseChange, Replicator, Send, SyncReached, VoteDecided, VoteOpened)
+from chorus.spool import Spool
 from chorus.state import NodeState, load_state, save_state
 from chorus.voting import InconsistencyVoting
 from chorus.wslog import LogError, LogFeeder, WritesetLog
@@ -92,6 +93,7 @@ class Coordinator:
 
         self.db = NodeDatabase(cfg.dsn, cfg.name)
         self.wslog = WritesetLog(cfg.wslog_dir, cfg.log_segment_mb << 20, cfg.log_total_mb << 20)
+        self.spool = Spool(cfg.spool_dir)
         self.feeder = LogFeeder(self.wslog)
         self.keys = (rc.ClusterKeys(cfg.tls_cert, cfg.tls_key, cfg.secret_file)
                      if cfg.tls_cert and cfg.tls_key and cfg.secret_file else None)
@@ -108,7 +110,8 @@ class Coordinator:
             cfg.name, cfg.dsn, cfg.apply_workers, cfg.apply_run, self.concurrent, self.feeder, self.db.ok,
             self.counters, send, self._spawn,
             Hooks(committed_here=self.voting.committed_here, apply_failed=self.voting.apply_failed,
-                  connection_lost=self._check_database, fatal=self._fail, backlog_changed=self._flow_check))
+                  connection_lost=self._check_database, fatal=self._fail, backlog_changed=self._flow_check),
+            self.spool)
         self.causal = CausalReads(cfg.name, send)
         self.backends = BackendServer(
             cfg.name, self.wslog.max_payload(cfg.name), self.counters, self.pipeline, self.sender, self.causal,
@@ -280,6 +283,10 @@ class Coordinator:
             self.wslog.open(upto=committed)
         except (LogError, OSError) as e:
             raise FatalError(f"cannot open the writeset log in {self.cfg.wslog_dir}: {e}") from e
+        try:
+            self.spool.open()
+        except OSError as e:
+            raise FatalError(f"cannot use the spool directory {self.spool.directory}: {e}") from e
         if self.wslog.end_gid < committed or self.wslog.base_gid > committed:
             if self.wslog.end_gid:
                 log.warning("the writeset log ends at GID %d but the database has committed GID %d (the "

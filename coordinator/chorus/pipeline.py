@@ -28,6 +28,7 @@ from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
 from chorus.replicator import DdlOutcome
 from chorus.scheduler import Scheduler
+from chorus.spool import Spool
 from chorus.wslog import LogFeeder
 
 log = logging.getLogger("chorus.coordinator")
@@ -93,7 +94,8 @@ class CommitPipeline:
     def __init__(self, name: str, dsn: str, workers: int, max_run: int, concurrent: ConcurrentSchemaChanges,
                  feeder: LogFeeder, db_ok: asyncio.Event, counters: Counters,
                  send: Callable[[bp.Message], None],
-                 spawn: Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"], hooks: Hooks) -> None:
+                 spawn: Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"], hooks: Hooks,
+                 spool: Optional[Spool] = None) -> None:
         self.name = name
         self.dsn = dsn
         self.max_run = max_run
@@ -109,8 +111,8 @@ class CommitPipeline:
         # chorus.durable_gid() passes them
         self.book: CommitBook[Pending] = CommitBook()
         self.scheduler = Scheduler()
-        self.workers = [ApplySession(dsn, f"{name}-{i}", concurrent) for i in range(max(1, workers))]
-        self.replay_session = ApplySession(dsn, f"{name}-replay", concurrent)
+        self.workers = [ApplySession(dsn, f"{name}-{i}", concurrent, spool) for i in range(max(1, workers))]
+        self.replay_session = ApplySession(dsn, f"{name}-replay", concurrent, spool)
         self.idle = list(self.workers)
         self.replay_busy = False
         self.waiters: dict[int, Waiter] = {}  # GID -> the session committing it
