@@ -11,6 +11,7 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "executor/executor.h"
+#include "parser/analyze.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
@@ -24,6 +25,7 @@
 #include "chorus_ddl_replay.h"
 #include "chorus_flow.h"
 #include "chorus_settings.h"
+#include "chorus_setval.h"
 #include "chorus_shmem.h"
 #include "chorus_xact.h"
 
@@ -34,6 +36,7 @@ static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 static ExecutorStart_hook_type prev_executor_start = NULL;
 static emit_log_hook_type prev_emit_log_hook = NULL;
 static ProcessUtility_hook_type prev_process_utility = NULL;
+static post_parse_analyze_hook_type prev_post_parse_analyze = NULL;
 
 /*
  * chorus_executor_start
@@ -58,6 +61,19 @@ chorus_executor_start(QueryDesc *queryDesc, int eflags)
 		prev_executor_start(queryDesc, eflags);
 	else
 		standard_ExecutorStart(queryDesc, eflags);
+}
+
+/*
+ * chorus_post_parse_analyze
+ *		After parse analysis: setval() calls become calls that replicate
+ *		(chorus_setval.c).
+ */
+static void
+chorus_post_parse_analyze(ParseState *pstate, Query *query, JumbleState *jstate)
+{
+	if (prev_post_parse_analyze)
+		prev_post_parse_analyze(pstate, query, jstate);
+	chorus_setval_rewrite(query);
 }
 
 /*
@@ -200,6 +216,8 @@ _PG_init(void)
 	emit_log_hook = chorus_emit_log;
 	prev_process_utility = ProcessUtility_hook;
 	ProcessUtility_hook = chorus_process_utility;
+	prev_post_parse_analyze = post_parse_analyze_hook;
+	post_parse_analyze_hook = chorus_post_parse_analyze;
 
 	chorus_register_callbacks();
 }

@@ -23,6 +23,7 @@
 #include "chorus_ddl.h"
 #include "chorus_shmem.h"
 #include "chorus_wire.h"
+#include "chorus_setval.h"
 #include "chorus_xact.h"
 
 /*
@@ -103,6 +104,8 @@ chorus_xact_callback(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_PRE_COMMIT:
 			chorus_check_aborted();
+			if (!cs->applying)
+				chorus_setval_items(cap);
 			if (cs->ddl)
 			{
 				cs->xid = GetTopTransactionId();

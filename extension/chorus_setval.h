@@ -1,0 +1,15 @@
+/*
+ * chorus_setval.h
+ *		setval() replicates (chorus_setval.c).
+ */
+#ifndef CHORUS_SETVAL_H
+#define CHORUS_SETVAL_H
+
+#include "nodes/parsenodes.h"
+
+#include "chorus_capture.h"
+
+extern void chorus_setval_rewrite(Query *query);
+extern void chorus_setval_items(ChorusCapture *cap);
+
+#endif							/* CHORUS_SETVAL_H */
