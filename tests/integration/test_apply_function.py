@@ -11,6 +11,7 @@ the node (``chorus.node_init``) and gives each writeset the next GID.
 from __future__ import annotations
 
 import os
+import pwd
 import random
 import shutil
 import struct
@@ -25,6 +26,7 @@ from pytest_postgresql import factories
 
 from chorus import wire
 from chorus.localcluster import PlainPostgres
+from conftest import peak_anon_growth_kb
 
 pytestmark = pytest.mark.integration
 
@@ -508,7 +510,6 @@ def spool_dir() -> Iterator[Path]:
 
 def _spool(d: Path, data: bytes, mode: int = 0o600, owner: str = "postgres") -> str:
     """A spool file as the coordinator (run as the server's user) makes one."""
-    import pwd
     path = d / f"ws-{len(list(d.iterdir()))}.ws"
     path.write_bytes(data)
     os.chmod(path, mode)
@@ -544,31 +545,6 @@ def test_a_writeset_from_a_spool_file(db: psycopg.Connection[Any], executor: boo
     assert db.execute("SELECT count(*) FROM spooled").fetchone() == (1999,)
 
 
-def _peak_anon_growth_kb(pid: int, during: Any) -> int:
-    """How far /proc/PID/status RssAnon rose above where it stood while ``during`` ran."""
-    import threading
-    import time
-
-    def anon() -> int:
-        with open(f"/proc/{pid}/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
-
-    start, peak, done = anon(), [0], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], anon())
-            time.sleep(0.001)
-    th = threading.Thread(target=sample)
-    th.start()
-    try:
-        during()
-    finally:
-        done.set()
-        th.join()
-    return peak[0] - start
-
-
 def test_a_large_writeset_of_a_table_without_a_key_takes_bounded_memory(db: psycopg.Connection[Any],
                                                                         spool_dir: Path) -> None:
     """Rows applied through prepared statements (a table without a key) free what each row took:
@@ -579,7 +555,7 @@ def test_a_large_writeset_of_a_table_without_a_key_takes_bounded_memory(db: psyc
     ws = wire.encode(writeset([t], [wire.Row("I", 0, (), (b"%d" % i, b"%050d" % i)) for i in range(300_000)]))
     path = _spool(spool_dir, ws)
     pid = int(a.conn.execute("SELECT pg_backend_pid()").fetchone()[0])
-    grew = _peak_anon_growth_kb(pid, lambda: _apply_file(a.conn, path))
+    grew = peak_anon_growth_kb(pid, lambda: _apply_file(a.conn, path))
     assert db.execute("SELECT count(*) FROM nokey_big").fetchone() == (300_000,)
     print(f"apply backend: anonymous memory rose {grew} kB for a {len(ws) >> 20} MB writeset")
     assert grew < 12_000, grew

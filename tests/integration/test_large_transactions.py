@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-import time
-from typing import Callable
 
 import psycopg
 import pytest
 
 from chorus import wire
 from chorus.wire import KeyMode
-from conftest import Cluster, chorus
+from conftest import Cluster, chorus, peak_anon_growth_kb
 
 pytestmark = pytest.mark.integration
 
@@ -209,30 +206,6 @@ def test_a_writeset_larger_than_a_log_segment_reaches_every_node_and_one_that_wa
         assert any(s["continued"] == gid for s in segments) and any(s["continues"] == gid for s in segments), segments
 
 
-def _peak_anon_kb(pid: int, during: Callable[[], None]) -> int:
-    """The most anonymous memory (kB, /proc/PID/status RssAnon) process ``pid`` held while
-    ``during`` ran, sampled every millisecond or so."""
-    peak = [0]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("RssAnon:"):
-                        peak[0] = max(peak[0], int(line.split()[1]))
-            time.sleep(0.001)
-
-    t = threading.Thread(target=sample)
-    t.start()
-    try:
-        during()
-    finally:
-        done.set()
-        t.join()
-    return peak[0]
-
-
 def test_a_large_writeset_spills_to_a_temporary_file_with_bounded_backend_memory(cluster: Cluster) -> None:
     """Past chorus.capture_work_mem the origin backend's rows go to a temporary file and reach the
     coordinator from there: a 60 MB transaction takes a few MB of the backend's memory, against
@@ -252,8 +225,7 @@ def test_a_large_writeset_spills_to_a_temporary_file_with_bounded_backend_memory
                 c.execute("INSERT INTO big_spill SELECT g, repeat(md5(g::text), 15) FROM generate_series(%s::int, %s::int) g",
                           (first, first + 119_999))
                 c.commit()
-            base = _peak_anon_kb(pid, lambda: None)
-            peaks[work_mem] = _peak_anon_kb(pid, load) - base
+            peaks[work_mem] = peak_anon_growth_kb(pid, load)
     cluster.quiesce()
     print(f"origin backend: extra anonymous memory at its peak, by chorus.capture_work_mem: {peaks} kB")
     assert peaks["1MB"] < 16_000, peaks  # the 1 MB buffer, send chunks, and what PostgreSQL itself holds
