@@ -124,6 +124,7 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 	bool		restart = IsA(pstmt->utilityStmt, TruncateStmt) &&
 		((TruncateStmt *) pstmt->utilityStmt)->restart_seqs;
 	bool		outer_restart = chorus_truncate_restart;
+	bool		defining = chorus_setval_stores_query(pstmt->utilityStmt);
 	ChorusCapture *cap = chorus_capture_state();
 	ChorusCommitState *cs = chorus_commit_state();
 
@@ -137,6 +138,8 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 			return;
 	}
 	replicated = chorus_shared != NULL && chorus_ddl_utility(cap, cs, pstmt, queryString, context, params);
+	if (defining)
+		chorus_setval_defining++;
 	PG_TRY();
 	{
 		chorus_truncate_restart = restart;
@@ -151,6 +154,8 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 	PG_FINALLY();
 	{
 		chorus_truncate_restart = outer_restart;
+		if (defining)
+			chorus_setval_defining--;
 		if (replicated)
 			chorus_ddl_done();
 	}

@@ -51,6 +51,21 @@
 PG_FUNCTION_INFO_V1(chorus_setval_captured);
 
 /*
+ * Statements being defined whose parse trees are stored (views, rules, SQL
+ * function bodies, materialized views): their setval calls are left alone, so
+ * the stored definition is what the statement says on every node.
+ */
+int			chorus_setval_defining = 0;
+
+/* Whether a utility statement stores the queries analyzed while it runs. */
+bool
+chorus_setval_stores_query(Node *stmt)
+{
+	return IsA(stmt, ViewStmt) || IsA(stmt, RuleStmt) || IsA(stmt, CreateFunctionStmt) ||
+		(IsA(stmt, CreateTableAsStmt) && ((CreateTableAsStmt *) stmt)->objtype == OBJECT_MATVIEW);
+}
+
+/*
  * The OID of chorus.setval_captured(regclass, bigint, boolean), or InvalidOid.
  * Looked up in the catalog, not by name resolution: the caller needs no right
  * on schema chorus (as for the capture triggers' functions).
@@ -108,7 +123,7 @@ chorus_setval_rewrite(Query *query)
 	Oid			captured = InvalidOid;
 
 	if (!chorus_capture_enabled || chorus_socket_path == NULL || chorus_socket_path[0] == '\0' ||
-		chorus_commit_state()->applying)
+		chorus_commit_state()->applying || chorus_setval_defining > 0)
 		return;
 	(void) query_tree_walker(query, setval_walker, &captured, 0);
 }

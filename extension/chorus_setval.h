@@ -9,6 +9,9 @@
 
 #include "chorus_capture.h"
 
+extern int	chorus_setval_defining;
+
+extern bool chorus_setval_stores_query(Node *stmt);
 extern void chorus_setval_rewrite(Query *query);
 extern void chorus_setval_items(ChorusCapture *cap);
 

@@ -185,4 +185,13 @@ def test_setval_reaches_every_node(cluster: Cluster) -> None:
         c.rollback()
     after = _next_on_every_node(cluster, "sv_items_id_seq")
     assert after[0] > 50000 and all(a < 50000 for a in after[1:]) and after[1:] > before[1:], (before, after)
+    # a definition that stores its query keeps setval as written, the same on every node
+    with cluster.connect(0) as c:
+        c.execute("CREATE OR REPLACE VIEW sv_view AS SELECT setval('sv_items_id_seq', 1) AS v")
+    cluster.quiesce()
+    defs = set()
+    for i in range(3):
+        with cluster.connect(i) as c:
+            defs.add(c.execute("SELECT pg_get_viewdef('sv_view')").fetchone()[0])
+    assert len(defs) == 1 and "setval_captured" not in defs.pop(), defs
     cluster.assert_identical()
