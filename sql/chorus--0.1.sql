@@ -28,6 +28,9 @@ CREATE FUNCTION chorus.apply_writeset(gid bigint, wait_for bigint, ws bytea, pre
     AS 'MODULE_PATHNAME', 'chorus_apply_writeset' LANGUAGE C STRICT;
 CREATE FUNCTION chorus.apply_run(gid bigint, wait_for bigint, run bytea) RETURNS bigint
     AS 'MODULE_PATHNAME', 'chorus_apply_run' LANGUAGE C STRICT;
+-- a large writeset, from the coordinator's spool file (mapped, not read into memory)
+CREATE FUNCTION chorus.apply_writeset_file(gid bigint, wait_for bigint, path text, prev bigint) RETURNS bigint
+    AS 'MODULE_PATHNAME', 'chorus_apply_writeset_file' LANGUAGE C STRICT;
 
 CREATE FUNCTION chorus.abort_local(pid integer, gid bigint, how text) RETURNS boolean
     AS 'MODULE_PATHNAME', 'chorus_abort_local' LANGUAGE C STRICT;
@@ -222,6 +225,11 @@ BEGIN
 END
 $$;
 
+-- setval() in a captured session runs as this (chorus_setval.c): setval, and the sequence
+-- restarts in every node's class above where it ended, at the transaction's commit.
+CREATE FUNCTION chorus.setval_captured(seq regclass, value bigint, is_called boolean) RETURNS bigint
+    AS 'MODULE_PATHNAME', 'chorus_setval_captured' LANGUAGE C STRICT VOLATILE;
+
 -- Re-spread every sequence after chorus.max_nodes changed: run on every node with the same
 -- restart_above, larger than any value any node has drawn (docs/DDL.md).
 CREATE FUNCTION chorus.spread_all_sequences(restart_above bigint) RETURNS integer
@@ -271,7 +279,7 @@ ALTER EVENT TRIGGER chorus_on_ddl_end ENABLE ALWAYS;
 REVOKE ALL ON FUNCTION chorus.node_init(bigint, int), chorus.set_online(boolean, text), chorus.set_paused(boolean),
     chorus.apply_begin(bigint, bigint, bigint), chorus.apply_writeset(bigint, bigint, bytea, bigint),
     chorus.set_lanes(int), chorus.settle_lanes(), chorus.alter_sequence(regclass, bigint, bigint, bigint),
-    chorus.apply_run(bigint, bigint, bytea),
+    chorus.apply_run(bigint, bigint, bytea), chorus.apply_writeset_file(bigint, bigint, text, bigint),
     chorus.abort_local(integer, bigint, text),
     chorus.wait_turn(bigint), chorus.spread_sequence(regclass, bigint),
     chorus.hold_commits(bigint, integer), chorus.release_commits(), chorus.forget_watermark(),
