@@ -622,7 +622,9 @@ chorus_apply_writeset_file(PG_FUNCTION_ARGS)
  *		the writesets in GID order, each as u32 length and its bytes. If gid is
  *		committed here already the whole run is (ERRCODE_CHORUS_ALREADY_COMMITTED,
  *		as for one writeset); a GID after wait_for committed already means part
- *		of the run is, and is an error. Returns the number of rows applied.
+ *		of the run is (local backends of a coordinator that stopped committed
+ *		their certified GIDs meanwhile): ERRCODE_CHORUS_PARTLY_COMMITTED, and the
+ *		coordinator applies the rest. Returns the number of rows applied.
  */
 Datum
 chorus_apply_run(PG_FUNCTION_ARGS)
@@ -642,9 +644,11 @@ chorus_apply_run(PG_FUNCTION_ARGS)
 	committed = chorus_shared->committed_gid;
 	LWLockRelease(chorus_shared->lock);
 	if (committed > (uint64) wait_for)
-		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+		ereport(ERROR, (errcode(ERRCODE_CHORUS_PARTLY_COMMITTED),
 						errmsg("chorus: the run of GIDs after %lld up to %lld is partly committed on this node (up to %llu)",
-							   (long long) wait_for, (long long) gid, (unsigned long long) committed)));
+							   (long long) wait_for, (long long) gid, (unsigned long long) committed),
+						errdetail("committed up to GID %llu", (unsigned long long) committed),
+						errhint("The coordinator applies the rest of the run.")));
 	chorus_wsr_run_open(&r, VARDATA_ANY(run), VARSIZE_ANY_EXHDR(run));
 	while ((more = chorus_wsr_run_next(&r, &ws, &len)) > 0)
 		applied += chorus_apply_rows(ws, len, gid, (uint64) wait_for);

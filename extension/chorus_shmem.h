@@ -70,6 +70,8 @@ extern ChorusShared *chorus_shared;
 
 /* SQLSTATE of an apply whose GID this node has committed already (a no-op, not a failure) */
 #define ERRCODE_CHORUS_ALREADY_COMMITTED MAKE_SQLSTATE('C','H','0','0','1')
+/* a run of GIDs whose first ones are committed here already (by local backends): DETAIL says up to which */
+#define ERRCODE_CHORUS_PARTLY_COMMITTED MAKE_SQLSTATE('C','H','0','0','2')
 
 extern Size chorus_shmem_size(void);
 extern void chorus_shmem_init(void);

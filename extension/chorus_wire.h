@@ -86,6 +86,8 @@
 /* ---- apply functions (docs/PROTOCOL.md section 4) ---- */
 /* SQLSTATE of an apply whose GID is committed on this node already (chorus_shmem.h: ERRCODE_CHORUS_ALREADY_COMMITTED) */
 #define CHORUS_SQLSTATE_ALREADY_COMMITTED "CH001"
+/* ... and of a run whose first GIDs are (ERRCODE_CHORUS_PARTLY_COMMITTED; DETAIL "committed up to GID n") */
+#define CHORUS_SQLSTATE_PARTLY_COMMITTED "CH002"
 /* chorus.apply_run: each writeset of the run follows its length, a big-endian u32 of this size */
 #define CHORUS_RUN_LENGTH_SIZE 4
 

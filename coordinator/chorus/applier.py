@@ -32,6 +32,7 @@ TRANSIENT_SQLSTATES = {
 
 
 ALREADY_COMMITTED = "CH001"  # the extension: this GID is committed on this node already
+PARTLY_COMMITTED = "CH002"  # the extension: the first GIDs of this run are committed here already
 
 
 class ApplyError(Exception):
@@ -45,6 +46,16 @@ class TransientApplyError(Exception):
 
 class ApplyConnectionLost(TransientApplyError):
     """The apply session's connection ended: retry; PostgreSQL itself may have gone away."""
+
+
+class PartlyCommitted(Exception):
+    """The first GIDs of a run are committed here already, up to ``committed`` (local backends of
+    the previous coordinator committed their certified GIDs while this one caught up): the rest
+    of the run is to be applied."""
+
+    def __init__(self, gid: int, committed: int) -> None:
+        super().__init__(f"the run up to GID {gid} is committed here up to GID {committed}")
+        self.committed = committed
 
 
 class AlreadyCommitted(Exception):
@@ -276,6 +287,10 @@ class ApplySession:
             await self._reset()
             return ApplyConnectionLost(f"GID {gid}: connection problem: {e}")
         await self._rollback()
+        if state == PARTLY_COMMITTED:
+            detail = e.diag.message_detail or ""
+            if detail.startswith("committed up to GID "):
+                return PartlyCommitted(gid, int(detail.rsplit(" ", 1)[1]))
         if state == ALREADY_COMMITTED or await self._committed_here(gid):
             # e.g. a duplicate key because a local backend of the previous coordinator committed
             # the same writeset while this apply waited for its row locks

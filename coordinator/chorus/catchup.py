@@ -85,7 +85,8 @@ class CatchUpRunner:
                 return
             run, before = got
             scanned = tuple(_scan(rec) for rec in run)
-            pipeline.admit_run(Pending(run[-1].gid, before, run[-1].origin, scanned[-1], before=scanned[:-1]))
+            pipeline.admit_run(Pending(run[-1].gid, before, run[-1].origin, scanned[-1], before=scanned[:-1],
+                                       before_gids=tuple(r.gid for r in run[:-1])))
             pipeline.dispatch()
 
         async def take(rec: LogRecord) -> None:

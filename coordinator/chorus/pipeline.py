@@ -22,7 +22,7 @@ from typing import Any, Callable, Coroutine, Optional, Protocol
 
 from chorus import busproto as bp
 from chorus import wire
-from chorus.applier import ApplyConnectionLost, ApplyError, ApplySession, TransientApplyError
+from chorus.applier import ApplyConnectionLost, ApplyError, ApplySession, PartlyCommitted, TransientApplyError
 from chorus.commitbook import CommitBook
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
@@ -66,8 +66,10 @@ class Pending:
     # what its commit waits for: prev with one commit lane, the previous certified GID of its
     # lane with several (docs/APPLY.md; set by CommitBook.assign_lane); the extension's names are the same
     wait_for: int = -1
-    # catch-up: the writesets of the GIDs just before it (after prev), committed with it as one run
+    # catch-up: the writesets of the GIDs just before it (after prev), committed with it as one
+    # run, and their GIDs
     before: tuple[wire.Writeset, ...] = ()
+    before_gids: tuple[int, ...] = ()
 
     def run(self) -> tuple[wire.Writeset, ...]:
         """The writesets its commit applies, in GID order."""
@@ -325,6 +327,18 @@ class CommitPipeline:
                 if done_p is None or not done_p.skip:
                     self.hooks.committed_here(g)
             self.book.advance(gid)
+        except PartlyCommitted as e:
+            # local backends of the previous coordinator committed the run's first GIDs meanwhile:
+            # the rest of the run goes again, after them
+            p = self.pending.get(gid)
+            if len(run) != 1 or p is None or len(p.before_gids) != len(p.before) or e.committed >= gid:
+                self._spawn(self.hooks.apply_failed(gid, str(e)))
+            else:
+                keep = [(g, ws) for g, ws in zip(p.before_gids, p.before) if g > e.committed]
+                p.before, p.before_gids = tuple(ws for _, ws in keep), tuple(g for g, _ in keep)
+                p.prev = p.wait_for = e.committed
+                log.info("GID %d: %s; applying the rest", gid, e)
+                self.scheduler.redispatch(gid)
         except TransientApplyError as e:
             self.counters.apply_retries += 1
             log.info("retrying GID %s: %s", gid if len(run) == 1 else f"{run[0]}..{gid}", e)

@@ -577,3 +577,21 @@ def test_after_triggers_of_a_large_writeset_fire_in_order(db: psycopg.Connection
     ids = list(range(25_000, 0, -1))
     a.apply(writeset([t], [wire.Row("I", 0, (), (b"%d" % i,)) for i in ids]))
     assert [r[0] for r in db.execute("SELECT id FROM trig_big_log ORDER BY n").fetchall()] == ids
+
+
+def test_a_run_partly_committed_here_says_up_to_where(db: psycopg.Connection[Any]) -> None:
+    """The first GIDs of a run committed here already (by local backends, while the coordinator
+    caught up): SQLSTATE CH002 and the GID in DETAIL, for the coordinator to apply the rest."""
+    db.execute("CREATE TABLE partly (id int PRIMARY KEY)")
+    a = Applier(db, True)
+    t = table(db, "partly")
+    w = [writeset([t], [wire.Row("I", 0, (), (b"%d" % i,))]) for i in range(3)]
+    gid = int(db.execute("SELECT chorus.committed_gid()").fetchone()[0])
+    a.apply(w[0])  # GID gid + 1, as a local backend would have committed it
+    run = b"".join(struct.pack(">I", len(raw)) + raw for raw in (wire.encode(x) for x in w))
+    with pytest.raises(psycopg.Error) as e:
+        a.conn.execute("SELECT chorus.apply_run(%s, %s, %s)", (gid + 3, gid, run))
+    assert e.value.sqlstate == "CH002" and e.value.diag.message_detail == f"committed up to GID {gid + 1}"
+    rest = b"".join(struct.pack(">I", len(raw)) + raw for raw in (wire.encode(x) for x in w[1:]))
+    a.conn.execute("SELECT chorus.apply_run(%s, %s, %s)", (gid + 3, gid + 1, rest))
+    assert db.execute("SELECT count(*) FROM partly").fetchone() == (3,)

@@ -187,3 +187,52 @@ def test_a_catch_up_run_is_scheduled_by_the_keys_of_all_its_writesets(tmp_path: 
 
 async def _never(*args: object) -> None:
     raise AssertionError("not called")
+
+
+def test_a_catch_up_run_partly_committed_here_applies_the_rest(tmp_path: Path) -> None:
+    """Local backends of a coordinator that stopped commit their certified GIDs while the next
+    one catches up: a run whose first GIDs they committed (SQLSTATE CH002) goes again with the
+    rest, after the last one committed, instead of stopping the node."""
+    from chorus.applier import PartlyCommitted
+    table = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
+
+    def ws(key: bytes) -> wire.Writeset:
+        return wire.scan(wire.encode(wire.Writeset(1, 1, 0, (table,), (wire.Row("I", 0, (), (key,)),),
+                                                   (wire.Key(wire.KeyMode.UPDATE, (b"public", b"t", b"id", key)),))))
+
+    class Session:
+        pid = 0
+
+        def __init__(self) -> None:
+            self.calls: list[tuple[int, int, list[wire.Writeset]]] = []
+
+        async def apply_run(self, gid: int, wait_for: int, writesets: list[wire.Writeset], ddl_ok: bool = True,
+                            prev: int = -1) -> bool:
+            self.calls.append((gid, wait_for, list(writesets)))
+            if len(self.calls) == 1:
+                raise PartlyCommitted(gid, 12)
+            return True
+
+    async def scenario() -> tuple[list[tuple[int, int, list[wire.Writeset]]], list[wire.Writeset]]:
+        log = WritesetLog(str(tmp_path / "log"), segment_bytes=1 << 16, total_bytes=4 << 16)
+        log.open()
+        failed: list[int] = []
+
+        async def apply_failed(gid: int, why: str) -> None:
+            failed.append(gid)
+        hooks = Hooks(committed_here=lambda g: None, apply_failed=apply_failed, connection_lost=_never,
+                      fatal=lambda why: None, backlog_changed=lambda: None)
+        p = CommitPipeline("n1", "dbname=none", 1, 8, ConcurrentSchemaChanges("dbname=none", "n1"), LogFeeder(log),
+                           asyncio.Event(), Counters(), lambda m: None, asyncio.create_task, hooks)
+        w = [ws(b"%d" % i) for i in range(11, 15)]
+        p.admit_run(Pending(14, 10, "n2", w[3], before=tuple(w[:3]), before_gids=(11, 12, 13)))
+        s = Session()
+        await p._apply(s, [14], replay=False, pooled=False)  # type: ignore[arg-type]
+        await p._apply(s, [14], replay=False, pooled=False)  # type: ignore[arg-type]
+        log.close()
+        assert not failed
+        return s.calls, w
+
+    calls, w = asyncio.run(scenario())
+    assert [(g, wf, len(wss)) for g, wf, wss in calls] == [(14, 10, 4), (14, 12, 2)]
+    assert calls[1][2] == [w[2], w[3]]
