@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -31,62 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 
 from chorus.check import node_refs, wait_quiescent  # noqa: E402
 from chorus.localcluster import PGBIN, LocalCluster, PlainPostgres  # noqa: E402
+from chorus.procmem import PeakMemory, children  # noqa: E402
 from pgbench_compare import bench_root, cluster_up  # noqa: E402
-
-
-def _anon_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
-    except (OSError, StopIteration):
-        return 0
-
-
-def _children(ppid: int) -> list[int]:
-    out = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                with open(f"/proc/{p}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == ppid:
-                        out.append(int(p))
-            except OSError:
-                pass
-    return out
-
-
-class PeakMemory:
-    """Samples the anonymous memory of groups of processes every few milliseconds; the peak of
-    each group (the largest single process in it), in MB."""
-
-    def __init__(self, groups: dict[str, Callable[[], list[int]]]) -> None:
-        self.groups = groups
-        self.peak = dict.fromkeys(groups, 0)
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        pids: dict[str, list[int]] = {}
-        last = 0.0
-        while not self._done.is_set():
-            if time.monotonic() - last > 0.5:  # new backends appear; finding them costs a /proc walk
-                pids = {name: find() for name, find in self.groups.items()}
-                last = time.monotonic()
-            for name, group in pids.items():
-                for pid in group:
-                    self.peak[name] = max(self.peak[name], _anon_kb(pid))
-            time.sleep(0.005)
-
-    def __enter__(self) -> "PeakMemory":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def mb(self) -> dict[str, float]:
-        return {name: round(kb / 1024, 1) for name, kb in self.peak.items()}
 
 
 def pgbench_init(dsn: str, scale: int) -> None:
@@ -141,8 +85,8 @@ def main() -> None:
         refs = node_refs(info)
         origin_pm, others_pm = info[0]["pg_pid"], [n["pg_pid"] for n in info[1:]]
         groups: dict[str, Callable[[], list[int]]] = {
-            "origin backend": lambda: _children(origin_pm),
-            "apply backends": lambda: [p for pm in others_pm for p in _children(pm)],
+            "origin backend": lambda: children(origin_pm),
+            "apply backends": lambda: [p for pm in others_pm for p in children(pm)],
             "coordinators": lambda: [n["coordinator_pid"] for n in info],
         }
         for r in range(args.rounds):

@@ -556,9 +556,11 @@ chorus_apply_writeset(PG_FUNCTION_ARGS)
 }
 
 /*
- * chorus_apply_writeset_file(gid bigint, wait_for bigint, path text, prev bigint) returns bigint
- *		As chorus_apply_writeset, the writeset read from the file at path: the
- *		coordinator's spool of a large writeset. The file is mapped, not read
+ * chorus_apply_writeset_file(gid bigint, wait_for bigint, path text, prev bigint,
+ *							   off bigint, len bigint) returns bigint
+ *		As chorus_apply_writeset, the writeset read from the file at path, len
+ *		bytes from offset off (-1: to the end): the coordinator's spool of a
+ *		large writeset (a bus message, whose head precedes the writeset). The file is mapped, not read
  *		into memory, so a writeset of any size takes this backend no more memory
  *		than its rows' values, one at a time (and the file's pages, which the
  *		kernel may drop). The file must be a regular file of the server's user,
@@ -571,12 +573,13 @@ chorus_apply_writeset_file(PG_FUNCTION_ARGS)
 	int64		wait_for = PG_GETARG_INT64(1);
 	char	   *path = text_to_cstring(PG_GETARG_TEXT_PP(2));
 	int64		prev = PG_GETARG_INT64(3);
+	int64		off = PG_GETARG_INT64(4);
+	int64		len = PG_GETARG_INT64(5);
 	int			fd;
 	struct stat st;
 	void	   *map;
 	int64		applied = 0;
 
-	chorus_apply_begin_commit(chorus_commit_state(), chorus_capture_state()->nrows > 0, gid, wait_for, prev);
 	fd = OpenTransientFile(path, O_RDONLY | PG_BINARY);
 	if (fd < 0)
 		ereport(ERROR,
@@ -591,10 +594,13 @@ chorus_apply_writeset_file(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("chorus: \"%s\" is not a writeset spool file", path),
 				 errdetail("A spool file is a regular file of the server's user, readable by it alone.")));
-	if (st.st_size == 0)
+	if (len < 0)
+		len = st.st_size - off;
+	if (off < 0 || len <= 0 || off + len > st.st_size)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_CORRUPTED),
-				 errmsg("chorus: the spooled writeset of GID %lld \"%s\" is empty", (long long) gid, path)));
+				 errmsg("chorus: the spooled writeset of GID %lld \"%s\" (%lld bytes) holds no writeset at [%lld, %lld)",
+						(long long) gid, path, (long long) st.st_size, (long long) off, (long long) (off + len))));
 	map = mmap(NULL, (size_t) st.st_size, PROT_READ, MAP_SHARED, fd, 0);
 	if (map == MAP_FAILED)
 		ereport(ERROR,
@@ -604,7 +610,9 @@ chorus_apply_writeset_file(PG_FUNCTION_ARGS)
 	(void) posix_madvise(map, (size_t) st.st_size, POSIX_MADV_SEQUENTIAL);
 	PG_TRY();
 	{
-		applied = chorus_apply_rows(map, (size_t) st.st_size, gid, (uint64) (prev >= 0 ? prev : wait_for));
+		/* the file is checked first: a file the server cannot use leaves nothing begun */
+		chorus_apply_begin_commit(chorus_commit_state(), chorus_capture_state()->nrows > 0, gid, wait_for, prev);
+		applied = chorus_apply_rows((const char *) map + off, (size_t) len, gid, (uint64) (prev >= 0 ? prev : wait_for));
 	}
 	PG_FINALLY();
 	{

@@ -29,7 +29,8 @@ CREATE FUNCTION chorus.apply_writeset(gid bigint, wait_for bigint, ws bytea, pre
 CREATE FUNCTION chorus.apply_run(gid bigint, wait_for bigint, run bytea) RETURNS bigint
     AS 'MODULE_PATHNAME', 'chorus_apply_run' LANGUAGE C STRICT;
 -- a large writeset, from the coordinator's spool file (mapped, not read into memory)
-CREATE FUNCTION chorus.apply_writeset_file(gid bigint, wait_for bigint, path text, prev bigint) RETURNS bigint
+CREATE FUNCTION chorus.apply_writeset_file(gid bigint, wait_for bigint, path text, prev bigint,
+                                           off bigint DEFAULT 0, len bigint DEFAULT -1) RETURNS bigint
     AS 'MODULE_PATHNAME', 'chorus_apply_writeset_file' LANGUAGE C STRICT;
 
 CREATE FUNCTION chorus.abort_local(pid integer, gid bigint, how text) RETURNS boolean
@@ -279,7 +280,7 @@ ALTER EVENT TRIGGER chorus_on_ddl_end ENABLE ALWAYS;
 REVOKE ALL ON FUNCTION chorus.node_init(bigint, int), chorus.set_online(boolean, text), chorus.set_paused(boolean),
     chorus.apply_begin(bigint, bigint, bigint), chorus.apply_writeset(bigint, bigint, bytea, bigint),
     chorus.set_lanes(int), chorus.settle_lanes(), chorus.alter_sequence(regclass, bigint, bigint, bigint),
-    chorus.apply_run(bigint, bigint, bytea), chorus.apply_writeset_file(bigint, bigint, text, bigint),
+    chorus.apply_run(bigint, bigint, bytea), chorus.apply_writeset_file(bigint, bigint, text, bigint, bigint, bigint),
     chorus.abort_local(integer, bigint, text),
     chorus.wait_turn(bigint), chorus.spread_sequence(regclass, bigint),
     chorus.hold_commits(bigint, integer), chorus.release_commits(), chorus.forget_watermark(),

@@ -98,6 +98,23 @@ cdef class FrameParser:
             del buf[:pos]
         return out
 
+    def take_large(self, Py_ssize_t threshold):
+        """backendproto.PyFrameParser.take_large, compiled."""
+        cdef bytearray buf = self._buf
+        cdef const uint8_t *p
+        cdef uint32_t length
+        if len(buf) < 5:
+            return None
+        p = <const uint8_t *><char *>buf
+        if p[4] != 0x57:  # "W"
+            return None
+        length = be32(p)
+        if <Py_ssize_t>length - 1 <= threshold:
+            return None
+        data = bytes(buf)
+        del buf[:]
+        return length, data
+
 
 def verdict_frame(int verdict, uint64_t gid, uint64_t wait_for, str message, prev=None):
     """The answer to a backend (backendproto.py_verdict_frame, compiled)."""

@@ -56,9 +56,17 @@ cdef inline uint64_t u64(const uint8_t *p) noexcept nogil:
 
 
 cdef class _Reader:
-    cdef bytes buf
+    cdef object buf  # bytes, or a read-only buffer (a spooled writeset's mapped view): never copied whole
+    cdef bint isbytes
+    cdef const uint8_t[::1] view  # keeps a buffer's export alive while p points into it
     cdef const uint8_t *p
     cdef Py_ssize_t n
+
+    cdef inline bytes at(self, Py_ssize_t start, Py_ssize_t end):
+        """Bytes [start, end) of the writeset, as bytes."""
+        if self.isbytes:
+            return (<bytes>self.buf)[start:end]
+        return bytes(self.buf[start:end])
 
     cdef inline int need(self, Py_ssize_t pos, Py_ssize_t size, str what) except -1:
         if size < 0 or pos + size > self.n:
@@ -71,7 +79,7 @@ cdef class _Reader:
         cdef Py_ssize_t ln = u16(self.p + at)
         self.need(at + 2, ln, "a name")
         pos[0] = at + 2 + ln
-        return self.buf[at + 2:at + 2 + ln].decode("utf-8", "surrogateescape")
+        return self.at(at + 2, at + 2 + ln).decode("utf-8", "surrogateescape")
 
     cdef inline bytes blob(self, Py_ssize_t *pos, str what):
         cdef Py_ssize_t at = pos[0]
@@ -79,7 +87,7 @@ cdef class _Reader:
         cdef Py_ssize_t ln = u32(self.p + at)
         self.need(at + 4, ln, what)
         pos[0] = at + 4 + ln
-        return self.buf[at + 4:at + 4 + ln]
+        return self.at(at + 4, at + 4 + ln)
 
     cdef tuple values(self, Py_ssize_t *pos, Py_ssize_t expected, str what, bint full):
         cdef Py_ssize_t at = pos[0]
@@ -102,7 +110,7 @@ cdef class _Reader:
                 ln = u32(self.p + at + 1)
                 self.need(at + 5, ln, what)
                 if full:
-                    v = self.buf[at + 5:at + 5 + ln]
+                    v = self.at(at + 5, at + 5 + ln)
                     out.append(v if kind == VAL_TEXT else Binary(v))
                 at += 5 + ln
             else:
@@ -119,11 +127,11 @@ cdef class _Reader:
         self.need(at + 2 + ln1, 2, "a table")
         ln2 = u16(self.p + at + 2 + ln1)
         self.need(at, 4 + ln1 + ln2, "a table")
-        names = self.buf[at:at + 4 + ln1 + ln2]
+        names = self.at(at, at + 4 + ln1 + ln2)
         seen = TABLES.get(names)
         if seen is not None:
             for raw, known in seen:
-                if self.buf.startswith(raw, at):
+                if self.at(at, at + len(raw)) == raw:
                     pos[0] = at + len(raw)
                     return known
         nsp = self.name(&at)
@@ -159,7 +167,7 @@ cdef class _Reader:
         versions = TABLES.setdefault(names, [])
         if len(versions) >= 8:
             versions.clear()
-        versions.append((self.buf[start:at], t))
+        versions.append((self.at(start, at), t))
         pos[0] = at
         return t
 
@@ -169,10 +177,17 @@ def read(object buf, bint full):
     if not bound:
         raise RuntimeError("chorus._cwire is not bound to the wire module")
     cdef _Reader r = _Reader.__new__(_Reader)
-    r.buf = buf if type(buf) is bytes else bytes(buf)
-    buf = r.buf
-    r.p = <const uint8_t *>PyBytes_AS_STRING(buf)
-    r.n = PyBytes_GET_SIZE(buf)
+    if type(buf) is not bytes and not isinstance(buf, memoryview):
+        buf = bytes(buf)
+    r.buf = buf
+    r.isbytes = type(buf) is bytes
+    if r.isbytes:
+        r.p = <const uint8_t *>PyBytes_AS_STRING(buf)
+        r.n = PyBytes_GET_SIZE(buf)
+    else:
+        r.view = buf
+        r.n = r.view.shape[0]
+        r.p = &r.view[0] if r.n else <const uint8_t *>b""
     cdef Py_ssize_t n = r.n, pos, i, nset, s, ti, start
     cdef const uint8_t *p = r.p
     if n < HEAD or p[0] != 0x43 or p[1] != 0x57:  # "CW"
@@ -254,10 +269,10 @@ def read(object buf, bint full):
             r.need(pos, 4, "a key part")
             ln = u32(p + pos)
             r.need(pos + 4, ln, "a key part")
-            parts.append(buf[pos + 4:pos + 4 + ln])
+            parts.append(r.at(pos + 4, pos + 4 + ln))
             pos += 4 + ln
         # the encoded parts are exactly what key_hash hashes
-        keys.append(Key(MODES[mode], tuple(parts), blake2b(buf[start:pos], digest_size=16).digest()))
+        keys.append(Key(MODES[mode], tuple(parts), blake2b(r.buf[start:pos], digest_size=16).digest()))
     if flags & FLAG_TOI and (ntables or nrows != 1 or nschema != 1):
         raise WireError("a schema change's ordering request holds exactly one schema change item")
     if flags & FLAG_CONCURRENT and (flags & FLAG_TOI or not flags & FLAG_DDL or ntables or nrows != 1):

@@ -128,8 +128,8 @@ class ApplySession:
                                 b"SELECT chorus.apply_writeset($1, $2, $3, $4)")
         await self.conn.execute(b"PREPARE " + _APPLY_RUN + b" (bigint, bigint, bytea, bigint) AS "
                                 b"SELECT chorus.apply_run($1, $2, $3)")
-        await self.conn.execute(b"PREPARE " + _APPLY_FILE + b" (bigint, bigint, text, bigint) AS "
-                                b"SELECT chorus.apply_writeset_file($1, $2, $3, $4)")
+        await self.conn.execute(b"PREPARE " + _APPLY_FILE + b" (bigint, bigint, text, bigint, bigint, bigint) AS "
+                                b"SELECT chorus.apply_writeset_file($1, $2, $3, $4, $5, $6)")
 
     async def close(self) -> None:
         self._stop_reading()
@@ -182,9 +182,13 @@ class ApplySession:
         else:
             name = _APPLY_RUN
             data = b"".join(_U32.pack(len(raw)) + raw for raw in (ws.raw or wire.encode(ws) for ws in writesets))
-        spooled = ""
+        spooled = ""  # a spool file written for this apply, removed after it
+        where = (0, -1)  # the writeset's bytes in a spool file
         try:
-            if name == _APPLY and self.spool is not None and len(data) > SPOOL_AT:
+            if name == _APPLY and first.spool is not None:
+                # spooled when it came from the bus or the backend: the server maps it there
+                name, data, where = _APPLY_FILE, first.spool.path.encode(), (first.spool.offset, first.spool.length)
+            elif name == _APPLY and self.spool is not None and len(data) > SPOOL_AT:
                 # the server reads it from a file: its backend holds none of it (spool.py)
                 spooled = await self.spool.write_async(data)
                 name, data = _APPLY_FILE, spooled.encode()
@@ -192,10 +196,18 @@ class ApplySession:
             # prepared once per table shape) and schema changes (chorus_apply.c); the statement
             # commits.
             try:
-                await self._call(conn, name, gid, wait_for, data, prev)
+                await self._call(conn, name, gid, wait_for, data, prev, where)
             except psycopg.errors.InvalidSqlStatementName:  # deallocated: nothing ran
                 await self._prepare()
-                await self._call(conn, name, gid, wait_for, data, prev)
+                await self._call(conn, name, gid, wait_for, data, prev, where)
+            except psycopg.errors.InsufficientPrivilege:
+                if name != _APPLY_FILE:
+                    raise
+                # the server may not read the coordinator's files (it runs as another user): the
+                # writeset goes as a parameter, as a small one does (nothing ran: the check is first)
+                log.warning("GID %d: PostgreSQL cannot read the spool file %s (run the coordinator as "
+                            "the server's user); sending the writeset in the statement", gid, data.decode())
+                await self._call(conn, _APPLY, gid, wait_for, bytes(first.raw or wire.encode(first)), prev)
         except psycopg.Error as e:
             what, tail = "", ""
             if first.has_schema and ddl_ok:
@@ -214,11 +226,15 @@ class ApplySession:
             await self.concurrent.start(gid, first.statements[0])
 
     async def _call(self, conn: psycopg.AsyncConnection[Any], statement: bytes, gid: int, wait_for: int,
-                    data: bytes, prev: int) -> None:
-        """Run prepared ``statement(gid, wait_for, data, prev)`` as one autocommitted statement."""
+                    data: bytes, prev: int, where: tuple[int, int] = (0, -1)) -> None:
+        """Run prepared ``statement(gid, wait_for, data, prev)`` as one autocommitted statement
+        (for a spool file, ``data`` is its path and ``where`` the writeset's offset and length)."""
         pg = conn.pgconn
-        fmt = 0 if statement == _APPLY_FILE else 1  # a spool file's path, or the writeset(s)
-        pg.send_query_prepared(statement, [b"%d" % gid, b"%d" % wait_for, data, b"%d" % prev], [0, 0, fmt, 0])
+        if statement == _APPLY_FILE:
+            pg.send_query_prepared(statement, [b"%d" % gid, b"%d" % wait_for, data, b"%d" % prev,
+                                               b"%d" % where[0], b"%d" % where[1]], [0, 0, 0, 0, 0, 0])
+        else:
+            pg.send_query_prepared(statement, [b"%d" % gid, b"%d" % wait_for, data, b"%d" % prev], [0, 0, 1, 0])
         loop = self._loop
         if loop is None:  # kept: looking it up costs a system call (getpid) per apply in Python 3.11
             loop = self._loop = asyncio.get_running_loop()

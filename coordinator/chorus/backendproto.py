@@ -59,6 +59,8 @@ class FrameSplitter(Protocol):
 
     def feed(self, data: bytes) -> list[Frame]: ...
 
+    def take_large(self, threshold: int) -> Optional[tuple[int, bytes]]: ...
+
 
 class PyFrameParser:
     """Splits the bytes a backend sends into frames, as they arrive (the coordinator reads its
@@ -95,6 +97,20 @@ class PyFrameParser:
         if pos:
             del buf[:pos]
         return out
+
+    def take_large(self, threshold: int) -> Optional[tuple[int, bytes]]:
+        """When the frame being received is a writeset of more than ``threshold`` bytes: its
+        length and what has arrived of it (from its length prefix on), which the parser then
+        forgets: the caller gathers the rest in a spool file (backends.py)."""
+        buf = self._buf
+        if len(buf) < 5 or buf[4] != FrameType.WRITESET.value[0]:
+            return None
+        (length,) = _LEN.unpack_from(buf, 0)
+        if length - 1 <= threshold:
+            return None
+        data = bytes(buf)
+        buf.clear()
+        return length, data
 
 
 _TYPES = frozenset(t.value for t in FrameType if t is not FrameType.VERDICT)  # what a backend sends

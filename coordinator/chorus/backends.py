@@ -28,6 +28,7 @@ from chorus.nodedb import NodeDatabase
 from chorus.nodestatus import Counters
 from chorus.pipeline import CommitPipeline, Pending, Waiter
 from chorus.replicator import LocalVerdict
+from chorus.spool import SPOOL_AT, Spool, SpoolWriter
 
 log = logging.getLogger("chorus.coordinator")
 
@@ -58,6 +59,9 @@ class BackendConnection(asyncio.Protocol):
         self.server = server
         self.parser = bpf.FrameParser()
         self.backend: Optional[Backend] = None
+        # a large writeset being received: its spool file, and how much of it is still to come
+        self._spooling: Optional[SpoolWriter] = None
+        self._left = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # a stream transport (uvloop's is not a subclass of asyncio's classes)
@@ -66,15 +70,40 @@ class BackendConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         b = self.backend
         assert b is not None
+        spool = self.server.spool
         try:
-            for frame in self.parser.feed(data):
-                self.server.frame(b, frame)
+            while data:
+                if self._spooling is not None:
+                    data = self._spool_more(b, data)
+                    continue
+                for frame in self.parser.feed(data):
+                    self.server.frame(b, frame)
+                data = b""
+                # a writeset larger than SPOOL_AT goes to a spool file as it arrives, not to memory
+                large = self.parser.take_large(SPOOL_AT) if spool is not None else None
+                if large is not None and spool is not None:
+                    self._spooling, self._left = spool.writer(), large[0] - 1
+                    data = large[1][5:]  # after the length and the type byte
         except (bpf.FrameError, wire.WireError) as e:
             self.server.counters.malformed_frames += 1
             log.warning("closing backend connection (pid %d): malformed frame: %s", b.pid, e)
             b.transport.close()
 
+    def _spool_more(self, b: Backend, data: bytes) -> bytes:
+        """Write the next bytes of the large writeset being received; what follows it is returned."""
+        assert self._spooling is not None
+        n = min(len(data), self._left)
+        self._spooling.write(memoryview(data)[:n])
+        self._left -= n
+        if self._left == 0:
+            whole, self._spooling = self._spooling.finish(), None
+            self.server.frame(b, bpf.Frame(bpf.FrameType.WRITESET.value, whole))  # type: ignore[arg-type]
+        return data[n:]
+
     def connection_lost(self, exc: Optional[Exception]) -> None:
+        if self._spooling is not None:
+            self._spooling.discard()
+            self._spooling = None
         if self.backend is not None:
             self.server.closed(self.backend)
 
@@ -98,6 +127,7 @@ class BackendServer:
         self._refusal = refusal
         self._expect = expect
         self._spawn = spawn
+        self.spool: Optional[Spool] = None  # where large writesets from backends go (set by the coordinator)
         self.tickets: dict[int, Backend] = {}
         self._next_ticket = 1
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Union
 
 from chorus import impl
+from chorus.spool import Concat, SpooledBuffer
 
 VERSION = 2
 
@@ -226,7 +227,10 @@ def _blob(x: bytes) -> bytes:
 def encode(m: Message) -> bytes:
     head = bytes([VERSION])
     if isinstance(m, WritesetMsg):
-        return head + MessageType.WRITESET.value + _s(m.origin) + struct.pack(">Q", m.ticket) + m.writeset
+        prefix = head + MessageType.WRITESET.value + _s(m.origin) + struct.pack(">Q", m.ticket)
+        if isinstance(m.writeset, SpooledBuffer):  # a large writeset: the bus slices it from its file
+            return Concat(prefix, m.writeset)  # sliced like bytes by the bus
+        return prefix + m.writeset
     if isinstance(m, WritesetBatch):
         return _encode_writesets(m.origin, m.items)
     if isinstance(m, GidRequest):
@@ -293,12 +297,24 @@ def py_decode_writesets(b: bytes) -> tuple[str, list[tuple[int, bytes]]]:
     return origin, items
 
 
-def carries_writesets(b: bytes) -> bool:
+def _decode_spooled(b: SpooledBuffer) -> Message:
+    """A large message the bus gathered in a spool file: a writeset message reads its head only
+    and keeps the writeset where it is; another kind (never this large in practice) is read."""
+    r = _R(b[:4 + 0xFFFF + 8])
+    if r.take(1)[0] != VERSION or r.take(1) != MessageType.WRITESET.value:
+        return decode(b[:])
+    origin, ticket = r.s(), r.u64()
+    return WritesetMsg(origin, ticket, b.sub(r.p))  # type: ignore[arg-type]
+
+
+def carries_writesets(b: Union[bytes, SpooledBuffer]) -> bool:
     """Whether an encoded message is a WritesetMsg or WritesetBatch (its type byte), unread."""
     return b[1:2] in (MessageType.WRITESET.value, MessageType.WRITESET_BATCH.value)
 
 
-def decode(b: bytes) -> Message:
+def decode(b: Union[bytes, SpooledBuffer]) -> Message:
+    if isinstance(b, SpooledBuffer):
+        return _decode_spooled(b)
     r = _R(b)
     version = r.take(1)[0]
     if version != VERSION:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import Any, Callable, Coroutine, Optional
+from typing import Any, Callable, Coroutine, Optional, Union
 
 from chorus import busproto as bp
 from chorus.bus import Bus, BusError
+from chorus.spool import SpooledBuffer
 
 log = logging.getLogger("chorus.coordinator")
 
@@ -59,7 +60,7 @@ class BusSender:
             assert self._loop is not None
             self._loop.call_soon(self.pump)
 
-    def delivered_own(self, payload: bytes) -> None:
+    def delivered_own(self, payload: Union[bytes, SpooledBuffer]) -> None:
         """One of this node's messages came back from the bus."""
         if bp.carries_writesets(payload):
             self._in_flight = max(0, self._in_flight - 1)

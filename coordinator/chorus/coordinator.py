@@ -156,6 +156,8 @@ class Coordinator:
             await self.recovery_server.start(self.cfg.recovery_listen)
             log.info("recovery server listening on %s", self.cfg.recovery_listen)
         self.bus = self.bus_factory()
+        self.bus.use_spool(self.spool)
+        self.backends.spool = self.spool
         self.sender.attach(self.bus, loop)
         await self.bus.join()
         log.info("node %s joined bus group as %s", self.cfg.name, self.bus.local_id)

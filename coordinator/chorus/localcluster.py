@@ -61,7 +61,7 @@ class Meta:
     corosync_pid: int = 0
     corosync_ours: bool = False
     log_segment_mb: int = 32
-    log_total_mb: int = 512
+    log_total_mb: int = 2048
     commit_lanes: int = 1
     encoding: str = "UTF8"  # the databases' encoding (initdb -E)
 
@@ -312,7 +312,7 @@ class LocalCluster:
 
     # ---- commands -----------------------------------------------------------------------
 
-    def up(self, nodes: int, port_base: int, log_segment_mb: int = 32, log_total_mb: int = 512,
+    def up(self, nodes: int, port_base: int, log_segment_mb: int = 32, log_total_mb: int = 2048,
            commit_lanes: Optional[int] = None, encoding: str = "UTF8") -> list[dict[str, Any]]:
         """Create or restart the cluster. ``commit_lanes`` (kept for later restarts) sets
         apply.commit_lanes on every node (docs/APPLY.md); ``encoding`` is the databases' (when

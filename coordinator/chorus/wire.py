@@ -15,11 +15,12 @@ from __future__ import annotations
 import hashlib
 import struct
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any, Iterable, NamedTuple, Optional, Protocol, Union
 
 from chorus import impl
+from chorus.spool import SpooledBuffer
 
 MAGIC = b"CW"
 VERSION = 2
@@ -219,6 +220,9 @@ class Writeset:
     # than by INSERT.
     scanned: bool = field(default=False, compare=False, repr=False)
     scanned_changes: frozenset[int] = field(default=frozenset(), compare=False, repr=False)
+    # where ``raw`` is, when it is a large writeset in a spool file (spool.SpooledBuffer): raw is
+    # then its mapped view, and PostgreSQL applies it from the file
+    spool: Optional[Any] = field(default=None, compare=False, repr=False)
 
     @property
     def changed_tables(self) -> frozenset[int]:
@@ -288,15 +292,23 @@ def is_schema_change(buf: bytes) -> bool:
     return len(buf) > _FLAGS_AT and bool(buf[_FLAGS_AT] & (FLAG_DDL | FLAG_TOI))
 
 
-def scan(buf: bytes) -> Writeset:
+def scan(buf: Any) -> Writeset:
     """Check writeset bytes as :func:`decode` does, and read what certification, scheduling and
     schema changes need (header, tables, schema change items, keys) without making objects of
     the row values: the live path's reading (the apply function reads the rows, from ``raw``).
-    The result is ``scanned``: its ``rows`` are its schema change items only."""
+    The result is ``scanned``: its ``rows`` are its schema change items only. ``buf`` may be a
+    spooled writeset (spool.SpooledBuffer): it is read where it is mapped, never copied whole
+    by the compiled reader, and the result's ``raw`` is its view, ``spool`` the buffer."""
+    spooled = buf if isinstance(buf, SpooledBuffer) else None
+    if spooled is not None:
+        buf = spooled.view
+    elif not isinstance(buf, (bytes, memoryview)):
+        buf = bytes(buf)
     try:
-        return _read(bytes(buf), False)
+        ws = _read(buf, False)
     except (struct.error, IndexError) as e:
         raise WireError(f"writeset truncated: {e}") from e
+    return ws if spooled is None else replace(ws, spool=spooled)
 
 
 class Reader(Protocol):
@@ -309,6 +321,9 @@ class Reader(Protocol):
 
 
 def read_python(buf: bytes, full: bool) -> Writeset:
+    if isinstance(buf, memoryview):  # a spooled writeset's view: the reference reads a copy
+        ws = read_python(bytes(buf), full)
+        return replace(ws, raw=buf)
     n = len(buf)
     if n < _HEAD.size or buf[:2] != MAGIC:
         raise WireError("not a writeset (bad magic)" if buf[:2] != MAGIC else "writeset truncated in header")

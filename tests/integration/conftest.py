@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -25,33 +24,16 @@ import pytest
 from chorus import recovery as rc
 from chorus.check import NodeRef, compare, node_refs, wait_quiescent
 from chorus.config import load_config
+from chorus.procmem import PeakMemory
 from chorus.wslog import LogRecord
-
-
-def anon_kb(pid: int) -> int:
-    """The anonymous memory process ``pid`` holds now (kB, /proc/PID/status RssAnon)."""
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
 
 
 def peak_anon_growth_kb(pid: int, during: Callable[[], object]) -> int:
     """How far process ``pid``'s anonymous memory rose above where it stood while ``during``
-    ran, sampled every millisecond or so."""
-    start, peak, done = anon_kb(pid), [0], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], anon_kb(pid))
-            time.sleep(0.001)
-
-    t = threading.Thread(target=sample)
-    t.start()
-    try:
+    ran (chorus/procmem.py)."""
+    with PeakMemory({"p": lambda: [pid]}, every=0.001) as mem:
         during()
-    finally:
-        done.set()
-        t.join()
-    return max(0, peak[0] - start)
+    return mem.growth_kb["p"]
 
 
 def chorus(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -269,3 +269,43 @@ def test_savepoints_rolled_back_across_the_spilled_rows(cluster: Cluster) -> Non
             assert c.execute("SELECT count(*) FROM sp_spill WHERE pad = 'changed'").fetchone() == (
                 len([g for g in expect if g % 10 == 0]),)
             assert c.execute("SELECT count(*), count(DISTINCT v) FROM sp_ctas").fetchone() == (5000, 5000)
+
+
+def test_pgbench_init_through_one_node_with_bounded_memory_everywhere(cluster: Cluster) -> None:
+    """``pgbench -i -s 20`` through n1 (2,000,000 rows, one COPY: a writeset of about 250 MB) ends
+    identical on every node, and no process holds it: the origin backend spills it to a
+    temporary file, every coordinator keeps it in a spool file (backend socket and bus alike),
+    the other nodes' PostgreSQL maps it from there."""
+    import subprocess
+
+    from chorus.localcluster import PGBIN
+    from chorus.procmem import PeakMemory, children
+
+    r = chorus("local", "status", "--dir", cluster.dir, "--json")
+    assert r.returncode == 0, r.stderr
+    status = json.loads(r.stdout)
+    info = status["nodes"] if isinstance(status, dict) else status  # the processes running now
+    assert all(n["pg_pid"] and n["coordinator_pid"] for n in info), info
+    groups = {
+        "origin backend": lambda: children(info[0]["pg_pid"]),
+        "apply backends": lambda: [p for n in info[1:] for p in children(n["pg_pid"])],
+        "coordinators": lambda: [n["coordinator_pid"] for n in info],
+    }
+    with PeakMemory(groups, every=0.005) as mem:
+        subprocess.run([str(PGBIN / "pgbench"), "-i", "-q", "-s", "20", cluster.dsn(0)], check=True,
+                       capture_output=True, timeout=600)
+        cluster.quiesce(timeout=600)
+    print(f"peak growth of anonymous memory (MB): {mem.mb('growth')}; peak (MB): {mem.mb()}")
+    for i in range(3):
+        with cluster.connect(i) as c:
+            assert c.execute("SELECT count(*), sum(aid) FROM pgbench_accounts").fetchone() == (
+                2_000_000, 2_000_000 * 2_000_001 // 2)
+    cluster.assert_identical()
+    growth = mem.mb("growth")
+    assert all(mem.peak_kb.values()), mem.peak_kb  # every group was seen
+    # (a backend's share includes building the primary keys at the end: maintenance_work_mem, 64 MB)
+    assert growth["origin backend"] < 128, growth
+    assert growth["apply backends"] < 128, growth
+    assert growth["coordinators"] < 96, growth
+    with cluster.connect(0) as c:
+        c.execute("DROP TABLE pgbench_accounts, pgbench_branches, pgbench_tellers, pgbench_history")

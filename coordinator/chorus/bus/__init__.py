@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import AsyncIterator, Collection, Union
+from typing import TYPE_CHECKING, AsyncIterator, Collection, Union
+
+if TYPE_CHECKING:
+    from chorus.spool import Spool, SpooledBuffer
 
 MAX_MESSAGE = 1 << 30
 
@@ -86,7 +89,7 @@ class Delivery:
     """One whole message, in agreed order."""
 
     sender: str
-    payload: bytes
+    payload: Union[bytes, "SpooledBuffer"]  # a large message, with a spool in use: mapped from its file
 
 
 Event = Union[View, Delivery]
@@ -120,6 +123,13 @@ class Bus(abc.ABC):
         sent) otherwise: the caller then uses :meth:`send`. Never reorders: it sends nothing
         while a :meth:`send` is under way. The commit path uses it to avoid a task per message."""
         return False
+
+    def use_spool(self, spool: "Spool") -> None:
+        """Gather messages larger than spool.SPOOL_AT in files of ``spool``: they are delivered
+        as :class:`~chorus.spool.SpooledBuffer` (mapped), not as bytes."""
+        reassembler = getattr(self, "_reassembler", None) or getattr(self, "reassembler", None)
+        if reassembler is not None:
+            reassembler.spool = spool
 
     async def batches(self) -> AsyncIterator[list[Event]]:
         """The events of :meth:`events`, in the same order, handed over in lists: everything

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
+
+from chorus.spool import SPOOL_AT, Spool, SpooledBuffer, SpoolWriter
 
 VERSION = 1
 FIRST = 1
@@ -44,23 +46,29 @@ class _Partial:
     seq: int
     next_index: int
     parts: list[bytes] = field(default_factory=list)
+    size: int = 0
+    spooled: Optional[SpoolWriter] = None  # past spool_at, the parts go to a spool file
 
 
 class Reassembler:
-    """Per-sender reassembly. Feed frames in delivery order."""
+    """Per-sender reassembly. Feed frames in delivery order. With a ``spool``, a message larger
+    than ``spool_at`` is gathered in a spool file and delivered as a
+    :class:`~chorus.spool.SpooledBuffer` (mapped, not in memory); others as bytes."""
 
-    def __init__(self, max_message: int = 1 << 30) -> None:
+    def __init__(self, max_message: int = 1 << 30, spool: Optional[Spool] = None, spool_at: int = SPOOL_AT) -> None:
         self._partial: dict[str, _Partial] = {}
         self.max_message = max_message
+        self.spool = spool
+        self.spool_at = spool_at
 
-    def feed(self, sender: str, frame: bytes) -> Optional[bytes]:
+    def feed(self, sender: str, frame: bytes) -> Optional[Union[bytes, SpooledBuffer]]:
         """Returns the whole message when ``frame`` completes one, else None."""
         if len(frame) < HEADER.size:
-            self._partial.pop(sender, None)
+            self.drop(sender)
             raise FragmentError(f"frame of {len(frame)} bytes from {sender} is shorter than its header")
         version, flags, seq, index = HEADER.unpack_from(frame)
         if version != VERSION:
-            self._partial.pop(sender, None)
+            self.drop(sender)
             raise FragmentError(f"unsupported frame version {version} from {sender}")
         body = frame[HEADER.size:]
         p = self._partial.get(sender)
@@ -70,26 +78,38 @@ class Reassembler:
             if index != 0:
                 raise FragmentError(f"first frame with index {index} from {sender}")
             if p is not None:
-                self._partial.pop(sender)
+                self.drop(sender)
                 raise FragmentError(f"{sender} started message {seq} before finishing {p.seq}")
             p = _Partial(seq, 0)
         elif p is None or p.seq != seq or p.next_index != index:
-            self._partial.pop(sender, None)
+            self.drop(sender)
             raise FragmentError(f"out-of-order frame {index} of message {seq} from {sender}")
-        p.parts.append(body)
         p.next_index += 1
-        if sum(len(x) for x in p.parts) > self.max_message:
-            self._partial.pop(sender, None)
+        p.size += len(body)
+        if p.size > self.max_message:
+            self._partial[sender] = p
+            self.drop(sender)
             raise FragmentError(f"message from {sender} exceeds {self.max_message} bytes")
+        if p.spooled is None and self.spool is not None and p.size > self.spool_at:
+            p.spooled = self.spool.writer()
+            for part in p.parts:
+                p.spooled.write(part)
+            p.parts = []
+        if p.spooled is not None:
+            p.spooled.write(body)
+        else:
+            p.parts.append(body)
         if flags & LAST:
             self._partial.pop(sender, None)
-            return b"".join(p.parts)
+            return p.spooled.finish() if p.spooled is not None else b"".join(p.parts)
         self._partial[sender] = p
         return None
 
     def drop(self, sender: str) -> None:
-        """The sender left: forget its partial message."""
-        self._partial.pop(sender, None)
+        """The sender left (or sent something wrong): forget its partial message."""
+        p = self._partial.pop(sender, None)
+        if p is not None and p.spooled is not None:
+            p.spooled.discard()
 
     def pending(self) -> int:
         return len(self._partial)

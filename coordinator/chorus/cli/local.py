@@ -48,7 +48,8 @@ def local() -> None:
 @click.option("--nodes", default=3, show_default=True, help="Number of nodes (when creating).")
 @click.option("--port-base", default=5433, show_default=True, help="PostgreSQL port of the first node.")
 @click.option("--log-segment-mb", default=32, show_default=True, help="Writeset log segment size (when creating).")
-@click.option("--log-total-mb", default=512, show_default=True, help="Writeset log size per node (when creating).")
+@click.option("--log-total-mb", default=2048, show_default=True,
+              help="Writeset log size per node (when creating); the largest writeset is this less one segment.")
 @click.option("--commit-lanes", type=click.IntRange(1, 16), default=None,
               help="apply.commit_lanes of every node: 1 commits in GID order (the default), more lets "
                    "independent writesets commit out of order (docs/APPLY.md). Kept for later restarts.")
