@@ -84,6 +84,12 @@ class BackendConnection(asyncio.Protocol):
                 if large is not None and spool is not None:
                     self._spooling, self._left = spool.writer(), large[0] - 1
                     data = large[1][5:]  # after the length and the type byte
+        except OSError as e:  # the spool directory: the backend is told the coordinator failed
+            log.error("closing backend connection (pid %d): cannot spool its writeset: %s", b.pid, e)
+            if self._spooling is not None:
+                self._spooling.discard()
+                self._spooling = None
+            b.transport.close()
         except (bpf.FrameError, wire.WireError) as e:
             self.server.counters.malformed_frames += 1
             log.warning("closing backend connection (pid %d): malformed frame: %s", b.pid, e)

@@ -244,3 +244,20 @@ def test_frame_parsers_hand_over_a_large_writeset_alike() -> None:
         assert p.take_large(999) == (1001, frame[:300])
         assert p.take_large(10) is None and p.feed(b"") == []
         assert p.feed(bpf.done_frame(b"C", 3, 4)) == [bpf.Frame(b"C", struct.pack(">QI", 3, 4))]
+
+
+def test_a_message_that_cannot_be_spooled_fails_the_bus_not_the_message(tmp_path: Path) -> None:
+    """A spool directory that cannot take the message (here: gone): SpoolError, which makes the
+    bus fail (the member leaves and catches up), never a message silently lost."""
+    import shutil
+    from chorus.bus.fragment import SpoolError
+    s = Spool(str(tmp_path / "spool"))
+    s.open()
+    r = Reassembler(spool=s, spool_at=1000)
+    frames = list(fragments(os.urandom(10_000), 1, 1024))
+    r.feed("a", frames[0])
+    shutil.rmtree(s.directory)
+    with pytest.raises(SpoolError):
+        for f in frames[1:]:
+            r.feed("a", f)
+    assert r.pending() == 0

@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Optional
 from cffi import FFI  # type: ignore[import-untyped]
 
 from chorus.bus import Bus, BusError, Delivery, Event, View
-from chorus.bus.fragment import DEFAULT_FRAME_LIMIT, FragmentError, Reassembler, fragments, whole_frame
+from chorus.bus.fragment import DEFAULT_FRAME_LIMIT, FragmentError, Reassembler, SpoolError, fragments, whole_frame
 from chorus.bus.fragment import HEADER as FRAME_HEADER
 
 log = logging.getLogger("chorus.bus.corosync")
@@ -312,6 +312,9 @@ class CorosyncBus(Bus):
             whole = self._reassembler.feed(sender, frame)
         except FragmentError as e:
             log.warning("dropping malformed frame: %s", e)
+            return
+        except SpoolError as e:  # a message this member cannot keep: it cannot follow the group
+            self._fail(f"cannot keep a large bus message in the spool directory: {e}")
             return
         if whole is not None:
             self._push(Delivery(sender, whole))

@@ -25,6 +25,11 @@ class FragmentError(ValueError):
     """A frame that does not fit the sender's message in progress."""
 
 
+class SpoolError(Exception):
+    """A large message could not be kept in its spool file (a full disk): this member can no
+    longer follow the group and must leave it."""
+
+
 def fragments(payload: bytes, seq: int, frame_limit: int = DEFAULT_FRAME_LIMIT) -> Iterator[bytes]:
     """Frames of one message, each at most ``frame_limit`` bytes including the header."""
     chunk = frame_limit - HEADER.size
@@ -90,18 +95,23 @@ class Reassembler:
             self._partial[sender] = p
             self.drop(sender)
             raise FragmentError(f"message from {sender} exceeds {self.max_message} bytes")
-        if p.spooled is None and self.spool is not None and p.size > self.spool_at:
-            p.spooled = self.spool.writer()
-            for part in p.parts:
-                p.spooled.write(part)
-            p.parts = []
-        if p.spooled is not None:
-            p.spooled.write(body)
-        else:
-            p.parts.append(body)
-        if flags & LAST:
-            self._partial.pop(sender, None)
-            return p.spooled.finish() if p.spooled is not None else b"".join(p.parts)
+        try:
+            if p.spooled is None and self.spool is not None and p.size > self.spool_at:
+                p.spooled = self.spool.writer()
+                for part in p.parts:
+                    p.spooled.write(part)
+                p.parts = []
+            if p.spooled is not None:
+                p.spooled.write(body)
+            else:
+                p.parts.append(body)
+            if flags & LAST:
+                self._partial.pop(sender, None)
+                return p.spooled.finish() if p.spooled is not None else b"".join(p.parts)
+        except OSError as e:
+            self._partial[sender] = p
+            self.drop(sender)
+            raise SpoolError(f"message {seq} from {sender}: {e}") from e
         self._partial[sender] = p
         return None
 

@@ -12,7 +12,7 @@ import itertools
 from typing import AsyncIterator, Optional
 
 from chorus.bus import Bus, BusError, Delivery, Event, View
-from chorus.bus.fragment import Reassembler, fragments
+from chorus.bus.fragment import Reassembler, SpoolError, fragments
 
 
 class SimulatedNetwork:
@@ -102,7 +102,11 @@ class SimulatedBus(Bus):
         self.queue.put_nowait(ev)
 
     def _deliver(self, sender: str, frame: bytes) -> None:
-        whole = self.reassembler.feed(sender, frame)
+        try:
+            whole = self.reassembler.feed(sender, frame)
+        except SpoolError as e:
+            self._put(BusError(f"cannot keep a large bus message in the spool directory: {e}"))
+            return
         if whole is not None:
             self._put(Delivery(sender, whole))
 
