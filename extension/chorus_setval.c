@@ -146,6 +146,8 @@ chorus_setval_captured(PG_FUNCTION_ARGS)
 		MemoryContext old;
 
 		chorus_capture_begin(cap);
+		/* what the transaction saw of the order, as for a captured row (certification checks it) */
+		chorus_note_snapshot(cap);
 		old = MemoryContextSwitchTo(cap->cxt);
 		cap->sequences = list_append_unique_oid(cap->sequences, seq);
 		MemoryContextSwitchTo(old);

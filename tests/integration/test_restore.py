@@ -16,6 +16,7 @@ from typing import Iterator
 import psycopg
 import pytest
 
+from chorus import wire
 from chorus.localcluster import PGBIN, PlainPostgres
 from conftest import Cluster
 
@@ -158,10 +159,15 @@ def test_setval_reaches_every_node(cluster: Cluster) -> None:
         c.execute("INSERT INTO sv_items (id, v) SELECT g, 'loaded' FROM generate_series(1, 500) g")  # explicit ids
     cluster.quiesce()
     # the sequence reset Django's sqlsequencereset prints, run on another node
+    before = int(cluster.status(1)["committed_gid"])
     with cluster.connect(1) as c:
         c.execute("""SELECT setval(pg_get_serial_sequence('"sv_items"','id'), coalesce(max("id"), 1),
                      max("id") IS NOT null) FROM "sv_items" """)
     cluster.quiesce()
+    after = int(cluster.status(1)["committed_gid"])
+    mine = [wire.decode(r.payload) for r in cluster.log_records(before, after, 1) if r.origin == cluster.nodes[1].name]
+    # one writeset: the restart of the sequence, certified as of what the transaction saw
+    assert len(mine) == 1 and mine[0].last_seen >= before and mine[0].statements, mine
     ids = []
     for i in range(3):
         with cluster.connect(i) as c:
