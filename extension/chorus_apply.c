@@ -508,7 +508,8 @@ chorus_apply_rows(const char *buf, size_t len, int64 gid, uint64 prev)
 				}
 			}
 		}
-		if (chorus_apply_executor && t->rel->why_spi == NULL)
+		if (chorus_apply_executor &&
+			(t->rel->why_spi == NULL || (row.op == CHORUS_OP_INSERT && t->rel->insert_executor)))
 		{
 			if (ex == NULL)
 				ex = chorus_apply_exec_begin(tables, (int) ntables);
@@ -517,6 +518,8 @@ chorus_apply_rows(const char *buf, size_t len, int64 gid, uint64 prev)
 		}
 		else
 		{
+			if (ex != NULL)
+				chorus_apply_exec_fire(ex);	/* AFTER triggers stay in row order across both paths */
 			apply_spi_connect(&spi, cxt);
 			MemoryContextSwitchTo(rowcxt);
 			apply_spi_row(t, &row, gid);

@@ -172,7 +172,8 @@ apply_exec_new(ApplyTable *t, ApplyTarget *g, ChorusWsValue *newv, TupleTableSlo
 
 /*
  * chorus_apply_exec_row
- *		Apply one row of table t (resolved, and not t->rel->why_spi). False if
+ *		Apply one row of table t (resolved; not t->rel->why_spi, or an INSERT and
+ *		t->rel->insert_executor). False if
  *		the row to update or delete is not there: the caller says so, as an
  *		error that stops the node.
  */
@@ -216,16 +217,26 @@ chorus_apply_exec_row(ApplyExec *ex, ApplyTable *t, ApplyRow *row)
 	 * writeset's queue stays small.
 	 */
 	if (++ex->queued >= CHORUS_APPLY_TRIGGER_BATCH)
-	{
-		AfterTriggerEndQuery(estate);
-		AfterTriggerBeginQuery();
-		ex->queued = 0;
-	}
+		chorus_apply_exec_fire(ex);
 	/* the next row sees this one (the same row may change twice in one writeset) */
 	CommandCounterIncrement();
 	UpdateActiveSnapshotCommandId();
 	estate->es_output_cid = GetCurrentCommandId(true);	/* a BEFORE trigger locks the row with it */
 	return found;
+}
+
+/*
+ * chorus_apply_exec_fire
+ *		Fire the AFTER triggers the rows so far queued, and go on.
+ */
+void
+chorus_apply_exec_fire(ApplyExec *ex)
+{
+	if (ex->queued == 0)
+		return;
+	AfterTriggerEndQuery(ex->estate);
+	AfterTriggerBeginQuery();
+	ex->queued = 0;
 }
 
 /*

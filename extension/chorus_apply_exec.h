@@ -21,6 +21,7 @@ typedef struct ApplyRow
 
 extern ApplyExec *chorus_apply_exec_begin(ApplyTable *tables, int ntables);
 extern bool chorus_apply_exec_row(ApplyExec *ex, ApplyTable *t, ApplyRow *row);
+extern void chorus_apply_exec_fire(ApplyExec *ex);
 extern void chorus_apply_exec_end(ApplyExec *ex);
 
 #endif							/* CHORUS_APPLY_EXEC_H */

@@ -112,15 +112,9 @@ apply_rel_executor(ApplyRel *r, Relation rel)
 	int			i,
 				k;
 
+	r->insert_executor = false;
 	if (rel->rd_rel->relkind != RELKIND_RELATION)
 		return "not a plain table";
-	if (r->full_identity)
-		return "no primary key or replica identity index";
-	r->idxoid = RelationGetPrimaryKeyIndex(rel);
-	if (!OidIsValid(r->idxoid))
-		r->idxoid = RelationGetReplicaIndex(rel);
-	if (!OidIsValid(r->idxoid))
-		return "no primary key or replica identity index here";
 	for (i = 0; i < r->ncols; i++)
 	{
 		if (r->attnum[i] == 0)
@@ -136,6 +130,15 @@ apply_rel_executor(ApplyRel *r, Relation rel)
 		if (!att->attisdropped && att->attgenerated == '\0' && !given[att->attnum])
 			return "a column the writeset does not give";
 	}
+	/* an INSERT needs no identity: a table without a key takes its rows through the executor */
+	r->insert_executor = true;
+	if (r->full_identity)
+		return "no primary key or replica identity index";
+	r->idxoid = RelationGetPrimaryKeyIndex(rel);
+	if (!OidIsValid(r->idxoid))
+		r->idxoid = RelationGetReplicaIndex(rel);
+	if (!OidIsValid(r->idxoid))
+		return "no primary key or replica identity index here";
 	tup = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(r->idxoid));
 	if (!HeapTupleIsValid(tup))
 		elog(ERROR, "chorus: cache lookup failed for index %u", r->idxoid);

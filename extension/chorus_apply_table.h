@@ -42,6 +42,7 @@ typedef struct ApplyRel
 	bool		full_identity;
 	/* the local table */
 	const char *why_spi;		/* NULL: rows go through the executor; else why they cannot */
+	bool		insert_executor;	/* its INSERTs can, though (no identity needed: no key) */
 	Oid			idxoid;			/* the index on the identity columns (executor) */
 	AttrNumber *attnum;			/* per writeset column: local attribute, 0 for generated ones */
 	SPIPlanPtr	plans[3];		/* the statements for insert, update, delete (SPI), when kept */

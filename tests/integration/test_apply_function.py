@@ -595,3 +595,25 @@ def test_a_run_partly_committed_here_says_up_to_where(db: psycopg.Connection[Any
     rest = b"".join(struct.pack(">I", len(raw)) + raw for raw in (wire.encode(x) for x in w[1:]))
     a.conn.execute("SELECT chorus.apply_run(%s, %s, %s)", (gid + 3, gid + 1, rest))
     assert db.execute("SELECT count(*) FROM partly").fetchone() == (3,)
+
+
+def test_a_table_without_a_key_takes_inserts_through_the_executor_and_triggers_keep_row_order(
+        db: psycopg.Connection[Any]) -> None:
+    """Its INSERTs need no identity (the executor), its UPDATEs and DELETEs find the row by the
+    whole old row (a statement): AFTER ROW triggers still fire in row order across both."""
+    db.execute("""
+      CREATE TABLE nk_trig (a int, b text);
+      CREATE TABLE nk_trig_log (n bigserial, what text);
+      CREATE FUNCTION nk_note() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN INSERT INTO nk_trig_log (what) VALUES (TG_OP || ' ' || coalesce(NEW.b, OLD.b)); RETURN NULL; END $$;
+      CREATE TRIGGER nk_after AFTER INSERT OR UPDATE OR DELETE ON nk_trig FOR EACH ROW EXECUTE FUNCTION nk_note();
+      ALTER TABLE nk_trig ENABLE REPLICA TRIGGER nk_after;
+    """)
+    a = Applier(db, True)
+    t = table(db, "nk_trig", identity=())
+    a.apply(writeset([t], [wire.Row("I", 0, (), (b"1", b"a")), wire.Row("U", 0, (b"1", b"a"), (b"1", b"b")),
+                           wire.Row("I", 0, (), (b"2", b"c")), wire.Row("D", 0, (b"2", b"c"), ()),
+                           wire.Row("I", 0, (), (b"3", b"d"))]))
+    assert db.execute("SELECT a, b FROM nk_trig ORDER BY a").fetchall() == [(1, "b"), (3, "d")]
+    assert [r[0] for r in db.execute("SELECT what FROM nk_trig_log ORDER BY n").fetchall()] == [
+        "INSERT a", "UPDATE b", "INSERT c", "DELETE c", "INSERT d"]
