@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 from chorus.check import node_refs, wait_quiescent  # noqa: E402
 from chorus.localcluster import PGBIN, LocalCluster, PlainPostgres  # noqa: E402
 from chorus.procmem import PeakMemory, children  # noqa: E402
-from pgbench_compare import bench_root, cluster_up  # noqa: E402
+from pgbench_compare import CPU_CLASSES, bench_root, cluster_up, cpu_seconds  # noqa: E402
 
 
 def pgbench_init(dsn: str, scale: int) -> None:
@@ -78,7 +78,8 @@ def main() -> None:
         data = root / "bulk.csv"
         copy_file(data, args.copy_mb)
         loads.append((f"COPY {args.copy_mb} MB", lambda dsn: copy_load(dsn, data)))
-    results: dict[str, dict[str, list[Any]]] = {name: {"plain": [], "chorus": [], "memory": []} for name, _ in loads}
+    results: dict[str, dict[str, list[Any]]] = {name: {"plain": [], "chorus": [], "memory": [], "cpu": []}
+                                                for name, _ in loads}
     try:
         plain.start()
         info = cluster_up(cluster, 3, args.port_base + 1, "c")
@@ -95,13 +96,16 @@ def main() -> None:
                 load(plain.dsn)
                 results[name]["plain"].append(time.monotonic() - t)
                 with PeakMemory(groups) as mem:
-                    t = time.monotonic()
+                    t, cpu = time.monotonic(), cpu_seconds()
                     load(info[0]["dsn"])
                     wait_quiescent(refs, 3600)
                     results[name]["chorus"].append(time.monotonic() - t)
+                    used = cpu_seconds()
                 results[name]["memory"].append(mem.mb())
+                results[name]["cpu"].append({k: round(used[k] - cpu[k], 1) for k in CPU_CLASSES})
                 print(f"round {r + 1}: {name}: plain {results[name]['plain'][-1]:.1f} s, "
-                      f"chorus {results[name]['chorus'][-1]:.1f} s, peak MB {mem.mb()}", file=sys.stderr)
+                      f"chorus {results[name]['chorus'][-1]:.1f} s, peak MB {mem.mb()}, "
+                      f"CPU s {results[name]['cpu'][-1]}", file=sys.stderr)
     finally:
         cluster.down()
         plain.stop()
@@ -116,17 +120,21 @@ def report(results: dict[str, dict[str, list[Any]]], as_json: bool) -> None:
             continue
         p, c = statistics.median(r["plain"]), statistics.median(r["chorus"])
         peak = {k: max(m[k] for m in r["memory"]) for k in r["memory"][0]}
+        cpu = {k: statistics.median(u[k] for u in r["cpu"]) for k in CPU_CLASSES}
         rows.append({"load": name, "plain_s": round(p, 2), "chorus_3_s": round(c, 2), "ratio": round(p / c, 2),
-                     **{f"peak_mb_{k.replace(' ', '_')}": v for k, v in peak.items()}})
+                     **{f"peak_mb_{k.replace(' ', '_')}": v for k, v in peak.items()},
+                     **{f"cpu_s_{k}": v for k, v in cpu.items()}})
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    head = ["load", "plain s", "chorus-3 s", "ratio", "origin backend MB", "apply backends MB", "coordinators MB"]
+    head = ["load", "plain s", "chorus-3 s", "ratio", "origin backend MB", "apply backends MB", "coordinators MB",
+            "CPU s: PostgreSQL", "coordinators", "Corosync", "client"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for x in rows:
         print(f"| {x['load']} | {x['plain_s']} | {x['chorus_3_s']} | {x['ratio']} | {x['peak_mb_origin_backend']} | "
-              f"{x['peak_mb_apply_backends']} | {x['peak_mb_coordinators']} |")
+              f"{x['peak_mb_apply_backends']} | {x['peak_mb_coordinators']} | {x['cpu_s_postgres']} | "
+              f"{x['cpu_s_coordinator']} | {x['cpu_s_corosync']} | {x['cpu_s_client']} |")
 
 
 if __name__ == "__main__":
