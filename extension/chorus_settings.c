@@ -16,7 +16,7 @@ bool		chorus_capture_enabled = true;
 bool		chorus_replaying = false;
 bool		chorus_causal_reads = false;
 int			chorus_causal_reads_timeout = 10000;
-int			chorus_max_writeset_mb = 900;
+int			chorus_max_writeset_mb = 4095;
 int			chorus_capture_work_mem = 16384;
 char	   *chorus_exclude_schemas = NULL;
 bool		chorus_apply_executor = true;
@@ -56,8 +56,8 @@ chorus_define_settings(void)
 	DefineCustomIntVariable("chorus.max_writeset_size",
 							"Largest writeset a transaction may produce, in megabytes.",
 							"The rows spill to a temporary file past chorus.capture_work_mem and the coordinators "
-							"keep large writesets in spool files: the limit is the coordinator protocol's frame (1 GB).",
-							&chorus_max_writeset_mb, 900, 1, 1023, PGC_SUSET,
+							"keep large writesets in spool files: the limit is the coordinator protocol's frame (4 GB).",
+							&chorus_max_writeset_mb, 4095, 1, 4095, PGC_SUSET,
 							GUC_UNIT_MB, NULL, NULL, NULL);
 	DefineCustomIntVariable("chorus.capture_work_mem",
 							"Memory a transaction's writeset may take before its rows spill to a temporary file.",

@@ -20,7 +20,7 @@ from typing import Callable, Optional, Protocol
 
 from chorus import impl
 
-MAX_FRAME = 1 << 30
+MAX_FRAME = 0xFFFFFFFF  # the length is a u32; a writeset's limit is chorus.max_writeset_size (at most 4095 MB)
 
 VERDICT_COMMIT = 0
 VERDICT_CONFLICT = 1

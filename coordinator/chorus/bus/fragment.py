@@ -60,7 +60,7 @@ class Reassembler:
     than ``spool_at`` is gathered in a spool file and delivered as a
     :class:`~chorus.spool.SpooledBuffer` (mapped, not in memory); others as bytes."""
 
-    def __init__(self, max_message: int = 1 << 30, spool: Optional[Spool] = None, spool_at: int = SPOOL_AT) -> None:
+    def __init__(self, max_message: int = 5 << 30, spool: Optional[Spool] = None, spool_at: int = SPOOL_AT) -> None:
         self._partial: dict[str, _Partial] = {}
         self.max_message = max_message
         self.spool = spool
