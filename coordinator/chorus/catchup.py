@@ -22,7 +22,7 @@ from chorus import wire
 from chorus.commitbook import RunBatcher
 from chorus.pipeline import CommitPipeline, Pending
 from chorus.replicator import Action, Apply, CatchUp, Phase, Replicator
-from chorus.spool import SPOOL_AT
+from chorus.spool import SPOOL_AT, Spool
 from chorus.wslog import FLAG_DDL_SKIPPED, LogFeeder, LogRecord
 
 log = logging.getLogger("chorus.coordinator")
@@ -47,8 +47,9 @@ class CatchUpRunner:
     def __init__(self, node: str, replicator: Replicator, pipeline: CommitPipeline, feeder: LogFeeder,
                  keys: Optional[rc.ClusterKeys], partners: tuple[str, ...], batch: int,
                  send: Callable[[bp.Message], None], act: Callable[[list[Action]], Awaitable[None]],
-                 stopping: asyncio.Event, failed: Callable[[], bool]) -> None:
+                 stopping: asyncio.Event, failed: Callable[[], bool], spool: Optional[Spool] = None) -> None:
         self.node = node
+        self.spool = spool  # where a large record from the partner is gathered (spool.py)
         self.r = replicator
         self.pipeline = pipeline
         self.feeder = feeder
@@ -185,7 +186,8 @@ class CatchUpRunner:
         for o in partners:
             prog.partner, prog.state = o.partner, "streaming"
             try:
-                stop = await rc.fetch(o.address, self.keys, r.cluster_uuid, self.node, prog.position, upto, take)
+                stop = await rc.fetch(o.address, self.keys, r.cluster_uuid, self.node, prog.position, upto, take,
+                                      self.spool)
                 prog.position = max(prog.position, stop)
                 break
             except rc.RecoveryError as e:

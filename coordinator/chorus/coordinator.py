@@ -145,7 +145,7 @@ class Coordinator:
         )
         self.catchup = CatchUpRunner(self.cfg.name, r, self.pipeline, self.feeder, self.keys,
                                      self.cfg.recovery_partners, self.cfg.catchup_batch, self.sender.send,
-                                     self._act, self.stopping, lambda: self.fatal is not None)
+                                     self._act, self.stopping, lambda: self.fatal is not None, self.spool)
         self._servers.append(await _unix_server(
             self.cfg.socket_path, lambda p: loop.create_unix_server(self.backends.protocol, path=p)))
         self._servers.append(await _unix_server(

@@ -30,6 +30,7 @@ from typing import Awaitable, Callable, Optional, Sequence
 from chorus import busproto as bp
 from chorus import recoveryproto as proto
 from chorus.recoveryproto import RangeUnavailable as RangeUnavailable, RecoveryError as RecoveryError
+from chorus.spool import Spool
 from chorus.wslog import LogRangeUnavailable, LogRecord, WritesetLog
 
 log = logging.getLogger("chorus.recovery")
@@ -187,15 +188,17 @@ def _split(address: str) -> tuple[str, int]:
 
 
 async def fetch(address: str, keys: ClusterKeys, cluster: str, node: str, after: int, upto: int,
-                on_record: Callable[[LogRecord], Awaitable[None]]) -> int:
+                on_record: Callable[[LogRecord], Awaitable[None]], spool: Optional[Spool] = None) -> int:
     """One request: stream ``(after, upto]`` from the partner at ``address``, handing each record
-    to ``on_record`` in order. Returns the safe stop the partner reached (``<= upto``)."""
+    to ``on_record`` in order (a large one, with a ``spool``, as a spooled payload). Returns the
+    safe stop the partner reached (``<= upto``)."""
     host, port = _split(address)
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, ssl=_context(keys, False), limit=1 << 20), proto.HANDSHAKE_TIMEOUT_S)
     except (OSError, ssl.SSLError, asyncio.TimeoutError) as e:
         raise RecoveryError(f"cannot connect to {address}: {e}") from e
+    parts = proto.PartAssembler(spool)
     try:
         secret = keys.secret()
         nonce_c = secrets.token_hex(16)
@@ -210,7 +213,6 @@ async def fetch(address: str, keys: ClusterKeys, cluster: str, node: str, after:
         writer.write(proto.hello({"proof": proto.proof(secret, b"joiner", cluster, nonce_s, nonce_c),
                             "after": after, "upto": upto}))
         last = after
-        parts = proto.PartAssembler()
         while True:
             kind, body = await proto.read_frame(reader)
             if parts.open and kind != proto.FrameKind.PART:
@@ -234,6 +236,7 @@ async def fetch(address: str, keys: ClusterKeys, cluster: str, node: str, after:
     except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError) as e:
         raise RecoveryError(f"stream from {address} broke: {e}") from e
     finally:
+        parts.discard()
         writer.close()
 
 

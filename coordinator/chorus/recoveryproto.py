@@ -21,8 +21,9 @@ import hashlib
 import hmac
 import json
 import struct
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
+from chorus.spool import SPOOL_AT, Spool, SpoolWriter
 from chorus.wslog import LogRecord
 
 PROTOCOL = 2
@@ -107,13 +108,23 @@ def encode_record_frames(r: LogRecord, protocol: int = PROTOCOL) -> Iterator[byt
 
 
 class PartAssembler:
-    """Joins the PART frames of one record; one record at a time, in order."""
+    """Joins the PART frames of one record; one record at a time, in order. With a ``spool``, a
+    record larger than spool.SPOOL_AT is gathered in a spool file, and its payload is a
+    :class:`~chorus.spool.SpooledBuffer` (mapped, not in memory)."""
 
-    def __init__(self) -> None:
+    def __init__(self, spool: Optional[Spool] = None) -> None:
         self._head: Optional[tuple[int, int, str]] = None  # gid, flags, origin of the open record
         self._parts: list[bytes] = []
+        self._spooled: Optional[SpoolWriter] = None
         self._have = 0
         self._total = 0
+        self.spool = spool
+
+    def discard(self) -> None:
+        """Forget the record being received (the stream ended inside it)."""
+        if self._spooled is not None:
+            self._spooled.discard()
+        self._head, self._parts, self._spooled = None, [], None
 
     @property
     def open(self) -> bool:
@@ -130,16 +141,25 @@ class PartAssembler:
             if total > MAX_RECORD:
                 raise RecoveryError(f"a record of {total} bytes is larger than a joiner takes ({MAX_RECORD})")
             self._head, self._parts, self._have, self._total = (r.gid, r.flags, r.origin), [], 0, total
+            if self.spool is not None and total > SPOOL_AT:
+                self._spooled = self.spool.writer()
         elif self._head != (r.gid, r.flags, r.origin) or off != self._have or total != self._total:
             raise RecoveryError(f"part of GID {r.gid} at byte {off} does not continue the record being received")
         if not data or self._have + len(data) > total:
             raise RecoveryError(f"part of GID {r.gid} at byte {off} runs past the record's {total} bytes")
-        self._parts.append(data)
+        if self._spooled is not None:
+            self._spooled.write(data)
+        else:
+            self._parts.append(data)
         self._have += len(data)
         if self._have < total:
             return None
         gid, flags, origin = self._head
-        self._head, payload, self._parts = None, b"".join(self._parts), []
+        if self._spooled is not None:
+            payload: Any = self._spooled.finish()
+        else:
+            payload = b"".join(self._parts)
+        self._head, self._parts, self._spooled = None, [], None
         return LogRecord(gid, origin, flags, payload)
 
 

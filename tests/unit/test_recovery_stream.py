@@ -353,3 +353,44 @@ def _parts(r: LogRecord, size: int) -> list[bytes]:
         return list(proto.encode_record_frames(r))
     finally:
         proto.PART_BYTES = old
+
+
+def test_a_joiner_with_a_spool_gathers_a_large_record_in_a_file(tmp_path: Path, keys: rc.ClusterKeys,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record over spool.SPOOL_AT reaches the joiner's catch-up as a spooled payload (the same
+    bytes, mapped), and a stream that breaks inside a record leaves no spool file."""
+    from chorus import spool as sp
+    monkeypatch.setattr(proto, "SPOOL_AT", 50_000)
+    monkeypatch.setattr(proto, "PART_BYTES", 20_000)
+    s = sp.Spool(str(tmp_path / "spool"))
+    s.open()
+
+    async def main() -> None:
+        p = _Partner(tmp_path, keys)
+        records = [os.urandom(n) for n in (100, 200_000, 30_000)]
+        for g, payload in enumerate(records, 1):
+            p.commit(g, payload)
+        await p.server.start("127.0.0.1:0")
+        assert p.server.server is not None
+        port = p.server.server.sockets[0].getsockname()[1]
+        got: list[LogRecord] = []
+
+        async def take(r: LogRecord) -> None:
+            got.append(r)
+
+        assert await rc.fetch(f"127.0.0.1:{port}", keys, "cluster-1", "n9", 0, 10, take, s) == 3
+        assert [isinstance(r.payload, sp.SpooledBuffer) for r in got] == [False, True, False]
+        assert [bytes(r.payload.view) if isinstance(r.payload, sp.SpooledBuffer) else r.payload
+                for r in got] == records
+        await p.server.close()
+        parts = proto.PartAssembler(s)
+        frames = list(proto.encode_record_frames(LogRecord(9, "n1", 0, os.urandom(100_000))))
+        held = len(os.listdir(s.directory))  # the record fetched above holds its file
+        assert parts.add(frames[0][5:]) is None and len(os.listdir(s.directory)) == held + 1
+        parts.discard()
+        assert len(os.listdir(s.directory)) == held
+
+    asyncio.run(main())
+    import gc
+    gc.collect()
+    assert os.listdir(s.directory) == []
