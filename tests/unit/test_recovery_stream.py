@@ -294,6 +294,16 @@ def test_a_partner_sending_garbage_frames_gets_only_recovery_errors(tmp_path: Pa
     asyncio.run(main())
 
 
+async def _serving(tmp_path: Path, keys: rc.ClusterKeys, payloads: list[bytes]) -> tuple[_Partner, str]:
+    """A partner whose log holds ``payloads`` as GIDs 1, 2, ..., all committed, serving; its address."""
+    p = _Partner(tmp_path, keys)
+    for g, payload in enumerate(payloads, 1):
+        p.commit(g, payload)
+    await p.server.start("127.0.0.1:0")
+    assert p.server.server is not None
+    return p, f"127.0.0.1:{p.server.server.sockets[0].getsockname()[1]}"
+
+
 @pytest.mark.parametrize("joiner_protocol", [1, 2])
 def test_records_larger_than_a_segment_stream_in_parts(tmp_path: Path, keys: rc.ClusterKeys,
                                                        monkeypatch: pytest.MonkeyPatch, joiner_protocol: int) -> None:
@@ -310,20 +320,15 @@ def test_records_larger_than_a_segment_stream_in_parts(tmp_path: Path, keys: rc.
     monkeypatch.setattr(proto, "encode_record_frames", spy)
 
     async def main() -> None:
-        p = _Partner(tmp_path, keys)
         records = [os.urandom(n) for n in (100, 200_000, 10_000, 10_001, 5, 150_000)]
-        for g, payload in enumerate(records, 1):
-            p.commit(g, payload)
-        await p.server.start("127.0.0.1:0")
-        assert p.server.server is not None
-        port = p.server.server.sockets[0].getsockname()[1]
+        p, address = await _serving(tmp_path, keys, records)
         got: list[LogRecord] = []
 
         async def take(r: LogRecord) -> None:
             got.append(r)
 
         monkeypatch.setattr(proto, "PROTOCOL", joiner_protocol)
-        stop = await rc.fetch(f"127.0.0.1:{port}", keys, "cluster-1", "n9", 0, 10, take)
+        stop = await rc.fetch(address, keys, "cluster-1", "n9", 0, 10, take)
         assert stop == 6 and [r.payload for r in got] == records
         assert sent.count(b"P") == (0 if joiner_protocol == 1 else 20 + 2 + 15)
         await p.server.close()
@@ -366,19 +371,14 @@ def test_a_joiner_with_a_spool_gathers_a_large_record_in_a_file(tmp_path: Path, 
     s.open()
 
     async def main() -> None:
-        p = _Partner(tmp_path, keys)
         records = [os.urandom(n) for n in (100, 200_000, 30_000)]
-        for g, payload in enumerate(records, 1):
-            p.commit(g, payload)
-        await p.server.start("127.0.0.1:0")
-        assert p.server.server is not None
-        port = p.server.server.sockets[0].getsockname()[1]
+        p, address = await _serving(tmp_path, keys, records)
         got: list[LogRecord] = []
 
         async def take(r: LogRecord) -> None:
             got.append(r)
 
-        assert await rc.fetch(f"127.0.0.1:{port}", keys, "cluster-1", "n9", 0, 10, take, s) == 3
+        assert await rc.fetch(address, keys, "cluster-1", "n9", 0, 10, take, s) == 3
         assert [isinstance(r.payload, sp.SpooledBuffer) for r in got] == [False, True, False]
         assert [bytes(r.payload.view) if isinstance(r.payload, sp.SpooledBuffer) else r.payload
                 for r in got] == records
