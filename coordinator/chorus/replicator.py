@@ -305,6 +305,8 @@ class Replicator:
             self.last_gid = self.released
             out += self._request(now)
         elif self.phase == Phase.JOINING and quorate and (not was_quorate or view.joined):
+            if not was_quorate:
+                self._joining_since = now  # a bootstrap waits as long again for an answer from a quorum
             out += self._request(now)  # members that can answer arrived: ask now, not at the next retry
         elif self.phase in _FOLLOWING:
             out += self._release()
@@ -339,7 +341,9 @@ class Replicator:
             return self._release()
         if self.phase != Phase.JOINING:
             return []
-        if self.bootstrap and now - self._joining_since >= BOOTSTRAP_WAIT_S:
+        # only with a quorum: a node that bootstrapped alone would count itself cut off when the
+        # others arrive, and they would have no cluster to join (invariant 7)
+        if self.bootstrap and self.quorate and now - self._joining_since >= BOOTSTRAP_WAIT_S:
             self._joining_since = now
             return [Send(bp.Bootstrap(self.node, self.cluster_uuid or str(uuid.uuid4()), self.last_gid))]
         retry = REQUEST_RETRY_S if not self._request_seen else 5 * REQUEST_RETRY_S

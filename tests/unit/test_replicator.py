@@ -597,3 +597,24 @@ def test_a_gid_request_in_a_nodes_name_that_it_did_not_send_takes_it_out_everywh
     assert c.applied["n1"] == c.applied["n3"] == []
     assert c.nodes["n1"].gid == c.nodes["n3"].gid
     assert "n2" in c.nodes["n1"].online  # it asked to join again, and is back
+
+
+def test_the_bootstrap_node_waits_for_a_quorum_before_it_bootstraps() -> None:
+    """Found by the container test (tests/container/test_podman.py): the node told to bootstrap
+    came up seconds before the others (one Corosync per node, 3 votes). Alone, its view was not
+    quorate, yet after BOOTSTRAP_WAIT_S it bootstrapped; when the others arrived it counted
+    itself cut off (it came with fewer than a quorum) and went non-primary, and the new nodes,
+    with no cluster to join and no UUID to re-form, waited for ever. It now bootstraps only in
+    a quorate view (invariant 7: no primary component without a quorum)."""
+    c = Cluster()
+    c.view(["n1"], quorum=2, expected=3)
+    c.drain()
+    for _ in range(5):
+        c.tick(1.0)
+    assert c.nodes["n1"].phase != Phase.ONLINE and not c.nodes["n1"].cluster_uuid
+    c.view(NAMES, quorum=2, expected=3)
+    c.drain()
+    for _ in range(5):
+        c.tick(1.0)
+    assert all(r.phase == Phase.ONLINE for r in c.nodes.values()), {n: r.phase for n, r in c.nodes.items()}
+    assert len({r.cluster_uuid for r in c.nodes.values()}) == 1
