@@ -231,7 +231,13 @@ def test_three_containers_replicate_and_a_stopped_one_rejoins(built_image: str, 
     t0 = time.monotonic()
     try:
         podman("network", "create", "--subnet", f"{SUBNET}.0/24", cluster.network)
-        for i in range(1, NODES + 1):
+        # n1 (told to bootstrap) first, alone for longer than the coordinator's bootstrap wait:
+        # it must wait for a quorum rather than bootstrap alone (a stall found here once)
+        cluster.run(1)
+        wait_until("n1's coordinator", lambda: cluster.status(1)["state"] != "not answering", 120)
+        time.sleep(5)
+        assert cluster.status(1)["state"] != "online"
+        for i in range(2, NODES + 1):
             cluster.run(i)
         cluster.wait_online([1, 2, 3])
         print(f"cluster online after {time.monotonic() - t0:.0f} s")
