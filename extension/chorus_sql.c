@@ -333,7 +333,7 @@ chorus_cluster_info(PG_FUNCTION_ARGS)
 	text	   *what = PG_GETARG_TEXT_PP(0);
 	ChorusVerdict v;
 
-	if (VARSIZE_ANY_EXHDR(what) > 64)
+	if (VARSIZE_ANY_EXHDR(what) > 256)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("chorus: no such view")));

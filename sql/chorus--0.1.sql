@@ -86,6 +86,39 @@ SELECT to_timestamp((c->>'at')::double precision) AS at, (c->>'gid')::bigint AS 
        (c->>'loser_xid')::bigint AS loser_xid, (c->>'loser_pid')::integer AS loser_pid, c->>'reason' AS reason
   FROM chorus.conflict_history() AS c;
 
+-- After a connection lost at COMMIT (08006, 08007): what became of the transaction. Read
+-- chorus.transaction_id() in the transaction before COMMIT; chorus.commit_outcome(id) on any node
+-- answers committed, aborted, in doubt (and what it waits for) or unknown (docs/CLIENTS.md).
+CREATE FUNCTION chorus.transaction_id() RETURNS text LANGUAGE sql VOLATILE AS $$
+    SELECT (chorus.cluster_info('node')::jsonb->>'name') || ':' || txid_current()::text || ':'
+           || (chorus.status()).committed_gid::text
+$$;
+
+CREATE FUNCTION chorus.commit_outcome(id text, OUT outcome text, OUT gid bigint, OUT detail text)
+LANGUAGE plpgsql VOLATILE STRICT AS $$
+DECLARE
+    parts text[] := regexp_match(id, '^(.+):([0-9]{1,19}):([0-9]{1,19})$');
+    status text := '-';
+    answer jsonb;
+BEGIN
+    IF parts IS NULL THEN
+        RAISE EXCEPTION 'chorus: % is not a transaction identifier', quote_literal(id)
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'chorus.transaction_id() gives them: node:xid:gid.';
+    END IF;
+    IF parts[1] = chorus.cluster_info('node')::jsonb->>'name' THEN  -- this node is its origin
+        BEGIN
+            status := coalesce(replace(pg_xact_status(parts[2]::xid8), ' ', '_'), 'unknown');
+        EXCEPTION WHEN invalid_parameter_value THEN  -- "in the future": lost in a crash, with its WAL
+            status := 'unknown';
+        END;
+    END IF;
+    answer := chorus.cluster_info(format('outcome %s %s %s %s', parts[2], parts[3], status, parts[1]))::jsonb;
+    outcome := answer->>'outcome';
+    gid := (answer->>'gid')::bigint;
+    detail := answer->>'detail';
+END
+$$;
+
 -- the conflicts show keys, so rows' values: for the roles that may see every session's data
 REVOKE ALL ON FUNCTION chorus.conflict_history() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION chorus.conflict_history() TO pg_read_all_stats;

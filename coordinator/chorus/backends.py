@@ -207,7 +207,7 @@ class BackendServer:
         """One of the extension's views (chorus.node, chorus.members, chorus.conflicts), as JSON
         in a COMMIT verdict's message; a REFUSED verdict says why not."""
         try:
-            if self.info is None or len(what) > 64:
+            if self.info is None or len(what) > 256:
                 raise ValueError("no such view")
             text = self.info(what.decode("utf-8"))
             if len(text.encode()) > 0xFFFF:

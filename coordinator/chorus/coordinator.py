@@ -30,7 +30,7 @@ import psycopg
 from chorus import admin
 from chorus import busproto as bp
 from chorus import recovery as rc
-from chorus import certifier, scheduler, wire
+from chorus import certifier, outcomes, scheduler, wire
 from chorus.backends import BackendServer
 from chorus.bus import Bus, BusError, View
 from chorus.bussender import BusSender
@@ -175,7 +175,8 @@ class Coordinator:
         self.bus = self.bus_factory()
         self.bus.use_spool(self.spool)
         self.backends.spool = self.spool
-        self.backends.info = functools.partial(nodestatus.info, s=self.status, conflicts=self._conflicts)
+        self.backends.info = functools.partial(nodestatus.info, s=self.status, conflicts=self._conflicts,
+                                               outcome=self._outcome)
         self.sender.attach(self.bus, loop)
         await self.bus.join()
         log.info("node %s joined bus group as %s", self.cfg.name, self.bus.local_id)
@@ -552,6 +553,20 @@ class Coordinator:
                           "holds_after_gid": self.wslog.base_gid,
                           "waiting_for_schema_outcome": self.feeder.waiting, **self._log_size()},
         )
+
+    def _outcome(self, xid: int, began: int, origin_db_status: str, origin: str) -> dict[str, Any]:
+        """chorus.commit_outcome: what became of transaction ``xid`` of node ``origin`` (outcomes.py)."""
+        r = self.replicator
+        if r is None:
+            return {"outcome": "in doubt", "gid": None, "detail": "this node's coordinator is starting"}
+        low = xid & 0xFFFFFFFF
+        in_flight = origin == self.cfg.name and any(
+            ws.xid == low for ws in r.local_in_flight())
+        phase = "online" if r.accepts_writes and self.db.ok.is_set() else r.phase.value
+        return outcomes.lookup(r.outcomes, origin, xid, began, this_node=self.cfg.name, phase=phase,
+                               online=set(r.online), committed_here=self.pipeline.watermark,
+                               origin_db_status=origin_db_status if origin == self.cfg.name else "",
+                               in_flight=in_flight)
 
     def _conflicts(self) -> list[dict[str, Any]]:
         """The certification failures the replicator remembers, oldest first."""

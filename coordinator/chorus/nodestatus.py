@@ -149,10 +149,19 @@ def conflicts_page(conflicts: Iterable[dict[str, Any]], after_gid: int) -> dict[
     return {"rows": rows, "more": more}
 
 
-def info(what: str, s: Callable[[], NodeStatus], conflicts: Callable[[], Iterable[dict[str, Any]]]) -> str:
+def info(what: str, s: Callable[[], NodeStatus], conflicts: Callable[[], Iterable[dict[str, Any]]],
+         outcome: Optional[Callable[[int, int, str, str], dict[str, Any]]] = None) -> str:
     """The answer to an extension's request for one of its views (backend frame ``I``): JSON.
-    ``what``: "node", "members" or "conflicts AFTER_GID". Raises ValueError for anything else."""
+    ``what``: "node", "members", "conflicts AFTER_GID", or "outcome XID BEGAN_GID STATUS NODE"
+    (chorus.commit_outcome: STATUS is what the origin's database says of the transaction, or
+    "-"). Raises ValueError for anything else."""
     kind, _, arg = what.partition(" ")
+    if kind == "outcome" and outcome is not None:
+        xid, began, status, node = (arg.split(" ", 3) + ["", "", "", ""])[:4]
+        if not (xid.isdigit() and began.isdigit() and len(xid) <= 20 and len(began) <= 20 and node
+                and status in ("-", "committed", "aborted", "in_progress", "unknown")):
+            raise ValueError(f"bad outcome request {arg[:60]!r}")
+        return json.dumps(outcome(int(xid), int(began), "" if status == "-" else status.replace("_", " "), node))
     if kind == "node" and not arg:
         doc: Any = node_view(s())
     elif kind == "members" and not arg:

@@ -24,6 +24,7 @@ from chorus import busproto as bp
 from chorus import wire
 from chorus.bus import Delivery, View, Votes, bus_node
 from chorus.certifier import OK, CertificationIndex, Certifier, Verdict
+from chorus.outcomes import Outcome, OutcomeIndex
 
 log = logging.getLogger("chorus.replicator")
 
@@ -269,6 +270,8 @@ class Replicator:
     # the last certification failures, oldest first (chorus.conflicts; every node keeps the same
     # ones, but the time each saw them); ``clock`` gives their time
     conflicts: deque[Conflict] = field(default_factory=lambda: deque(maxlen=CONFLICT_HISTORY))
+    # the outcome of each writeset certified here, for chorus.commit_outcome (outcomes.py)
+    outcomes: OutcomeIndex = field(default_factory=OutcomeIndex)
     clock: Callable[[], float] = time.time
     received: dict[str, int] = field(default_factory=dict)  # bus node -> GID it reported delivered
     _unstable: list[tuple[int, Action]] = field(default_factory=list)  # certified, not yet released
@@ -734,6 +737,7 @@ class Replicator:
         self.gid += 1
         gid = self.gid
         self.stats.delivered += 1
+        self.outcomes.seen(gid)
         try:
             cached = self._local_scanned.pop(msg.ticket, None) if local else None
             ws = cached if cached is not None else wire.scan(msg.writeset)
@@ -749,6 +753,10 @@ class Replicator:
             return []
         return self._certify(gid, msg, ws)
 
+    def local_in_flight(self) -> list[wire.Writeset]:
+        """This node's writesets sent for ordering and not delivered back yet."""
+        return list(self._local_scanned.values())
+
     def _certify(self, gid: int, msg: bp.WritesetMsg, ws: wire.Writeset) -> list[Action]:
         local = msg.origin == self.node
         if ws.toi:
@@ -758,6 +766,7 @@ class Replicator:
             v = OK
         else:
             v = self.certifier.certify(gid, msg.origin, ws.last_seen, ws.keys)
+            self.outcomes.record(msg.origin, ws.xid, Outcome(gid, v.ok, v.reason))
         if not v.ok:
             self.stats.cert_failures += 1
             c = Conflict.of(self.clock(), gid, msg.origin, ws, v)
