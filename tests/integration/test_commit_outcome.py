@@ -212,3 +212,30 @@ def test_connection_cut_at_commit_and_the_origin_killed(cluster: Cluster) -> Non
         proxy.close()
     cluster.assert_identical()
     print("outcomes with the origin killed at COMMIT:", results)
+
+
+def test_the_client_helper_carries_the_id_to_look_up(cluster: Cluster) -> None:
+    """run_transaction(outcome_id=True): the CommitOutcomeUnknown it raises holds the transaction
+    id, and commit_outcome on another node says it committed."""
+    from chorus.client import CommitOutcomeUnknown, commit_outcome, run_transaction
+
+    with cluster.connect(0) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS outcome_t (id integer PRIMARY KEY, v text)")
+    proxy = CuttingProxy(int(cluster.info["nodes"][0]["port"]))
+    try:
+        with psycopg.connect(proxy.dsn()) as conn:
+            def work(c: psycopg.Connection[Any]) -> None:
+                c.execute("INSERT INTO outcome_t VALUES (300, 'through the helper')")
+                proxy.armed.set()
+            with pytest.raises(CommitOutcomeUnknown) as e:
+                run_transaction(conn, work, outcome_id=True)
+    finally:
+        proxy.armed.clear()
+        proxy.close()
+    tid = e.value.transaction_id
+    assert tid and tid.startswith(cluster.nodes[0].name + ":")
+    with cluster.connect(1) as conn:
+        deadline = time.monotonic() + 30
+        while (got := commit_outcome(conn, tid))[0] == "in doubt" and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert got[0] == "committed" and got[1], got

@@ -11,9 +11,9 @@ first (causal reads).
 
 from __future__ import annotations
 
-from chorus.client.psycopg import ConnectionSource, FailedTransaction, run_transaction
+from chorus.client.psycopg import ConnectionSource, FailedTransaction, commit_outcome, run_transaction
 from chorus.client.retry import (RETRY_SQLSTATES, Backoff, CommitOutcomeUnknown, RetryStats, commit_in_doubt,
                                  retryable, run_attempts)
 
 __all__ = ["Backoff", "CommitOutcomeUnknown", "ConnectionSource", "FailedTransaction", "RETRY_SQLSTATES",
-           "RetryStats", "commit_in_doubt", "retryable", "run_attempts", "run_transaction"]
+           "RetryStats", "commit_in_doubt", "commit_outcome", "retryable", "run_attempts", "run_transaction"]

@@ -30,6 +30,7 @@ ConnT = TypeVar("ConnT", bound="psycopg.Connection[Any]")
 ConnT_co = TypeVar("ConnT_co", bound="psycopg.Connection[Any]", covariant=True)
 
 SYNC_WAIT = "SELECT chorus.sync_wait()"
+TRANSACTION_ID = "SELECT chorus.transaction_id()"
 
 
 class ConnectionSource(Protocol[ConnT_co]):
@@ -45,7 +46,7 @@ class FailedTransaction(psycopg.ProgrammingError):
 
 def run_transaction(conn_or_pool: Union[ConnT, ConnectionSource[ConnT]], fn: Callable[[ConnT], T], *,
                     attempts: int = DEFAULT_ATTEMPTS, backoff: Backoff = Backoff(), causal_reads: bool = False,
-                    stats: Optional[RetryStats] = None, sleep: Callable[[float], None] = time.sleep,
+                    outcome_id: bool = False, stats: Optional[RetryStats] = None, sleep: Callable[[float], None] = time.sleep,
                     rand: Callable[[], float] = random.random) -> T:
     """Run ``fn(conn)`` in a transaction and commit it; return what ``fn`` returned.
 
@@ -67,7 +68,9 @@ def run_transaction(conn_or_pool: Union[ConnT, ConnectionSource[ConnT]], fn: Cal
     ``causal_reads``: before each attempt, wait until this node has committed every transaction
     the cluster had committed (``chorus.sync_wait()``, in a transaction of its own, so the wait
     comes before the snapshot at every isolation level): ``fn`` then reads every write
-    acknowledged, on any node, before the call. ``stats`` counts attempts and retries;
+    acknowledged, on any node, before the call. ``outcome_id``: read ``chorus.transaction_id()``
+    before COMMIT (one more round trip), so that a :class:`CommitOutcomeUnknown` carries it and
+    :func:`commit_outcome` can tell what became of the transaction. ``stats`` counts attempts and retries;
     ``sleep`` and ``rand`` stand in for ``time.sleep`` and ``random.random`` in tests."""
     if isinstance(conn_or_pool, psycopg.Connection):
         single: Optional[ConnT] = conn_or_pool
@@ -77,10 +80,10 @@ def run_transaction(conn_or_pool: Union[ConnT, ConnectionSource[ConnT]], fn: Cal
 
     def attempt(n: int) -> T:
         if single is not None:
-            return _attempt(single, fn, causal_reads)
+            return _attempt(single, fn, causal_reads, outcome_id)
         assert pool is not None
         with pool.connection() as conn:
-            return _attempt(conn, fn, causal_reads)
+            return _attempt(conn, fn, causal_reads, outcome_id)
 
     def retry_sqlstate(e: BaseException) -> Optional[str]:
         sqlstate = e.sqlstate if isinstance(e, psycopg.Error) else None
@@ -95,7 +98,18 @@ def run_transaction(conn_or_pool: Union[ConnT, ConnectionSource[ConnT]], fn: Cal
                         rand=rand)
 
 
-def _attempt(conn: ConnT, fn: Callable[[ConnT], T], causal_reads: bool) -> T:
+def commit_outcome(conn: psycopg.Connection[Any], transaction_id: str) -> tuple[str, Optional[int], str]:
+    """What became of a transaction whose COMMIT was lost (``CommitOutcomeUnknown.transaction_id``):
+    ("committed" | "aborted" | "in doubt" | "unknown", its GID or None, why), asked of the node
+    ``conn`` is connected to (any node; its origin knows best whether it still runs)."""
+    row = conn.execute("SELECT outcome, gid, detail FROM chorus.commit_outcome(%s)", (transaction_id,)).fetchone()
+    if not conn.autocommit:
+        conn.commit()
+    assert row is not None
+    return str(row[0]), row[1], str(row[2])
+
+
+def _attempt(conn: ConnT, fn: Callable[[ConnT], T], causal_reads: bool, outcome_id: bool = False) -> T:
     """One attempt: the transaction, and the commit's errors sorted out."""
     if _status(conn) != pq.TransactionStatus.IDLE:
         raise psycopg.ProgrammingError(
@@ -104,16 +118,20 @@ def _attempt(conn: ConnT, fn: Callable[[ConnT], T], causal_reads: bool) -> T:
         with conn.transaction():
             conn.execute(SYNC_WAIT)
     committing = False
+    tid: Optional[str] = None
     try:
         with conn.transaction():
             result = fn(conn)
             if _status(conn) == pq.TransactionStatus.INERROR:
                 raise FailedTransaction("the function returned from a failed transaction (it caught a database "
                                         "error); nothing was committed")
+            if outcome_id:
+                row = conn.execute(TRANSACTION_ID).fetchone()
+                tid = str(row[0]) if row is not None else None
             committing = True
     except psycopg.Error as e:
         if committing and commit_in_doubt(e.sqlstate, connection_lost=conn.closed):
-            raise CommitOutcomeUnknown(e.sqlstate, str(e).strip()) from e
+            raise CommitOutcomeUnknown(e.sqlstate, str(e).strip(), tid) from e
         raise
     return result
 

@@ -39,11 +39,14 @@ class CommitOutcomeUnknown(Exception):
     transaction committed on every node or on none, and this client cannot tell which. It was not
     retried. The driver's error is the ``__cause__``; ``sqlstate`` is its SQLSTATE, if any.
 
-    Find out from the data (a row the transaction wrote, or a unique request id it stored)
-    before running it again; docs/CLIENTS.md."""
+    Find out before running it again: with ``transaction_id`` (the helper read it before COMMIT
+    when asked to), ``chorus.commit_outcome(transaction_id)`` on any node says what became of it;
+    or from the data (a row the transaction wrote, or a unique request id it stored);
+    docs/CLIENTS.md."""
 
-    def __init__(self, sqlstate: Optional[str], detail: str) -> None:
+    def __init__(self, sqlstate: Optional[str], detail: str, transaction_id: Optional[str] = None) -> None:
         self.sqlstate = sqlstate
+        self.transaction_id = transaction_id
         super().__init__(
             f"the outcome of COMMIT is unknown ({'SQLSTATE ' + sqlstate if sqlstate else 'connection lost'}: "
             f"{detail}): the transaction committed on every node or on none; it was not retried")
