@@ -60,6 +60,27 @@ def _commit_failed(e: DBAPIError) -> None:
         raise CommitOutcomeUnknown(sqlstate, str(e.orig if e.orig is not None else e).strip()) from e
 
 
+def _attempt_on(target: Any, fn: Callable[[Any], T], causal_reads: bool) -> T:
+    """One attempt on a Session or a Connection (both begin() and execute() alike): the causal
+    wait, the transaction (a session's changes flushed before COMMIT), and COMMIT's errors sorted
+    out."""
+    if causal_reads:
+        with target.begin():
+            target.execute(SYNC_WAIT)
+    committing = False
+    try:
+        with target.begin():
+            result = fn(target)
+            if isinstance(target, Session):
+                target.flush()
+            committing = True
+    except DBAPIError as e:
+        if committing:
+            _commit_failed(e)
+        raise
+    return result
+
+
 def run_in_session(session_factory: Callable[[], SessionT], fn: Callable[[SessionT], T], *,
                    attempts: int = DEFAULT_ATTEMPTS, backoff: Backoff = Backoff(), causal_reads: bool = False,
                    stats: Optional[RetryStats] = None, sleep: Callable[[float], None] = time.sleep,
@@ -82,20 +103,7 @@ def run_in_session(session_factory: Callable[[], SessionT], fn: Callable[[Sessio
 
     def attempt(n: int) -> T:
         with session_factory() as session:
-            if causal_reads:
-                with session.begin():
-                    session.execute(SYNC_WAIT)
-            committing = False
-            try:
-                with session.begin():
-                    result = fn(session)
-                    session.flush()
-                    committing = True
-            except DBAPIError as e:
-                if committing:
-                    _commit_failed(e)
-                raise
-            return result
+            return _attempt_on(session, fn, causal_reads)
 
     return run_attempts(attempt, _retry_sqlstate, attempts=attempts, backoff=backoff, stats=stats, sleep=sleep,
                         rand=rand)
@@ -110,19 +118,7 @@ def run_in_transaction(engine: Engine, fn: Callable[[Connection], T], *, attempt
 
     def attempt(n: int) -> T:
         with engine.connect() as conn:
-            if causal_reads:
-                with conn.begin():
-                    conn.execute(SYNC_WAIT)
-            committing = False
-            try:
-                with conn.begin():
-                    result = fn(conn)
-                    committing = True
-            except DBAPIError as e:
-                if committing:
-                    _commit_failed(e)
-                raise
-            return result
+            return _attempt_on(conn, fn, causal_reads)
 
     return run_attempts(attempt, _retry_sqlstate, attempts=attempts, backoff=backoff, stats=stats, sleep=sleep,
                         rand=rand)
