@@ -14,11 +14,16 @@
 #include "funcapi.h"
 #include "access/htup_details.h"
 #include "replication/origin.h"
+#include "catalog/pg_authid_d.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
 #include "chorus_capture.h"
 #include "chorus_commit.h"
+#include "chorus_coord.h"
+#include "chorus_wire.h"
 #include "chorus_flow.h"
 #include "chorus_settings.h"
 #include "chorus_shmem.h"
@@ -29,6 +34,7 @@ PG_FUNCTION_INFO_V1(chorus_set_paused);
 PG_FUNCTION_INFO_V1(chorus_committed_gid);
 PG_FUNCTION_INFO_V1(chorus_apply_begin);
 PG_FUNCTION_INFO_V1(chorus_status);
+PG_FUNCTION_INFO_V1(chorus_cluster_info);
 PG_FUNCTION_INFO_V1(chorus_sync_wait_sql);
 PG_FUNCTION_INFO_V1(chorus_wait_turn);
 PG_FUNCTION_INFO_V1(chorus_snapshot_gid);
@@ -313,6 +319,37 @@ chorus_status(PG_FUNCTION_ARGS)
 	values[2] = Int64GetDatum((int64) chorus_shared->committed_gid);
 	LWLockRelease(chorus_shared->lock);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/*
+ * chorus_cluster_info(what text)
+ *		What the coordinator knows that shared memory does not hold, as JSON:
+ *		the rows of chorus.node, chorus.members and chorus.conflicts
+ *		(docs/OPERATIONS.md). Asked over this backend's coordinator socket.
+ */
+Datum
+chorus_cluster_info(PG_FUNCTION_ARGS)
+{
+	text	   *what = PG_GETARG_TEXT_PP(0);
+	ChorusVerdict v;
+
+	if (VARSIZE_ANY_EXHDR(what) > 256)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("chorus: no such view")));
+	/* conflicts show keys, so rows' values: as pg_stat_activity's queries, to those who may see all */
+	if (VARSIZE_ANY_EXHDR(what) >= 9 && strncmp(VARDATA_ANY(what), "conflicts", 9) == 0 &&
+		!has_privs_of_role(GetUserId(), ROLE_PG_READ_ALL_STATS))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied for chorus.conflicts"),
+				 errdetail("Only roles with privileges of pg_read_all_stats can read certification conflicts.")));
+	chorus_coord_ask(CHORUS_FRAME_INFO, VARDATA_ANY(what), VARSIZE_ANY_EXHDR(what), &v);
+	if (v.verdict != CHORUS_VERDICT_COMMIT)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("chorus: the coordinator did not answer: %s", v.msg)));
+	PG_RETURN_TEXT_P(cstring_to_text(v.msg));
 }
 
 /*

@@ -65,6 +65,7 @@
 #define CHORUS_FRAME_ABORTED 'A'
 #define CHORUS_FRAME_RAN 'R'		/* a schema change ran here: u64 gid, u32 xid, its writeset */
 #define CHORUS_FRAME_SYNC 'S'
+#define CHORUS_FRAME_INFO 'I'		/* one of the views: its name; answered with a verdict whose message is JSON */
 #define CHORUS_FRAME_LENGTH_SIZE 4	/* each frame starts with a big-endian u32: the length of type and body */
 #define CHORUS_FRAME_DONE_SIZE (1 + 8 + 4)	/* type, gid, xid: frames C and A */
 #define CHORUS_FRAME_RAN_HEAD_SIZE (8 + 4)	/* frame R's body before its writeset: gid, xid */

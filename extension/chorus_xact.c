@@ -169,6 +169,25 @@ chorus_xact_callback(XactEvent event, void *arg)
 				chorus_send_done(CHORUS_FRAME_ABORTED, cs->gid, cs->xid);
 			chorus_xact_end(cap, cs);
 			break;
+		case XACT_EVENT_PRE_PREPARE:
+			/*
+			 * A prepared transaction commits later, by COMMIT PREPARED, on
+			 * this node alone: what it wrote would never be certified, and
+			 * the other nodes would never have it. Refused while it can
+			 * still roll back (this event comes before the point of no
+			 * return); a transaction that wrote nothing replicated may be
+			 * prepared.
+			 */
+			if (!cs->applying && (cap->nrows > 0 || cap->sequences != NIL || cap->has_schema))
+				ereport(ERROR,
+						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+						 errmsg("chorus: PREPARE TRANSACTION is not supported for a transaction that writes replicated tables, sequences or schema"),
+						 errdetail("Every node certifies a transaction at COMMIT; a prepared transaction would commit on this node alone."),
+						 errhint("Use COMMIT. Two-phase commit with an external transaction manager works only for transactions that write nothing Chorus replicates.")));
+			break;
+		case XACT_EVENT_PREPARE:
+			chorus_xact_end(cap, cs);
+			break;
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PARALLEL_ABORT:
 			chorus_capture_reset(cap);

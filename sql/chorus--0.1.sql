@@ -47,6 +47,88 @@ CREATE FUNCTION chorus.wait_turn(wait_for bigint) RETURNS void
 CREATE FUNCTION chorus.status(OUT ready boolean, OUT online boolean, OUT committed_gid bigint)
     AS 'MODULE_PATHNAME', 'chorus_status' LANGUAGE C STRICT;
 
+-- What the coordinator knows (docs/OPERATIONS.md): this node, the members it sees online, the
+-- last certification failures. chorus.cluster_info asks this backend's coordinator (JSON).
+CREATE FUNCTION chorus.cluster_info(what text) RETURNS text
+    AS 'MODULE_PATHNAME', 'chorus_cluster_info' LANGUAGE C VOLATILE STRICT;
+
+CREATE VIEW chorus.node AS
+SELECT * FROM jsonb_to_record(chorus.cluster_info('node')::jsonb) AS n(
+    name text, phase text, reason text, accepts_writes boolean, quorate boolean, cluster_uuid text,
+    members_online integer, committed_gid bigint, certified_gid bigint, lag_gids bigint, lag_ms double precision,
+    local_commits bigint, certification_failures bigint, local_certification_failures bigint, applied bigint,
+    flow_control_paused_by text[], wslog_low_gid bigint, wslog_high_gid bigint, uptime_s double precision);
+
+CREATE VIEW chorus.members AS
+SELECT * FROM jsonb_to_recordset(chorus.cluster_info('members')::jsonb) AS m(
+    name text, this_node boolean, phase text, committed_gid bigint, lag_gids bigint);
+
+-- the coordinator's answers are pages (at most 60 kB each): read them all, oldest first
+CREATE FUNCTION chorus.conflict_history() RETURNS SETOF jsonb LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    after bigint := 0;
+    page jsonb;
+BEGIN
+    LOOP
+        page := chorus.cluster_info('conflicts ' || after)::jsonb;
+        RETURN QUERY SELECT r FROM jsonb_array_elements(page->'rows') AS r;
+        EXIT WHEN NOT (page->>'more')::boolean OR jsonb_array_length(page->'rows') = 0;
+        after := (page->'rows'->-1->>'gid')::bigint;
+    END LOOP;
+END
+$$;
+
+CREATE VIEW chorus.conflicts AS
+SELECT to_timestamp((c->>'at')::double precision) AS at, (c->>'gid')::bigint AS gid,
+       NULLIF(c->>'schema', '') AS schema_name, NULLIF(c->>'table', '') AS table_name,
+       NULLIF(c->>'key', '') AS key, NULLIF((c->>'winner_gid')::bigint, 0) AS winner_gid,
+       NULLIF(c->>'winner_node', '') AS winner_node, c->>'loser_node' AS loser_node,
+       (c->>'loser_xid')::bigint AS loser_xid, (c->>'loser_pid')::integer AS loser_pid, c->>'reason' AS reason
+  FROM chorus.conflict_history() AS c;
+
+-- After a connection lost at COMMIT (08006, 08007): what became of the transaction. Read
+-- chorus.transaction_id() in the transaction before COMMIT; chorus.commit_outcome(id) on any node
+-- answers committed, aborted, in doubt (and what it waits for) or unknown (docs/CLIENTS.md).
+CREATE FUNCTION chorus.transaction_id() RETURNS text LANGUAGE sql VOLATILE AS $$
+    SELECT (chorus.cluster_info('node')::jsonb->>'name') || ':' || txid_current()::text || ':'
+           || (chorus.status()).committed_gid::text
+$$;
+
+CREATE FUNCTION chorus.commit_outcome(id text, OUT outcome text, OUT gid bigint, OUT detail text)
+LANGUAGE plpgsql VOLATILE STRICT AS $$
+DECLARE
+    parts text[] := regexp_match(id, '^(.+):([0-9]{1,19}):([0-9]{1,19})$');
+    status text := '-';
+    answer jsonb;
+BEGIN
+    IF parts IS NULL THEN
+        RAISE EXCEPTION 'chorus: % is not a transaction identifier', quote_literal(id)
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'chorus.transaction_id() gives them: node:xid:gid.';
+    END IF;
+    IF parts[1] = chorus.cluster_info('node')::jsonb->>'name' THEN  -- this node is its origin
+        BEGIN
+            status := coalesce(replace(pg_xact_status(parts[2]::xid8), ' ', '_'), 'unknown');
+        EXCEPTION WHEN invalid_parameter_value THEN  -- "in the future": lost in a crash, with its WAL
+            status := 'unknown';
+        END;
+    END IF;
+    answer := chorus.cluster_info(format('outcome %s %s %s %s', parts[2], parts[3], status, parts[1]))::jsonb;
+    outcome := answer->>'outcome';
+    gid := (answer->>'gid')::bigint;
+    detail := answer->>'detail';
+END
+$$;
+
+-- the conflicts show keys, so rows' values: for the roles that may see every session's data
+REVOKE ALL ON FUNCTION chorus.conflict_history() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION chorus.conflict_history() TO pg_read_all_stats;
+REVOKE ALL ON chorus.conflicts FROM PUBLIC;
+GRANT SELECT ON chorus.conflicts TO pg_read_all_stats;
+GRANT SELECT ON chorus.node, chorus.members TO PUBLIC;
+-- every role may read the views and call chorus.sync_wait(); what only the coordinator may call
+-- is revoked below, and chorus.cluster_info() answers 'conflicts' to pg_read_all_stats only
+GRANT USAGE ON SCHEMA chorus TO PUBLIC;
+
 -- The GID of every replicated commit is written into the commit record as the progress of
 -- the replication origin "chorus": after any restart this is the node's last committed GID.
 SELECT pg_replication_origin_create('chorus')

@@ -97,6 +97,7 @@ cdef class Certifier:
                         f"transaction's snapshot (last seen GID {last_seen})",
                         other_gid,
                         other_origin,
+                        k,
                     )
         self._index_keys(gid, origin, ks, hashes)
         return OK

@@ -36,6 +36,7 @@ class FrameType(bytes, enum.Enum):
     ABORTED = b"A"  # backend: it ended without committing certified GID gid (u64 gid, u32 xid)
     DDL_RAN = b"R"  # backend: the schema change gid ran here (u64 gid, u32 xid, its content)
     SYNC = b"S"  # backend: a causal-read request (no body)
+    INFO = b"I"  # backend: a request for one of the extension's views (UTF-8 text: nodestatus.info)
     VERDICT = b"V"  # coordinator: the answer to W or S
 
 

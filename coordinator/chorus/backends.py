@@ -134,6 +134,7 @@ class BackendServer:
         self._expect = expect
         self._spawn = spawn
         self.spool: Optional[Spool] = None  # where large writesets from backends go (set by the coordinator)
+        self.info: Optional[Callable[[str], str]] = None  # the extension's views (nodestatus.info; set likewise)
         self.tickets: dict[int, Backend] = {}
         self._next_ticket = 1
 
@@ -149,6 +150,8 @@ class BackendServer:
             self.pipeline.local_done(gid)
         elif t == bpf.FrameType.SYNC:
             self._sync_request(b)
+        elif t == bpf.FrameType.INFO:
+            self._info(b, frame.payload)
         elif t == bpf.FrameType.DDL_RAN:
             gid, _, content = bpf.parse_ran(frame.payload)
             wire.scan(content)  # checked before it reaches the bus
@@ -199,6 +202,20 @@ class BackendServer:
             if b is not None and not b.closed:
                 b.ticket = 0
                 b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0, f"the group bus failed: {e}"))
+
+    def _info(self, b: Backend, what: bytes) -> None:
+        """One of the extension's views (chorus.node, chorus.members, chorus.conflicts), as JSON
+        in a COMMIT verdict's message; a REFUSED verdict says why not."""
+        try:
+            if self.info is None or len(what) > 256:
+                raise ValueError("no such view")
+            text = self.info(what.decode("utf-8"))
+            if len(text.encode()) > 0xFFFF:
+                raise ValueError("the answer is too large")
+        except (ValueError, UnicodeDecodeError) as e:
+            b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0, str(e)))
+            return
+        b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, 0, 0, text))
 
     def _sync_request(self, b: Backend) -> None:
         why = self._refusal()

@@ -38,6 +38,8 @@ class BusSender:
         self.outbox: list[tuple[int, bytes]] = []  # (ticket, writeset) waiting for the bus
         self.batches = 0  # bus messages carrying local writesets
         self.writesets = 0  # local writesets sent
+        self.messages = 0  # every bus message posted (writesets and control)
+        self.bytes = 0  # ... and their bytes
         self._in_flight = 0
         self._waiting = 0  # messages handed to a task because the bus could not take them at once
         self._pump_scheduled = False
@@ -99,6 +101,8 @@ class BusSender:
         """Multicast ``payload``: at once if the bus takes it, else from a task that retries
         (``on_error`` if it cannot). Messages leave in the order they are posted."""
         assert self.bus is not None
+        self.messages += 1
+        self.bytes += len(payload)
         if self._waiting == 0 and self.bus.send_nowait(payload):
             return
         self._waiting += 1

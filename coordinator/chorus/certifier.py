@@ -36,6 +36,7 @@ class Verdict:
     reason: str = ""
     conflict_gid: int = 0
     conflict_origin: str = ""
+    key: Optional[Key] = None  # the key it conflicted on (none: snapshot too old)
 
 
 OK = Verdict(True)
@@ -125,6 +126,7 @@ class PyCertifier:
                         f"transaction's snapshot (last seen GID {last_seen})",
                         other_gid,
                         other_origin,
+                        k,
                     )
         for k, h in hashed:
             self._index.setdefault(h, {}).setdefault(k.mode, _Slot()).add(gid, origin)

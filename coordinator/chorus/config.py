@@ -30,6 +30,8 @@ tls_key = "/d/keys/cluster.key"
 secret_file = "/d/keys/cluster.secret"
 partners = ["n2"]            # preferred recovery partners, in order (default: least loaded)
 auto_total = false           # `chorus node join`: total recovery when no member's log holds the gap
+[metrics]                    # HTTP: /metrics (Prometheus), /health, /writable, /ready (docs/OPERATIONS.md)
+listen = "127.0.0.1:9433"    # default: none
 ```
 """
 
@@ -77,6 +79,7 @@ class NodeConfig:
     # is quorate only with a majority of them. 0: quorum counts Corosync's nodes (every real
     # deployment, one Corosync per node).
     bus_members: int = 0
+    metrics_listen: str = ""  # host:port of the HTTP endpoints (endpoints.py); "" = none
 
     @property
     def wslog_dir(self) -> str:
@@ -118,6 +121,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, type, bool]]] = {
                  "secret_file": ("secret_file", str, False),
                  "partners": ("recovery_partners", list, False),
                  "auto_total": ("auto_total", bool, False)},
+    "metrics": {"listen": ("metrics_listen", str, False)},
 }
 
 
@@ -167,6 +171,10 @@ def load_config(path: str) -> NodeConfig:
         raise ChorusConfigError(f"{path}: log.total_mb must hold at least two segments of log.segment_mb")
     if values.get("recovery_listen") and not all(values.get(k) for k in ("tls_cert", "tls_key", "secret_file")):
         raise ChorusConfigError(f"{path}: recovery.listen needs recovery.tls_cert, tls_key and secret_file")
+    listen = values.get("metrics_listen", "")
+    host, _, port = listen.rpartition(":")
+    if listen and not (host and port.isdigit() and 0 < int(port) < 65536):
+        raise ChorusConfigError(f"{path}: metrics.listen must be host:port, not {listen!r}")
     if values.get("log_level", "info").lower() not in ("debug", "info", "warning", "error"):
         raise ChorusConfigError(f"{path}: node.log_level must be debug, info, warning or error")
     return NodeConfig(**values)
@@ -209,6 +217,7 @@ def write_config(cfg: NodeConfig, path: str) -> None:
             ("tls_key", cfg.tls_key), ("secret_file", cfg.secret_file)) if v)
         + f"partners = [{', '.join(_toml_str(p) for p in cfg.recovery_partners)}]\n"
         + f"auto_total = {'true' if cfg.auto_total else 'false'}\n"
+        + (f"[metrics]\nlisten = {_toml_str(cfg.metrics_listen)}\n" if cfg.metrics_listen else "")
     )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:

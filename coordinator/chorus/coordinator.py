@@ -30,7 +30,7 @@ import psycopg
 from chorus import admin
 from chorus import busproto as bp
 from chorus import recovery as rc
-from chorus import certifier, scheduler, wire
+from chorus import certifier, outcomes, scheduler, wire
 from chorus.backends import BackendServer
 from chorus.bus import Bus, BusError, View
 from chorus.bussender import BusSender
@@ -39,8 +39,10 @@ from chorus.causal import CausalReads
 from chorus.commitbook import FlowControl
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.config import NodeConfig
+from chorus.endpoints import Endpoints
 from chorus.lockwatch import watch_blockers
 from chorus.nodedb import DB_RETRY_S, DatabaseFatal, NodeDatabase, NodeStart
+from chorus import nodestatus
 from chorus.nodestatus import Counters, NodeStatus
 from chorus.pipeline import CommitPipeline, Hooks, Pending, raw
 from chorus.replicator import (Action, Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried,
@@ -117,6 +119,7 @@ class Coordinator:
             cfg.name, self.wslog.max_payload(cfg.name), self.counters, self.pipeline, self.sender, self.causal,
             self.db, refusal=self._refusal, expect=self._expect_local, spawn=self._spawn)
         self.catchup: Optional[CatchUpRunner] = None  # once the replicator exists
+        self.endpoints: Optional[Endpoints] = None  # [metrics] listen
 
     # ---- start and stop -----------------------------------------------------------------
 
@@ -124,6 +127,20 @@ class Coordinator:
         loop = self._loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
+        if self.cfg.metrics_listen:  # first: health checks answer (503) while the node starts
+            self.endpoints = Endpoints(self.status, self.stopping.is_set, self.db.ok.is_set)
+            try:
+                await self.endpoints.start(self.cfg.metrics_listen)
+            except OSError as e:
+                raise FatalError(f"cannot listen on metrics.listen {self.cfg.metrics_listen}: {e}") from e
+            log.info("metrics and health checks on http://%s/", self.cfg.metrics_listen)
+        try:
+            await self._run(loop)
+        finally:
+            if self.endpoints is not None:
+                await self.endpoints.close()
+
+    async def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.state.left_by_vote:
             raise FatalError(f"this node left its cluster by an inconsistency vote ({self.state.left_by_vote}); "
                              "it starts again only once total recovery has rebuilt it")
@@ -158,6 +175,8 @@ class Coordinator:
         self.bus = self.bus_factory()
         self.bus.use_spool(self.spool)
         self.backends.spool = self.spool
+        self.backends.info = functools.partial(nodestatus.info, s=self.status, conflicts=self._conflicts,
+                                               outcome=self._outcome)
         self.sender.attach(self.bus, loop)
         await self.bus.join()
         log.info("node %s joined bus group as %s", self.cfg.name, self.bus.local_id)
@@ -330,6 +349,7 @@ class Coordinator:
         assert self.bus is not None and self.replicator is not None
         r = self.replicator
         local = self.bus.local_id
+        counters = self.counters
         try:
             async for batch in self.bus.batches():
                 for ev in batch:
@@ -340,6 +360,8 @@ class Coordinator:
                         self.sender.view_changed()
                         self.causal.view_changed()
                     else:
+                        counters.bus_messages_received += 1
+                        counters.bus_bytes_received += len(ev.payload)
                         actions = r.on_delivery(ev)
                         if ev.sender == local:
                             self.sender.delivered_own(ev.payload)
@@ -478,6 +500,7 @@ class Coordinator:
             cluster_uuid=r.cluster_uuid if r else self.state.cluster_uuid,
             bus_member=self.bus.local_id if self.bus else "",
             members=sorted(r.online) if r else [],
+            member_committed_gid={n: r.progress[n] for n in sorted(r.online) if n in r.progress} if r else {},
             bus_members=list(r.members) if r else [],
             quorate=bool(r and r.quorate),
             quorum_votes=r.votes.quorum if r else 0,
@@ -492,6 +515,7 @@ class Coordinator:
             local_commits=c.local_commits,
             certification_failures=r.stats.cert_failures if r else 0,
             local_certification_failures=r.stats.local_failed if r else 0,
+            certification_failures_by_table=dict(r.stats.failures_by_table) if r else {},
             applied=c.applied,
             apply_transactions=c.apply_transactions,
             replayed=c.replayed,
@@ -516,6 +540,10 @@ class Coordinator:
             malformed_frames=c.malformed_frames,
             bus_batches=self.sender.batches,
             bus_writesets=self.sender.writesets,
+            bus_messages_sent=self.sender.messages,
+            bus_bytes_sent=self.sender.bytes,
+            bus_messages_received=c.bus_messages_received,
+            bus_bytes_received=c.bus_bytes_received,
             uptime_s=round(time.time() - self.started, 1),
             event_loop=self.event_loop,
             impl=hot_path_impl(),
@@ -523,8 +551,34 @@ class Coordinator:
             concurrent_index_changes=self.concurrent.as_dict(),
             writeset_log={"low_gid": self.wslog.low_gid, "high_gid": self.wslog.high_gid,
                           "holds_after_gid": self.wslog.base_gid,
-                          "waiting_for_schema_outcome": self.feeder.waiting},
+                          "waiting_for_schema_outcome": self.feeder.waiting, **self._log_size()},
         )
+
+    def _outcome(self, xid: int, began: int, origin_db_status: str, origin: str) -> dict[str, Any]:
+        """chorus.commit_outcome: what became of transaction ``xid`` of node ``origin`` (outcomes.py)."""
+        r = self.replicator
+        if r is None:
+            return {"outcome": "in doubt", "gid": None, "detail": "this node's coordinator is starting"}
+        low = xid & 0xFFFFFFFF
+        in_flight = origin == self.cfg.name and any(
+            ws.xid == low for ws in r.local_in_flight())
+        phase = "online" if r.accepts_writes and self.db.ok.is_set() else r.phase.value
+        return outcomes.lookup(r.outcomes, origin, xid, began, this_node=self.cfg.name, phase=phase,
+                               online=set(r.online), committed_here=self.pipeline.watermark,
+                               origin_db_status=origin_db_status if origin == self.cfg.name else "",
+                               in_flight=in_flight)
+
+    def _conflicts(self) -> list[dict[str, Any]]:
+        """The certification failures the replicator remembers, oldest first."""
+        return [c.as_dict() for c in self.replicator.conflicts] if self.replicator is not None else []
+
+    def _log_size(self) -> dict[str, int]:
+        try:
+            st = self.wslog.stats()
+        except LogError:  # not open (yet, or any more)
+            return {}
+        return {"segments": st["segments"], "bytes": st["segments"] * st["segment_bytes"],
+                "bytes_used": st["bytes_used"]}
 
     async def _serve_admin(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await admin.serve(reader, writer, self._admin_answer)
@@ -533,6 +587,11 @@ class Coordinator:
         """The answer to one admin request (chorus/admin.py)."""
         if cmd == "status":
             return {"ok": True, "status": self.status().as_dict()}
+        if cmd == "views":  # what the extension's views show (chorus status, chorus local status)
+            st = self.status()
+            recent = int(req.get("conflicts", 20))
+            return {"ok": True, "node": nodestatus.node_view(st), "members": nodestatus.members_view(st),
+                    "conflicts": self._conflicts()[-recent:] if recent > 0 else []}
         if cmd == "settled":
             # verify: has this node committed every writeset it certified up to GID upto?
             upto = int(req.get("upto", 0))

@@ -13,7 +13,8 @@ DIR/nodes/<name>/wslog/        (the writeset log)
 DIR/keys/                      (0700: the cluster's recovery certificate, key and secret)
 ```
 
-A node's recovery server listens on 127.0.0.1, port = its PostgreSQL port - 1000. Both ports
+A node's recovery server listens on 127.0.0.1, port = its PostgreSQL port - 1000, and its HTTP
+endpoints (metrics, health checks) on 127.0.0.1, port = its PostgreSQL port + 1000. The ports
 are best chosen below the kernel's ephemeral range (32768-60999 on Linux): a port in it may be
 held by any outgoing connection at the moment a node starts.
 """
@@ -131,7 +132,8 @@ class LocalCluster:
             bus_members=len(meta.nodes),
             recovery_listen=listen, recovery_advertise=listen,
             tls_cert=str(keys / "cluster.crt"), tls_key=str(keys / "cluster.key"),
-            secret_file=str(keys / "cluster.secret"))
+            secret_file=str(keys / "cluster.secret"),
+            metrics_listen=f"127.0.0.1:{n.port + 1000}")
 
     def describe(self, meta: Meta) -> list[dict[str, Any]]:
         out = []
@@ -142,6 +144,7 @@ class LocalCluster:
                 "dsn": f"host=127.0.0.1 port={n.port} dbname=postgres user=postgres",
                 "socket_dsn": cfg.dsn, "admin": cfg.admin_socket,
                 "config": str(self.node_dir(n.name) / "chorus.toml"),
+                "http": f"http://{cfg.metrics_listen}",
                 "pg_pid": n.pg_pid if _alive(n.pg_pid, "postgres") else 0,
                 "coordinator_pid": n.coordinator_pid if _alive(n.coordinator_pid, "chorus") else 0,
             })
@@ -259,6 +262,7 @@ class LocalCluster:
         if _alive(n.coordinator_pid, "chorus"):
             return
         _port_free_or_fail(n.port - 1000, f"{n.name}'s recovery server")
+        _port_free_or_fail(n.port + 1000, f"{n.name}'s metrics and health checks")
         d = self.node_dir(n.name)
         self.log(f"{n.name}: starting the coordinator")
         cmd, kw = self._wrap(n.name, [self.venv_chorus, "run", "--config", str(d / "chorus.toml")])

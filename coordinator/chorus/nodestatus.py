@@ -4,8 +4,9 @@ the admin socket (``chorus status``), an immutable value."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Optional
 
 
 @dataclass
@@ -21,6 +22,8 @@ class Counters:
     overlapped_applies: int = 0  # applies dispatched while another was still running
     already_committed: int = 0  # applies found their GID committed here already (nothing done)
     apply_transactions: int = 0  # transactions that applied remote writesets (a run is one)
+    bus_messages_received: int = 0  # bus messages delivered to this node (its own included)
+    bus_bytes_received: int = 0
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class NodeStatus:
     cluster_uuid: str
     bus_member: str
     members: list[str]
+    # the online members' committed GIDs, as each last reported it (about once a second)
+    member_committed_gid: dict[str, int]
     bus_members: list[str]
     quorate: bool
     quorum_votes: int
@@ -47,6 +52,7 @@ class NodeStatus:
     local_commits: int
     certification_failures: int
     local_certification_failures: int
+    certification_failures_by_table: dict[str, int]  # "schema.table" ("": snapshot too old)
     applied: int
     apply_transactions: int
     replayed: int
@@ -70,6 +76,10 @@ class NodeStatus:
     malformed_frames: int
     bus_batches: int
     bus_writesets: int
+    bus_messages_sent: int
+    bus_bytes_sent: int
+    bus_messages_received: int
+    bus_bytes_received: int
     uptime_s: float
     event_loop: str  # uvloop or asyncio (eventloop.py)
     impl: str  # the hot path: c (compiled) or python (coordinator.hot_path_impl)
@@ -80,3 +90,84 @@ class NodeStatus:
     def as_dict(self) -> dict[str, Any]:
         """The JSON form, with the field names as keys."""
         return dataclasses.asdict(self)
+
+
+# ---- the extension's views (chorus.node, chorus.members, chorus.conflicts) -----------------
+
+INFO_BYTES = 60_000  # one answer's JSON, at most (it travels in a verdict frame's u16 message)
+_TEXT_MAX = 200  # a conflict's key and reason, cut to this many characters
+
+
+def node_view(s: NodeStatus) -> dict[str, Any]:
+    """chorus.node: this node, one row."""
+    wl = s.writeset_log
+    return {"name": s.node, "phase": s.state, "reason": s.reason, "accepts_writes": s.accepts_writes,
+            "quorate": s.quorate, "cluster_uuid": s.cluster_uuid, "members_online": len(s.members),
+            "committed_gid": s.committed_gid, "certified_gid": s.certified_gid, "lag_gids": s.lag_gids,
+            "lag_ms": s.lag_ms, "local_commits": s.local_commits,
+            "certification_failures": s.certification_failures,
+            "local_certification_failures": s.local_certification_failures, "applied": s.applied,
+            "flow_control_paused_by": s.flow_control.get("paused_by", []),
+            "wslog_low_gid": wl.get("low_gid", 0), "wslog_high_gid": wl.get("high_gid", 0),
+            "uptime_s": s.uptime_s}
+
+
+def members_view(s: NodeStatus) -> list[dict[str, Any]]:
+    """chorus.members: the members this node sees online, with the GID each has committed (as it
+    last reported it, about once a second; this node's own is current) and how far that is
+    behind what this node certified."""
+    rows = []
+    for name in sorted(set(s.members) | {s.node}):
+        own = name == s.node
+        committed = s.committed_gid if own else s.member_committed_gid.get(name)
+        rows.append({"name": name, "this_node": own, "phase": s.state if own else "online",
+                     "committed_gid": committed,
+                     "lag_gids": max(0, s.certified_gid - committed) if committed is not None else None})
+    return rows
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _TEXT_MAX else text[:_TEXT_MAX - 1] + "…"
+
+
+def conflicts_page(conflicts: Iterable[dict[str, Any]], after_gid: int) -> dict[str, Any]:
+    """chorus.conflicts, a page at a time: the conflicts after GID ``after_gid``, oldest first,
+    as many as fit in INFO_BYTES; ``more`` if others follow (ask again after the last GID)."""
+    rows: list[dict[str, Any]] = []
+    size = 100
+    more = False
+    for c in conflicts:
+        if c["gid"] <= after_gid:
+            continue
+        row = dict(c, key=_cut(c["key"]), reason=_cut(c["reason"]))
+        n = len(json.dumps(row, ensure_ascii=False).encode()) + 2
+        if rows and size + n > INFO_BYTES:
+            more = True
+            break
+        rows.append(row)
+        size += n
+    return {"rows": rows, "more": more}
+
+
+def info(what: str, s: Callable[[], NodeStatus], conflicts: Callable[[], Iterable[dict[str, Any]]],
+         outcome: Optional[Callable[[int, int, str, str], dict[str, Any]]] = None) -> str:
+    """The answer to an extension's request for one of its views (backend frame ``I``): JSON.
+    ``what``: "node", "members", "conflicts AFTER_GID", or "outcome XID BEGAN_GID STATUS NODE"
+    (chorus.commit_outcome: STATUS is what the origin's database says of the transaction, or
+    "-"). Raises ValueError for anything else."""
+    kind, _, arg = what.partition(" ")
+    if kind == "outcome" and outcome is not None:
+        xid, began, status, node = (arg.split(" ", 3) + ["", "", "", ""])[:4]
+        if not (xid.isdigit() and began.isdigit() and len(xid) <= 20 and len(began) <= 20 and node
+                and status in ("-", "committed", "aborted", "in_progress", "unknown")):
+            raise ValueError(f"bad outcome request {arg[:60]!r}")
+        return json.dumps(outcome(int(xid), int(began), "" if status == "-" else status.replace("_", " "), node))
+    if kind == "node" and not arg:
+        doc: Any = node_view(s())
+    elif kind == "members" and not arg:
+        doc = members_view(s())
+    elif kind == "conflicts" and (arg == "" or arg.isdigit()) and len(arg) < 20:
+        doc = conflicts_page(conflicts(), int(arg or 0))
+    else:
+        raise ValueError(f"unknown view {what[:40]!r}")
+    return json.dumps(doc, ensure_ascii=False)

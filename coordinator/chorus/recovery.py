@@ -155,21 +155,18 @@ class RecoveryServer:
             await writer.drain()
             return
         try:
-            while True:
-                try:
-                    recs = rd.read(stop, CHUNK_BYTES)
-                except LogRangeUnavailable as e:  # the writer reused the segment under us
-                    writer.write(proto.encode_error(f"{proto.RANGE_UNAVAILABLE} {e}"))
-                    await writer.drain()
-                    return
-                if not recs:
-                    break
+            while recs := rd.read(stop, CHUNK_BYTES):
                 for r in recs:
+                    # a record logged in pieces is read from the log a part at a time, as sent
                     for frame in proto.encode_record_frames(r, int(protocol)):
                         writer.write(frame)
                         await writer.drain()
                     self.served_records += 1
                     self.served_bytes += len(r.payload)
+        except LogRangeUnavailable as e:  # the writer reused a segment under us (even inside a record)
+            writer.write(proto.encode_error(f"{proto.RANGE_UNAVAILABLE} {e}"))
+            await writer.drain()
+            return
         finally:
             rd.close()
         writer.write(proto.encode_end(stop))
@@ -215,7 +212,7 @@ async def fetch(address: str, keys: ClusterKeys, cluster: str, node: str, after:
         last = after
         while True:
             kind, body = await proto.read_frame(reader)
-            if parts.open and kind != proto.FrameKind.PART:
+            if parts.open and kind not in (proto.FrameKind.PART, proto.FrameKind.ERROR):
                 raise RecoveryError(f"partner sent a {kind.name} frame inside a record sent in parts")
             if kind in (proto.FrameKind.RECORD, proto.FrameKind.PART):
                 whole = parts.add(body) if kind == proto.FrameKind.PART else proto.decode_record(body)

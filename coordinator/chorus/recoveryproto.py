@@ -24,7 +24,7 @@ import struct
 from typing import Any, Iterator, Optional
 
 from chorus.spool import SPOOL_AT, Spool, SpoolWriter
-from chorus.wslog import LogRecord
+from chorus.wslog import LogRecord, PiecedPayload
 
 PROTOCOL = 2
 PROTOCOLS = (1, 2)  # what a partner serves
@@ -90,21 +90,47 @@ def _frame(kind: FrameKind, body: bytes) -> bytes:
 
 def encode_record(r: LogRecord) -> bytes:
     o = r.origin.encode("utf-8")
-    return _frame(FrameKind.RECORD, _RECORD.pack(r.gid, r.flags, len(o)) + o + r.payload)
+    return _frame(FrameKind.RECORD, _RECORD.pack(r.gid, r.flags, len(o)) + o + bytes(r.payload))
 
 
 def encode_record_frames(r: LogRecord, protocol: int = PROTOCOL) -> Iterator[bytes]:
     """The frames carrying ``r``: one RECORD frame, or PART frames for a record larger than
-    PART_BYTES (to a joiner of protocol version 2)."""
+    PART_BYTES (to a joiner of protocol version 2). A payload read in pieces from the log
+    (wslog.PiecedPayload) is read a part at a time as the frames are taken, so serving a record
+    of any size holds one part in memory (a joiner of version 1 gets it whole)."""
     if protocol < 2 or len(r.payload) <= PART_BYTES:
         yield encode_record(r)
         return
     o = r.origin.encode("utf-8")
     head = _RECORD.pack(r.gid, r.flags, len(o)) + o
     total = len(r.payload)
-    with memoryview(r.payload) as mv:
-        for off in range(0, total, PART_BYTES):
-            yield _frame(FrameKind.PART, head + _PART.pack(total, off) + mv[off:off + PART_BYTES])
+    off = 0
+    for chunk in _chunks(r.payload):
+        yield _frame(FrameKind.PART, head + _PART.pack(total, off) + chunk)
+        off += len(chunk)
+    if off != total:
+        raise RecoveryError(f"GID {r.gid}: {off} of its {total} bytes were read")
+
+
+def _chunks(payload: Any) -> Iterator[Any]:
+    """``payload`` in chunks of PART_BYTES (the last one shorter)."""
+    if isinstance(payload, PiecedPayload):  # the log's pieces end anywhere: parts are filled across them
+        held = bytearray()
+        for chunk in payload.chunks(PART_BYTES):
+            if not held and len(chunk) == PART_BYTES:
+                yield chunk
+                continue
+            take = PART_BYTES - len(held)
+            held += chunk[:take]
+            if len(held) == PART_BYTES:
+                yield bytes(held)
+                held = bytearray(chunk[take:])
+        if held:
+            yield bytes(held)
+        return
+    with memoryview(payload) as mv:
+        for off in range(0, len(mv), PART_BYTES):
+            yield mv[off:off + PART_BYTES]
 
 
 class PartAssembler:

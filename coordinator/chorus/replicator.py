@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from chorus import busproto as bp
 from chorus import wire
 from chorus.bus import Delivery, View, Votes, bus_node
-from chorus.certifier import OK, CertificationIndex, Certifier
+from chorus.certifier import OK, CertificationIndex, Certifier, Verdict
+from chorus.outcomes import Outcome, OutcomeIndex
 
 log = logging.getLogger("chorus.replicator")
 
 REQUEST_RETRY_S = 2.0
 BOOTSTRAP_WAIT_S = 3.0
+CONFLICT_HISTORY = 1000  # certification failures kept (chorus.conflicts)
 
 
 class Phase(enum.Enum):
@@ -174,6 +178,41 @@ class Stats:
     local_failed: int = 0
     remote_certified: int = 0
     malformed: int = 0
+    # certification failures by the table of the key they conflicted on ("schema.table"; ""
+    # for a snapshot too old)
+    failures_by_table: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One certification failure, as every node saw it (they certify alike)."""
+    at: float  # wall-clock time this node certified it
+    gid: int  # the losing writeset's place in the total order
+    loser_node: str
+    loser_xid: int  # its transaction on its origin node
+    loser_pid: int  # its origin backend's process
+    schema: str  # the key's table ("" for a snapshot too old)
+    table: str
+    key: str  # the key's columns and values, "(id)=(5)", or "(table)" for a table key
+    winner_gid: int  # the writeset that wrote it first (0 for a snapshot too old)
+    winner_node: str  # its origin ("" for a schema change)
+    reason: str
+
+    @staticmethod
+    def of(at: float, gid: int, origin: str, ws: wire.Writeset, v: Verdict) -> "Conflict":
+        parts = [p.decode("utf-8", "replace") for p in v.key.parts] if v.key is not None else []
+        if len(parts) >= 3:
+            key = f"({parts[2]})=({', '.join(parts[3:])})"
+        else:
+            key = "(table)" if len(parts) == 2 else ""
+        schema, table = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
+        return Conflict(at, gid, origin, ws.xid, ws.pid, schema, table, key, v.conflict_gid, v.conflict_origin,
+                        v.reason)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "gid": self.gid, "loser_node": self.loser_node, "loser_xid": self.loser_xid,
+                "loser_pid": self.loser_pid, "schema": self.schema, "table": self.table, "key": self.key,
+                "winner_gid": self.winner_gid, "winner_node": self.winner_node, "reason": self.reason}
 
 
 @dataclass
@@ -228,6 +267,12 @@ class Replicator:
     # it. A node alone on its bus node (the local cluster: quorum 1) releases at once.
     votes: Votes = field(default_factory=Votes)
     released: int = 0  # the last GID released
+    # the last certification failures, oldest first (chorus.conflicts; every node keeps the same
+    # ones, but the time each saw them); ``clock`` gives their time
+    conflicts: deque[Conflict] = field(default_factory=lambda: deque(maxlen=CONFLICT_HISTORY))
+    # the outcome of each writeset certified here, for chorus.commit_outcome (outcomes.py)
+    outcomes: OutcomeIndex = field(default_factory=OutcomeIndex)
+    clock: Callable[[], float] = time.time
     received: dict[str, int] = field(default_factory=dict)  # bus node -> GID it reported delivered
     _unstable: list[tuple[int, Action]] = field(default_factory=list)  # certified, not yet released
     _reported: int = 0
@@ -696,6 +741,7 @@ class Replicator:
         self.gid += 1
         gid = self.gid
         self.stats.delivered += 1
+        self.outcomes.seen(gid)
         try:
             cached = self._local_scanned.pop(msg.ticket, None) if local else None
             ws = cached if cached is not None else wire.scan(msg.writeset)
@@ -711,6 +757,10 @@ class Replicator:
             return []
         return self._certify(gid, msg, ws)
 
+    def local_in_flight(self) -> list[wire.Writeset]:
+        """This node's writesets sent for ordering and not delivered back yet."""
+        return list(self._local_scanned.values())
+
     def _certify(self, gid: int, msg: bp.WritesetMsg, ws: wire.Writeset) -> list[Action]:
         local = msg.origin == self.node
         if ws.toi:
@@ -720,8 +770,13 @@ class Replicator:
             v = OK
         else:
             v = self.certifier.certify(gid, msg.origin, ws.last_seen, ws.keys)
+            self.outcomes.record(msg.origin, ws.xid, Outcome(gid, v.ok, v.reason))
         if not v.ok:
             self.stats.cert_failures += 1
+            c = Conflict.of(self.clock(), gid, msg.origin, ws, v)
+            self.conflicts.append(c)
+            where = f"{c.schema}.{c.table}" if c.table else ""
+            self.stats.failures_by_table[where] = self.stats.failures_by_table.get(where, 0) + 1
             if local:
                 self.stats.local_failed += 1
                 return [LocalVerdict(msg.ticket, False, gid, 0, v.reason, ws)]

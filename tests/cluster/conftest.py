@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from typing import Any, Iterator
@@ -38,6 +39,14 @@ class LabCluster:
 
     def endpoints(self) -> list[tuple[str, str]]:
         return [(r.name, r.dsn) for r in self.refs]
+
+    def http(self, name: str, path: str) -> int:
+        """The status code of GET ``path`` on host ``name``'s coordinator endpoints, asked from
+        inside that host (as its load balancer's health check would)."""
+        n = next(n for n in self.info if n["name"] == name)
+        r = subprocess.run(["ip", "netns", "exec", n["namespace"], "curl", "-s", "-o", "/dev/null", "-m", "3",
+                            "-w", "%{http_code}", n["http"] + path], capture_output=True, text=True, timeout=10)
+        return int(r.stdout or 0)
 
     def status(self, name: str) -> dict[str, Any]:
         admin = next(r.admin for r in self.refs if r.name == name)

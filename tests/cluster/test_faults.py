@@ -69,12 +69,16 @@ def test_partition_two_one_then_heal(healthy: LabCluster) -> None:
         assert "quorate" in st["reason"]
         err = refused_write(lab, "n3")
         assert err.sqlstate == "25006" and "quorate partition" in str(err), str(err)
+        # what a load balancer's health checks see (docs/OPERATIONS.md)
+        assert [lab.http("n3", p) for p in ("/health", "/writable", "/ready")] == [200, 503, 503]
+        assert [lab.http("n1", p) for p in ("/health", "/writable", "/ready")] == [200, 200, 200]
         during = time.monotonic()
         time.sleep(4)
         assert w.commits("n1", during) + w.commits("n2", during) > 0, "the majority stopped committing"
         assert w.commits("n3", during + 1) == 0, "the minority committed"
         lab.lab.heal()
         lab.wait_state("n3", ("online",), timeout=60)  # through partial recovery, by itself
+        assert lab.http("n3", "/writable") == 200
         time.sleep(2)
     assert w.commits("n3") > 0
     check(lab, w)

@@ -148,6 +148,34 @@ def test_read_only_transaction_sends_nothing(cluster: Cluster) -> None:
     assert [cluster.status(i)["delivered_gid"] for i in range(3)] == before
 
 
+def test_prepare_transaction_of_replicated_writes_is_refused_and_nothing_commits(cluster: Cluster) -> None:
+    """PREPARE TRANSACTION would commit on one node alone (COMMIT PREPARED is never certified):
+    a transaction that wrote a replicated row, a schema change or a setval() is refused before
+    it is prepared (0A000), rolls back, and the session goes on replicating."""
+    with cluster.connect(1) as c:
+        c.execute("CREATE SEQUENCE IF NOT EXISTS prepared_s")
+    cluster.quiesce()
+    before = [cluster.status(i)["delivered_gid"] for i in range(3)]
+    writes = ["INSERT INTO kv (k, v) VALUES (900, 'prepared')",
+              "CREATE TABLE prepared_t (id integer PRIMARY KEY)",
+              "SELECT setval('prepared_s', 42)"]
+    with cluster.connect(1) as c:
+        for w in writes:
+            c.execute("BEGIN")
+            c.execute(w)
+            with pytest.raises(psycopg.errors.FeatureNotSupported, match="PREPARE TRANSACTION is not supported"):
+                c.execute("PREPARE TRANSACTION 'chorus_test'")
+            c.execute("ROLLBACK")  # (the failed PREPARE has already rolled it back)
+        assert c.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone() == (0,)
+        assert c.execute("SELECT to_regclass('prepared_t')").fetchone() == (None,)
+        c.execute("INSERT INTO kv (k, v) VALUES (901, 'after')")
+    cluster.quiesce()
+    for i in range(3):
+        with cluster.connect(i) as c:
+            assert c.execute("SELECT k FROM kv WHERE k IN (900, 901)").fetchall() == [(901,)]
+    assert all(cluster.status(i)["delivered_gid"] == before[i] + 1 for i in range(3))
+
+
 def test_table_without_primary_key(cluster: Cluster) -> None:
     """UPDATE and DELETE on a table without a primary key replicate by the whole old row, as
     REPLICA IDENTITY FULL does: one of two identical rows changes on every node, and a row that

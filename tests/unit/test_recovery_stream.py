@@ -17,7 +17,7 @@ import pytest
 from chorus import busproto as bp
 from chorus import recovery as rc
 from chorus import recoveryproto as proto
-from chorus.wslog import FLAG_DDL_SKIPPED, LogFeeder, LogRecord, WritesetLog
+from chorus.wslog import FLAG_DDL_SKIPPED, LogFeeder, LogRecord, PiecedPayload, WritesetLog
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -318,6 +318,10 @@ def test_records_larger_than_a_segment_stream_in_parts(tmp_path: Path, keys: rc.
             sent.append(f[:1])
             yield f
     monkeypatch.setattr(proto, "encode_record_frames", spy)
+    if joiner_protocol == 2:  # the partner reads a record in pieces a part at a time, never whole
+        def whole(self: PiecedPayload) -> bytes:
+            raise AssertionError(f"GID {self.gid} was joined in memory")
+        monkeypatch.setattr(PiecedPayload, "__bytes__", whole)
 
     async def main() -> None:
         records = [os.urandom(n) for n in (100, 200_000, 10_000, 10_001, 5, 150_000)]

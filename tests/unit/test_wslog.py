@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from chorus.cli.main import cli
 from chorus.wslog import (DATA_START, FLAG_DDL_SKIPPED, LogCorrupt, LogError, LogRangeUnavailable, LogRecord,
-                          WritesetLog, inspect_segment, verify_directory)
+                          PiecedPayload, WritesetLog, inspect_segment, verify_directory)
 
 SEG = 4096
 
@@ -54,7 +54,8 @@ def read_all(wl: WritesetLog, after_gid: int, max_gid: int = 2**63, max_bytes: i
     rd = wl.reader(after_gid)
     out: list[LogRecord] = []
     while batch := rd.read(max_gid, max_bytes):
-        out.extend(batch)
+        # a record logged in pieces is read where it lies; bytes() reads (and checks) its pieces
+        out.extend(LogRecord(r.gid, r.origin, r.flags, bytes(r.payload)) for r in batch)
     rd.close()
     return out
 
@@ -742,6 +743,29 @@ def test_records_in_pieces_round_trip(tmp_path: Path) -> None:
     listed = [r for p in segment_files(tmp_path) for r in inspect_segment(str(p))["records"] if r["gid"] == 8]
     assert [r["piece"]["offset"] for r in listed] == sorted(r["piece"]["offset"] for r in listed)
     assert len(listed) >= 4 and sum(r["piece"]["length"] for r in listed) == len(pieces[0].payload)
+
+
+def test_a_record_in_pieces_is_read_where_it_lies_a_chunk_at_a_time(tmp_path: Path) -> None:
+    """The reader does not join a record logged in pieces: its payload is read (each piece's CRC
+    checked) in chunks of the size asked for, and a segment reused while it is being read stops
+    it (LogRangeUnavailable), never handing out bytes of another record."""
+    wl = make(tmp_path, segments=8)
+    fill(wl, [1])
+    rec = big(2, 3.5)
+    append_records(wl, [rec])
+    (got,) = wl.reader(1).read(2)
+    assert isinstance(got.payload, PiecedPayload) and len(got.payload) == len(rec.payload)
+    chunks = list(got.payload.chunks(1000))
+    assert b"".join(chunks) == rec.payload and max(map(len, chunks)) == 1000
+    assert bytes(got.payload) == rec.payload
+    reading = got.payload.chunks(1000)
+    assert next(reading) == rec.payload[:1000]
+    fill(wl, range(3, 300), size=1000)  # the ring turns over: the record's segments are reused
+    with pytest.raises(LogRangeUnavailable):
+        list(reading)
+    with pytest.raises(LogRangeUnavailable):
+        bytes(got.payload)
+    wl.close()
 
 
 @settings(max_examples=40, deadline=None)

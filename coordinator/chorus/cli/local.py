@@ -26,15 +26,26 @@ def _node_status(admin: str) -> dict[str, Any]:
 
 
 def _show(nodes: list[dict[str, Any]], as_json: bool, directory: str) -> None:
+    """Each node's processes and what chorus.node shows of it (its phase, whether it takes
+    writes, its committed GID and lag, the certification failures it saw)."""
     for n in nodes:
         st = _node_status(n["admin"]) if n["coordinator_pid"] else {}
         n["state"] = st.get("state", "down")
         n["committed_gid"] = st.get("committed_gid")
+        n["accepts_writes"] = st.get("accepts_writes", False)
+        n["lag_gids"] = st.get("lag_gids")
+        n["certification_failures"] = st.get("certification_failures")
+
+    def shown(v: Any) -> Any:
+        return "-" if v is None else v
+
     if as_json:
         print_json({"dir": directory, "nodes": nodes})
         return
-    print_table(["name", "dsn", "state", "committed GID", "postgres pid", "coordinator pid"],
-                [[n["name"], n["dsn"], n["state"], n["committed_gid"] if n["committed_gid"] is not None else "-",
+    print_table(["name", "dsn", "state", "writable", "committed GID", "lag", "cert. failures", "http",
+                 "postgres pid", "coordinator pid"],
+                [[n["name"], n["dsn"], n["state"], "yes" if n["accepts_writes"] else "no", shown(n["committed_gid"]),
+                  shown(n["lag_gids"]), shown(n["certification_failures"]), n["http"],
                   n["pg_pid"] or "-", n["coordinator_pid"] or "-"] for n in nodes])
 
 

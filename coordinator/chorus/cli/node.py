@@ -91,22 +91,56 @@ def fetch_status(admin_socket: str) -> dict[str, Any]:
     return status
 
 
+def fetch_views(admin_socket: str, conflicts: int = 20) -> dict[str, Any]:
+    """What the extension's views show (chorus.node, chorus.members, the last ``conflicts`` of
+    chorus.conflicts), from the coordinator's admin socket."""
+    from chorus.admin import admin_request
+
+    try:
+        resp = admin_request(admin_socket, "views", conflicts=conflicts)
+    except (OSError, ValueError) as e:
+        raise ChorusCliError(f"coordinator not reachable at {admin_socket}: {e}") from e
+    if not resp.get("ok"):
+        raise ChorusCliError(str(resp.get("error")))
+    return resp
+
+
+def print_views(views: dict[str, Any]) -> None:
+    """The node, its members and its recent conflicts, as tables."""
+    print_table(["field", "value"], [[k, v] for k, v in views["node"].items()])
+    click.echo("\nmembers")
+    print_table(["name", "this node", "phase", "committed GID", "lag (GIDs)"],
+                [[m["name"], "*" if m["this_node"] else "", m["phase"], m["committed_gid"], m["lag_gids"]]
+                 for m in views["members"]])
+    if views["conflicts"]:
+        click.echo("\nrecent certification conflicts")
+        print_table(["at", "GID", "table", "key", "winner GID", "winner node", "loser node", "loser xid"],
+                    [[time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["at"])), c["gid"],
+                      f"{c['schema']}.{c['table']}" if c["table"] else "-", c["key"] or "-", c["winner_gid"] or "-",
+                      c["winner_node"] or "-", c["loser_node"], c["loser_xid"]] for c in views["conflicts"]])
+
+
 @click.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="The node's configuration file.")
 @click.option("--admin", "admin_socket", help="The coordinator's admin socket (instead of --config).")
+@click.option("--details", is_flag=True, help="Every field the coordinator reports, not only the main ones.")
 @json_option
-def status(config_path: Optional[str], admin_socket: Optional[str], as_json: bool) -> None:
-    """Show a node's replication status."""
+def status(config_path: Optional[str], admin_socket: Optional[str], details: bool, as_json: bool) -> None:
+    """Show a node's replication status: the node, the members it sees (what chorus.node and
+    chorus.members show) and its recent certification conflicts (chorus.conflicts)."""
     if admin_socket is None:
         if config_path is None:
             raise ChorusCliError("give --config FILE or --admin SOCKET")
         admin_socket = _config(config_path).admin_socket
     st = fetch_status(admin_socket)
+    views = fetch_views(admin_socket)
     if as_json:
-        print_json(st)
+        print_json({**st, "members_view": views["members"], "conflicts": views["conflicts"]})
         return
-    rows = [[k, v] for k, v in st.items()]
-    print_table(["field", "value"], rows)
+    if details:
+        print_table(["field", "value"], [[k, v] for k, v in st.items()])
+        return
+    print_views(views)
 
 
 def _node_config(config_path: Optional[str], directory: Optional[str], name: Optional[str]) -> NodeConfig:

@@ -127,7 +127,8 @@ class Lab(LocalCluster):
     def config(self, meta: Meta, n: NodeMeta) -> NodeConfig:
         listen = f"{self.address(self.lab(), n.name)}:{n.port - 1000}"
         # one Corosync per host: votes count hosts, not coordinators (bus.members is for a local cluster)
-        return replace(super().config(meta, n), recovery_listen=listen, recovery_advertise=listen, bus_members=0)
+        return replace(super().config(meta, n), recovery_listen=listen, recovery_advertise=listen, bus_members=0,
+                       metrics_listen=f"{self.address(self.lab(), n.name)}:{n.port + 1000}")
 
     def describe(self, meta: Meta) -> list[dict[str, Any]]:
         lm = self.lab()

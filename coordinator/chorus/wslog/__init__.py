@@ -9,8 +9,8 @@ segments and readers), ``writer`` (the writer and the feeder), ``inspect`` (``ch
 from chorus.wslog.format import (DATA_START, FLAG_DDL_SKIPPED, Buffer, LogCorrupt, LogError, LogRangeUnavailable,
                                  LogRecord, LogVersionError)
 from chorus.wslog.inspect import inspect_segment, verify_directory
-from chorus.wslog.reader import LogReader
+from chorus.wslog.reader import LogReader, PiecedPayload
 from chorus.wslog.writer import LogFeeder, WritesetLog
 
 __all__ = ["DATA_START", "FLAG_DDL_SKIPPED", "Buffer", "LogCorrupt", "LogError", "LogFeeder", "LogRangeUnavailable",
-           "LogReader", "LogRecord", "LogVersionError", "WritesetLog", "inspect_segment", "verify_directory"]
+           "LogReader", "LogRecord", "LogVersionError", "PiecedPayload", "WritesetLog", "inspect_segment", "verify_directory"]

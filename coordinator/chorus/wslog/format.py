@@ -6,7 +6,7 @@ from __future__ import annotations
 import mmap
 import struct
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import crc32c as _crc32c
 
@@ -62,7 +62,8 @@ class LogRecord:
     gid: int
     origin: str  # the node that originated the writeset (utf-8, at most 255 bytes)
     flags: int  # u8, FLAG_DDL_SKIPPED
-    payload: bytes  # the encoded writeset, opaque to the log
+    payload: Any  # the encoded writeset, opaque to the log: bytes, or a mapped or pieced payload
+    # (spool.SpooledBuffer, reader.PiecedPayload) that len() and bytes() take
 
 
 def segment_name(seq: int) -> str:

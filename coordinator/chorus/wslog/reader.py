@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import crc32c as _crc32c
 
@@ -104,8 +104,9 @@ class LogReader:
                 break
             start = off + RECORD_HEADER_SIZE
             origin = origin_text(mm, start, origin_len)
+            payload: "bytes | PiecedPayload"
             if flags & FLAG_PIECE:
-                payload, seg, off = self._assemble(seg, off, gid, total)
+                payload, seg, off = self._pieces(seg, off, gid, total)
             else:
                 self._check(seg, off, size, gid)
                 payload = mm[start + origin_len:off + size]
@@ -144,10 +145,11 @@ class LogReader:
             raise LogCorrupt(f"writeset log segment {seg.file.path}: CRC32C mismatch in the record at offset {off} "
                              f"(GID {gid})")
 
-    def _assemble(self, seg: Segment, off: int, gid: int, total: int) -> tuple[bytes, Segment, int]:
-        """The payload of the record of ``gid`` that starts with the piece at ``off`` of ``seg``
-        and continues at the start of the segments after it; and where the record ends."""
-        parts: list[bytes] = []
+    def _pieces(self, seg: Segment, off: int, gid: int, total: int) -> tuple["PiecedPayload", Segment, int]:
+        """The pieces of the record of ``gid`` that starts with the piece at ``off`` of ``seg`` and
+        continues at the start of the segments after it (their headers checked: each continues
+        the one before), and where the record ends. The bytes stay where they are."""
+        pieces: list[tuple[Segment, int, int, int]] = []
         have = 0
         while True:
             if not seg.valid:
@@ -158,13 +160,43 @@ class LogReader:
             if pgid != gid or not flags & FLAG_PIECE or ptotal != total or piece_off != have:
                 raise LogCorrupt(f"writeset log segment {seg.file.path}: the piece at offset {off} does not continue "
                                  f"GID {gid} at byte {have}")
-            self._check(seg, off, size, gid)
-            part = seg.file.mm[where + PIECE.size:off + size]
-            parts.append(part)
-            have += len(part)
+            pieces.append((seg, off, size, where + PIECE.size))
+            have += off + size - where - PIECE.size
             off += size
             if have == total:
-                return b"".join(parts), seg, off
+                return PiecedPayload(gid, total, pieces), seg, off
             if not seg.sealed or seg.next is None:
                 raise LogCorrupt(f"writeset log: GID {gid} ends after {have} of its {total} bytes")
             seg, off = seg.next, DATA_START
+
+
+class PiecedPayload:
+    """The payload of a record logged in pieces, read where it lies: chunks() yields its bytes a
+    few MB at a time, checking each piece's CRC first and, before every chunk, that its segment
+    was not reused meanwhile; so a record of any size is served with bounded memory. ``bytes()``
+    joins it (for a reader that needs it whole)."""
+
+    __slots__ = ("gid", "total", "_pieces")
+
+    def __init__(self, gid: int, total: int, pieces: list[tuple[Segment, int, int, int]]) -> None:
+        self.gid, self.total, self._pieces = gid, total, pieces
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.chunks())
+
+    def chunks(self, size: int = 8 << 20) -> Iterator[bytes]:
+        """The payload in order, in chunks of at most ``size`` bytes (each a copy)."""
+        for seg, off, piece_size, start in self._pieces:
+            if not seg.valid:
+                raise LogRangeUnavailable(f"the writeset log segment {seg.seq} was reused while GID {self.gid} "
+                                          "was served")
+            LogReader._check(seg, off, piece_size, self.gid)
+            end = off + piece_size
+            for at in range(start, end, size):
+                if not seg.valid:  # the caller may have waited between two chunks
+                    raise LogRangeUnavailable(f"the writeset log segment {seg.seq} was reused while GID "
+                                              f"{self.gid} was served")
+                yield seg.file.mm[at:min(at + size, end)]
