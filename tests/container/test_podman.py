@@ -1,6 +1,7 @@
 """The node image (docker/Dockerfile) as a 3-node cluster in podman, as docker/compose.yaml
-describes it (docs/DOCKER.md): every node takes writes and the others see them; a stopped
-container rejoins by partial recovery and holds the same data.
+describes it (docs/DOCKER.md): every node takes writes and the others see them, its health
+checks and metrics answer on the published port; a stopped container rejoins by partial
+recovery and holds the same data.
 
 No image registry is reachable here, so the test makes its own Debian 12 base with debootstrap
 (cached in /var/tmp/chorus-container-cache), imports it into podman, builds the image from it,
@@ -22,6 +23,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -192,6 +195,15 @@ class Cluster:
         podman("network", "rm", "-f", self.network, check=False)
 
 
+def http(i: int, path: str) -> tuple[int, str]:
+    """GET a node's HTTP endpoint through its published port: (status, body)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{HTTP_PORT_BASE + i - 1}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 CONTENT = "SELECT count(*) || ' ' || md5(coalesce(string_agg(k || '=' || origin, ',' ORDER BY k), '')) FROM kv"
 
 
@@ -254,6 +266,16 @@ def test_three_containers_replicate_and_a_stopped_one_rejoins(built_image: str, 
         assert seen["/run/chorus"] == ["700", "postgres"] and seen["/var/lib/chorus"] == ["700", "postgres"]
         assert seen["/run/chorus/admin.sock"][0] == "600"
 
+        # the coordinator's HTTP endpoints ([metrics] listen, from CHORUS_METRICS_LISTEN) on the published port
+        p = podman("exec", cluster.names[0], "cat", "/etc/chorus/chorus.toml")
+        assert "[metrics]" in p.stdout and 'listen = "0.0.0.0:8008"' in p.stdout
+        for i in range(1, NODES + 1):
+            for check in ("/health", "/writable", "/ready"):
+                status, body = http(i, check)
+                assert status == 200 and json.loads(body)["ok"], (i, check, body)
+        status, body = http(1, "/metrics")
+        assert status == 200 and "chorus_accepts_writes 1.0" in body
+
         # a write on each node reaches the other two
         cluster.sql(1, "CREATE TABLE kv (k text PRIMARY KEY, origin text NOT NULL)")
         wait_until("kv on every node", lambda: all(
@@ -286,6 +308,7 @@ def test_three_containers_replicate_and_a_stopped_one_rejoins(built_image: str, 
         cluster.sql(2, "UPDATE kv SET origin = 'n2 again' WHERE k = 'from-n3'")
         wait_until("n1 and n2 agree", lambda: cluster.sql(1, CONTENT) == cluster.sql(2, CONTENT), 60, 0.5)
         assert cluster.sql(1, CONTENT).startswith("1003 ")
+        assert http(1, "/writable")[0] == 200 and http(2, "/writable")[0] == 200
 
         # n3 starts again: it rejoins, catches up from a member's log, holds the same data
         t2 = time.monotonic()
@@ -293,6 +316,7 @@ def test_three_containers_replicate_and_a_stopped_one_rejoins(built_image: str, 
         cluster.wait_online([3], timeout=300)
         print(f"n3 online again after {time.monotonic() - t2:.1f} s")
         assert "catching up from GID" in cluster.logs(3, 400)  # partial recovery, over TLS
+        assert http(3, "/ready")[0] == 200 and http(3, "/writable")[0] == 200
         wait_until("n3 holds the cluster's data", lambda: cluster.sql(3, CONTENT) == cluster.sql(1, CONTENT), 60, 0.5)
         cluster.sql(3, "INSERT INTO kv VALUES ('after-rejoin', 'n3')")
         wait_until("n3's write after its rejoin on n1 and n2", lambda: all(
