@@ -18,7 +18,6 @@ stopping.
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any, Callable, Iterator, Optional
 
 from aiohttp import web
@@ -28,8 +27,6 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from chorus.nodestatus import NodeStatus
-
-log = logging.getLogger("chorus.endpoints")
 
 PHASES = ("starting", "connecting", "joining", "recovering", "online", "non-primary", "needs-recovery", "failed")
 
@@ -42,9 +39,8 @@ class StatusCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         s = self._status()
-        info = InfoMetricFamily("chorus_node", "This node", value={
+        yield InfoMetricFamily("chorus_node", "This node", value={
             "node": s.node, "cluster_uuid": s.cluster_uuid, "impl": s.impl, "event_loop": s.event_loop})
-        yield info
         yield StateSetMetricFamily("chorus_phase", "The node's phase (docs/MEMBERSHIP.md)",
                                    {p: s.state == p for p in PHASES})
 
@@ -159,9 +155,8 @@ class Endpoints:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host.strip("[]"), int(port), reuse_address=True)
         await site.start()
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else int(port)
+        addresses = self._runner.addresses  # (host, port, ...) of each socket listened on
+        self.port = int(addresses[0][1]) if addresses else int(port)
 
     async def close(self) -> None:
         if self._runner is not None:
