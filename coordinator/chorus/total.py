@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -35,6 +36,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from chorus_spark import merkle
 from chorus_spark.sqlgen import ident
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
@@ -109,18 +111,6 @@ SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINA
  WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.ord
 """
 
-
-
-def copy_whole(snap: "Snapshot", conn: psycopg.Connection[Any], t: dict[str, Any]) -> None:
-    """Replace a keyless table's rows on the joiner with the donor's, at the snapshot."""
-    cols = _stored(t)
-    with conn.transaction():
-        conn.execute("SET LOCAL session_replication_role = replica")
-        conn.execute(sql.SQL("TRUNCATE {}").format(_qualified(t)))
-        with snap.conn.cursor().copy(sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(cols, _qualified(t))) as src:
-            with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(_qualified(t), cols)) as dst:
-                for data in src:
-                    dst.write(data)
 
 
 def describe_tables(conn: psycopg.Connection[Any], keyed: bool = True) -> dict[str, dict[str, Any]]:
@@ -366,55 +356,154 @@ def move_sequences(snap: Snapshot, conn: psycopg.Connection[Any]) -> int:
     return moved
 
 
+SMALL_BYTES = 16 << 20  # tables smaller than this are copied, not diffed
+SPARK_ROWS = 5_000_000  # with --spark-master auto: rows to compare above which Spark runs the rows level
+
+
+class Progress:
+    """Progress of a total recovery, phase by phase: a line for people (``say``) and an event
+    kept for programs (the result's ``events``: phase, seconds since the start, the figures)."""
+
+    def __init__(self, say: Say) -> None:
+        self.say = say
+        self.events: list[dict[str, Any]] = []
+        self.started = time.monotonic()
+
+    def __call__(self, phase: str, message: str, **fields: Any) -> None:
+        self.events.append({"phase": phase, "t": round(time.monotonic() - self.started, 2), "message": message,
+                            **fields})
+        self.say(message)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def analyse_table(donor: Endpoint, snap: "Snapshot", joiner: Endpoint, t: dict[str, Any],
+                  progress: Progress) -> dict[str, Any]:
+    """Copy or diff (merkle.analyse), reported."""
+    spec = {k: v for k, v in t.items() if k not in ("oid", "bytes", "rows")}
+    out = merkle.analyse(donor.dsn, snap.name, joiner.dsn, spec, t["rows"], t["bytes"], SMALL_BYTES)
+    if "leaves" in out:
+        progress("compare", f"{out['table']}: {out['ranges_differing']} of {out['ranges']} ranges differ, "
+                 f"{out['leaves_differing']} of {out['leaves']} leaves ({_mb(out['bytes_donor'])} of hashes "
+                 "read from the donor)", **{k: v for k, v in out.items() if k != "tasks"})
+    return out
+
+
+def table_sizes(conn: psycopg.Connection[Any], tables: dict[str, dict[str, Any]]) -> None:
+    """Each table's size on disk and rows (the planner's estimate, counted when never analysed)."""
+    for t in tables.values():
+        row = conn.execute("SELECT pg_relation_size(%s), reltuples FROM pg_class WHERE oid = %s",
+                           (t["oid"], t["oid"])).fetchone()
+        assert row is not None
+        t["bytes"], rows = int(row[0]), float(row[1])
+        if rows < 0 or t["bytes"] < SMALL_BYTES:
+            rows = float(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_qualified(t))).fetchone()[0])  # type: ignore[index]
+        t["rows"] = int(rows)
+
+
+def run_tasks(tasks: list[dict[str, Any]], master: str, spark_submit: Optional[str], parallelism: int,
+              workdir: Path, progress: Progress) -> list[dict[str, Any]]:
+    """The rows level: every task, in this process's threads or on Spark executors (``master``:
+    ``auto`` picks Spark when there are more than SPARK_ROWS rows to compare, ``none`` never)."""
+    if not tasks:
+        return []
+    rows = sum(task["nleaves"] for task in tasks) * merkle.LEAF_ROWS
+    spark = master not in ("auto", "none") or spark_submit is not None or (master == "auto" and rows > SPARK_ROWS)
+    where = f"Spark ({'local[*]' if master in ('auto', 'none') else master})" if spark else \
+        f"{parallelism} threads of this process"
+    progress("rows", f"comparing the rows of {sum(t['nleaves'] for t in tasks)} leaves (about {rows} rows, "
+             f"{len(tasks)} tasks) in {where}", tasks=len(tasks), rows=rows)
+    if not spark:
+        with ThreadPoolExecutor(parallelism) as pool:
+            return list(pool.map(merkle.run_task, tasks))
+    plan = {"mode": "tasks", "master": "local[*]" if master in ("auto", "none") else master, "jdbc_jar": JDBC_JAR,
+            "parallelism": parallelism, "tasks": tasks}
+    out: list[dict[str, Any]] = run_job(plan, workdir, progress.say, spark_submit)["results"]
+    return out
+
+
 def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int = 1000,
-                  master: str = "local[*]", spark_submit: Optional[str] = None,
+                  master: str = "auto", spark_submit: Optional[str] = None,
                   parallelism: Optional[int] = None) -> dict[str, Any]:
     """Steps 1-4 (the joiner's coordinator must be stopped). Returns the snapshot GID and what
-    was done per table."""
-    started = time.monotonic()
+    was done per table. ``range_rows`` is kept for the command line's compatibility (the leaves
+    are sized by merkle.LEAF_ROWS)."""
+    progress = Progress(say)
     parallelism = parallelism or max(2, os.cpu_count() or 2)
     workdir = Path(tempfile.mkdtemp(prefix="chorus-total-"))
     snap = donor_snapshot(donor)
-    say(f"donor {donor.name}: snapshot {snap.name} at GID {snap.gid}")
+    progress("snapshot", f"donor {donor.name}: snapshot {snap.name} at GID {snap.gid}", gid=snap.gid)
     try:
         with psycopg.connect(joiner.dsn, options=OFF, autocommit=True) as conn:
             dtables = describe_tables(snap.conn)
             dkeyless = describe_tables(snap.conn, keyed=False)
             for line in sync_schema(donor, snap, joiner, conn, dtables, dkeyless):
-                say(line)
-            tables = list(dtables.values())
-            for t in tables:
-                t["bounds"] = range_bounds(snap.conn, t, range_rows)
-            stages = make_stages(conn, tables)
-            plan = {"mode": "recover", "master": master, "jdbc_jar": JDBC_JAR, "parallelism": parallelism,
-                    "sources": [donor.source(snap), joiner.source()],
-                    "target_dsn": joiner.dsn + f" options='{OFF}'", "stages": stages,
-                    "tables": [{k: v for k, v in t.items() if k != "oid"} for t in tables]}
-            say(f"diffing {len(tables)} tables with Spark ({master})")
-            result = run_job(plan, workdir, say, spark_submit)
-            jkeyless = describe_tables(conn, keyed=False)
-            for label, t in dkeyless.items():
-                if label in jkeyless:
-                    copy_whole(snap, conn, t)
-                    say(f"copied {label} whole (it has no primary key to diff by)")
+                progress("schema", line)
+            table_sizes(snap.conn, dtables)
+            table_sizes(snap.conn, dkeyless)
+            progress("plan", f"{len(dtables)} tables with a primary key ({_mb(sum(t['bytes'] for t in dtables.values()))}), "
+                     f"{len(dkeyless)} without", tables=len(dtables) + len(dkeyless))
+            with ThreadPoolExecutor(max(1, parallelism // 2)) as pool:
+                plans = list(pool.map(lambda t: analyse_table(donor, snap, joiner, t, progress), dtables.values()))
+            for p in plans:
+                progress("plan", f"{p['table']}: {p['mode']}" + (f" ({p['why']})" if p.get("why") else ""),
+                         **{k: v for k, v in p.items() if k != "tasks"})
+            diffed = [dtables[p["table"]] for p in plans if p["mode"] == "diff"]
+            stages = make_stages(conn, diffed)
+            base = {"donor_dsn": donor.dsn, "snapshot": snap.name, "joiner_dsn": joiner.dsn}
+            tasks = [{**task, **base, "stage": stages[p["table"]]} for p in plans if p["mode"] == "diff"
+                     for task in p["tasks"]]
+            copies = [{**base, "table": {k: v for k, v in t.items() if k not in ("oid", "bytes", "rows")}}
+                      for t in [dtables[p["table"]] for p in plans if p["mode"] == "copy"] + list(dkeyless.values())]
+            with ThreadPoolExecutor(max(1, parallelism // 2)) as pool:
+                copying = [pool.submit(merkle.copy_table, c) for c in copies]
+                results = run_tasks(tasks, master, spark_submit, parallelism, workdir, progress)
+                copied = []
+                for f in copying:
+                    c = f.result()
+                    copied.append(c)
+                    progress("copy", f"{c['table']}: copied {c['copied']} rows ({_mb(c['bytes_donor'])} read)", **c)
             moved_seq = move_sequences(snap, conn)
             snap.close()
-            for i, t in enumerate(tables, start=1):
+            per_table: dict[str, dict[str, Any]] = {}
+            for r in results:
+                acc = per_table.setdefault(r["table"], {"inserts": 0, "updates": 0, "deletes": 0,
+                                                        "bytes_donor": 0, "bytes_joiner": 0})
+                for k in acc:
+                    acc[k] += r[k]
+            for i, t in enumerate(diffed, start=1):
+                label = f"{t['schema']}.{t['name']}"
                 n = merge(conn, t, i)
-                say(f"merged {t['schema']}.{t['name']}: {n} rows written")
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(STAGE_SCHEMA)))
+                progress("merge", f"merged {label}: {n} rows written", table=label, rows=n)
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(STAGE_SCHEMA)))
             conn.execute("SELECT chorus.adopt_gid(%s)", (snap.gid,))
             conn.commit()
     finally:
         if not snap.conn.closed:
             snap.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    rows = {k: sum(t[k] for t in result["tables"]) for k in ("inserts", "updates", "deletes")}
-    say(f"{joiner.name} now holds the donor's snapshot at GID {snap.gid}: {rows['inserts']} inserts, "
-        f"{rows['updates']} updates, {rows['deletes']} deletes, {moved_seq} sequences moved "
-        f"({time.monotonic() - started:.1f} s)")
-    return {"gid": snap.gid, "donor": donor.name, "tables": result["tables"], "sequences": moved_seq,
-            "elapsed_s": round(time.monotonic() - started, 2)}
+    tables = []
+    for p in plans:
+        row = {k: v for k, v in p.items() if k != "tasks"}
+        row.update(per_table.get(p["table"], {}))
+        for c in copied:
+            if c["table"] == p["table"]:
+                row.update(copied=c["copied"], bytes_donor=row.get("bytes_donor", 0) + c["bytes_donor"])
+        tables.append(row)
+    tables += [{"table": c["table"], "mode": "copy", "why": "no primary key", **c} for c in copied
+               if c["table"] in dkeyless]
+    total_bytes = sum(t.get("bytes_donor", 0) for t in tables)
+    size = sum(t["bytes"] for t in dtables.values()) + sum(t["bytes"] for t in dkeyless.values())
+    rows = {k: sum(t.get(k, 0) for t in tables) for k in ("inserts", "updates", "deletes", "copied")}
+    elapsed = round(time.monotonic() - progress.started, 2)
+    progress("done", f"{joiner.name} now holds the donor's snapshot at GID {snap.gid}: {rows['copied']} rows copied, "
+             f"{rows['inserts']} inserts, {rows['updates']} updates, {rows['deletes']} deletes, {moved_seq} "
+             f"sequences moved; {_mb(total_bytes)} read from the donor, whose tables hold {_mb(size)} "
+             f"({elapsed:.1f} s)", gid=snap.gid, bytes_donor=total_bytes, table_bytes=size, **rows)
+    return {"gid": snap.gid, "donor": donor.name, "tables": tables, "sequences": moved_seq,
+            "bytes_donor": total_bytes, "table_bytes": size, "elapsed_s": elapsed, "events": progress.events}
 
 
 # ---- verify ------------------------------------------------------------------------------------
@@ -461,6 +550,7 @@ def common_snapshots(nodes: list[tuple[Endpoint, str]], say: Say, timeout: float
 def verify(nodes: list[tuple[Endpoint, str]], say: Say, range_rows: int = 1000, master: str = "local[*]",
            spark_submit: Optional[str] = None) -> dict[str, Any]:
     """Compare every node with the first at one snapshot GID. Differences per table and node."""
+    master = "local[*]" if master in ("auto", "none") else master
     snaps = common_snapshots(nodes, say)
     workdir = Path(tempfile.mkdtemp(prefix="chorus-verify-"))
     try:

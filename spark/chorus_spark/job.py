@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 
-from chorus_spark import diff
+from chorus_spark import diff, merkle
 from chorus_spark.sqlgen import SESSION_SETTINGS, Table, chunks, intervals, literal
 
 MAX_RANGES_PER_READ = 64  # consecutive differing ranges read as one interval
@@ -128,50 +128,6 @@ def compare_table(ref: Source, other: Source, t: Table, parallelism: int,
     return changes, changes.collect(), nranges, len(ids)
 
 
-def _copy_partition(dsn: str, stage: str, columns: list[str], key_cols: list[int], rows: Iterable[Any]) -> None:
-    """Executor side: COPY one partition of the delta into the target's staging table."""
-    import psycopg
-
-    cols = ", ".join('"' + c.replace('"', '""') + '"' for c in columns)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        with conn.cursor() as cur:
-            with cur.copy(f"COPY {stage} ({cols}, _chorus_op) FROM STDIN") as cp:
-                for r in rows:
-                    op = r[diff.OP]
-                    vals = [r[f"_v{i}"] for i in range(len(columns))]
-                    if op == diff.DELETE:
-                        for j, ci in enumerate(key_cols):
-                            vals[ci] = r[f"_k{j}"]
-                    cp.write_row([*vals, op])
-
-
-def recover_table(ref: Source, other: Source, t: Table, stage: str, target_dsn: str, parallelism: int,
-                  say: Callable[[str], None]) -> dict[str, Any]:
-    started = time.monotonic()
-    changes, rows, nranges, ndiff = compare_table(ref, other, t, parallelism, say)
-    counts = {diff.INSERT: 0, diff.UPDATE: 0, diff.DELETE: 0}
-    for r in rows:
-        counts[r[diff.OP]] += 1
-    wanted = [[r[k] for k in t.key_aliases] for r in rows if r[diff.OP] != diff.DELETE]
-    if rows:
-        keys = t.key_aliases
-        if wanted:
-            preds = [t.keys_in(c) for c in chunks(wanted, KEYS_PER_FETCH)]
-            full = ref.read(t.rows_query(), preds).drop(*[f"_t{i}" for i in range(len(t.key))])
-        else:
-            full = ref.spark.createDataFrame([], ", ".join(
-                [f"{k} string" for k in keys] + [f"_v{i} string" for i in range(len(t.stored))]))
-        delta = diff.delta_rows(changes, full, keys)
-        stored = [c.name for c in t.stored]
-        key_cols = [stored.index(k) for k in t.key]
-        delta.foreachPartition(lambda part: _copy_partition(target_dsn, stage, stored, key_cols, part))
-    changes.unpersist()
-    say(f"{t.label}: {nranges} ranges, {ndiff} differ; staged {counts['I']} inserts, {counts['U']} updates, "
-        f"{counts['D']} deletes ({time.monotonic() - started:.1f} s)")
-    return {"table": t.label, "ranges": nranges, "ranges_differing": ndiff, "inserts": counts["I"],
-            "updates": counts["U"], "deletes": counts["D"]}
-
-
 def verify_table(ref: Source, other: Source, t: Table, parallelism: int,
                  say: Callable[[str], None]) -> dict[str, Any]:
     changes, rows, nranges, ndiff = compare_table(ref, other, t, parallelism, say)
@@ -193,17 +149,17 @@ def run(plan: dict[str, Any], spark: Optional[SparkSession] = None,
     spark = spark or session(plan.get("master", "local[*]"), plan["jdbc_jar"], parallelism)
     spark.sparkContext.setLogLevel("ERROR")
     try:
+        if plan["mode"] == "tasks":  # the rows level of total recovery (chorus_spark.merkle)
+            tasks = plan["tasks"]
+            results = spark.sparkContext.parallelize(tasks, len(tasks)).map(merkle.run_task).collect()
+            return {"mode": "tasks", "results": results}
         sources = [Source(spark, s) for s in plan["sources"]]
         tables = [Table.from_dict(d) for d in plan["tables"]]
         out: list[dict[str, Any]] = []
         for n, t in enumerate(tables, start=1):
             say(f"[{n}/{len(tables)}] {t.label}")
-            if plan["mode"] == "recover":
-                out.append(recover_table(sources[0], sources[1], t, plan["stages"][t.label], plan["target_dsn"],
-                                         parallelism, say))
-            else:
-                for other in sources[1:]:
-                    out.append(verify_table(sources[0], other, t, parallelism, say))
+            for other in sources[1:]:
+                out.append(verify_table(sources[0], other, t, parallelism, say))
         return {"mode": plan["mode"], "tables": out}
     finally:
         if own:

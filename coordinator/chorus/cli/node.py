@@ -263,14 +263,15 @@ def join(config_path: Optional[str], directory: Optional[str], name: Optional[st
     partial recovery is impossible. With --config, --total needs --donor-dsn and a stopped
     coordinator; the command rebuilds the database and then waits for the coordinator, which
     the operator (or the service manager) starts."""
+    rebuilt: Optional[dict[str, Any]] = None
     if total:
         if directory is not None and name:
-            total_join_local(directory, name, donor, spark_master, spark_submit, range_rows)
+            rebuilt = total_join_local(directory, name, donor, spark_master, spark_submit, range_rows)
         elif config_path is not None:
             if not donor_dsn:
                 raise ChorusCliError("--total with --config needs --donor-dsn (the donor's database)")
-            total_join_config(_config(config_path), config_path, donor_dsn, cluster_uuid, spark_master,
-                              spark_submit, range_rows)
+            rebuilt = total_join_config(_config(config_path), config_path, donor_dsn, cluster_uuid, spark_master,
+                                        spark_submit, range_rows)
         else:
             raise ChorusCliError("--total needs --dir DIR NAME (a local cluster) or --config FILE --donor-dsn DSN")
     elif directory is not None:
@@ -294,9 +295,9 @@ def join(config_path: Optional[str], directory: Optional[str], name: Optional[st
                                  "here, stop the node's coordinator and run `chorus node join --total --config FILE "
                                  "--donor-dsn DSN`") from e
         click.echo(f"{e}: rebuilding it by total recovery (auto-total)", err=True)
-        total_join_local(directory, name, donor, spark_master, spark_submit, range_rows)
+        rebuilt = total_join_local(directory, name, donor, spark_master, spark_submit, range_rows)
         st = watch_until_online(admin, timeout)
-    _report_online(st, as_json)
+    _report_online(dict(st, total_recovery=rebuilt) if rebuilt is not None else st, as_json)
 
 
 @node.command()

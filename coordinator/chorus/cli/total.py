@@ -13,7 +13,9 @@ from chorus.cli.common import ChorusCliError, json_option, print_json, print_tab
 from chorus.config import NodeConfig
 
 spark_options = [
-    click.option("--spark-master", default="local[*]", show_default=True, help="Spark master URL."),
+    click.option("--spark-master", default="auto", show_default=True,
+                 help="Spark master URL for the rows level; auto: Spark (local[*]) only when there are over "
+                      "5M rows to compare, else threads of this process; none: never Spark."),
     click.option("--spark-submit", "spark_submit", default=None,
                  help="Run the job with this spark-submit instead of in-process."),
     click.option("--range-rows", default=1000, show_default=True,

@@ -1,0 +1,528 @@
+"""The snapshot diff of total recovery, pushed into PostgreSQL and recursing like a Merkle tree.
+
+Both sides hash their own rows; only hashes of what differs, and then the rows that differ, travel.
+For one table (a primary key, the donor at its exported snapshot, the joiner stopped):
+
+- **leaves** (one scan per side): the rows are cut into leaves of about ``LEAF_ROWS`` rows by the
+  first key column, the same cut on both sides (equal widths of an integer key, or bounds read
+  from the donor for any other type); each side keeps ``(leaf, rows, XOR of row hashes)`` in a
+  temporary table of its own session.
+- **ranges**: ``FANOUT`` leaves make a range; the sides compare range summaries computed from
+  their leaves, then the leaves of the ranges that differ, and keep the leaves that differ.
+- **rows**: within the differing leaves (as key intervals, read through the primary key's index)
+  each side sends its keys and row hashes; keys only the joiner has are deleted, rows only the
+  donor has or that differ are copied from the donor (COPY, straight into the joiner's staging
+  table: nothing is parsed on the way).
+
+A row's hash is ``hashtextextended`` of the row's text form under fixed output settings
+(``SESSION_SETTINGS``), so values that print differently differ (1.0 and 1.00, -0 and 0) and
+every type can be hashed. A leaf's summary is its row count and the XOR of its rows' hashes.
+
+Before any of this the planner samples the table (``sample``): a table whose sample says most
+leaves would differ is copied whole instead, and so is a table whose leaves turn out to differ
+mostly. The rows level runs as tasks over groups of leaf intervals (:func:`run_task`), in the
+coordinator's threads or on Spark executors; each task opens its own sessions, the donor's at
+the exported snapshot. Every read is a ``COPY ... TO STDOUT``, so the bytes read are counted
+exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import psycopg
+from psycopg import sql
+
+from chorus_spark.sqlgen import SESSION_SETTINGS, Table, ident, literal
+
+LEAF_ROWS = 32  # rows per leaf
+FANOUT = 32  # leaves per range at the level above
+SAMPLE_ROWS = 2000  # donor rows sampled to decide between copying and diffing
+COPY_SHARE = 0.5  # copy a table when the leaves that differ hold more than this share of its rows
+INTERVALS_PER_TASK = 2000  # leaf intervals read by one task
+INTEGER_TYPES = {"smallint", "integer", "bigint"}
+OFF = "-c chorus.capture=off -c chorus.replicate_ddl=off"
+# leaves are grouped in memory (the planner cannot know how few groups there are), no JIT for
+# a query run once
+WORK_SETTINGS = ["SET work_mem = '128MB'", "SET jit = off"]
+
+
+class DiffError(Exception):
+    pass
+
+
+@dataclass
+class Counter:
+    """Bytes read from each side (COPY data as it arrives)."""
+
+    donor: int = 0
+    joiner: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, side: str, n: int) -> None:
+        with self.lock:
+            setattr(self, side, getattr(self, side) + n)
+
+
+def open_session(dsn: str, snapshot: Optional[str] = None, options: Optional[str] = None) -> psycopg.Connection[Any]:
+    """A session in one REPEATABLE READ transaction (at ``snapshot`` when given) with the fixed
+    output settings. Rolled back when closed: its temporary tables go with it."""
+    conn = psycopg.connect(dsn, autocommit=True, options=options) if options else \
+        psycopg.connect(dsn, autocommit=True)
+    try:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        if snapshot:
+            conn.execute(f"SET TRANSACTION SNAPSHOT {literal(snapshot)}")
+        for stmt in SESSION_SETTINGS.split(";") + WORK_SETTINGS:
+            conn.execute(stmt)
+    except psycopg.Error:
+        conn.close()
+        raise
+    return conn
+
+
+def close_session(conn: psycopg.Connection[Any]) -> None:
+    try:
+        if not conn.closed:
+            conn.execute("ROLLBACK")
+    except psycopg.Error:
+        pass
+    finally:
+        conn.close()
+
+
+def copy_out(conn: psycopg.Connection[Any], query: sql.Composable, counter: Counter, side: str) -> Iterator[bytes]:
+    """The raw COPY text of ``query``'s result, chunk by chunk, counted."""
+    with conn.cursor().copy(sql.SQL("COPY ({}) TO STDOUT").format(query)) as cp:
+        for chunk in cp:
+            data = bytes(chunk)
+            counter.add(side, len(data))
+            yield data
+
+
+def copy_lines(conn: psycopg.Connection[Any], query: sql.Composable, counter: Counter, side: str) -> Iterator[list[str]]:
+    """``query``'s rows as lists of COPY-escaped text fields (kept escaped: both sides escape
+    alike, and written back into a COPY they read as the same values)."""
+    rest = b""
+    for chunk in copy_out(conn, query, counter, side):
+        rest += chunk
+        *lines, rest = rest.split(b"\n")
+        for line in lines:
+            yield line.decode(errors="surrogateescape").split("\t")
+    if rest:
+        yield rest.decode(errors="surrogateescape").split("\t")
+
+
+_ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
+
+
+def unescape(field: str) -> str:
+    """A COPY text field's value (COPY TO escapes only these: backslash, b f n r t v)."""
+    if "\\" not in field:
+        return field
+    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(1)), field)
+
+
+# ---- the cut into leaves -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cut:
+    """How a table's rows fall into leaves, the same on both sides. Integer first key: leaf
+    ``(k - base) / width``. Any other type: ``width_bucket(k, bounds)`` (bounds are the donor's
+    keys at every LEAF_ROWS-th row, as text)."""
+
+    key_type: str
+    base: Optional[int] = None
+    width: Optional[int] = None
+    bounds: tuple[str, ...] = ()
+    wide: bool = False  # the keys span more than bigint arithmetic can subtract: numeric instead
+    hashed: int = 0  # leaves by a hash of the whole key, this many (a composite key whose first column
+    # has few values: ranges of it would be too coarse); the rows level then scans, not seeks
+
+    @property
+    def arithmetic(self) -> bool:
+        return self.base is not None
+
+    def leaf_of(self, col: sql.Composable, key: Optional[sql.Composable] = None) -> sql.Composable:
+        if self.hashed:
+            return sql.SQL("mod(hashtextextended(ROW({})::text, 1) & 9223372036854775807, {})").format(
+                key, sql.Literal(self.hashed))
+        if self.arithmetic:
+            form = "div({}::numeric - {}, {})::bigint" if self.wide else "(({}::bigint - {}) / {})"
+            return sql.SQL(form).format(col, sql.Literal(self.base), sql.Literal(self.width))
+        return sql.SQL("width_bucket({}, {})").format(col, self._bounds_array())
+
+    def _bounds_array(self) -> sql.Composable:
+        return sql.SQL("{}::text[]::{}[]").format(sql.Literal(list(self.bounds)), sql.SQL(self.key_type))
+
+    def interval(self, lo_leaf: int, hi_leaf: int) -> tuple[Optional[str], Optional[str]]:
+        """Leaves lo_leaf..hi_leaf-1 as a key interval [lo, hi) in text (None: open end)."""
+        if self.arithmetic:
+            assert self.base is not None and self.width is not None
+            return str(self.base + lo_leaf * self.width), str(self.base + hi_leaf * self.width)
+        lo = self.bounds[lo_leaf - 1] if lo_leaf >= 1 else None
+        hi = self.bounds[hi_leaf - 1] if hi_leaf - 1 < len(self.bounds) else None
+        return lo, hi
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key_type": self.key_type, "base": self.base, "width": self.width, "bounds": list(self.bounds),
+                "wide": self.wide, "hashed": self.hashed}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Cut":
+        return Cut(d["key_type"], d.get("base"), d.get("width"), tuple(d.get("bounds") or ()), bool(d.get("wide")),
+                   int(d.get("hashed") or 0))
+
+
+def row_hash(t: Table) -> sql.Composable:
+    return sql.SQL("hashtextextended(ROW({})::text, 0)").format(
+        sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c.name)) for c in t.stored))
+
+
+def _first_key(t: Table) -> sql.Composable:
+    return sql.SQL("t.{}").format(sql.Identifier(t.key[0]))
+
+
+def _whole_key(t: Table) -> sql.Composable:
+    return sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(k)) for k in t.key)
+
+
+def _table(t: Table) -> sql.Composable:
+    return sql.Identifier(t.schema, t.name)
+
+
+def make_cut(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t: Table, rows: int,
+             counter: Counter) -> Cut:
+    """The leaves of ``t`` for a donor of about ``rows`` rows."""
+    ktype = t.column(t.key[0]).type
+    k = _first_key(t)
+    leaves = max(1, math.ceil(rows / LEAF_ROWS))
+    if len(t.key) > 1:
+        q = sql.SQL("SELECT count(DISTINCT k)::float8 / greatest(count(*), 1) FROM (SELECT {} AS k FROM {} t "
+                    "TABLESAMPLE SYSTEM ({}) LIMIT {}) s").format(
+            k, _table(t), sql.Literal(min(100.0, 100.0 * SAMPLE_ROWS / max(1, rows))), sql.Literal(SAMPLE_ROWS))
+        row = donor.execute(q).fetchone()
+        if row is not None and float(row[0]) < 0.5:
+            return Cut(ktype, hashed=leaves)
+    if ktype in INTEGER_TYPES:
+        q = sql.SQL("SELECT min({0}), max({0}) FROM {1} t").format(k, _table(t))
+        ends = [c.execute(q).fetchone() for c in (donor, joiner)]
+        lows = [e[0] for e in ends if e and e[0] is not None]
+        highs = [e[1] for e in ends if e and e[1] is not None]
+        if not lows:
+            return Cut(ktype, 0, 1)
+        base, top = min(lows), max(highs)
+        return Cut(ktype, base, max(1, math.ceil((top - base + 1) / leaves)), wide=top - base >= 2 ** 62)
+    q = sql.SQL("SELECT k FROM (SELECT {0} AS k, row_number() OVER (ORDER BY {0}) AS r FROM {1} t) s "
+                "WHERE mod(r, {2}) = 1 ORDER BY k").format(k, _table(t), sql.Literal(LEAF_ROWS))
+    bounds = tuple(unescape(r[0]) for r in copy_lines(donor, q, counter, "donor"))
+    return Cut(ktype, bounds=bounds)
+
+
+# ---- sampling: copy or diff ----------------------------------------------------------------------
+
+def sample_share(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t: Table, rows: int,
+                 counter: Counter) -> float:
+    """The share of leaves that would differ, estimated from a sample of the donor's rows: the
+    share of sampled rows the joiner lacks or holds otherwise, spread over LEAF_ROWS rows a leaf."""
+    if rows <= 0:
+        return 0.0
+    pct = min(100.0, 100.0 * SAMPLE_ROWS / rows)
+    keys = sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(k)) for k in t.key)
+    q = sql.SQL("SELECT {}, {} FROM {} t TABLESAMPLE SYSTEM ({}) LIMIT {}").format(
+        keys, row_hash(t), _table(t), sql.Literal(pct), sql.Literal(SAMPLE_ROWS * 4))
+    sample = [line for line in copy_lines(donor, q, counter, "donor")]
+    if not sample:
+        return 0.0
+    nkey = len(t.key)
+    types = [t.column(k).type for k in t.key]
+    # the joiner's hashes of the same keys (through its primary key)
+    arrays = sql.SQL(", ").join(sql.SQL("{}::text[]::{}[]").format(sql.Literal([unescape(s[i]) for s in sample]), sql.SQL(ty))
+                                for i, ty in enumerate(types))
+    match = sql.SQL(" AND ").join(sql.SQL("t.{} = s.k{}").format(sql.Identifier(k), sql.SQL(str(i)))
+                                  for i, k in enumerate(t.key))
+    names = sql.SQL(", ").join(sql.SQL("k{}").format(sql.SQL(str(i))) for i in range(nkey))
+    jq = sql.SQL("SELECT {}, {} FROM unnest({}) AS s({}) JOIN {} t ON {}").format(
+        keys, row_hash(t), arrays, names, _table(t), match)
+    theirs = {tuple(line[:nkey]): line[nkey] for line in copy_lines(joiner, jq, counter, "joiner")}
+    differ = sum(1 for s in sample if theirs.get(tuple(s[:nkey])) != s[nkey])
+    p = differ / len(sample)
+    return 1.0 - (1.0 - p) ** LEAF_ROWS
+
+
+# ---- leaves and ranges -----------------------------------------------------------------------------
+
+LEAVES = "chorus_leaves"
+
+
+def build_leaves(conn: psycopg.Connection[Any], t: Table, cut: Cut) -> None:
+    """One scan: this side's leaves into a temporary table of its session."""
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(LEAVES)))
+    conn.execute(sql.SQL("CREATE TEMP TABLE {} AS SELECT {} AS b, count(*) AS n, bit_xor({}) AS h "
+                         "FROM {} t GROUP BY 1").format(sql.Identifier(LEAVES), cut.leaf_of(_first_key(t), _whole_key(t)),
+                                                        row_hash(t), _table(t)))
+
+
+def _summaries(conn: psycopg.Connection[Any], q: sql.Composable, counter: Counter, side: str) -> dict[int, tuple[str, str]]:
+    return {int(f[0]): (f[1], f[2]) for f in copy_lines(conn, q, counter, side)}
+
+
+def differing(a: dict[int, tuple[str, str]], b: dict[int, tuple[str, str]]) -> list[int]:
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def differing_leaves(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], counter: Counter,
+                     both: Any) -> tuple[int, int, list[int], int]:
+    """Ranges, then the leaves of the ranges that differ. Returns (ranges, ranges differing,
+    leaves differing, leaves in all). ``both(fn)`` runs fn(side) for the two sides at once."""
+    ranges_q = sql.SQL("SELECT b / {0}, sum(n), bit_xor(h) FROM {1} GROUP BY 1").format(
+        sql.Literal(FANOUT), sql.Identifier(LEAVES))
+    rd, rj = both(lambda c, side: _summaries(c, ranges_q, counter, side))
+    ranges = differing(rd, rj)
+    if not ranges:
+        return len(rd.keys() | rj.keys()), 0, [], 0
+    leaves_q = sql.SQL("SELECT b, n, h FROM {} WHERE b / {} = ANY({}::bigint[])").format(
+        sql.Identifier(LEAVES), sql.Literal(FANOUT), sql.Literal(ranges))
+    ld, lj = both(lambda c, side: _summaries(c, leaves_q, counter, side))
+    total_q = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(LEAVES))
+    total = int(donor.execute(total_q).fetchone()[0])  # type: ignore[index]
+    return len(rd.keys() | rj.keys()), len(ranges), differing(ld, lj), total
+
+
+def intervals(leaves: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted leaf ids -> [lo, hi) runs of consecutive leaves."""
+    out: list[tuple[int, int]] = []
+    for b in leaves:
+        if out and out[-1][1] == b:
+            out[-1] = (out[-1][0], b + 1)
+        else:
+            out.append((b, b + 1))
+    return out
+
+
+# ---- rows ------------------------------------------------------------------------------------------
+
+def _in_leaves(t: Table, cut: Cut, part: dict[str, Any], select: sql.Composable,
+               where: Optional[sql.Composable] = None) -> sql.Composable:
+    """``SELECT select FROM t`` for the rows of a task's leaves: key intervals (``spans``), or
+    with a hashed cut leaf ids (``leaves``: a scan that keeps their rows)."""
+    if cut.hashed:
+        extra = sql.SQL(" AND {}").format(where) if where is not None else sql.SQL("")
+        return sql.SQL("SELECT {} FROM {} t WHERE {} = ANY({}::bigint[]){}").format(
+            select, _table(t), cut.leaf_of(_first_key(t), _whole_key(t)), sql.Literal(part["leaves"]), extra)
+    return _in_intervals(t, cut, [(s[0], s[1]) for s in part["spans"]], select, where)
+
+
+def _in_intervals(t: Table, cut: Cut, spans: Sequence[tuple[Optional[str], Optional[str]]],
+                  select: sql.Composable, where: Optional[sql.Composable] = None) -> sql.Composable:
+    """``SELECT select FROM t`` for the rows whose first key lies in one of ``spans`` ([lo, hi),
+    None an open end): closed intervals through an index range scan each (a join with the
+    interval list), the open-ended ones as their own branches."""
+    k = _first_key(t)
+    ty = sql.SQL(cut.key_type)
+    extra = sql.SQL(" AND {}").format(where) if where is not None else sql.SQL("")
+    closed = [(lo, hi) for lo, hi in spans if lo is not None and hi is not None]
+    parts: list[sql.Composable] = []
+    if closed:
+        parts.append(sql.SQL("SELECT {} FROM unnest({}::text[]::{}[], {}::text[]::{}[]) AS r(lo, hi) "
+                             "JOIN {} t ON {} >= r.lo AND {} < r.hi{}").format(
+            select, sql.Literal([lo for lo, _ in closed]), ty, sql.Literal([hi for _, hi in closed]), ty,
+            _table(t), k, k, extra))
+    for lo, hi in spans:
+        if lo is not None and hi is not None:
+            continue
+        conds: list[sql.Composable] = [sql.SQL("true")]
+        if lo is not None:
+            conds.append(sql.SQL("{} >= {}::{}").format(k, sql.Literal(lo), ty))
+        if hi is not None:
+            conds.append(sql.SQL("{} < {}::{}").format(k, sql.Literal(hi), ty))
+        parts.append(sql.SQL("SELECT {} FROM {} t WHERE {}{}").format(
+            select, _table(t), sql.SQL(" AND ").join(conds), extra))
+    return sql.SQL(" UNION ALL ").join(parts)
+
+
+def _keys_and_hash(t: Table) -> sql.Composable:
+    return sql.SQL("{}, {}").format(
+        sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(k)) for k in t.key), row_hash(t))
+
+
+def diff_rows(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t: Table, cut: Cut,
+              part: dict[str, Any], counter: Counter, stage: Optional[str]) -> dict[str, Any]:
+    """The rows level for a task's leaves (``part``): compare keys and row hashes; with a ``stage`` (recover),
+    copy the donor's rows that the joiner lacks or holds otherwise into it (op U) and the keys
+    only the joiner has (op D). Returns the counts (and, for verify, a sample of keys)."""
+    nkey = len(t.key)
+    q = _in_leaves(t, cut, part, _keys_and_hash(t))
+    theirs = {tuple(f[:nkey]): f[nkey] for f in copy_lines(joiner, q, counter, "joiner")}
+    changed: list[str] = []
+    inserts = updates = 0
+    for f in copy_lines(donor, q, counter, "donor"):
+        key, h = tuple(f[:nkey]), f[nkey]
+        other = theirs.pop(key, None)
+        if other == h:
+            continue
+        changed.append(h)
+        if other is None:
+            inserts += 1
+        else:
+            updates += 1
+    deleted = list(theirs)
+    if stage is not None:
+        cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in t.stored)
+        keycols = sql.SQL(", ").join(sql.Identifier(k) for k in t.key)
+        with joiner.cursor() as cur:
+            if changed:
+                sel = sql.SQL("{}, 'U'").format(sql.SQL(", ").join(
+                    sql.SQL("t.{}").format(sql.Identifier(c.name)) for c in t.stored))
+                rows_q = _in_leaves(t, cut, part, sel, sql.SQL("{} = ANY({}::bigint[])").format(
+                    row_hash(t), sql.Literal(changed)))
+                with cur.copy(sql.SQL("COPY {} ({}, _chorus_op) FROM STDIN").format(sql.SQL(stage), cols)) as dst:
+                    for chunk in copy_out(donor, rows_q, counter, "donor"):
+                        dst.write(chunk)
+            if deleted:
+                with cur.copy(sql.SQL("COPY {} ({}, _chorus_op) FROM STDIN").format(sql.SQL(stage), keycols)) as dst:
+                    for key in deleted:
+                        dst.write(("\t".join(key) + "\tD\n").encode(errors="surrogateescape"))
+    return {"inserts": inserts, "updates": updates, "deletes": len(deleted),
+            "sample": {"missing": [], "extra": [list(k) for k in deleted[:20]]}}
+
+
+# ---- tasks: the rows level, where the executors run it -----------------------------------------------
+
+def make_tasks(table: dict[str, Any], cut: Cut, leaves: Sequence[int]) -> list[dict[str, Any]]:
+    """The rows level's tasks: groups of leaf intervals (or of hashed leaves)."""
+    if cut.hashed:
+        step = INTERVALS_PER_TASK * 4
+        return [{"table": table, "cut": cut.to_dict(), "leaves": list(leaves[i:i + step]), "spans": [],
+                 "nleaves": len(leaves[i:i + step])} for i in range(0, len(leaves), step)]
+    runs = intervals(leaves)
+    return [{"table": table, "cut": cut.to_dict(), "spans": [cut.interval(lo, hi) for lo, hi in group],
+             "nleaves": sum(hi - lo for lo, hi in group)}
+            for group in (runs[i:i + INTERVALS_PER_TASK] for i in range(0, len(runs), INTERVALS_PER_TASK))]
+
+
+def run_task(task: dict[str, Any]) -> dict[str, Any]:
+    """One task (a table's group of leaf intervals), in its own sessions: the donor's at the
+    exported snapshot, the joiner's writing the staging table (committed when the task ends)."""
+    t = Table.from_dict(task["table"])
+    counter = Counter()
+    donor = open_session(task["donor_dsn"], task["snapshot"])
+    try:
+        joiner = open_session(task["joiner_dsn"], options=OFF)
+        try:
+            out = diff_rows(donor, joiner, t, Cut.from_dict(task["cut"]), task, counter, task.get("stage"))
+            joiner.execute("COMMIT")
+        finally:
+            close_session(joiner)
+    finally:
+        close_session(donor)
+    out.update(table=t.label, bytes_donor=counter.donor, bytes_joiner=counter.joiner,
+               spans=len(task["spans"]) + len(task.get("leaves", [])))
+    return out
+
+
+PSQL = "/usr/lib/postgresql/15/bin/psql"
+CAPTURE_TRIGGER = "chorus_capture"
+
+
+def stream_out(dsn: str, snapshot: Optional[str], query: sql.Composable, conn: psycopg.Connection[Any],
+               block: int = 1 << 20) -> Iterator[bytes]:
+    """``query``'s COPY text from a ``psql`` at ``snapshot``, in blocks of up to ``block`` bytes
+    (psql relays COPY data in C; reading it row by row through Python costs as much again)."""
+    import subprocess
+
+    steps = ["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"]
+    if snapshot:
+        steps.append(f"SET TRANSACTION SNAPSHOT {literal(snapshot)}")
+    steps += [s.strip() for s in SESSION_SETTINGS.split(";")]
+    steps.append(sql.SQL("COPY ({}) TO STDOUT").format(query).as_string(conn))
+    args = [PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn]
+    for step in steps:
+        args += ["-c", step]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        while True:
+            data = os.read(proc.stdout.fileno(), block)
+            if not data:
+                break
+            yield data
+    finally:
+        proc.stdout.close()
+        err = proc.stderr.read().decode(errors="replace").strip()
+        if proc.wait() != 0:
+            raise DiffError(f"reading from the donor failed: {err}")
+
+
+def analyse(donor_dsn: str, snapshot: Optional[str], joiner_dsn: str, table: dict[str, Any], rows: int,
+            size: int, small_bytes: int) -> dict[str, Any]:
+    """Copy or diff, for one table: a table under ``small_bytes`` is copied; a larger one is
+    sampled, and copied if most of its leaves would differ; otherwise both sides build their
+    leaves and compare ranges, then leaves, and the table is copied if most leaves differ after
+    all. Returns the decision and its figures, and for a diff the tasks of the rows level."""
+    t = Table.from_dict(table)
+    counter = Counter()
+    out: dict[str, Any] = {"table": t.label, "bytes": size, "rows": rows}
+    if size < small_bytes:
+        return {**out, "mode": "copy", "why": f"small ({size / 1e6:.1f} MB)", "bytes_donor": 0}
+    d = open_session(donor_dsn, snapshot)
+    j = open_session(joiner_dsn, options=OFF)
+    try:
+        share = sample_share(d, j, t, rows, counter)
+        if share > COPY_SHARE:
+            return {**out, "mode": "copy", "why": f"a sample says {share:.0%} of its leaves differ",
+                    "bytes_donor": counter.donor, "bytes_joiner": counter.joiner}
+        cut = make_cut(d, j, t, rows, counter)
+        with ThreadPoolExecutor(2) as pool:  # both sides scan at once
+            list(pool.map(lambda c: build_leaves(c, t, cut), (d, j)))
+
+            def both(fn: Callable[[Any, str], Any]) -> list[Any]:
+                return list(pool.map(fn, (d, j), ("donor", "joiner")))
+
+            nranges, rdiff, leaves, nleaves = differing_leaves(d, j, counter, both)
+        out.update(ranges=nranges, ranges_differing=rdiff, leaves=nleaves, leaves_differing=len(leaves),
+                   bytes_donor=counter.donor, bytes_joiner=counter.joiner)
+        if nleaves and len(leaves) > COPY_SHARE * nleaves:
+            return {**out, "mode": "copy", "why": f"{len(leaves) / nleaves:.0%} of its leaves differ"}
+        return {**out, "mode": "diff", "tasks": make_tasks(table, cut, leaves)}
+    finally:
+        close_session(d)
+        close_session(j)
+
+
+def copy_table(task: dict[str, Any]) -> dict[str, Any]:
+    """Replace a table's rows on the joiner with the donor's at the snapshot, streamed with COPY
+    in one transaction: TRUNCATE and COPY FREEZE where nothing references the table, DELETE
+    where a foreign key does. Triggers and foreign-key checks do not fire (replica role, and
+    the capture trigger, which fires always, is off for the transaction)."""
+    t = Table.from_dict(task["table"])
+    counter = Counter()
+    cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in t.stored)
+    with psycopg.connect(task["joiner_dsn"], options=OFF) as joiner:
+        joiner.execute("SET LOCAL session_replication_role = replica")
+        row = joiner.execute("SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE confrelid = %s::regclass "
+                             "AND contype = 'f'), (SELECT relkind = 'r' FROM pg_class WHERE oid = %s::regclass), "
+                             "EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = %s)",
+                             (t.qualified, t.qualified, t.qualified, CAPTURE_TRIGGER)).fetchone()
+        referenced, plain, captured = bool(row and row[0]), bool(row and row[1]), bool(row and row[2])
+        joiner.execute(sql.SQL("{} {}").format(sql.SQL("DELETE FROM" if referenced else "TRUNCATE"), _table(t)))
+        if captured:
+            joiner.execute(sql.SQL("ALTER TABLE {} DISABLE TRIGGER {}").format(_table(t), sql.Identifier(CAPTURE_TRIGGER)))
+        freeze = sql.SQL(" (FREEZE)") if plain and not referenced else sql.SQL("")
+        with joiner.cursor() as cur:
+            with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN{}").format(_table(t), cols, freeze)) as dst:
+                for data in stream_out(task["donor_dsn"], task["snapshot"],
+                                       sql.SQL("SELECT {} FROM {} t").format(cols, _table(t)), joiner):
+                    counter.add("donor", len(data))
+                    dst.write(data)
+            rows = cur.rowcount
+        if captured:
+            joiner.execute(sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(
+                _table(t), sql.Identifier(CAPTURE_TRIGGER)))
+    return {"table": t.label, "copied": rows, "bytes_donor": counter.donor}
