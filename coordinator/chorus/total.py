@@ -39,7 +39,6 @@ from psycopg.conninfo import conninfo_to_dict
 from chorus_spark import merkle
 from chorus_spark.sqlgen import ident
 
-JDBC_JAR = "/usr/share/java/postgresql.jar"
 PGBIN = Path("/usr/lib/postgresql/15/bin")
 STAGE_SCHEMA = "chorus_recovery"
 OFF = "-c chorus.capture=off -c chorus.replicate_ddl=off"
@@ -133,24 +132,6 @@ def _qualified(t: dict[str, Any]) -> sql.Composed:
     return sql.SQL("{}.{}").format(sql.Identifier(t["schema"]), sql.Identifier(t["name"]))
 
 
-def range_bounds(conn: psycopg.Connection[Any], t: dict[str, Any], range_rows: int) -> list[str]:
-    """Split the first key column into ranges of about ``range_rows`` rows (text forms)."""
-    rows = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_qualified(t))).fetchone()
-    n = int(rows[0]) if rows else 0
-    parts = math.ceil(n / max(1, range_rows))
-    if parts <= 1:
-        return []
-    fractions = [i / parts for i in range(1, parts)]
-    q = sql.SQL("SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {})::text[] FROM {}").format(
-        sql.Identifier(t["key"][0]), _qualified(t))
-    row = conn.execute(q, (fractions,)).fetchone()
-    bounds: list[str] = []
-    for b in (row[0] if row and row[0] else []):
-        if b is not None and (not bounds or bounds[-1] != b):
-            bounds.append(b)
-    return bounds
-
-
 class Snapshot:
     """A snapshot exported by a node, held (its transaction open) until closed. It is at one
     GID: it sees every certified GID up to it and none after (with several commit lanes a
@@ -220,8 +201,7 @@ def run_job(plan: dict[str, Any], workdir: Path, say: Say, spark_submit: Optiona
         except JobError as e:
             raise TotalRecoveryError(str(e)) from e
     entry = Path(__file__).resolve().parent.parent.parent / "spark" / "submit_job.py"
-    cmd = [spark_submit, "--master", plan.get("master", "local[*]"), "--jars", plan["jdbc_jar"],
-           str(entry), str(plan_path)]
+    cmd = [spark_submit, "--master", plan.get("master", "local[*]"), str(entry), str(plan_path)]
     proc = subprocess.run(cmd, text=True, stderr=subprocess.PIPE)
     for line in proc.stderr.splitlines():
         if not line.startswith(("WARN", "INFO", "Setting default log level", "To adjust logging")):
@@ -380,10 +360,11 @@ def _mb(n: int) -> str:
 
 
 def analyse_table(donor: Endpoint, snap: "Snapshot", joiner: Endpoint, t: dict[str, Any],
-                  progress: Progress) -> dict[str, Any]:
+                  progress: Progress, range_rows: int, small_bytes: int) -> dict[str, Any]:
     """Copy or diff (merkle.analyse), reported."""
     spec = {k: v for k, v in t.items() if k not in ("oid", "bytes", "rows")}
-    out = merkle.analyse(donor.dsn, snap.name, joiner.dsn, spec, t["rows"], t["bytes"], SMALL_BYTES)
+    out = merkle.analyse(donor.dsn, snap.name, joiner.dsn, spec, t["rows"], t["bytes"], small_bytes,
+                         range_rows=range_rows)
     if "leaves" in out:
         progress("compare", f"{out['table']}: {out['ranges_differing']} of {out['ranges']} ranges differ, "
                  f"{out['leaves_differing']} of {out['leaves']} leaves ({_mb(out['bytes_donor'])} of hashes "
@@ -398,7 +379,7 @@ def table_sizes(conn: psycopg.Connection[Any], tables: dict[str, dict[str, Any]]
                            (t["oid"], t["oid"])).fetchone()
         assert row is not None
         t["bytes"], rows = int(row[0]), float(row[1])
-        if rows < 0 or t["bytes"] < SMALL_BYTES:
+        if rows < 0 or t["bytes"] < SMALL_BYTES:  # (small: counting is cheap and the estimate may be off)
             rows = float(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_qualified(t))).fetchone()[0])  # type: ignore[index]
         t["rows"] = int(rows)
 
@@ -418,18 +399,17 @@ def run_tasks(tasks: list[dict[str, Any]], master: str, spark_submit: Optional[s
     if not spark:
         with ThreadPoolExecutor(parallelism) as pool:
             return list(pool.map(merkle.run_task, tasks))
-    plan = {"mode": "tasks", "master": "local[*]" if master in ("auto", "none") else master, "jdbc_jar": JDBC_JAR,
+    plan = {"mode": "tasks", "master": "local[*]" if master in ("auto", "none") else master,
             "parallelism": parallelism, "tasks": tasks}
     out: list[dict[str, Any]] = run_job(plan, workdir, progress.say, spark_submit)["results"]
     return out
 
 
-def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int = 1000,
+def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int = 1000, small_bytes: int = SMALL_BYTES,
                   master: str = "auto", spark_submit: Optional[str] = None,
                   parallelism: Optional[int] = None) -> dict[str, Any]:
     """Steps 1-4 (the joiner's coordinator must be stopped). Returns the snapshot GID and what
-    was done per table. ``range_rows`` is kept for the command line's compatibility (the leaves
-    are sized by merkle.LEAF_ROWS)."""
+    was done per table. A range of the diff holds about ``range_rows`` rows."""
     progress = Progress(say)
     parallelism = parallelism or max(2, os.cpu_count() or 2)
     workdir = Path(tempfile.mkdtemp(prefix="chorus-total-"))
@@ -446,7 +426,8 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
             progress("plan", f"{len(dtables)} tables with a primary key ({_mb(sum(t['bytes'] for t in dtables.values()))}), "
                      f"{len(dkeyless)} without", tables=len(dtables) + len(dkeyless))
             with ThreadPoolExecutor(max(1, parallelism // 2)) as pool:
-                plans = list(pool.map(lambda t: analyse_table(donor, snap, joiner, t, progress), dtables.values()))
+                plans = list(pool.map(lambda t: analyse_table(donor, snap, joiner, t, progress, range_rows, small_bytes),
+                                      dtables.values()))
             for p in plans:
                 progress("plan", f"{p['table']}: {p['mode']}" + (f" ({p['why']})" if p.get("why") else ""),
                          **{k: v for k, v in p.items() if k != "tasks"})
@@ -547,14 +528,17 @@ def common_snapshots(nodes: list[tuple[Endpoint, str]], say: Say, timeout: float
     raise TotalRecoveryError("could not take snapshots of every node at one GID in time")
 
 
-def verify(nodes: list[tuple[Endpoint, str]], say: Say, range_rows: int = 1000, master: str = "local[*]",
+def verify(nodes: list[tuple[Endpoint, str]], say: Say, range_rows: int = 1000, master: str = "auto",
            spark_submit: Optional[str] = None) -> dict[str, Any]:
-    """Compare every node with the first at one snapshot GID. Differences per table and node."""
-    master = "local[*]" if master in ("auto", "none") else master
+    """Compare every node with the first at one snapshot GID with the Merkle diff (never copying).
+    Differences per table and node, with up to merkle.SAMPLE_KEYS keys of each kind."""
+    progress = Progress(say)
+    parallelism = max(2, os.cpu_count() or 2)
     snaps = common_snapshots(nodes, say)
     workdir = Path(tempfile.mkdtemp(prefix="chorus-verify-"))
     try:
         ref = describe_tables(snaps[0].conn)
+        table_sizes(snaps[0].conn, ref)
         schema_diffs = []
         for s in snaps[1:]:
             other = describe_tables(s.conn)
@@ -565,19 +549,43 @@ def verify(nodes: list[tuple[Endpoint, str]], say: Say, range_rows: int = 1000, 
                     schema_diffs.append({"table": label, "node": s.endpoint.name, "problem": "extra table"})
                 elif not _same_shape(ref[label], other[label]):
                     schema_diffs.append({"table": label, "node": s.endpoint.name, "problem": "columns differ"})
-        bad = {d["table"] for d in schema_diffs}
-        tables = [t for label, t in ref.items() if label not in bad]
-        for t in tables:
-            t["bounds"] = range_bounds(snaps[0].conn, t, range_rows)
-        plan = {"mode": "verify", "master": master, "jdbc_jar": JDBC_JAR,
-                "parallelism": max(2, os.cpu_count() or 2),
-                "sources": [s.endpoint.source(s) for s in snaps],
-                "tables": [{k: v for k, v in t.items() if k != "oid"} for t in tables]}
-        result = run_job(plan, workdir, say, spark_submit)
+        bad = {(d["table"], d["node"]) for d in schema_diffs}
+        pairs = [(s, t) for s in snaps[1:] for label, t in ref.items() if (label, s.endpoint.name) not in bad]
+
+        def analyse(pair: tuple[Snapshot, dict[str, Any]]) -> dict[str, Any]:
+            s, t = pair
+            spec = {k: v for k, v in t.items() if k not in ("oid", "bytes", "rows")}
+            out = merkle.analyse(snaps[0].endpoint.dsn, snaps[0].name, s.endpoint.dsn, spec, t["rows"], t["bytes"],
+                                 0, joiner_snapshot=s.name, may_copy=False, range_rows=range_rows)
+            progress("compare", f"{out['table']} on {s.endpoint.name}: {out['ranges_differing']} of {out['ranges']} "
+                     f"ranges differ, {out['leaves_differing']} of {out['leaves']} leaves", node=s.endpoint.name,
+                     **{k: v for k, v in out.items() if k != "tasks"})
+            return {**out, "node": s.endpoint.name, "tasks": [
+                {**task, "donor_dsn": snaps[0].endpoint.dsn, "snapshot": snaps[0].name,
+                 "joiner_dsn": s.endpoint.dsn, "joiner_snapshot": s.name, "node": s.endpoint.name}
+                for task in out["tasks"]]}
+
+        with ThreadPoolExecutor(max(1, parallelism // 2)) as pool:
+            plans = list(pool.map(analyse, pairs))
+        results = run_tasks([task for p in plans for task in p["tasks"]], master, spark_submit, parallelism,
+                            workdir, progress)
     finally:
         for s in snaps:
             s.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    differing = [r for r in result["tables"] if r["rows_differing"]]
-    return {"gid": snaps[0].gid, "reference": nodes[0][0].name, "tables": result["tables"],
+    tables = []
+    for p in plans:
+        mine = [r for r in results if r["table"] == p["table"] and r["node"] == p["node"]]
+        key = next(t["key"] for t in ref.values() if f"{t['schema']}.{t['name']}" == p["table"])
+        found = sorted((list(k), kind) for r in mine for kind, keys in r["sample"].items() for k in keys)
+        sample = [{"key": dict(zip(key, k)), "kind": kind} for k, kind in found[:merkle.SAMPLE_KEYS]]
+        missing, extra, differs = (sum(r[k] for r in mine) for k in ("inserts", "deletes", "updates"))
+        tables.append({"table": p["table"], "node": p["node"], "reference": nodes[0][0].name, "ranges": p["ranges"],
+                       "ranges_differing": p["ranges_differing"], "leaves": p["leaves"],
+                       "leaves_differing": p["leaves_differing"], "rows_differing": missing + extra + differs,
+                       "missing": missing, "extra": extra, "differs": differs, "sample": sample,
+                       "bytes_read": p["bytes_donor"] + p["bytes_joiner"] + sum(r["bytes_donor"] + r["bytes_joiner"]
+                                                                                 for r in mine)})
+    differing = [t for t in tables if t["rows_differing"]]
+    return {"gid": snaps[0].gid, "reference": nodes[0][0].name, "tables": tables,
             "schema_differences": schema_diffs, "identical": not differing and not schema_diffs}

@@ -46,6 +46,7 @@ FANOUT = 32  # leaves per range at the level above
 SAMPLE_ROWS = 2000  # donor rows sampled to decide between copying and diffing
 COPY_SHARE = 0.5  # copy a table when the leaves that differ hold more than this share of its rows
 INTERVALS_PER_TASK = 2000  # leaf intervals read by one task
+SAMPLE_KEYS = 20  # differing keys of each kind a task names
 INTEGER_TYPES = {"smallint", "integer", "bigint"}
 OFF = "-c chorus.capture=off -c chorus.replicate_ddl=off"
 # leaves are grouped in memory (the planner cannot know how few groups there are), no JIT for
@@ -278,17 +279,17 @@ def differing(a: dict[int, tuple[str, str]], b: dict[int, tuple[str, str]]) -> l
 
 
 def differing_leaves(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], counter: Counter,
-                     both: Any) -> tuple[int, int, list[int], int]:
+                     both: Any, fanout: int = FANOUT) -> tuple[int, int, list[int], int]:
     """Ranges, then the leaves of the ranges that differ. Returns (ranges, ranges differing,
     leaves differing, leaves in all). ``both(fn)`` runs fn(side) for the two sides at once."""
     ranges_q = sql.SQL("SELECT b / {0}, sum(n), bit_xor(h) FROM {1} GROUP BY 1").format(
-        sql.Literal(FANOUT), sql.Identifier(LEAVES))
+        sql.Literal(fanout), sql.Identifier(LEAVES))
     rd, rj = both(lambda c, side: _summaries(c, ranges_q, counter, side))
     ranges = differing(rd, rj)
     if not ranges:
         return len(rd.keys() | rj.keys()), 0, [], 0
     leaves_q = sql.SQL("SELECT b, n, h FROM {} WHERE b / {} = ANY({}::bigint[])").format(
-        sql.Identifier(LEAVES), sql.Literal(FANOUT), sql.Literal(ranges))
+        sql.Identifier(LEAVES), sql.Literal(fanout), sql.Literal(ranges))
     ld, lj = both(lambda c, side: _summaries(c, leaves_q, counter, side))
     total_q = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(LEAVES))
     total = int(donor.execute(total_q).fetchone()[0])  # type: ignore[index]
@@ -361,17 +362,15 @@ def diff_rows(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t
     q = _in_leaves(t, cut, part, _keys_and_hash(t))
     theirs = {tuple(f[:nkey]): f[nkey] for f in copy_lines(joiner, q, counter, "joiner")}
     changed: list[str] = []
-    inserts = updates = 0
+    missing: list[tuple[str, ...]] = []
+    differ: list[tuple[str, ...]] = []
     for f in copy_lines(donor, q, counter, "donor"):
         key, h = tuple(f[:nkey]), f[nkey]
         other = theirs.pop(key, None)
         if other == h:
             continue
         changed.append(h)
-        if other is None:
-            inserts += 1
-        else:
-            updates += 1
+        (missing if other is None else differ).append(key)
     deleted = list(theirs)
     if stage is not None:
         cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in t.stored)
@@ -389,8 +388,11 @@ def diff_rows(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t
                 with cur.copy(sql.SQL("COPY {} ({}, _chorus_op) FROM STDIN").format(sql.SQL(stage), keycols)) as dst:
                     for key in deleted:
                         dst.write(("\t".join(key) + "\tD\n").encode(errors="surrogateescape"))
-    return {"inserts": inserts, "updates": updates, "deletes": len(deleted),
-            "sample": {"missing": [], "extra": [list(k) for k in deleted[:20]]}}
+    def sample(keys: list[tuple[str, ...]]) -> list[list[str]]:
+        return [[unescape(v) for v in k] for k in sorted(keys)[:SAMPLE_KEYS]]
+
+    return {"inserts": len(missing), "updates": len(differ), "deletes": len(deleted),
+            "sample": {"missing": sample(missing), "differs": sample(differ), "extra": sample(deleted)}}
 
 
 # ---- tasks: the rows level, where the executors run it -----------------------------------------------
@@ -409,12 +411,14 @@ def make_tasks(table: dict[str, Any], cut: Cut, leaves: Sequence[int]) -> list[d
 
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
     """One task (a table's group of leaf intervals), in its own sessions: the donor's at the
-    exported snapshot, the joiner's writing the staging table (committed when the task ends)."""
+    exported snapshot, the joiner's writing the staging table (committed when the task ends), or
+    for verify (no stage) at the other node's snapshot."""
     t = Table.from_dict(task["table"])
     counter = Counter()
     donor = open_session(task["donor_dsn"], task["snapshot"])
     try:
-        joiner = open_session(task["joiner_dsn"], options=OFF)
+        joiner = open_session(task["joiner_dsn"], task.get("joiner_snapshot"),
+                              options=OFF if task.get("stage") else None)
         try:
             out = diff_rows(donor, joiner, t, Cut.from_dict(task["cut"]), task, counter, task.get("stage"))
             joiner.execute("COMMIT")
@@ -422,7 +426,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
             close_session(joiner)
     finally:
         close_session(donor)
-    out.update(table=t.label, bytes_donor=counter.donor, bytes_joiner=counter.joiner,
+    out.update(table=t.label, node=task.get("node"), bytes_donor=counter.donor, bytes_joiner=counter.joiner,
                spans=len(task["spans"]) + len(task.get("leaves", [])))
     return out
 
@@ -461,20 +465,23 @@ def stream_out(dsn: str, snapshot: Optional[str], query: sql.Composable, conn: p
 
 
 def analyse(donor_dsn: str, snapshot: Optional[str], joiner_dsn: str, table: dict[str, Any], rows: int,
-            size: int, small_bytes: int) -> dict[str, Any]:
+            size: int, small_bytes: int, joiner_snapshot: Optional[str] = None, may_copy: bool = True,
+            range_rows: int = FANOUT * LEAF_ROWS) -> dict[str, Any]:
     """Copy or diff, for one table: a table under ``small_bytes`` is copied; a larger one is
     sampled, and copied if most of its leaves would differ; otherwise both sides build their
     leaves and compare ranges, then leaves, and the table is copied if most leaves differ after
-    all. Returns the decision and its figures, and for a diff the tasks of the rows level."""
+    all. Returns the decision and its figures, and for a diff the tasks of the rows level.
+    Verify compares two nodes at their snapshots and never copies (``may_copy`` false). A range
+    holds about ``range_rows`` rows (leaves of LEAF_ROWS)."""
     t = Table.from_dict(table)
     counter = Counter()
     out: dict[str, Any] = {"table": t.label, "bytes": size, "rows": rows}
-    if size < small_bytes:
+    if may_copy and size < small_bytes:
         return {**out, "mode": "copy", "why": f"small ({size / 1e6:.1f} MB)", "bytes_donor": 0}
     d = open_session(donor_dsn, snapshot)
-    j = open_session(joiner_dsn, options=OFF)
+    j = open_session(joiner_dsn, joiner_snapshot, options=None if joiner_snapshot else OFF)
     try:
-        share = sample_share(d, j, t, rows, counter)
+        share = sample_share(d, j, t, rows, counter) if may_copy else 0.0
         if share > COPY_SHARE:
             return {**out, "mode": "copy", "why": f"a sample says {share:.0%} of its leaves differ",
                     "bytes_donor": counter.donor, "bytes_joiner": counter.joiner}
@@ -485,10 +492,11 @@ def analyse(donor_dsn: str, snapshot: Optional[str], joiner_dsn: str, table: dic
             def both(fn: Callable[[Any, str], Any]) -> list[Any]:
                 return list(pool.map(fn, (d, j), ("donor", "joiner")))
 
-            nranges, rdiff, leaves, nleaves = differing_leaves(d, j, counter, both)
+            nranges, rdiff, leaves, nleaves = differing_leaves(d, j, counter, both,
+                                                               max(2, round(range_rows / LEAF_ROWS)))
         out.update(ranges=nranges, ranges_differing=rdiff, leaves=nleaves, leaves_differing=len(leaves),
                    bytes_donor=counter.donor, bytes_joiner=counter.joiner)
-        if nleaves and len(leaves) > COPY_SHARE * nleaves:
+        if may_copy and nleaves and len(leaves) > COPY_SHARE * nleaves:
             return {**out, "mode": "copy", "why": f"{len(leaves) / nleaves:.0%} of its leaves differ"}
         return {**out, "mode": "diff", "tasks": make_tasks(table, cut, leaves)}
     finally:
