@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Iterable, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 
-from chorus_spark import diff
+from chorus_spark import diff, launch
 from chorus_spark.sqlgen import SESSION_SETTINGS, Table, chunks, intervals, literal
 
 MAX_RANGES_PER_READ = 64  # consecutive differing ranges read as one interval
@@ -36,21 +37,36 @@ class JobError(Exception):
     pass
 
 
-LOG4J = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "log4j2.properties")
-
-
 def session(master: str, jdbc_jar: str, parallelism: int) -> SparkSession:
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    java = f"-Duser.timezone=UTC -Dlog4j.configurationFile=file:{LOG4J}"
-    return (SparkSession.builder.appName("chorus-snapshot-diff").master(master)
-            .config("spark.jars", jdbc_jar)
-            .config("spark.sql.shuffle.partitions", str(max(2, parallelism)))
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.driver.extraJavaOptions", java)
-            .config("spark.executor.extraJavaOptions", java)
-            .getOrCreate())
+    """The job's session. On ``local[*]`` or a ``spark://`` master on this machine the driver binds
+    and advertises 127.0.0.1; elsewhere Spark's own choice (``SPARK_LOCAL_IP``,
+    ``spark.driver.host`` in spark-defaults.conf) stands. The executors run ``PYSPARK_PYTHON``
+    (default: this Python), which needs psycopg for the COPY."""
+    loopback = launch.is_loopback(master)
+    if launch.is_local(master) or loopback:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    b = (SparkSession.builder.appName("chorus-snapshot-diff").master(master)
+         .config("spark.jars", jdbc_jar)
+         .config("spark.sql.shuffle.partitions", str(max(2, parallelism)))
+         .config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.session.timeZone", "UTC")
+         .config("spark.driver.extraJavaOptions", launch.log_java_options())
+         .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC"))
+    if loopback:
+        b = b.config("spark.driver.host", "127.0.0.1")
+    return b.getOrCreate()
+
+
+def ship_package(spark: SparkSession, directory: str) -> None:
+    """Executors outside the driver's JVM import ``chorus_spark`` from a zip of this code, unless
+    spark-submit already ships one (``--py-files``)."""
+    if launch.is_local(spark.sparkContext.master or "local"):
+        return
+    if "chorus_spark" in spark.sparkContext.getConf().get("spark.submit.pyFiles", ""):
+        return
+    spark.sparkContext.addPyFile(launch.package(directory))
 
 
 class Source:
@@ -192,7 +208,9 @@ def run(plan: dict[str, Any], spark: Optional[SparkSession] = None,
     own = spark is None
     spark = spark or session(plan.get("master", "local[*]"), plan["jdbc_jar"], parallelism)
     spark.sparkContext.setLogLevel("ERROR")
+    shipped = tempfile.TemporaryDirectory(prefix="chorus-spark-")
     try:
+        ship_package(spark, shipped.name)
         sources = [Source(spark, s) for s in plan["sources"]]
         tables = [Table.from_dict(d) for d in plan["tables"]]
         out: list[dict[str, Any]] = []
@@ -208,6 +226,7 @@ def run(plan: dict[str, Any], spark: Optional[SparkSession] = None,
     finally:
         if own:
             spark.stop()
+        shipped.cleanup()
 
 
 def main(argv: list[str]) -> int:
