@@ -126,20 +126,29 @@ class StandaloneSpark:
             time.sleep(0.5)
 
     def stop(self) -> None:
-        """The worker first (it stops its executors), then the master; each by its pid, and what
-        is left of its process group after that."""
+        """The worker first (it stops its executors), then the master, each by its pid; then what
+        is left of the process group each was started in (executors that outlived the worker),
+        while the exited daemon is not yet reaped, so that group id is still ours."""
         for p in (self.worker_proc, self.master_proc):
-            if p is None:
+            if p is None or p.returncode is not None:
                 continue
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(timeout=10)
+            p.send_signal(signal.SIGTERM)
+            if not _exited(p.pid, 20):
+                p.kill()
+                _exited(p.pid, 10)
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)  # the group we created: executors that outlived it
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+
+
+def _exited(pid: int, timeout: float) -> bool:
+    """Whether child ``pid`` exited within ``timeout`` seconds; it is left unreaped."""
+    deadline = time.monotonic() + timeout
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 @contextlib.contextmanager

@@ -13,9 +13,11 @@ from chorus.cli.common import ChorusCliError, json_option, print_json, print_tab
 from chorus.config import NodeConfig
 
 spark_options = [
-    click.option("--spark-master", default="local[*]", show_default=True, help="Spark master URL."),
+    click.option("--spark-master", default="local[*]", show_default=True,
+                 help="Spark master URL (spark://HOST:PORT runs the job on that cluster; docs/RECOVERY.md)."),
     click.option("--spark-submit", "spark_submit", default=None,
-                 help="Run the job with this spark-submit instead of in-process."),
+                 help="Run the job's driver with this spark-submit (client mode, on --spark-master) "
+                      "instead of in this process."),
     click.option("--range-rows", default=1000, show_default=True,
                  help="Rows per primary-key range compared by hash before rows are read."),
 ]
