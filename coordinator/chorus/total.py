@@ -22,12 +22,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -187,12 +189,12 @@ def donor_snapshot(ep: Endpoint, timeout_s: float = 30.0) -> Snapshot:
 
 
 def run_job(plan: dict[str, Any], workdir: Path, say: Say, spark_submit: Optional[str] = None) -> dict[str, Any]:
-    """The Spark job: in this process (local[*]) or through spark-submit."""
+    """The Spark job: in this process (Spark's driver here, on ``plan['master']``: ``local[*]`` or
+    a cluster's master) or through spark-submit (client deploy mode, on that master)."""
     plan_path = workdir / "plan.json"
     plan["result"] = str(workdir / "result.json")
     plan_path.write_text(json.dumps(plan))
     if spark_submit is None:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from chorus_spark.job import JobError, run
 
         try:
@@ -200,16 +202,70 @@ def run_job(plan: dict[str, Any], workdir: Path, say: Say, spark_submit: Optiona
             return out
         except JobError as e:
             raise TotalRecoveryError(str(e)) from e
-    entry = Path(__file__).resolve().parent.parent.parent / "spark" / "submit_job.py"
-    cmd = [spark_submit, "--master", plan.get("master", "local[*]"), str(entry), str(plan_path)]
-    proc = subprocess.run(cmd, text=True, stderr=subprocess.PIPE)
-    for line in proc.stderr.splitlines():
-        if not line.startswith(("WARN", "INFO", "Setting default log level", "To adjust logging")):
-            say(line)
-    if proc.returncode != 0:
-        raise TotalRecoveryError(f"spark-submit failed (exit {proc.returncode})")
-    result: dict[str, Any] = json.loads(Path(plan["result"]).read_text())
+    cmd, env = submit_command(plan, plan_path, workdir, spark_submit)
+    tail: deque[str] = deque(maxlen=JOB_TAIL_LINES)
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", env=env)
+    except OSError as e:
+        raise TotalRecoveryError(f"cannot run {spark_submit}: {e}") from e
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the job's progress, as it comes (its stdout too: ours may carry --json)
+            line = line.rstrip("\n")
+            tail.append(line)
+            if not _spark_noise(line):
+                say(line)
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:  # interrupted: the job goes too
+            proc.kill()
+            proc.wait(timeout=30)
+    if code != 0:
+        raise TotalRecoveryError(f"the Spark job failed: {spark_submit} exited with status {code}; its last lines:\n"
+                                 + "\n".join(tail))
+    try:
+        result: dict[str, Any] = json.loads(Path(plan["result"]).read_text())
+    except (OSError, ValueError) as e:
+        raise TotalRecoveryError(f"the Spark job ended without a result ({e}); its last lines:\n"
+                                 + "\n".join(tail)) from e
     return result
+
+
+JOB_TAIL_LINES = 40
+# Spark's chatter, Java stack frames (the failure message keeps them) and a harmless exception a
+# standalone master's client may print as the job's context stops
+_NOISE = re.compile(r"^(\d\d/\d\d/\d\d )?\d\d:\d\d:\d\d (INFO|DEBUG|TRACE) |^(Setting default log level|"
+                    r"To adjust logging level|Using Spark's default log4j profile)|^\s+(at |\.\.\. \d+ more)|"
+                    r"^java\.util\.concurrent\.RejectedExecutionException: .* rejected from .*Shutting down")
+
+
+def _spark_noise(line: str) -> bool:
+    return not line.strip() or bool(_NOISE.match(line))
+
+
+def submit_command(plan: dict[str, Any], plan_path: Path, workdir: Path,
+                   spark_submit: str) -> tuple[list[str], dict[str, str]]:
+    """spark-submit's command and environment. The executors get ``chorus_spark`` as a zip of
+    this code (``--py-files``); they run ``PYSPARK_PYTHON``
+    (default: this Python, which has psycopg). The driver runs here (client mode): on
+    ``local[*]`` or a master on this machine's loopback it binds and advertises 127.0.0.1; for a
+    remote master set ``spark.driver.host`` (spark-defaults.conf) if this host's name does not
+    reach it. Anything else (executor memory, cores) comes from Spark's own configuration."""
+    from chorus_spark import launch
+
+    master = str(plan.get("master", "local[*]"))
+    env = dict(os.environ)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    cmd = [spark_submit, "--master", master, "--deploy-mode", "client", "--name", "chorus-snapshot-diff",
+           "--py-files", launch.package(workdir),
+           "--driver-java-options", launch.log_java_options(),
+           "--conf", "spark.executor.extraJavaOptions=-Duser.timezone=UTC"]
+    if launch.is_local(master) or launch.is_loopback(master):
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if launch.is_loopback(master):
+        cmd += ["--conf", "spark.driver.host=127.0.0.1"]
+    return [*cmd, launch.entry(workdir), str(plan_path)], env
 
 
 def _same_shape(a: dict[str, Any], b: dict[str, Any]) -> bool:

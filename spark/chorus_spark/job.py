@@ -19,30 +19,46 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from typing import Any, Callable, Optional
 
 from pyspark.sql import SparkSession
 
-from chorus_spark import merkle
+from chorus_spark import launch, merkle
 
 
 class JobError(Exception):
     pass
 
 
-LOG4J = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "log4j2.properties")
-
-
 def session(master: str, parallelism: int) -> SparkSession:
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    java = f"-Duser.timezone=UTC -Dlog4j.configurationFile=file:{LOG4J}"
-    return (SparkSession.builder.appName("chorus-snapshot-diff").master(master)
-            .config("spark.default.parallelism", str(max(2, parallelism)))
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.extraJavaOptions", java)
-            .config("spark.executor.extraJavaOptions", java)
-            .getOrCreate())
+    """The job's session. On ``local[*]`` or a ``spark://`` master on this machine the driver binds
+    and advertises 127.0.0.1; elsewhere Spark's own choice (``SPARK_LOCAL_IP``,
+    ``spark.driver.host`` in spark-defaults.conf) stands. The executors run ``PYSPARK_PYTHON``
+    (default: this Python), which needs psycopg: each task opens its own libpq sessions."""
+    loopback = launch.is_loopback(master)
+    if launch.is_local(master) or loopback:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    b = (SparkSession.builder.appName("chorus-snapshot-diff").master(master)
+         .config("spark.default.parallelism", str(max(2, parallelism)))
+         .config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.driver.extraJavaOptions", launch.log_java_options())
+         .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC"))
+    if loopback:
+        b = b.config("spark.driver.host", "127.0.0.1")
+    return b.getOrCreate()
+
+
+def ship_package(spark: SparkSession, directory: str) -> None:
+    """Executors outside the driver's JVM import ``chorus_spark`` from a zip of this code, unless
+    spark-submit already ships one (``--py-files``)."""
+    if launch.is_local(spark.sparkContext.master or "local"):
+        return
+    if "chorus_spark" in spark.sparkContext.getConf().get("spark.submit.pyFiles", ""):
+        return
+    spark.sparkContext.addPyFile(launch.package(directory))
 
 
 def run(plan: dict[str, Any], spark: Optional[SparkSession] = None,
@@ -53,7 +69,9 @@ def run(plan: dict[str, Any], spark: Optional[SparkSession] = None,
     own = spark is None
     spark = spark or session(plan.get("master", "local[*]"), int(plan.get("parallelism", 2)))
     spark.sparkContext.setLogLevel("ERROR")
+    shipped = tempfile.TemporaryDirectory(prefix="chorus-spark-")
     try:
+        ship_package(spark, shipped.name)
         say(f"Spark: {len(tasks)} tasks on {spark.sparkContext.master}")
         try:
             results = spark.sparkContext.parallelize(tasks, max(1, len(tasks))).map(merkle.run_task).collect()
@@ -63,6 +81,7 @@ def run(plan: dict[str, Any], spark: Optional[SparkSession] = None,
     finally:
         if own:
             spark.stop()
+        shipped.cleanup()
 
 
 def main(argv: list[str]) -> int:

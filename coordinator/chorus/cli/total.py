@@ -14,10 +14,12 @@ from chorus.config import NodeConfig
 
 spark_options = [
     click.option("--spark-master", default="auto", show_default=True,
-                 help="Spark master URL for the rows level; auto: Spark (local[*]) only when there are over "
-                      "5M rows to compare, else threads of this process; none: never Spark."),
+                 help="Spark master URL for the rows level (spark://HOST:PORT runs it on that cluster; "
+                      "docs/RECOVERY.md); auto: Spark (local[*]) only when there are over 5M rows to compare, "
+                      "else threads of this process; none: never Spark."),
     click.option("--spark-submit", "spark_submit", default=None,
-                 help="Run the job with this spark-submit instead of in-process."),
+                 help="Run the job's driver with this spark-submit (client mode, on --spark-master) "
+                      "instead of in this process."),
     click.option("--range-rows", default=1000, show_default=True,
                  help="Rows per key range compared by hash before its leaves (of 32 rows) are."),
 ]
