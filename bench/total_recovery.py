@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -86,7 +86,7 @@ def recover(directory: Path, extra: list[str]) -> tuple[float, dict[str, Any]]:
 
 
 def run_scale(root: Path, scale: int, drifts: list[float], rounds: int, port_base: int,
-              extra: list[str]) -> list[dict[str, Any]]:
+              extra: list[str], events: Optional[Path]) -> list[dict[str, Any]]:
     cluster = LocalCluster(str(root / f"s{scale}"))
     rows = scale * 100_000
     out: list[dict[str, Any]] = []
@@ -102,6 +102,10 @@ def run_scale(root: Path, scale: int, drifts: list[float], rounds: int, port_bas
                 cluster.stop("n3")
                 changed = drift(nodes[0]["dsn"], rows, pct)
                 elapsed, rebuilt = recover(root / f"s{scale}", extra)
+                if events is not None:  # where each phase ended, per run
+                    with events.open("a") as f:
+                        f.write(json.dumps({"rows": rows, "drift_pct": pct, "elapsed_s": elapsed,
+                                            "events": rebuilt["events"]}) + "\n")
                 diffs.append(elapsed)
                 read.append(rebuilt["bytes_donor"])
                 size = rebuilt["table_bytes"]
@@ -126,6 +130,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--port-base", type=int, default=56733)
     ap.add_argument("--spark-master", default=None, help="passed to chorus node join (default: its own)")
+    ap.add_argument("--events", type=Path, default=None, help="append each run's progress events to this JSONL file")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -135,7 +140,7 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     for scale in [int(x) for x in args.scales.split(",")]:
         results += run_scale(root, scale, [float(x) for x in args.drift.split(",")], args.rounds, args.port_base,
-                             extra)
+                             extra, args.events)
     if args.json:
         print(json.dumps({"results": results, "args": vars(args)}, indent=2))
     else:

@@ -120,6 +120,44 @@ def copy_lines(conn: psycopg.Connection[Any], query: sql.Composable, counter: Co
         yield rest.decode(errors="surrogateescape").split("\t")
 
 
+PSQL = "/usr/lib/postgresql/15/bin/psql"
+CAPTURE_TRIGGER = "chorus_capture"
+
+
+def stream_out(dsn: str, snapshot: Optional[str], query: sql.Composable, conn: psycopg.Connection[Any],
+               counter: Counter, block: int = 1 << 20) -> Iterator[bytes]:
+    """``query``'s COPY text from a ``psql`` at ``snapshot``, in blocks of up to ``block`` bytes,
+    counted as read from the donor (psql relays COPY data in C; reading it row by row through
+    Python costs as much again). The script goes through psql's standard input: it may be long."""
+    import subprocess
+
+    steps = ["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"]
+    if snapshot:
+        steps.append(f"SET TRANSACTION SNAPSHOT {literal(snapshot)}")
+    steps += [s.strip() for s in SESSION_SETTINGS.split(";")]
+    steps.append(sql.SQL("COPY ({}) TO STDOUT").format(query).as_string(conn))
+    proc = subprocess.Popen([PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:  # psql prints nothing before the COPY's data: the whole script can be written first
+        proc.stdin.write(";\n".join(steps).encode() + b";\n")
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    try:
+        while True:
+            data = os.read(proc.stdout.fileno(), block)
+            if not data:
+                break
+            counter.add("donor", len(data))
+            yield data
+    finally:
+        proc.stdout.close()
+        err = proc.stderr.read().decode(errors="replace").strip()
+        if proc.wait() != 0:
+            raise DiffError(f"reading from the donor failed: {err}")
+
+
 _ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
 
 
@@ -259,7 +297,10 @@ def sample_share(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any]
 
 # ---- leaves and ranges -----------------------------------------------------------------------------
 
-LEAVES = "chorus_leaves"
+LEAVES = "chorus_leaves"  # this side's leaves (temporary, per session)
+DONOR_LEAVES = "chorus_donor_leaves"  # the donor's, copied into the joiner's session
+DONOR_ROWS = "chorus_donor_rows"  # the donor's keys and row hashes of a task's leaves, likewise
+MINE = "chorus_joiner_rows"  # the joiner's keys and row hashes of a task's leaves
 
 
 def build_leaves(conn: psycopg.Connection[Any], t: Table, cut: Cut) -> None:
@@ -280,20 +321,36 @@ def differing(a: dict[int, tuple[str, str]], b: dict[int, tuple[str, str]]) -> l
 
 def differing_leaves(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], counter: Counter,
                      both: Any, fanout: int = FANOUT) -> tuple[int, int, list[int], int]:
-    """Ranges, then the leaves of the ranges that differ. Returns (ranges, ranges differing,
-    leaves differing, leaves in all). ``both(fn)`` runs fn(side) for the two sides at once."""
+    """Ranges (their summaries compared here), then the leaves of the ranges that differ: the
+    donor's are copied into the joiner's session and compared there. Returns (ranges, ranges
+    differing, leaves differing, leaves in all). ``both(fn)`` runs fn(side) for the two sides
+    at once."""
     ranges_q = sql.SQL("SELECT b / {0}, sum(n), bit_xor(h) FROM {1} GROUP BY 1").format(
         sql.Literal(fanout), sql.Identifier(LEAVES))
     rd, rj = both(lambda c, side: _summaries(c, ranges_q, counter, side))
     ranges = differing(rd, rj)
     if not ranges:
         return len(rd.keys() | rj.keys()), 0, [], 0
-    leaves_q = sql.SQL("SELECT b, n, h FROM {} WHERE b / {} = ANY({}::bigint[])").format(
-        sql.Identifier(LEAVES), sql.Literal(fanout), sql.Literal(ranges))
-    ld, lj = both(lambda c, side: _summaries(c, leaves_q, counter, side))
-    total_q = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(LEAVES))
-    total = int(donor.execute(total_q).fetchone()[0])  # type: ignore[index]
-    return len(rd.keys() | rj.keys()), len(ranges), differing(ld, lj), total
+    under = sql.SQL("b / {} = ANY({}::bigint[])").format(sql.Literal(fanout), sql.Literal(ranges))
+    relay(donor, sql.SQL("SELECT b, n, h FROM {} WHERE {}").format(sql.Identifier(LEAVES), under), counter,
+          joiner, DONOR_LEAVES, sql.SQL("b bigint, n bigint, h bigint"))
+    rows = joiner.execute(sql.SQL(
+        "SELECT coalesce(d.b, j.b) FROM {} d FULL JOIN (SELECT * FROM {} WHERE {}) j ON d.b = j.b "
+        "WHERE (d.n, d.h) IS DISTINCT FROM (j.n, j.h) ORDER BY 1").format(
+        sql.Identifier(DONOR_LEAVES), sql.Identifier(LEAVES), under)).fetchall()
+    total = int(donor.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(LEAVES))).fetchone()[0])  # type: ignore[index]
+    return len(rd.keys() | rj.keys()), len(ranges), [int(r[0]) for r in rows], total
+
+
+def relay(src: psycopg.Connection[Any], query: sql.Composable, counter: Counter, dst: psycopg.Connection[Any],
+          table: str, columns: sql.Composable) -> None:
+    """``query``'s rows from ``src`` into a new temporary ``table`` (``columns``) of ``dst``."""
+    dst.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(table)))
+    dst.execute(sql.SQL("CREATE TEMP TABLE {} ({})").format(sql.Identifier(table), columns))
+    with dst.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(table))) as cp:
+        for chunk in copy_out(src, query, counter, "donor"):
+            cp.write(chunk)
+    dst.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
 
 
 def intervals(leaves: Sequence[int]) -> list[tuple[int, int]]:
@@ -354,45 +411,70 @@ def _keys_and_hash(t: Table) -> sql.Composable:
 
 
 def diff_rows(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t: Table, cut: Cut,
-              part: dict[str, Any], counter: Counter, stage: Optional[str]) -> dict[str, Any]:
-    """The rows level for a task's leaves (``part``): compare keys and row hashes; with a ``stage`` (recover),
-    copy the donor's rows that the joiner lacks or holds otherwise into it (op U) and the keys
-    only the joiner has (op D). Returns the counts (and, for verify, a sample of keys)."""
-    nkey = len(t.key)
-    q = _in_leaves(t, cut, part, _keys_and_hash(t))
-    theirs = {tuple(f[:nkey]): f[nkey] for f in copy_lines(joiner, q, counter, "joiner")}
-    changed: list[str] = []
-    missing: list[tuple[str, ...]] = []
-    differ: list[tuple[str, ...]] = []
-    for f in copy_lines(donor, q, counter, "donor"):
-        key, h = tuple(f[:nkey]), f[nkey]
-        other = theirs.pop(key, None)
-        if other == h:
-            continue
-        changed.append(h)
-        (missing if other is None else differ).append(key)
-    deleted = list(theirs)
-    if stage is not None:
-        cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in t.stored)
-        keycols = sql.SQL(", ").join(sql.Identifier(k) for k in t.key)
-        with joiner.cursor() as cur:
-            if changed:
-                sel = sql.SQL("{}, 'U'").format(sql.SQL(", ").join(
-                    sql.SQL("t.{}").format(sql.Identifier(c.name)) for c in t.stored))
-                rows_q = _in_leaves(t, cut, part, sel, sql.SQL("{} = ANY({}::bigint[])").format(
-                    row_hash(t), sql.Literal(changed)))
-                with cur.copy(sql.SQL("COPY {} ({}, _chorus_op) FROM STDIN").format(sql.SQL(stage), cols)) as dst:
-                    for chunk in copy_out(donor, rows_q, counter, "donor"):
-                        dst.write(chunk)
-            if deleted:
-                with cur.copy(sql.SQL("COPY {} ({}, _chorus_op) FROM STDIN").format(sql.SQL(stage), keycols)) as dst:
-                    for key in deleted:
-                        dst.write(("\t".join(key) + "\tD\n").encode(errors="surrogateescape"))
-    def sample(keys: list[tuple[str, ...]]) -> list[list[str]]:
-        return [[unescape(v) for v in k] for k in sorted(keys)[:SAMPLE_KEYS]]
+              part: dict[str, Any], counter: Counter, stage: Optional[str], donor_dsn: str,
+              snapshot: Optional[str]) -> dict[str, Any]:
+    """The rows level for a task's leaves (``part``), compared in the joiner's session: the
+    donor's keys and row hashes there are copied into it (through psql, at the snapshot) and
+    joined with the joiner's own. With a ``stage`` (recover) the keys only the joiner has go into
+    the stage (op D), and the donor's rows that the joiner lacks or holds otherwise are copied
+    from the donor into it (op U). Returns the counts and up to SAMPLE_KEYS keys of each kind."""
+    keys = sql.SQL(", ").join(sql.Identifier(k) for k in t.key)
+    match = sql.SQL(" AND ").join(sql.SQL("d.{0} = m.{0}").format(sql.Identifier(k)) for k in t.key)
+    joiner.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(DONOR_ROWS)))
+    joiner.execute(sql.SQL("CREATE TEMP TABLE {} AS SELECT {}, 0::bigint AS h FROM {} t WITH NO DATA").format(
+        sql.Identifier(DONOR_ROWS), _whole_key(t), _table(t)))
+    with joiner.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(DONOR_ROWS))) as cp:
+        for data in stream_out(donor_dsn, snapshot, _in_leaves(t, cut, part, _keys_and_hash(t)), donor, counter):
+            cp.write(data)
+    joiner.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(MINE)))
+    joiner.execute(sql.SQL("CREATE TEMP TABLE {} AS {}").format(
+        sql.Identifier(MINE), _in_leaves(t, cut, part, sql.SQL("{}, {} AS h").format(_whole_key(t), row_hash(t)))))
+    for temp in (DONOR_ROWS, MINE):
+        joiner.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(temp)))
+    # donor rows the joiner lacks (m is NULL) or holds otherwise
+    changed = joiner.execute(sql.SQL(
+        "SELECT d.h, m.h IS NULL FROM {} d LEFT JOIN {} m ON {} WHERE m.h IS DISTINCT FROM d.h").format(
+        sql.Identifier(DONOR_ROWS), sql.Identifier(MINE), match)).fetchall()
+    only_mine = sql.SQL("FROM {} m WHERE NOT EXISTS (SELECT 1 FROM {} d WHERE {})").format(
+        sql.Identifier(MINE), sql.Identifier(DONOR_ROWS), match)
 
-    return {"inserts": len(missing), "updates": len(differ), "deletes": len(deleted),
-            "sample": {"missing": sample(missing), "differs": sample(differ), "extra": sample(deleted)}}
+    def sample(q: sql.Composed) -> list[list[str]]:
+        return [[str(v) for v in r] for r in joiner.execute(q).fetchall()]
+
+    def text(alias: str) -> sql.Composed:
+        return sql.SQL(", ").join(sql.SQL("{}.{}::text").format(sql.Identifier(alias), sql.Identifier(k))
+                                  for k in t.key)
+
+    def pair(join: str) -> sql.Composed:
+        return sql.SQL("FROM {} d " + join + " {} m ON {}").format(sql.Identifier(DONOR_ROWS), sql.Identifier(MINE),
+                                                                  match)
+
+    limit = sql.SQL("ORDER BY 1 LIMIT {}").format(sql.Literal(SAMPLE_KEYS))
+    out: dict[str, Any] = {
+        "inserts": sum(1 for _, new in changed if new), "updates": sum(1 for _, new in changed if not new),
+        "sample": {
+            "missing": sample(sql.SQL("SELECT {} {} WHERE m.h IS NULL {}").format(
+                text("d"), pair("LEFT JOIN"), limit)),
+            "differs": sample(sql.SQL("SELECT {} {} WHERE m.h <> d.h {}").format(
+                text("d"), pair("JOIN"), limit)),
+            "extra": sample(sql.SQL("SELECT {} {} {}").format(text("m"), only_mine, limit))}}
+    if stage is None:
+        row = joiner.execute(sql.SQL("SELECT count(*) {}").format(only_mine)).fetchone()
+        out["deletes"] = int(row[0]) if row else 0
+        return out
+    out["deletes"] = joiner.execute(sql.SQL("INSERT INTO {} ({}, _chorus_op) SELECT {}, 'D' {}").format(
+        sql.SQL(stage), keys, sql.SQL(", ").join(sql.SQL("m.{}").format(sql.Identifier(k)) for k in t.key),
+        only_mine)).rowcount
+    if changed:
+        cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in t.stored)
+        sel = sql.SQL("{}, 'U'").format(sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c.name))
+                                                            for c in t.stored))
+        rows_q = _in_leaves(t, cut, part, sel, sql.SQL("{} = ANY({}::bigint[])").format(
+            row_hash(t), sql.Literal([h for h, _ in changed])))
+        with joiner.cursor().copy(sql.SQL("COPY {} ({}, _chorus_op) FROM STDIN").format(sql.SQL(stage), cols)) as cp:
+            for data in stream_out(donor_dsn, snapshot, rows_q, donor, counter):
+                cp.write(data)
+    return out
 
 
 # ---- tasks: the rows level, where the executors run it -----------------------------------------------
@@ -420,7 +502,8 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         joiner = open_session(task["joiner_dsn"], task.get("joiner_snapshot"),
                               options=OFF if task.get("stage") else None)
         try:
-            out = diff_rows(donor, joiner, t, Cut.from_dict(task["cut"]), task, counter, task.get("stage"))
+            out = diff_rows(donor, joiner, t, Cut.from_dict(task["cut"]), task, counter, task.get("stage"),
+                            task["donor_dsn"], task["snapshot"])
             joiner.execute("COMMIT")
         finally:
             close_session(joiner)
@@ -429,39 +512,6 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     out.update(table=t.label, node=task.get("node"), bytes_donor=counter.donor, bytes_joiner=counter.joiner,
                spans=len(task["spans"]) + len(task.get("leaves", [])))
     return out
-
-
-PSQL = "/usr/lib/postgresql/15/bin/psql"
-CAPTURE_TRIGGER = "chorus_capture"
-
-
-def stream_out(dsn: str, snapshot: Optional[str], query: sql.Composable, conn: psycopg.Connection[Any],
-               block: int = 1 << 20) -> Iterator[bytes]:
-    """``query``'s COPY text from a ``psql`` at ``snapshot``, in blocks of up to ``block`` bytes
-    (psql relays COPY data in C; reading it row by row through Python costs as much again)."""
-    import subprocess
-
-    steps = ["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"]
-    if snapshot:
-        steps.append(f"SET TRANSACTION SNAPSHOT {literal(snapshot)}")
-    steps += [s.strip() for s in SESSION_SETTINGS.split(";")]
-    steps.append(sql.SQL("COPY ({}) TO STDOUT").format(query).as_string(conn))
-    args = [PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn]
-    for step in steps:
-        args += ["-c", step]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
-    try:
-        while True:
-            data = os.read(proc.stdout.fileno(), block)
-            if not data:
-                break
-            yield data
-    finally:
-        proc.stdout.close()
-        err = proc.stderr.read().decode(errors="replace").strip()
-        if proc.wait() != 0:
-            raise DiffError(f"reading from the donor failed: {err}")
 
 
 def analyse(donor_dsn: str, snapshot: Optional[str], joiner_dsn: str, table: dict[str, Any], rows: int,
@@ -526,8 +576,7 @@ def copy_table(task: dict[str, Any]) -> dict[str, Any]:
         with joiner.cursor() as cur:
             with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN{}").format(_table(t), cols, freeze)) as dst:
                 for data in stream_out(task["donor_dsn"], task["snapshot"],
-                                       sql.SQL("SELECT {} FROM {} t").format(cols, _table(t)), joiner):
-                    counter.add("donor", len(data))
+                                       sql.SQL("SELECT {} FROM {} t").format(cols, _table(t)), joiner, counter):
                     dst.write(data)
             rows = cur.rowcount
         if captured:
