@@ -446,7 +446,7 @@ def run_tasks(tasks: list[dict[str, Any]], master: str, spark_submit: Optional[s
     ``auto`` picks Spark when there are more than SPARK_ROWS rows to compare, ``none`` never)."""
     if not tasks:
         return []
-    rows = sum(task["nleaves"] for task in tasks) * merkle.LEAF_ROWS
+    rows = sum(task["nleaves"] * task["cut"]["leaf_rows"] for task in tasks)
     spark = master not in ("auto", "none") or spark_submit is not None or (master == "auto" and rows > SPARK_ROWS)
     where = f"Spark ({'local[*]' if master in ('auto', 'none') else master})" if spark else \
         f"{parallelism} threads of this process"
@@ -481,7 +481,7 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
             table_sizes(snap.conn, dkeyless)
             progress("plan", f"{len(dtables)} tables with a primary key ({_mb(sum(t['bytes'] for t in dtables.values()))}), "
                      f"{len(dkeyless)} without", tables=len(dtables) + len(dkeyless))
-            with ThreadPoolExecutor(max(1, parallelism // 2)) as pool:
+            with ThreadPoolExecutor(parallelism) as pool:
                 plans = list(pool.map(lambda t: analyse_table(donor, snap, joiner, t, progress, range_rows, small_bytes),
                                       dtables.values()))
             for p in plans:
@@ -492,9 +492,9 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
             base = {"donor_dsn": donor.dsn, "snapshot": snap.name, "joiner_dsn": joiner.dsn}
             tasks = [{**task, **base, "stage": stages[p["table"]]} for p in plans if p["mode"] == "diff"
                      for task in p["tasks"]]
-            copies = [{**base, "table": {k: v for k, v in t.items() if k not in ("oid", "bytes", "rows")}}
+            copies = [{**base, "bytes": t["bytes"], "table": {k: v for k, v in t.items() if k not in ("oid", "bytes", "rows")}}
                       for t in [dtables[p["table"]] for p in plans if p["mode"] == "copy"] + list(dkeyless.values())]
-            with ThreadPoolExecutor(max(1, parallelism // 2)) as pool:
+            with ThreadPoolExecutor(parallelism) as pool:
                 copying = [pool.submit(merkle.copy_table, c) for c in copies]
                 results = run_tasks(tasks, master, spark_submit, parallelism, workdir, progress)
                 copied = []
@@ -621,7 +621,7 @@ def verify(nodes: list[tuple[Endpoint, str]], say: Say, range_rows: int = 1000, 
                  "joiner_dsn": s.endpoint.dsn, "joiner_snapshot": s.name, "node": s.endpoint.name}
                 for task in out["tasks"]]}
 
-        with ThreadPoolExecutor(max(1, parallelism // 2)) as pool:
+        with ThreadPoolExecutor(parallelism) as pool:
             plans = list(pool.map(analyse, pairs))
         results = run_tasks([task for p in plans for task in p["tasks"]], master, spark_submit, parallelism,
                             workdir, progress)

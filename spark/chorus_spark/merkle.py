@@ -34,7 +34,7 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import psycopg
 from psycopg import sql
@@ -45,8 +45,10 @@ LEAF_ROWS = 32  # rows per leaf
 FANOUT = 32  # leaves per range at the level above
 SAMPLE_ROWS = 2000  # donor rows sampled to decide between copying and diffing
 COPY_SHARE = 0.5  # copy a table when the leaves that differ hold more than this share of its rows
+COPY_DRIFT = 0.03  # or when a sample says more than this share of its rows differ
 INTERVALS_PER_TASK = 2000  # leaf intervals read by one task
 SAMPLE_KEYS = 20  # differing keys of each kind a task names
+REBUILD_BYTES = 64 << 20  # a copied table this large has its indexes built after the load, not during it
 INTEGER_TYPES = {"smallint", "integer", "bigint"}
 OFF = "-c chorus.capture=off -c chorus.replicate_ddl=off"
 # leaves are grouped in memory (the planner cannot know how few groups there are), no JIT for
@@ -181,6 +183,8 @@ class Cut:
     width: Optional[int] = None
     bounds: tuple[str, ...] = ()
     wide: bool = False  # the keys span more than bigint arithmetic can subtract: numeric instead
+    leaf_rows: int = 32  # rows a leaf holds, about
+    typed: bool = False  # rows hashed by their columns' own hash functions (row_hash)
     hashed: int = 0  # leaves by a hash of the whole key, this many (a composite key whose first column
     # has few values: ranges of it would be too coarse); the rows level then scans, not seeks
 
@@ -211,17 +215,41 @@ class Cut:
 
     def to_dict(self) -> dict[str, Any]:
         return {"key_type": self.key_type, "base": self.base, "width": self.width, "bounds": list(self.bounds),
-                "wide": self.wide, "hashed": self.hashed}
+                "wide": self.wide, "leaf_rows": self.leaf_rows, "typed": self.typed, "hashed": self.hashed}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "Cut":
         return Cut(d["key_type"], d.get("base"), d.get("width"), tuple(d.get("bounds") or ()), bool(d.get("wide")),
-                   int(d.get("hashed") or 0))
+                   int(d.get("leaf_rows") or LEAF_ROWS), bool(d.get("typed")), int(d.get("hashed") or 0))
 
 
-def row_hash(t: Table) -> sql.Composable:
-    return sql.SQL("hashtextextended(ROW({})::text, 0)").format(
-        sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c.name)) for c in t.stored))
+# Types whose own hash function tells apart every two values that print differently (with a
+# deterministic collation, for the string types): numeric (1.0 = 1.00), float (-0 = 0), interval
+# ('1 day' = '24 hours'), jsonb, arrays, citext and the like are not among them.
+EXACT_HASH_TYPES = frozenset({"smallint", "integer", "bigint", "boolean", "text", "character varying", "character",
+                              "bytea", "date", "timestamp without time zone", "timestamp with time zone",
+                              "time without time zone", "uuid", "oid", "name", '"char"'})
+
+_COLUMN_TYPES = """
+SELECT format_type(a.atttypid, a.atttypmod), coalesce(c.collisdeterministic, true)
+  FROM pg_attribute a LEFT JOIN pg_collation c ON c.oid = a.attcollation
+ WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+"""
+
+
+def exact_hashes(conn: psycopg.Connection[Any], t: Table) -> bool:
+    """Whether every stored column's own hash function can hash the rows (cheaper than their text)."""
+    rows = conn.execute(_COLUMN_TYPES, (t.qualified,)).fetchall()
+    return bool(rows) and all(re.sub(r"\(.*?\)", "", ty) in EXACT_HASH_TYPES and det for ty, det in rows)
+
+
+def row_hash(t: Table, typed: bool = False) -> sql.Composable:
+    """A row's 64-bit hash: of its text form under the fixed output settings, or (``typed``) by
+    its columns' own hash functions (``hash_record_extended``; exact_hashes says when)."""
+    cols = sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c.name)) for c in t.stored)
+    if typed:
+        return sql.SQL("hash_record_extended(ROW({}), 0)").format(cols)
+    return sql.SQL("hashtextextended(ROW({})::text, 0)").format(cols)
 
 
 def _first_key(t: Table) -> sql.Composable:
@@ -237,48 +265,49 @@ def _table(t: Table) -> sql.Composable:
 
 
 def make_cut(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t: Table, rows: int,
-             counter: Counter) -> Cut:
-    """The leaves of ``t`` for a donor of about ``rows`` rows."""
+             counter: Counter, leaf_rows: int = LEAF_ROWS, typed: bool = False) -> Cut:
+    """The leaves of ``t`` (about ``leaf_rows`` rows each) for a donor of about ``rows`` rows."""
     ktype = t.column(t.key[0]).type
     k = _first_key(t)
-    leaves = max(1, math.ceil(rows / LEAF_ROWS))
+    leaves = max(1, math.ceil(rows / leaf_rows))
     if len(t.key) > 1:
         q = sql.SQL("SELECT count(DISTINCT k)::float8 / greatest(count(*), 1) FROM (SELECT {} AS k FROM {} t "
                     "TABLESAMPLE SYSTEM ({}) LIMIT {}) s").format(
             k, _table(t), sql.Literal(min(100.0, 100.0 * SAMPLE_ROWS / max(1, rows))), sql.Literal(SAMPLE_ROWS))
         row = donor.execute(q).fetchone()
         if row is not None and float(row[0]) < 0.5:
-            return Cut(ktype, hashed=leaves)
+            return Cut(ktype, leaf_rows=leaf_rows, typed=typed, hashed=leaves)
     if ktype in INTEGER_TYPES:
         q = sql.SQL("SELECT min({0}), max({0}) FROM {1} t").format(k, _table(t))
         ends = [c.execute(q).fetchone() for c in (donor, joiner)]
         lows = [e[0] for e in ends if e and e[0] is not None]
         highs = [e[1] for e in ends if e and e[1] is not None]
         if not lows:
-            return Cut(ktype, 0, 1)
+            return Cut(ktype, 0, 1, leaf_rows=leaf_rows, typed=typed)
         base, top = min(lows), max(highs)
-        return Cut(ktype, base, max(1, math.ceil((top - base + 1) / leaves)), wide=top - base >= 2 ** 62)
+        return Cut(ktype, base, max(1, math.ceil((top - base + 1) / leaves)), wide=top - base >= 2 ** 62,
+                   leaf_rows=leaf_rows, typed=typed)
     q = sql.SQL("SELECT k FROM (SELECT {0} AS k, row_number() OVER (ORDER BY {0}) AS r FROM {1} t) s "
-                "WHERE mod(r, {2}) = 1 ORDER BY k").format(k, _table(t), sql.Literal(LEAF_ROWS))
+                "WHERE mod(r, {2}) = 1 ORDER BY k").format(k, _table(t), sql.Literal(leaf_rows))
     bounds = tuple(unescape(r[0]) for r in copy_lines(donor, q, counter, "donor"))
-    return Cut(ktype, bounds=bounds)
+    return Cut(ktype, bounds=bounds, leaf_rows=leaf_rows, typed=typed)
 
 
 # ---- sampling: copy or diff ----------------------------------------------------------------------
 
-def sample_share(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t: Table, rows: int,
-                 counter: Counter) -> float:
-    """The share of leaves that would differ, estimated from a sample of the donor's rows: the
-    share of sampled rows the joiner lacks or holds otherwise, spread over LEAF_ROWS rows a leaf."""
+def sample_drift(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t: Table, rows: int,
+                 counter: Counter, typed: bool) -> tuple[float, int]:
+    """The share of the donor's rows that the joiner lacks or holds otherwise, estimated from a
+    sample of them (whole pages: TABLESAMPLE SYSTEM), and the sample's size."""
     if rows <= 0:
-        return 0.0
+        return 0.0, 0
     pct = min(100.0, 100.0 * SAMPLE_ROWS / rows)
     keys = sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(k)) for k in t.key)
     q = sql.SQL("SELECT {}, {} FROM {} t TABLESAMPLE SYSTEM ({}) LIMIT {}").format(
-        keys, row_hash(t), _table(t), sql.Literal(pct), sql.Literal(SAMPLE_ROWS * 4))
+        keys, row_hash(t, typed), _table(t), sql.Literal(pct), sql.Literal(SAMPLE_ROWS * 4))
     sample = [line for line in copy_lines(donor, q, counter, "donor")]
     if not sample:
-        return 0.0
+        return 0.0, 0
     nkey = len(t.key)
     types = [t.column(k).type for k in t.key]
     # the joiner's hashes of the same keys (through its primary key)
@@ -288,11 +317,18 @@ def sample_share(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any]
                                   for i, k in enumerate(t.key))
     names = sql.SQL(", ").join(sql.SQL("k{}").format(sql.SQL(str(i))) for i in range(nkey))
     jq = sql.SQL("SELECT {}, {} FROM unnest({}) AS s({}) JOIN {} t ON {}").format(
-        keys, row_hash(t), arrays, names, _table(t), match)
+        keys, row_hash(t, typed), arrays, names, _table(t), match)
     theirs = {tuple(line[:nkey]): line[nkey] for line in copy_lines(joiner, jq, counter, "joiner")}
     differ = sum(1 for s in sample if theirs.get(tuple(s[:nkey])) != s[nkey])
-    p = differ / len(sample)
-    return 1.0 - (1.0 - p) ** LEAF_ROWS
+    return differ / len(sample), len(sample)
+
+
+def leaf_size(drift: float, sampled: int) -> int:
+    """Rows per leaf for a table whose rows differ at about ``drift``: a leaf costs one summary
+    on each side, a row in a differing leaf is hashed about three times at the rows level (each
+    ~15 summaries' worth), so the total is least near sqrt(1 / (15 drift)) rows (4 to 64)."""
+    p = max(drift, 0.5 / max(1, sampled))
+    return max(4, min(64, round(math.sqrt(1.0 / (15.0 * p)))))
 
 
 # ---- leaves and ranges -----------------------------------------------------------------------------
@@ -308,7 +344,7 @@ def build_leaves(conn: psycopg.Connection[Any], t: Table, cut: Cut) -> None:
     conn.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(LEAVES)))
     conn.execute(sql.SQL("CREATE TEMP TABLE {} AS SELECT {} AS b, count(*) AS n, bit_xor({}) AS h "
                          "FROM {} t GROUP BY 1").format(sql.Identifier(LEAVES), cut.leaf_of(_first_key(t), _whole_key(t)),
-                                                        row_hash(t), _table(t)))
+                                                        row_hash(t, cut.typed), _table(t)))
 
 
 def _summaries(conn: psycopg.Connection[Any], q: sql.Composable, counter: Counter, side: str) -> dict[int, tuple[str, str]]:
@@ -332,25 +368,24 @@ def differing_leaves(donor: psycopg.Connection[Any], joiner: psycopg.Connection[
     if not ranges:
         return len(rd.keys() | rj.keys()), 0, [], 0
     under = sql.SQL("b / {} = ANY({}::bigint[])").format(sql.Literal(fanout), sql.Literal(ranges))
-    relay(donor, sql.SQL("SELECT b, n, h FROM {} WHERE {}").format(sql.Identifier(LEAVES), under), counter,
-          joiner, DONOR_LEAVES, sql.SQL("b bigint, n bigint, h bigint"))
+    # the donor's leaves into the joiner's session, in blocks of text made by the donor (a row at
+    # a time through Python would cost more than the comparison)
+    joiner.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(DONOR_LEAVES)))
+    joiner.execute(sql.SQL("CREATE TEMP TABLE {} (b bigint, n bigint, h bigint)").format(sql.Identifier(DONOR_LEAVES)))
+    blocks = donor.execute(sql.SQL("SELECT string_agg(concat_ws(E'\\t', b, n, h), E'\\n') || E'\\n' FROM {} "
+                                   "WHERE {} GROUP BY b / 65536").format(sql.Identifier(LEAVES), under))
+    with joiner.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(DONOR_LEAVES))) as cp:
+        for (block,) in blocks:
+            data = block.encode()
+            counter.add("donor", len(data))
+            cp.write(data)
+    joiner.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(DONOR_LEAVES)))
     rows = joiner.execute(sql.SQL(
         "SELECT coalesce(d.b, j.b) FROM {} d FULL JOIN (SELECT * FROM {} WHERE {}) j ON d.b = j.b "
         "WHERE (d.n, d.h) IS DISTINCT FROM (j.n, j.h) ORDER BY 1").format(
         sql.Identifier(DONOR_LEAVES), sql.Identifier(LEAVES), under)).fetchall()
     total = int(donor.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(LEAVES))).fetchone()[0])  # type: ignore[index]
     return len(rd.keys() | rj.keys()), len(ranges), [int(r[0]) for r in rows], total
-
-
-def relay(src: psycopg.Connection[Any], query: sql.Composable, counter: Counter, dst: psycopg.Connection[Any],
-          table: str, columns: sql.Composable) -> None:
-    """``query``'s rows from ``src`` into a new temporary ``table`` (``columns``) of ``dst``."""
-    dst.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(table)))
-    dst.execute(sql.SQL("CREATE TEMP TABLE {} ({})").format(sql.Identifier(table), columns))
-    with dst.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(table))) as cp:
-        for chunk in copy_out(src, query, counter, "donor"):
-            cp.write(chunk)
-    dst.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
 
 
 def intervals(leaves: Sequence[int]) -> list[tuple[int, int]]:
@@ -405,9 +440,9 @@ def _in_intervals(t: Table, cut: Cut, spans: Sequence[tuple[Optional[str], Optio
     return sql.SQL(" UNION ALL ").join(parts)
 
 
-def _keys_and_hash(t: Table) -> sql.Composable:
+def _keys_and_hash(t: Table, cut: Cut) -> sql.Composable:
     return sql.SQL("{}, {}").format(
-        sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(k)) for k in t.key), row_hash(t))
+        sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(k)) for k in t.key), row_hash(t, cut.typed))
 
 
 def diff_rows(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t: Table, cut: Cut,
@@ -424,11 +459,11 @@ def diff_rows(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t
     joiner.execute(sql.SQL("CREATE TEMP TABLE {} AS SELECT {}, 0::bigint AS h FROM {} t WITH NO DATA").format(
         sql.Identifier(DONOR_ROWS), _whole_key(t), _table(t)))
     with joiner.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(DONOR_ROWS))) as cp:
-        for data in stream_out(donor_dsn, snapshot, _in_leaves(t, cut, part, _keys_and_hash(t)), donor, counter):
+        for data in stream_out(donor_dsn, snapshot, _in_leaves(t, cut, part, _keys_and_hash(t, cut)), donor, counter):
             cp.write(data)
     joiner.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(MINE)))
     joiner.execute(sql.SQL("CREATE TEMP TABLE {} AS {}").format(
-        sql.Identifier(MINE), _in_leaves(t, cut, part, sql.SQL("{}, {} AS h").format(_whole_key(t), row_hash(t)))))
+        sql.Identifier(MINE), _in_leaves(t, cut, part, sql.SQL("{}, {} AS h").format(_whole_key(t), row_hash(t, cut.typed)))))
     for temp in (DONOR_ROWS, MINE):
         joiner.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(temp)))
     # donor rows the joiner lacks (m is NULL) or holds otherwise
@@ -470,7 +505,7 @@ def diff_rows(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t
         sel = sql.SQL("{}, 'U'").format(sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c.name))
                                                             for c in t.stored))
         rows_q = _in_leaves(t, cut, part, sel, sql.SQL("{} = ANY({}::bigint[])").format(
-            row_hash(t), sql.Literal([h for h, _ in changed])))
+            row_hash(t, cut.typed), sql.Literal([h for h, _ in changed])))
         with joiner.cursor().copy(sql.SQL("COPY {} ({}, _chorus_op) FROM STDIN").format(sql.SQL(stage), cols)) as cp:
             for data in stream_out(donor_dsn, snapshot, rows_q, donor, counter):
                 cp.write(data)
@@ -522,7 +557,7 @@ def analyse(donor_dsn: str, snapshot: Optional[str], joiner_dsn: str, table: dic
     leaves and compare ranges, then leaves, and the table is copied if most leaves differ after
     all. Returns the decision and its figures, and for a diff the tasks of the rows level.
     Verify compares two nodes at their snapshots and never copies (``may_copy`` false). A range
-    holds about ``range_rows`` rows (leaves of LEAF_ROWS)."""
+    holds about ``range_rows`` rows; a leaf 4 to 64 (leaf_size)."""
     t = Table.from_dict(table)
     counter = Counter()
     out: dict[str, Any] = {"table": t.label, "bytes": size, "rows": rows}
@@ -531,11 +566,13 @@ def analyse(donor_dsn: str, snapshot: Optional[str], joiner_dsn: str, table: dic
     d = open_session(donor_dsn, snapshot)
     j = open_session(joiner_dsn, joiner_snapshot, options=None if joiner_snapshot else OFF)
     try:
-        share = sample_share(d, j, t, rows, counter) if may_copy else 0.0
-        if share > COPY_SHARE:
-            return {**out, "mode": "copy", "why": f"a sample says {share:.0%} of its leaves differ",
+        typed = exact_hashes(d, t)
+        drift, sampled = sample_drift(d, j, t, rows, counter, typed)
+        out.update(sampled=sampled, sample_drift=round(drift, 5))
+        if may_copy and drift > COPY_DRIFT:
+            return {**out, "mode": "copy", "why": f"a sample of {sampled} rows says {drift:.1%} of its rows differ",
                     "bytes_donor": counter.donor, "bytes_joiner": counter.joiner}
-        cut = make_cut(d, j, t, rows, counter)
+        cut = make_cut(d, j, t, rows, counter, leaf_size(drift, sampled), typed)
         with ThreadPoolExecutor(2) as pool:  # both sides scan at once
             list(pool.map(lambda c: build_leaves(c, t, cut), (d, j)))
 
@@ -543,9 +580,10 @@ def analyse(donor_dsn: str, snapshot: Optional[str], joiner_dsn: str, table: dic
                 return list(pool.map(fn, (d, j), ("donor", "joiner")))
 
             nranges, rdiff, leaves, nleaves = differing_leaves(d, j, counter, both,
-                                                               max(2, round(range_rows / LEAF_ROWS)))
+                                                               max(2, round(range_rows / cut.leaf_rows)))
         out.update(ranges=nranges, ranges_differing=rdiff, leaves=nleaves, leaves_differing=len(leaves),
-                   bytes_donor=counter.donor, bytes_joiner=counter.joiner)
+                   leaf_rows=cut.leaf_rows, typed_hash=cut.typed, bytes_donor=counter.donor,
+                   bytes_joiner=counter.joiner)
         if may_copy and nleaves and len(leaves) > COPY_SHARE * nleaves:
             return {**out, "mode": "copy", "why": f"{len(leaves) / nleaves:.0%} of its leaves differ"}
         return {**out, "mode": "diff", "tasks": make_tasks(table, cut, leaves)}
@@ -554,22 +592,58 @@ def analyse(donor_dsn: str, snapshot: Optional[str], joiner_dsn: str, table: dic
         close_session(j)
 
 
+_INDEXES = """
+SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid), c.conname, pg_get_constraintdef(c.oid),
+       i.indisclustered OR i.indisreplident OR x.reltablespace <> 0
+       OR obj_description(i.indexrelid, 'pg_class') IS NOT NULL
+       OR (c.oid IS NOT NULL AND obj_description(c.oid, 'pg_constraint') IS NOT NULL)
+       OR EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid OR h.inhparent = i.indexrelid)
+       OR EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indexrelid AND a.attstattarget > 0)
+  FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid
+  LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid AND c.contype IN ('p', 'u', 'x')
+ WHERE i.indrelid = %s::regclass
+"""
+
+
+def _drop_indexes(conn: psycopg.Connection[Any], t: Table) -> list[Union[sql.SQL, sql.Composed]]:
+    """Drop the table's indexes (and the constraints they serve) for a bulk load, if that can be
+    undone exactly: not when one is clustered, the replica identity, in its own tablespace,
+    commented, attached to a partitioned index or given statistics targets. Returns the
+    statements that build them again (the same definitions and names), or nothing."""
+    found = conn.execute(_INDEXES, (t.qualified,)).fetchall()
+    if not found or any(r[4] for r in found):
+        return []
+    again: list[Union[sql.SQL, sql.Composed]] = []
+    for index, indexdef, conname, condef, _ in found:
+        if conname is not None:
+            conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(_table(t), sql.Identifier(conname)))
+            again.append(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(_table(t), sql.Identifier(conname),
+                                                                             sql.SQL(condef)))
+        else:
+            conn.execute(sql.SQL("DROP INDEX {}").format(sql.SQL(index)))
+            again.append(sql.SQL(indexdef))
+    return again
+
+
 def copy_table(task: dict[str, Any]) -> dict[str, Any]:
     """Replace a table's rows on the joiner with the donor's at the snapshot, streamed with COPY
-    in one transaction: TRUNCATE and COPY FREEZE where nothing references the table, DELETE
-    where a foreign key does. Triggers and foreign-key checks do not fire (replica role, and
-    the capture trigger, which fires always, is off for the transaction)."""
+    in one transaction: TRUNCATE and COPY FREEZE where nothing references the table (its indexes
+    dropped first and built again after, as pg_restore does, when that can be undone exactly),
+    DELETE where a foreign key does. Triggers and foreign-key checks do not fire (replica role,
+    and the capture trigger, which fires always, is off for the transaction)."""
     t = Table.from_dict(task["table"])
     counter = Counter()
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in t.stored)
     with psycopg.connect(task["joiner_dsn"], options=OFF) as joiner:
         joiner.execute("SET LOCAL session_replication_role = replica")
+        joiner.execute("SET LOCAL maintenance_work_mem = '256MB'")
         row = joiner.execute("SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE confrelid = %s::regclass "
                              "AND contype = 'f'), (SELECT relkind = 'r' FROM pg_class WHERE oid = %s::regclass), "
                              "EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = %s)",
                              (t.qualified, t.qualified, t.qualified, CAPTURE_TRIGGER)).fetchone()
         referenced, plain, captured = bool(row and row[0]), bool(row and row[1]), bool(row and row[2])
         joiner.execute(sql.SQL("{} {}").format(sql.SQL("DELETE FROM" if referenced else "TRUNCATE"), _table(t)))
+        rebuild = _drop_indexes(joiner, t) if plain and not referenced and task.get("bytes", 0) >= REBUILD_BYTES else []
         if captured:
             joiner.execute(sql.SQL("ALTER TABLE {} DISABLE TRIGGER {}").format(_table(t), sql.Identifier(CAPTURE_TRIGGER)))
         freeze = sql.SQL(" (FREEZE)") if plain and not referenced else sql.SQL("")
@@ -579,7 +653,9 @@ def copy_table(task: dict[str, Any]) -> dict[str, Any]:
                                        sql.SQL("SELECT {} FROM {} t").format(cols, _table(t)), joiner, counter):
                     dst.write(data)
             rows = cur.rowcount
+        for stmt in rebuild:
+            joiner.execute(stmt)
         if captured:
             joiner.execute(sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(
                 _table(t), sql.Identifier(CAPTURE_TRIGGER)))
-    return {"table": t.label, "copied": rows, "bytes_donor": counter.donor}
+    return {"table": t.label, "copied": rows, "bytes_donor": counter.donor, "indexes_rebuilt": len(rebuild)}
