@@ -10,7 +10,7 @@ say() { printf 'setup: %s\n' "$*"; }
 
 PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-contrib postgresql-plpython3-15
           corosync libcpg-dev libvotequorum-dev libquorum-dev libcorosync-common-dev
-          libpostgresql-jdbc-java iproute2 build-essential pkg-config libffi-dev
+          iproute2 build-essential pkg-config libffi-dev
           python3 python3-venv python3-dev procps openssl util-linux)
 command -v java >/dev/null 2>&1 || PACKAGES+=(openjdk-17-jre-headless)
 missing=()

@@ -46,7 +46,8 @@ FANOUT = 32  # leaves per range at the level above
 SAMPLE_ROWS = 2000  # donor rows sampled to decide between copying and diffing
 COPY_SHARE = 0.5  # copy a table when the leaves that differ hold more than this share of its rows
 COPY_DRIFT = 0.03  # or when a sample says more than this share of its rows differ
-INTERVALS_PER_TASK = 2000  # leaf intervals read by one task
+TASK_ROWS = 200_000  # rows of differing leaves compared by one task, about (each task starts two psql)
+MAX_INTERVALS_PER_TASK = 50_000
 SAMPLE_KEYS = 20  # differing keys of each kind a task names
 REBUILD_BYTES = 64 << 20  # a copied table this large has its indexes built after the load, not during it
 INTEGER_TYPES = {"smallint", "integer", "bigint"}
@@ -356,11 +357,12 @@ def _probe_drift(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any]
 
 
 def leaf_size(drift: float, sampled: int) -> int:
-    """Rows per leaf for a table whose rows differ at about ``drift``: a leaf costs one summary
-    on each side, a row in a differing leaf is hashed about three times at the rows level (each
-    ~15 summaries' worth), so the total is least near sqrt(1 / (15 drift)) rows (4 to 64)."""
+    """Rows per leaf for a table whose rows differ at about ``drift``: a leaf costs a group and a
+    summary on each side, a row in a differing leaf is hashed about three times at the rows level
+    (about 1.5 leaves' worth, measured on pgbench_accounts), so the total is least near
+    sqrt(1 / (1.5 drift)) rows a leaf (8 to 64)."""
     p = max(drift, 0.5 / max(1, sampled))
-    return max(4, min(64, round(math.sqrt(1.0 / (15.0 * p)))))
+    return max(8, min(64, round(math.sqrt(1.0 / (1.5 * p)))))
 
 
 # ---- leaves and ranges -----------------------------------------------------------------------------
@@ -548,14 +550,21 @@ def diff_rows(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t
 
 def make_tasks(table: dict[str, Any], cut: Cut, leaves: Sequence[int]) -> list[dict[str, Any]]:
     """The rows level's tasks: groups of leaf intervals (or of hashed leaves)."""
+    step = max(1, min(MAX_INTERVALS_PER_TASK, TASK_ROWS // cut.leaf_rows))
     if cut.hashed:
-        step = INTERVALS_PER_TASK * 4
         return [{"table": table, "cut": cut.to_dict(), "leaves": list(leaves[i:i + step]), "spans": [],
                  "nleaves": len(leaves[i:i + step])} for i in range(0, len(leaves), step)]
     runs = intervals(leaves)
+    groups: list[list[tuple[int, int]]] = [[]]
+    held = 0
+    for run in runs:  # up to `step` leaves (and MAX_INTERVALS_PER_TASK intervals) a task
+        if groups[-1] and (held + run[1] - run[0] > step or len(groups[-1]) >= MAX_INTERVALS_PER_TASK):
+            groups.append([])
+            held = 0
+        groups[-1].append(run)
+        held += run[1] - run[0]
     return [{"table": table, "cut": cut.to_dict(), "spans": [cut.interval(lo, hi) for lo, hi in group],
-             "nleaves": sum(hi - lo for lo, hi in group)}
-            for group in (runs[i:i + INTERVALS_PER_TASK] for i in range(0, len(runs), INTERVALS_PER_TASK))]
+             "nleaves": sum(hi - lo for lo, hi in group)} for group in groups if group]
 
 
 def run_task(task: dict[str, Any]) -> dict[str, Any]:

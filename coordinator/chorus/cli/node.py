@@ -189,7 +189,7 @@ def watch_until_online(admin: str, timeout: float) -> dict[str, Any]:
         try:
             st = fetch_status(admin)
         except ChorusCliError:
-            time.sleep(0.5)
+            time.sleep(0.1)
             continue
         rec = st.get("recovery")
         line = f"{st['state']}: {st['reason']}"
@@ -207,7 +207,7 @@ def watch_until_online(admin: str, timeout: float) -> dict[str, Any]:
             raise NeedsTotalRecovery(f"node {st['node']} cannot go online: {st['reason']}")
         if st["state"] == "failed":
             raise ChorusCliError(f"node {st['node']} cannot go online: {st['reason']}")
-        time.sleep(1.0)
+        time.sleep(0.1)
     raise ChorusCliError(f"node not online after {timeout:.0f} s: {st.get('state')}: {st.get('reason')}")
 
 
