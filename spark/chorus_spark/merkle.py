@@ -1,29 +1,29 @@
-"""The snapshot diff of total recovery, pushed into PostgreSQL and recursing like a Merkle tree.
+"""The snapshot diff of total recovery and verify, pushed into PostgreSQL and recursing like a
+Merkle tree: both sides hash their own rows; only hashes of what differs, and then the rows that
+differ, travel. For one table with a primary key (the donor at its exported snapshot; the joiner
+stopped, or for verify another node at its own snapshot):
 
-Both sides hash their own rows; only hashes of what differs, and then the rows that differ, travel.
-For one table (a primary key, the donor at its exported snapshot, the joiner stopped):
+- **sample**: random keys (an integer key) or random pages are looked up on both sides; the
+  share that differs decides copy or diff (``analyse``) and the size of a leaf (``leaf_size``).
+- **leaves** (one scan per side): the rows are cut into leaves of 8 to 64 rows by the first key
+  column, the same cut on both sides (``Cut``: equal widths of an integer key, bounds read from
+  the donor for any other type, or a hash of a composite key whose first column has few
+  values); each side keeps ``(leaf, rows, XOR of row hashes)`` in a temporary table of its own
+  session.
+- **ranges**: about ``range_rows`` rows make a range; the sides compare range summaries computed
+  from their leaves, then the leaves of the ranges that differ (the donor's copied into the
+  joiner's session and joined there). A table most of whose leaves differ is copied instead.
+- **rows** (``run_task``, in threads or on Spark executors): within the differing leaves, read
+  as key intervals through the primary key's index, the donor's keys and row hashes are copied
+  into the joiner's session and joined with its own; keys only the joiner has are staged for
+  deletion, the donor's rows that the joiner lacks or holds otherwise are copied from the donor
+  straight into the joiner's staging table.
 
-- **leaves** (one scan per side): the rows are cut into leaves of about ``LEAF_ROWS`` rows by the
-  first key column, the same cut on both sides (equal widths of an integer key, or bounds read
-  from the donor for any other type); each side keeps ``(leaf, rows, XOR of row hashes)`` in a
-  temporary table of its own session.
-- **ranges**: ``FANOUT`` leaves make a range; the sides compare range summaries computed from
-  their leaves, then the leaves of the ranges that differ, and keep the leaves that differ.
-- **rows**: within the differing leaves (as key intervals, read through the primary key's index)
-  each side sends its keys and row hashes; keys only the joiner has are deleted, rows only the
-  donor has or that differ are copied from the donor (COPY, straight into the joiner's staging
-  table: nothing is parsed on the way).
-
-A row's hash is ``hashtextextended`` of the row's text form under fixed output settings
-(``SESSION_SETTINGS``), so values that print differently differ (1.0 and 1.00, -0 and 0) and
-every type can be hashed. A leaf's summary is its row count and the XOR of its rows' hashes.
-
-Before any of this the planner samples the table (``sample``): a table whose sample says most
-leaves would differ is copied whole instead, and so is a table whose leaves turn out to differ
-mostly. The rows level runs as tasks over groups of leaf intervals (:func:`run_task`), in the
-coordinator's threads or on Spark executors; each task opens its own sessions, the donor's at
-the exported snapshot. Every read is a ``COPY ... TO STDOUT``, so the bytes read are counted
-exactly.
+A row's hash (``row_hash``) is ``hash_record_extended`` of the row when every column's own hash
+tells apart values that print differently, else ``hashtextextended`` of its text form under
+fixed output settings (``SESSION_SETTINGS``), so 1.0 and 1.00 differ. The chorus process relays
+COPY data in blocks and parses no rows; every read from the donor is counted (``Counter``).
+``copy_table`` is the copy: TRUNCATE and COPY FREEZE, indexes built after the load.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from psycopg import sql
 
 from chorus_spark.sqlgen import SESSION_SETTINGS, Table, ident, literal
 
-LEAF_ROWS = 32  # rows per leaf
-FANOUT = 32  # leaves per range at the level above
+LEAF_ROWS = 32  # rows per leaf, when no sample says otherwise
+FANOUT = 32  # leaves per range at the level above, when no range size is given
 SAMPLE_ROWS = 2000  # donor rows sampled to decide between copying and diffing
 COPY_SHARE = 0.5  # copy a table when the leaves that differ hold more than this share of its rows
 COPY_DRIFT = 0.03  # or when a sample says more than this share of its rows differ
@@ -128,17 +128,19 @@ CAPTURE_TRIGGER = "chorus_capture"
 
 
 def stream_out(dsn: str, snapshot: Optional[str], query: sql.Composable, conn: psycopg.Connection[Any],
-               counter: Counter, block: int = 1 << 20) -> Iterator[bytes]:
-    """``query``'s COPY text from a ``psql`` at ``snapshot``, in blocks of up to ``block`` bytes,
-    counted as read from the donor (psql relays COPY data in C; reading it row by row through
-    Python costs as much again). The script goes through psql's standard input: it may be long."""
+               counter: Counter, block: int = 1 << 20, table: bool = False) -> Iterator[bytes]:
+    """``query``'s COPY text (``table``: a whole table's, ``query`` naming it and its columns,
+    which COPY reads faster than a query) from a ``psql`` at ``snapshot``, in blocks of up to
+    ``block`` bytes, counted as read from the donor (psql relays COPY data in C; reading it row
+    by row through Python costs as much again). The script goes through psql's standard input:
+    it may be long."""
     import subprocess
 
     steps = ["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"]
     if snapshot:
         steps.append(f"SET TRANSACTION SNAPSHOT {literal(snapshot)}")
     steps += [s.strip() for s in SESSION_SETTINGS.split(";")]
-    steps.append(sql.SQL("COPY ({}) TO STDOUT").format(query).as_string(conn))
+    steps.append(sql.SQL("COPY {} TO STDOUT" if table else "COPY ({}) TO STDOUT").format(query).as_string(conn))
     proc = subprocess.Popen([PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -692,8 +694,8 @@ def copy_table(task: dict[str, Any]) -> dict[str, Any]:
         freeze = sql.SQL(" (FREEZE)") if plain and not referenced else sql.SQL("")
         with joiner.cursor() as cur:
             with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN{}").format(_table(t), cols, freeze)) as dst:
-                for data in stream_out(task["donor_dsn"], task["snapshot"],
-                                       sql.SQL("SELECT {} FROM {} t").format(cols, _table(t)), joiner, counter):
+                for data in stream_out(task["donor_dsn"], task["snapshot"], sql.SQL("{} ({})").format(_table(t), cols),
+                                       joiner, counter, table=True):
                     dst.write(data)
             rows = cur.rowcount
         for stmt in rebuild:
