@@ -550,9 +550,10 @@ def diff_rows(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t
 
 # ---- tasks: the rows level, where the executors run it -----------------------------------------------
 
-def make_tasks(table: dict[str, Any], cut: Cut, leaves: Sequence[int]) -> list[dict[str, Any]]:
-    """The rows level's tasks: groups of leaf intervals (or of hashed leaves)."""
-    step = max(1, min(MAX_INTERVALS_PER_TASK, TASK_ROWS // cut.leaf_rows))
+def make_tasks(table: dict[str, Any], cut: Cut, leaves: Sequence[int], at_least: int = 2) -> list[dict[str, Any]]:
+    """The rows level's tasks: groups of leaf intervals (or of hashed leaves), at least
+    ``at_least`` of them when there are that many leaves (so that every executor has one)."""
+    step = max(1, min(MAX_INTERVALS_PER_TASK, TASK_ROWS // cut.leaf_rows, math.ceil(len(leaves) / max(1, at_least))))
     if cut.hashed:
         return [{"table": table, "cut": cut.to_dict(), "leaves": list(leaves[i:i + step]), "spans": [],
                  "nleaves": len(leaves[i:i + step])} for i in range(0, len(leaves), step)]
@@ -631,7 +632,7 @@ def analyse(donor_dsn: str, snapshot: Optional[str], joiner_dsn: str, table: dic
         share = len(leaves) / nleaves if nleaves else 0.0
         if may_copy and (share > COPY_SHARE or 1.0 - (1.0 - share) ** (1.0 / cut.leaf_rows) > COPY_DRIFT):
             return {**out, "mode": "copy", "why": f"{share:.0%} of its leaves of {cut.leaf_rows} rows differ"}
-        return {**out, "mode": "diff", "tasks": make_tasks(table, cut, leaves)}
+        return {**out, "mode": "diff", "tasks": make_tasks(table, cut, leaves, os.cpu_count() or 2)}
     finally:
         close_session(d)
         close_session(j)
