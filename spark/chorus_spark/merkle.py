@@ -51,6 +51,7 @@ MAX_INTERVALS_PER_TASK = 50_000
 SAMPLE_KEYS = 20  # differing keys of each kind a task names
 REBUILD_BYTES = 64 << 20  # a copied table this large has its indexes built after the load, not during it
 INTEGER_TYPES = {"smallint", "integer", "bigint"}
+SPARSE = 4  # an integer key spanning more than this many values a row is cut by bounds, not widths
 OFF = "-c chorus.capture=off -c chorus.replicate_ddl=off"
 # leaves are grouped in memory, by hashing (the planner cannot know how few groups there are, and
 # would sort every row on disk first), no JIT for a query run once
@@ -177,9 +178,9 @@ def unescape(field: str) -> str:
 
 @dataclass(frozen=True)
 class Cut:
-    """How a table's rows fall into leaves, the same on both sides. Integer first key: leaf
-    ``(k - base) / width``. Any other type: ``width_bucket(k, bounds)`` (bounds are the donor's
-    keys at every LEAF_ROWS-th row, as text)."""
+    """How a table's rows fall into leaves, the same on both sides. A dense integer first key:
+    leaf ``(k - base) / width``. Any other (or a sparse integer key): ``width_bucket(k, bounds)``
+    (bounds are the donor's keys at every leaf_rows-th row, as text)."""
 
     key_type: str
     base: Optional[int] = None
@@ -288,8 +289,9 @@ def make_cut(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t:
         if not lows:
             return Cut(ktype, 0, 1, leaf_rows=leaf_rows, typed=typed)
         base, top = min(lows), max(highs)
-        return Cut(ktype, base, max(1, math.ceil((top - base + 1) / leaves)), wide=top - base >= 2 ** 62,
-                   leaf_rows=leaf_rows, typed=typed)
+        if top - base + 1 <= SPARSE * max(1, rows):  # dense enough for equal widths
+            return Cut(ktype, base, max(1, math.ceil((top - base + 1) / leaves)), wide=top - base >= 2 ** 62,
+                       leaf_rows=leaf_rows, typed=typed)
     q = sql.SQL("SELECT k FROM (SELECT {0} AS k, row_number() OVER (ORDER BY {0}) AS r FROM {1} t) s "
                 "WHERE mod(r, {2}) = 1 ORDER BY k").format(k, _table(t), sql.Literal(leaf_rows))
     bounds = tuple(unescape(r[0]) for r in copy_lines(donor, q, counter, "donor"))

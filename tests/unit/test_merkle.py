@@ -197,3 +197,16 @@ def test_identical_tables_read_only_range_summaries(dbs: tuple[str, str]) -> Non
     plan = _recover(dbs, "same")
     assert plan["mode"] == "diff" and plan["ranges_differing"] == 0 and plan["tasks"] == []
     assert plan["bytes_donor"] < 100_000, plan
+
+
+def test_a_sparse_integer_key_is_cut_by_bounds(dbs: tuple[str, str]) -> None:
+    """Keys 1..20000 and a few past ten million: equal widths would put nearly every row in one
+    leaf; the donor's keys cut it instead, and only the changed rows are compared."""
+    _both(dbs, "CREATE TABLE sparse (id bigint PRIMARY KEY, v text)")
+    _both(dbs, "INSERT INTO sparse SELECT g, 'v' || g FROM generate_series(1, 20000) g")
+    _both(dbs, "INSERT INTO sparse SELECT 10000000 + g, 'far' FROM generate_series(1, 50) g")
+    with psycopg.connect(dbs[1], autocommit=True) as j:
+        j.execute("UPDATE sparse SET v = 'drifted' WHERE id IN (17, 9000, 10000007)")
+    plan = _recover(dbs, "sparse")
+    assert plan["mode"] == "diff" and plan["leaves_differing"] <= 4, plan
+    assert _sum(plan, "updates") == 3
