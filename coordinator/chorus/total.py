@@ -25,17 +25,17 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
-from chorus_spark.sqlgen import ident
+from chorus import totalschema
+from chorus.totalconn import Endpoint, make_private_dir, redact, write_private
+
+__all__ = ["Endpoint", "TotalRecoveryError", "total_recover", "verify"]
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
 PGBIN = Path("/usr/lib/postgresql/15/bin")
@@ -47,47 +47,6 @@ Say = Callable[[str], None]
 
 class TotalRecoveryError(Exception):
     pass
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A node's database as the diff reaches it."""
-
-    name: str
-    host: str
-    port: int
-    dbname: str = "postgres"
-    user: str = "postgres"
-
-    @property
-    def dsn(self) -> str:
-        return f"host={self.host} port={self.port} dbname={self.dbname} user={self.user}"
-
-    @property
-    def jdbc(self) -> str:
-        return f"jdbc:postgresql://{self.host}:{self.port}/{self.dbname}"
-
-    @classmethod
-    def from_dsn(cls, name: str, dsn: str) -> "Endpoint":
-        """An endpoint from a libpq connection string. The diff reads over JDBC, which needs TCP:
-        a Unix-socket host (a directory) becomes 127.0.0.1 on the same port."""
-        try:
-            d = conninfo_to_dict(dsn)
-        except psycopg.ProgrammingError as e:
-            raise TotalRecoveryError(f"cannot parse the connection string {dsn!r}: {e}") from e
-        host = str(d.get("host") or "")
-        if not host or host.startswith("/") or "," in host:
-            host = "127.0.0.1"
-        try:
-            port = int(d.get("port") or 5432)
-        except ValueError as e:
-            raise TotalRecoveryError(f"the connection string {dsn!r} has a bad port") from e
-        return cls(name, host, port, str(d.get("dbname") or "postgres"), str(d.get("user") or "postgres"))
-
-    def source(self, snap: Optional["Snapshot"] = None) -> dict[str, Any]:
-        return {"name": self.name, "url": self.jdbc, "user": self.user,
-                "snapshot": snap.name if snap else None, "gid": snap.gid if snap else None,
-                "snapshot_text": snap.text if snap else None}
 
 
 _TABLES = """
@@ -197,6 +156,9 @@ def donor_snapshot(ep: Endpoint, timeout_s: float = 30.0) -> Snapshot:
         return Snapshot(ep)
     except psycopg.errors.SerializationFailure:
         pass
+    except psycopg.OperationalError as e:
+        raise TotalRecoveryError(f"cannot connect to the donor {ep.name} ({redact(ep.dsn)}): "
+                                 f"{str(e).strip()}") from e
     with psycopg.connect(ep.dsn, autocommit=True) as c:
         deadline = time.monotonic() + timeout_s
         row = c.execute("SELECT max_done FROM chorus.lane_state()").fetchone()
@@ -219,7 +181,7 @@ def run_job(plan: dict[str, Any], workdir: Path, say: Say, spark_submit: Optiona
     """The Spark job: in this process (local[*]) or through spark-submit."""
     plan_path = workdir / "plan.json"
     plan["result"] = str(workdir / "result.json")
-    plan_path.write_text(json.dumps(plan))
+    write_private(plan_path, json.dumps(plan))  # it holds the connection passwords
     if spark_submit is None:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from chorus_spark.job import JobError, run
@@ -247,59 +209,14 @@ def _same_shape(a: dict[str, Any], b: dict[str, Any]) -> bool:
             [(c["name"], c["type"], c["generated"]) for c in b["columns"]] and a["key"] == b["key"])
 
 
-def _pg_env() -> dict[str, str]:
-    return dict(os.environ, PGOPTIONS=OFF)
-
-
 def sync_schema(donor: Endpoint, snap: Snapshot, joiner: Endpoint, conn: psycopg.Connection[Any],
                 dtables: dict[str, dict[str, Any]], dkeyless: dict[str, dict[str, Any]]) -> list[str]:
-    """Give the joiner the donor's replicated tables: create the missing ones, recreate those
-    whose columns differ, drop those the donor does not have. Returns what it did."""
-    jtables = describe_tables(conn)
-    done: list[str] = []
-    for label, t in jtables.items():
-        if label not in dtables:
-            conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(_qualified(t)))
-            done.append(f"dropped {label} (the donor does not have it)")
-    recreate = [label for label, t in dtables.items() if label in jtables and not _same_shape(t, jtables[label])]
-    for label in recreate:
-        conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(_qualified(jtables[label])))
-        done.append(f"recreated {label} (its columns differ from the donor's)")
-    jkeyless = describe_tables(conn, keyed=False)
-    missing = [label for label in dtables if label not in jtables or label in recreate]
-    missing += [label for label in dkeyless if label not in jkeyless and label not in jtables]
-    if not missing:
-        return done
-    whole = not jtables and not jkeyless  # an empty node takes the donor's whole schema (types, functions, views ...)
-    cmd = [str(PGBIN / "pg_dump"), "--schema-only", "--no-owner", "--no-privileges", f"--snapshot={snap.name}",
-           "-h", donor.host, "-p", str(donor.port), "-U", donor.user, "-d", donor.dbname]
-    if not whole:
-        for label in missing:
-            schema, _, name = label.partition(".")
-            cmd += ["-t", f"{ident(schema)}.{ident(name)}"]
-    dump = subprocess.run(cmd, capture_output=True, text=True)
-    if dump.returncode != 0:
-        raise TotalRecoveryError(f"pg_dump of the donor's schema failed: {dump.stderr.strip()}")
-    script = "\n".join(line for line in dump.stdout.splitlines() if not _extension_line(line))
-    # The dump carries the capture triggers and sequences as the donor has them: let it create
-    # them as they are (the sequences are moved to this node's class afterwards).
-    conn.execute("ALTER EVENT TRIGGER chorus_on_ddl_end DISABLE")
-    conn.commit()
+    """Give the joiner the donor's schema, roles and extensions (chorus.totalschema). Returns what
+    it did."""
     try:
-        res = subprocess.run([str(PGBIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", joiner.host,
-                              "-p", str(joiner.port), "-U", joiner.user, "-d", joiner.dbname],
-                             input=script, capture_output=True, text=True, env=_pg_env())
-    finally:
-        conn.execute("ALTER EVENT TRIGGER chorus_on_ddl_end ENABLE ALWAYS")
-        conn.commit()
-    if res.returncode != 0:
-        raise TotalRecoveryError(f"creating the donor's schema on {joiner.name} failed: {res.stderr.strip()}")
-    done.append(f"created {'the donor schema' if whole else ', '.join(missing)} from the donor's schema")
-    return done
-
-
-def _extension_line(line: str) -> bool:
-    return line.startswith(("CREATE EXTENSION", "COMMENT ON EXTENSION", "CREATE SCHEMA chorus;"))
+        return totalschema.sync_schema(donor, snap.name, joiner, conn)
+    except totalschema.SchemaSyncError as e:
+        raise TotalRecoveryError(str(e)) from e
 
 
 def make_stages(conn: psycopg.Connection[Any], tables: list[dict[str, Any]]) -> dict[str, str]:
@@ -373,8 +290,12 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
     was done per table."""
     started = time.monotonic()
     parallelism = parallelism or max(2, os.cpu_count() or 2)
-    workdir = Path(tempfile.mkdtemp(prefix="chorus-total-"))
-    snap = donor_snapshot(donor)
+    workdir = make_private_dir("chorus-total-")
+    try:
+        snap = donor_snapshot(donor)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     say(f"donor {donor.name}: snapshot {snap.name} at GID {snap.gid}")
     try:
         with psycopg.connect(joiner.dsn, options=OFF, autocommit=True) as conn:
@@ -387,8 +308,8 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
                 t["bounds"] = range_bounds(snap.conn, t, range_rows)
             stages = make_stages(conn, tables)
             plan = {"mode": "recover", "master": master, "jdbc_jar": JDBC_JAR, "parallelism": parallelism,
-                    "sources": [donor.source(snap), joiner.source()],
-                    "target_dsn": joiner.dsn + f" options='{OFF}'", "stages": stages,
+                    "sources": [donor.source(workdir, snap), joiner.source(workdir)],
+                    "target_dsn": joiner.copy_dsn(OFF), "stages": stages,
                     "tables": [{k: v for k, v in t.items() if k != "oid"} for t in tables]}
             say(f"diffing {len(tables)} tables with Spark ({master})")
             result = run_job(plan, workdir, say, spark_submit)
@@ -462,7 +383,7 @@ def verify(nodes: list[tuple[Endpoint, str]], say: Say, range_rows: int = 1000, 
            spark_submit: Optional[str] = None) -> dict[str, Any]:
     """Compare every node with the first at one snapshot GID. Differences per table and node."""
     snaps = common_snapshots(nodes, say)
-    workdir = Path(tempfile.mkdtemp(prefix="chorus-verify-"))
+    workdir = make_private_dir("chorus-verify-")
     try:
         ref = describe_tables(snaps[0].conn)
         schema_diffs = []
@@ -481,7 +402,7 @@ def verify(nodes: list[tuple[Endpoint, str]], say: Say, range_rows: int = 1000, 
             t["bounds"] = range_bounds(snaps[0].conn, t, range_rows)
         plan = {"mode": "verify", "master": master, "jdbc_jar": JDBC_JAR,
                 "parallelism": max(2, os.cpu_count() or 2),
-                "sources": [s.endpoint.source(s) for s in snaps],
+                "sources": [s.endpoint.source(workdir, s) for s in snaps],
                 "tables": [{k: v for k, v in t.items() if k != "oid"} for t in tables]}
         result = run_job(plan, workdir, say, spark_submit)
     finally:

@@ -68,10 +68,13 @@ class Source:
             # the reads run in one transaction at the snapshot (fetchsize > 0: no autocommit)
             init = ("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; "
                     f"SET TRANSACTION SNAPSHOT {literal(self.snapshot)}; " + init)
-        self.props = {"user": d["user"], "driver": "org.postgresql.Driver", "fetchsize": "10000",
-                      "sessionInitStatement": init}
+        # every connection property the plan gives (user, password, ssl, sslmode, sslrootcert,
+        # sslcert, sslkey ...: chorus.totalconn maps the libpq connection string to them)
+        self.props = {**{k: str(v) for k, v in (d.get("properties") or {}).items()},
+                      "driver": "org.postgresql.Driver", "fetchsize": "10000", "sessionInitStatement": init}
+        self.props.setdefault("user", d["user"])
         if d.get("password"):
-            self.props["password"] = d["password"]
+            self.props.setdefault("password", d["password"])
 
     def read(self, query: str, predicates: Optional[list[str]] = None) -> DataFrame:
         if predicates:
