@@ -319,10 +319,13 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
                     copy_whole(snap, conn, t)
                     say(f"copied {label} whole (it has no primary key to diff by)")
             moved_seq = move_sequences(snap, conn)
+            mviews = totalschema.populated_matviews(snap.conn)
             snap.close()
             for i, t in enumerate(tables, start=1):
                 n = merge(conn, t, i)
                 say(f"merged {t['schema']}.{t['name']}: {n} rows written")
+            for line in totalschema.refresh_matviews(conn, mviews):
+                say(line)
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(STAGE_SCHEMA)))
             conn.execute("SELECT chorus.adopt_gid(%s)", (snap.gid,))
             conn.commit()

@@ -341,7 +341,7 @@ def _restore_rows(conn: psycopg.Connection[Any], kept: list[tuple[str, str, int]
     every text form reads back as the column's type); triggers do not fire."""
     rows = 0
     for nsp, rel, i in kept:
-        oid = conn.execute("SELECT to_regclass(%s)", (sql.Identifier(nsp, rel).as_string(conn),)).fetchone()
+        oid = conn.execute("SELECT to_regclass(%s)::oid", (sql.Identifier(nsp, rel).as_string(conn),)).fetchone()
         if not oid or oid[0] is None:
             continue
         cols = conn.execute(_STORED, (oid[0],)).fetchall()
@@ -365,6 +365,8 @@ def sync_schema(donor: Endpoint, snapshot: str, joiner: Endpoint, conn: psycopg.
     if normalise(ddump) == normalise(jdump):
         done.append("the schema is the donor's already (pg_dump --schema-only agrees)")
         return done
+    done.append("the schema differs from the donor's (pg_dump --schema-only, first differences):\n"
+                + "\n".join(differences(ddump, jdump, limit=12)))
     dtab, jtab = table_entries(ddump), table_entries(jdump)
     same = {label for label, text in jtab.items() if dtab.get(label) == text}
     conn.execute("ALTER EVENT TRIGGER chorus_on_ddl_end DISABLE")
@@ -382,3 +384,21 @@ def sync_schema(donor: Endpoint, snapshot: str, joiner: Endpoint, conn: psycopg.
     if left:
         done.append("WARNING: the schema still differs from the donor's:\n" + "\n".join(left))
     return done
+
+
+def populated_matviews(conn: psycopg.Connection[Any]) -> list[str]:
+    """The materialized views that hold data on this node (the donor, at its snapshot)."""
+    return [r[0] for r in conn.execute("SELECT format('%I.%I', schemaname, matviewname) FROM pg_matviews "
+                                       "WHERE ispopulated AND schemaname <> ALL(%s) ORDER BY 1",
+                                       (list(OWN_SCHEMAS),)).fetchall()]
+
+
+def refresh_matviews(conn: psycopg.Connection[Any], names: list[str]) -> list[str]:
+    """Refresh these materialized views on the joiner, once its rows are the donor's (a
+    schema-only dump creates them empty; kept ones hold the joiner's old rows)."""
+    done = []
+    for name in names:
+        if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone() == (True,):
+            conn.execute(sql.SQL("REFRESH MATERIALIZED VIEW {}").format(sql.SQL(name)))
+            done.append(name)
+    return [f"refreshed the materialized views {', '.join(done)}"] if done else []
