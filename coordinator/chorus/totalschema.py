@@ -388,7 +388,7 @@ def sync_schema(donor: Endpoint, snapshot: str, joiner: Endpoint, conn: psycopg.
 
 def populated_matviews(conn: psycopg.Connection[Any]) -> list[str]:
     """The materialized views that hold data on this node (the donor, at its snapshot)."""
-    return [r[0] for r in conn.execute("SELECT format('%I.%I', schemaname, matviewname) FROM pg_matviews "
+    return [r[0] for r in conn.execute("SELECT format('%%I.%%I', schemaname, matviewname) FROM pg_matviews "
                                        "WHERE ispopulated AND schemaname <> ALL(%s) ORDER BY 1",
                                        (list(OWN_SCHEMAS),)).fetchall()]
 
