@@ -74,7 +74,7 @@ def redact(dsn: str) -> str:
         d = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         return "(a connection string that does not parse)"
-    return make_conninfo(**{k: ("***" if k in SECRET else v) for k, v in d.items()})
+    return make_conninfo("", **{k: ("***" if k in SECRET else v) for k, v in d.items()})
 
 
 def with_environment(params: Mapping[str, str], env: Mapping[str, str], home: Optional[str] = None) -> dict[str, str]:
@@ -132,7 +132,9 @@ def match_passfile(text: str, params: Mapping[str, str]) -> Optional[str]:
 
 
 def _passfile_fields(line: str) -> list[str]:
-    fields, cur, esc = [], [], False
+    fields: list[str] = []
+    cur: list[str] = []
+    esc = False
     for ch in line:
         if esc:
             cur.append(ch)

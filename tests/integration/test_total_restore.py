@@ -61,7 +61,7 @@ SCHEMA = [
     "ALTER FUNCTION trs.double(integer) OWNER TO trs_fn",
     "GRANT USAGE ON SCHEMA trs TO trs_app, trs_reader",
     "GRANT SELECT, INSERT ON trs.everything TO trs_app",
-    "GRANT SELECT (id, t), UPDATE (t) ON trs.ident TO trs_app",
+    "GRANT SELECT (id), UPDATE (note) ON trs.ident TO trs_app",
     "GRANT EXECUTE ON FUNCTION trs.double(integer) TO trs_app",
     "GRANT USAGE ON SEQUENCE trs.standalone, trs.everything_id_seq TO trs_app",
     "REVOKE ALL ON trs.audit FROM trs_reader",
