@@ -102,8 +102,9 @@ _START = re.compile(r"^\s+START WITH -?\d+$")
 
 
 def _significant(text: str) -> list[str]:
+    # \restrict and \unrestrict (pg_dump 15.14 and later) carry a key drawn afresh for each dump
     return [line for line in text.splitlines()
-            if line.strip() and not line.startswith("--") and not line.startswith("SET ")
+            if line.strip() and not line.startswith(("--", "SET ", "\\restrict ", "\\unrestrict "))
             and not line.startswith("SELECT pg_catalog.set_config('search_path'") and not _START.match(line)]
 
 

@@ -91,12 +91,14 @@ FILL = [
 def _dump(cluster: Cluster, i: int) -> list[str]:
     """The node's schema, with owners and privileges. Each node's sequences start in its own
     class (``START WITH start + (node_number - 1) * increment``, docs/DDL.md "Sequences"), so
-    the START WITH lines differ by design and are left out; comments and blank lines too."""
+    the START WITH lines differ by design and are left out; comments and blank lines too, and
+    psql's \\restrict and \\unrestrict lines (pg_dump 15.14+), whose key is new in every dump."""
     node = cluster.info["nodes"][i]
     out = subprocess.run(["/usr/lib/postgresql/15/bin/pg_dump", "--schema-only", f"--dbname={node['socket_dsn']}"],
                          capture_output=True, text=True, check=True).stdout
     return [line for line in out.splitlines()
-            if line.strip() and not line.startswith("--") and not re.match(r"^\s+START WITH -?\d+$", line)]
+            if line.strip() and not line.startswith(("--", "\\restrict ", "\\unrestrict "))
+            and not re.match(r"^\s+START WITH -?\d+$", line)]
 
 
 def _setup(cluster: Cluster) -> None:

@@ -111,6 +111,8 @@ DUMP = """--
 -- PostgreSQL database dump
 --
 
+\\restrict {key}
+
 SET statement_timeout = 0;
 SELECT pg_catalog.set_config('search_path', '', false);
 
@@ -153,20 +155,22 @@ CREATE TABLE public.t (
 --
 
 GRANT SELECT ON TABLE public.t TO bob;
+
+\\unrestrict {key}
 """
 
 
 def test_dumps_compare_without_chorus_comments_and_sequence_starts() -> None:
-    a = DUMP.replace("{start}", "1").replace("{extra}", "")
-    b = DUMP.replace("{start}", "3").replace("{extra}", "").replace("CREATE SCHEMA chorus;", "CREATE SCHEMA chorus; --")
+    a = DUMP.replace("{key}", "k1").replace("{start}", "1").replace("{extra}", "")
+    b = DUMP.replace("{key}", "k2").replace("{start}", "3").replace("{extra}", "").replace("CREATE SCHEMA chorus;", "CREATE SCHEMA chorus; --")
     assert normalise(a) == normalise(b) and not differences(a, b)
-    c = DUMP.replace("{start}", "1").replace("{extra}", ",\n    note text")
+    c = DUMP.replace("{key}", "k1").replace("{start}", "1").replace("{extra}", ",\n    note text")
     assert any("note text" in line for line in differences(a, c))
     assert table_entries(a)["public.t"] != table_entries(c)["public.t"]
 
 
 def test_the_restored_dump_leaves_chorus_out_and_keeps_the_rest() -> None:
-    a = DUMP.replace("{start}", "1").replace("{extra}", "")
+    a = DUMP.replace("{key}", "k1").replace("{start}", "1").replace("{extra}", "")
     r = restorable(a)
     assert "chorus" not in r.replace("citext", "")
     for stmt in ("SET statement_timeout = 0;", "CREATE EXTENSION IF NOT EXISTS citext WITH SCHEMA public;",
