@@ -233,6 +233,7 @@ class Endpoint:
     dbname: str = "postgres"
     user: str = "postgres"
     params: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+    tcp_params: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def libpq(self) -> dict[str, str]:
@@ -248,7 +249,10 @@ class Endpoint:
 
     @property
     def tcp(self) -> dict[str, str]:
-        """The parameters with the TCP host the JDBC reads use."""
+        """The parameters with the TCP host the JDBC reads use (a password file looked up for
+        that host)."""
+        if self.tcp_params:
+            return dict(self.tcp_params)
         return {**self.libpq, "host": self.host, "port": str(self.port)}
 
     @property
@@ -273,7 +277,9 @@ class Endpoint:
     @classmethod
     def from_dsn(cls, name: str, dsn: str, env: Optional[Mapping[str, str]] = None) -> "Endpoint":
         """An endpoint from a libpq connection string, with libpq's environment defaults."""
-        params = with_environment(parse_dsn(dsn), os.environ if env is None else env)
+        env = os.environ if env is None else env
+        raw = parse_dsn(dsn)
+        params = with_environment(raw, env)
         host = params.get("host", "")
         tcp_host = host
         if not host or host.startswith("/") or "," in host:
@@ -283,9 +289,12 @@ class Endpoint:
         except ValueError as e:
             raise ConnectionSettingsError(f"the connection string {redact(dsn)!r} has a bad port") from e
         params.setdefault("port", str(port))
-        params.setdefault("dbname", params.get("user") or "postgres")
         params.setdefault("user", "postgres")
-        return cls(name, tcp_host, port, params["dbname"], params["user"], tuple(sorted(params.items())))
+        params.setdefault("dbname", params["user"])
+        tcp = with_environment({**{k: v for k, v in raw.items() if k != "hostaddr"}, "host": tcp_host,
+                                "port": str(port), "user": params["user"], "dbname": params["dbname"]}, env)
+        return cls(name, tcp_host, port, params["dbname"], params["user"], tuple(sorted(params.items())),
+                   tuple(sorted(tcp.items())))
 
     def source(self, workdir: Path, snap: Any = None) -> dict[str, Any]:
         """The Spark job's description of this side (its JDBC properties hold the password: the

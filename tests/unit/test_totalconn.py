@@ -61,6 +61,16 @@ def test_a_passfile_others_can_read_is_ignored(tmp_path: Path) -> None:
     assert got["password"] == "secret"
 
 
+def test_the_tcp_side_of_a_socket_finds_its_own_password(tmp_path: Path) -> None:
+    f = tmp_path / "pgpass"
+    f.write_text("localhost:5433:*:postgres:viasocket\n127.0.0.1:5433:*:postgres:viatcp\n")
+    os.chmod(f, 0o600)
+    ep = Endpoint.from_dsn("j", "host=/run/pg port=5433 user=postgres", env={"PGPASSFILE": str(f), "HOME": "/x"})
+    assert parse_dsn(ep.dsn)["password"] == "viasocket"
+    assert ep.tcp["password"] == "viatcp" and parse_dsn(ep.copy_dsn(""))["password"] == "viatcp"
+    assert jdbc_mapping(ep.tcp)["password"] == "viatcp"
+
+
 def test_default_client_files_are_found_in_home(tmp_path: Path) -> None:
     (tmp_path / ".postgresql").mkdir()
     for name in ("postgresql.crt", "postgresql.key", "root.crt"):
