@@ -155,8 +155,9 @@ def _assert_restored(cluster: Cluster, donor: int, joiner: int, donor_seqs: dict
         # privileges work as on the donor: the role can insert, and the trigger fires as its owner
         c.execute("SET ROLE trs_app")
         c.execute("INSERT INTO trs.everything (t, mood_) VALUES ('by trs_app', 'ok')")
+        c.execute("UPDATE trs.ident SET note = note WHERE id = 1")  # its column grant
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            c.execute("SELECT note FROM trs.ident")
+            c.execute("SELECT what FROM trs.audit")  # revoked from trs_reader, its role
         c.execute("RESET ROLE")
     cluster.quiesce()
 
