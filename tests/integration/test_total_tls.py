@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from conftest import Cluster, chorus, extra_cluster
 
@@ -77,7 +78,7 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Clus
     _make_pki(pki)
     with extra_cluster("chorus-tls-", 85) as c:
         with psycopg.connect(c.info["nodes"][0]["socket_dsn"], autocommit=True) as conn:
-            conn.execute("ALTER ROLE postgres PASSWORD %s", (PASSWORD,))  # replicated to every node
+            conn.execute(sql.SQL("ALTER ROLE postgres PASSWORD {}").format(PASSWORD))  # replicated to every node
         _require_tls(c, pki)
         info = dict(c.info, nodes=[dict(n, dsn=n["socket_dsn"]) for n in c.info["nodes"]])
         yield Cluster(c.dir, info), pki
