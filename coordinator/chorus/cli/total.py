@@ -8,6 +8,7 @@ import shutil
 from typing import Any, Optional
 
 import click
+import psycopg
 
 from chorus.cli.common import ChorusCliError, json_option, print_json, print_table
 from chorus.config import NodeConfig
@@ -89,6 +90,8 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
         c.start(name, wait=False)
     except (LocalClusterError, TotalRecoveryError, ConnectionSettingsError) as e:
         raise ChorusCliError(str(e)) from e
+    except psycopg.OperationalError as e:  # a node's database refused or went away
+        raise ChorusCliError(f"a database connection failed: {str(e).strip()}") from e
     return result
 
 
@@ -121,6 +124,8 @@ def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster
                                spark_submit=spark_submit)
     except (TotalRecoveryError, ConnectionSettingsError) as e:
         raise ChorusCliError(str(e)) from e
+    except psycopg.OperationalError as e:  # a node's database refused or went away
+        raise ChorusCliError(f"a database connection failed: {str(e).strip()}") from e
     st = load_state(cfg.state_file, cfg.name)
     owner = os.stat(cfg.state_file) if os.path.exists(cfg.state_file) else None
     save_state(cfg.state_file, st.with_(cluster_uuid=cluster_uuid, last_gid=result["gid"], bootstrap=False, left_by_vote="",
@@ -153,6 +158,8 @@ def verify(directory: str, spark_master: str, spark_submit: Optional[str], range
         result = run_verify(nodes, _say, range_rows=range_rows, master=spark_master, spark_submit=spark_submit)
     except (LocalClusterError, TotalRecoveryError, ConnectionSettingsError) as e:
         raise ChorusCliError(str(e)) from e
+    except psycopg.OperationalError as e:  # a node's database refused or went away
+        raise ChorusCliError(f"a database connection failed: {str(e).strip()}") from e
     if as_json:
         print_json(result)
     else:
