@@ -6,13 +6,15 @@ a command line (docs/RECOVERY.md, "Authentication and TLS")."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from chorus.totalconn import (ConnectionSettingsError, Endpoint, jdbc_mapping, match_passfile, parse_dsn,
-                              passfile_password, program_args, redact, with_environment, write_private)
+from chorus.totalconn import (ConnectionSettingsError, Endpoint, jdbc_mapping, jdbc_properties, match_passfile,
+                              parse_dsn, passfile_password, program_args, redact, with_environment, write_private)
 from chorus.totalschema import differences, normalise, restorable, role_statements, table_entries
 
 TLS_DSN = ("host=db1.example port=6432 dbname=app user=alice password='p w\\'d' sslmode=verify-full "
@@ -206,3 +208,23 @@ def test_only_missing_roles_are_created() -> None:
     assert got == [line for line in ROLES.splitlines() if "alice" in line or "Mixed" in line]
     assert not any("postgres WITH" in s for s in got)
     assert role_statements(ROLES, {"alice"}) == [line for line in ROLES.splitlines() if "alice" in line]
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_a_pem_client_key_reaches_jdbc_as_private_pkcs8(tmp_path: Path) -> None:
+    key = tmp_path / "client.key"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out",
+                    str(key)], check=True, capture_output=True)
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    props = jdbc_properties({"user": "u", "sslmode": "verify-full", "sslkey": str(key)}, work)
+    pk8 = Path(props["sslkey"])
+    assert pk8.parent == work and pk8.suffix == ".pk8" and stat.S_IMODE(os.stat(pk8).st_mode) == 0o600
+    der = subprocess.run(["openssl", "pkey", "-in", str(key), "-outform", "DER"], check=True,
+                         capture_output=True).stdout
+    back = subprocess.run(["openssl", "pkey", "-inform", "DER", "-in", str(pk8), "-outform", "DER"], check=True,
+                          capture_output=True).stdout
+    assert back == der  # the same key
+    assert jdbc_properties({"sslkey": "/k.pk8"}, work) == {"sslkey": "/k.pk8"}  # already pgjdbc's format
+    with pytest.raises(ConnectionSettingsError):
+        jdbc_properties({"sslkey": str(tmp_path / "missing.key")}, work)
