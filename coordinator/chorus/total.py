@@ -4,8 +4,8 @@ Total recovery of a joiner whose coordinator is stopped:
 1. the donor exports a snapshot in a REPEATABLE READ transaction and reports its GID
    (``chorus.snapshot_gid()``: commits happen in GID order, so the snapshot holds exactly the
    GIDs up to it); the transaction stays open until the diff has read what it needs;
-2. the joiner's schema is brought to the donor's (``pg_dump --schema-only --snapshot``) for
-   tables it lacks or whose columns differ; tables the donor does not have are dropped;
+2. the joiner's schema, roles and extensions are made the donor's (``chorus.totalschema``:
+   ``pg_dump --schema-only --snapshot`` with owners and privileges, compared with the joiner's);
 3. the Spark job (``chorus_spark.job``) diffs every replicated table and COPYs the delta into
    unlogged staging tables on the joiner;
 4. each table is merged in one transaction (deletes, then inserts), sequences are moved past
@@ -22,10 +22,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -34,10 +37,10 @@ from psycopg import sql
 
 from chorus import totalschema
 from chorus.totalconn import Endpoint, make_private_dir, redact, write_private
+from chorus_spark import merkle
 
 __all__ = ["Endpoint", "TotalRecoveryError", "total_recover", "verify"]
 
-JDBC_JAR = "/usr/share/java/postgresql.jar"
 PGBIN = Path("/usr/lib/postgresql/15/bin")
 STAGE_SCHEMA = "chorus_recovery"
 OFF = "-c chorus.capture=off -c chorus.replicate_ddl=off"
@@ -70,18 +73,6 @@ SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINA
 
 
 
-def copy_whole(snap: "Snapshot", conn: psycopg.Connection[Any], t: dict[str, Any]) -> None:
-    """Replace a keyless table's rows on the joiner with the donor's, at the snapshot."""
-    cols = _stored(t)
-    with conn.transaction():
-        conn.execute("SET LOCAL session_replication_role = replica")
-        conn.execute(sql.SQL("TRUNCATE {}").format(_qualified(t)))
-        with snap.conn.cursor().copy(sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(cols, _qualified(t))) as src:
-            with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(_qualified(t), cols)) as dst:
-                for data in src:
-                    dst.write(data)
-
-
 def describe_tables(conn: psycopg.Connection[Any], keyed: bool = True) -> dict[str, dict[str, Any]]:
     """Replicated tables with a primary key (``keyed``) or without one (nothing to diff by: they
     are copied whole): ``schema.name`` -> schema, name, columns, key."""
@@ -100,24 +91,6 @@ def _stored(t: dict[str, Any]) -> sql.Composed:
 
 def _qualified(t: dict[str, Any]) -> sql.Composed:
     return sql.SQL("{}.{}").format(sql.Identifier(t["schema"]), sql.Identifier(t["name"]))
-
-
-def range_bounds(conn: psycopg.Connection[Any], t: dict[str, Any], range_rows: int) -> list[str]:
-    """Split the first key column into ranges of about ``range_rows`` rows (text forms)."""
-    rows = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_qualified(t))).fetchone()
-    n = int(rows[0]) if rows else 0
-    parts = math.ceil(n / max(1, range_rows))
-    if parts <= 1:
-        return []
-    fractions = [i / parts for i in range(1, parts)]
-    q = sql.SQL("SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {})::text[] FROM {}").format(
-        sql.Identifier(t["key"][0]), _qualified(t))
-    row = conn.execute(q, (fractions,)).fetchone()
-    bounds: list[str] = []
-    for b in (row[0] if row and row[0] else []):
-        if b is not None and (not bounds or bounds[-1] != b):
-            bounds.append(b)
-    return bounds
 
 
 class Snapshot:
@@ -178,12 +151,12 @@ def donor_snapshot(ep: Endpoint, timeout_s: float = 30.0) -> Snapshot:
 
 
 def run_job(plan: dict[str, Any], workdir: Path, say: Say, spark_submit: Optional[str] = None) -> dict[str, Any]:
-    """The Spark job: in this process (local[*]) or through spark-submit."""
+    """The Spark job: in this process (Spark's driver here, on ``plan['master']``: ``local[*]`` or
+    a cluster's master) or through spark-submit (client deploy mode, on that master)."""
     plan_path = workdir / "plan.json"
     plan["result"] = str(workdir / "result.json")
-    write_private(plan_path, json.dumps(plan))  # it holds the connection passwords
+    write_private(plan_path, json.dumps(plan))  # it holds the connection strings, passwords included
     if spark_submit is None:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from chorus_spark.job import JobError, run
 
         try:
@@ -191,17 +164,70 @@ def run_job(plan: dict[str, Any], workdir: Path, say: Say, spark_submit: Optiona
             return out
         except JobError as e:
             raise TotalRecoveryError(str(e)) from e
-    entry = Path(__file__).resolve().parent.parent.parent / "spark" / "submit_job.py"
-    cmd = [spark_submit, "--master", plan.get("master", "local[*]"), "--jars", plan["jdbc_jar"],
-           str(entry), str(plan_path)]
-    proc = subprocess.run(cmd, text=True, stderr=subprocess.PIPE)
-    for line in proc.stderr.splitlines():
-        if not line.startswith(("WARN", "INFO", "Setting default log level", "To adjust logging")):
-            say(line)
-    if proc.returncode != 0:
-        raise TotalRecoveryError(f"spark-submit failed (exit {proc.returncode})")
-    result: dict[str, Any] = json.loads(Path(plan["result"]).read_text())
+    cmd, env = submit_command(plan, plan_path, workdir, spark_submit)
+    tail: deque[str] = deque(maxlen=JOB_TAIL_LINES)
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", env=env)
+    except OSError as e:
+        raise TotalRecoveryError(f"cannot run {spark_submit}: {e}") from e
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the job's progress, as it comes (its stdout too: ours may carry --json)
+            line = line.rstrip("\n")
+            tail.append(line)
+            if not _spark_noise(line):
+                say(line)
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:  # interrupted: the job goes too
+            proc.kill()
+            proc.wait(timeout=30)
+    if code != 0:
+        raise TotalRecoveryError(f"the Spark job failed: {spark_submit} exited with status {code}; its last lines:\n"
+                                 + "\n".join(tail))
+    try:
+        result: dict[str, Any] = json.loads(Path(plan["result"]).read_text())
+    except (OSError, ValueError) as e:
+        raise TotalRecoveryError(f"the Spark job ended without a result ({e}); its last lines:\n"
+                                 + "\n".join(tail)) from e
     return result
+
+
+JOB_TAIL_LINES = 40
+# Spark's chatter, Java stack frames (the failure message keeps them) and a harmless exception a
+# standalone master's client may print as the job's context stops
+_NOISE = re.compile(r"^(\d\d/\d\d/\d\d )?\d\d:\d\d:\d\d (INFO|DEBUG|TRACE) |^(Setting default log level|"
+                    r"To adjust logging level|Using Spark's default log4j profile)|^\s+(at |\.\.\. \d+ more)|"
+                    r"^java\.util\.concurrent\.RejectedExecutionException: .* rejected from .*Shutting down")
+
+
+def _spark_noise(line: str) -> bool:
+    return not line.strip() or bool(_NOISE.match(line))
+
+
+def submit_command(plan: dict[str, Any], plan_path: Path, workdir: Path,
+                   spark_submit: str) -> tuple[list[str], dict[str, str]]:
+    """spark-submit's command and environment. The executors get ``chorus_spark`` as a zip of
+    this code (``--py-files``); they run ``PYSPARK_PYTHON``
+    (default: this Python, which has psycopg). The driver runs here (client mode): on
+    ``local[*]`` or a master on this machine's loopback it binds and advertises 127.0.0.1; for a
+    remote master set ``spark.driver.host`` (spark-defaults.conf) if this host's name does not
+    reach it. Anything else (executor memory, cores) comes from Spark's own configuration."""
+    from chorus_spark import launch
+
+    master = str(plan.get("master", "local[*]"))
+    env = dict(os.environ)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    cmd = [spark_submit, "--master", master, "--deploy-mode", "client", "--name", "chorus-snapshot-diff",
+           "--py-files", launch.package(workdir),
+           "--driver-java-options", launch.log_java_options(),
+           "--conf", "spark.executor.extraJavaOptions=-Duser.timezone=UTC"]
+    if launch.is_local(master) or launch.is_loopback(master):
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if launch.is_loopback(master):
+        cmd += ["--conf", "spark.driver.host=127.0.0.1"]
+    return [*cmd, launch.entry(workdir), str(plan_path)], env
 
 
 def _same_shape(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -283,12 +309,81 @@ def move_sequences(snap: Snapshot, conn: psycopg.Connection[Any]) -> int:
     return moved
 
 
-def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int = 1000,
-                  master: str = "local[*]", spark_submit: Optional[str] = None,
+SMALL_BYTES = 16 << 20  # tables smaller than this are copied, not diffed
+SPARK_ROWS = 5_000_000  # with --spark-master auto: rows to compare above which Spark runs the rows level
+
+
+class Progress:
+    """Progress of a total recovery, phase by phase: a line for people (``say``) and an event
+    kept for programs (the result's ``events``: phase, seconds since the start, the figures)."""
+
+    def __init__(self, say: Say) -> None:
+        self.say = say
+        self.events: list[dict[str, Any]] = []
+        self.started = time.monotonic()
+
+    def __call__(self, phase: str, message: str, **fields: Any) -> None:
+        self.events.append({"phase": phase, "t": round(time.monotonic() - self.started, 2), "message": message,
+                            **fields})
+        self.say(message)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def analyse_table(donor: Endpoint, snap: "Snapshot", joiner: Endpoint, t: dict[str, Any],
+                  progress: Progress, range_rows: int, small_bytes: int) -> dict[str, Any]:
+    """Copy or diff (merkle.analyse), reported."""
+    spec = {k: v for k, v in t.items() if k not in ("oid", "bytes", "rows")}
+    out = merkle.analyse(donor.dsn, snap.name, joiner.dsn, spec, t["rows"], t["bytes"], small_bytes,
+                         range_rows=range_rows)
+    if "leaves" in out:
+        progress("compare", f"{out['table']}: {out['ranges_differing']} of {out['ranges']} ranges differ, "
+                 f"{out['leaves_differing']} of {out['leaves']} leaves ({_mb(out['bytes_donor'])} of hashes "
+                 "read from the donor)", **{k: v for k, v in out.items() if k != "tasks"})
+    return out
+
+
+def table_sizes(conn: psycopg.Connection[Any], tables: dict[str, dict[str, Any]]) -> None:
+    """Each table's size on disk and rows (the planner's estimate, counted when never analysed)."""
+    for t in tables.values():
+        row = conn.execute("SELECT pg_relation_size(%s), reltuples FROM pg_class WHERE oid = %s",
+                           (t["oid"], t["oid"])).fetchone()
+        assert row is not None
+        t["bytes"], rows = int(row[0]), float(row[1])
+        if rows < 0 or t["bytes"] < SMALL_BYTES:  # (small: counting is cheap and the estimate may be off)
+            rows = float(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_qualified(t))).fetchone()[0])  # type: ignore[index]
+        t["rows"] = int(rows)
+
+
+def run_tasks(tasks: list[dict[str, Any]], master: str, spark_submit: Optional[str], parallelism: int,
+              workdir: Path, progress: Progress) -> list[dict[str, Any]]:
+    """The rows level: every task, in this process's threads or on Spark executors (``master``:
+    ``auto`` picks Spark when there are more than SPARK_ROWS rows to compare, ``none`` never)."""
+    if not tasks:
+        return []
+    rows = sum(task["nleaves"] * task["cut"]["leaf_rows"] for task in tasks)
+    spark = master not in ("auto", "none") or spark_submit is not None or (master == "auto" and rows > SPARK_ROWS)
+    where = f"Spark ({'local[*]' if master in ('auto', 'none') else master})" if spark else \
+        f"{parallelism} threads of this process"
+    progress("rows", f"comparing the rows of {sum(t['nleaves'] for t in tasks)} leaves (about {rows} rows, "
+             f"{len(tasks)} tasks) in {where}", tasks=len(tasks), rows=rows)
+    if not spark:
+        with ThreadPoolExecutor(parallelism) as pool:
+            return list(pool.map(merkle.run_task, tasks))
+    plan = {"mode": "tasks", "master": "local[*]" if master in ("auto", "none") else master,
+            "parallelism": parallelism, "tasks": tasks}
+    out: list[dict[str, Any]] = run_job(plan, workdir, progress.say, spark_submit)["results"]
+    return out
+
+
+def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int = 1000, small_bytes: int = SMALL_BYTES,
+                  master: str = "auto", spark_submit: Optional[str] = None,
                   parallelism: Optional[int] = None) -> dict[str, Any]:
     """Steps 1-4 (the joiner's coordinator must be stopped). Returns the snapshot GID and what
-    was done per table."""
-    started = time.monotonic()
+    was done per table. A range of the diff holds about ``range_rows`` rows."""
+    progress = Progress(say)
     parallelism = parallelism or max(2, os.cpu_count() or 2)
     workdir = make_private_dir("chorus-total-")
     try:
@@ -296,49 +391,80 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
-    say(f"donor {donor.name}: snapshot {snap.name} at GID {snap.gid}")
+    progress("snapshot", f"donor {donor.name}: snapshot {snap.name} at GID {snap.gid}", gid=snap.gid)
     try:
         with psycopg.connect(joiner.dsn, options=OFF, autocommit=True) as conn:
             dtables = describe_tables(snap.conn)
             dkeyless = describe_tables(snap.conn, keyed=False)
             for line in sync_schema(donor, snap, joiner, conn, dtables, dkeyless):
-                say(line)
-            tables = list(dtables.values())
-            for t in tables:
-                t["bounds"] = range_bounds(snap.conn, t, range_rows)
-            stages = make_stages(conn, tables)
-            plan = {"mode": "recover", "master": master, "jdbc_jar": JDBC_JAR, "parallelism": parallelism,
-                    "sources": [donor.source(workdir, snap), joiner.source(workdir)],
-                    "target_dsn": joiner.copy_dsn(OFF), "stages": stages,
-                    "tables": [{k: v for k, v in t.items() if k != "oid"} for t in tables]}
-            say(f"diffing {len(tables)} tables with Spark ({master})")
-            result = run_job(plan, workdir, say, spark_submit)
-            jkeyless = describe_tables(conn, keyed=False)
-            for label, t in dkeyless.items():
-                if label in jkeyless:
-                    copy_whole(snap, conn, t)
-                    say(f"copied {label} whole (it has no primary key to diff by)")
+                progress("schema", line)
+            table_sizes(snap.conn, dtables)
+            table_sizes(snap.conn, dkeyless)
+            progress("plan", f"{len(dtables)} tables with a primary key ({_mb(sum(t['bytes'] for t in dtables.values()))}), "
+                     f"{len(dkeyless)} without", tables=len(dtables) + len(dkeyless))
+            with ThreadPoolExecutor(parallelism) as pool:
+                plans = list(pool.map(lambda t: analyse_table(donor, snap, joiner, t, progress, range_rows, small_bytes),
+                                      dtables.values()))
+            for p in plans:
+                progress("plan", f"{p['table']}: {p['mode']}" + (f" ({p['why']})" if p.get("why") else ""),
+                         **{k: v for k, v in p.items() if k != "tasks"})
+            diffed = [dtables[p["table"]] for p in plans if p["mode"] == "diff"]
+            stages = make_stages(conn, diffed)
+            base = {"donor_dsn": donor.dsn, "snapshot": snap.name, "joiner_dsn": joiner.dsn}
+            tasks = [{**task, **base, "stage": stages[p["table"]]} for p in plans if p["mode"] == "diff"
+                     for task in p["tasks"]]
+            copies = [{**base, "bytes": t["bytes"], "table": {k: v for k, v in t.items() if k not in ("oid", "bytes", "rows")}}
+                      for t in [dtables[p["table"]] for p in plans if p["mode"] == "copy"] + list(dkeyless.values())]
+            with ThreadPoolExecutor(parallelism) as pool:
+                copying = [pool.submit(merkle.copy_table, c) for c in copies]
+                results = run_tasks(tasks, master, spark_submit, parallelism, workdir, progress)
+                copied = []
+                for f in copying:
+                    c = f.result()
+                    copied.append(c)
+                    progress("copy", f"{c['table']}: copied {c['copied']} rows ({_mb(c['bytes_donor'])} read)", **c)
             moved_seq = move_sequences(snap, conn)
             mviews = totalschema.populated_matviews(snap.conn)
             snap.close()
-            for i, t in enumerate(tables, start=1):
+            per_table: dict[str, dict[str, Any]] = {}
+            for r in results:
+                acc = per_table.setdefault(r["table"], {"inserts": 0, "updates": 0, "deletes": 0,
+                                                        "bytes_donor": 0, "bytes_joiner": 0})
+                for k in acc:
+                    acc[k] += r[k]
+            for i, t in enumerate(diffed, start=1):
+                label = f"{t['schema']}.{t['name']}"
                 n = merge(conn, t, i)
-                say(f"merged {t['schema']}.{t['name']}: {n} rows written")
+                progress("merge", f"merged {label}: {n} rows written", table=label, rows=n)
             for line in totalschema.refresh_matviews(conn, mviews):
-                say(line)
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(STAGE_SCHEMA)))
+                progress("merge", line)
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(STAGE_SCHEMA)))
             conn.execute("SELECT chorus.adopt_gid(%s)", (snap.gid,))
             conn.commit()
     finally:
         if not snap.conn.closed:
             snap.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    rows = {k: sum(t[k] for t in result["tables"]) for k in ("inserts", "updates", "deletes")}
-    say(f"{joiner.name} now holds the donor's snapshot at GID {snap.gid}: {rows['inserts']} inserts, "
-        f"{rows['updates']} updates, {rows['deletes']} deletes, {moved_seq} sequences moved "
-        f"({time.monotonic() - started:.1f} s)")
-    return {"gid": snap.gid, "donor": donor.name, "tables": result["tables"], "sequences": moved_seq,
-            "elapsed_s": round(time.monotonic() - started, 2)}
+    tables = []
+    for p in plans:
+        row = {k: v for k, v in p.items() if k != "tasks"}
+        row.update(per_table.get(p["table"], {}))
+        for c in copied:
+            if c["table"] == p["table"]:
+                row.update(copied=c["copied"], bytes_donor=row.get("bytes_donor", 0) + c["bytes_donor"])
+        tables.append(row)
+    tables += [{"table": c["table"], "mode": "copy", "why": "no primary key", **c} for c in copied
+               if c["table"] in dkeyless]
+    total_bytes = sum(t.get("bytes_donor", 0) for t in tables)
+    size = sum(t["bytes"] for t in dtables.values()) + sum(t["bytes"] for t in dkeyless.values())
+    rows = {k: sum(t.get(k, 0) for t in tables) for k in ("inserts", "updates", "deletes", "copied")}
+    elapsed = round(time.monotonic() - progress.started, 2)
+    progress("done", f"{joiner.name} now holds the donor's snapshot at GID {snap.gid}: {rows['copied']} rows copied, "
+             f"{rows['inserts']} inserts, {rows['updates']} updates, {rows['deletes']} deletes, {moved_seq} "
+             f"sequences moved; {_mb(total_bytes)} read from the donor, whose tables hold {_mb(size)} "
+             f"({elapsed:.1f} s)", gid=snap.gid, bytes_donor=total_bytes, table_bytes=size, **rows)
+    return {"gid": snap.gid, "donor": donor.name, "tables": tables, "sequences": moved_seq,
+            "bytes_donor": total_bytes, "table_bytes": size, "elapsed_s": elapsed, "events": progress.events}
 
 
 # ---- verify ------------------------------------------------------------------------------------
@@ -382,13 +508,17 @@ def common_snapshots(nodes: list[tuple[Endpoint, str]], say: Say, timeout: float
     raise TotalRecoveryError("could not take snapshots of every node at one GID in time")
 
 
-def verify(nodes: list[tuple[Endpoint, str]], say: Say, range_rows: int = 1000, master: str = "local[*]",
+def verify(nodes: list[tuple[Endpoint, str]], say: Say, range_rows: int = 1000, master: str = "auto",
            spark_submit: Optional[str] = None) -> dict[str, Any]:
-    """Compare every node with the first at one snapshot GID. Differences per table and node."""
+    """Compare every node with the first at one snapshot GID with the Merkle diff (never copying).
+    Differences per table and node, with up to merkle.SAMPLE_KEYS keys of each kind."""
+    progress = Progress(say)
+    parallelism = max(2, os.cpu_count() or 2)
     snaps = common_snapshots(nodes, say)
     workdir = make_private_dir("chorus-verify-")
     try:
         ref = describe_tables(snaps[0].conn)
+        table_sizes(snaps[0].conn, ref)
         schema_diffs = []
         for s in snaps[1:]:
             other = describe_tables(s.conn)
@@ -399,19 +529,43 @@ def verify(nodes: list[tuple[Endpoint, str]], say: Say, range_rows: int = 1000, 
                     schema_diffs.append({"table": label, "node": s.endpoint.name, "problem": "extra table"})
                 elif not _same_shape(ref[label], other[label]):
                     schema_diffs.append({"table": label, "node": s.endpoint.name, "problem": "columns differ"})
-        bad = {d["table"] for d in schema_diffs}
-        tables = [t for label, t in ref.items() if label not in bad]
-        for t in tables:
-            t["bounds"] = range_bounds(snaps[0].conn, t, range_rows)
-        plan = {"mode": "verify", "master": master, "jdbc_jar": JDBC_JAR,
-                "parallelism": max(2, os.cpu_count() or 2),
-                "sources": [s.endpoint.source(workdir, s) for s in snaps],
-                "tables": [{k: v for k, v in t.items() if k != "oid"} for t in tables]}
-        result = run_job(plan, workdir, say, spark_submit)
+        bad = {(d["table"], d["node"]) for d in schema_diffs}
+        pairs = [(s, t) for s in snaps[1:] for label, t in ref.items() if (label, s.endpoint.name) not in bad]
+
+        def analyse(pair: tuple[Snapshot, dict[str, Any]]) -> dict[str, Any]:
+            s, t = pair
+            spec = {k: v for k, v in t.items() if k not in ("oid", "bytes", "rows")}
+            out = merkle.analyse(snaps[0].endpoint.dsn, snaps[0].name, s.endpoint.dsn, spec, t["rows"], t["bytes"],
+                                 0, joiner_snapshot=s.name, may_copy=False, range_rows=range_rows)
+            progress("compare", f"{out['table']} on {s.endpoint.name}: {out['ranges_differing']} of {out['ranges']} "
+                     f"ranges differ, {out['leaves_differing']} of {out['leaves']} leaves", node=s.endpoint.name,
+                     **{k: v for k, v in out.items() if k != "tasks"})
+            return {**out, "node": s.endpoint.name, "tasks": [
+                {**task, "donor_dsn": snaps[0].endpoint.dsn, "snapshot": snaps[0].name,
+                 "joiner_dsn": s.endpoint.dsn, "joiner_snapshot": s.name, "node": s.endpoint.name}
+                for task in out["tasks"]]}
+
+        with ThreadPoolExecutor(parallelism) as pool:
+            plans = list(pool.map(analyse, pairs))
+        results = run_tasks([task for p in plans for task in p["tasks"]], master, spark_submit, parallelism,
+                            workdir, progress)
     finally:
         for s in snaps:
             s.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    differing = [r for r in result["tables"] if r["rows_differing"]]
-    return {"gid": snaps[0].gid, "reference": nodes[0][0].name, "tables": result["tables"],
+    tables = []
+    for p in plans:
+        mine = [r for r in results if r["table"] == p["table"] and r["node"] == p["node"]]
+        key = next(t["key"] for t in ref.values() if f"{t['schema']}.{t['name']}" == p["table"])
+        found = sorted((list(k), kind) for r in mine for kind, keys in r["sample"].items() for k in keys)
+        sample = [{"key": dict(zip(key, k)), "kind": kind} for k, kind in found[:merkle.SAMPLE_KEYS]]
+        missing, extra, differs = (sum(r[k] for r in mine) for k in ("inserts", "deletes", "updates"))
+        tables.append({"table": p["table"], "node": p["node"], "reference": nodes[0][0].name, "ranges": p["ranges"],
+                       "ranges_differing": p["ranges_differing"], "leaves": p["leaves"],
+                       "leaves_differing": p["leaves_differing"], "rows_differing": missing + extra + differs,
+                       "missing": missing, "extra": extra, "differs": differs, "sample": sample,
+                       "bytes_read": p["bytes_donor"] + p["bytes_joiner"] + sum(r["bytes_donor"] + r["bytes_joiner"]
+                                                                                 for r in mine)})
+    differing = [t for t in tables if t["rows_differing"]]
+    return {"gid": snaps[0].gid, "reference": nodes[0][0].name, "tables": tables,
             "schema_differences": schema_diffs, "identical": not differing and not schema_diffs}

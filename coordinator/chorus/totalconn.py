@@ -1,26 +1,27 @@
 """How total recovery and verify reach a node's database: every libpq parameter of its
-connection string, for psycopg, for the PostgreSQL programs (pg_dump, pg_dumpall, psql) and, as
-pgjdbc properties, for the Spark job's JDBC reads (docs/RECOVERY.md, "Authentication and TLS").
+connection string, for psycopg (the coordinator's sessions and the diff's tasks) and for the
+PostgreSQL programs (pg_dump, pg_dumpall, psql), which get the password in their environment,
+never on a command line (docs/RECOVERY.md, "Authentication and TLS").
 
 The mapping is pure (a connection string and an environment in, parameters out) so it is tested
-without a server; the only I/O is :func:`jdbc_properties` converting a PEM client key into the
-PKCS-8 DER file pgjdbc reads, and :func:`write_private` for files that hold secrets.
+without a server; the only I/O is reading the password file and :func:`write_private` for files
+that hold secrets.
 
 libpq semantics are kept: a parameter missing from the connection string is taken from its
 environment variable (``PGPASSWORD``, ``PGSSLMODE``, ...), then a password from the password file
 (``passfile``, ``PGPASSFILE`` or ``~/.pgpass``), then the default client certificate and key
 (``~/.postgresql/postgresql.crt``, ``.key``) and root certificate (``root.crt``) if they exist.
-pgjdbc does none of this by itself, so the JDBC side gets the resolved values.
+The resolved values travel with the diff's tasks, which may run on executors of another host,
+in another environment.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -45,19 +46,6 @@ LIBPQ_ENV = {
 
 # parameters that are secret: never on a command line, never in a message
 SECRET = frozenset({"password", "sslpassword"})
-
-# libpq parameter -> pgjdbc property, where the name differs or the value passes as is
-# (pgjdbc 42.x, "Connection Parameters"); sslmode, sslkey and options are handled apart
-_JDBC_SAME = {"user": "user", "password": "password", "sslrootcert": "sslrootcert", "sslcert": "sslcert",
-              "sslpassword": "sslpassword", "application_name": "ApplicationName",
-              "connect_timeout": "connectTimeout", "gssencmode": "gssEncMode", "krbsrvname": "kerberosServerName",
-              "target_session_attrs": "targetServerType", "channel_binding": "channelBinding",
-              "options": "options"}
-_JDBC_SSLMODES = {"disable", "allow", "prefer", "require", "verify-ca", "verify-full"}
-# libpq target_session_attrs -> pgjdbc targetServerType
-_TARGET = {"any": "any", "read-write": "primary", "primary": "primary", "read-only": "secondary",
-           "standby": "secondary", "prefer-standby": "preferSecondary"}
-
 
 def parse_dsn(dsn: str) -> dict[str, str]:
     """A libpq connection string (key=value or URI) as a dict; the error names the string with
@@ -166,30 +154,6 @@ def program_args(params: Mapping[str, str], options: str = "") -> tuple[str, dic
     return make_conninfo(**visible), env
 
 
-def jdbc_url(host: str, port: int, dbname: str) -> str:
-    h = f"[{host}]" if ":" in host else host
-    return f"jdbc:postgresql://{h}:{port}/{dbname}"
-
-
-def jdbc_mapping(params: Mapping[str, str]) -> dict[str, str]:
-    """pgjdbc properties for the libpq parameters (``sslkey`` as given: see
-    :func:`jdbc_properties` for its conversion). Parameters pgjdbc has no equivalent for are
-    left out; host, port and dbname are in the URL."""
-    props: dict[str, str] = {}
-    for k, v in params.items():
-        if k in _JDBC_SAME:
-            props[_JDBC_SAME[k]] = _TARGET.get(v, v) if k == "target_session_attrs" else v
-    mode = params.get("sslmode")
-    if mode is not None:
-        if mode not in _JDBC_SSLMODES:
-            raise ConnectionSettingsError(f"unknown sslmode {mode!r}")
-        props["sslmode"] = mode
-        props["ssl"] = "false" if mode == "disable" else "true"
-    if "sslkey" in params:
-        props["sslkey"] = params["sslkey"]
-    return props
-
-
 def write_private(path: Path, data: bytes | str) -> None:
     """Write a file only its owner can read (it may hold a password or a key)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -198,34 +162,13 @@ def write_private(path: Path, data: bytes | str) -> None:
     os.chmod(path, 0o600)
 
 
-def jdbc_properties(params: Mapping[str, str], workdir: Path) -> dict[str, str]:
-    """pgjdbc properties for these parameters. pgjdbc reads a client key only as PKCS-8 DER
-    (``.pk8``) or PKCS-12 (``.p12``, ``.pfx``): a PEM key (libpq's format) is converted with
-    ``openssl pkcs8`` into a 0600 file in ``workdir`` (decrypted with ``sslpassword`` if it has one)."""
-    props = jdbc_mapping(params)
-    key = props.get("sslkey")
-    if key and not key.endswith((".pk8", ".p12", ".pfx", ".der")):
-        out = workdir / f"client-{abs(hash(key)) % 10**8}.pk8"
-        env = dict(os.environ, CHORUS_KEY_PASS=params.get("sslpassword", ""))
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.close(fd)
-        r = subprocess.run(["openssl", "pkcs8", "-topk8", "-inform", "PEM", "-outform", "DER", "-nocrypt",
-                            "-passin", "env:CHORUS_KEY_PASS", "-in", key, "-out", str(out)],
-                           capture_output=True, text=True, env=env)
-        if r.returncode != 0:
-            raise ConnectionSettingsError(f"cannot convert the client key {key} for JDBC: {r.stderr.strip()}")
-        props["sslkey"] = str(out)
-        props.pop("sslpassword", None)
-    return props
-
-
 @dataclass(frozen=True)
 class Endpoint:
-    """A node's database as total recovery and verify reach it. ``params`` are every libpq
-    parameter of its connection string (the environment's and password file's included, as
-    libpq would use them); psycopg and the PostgreSQL programs connect with them as they are. The
-    JDBC reads need TCP: a Unix-socket host (a directory) becomes ``127.0.0.1`` on the same port
-    for them (``host``), and the executors' COPY into the joiner goes there too."""
+    """A node's database as total recovery and verify reach it: ``params`` are every libpq
+    parameter of its connection string, with the environment's and the password file's as libpq
+    would use them. The diff's tasks may run on Spark executors on other hosts, so it is reached
+    over TCP: a Unix-socket host (a directory) becomes ``127.0.0.1`` on the same port (and the
+    password file is looked up for that host)."""
 
     name: str
     host: str
@@ -233,11 +176,9 @@ class Endpoint:
     dbname: str = "postgres"
     user: str = "postgres"
     params: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
-    tcp_params: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def libpq(self) -> dict[str, str]:
-        """Every libpq parameter (the original host: a Unix socket stays one)."""
         if self.params:
             return dict(self.params)
         return {"host": self.host, "port": str(self.port), "dbname": self.dbname, "user": self.user}
@@ -245,30 +186,7 @@ class Endpoint:
     @property
     def dsn(self) -> str:
         """The connection string for psycopg (secrets included: never print it; see :func:`redact`)."""
-        return make_conninfo(**self.libpq)
-
-    @property
-    def tcp(self) -> dict[str, str]:
-        """The parameters with the TCP host the JDBC reads use (a password file looked up for
-        that host)."""
-        if self.tcp_params:
-            return dict(self.tcp_params)
-        return {**self.libpq, "host": self.host, "port": str(self.port)}
-
-    @property
-    def tcp_dsn(self) -> str:
-        return make_conninfo(**self.tcp)
-
-    def copy_dsn(self, options: str) -> str:
-        """The connection string the Spark executors COPY into this node with (TCP, every
-        parameter, ``options`` added to the server options)."""
-        p = self.tcp
-        p["options"] = f"{p['options']} {options}" if p.get("options") else options
-        return make_conninfo(**p)
-
-    @property
-    def jdbc(self) -> str:
-        return jdbc_url(self.host, self.port, self.dbname)
+        return make_conninfo("", **self.libpq)
 
     def program(self, options: str = "") -> tuple[str, dict[str, str]]:
         """(``--dbname`` value, environment to add) for pg_dump, pg_dumpall and psql."""
@@ -279,30 +197,25 @@ class Endpoint:
         """An endpoint from a libpq connection string, with libpq's environment defaults."""
         env = os.environ if env is None else env
         raw = parse_dsn(dsn)
-        params = with_environment(raw, env)
-        host = params.get("host", "")
-        tcp_host = host
+        host = raw.get("host") or env.get("PGHOST", "")
         if not host or host.startswith("/") or "," in host:
-            tcp_host = params.get("hostaddr") or "127.0.0.1"
+            host = raw.get("hostaddr") or "127.0.0.1"
+        raw = {k: v for k, v in raw.items() if k != "hostaddr"}
+        raw["host"] = host
+        params = with_environment(raw, env)
         try:
             port = int(params.get("port") or 5432)
         except ValueError as e:
             raise ConnectionSettingsError(f"the connection string {redact(dsn)!r} has a bad port") from e
-        params.setdefault("port", str(port))
+        params["port"] = str(port)
         params.setdefault("user", "postgres")
         params.setdefault("dbname", params["user"])
-        tcp = with_environment({**{k: v for k, v in raw.items() if k != "hostaddr"}, "host": tcp_host,
-                                "port": str(port), "user": params["user"], "dbname": params["dbname"]}, env)
-        return cls(name, tcp_host, port, params["dbname"], params["user"], tuple(sorted(params.items())),
-                   tuple(sorted(tcp.items())))
-
-    def source(self, workdir: Path, snap: Any = None) -> dict[str, Any]:
-        """The Spark job's description of this side (its JDBC properties hold the password: the
-        plan is written 0600 in a 0700 directory)."""
-        props = jdbc_properties(self.tcp, workdir)
-        return {"name": self.name, "url": self.jdbc, "user": self.user, "properties": props,
-                "snapshot": snap.name if snap else None, "gid": snap.gid if snap else None,
-                "snapshot_text": snap.text if snap else None}
+        if "password" not in params:  # the host changed: look the password file up for this one
+            found = passfile_password(params.get("passfile") or os.path.join(
+                env.get("HOME", os.path.expanduser("~")), ".pgpass"), params)
+            if found is not None:
+                params["password"] = found
+        return cls(name, host, port, params["dbname"], params["user"], tuple(sorted(params.items())))
 
 
 def make_private_dir(prefix: str) -> Path:

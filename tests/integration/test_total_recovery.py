@@ -76,7 +76,11 @@ def test_empty_node_rebuilt_while_the_donor_keeps_writing(cluster: Cluster) -> N
     assert r.returncode == 0, r.stderr[-3000:]
     assert "snapshot" in r.stderr and "caught up" in r.stderr, r.stderr[-2000:]
     assert not errors, errors[:3]
-    assert json.loads(r.stdout)["state"] == "online"
+    result = json.loads(r.stdout)
+    assert result["state"] == "online"
+    rebuilt = {t["table"]: t for t in result["total_recovery"]["tables"]}
+    assert rebuilt["public.tr_types"]["mode"] == "copy" and rebuilt["public.tr_log"]["mode"] == "copy", rebuilt
+    assert [e["phase"] for e in result["total_recovery"]["events"]][:2] == ["snapshot", "schema"]
     cluster.assert_identical()
     with cluster.connect(2) as c:
         assert c.execute("SELECT count(*) FROM tr_types WHERE id <= 5000").fetchone() == (5000,)
@@ -127,7 +131,7 @@ def test_node_rebuilt_from_its_config_file(cluster: Cluster) -> None:
     _ensure_types_table(cluster)
     node = cluster.info["nodes"][1]
     args = ["node", "join", "--total", "--config", node["config"], "--donor-dsn", cluster.dsn(0),
-            "--range-rows", "500", "--json"]
+            "--range-rows", "500", "--json", "--spark-master", "local[2]", "--copy-under-mb", "0"]
     r = chorus(*args, timeout=60)
     assert r.returncode != 0 and "coordinator is running" in r.stderr, r.stderr[-2000:]
 
@@ -156,7 +160,15 @@ def test_node_rebuilt_from_its_config_file(cluster: Cluster) -> None:
             if join.poll() is None:
                 join.kill()
         assert join.returncode == 0, _read(err)[-3000:]
-    assert json.loads(out)["state"] == "online"
+        log = _read(err)
+    result = json.loads(out)
+    assert result["state"] == "online"
+    # diffed (not copied: --copy-under-mb 0), its rows level on Spark executors
+    rebuilt = {t["table"]: t for t in result["total_recovery"]["tables"]}
+    assert rebuilt["public.tr_types"]["mode"] == "diff", rebuilt
+    assert (rebuilt["public.tr_types"]["deletes"], rebuilt["public.tr_types"]["updates"]) == (1, 5), rebuilt
+    assert rebuilt["public.tr_types"]["inserts"] >= 11, rebuilt  # 10 deleted here, 1 written meanwhile
+    assert "in Spark (local[2])" in log and "Spark: " in log, log[-2000:]
     cluster.assert_identical()
     with cluster.connect(1) as c:
         assert c.execute("SELECT note FROM tr_types WHERE id = -3").fetchone() == ("while the node was down",)

@@ -4,8 +4,8 @@ The cluster's PostgreSQL accepts TCP connections only over TLS, with a SCRAM pas
 client certificate (``hostssl ... scram-sha-256 clientcert=verify-full``; ``hostnossl ... reject``);
 Unix-socket connections stay ``trust`` for the coordinators. ``chorus node join --total --config
 FILE --donor-dsn DSN`` rebuilds a node with the donor's DSN carrying password, ``sslmode``,
-``sslrootcert``, ``sslcert`` and ``sslkey`` (a PEM key: pgjdbc gets a PKCS-8 copy), the joiner's
-TCP side from the libpq environment and a password file. A wrong password or a missing CA
+``sslrootcert``, ``sslcert`` and ``sslkey``, the joiner's TCP side from the libpq environment and
+a password file. A wrong password or a missing CA
 fails at once, with the reason, and changes nothing."""
 
 from __future__ import annotations

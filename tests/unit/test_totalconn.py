@@ -1,20 +1,19 @@
 """Total recovery's connection settings (chorus.totalconn) and schema comparison
 (chorus.totalschema), without a server: a libpq connection string, with libpq's environment and
-password file, reaches psycopg, the PostgreSQL programs and pgjdbc whole, and secrets never reach
-a command line (docs/RECOVERY.md, "Authentication and TLS")."""
+password file, reaches psycopg and the PostgreSQL programs whole, and secrets never reach a
+command line (docs/RECOVERY.md, "Authentication and TLS")."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from chorus.totalconn import (ConnectionSettingsError, Endpoint, jdbc_mapping, jdbc_properties, match_passfile,
-                              parse_dsn, passfile_password, program_args, redact, with_environment, write_private)
+from chorus.totalconn import (ConnectionSettingsError, Endpoint, match_passfile, parse_dsn, passfile_password,
+                              program_args, redact, with_environment, write_private)
+from chorus_spark.merkle import _psql_dsn
 from chorus.totalschema import differences, normalise, restorable, role_statements, table_entries
 
 TLS_DSN = ("host=db1.example port=6432 dbname=app user=alice password='p w\\'d' sslmode=verify-full "
@@ -25,15 +24,18 @@ def test_every_parameter_is_kept() -> None:
     ep = Endpoint.from_dsn("d", TLS_DSN, env={"HOME": "/nonexistent"})
     assert parse_dsn(ep.dsn) == parse_dsn(TLS_DSN)
     assert (ep.host, ep.port, ep.dbname, ep.user) == ("db1.example", 6432, "app", "alice")
-    assert ep.jdbc == "jdbc:postgresql://db1.example:6432/app"
 
 
-def test_a_unix_socket_stays_one_for_libpq_and_is_tcp_for_jdbc() -> None:
-    ep = Endpoint.from_dsn("j", "host=/run/pg port=5433 user=postgres", env={"HOME": "/nonexistent"})
-    assert parse_dsn(ep.dsn)["host"] == "/run/pg"
-    assert parse_dsn(ep.tcp_dsn)["host"] == "127.0.0.1" and ep.jdbc == "jdbc:postgresql://127.0.0.1:5433/postgres"
-    copy = parse_dsn(ep.copy_dsn("-c chorus.capture=off"))
-    assert copy["host"] == "127.0.0.1" and copy["options"] == "-c chorus.capture=off"
+def test_a_unix_socket_becomes_tcp_with_its_own_password(tmp_path: Path) -> None:
+    """The diff's tasks may run on other hosts: a node is reached over TCP, and the password file
+    is read for the TCP host."""
+    f = tmp_path / "pgpass"
+    f.write_text("localhost:5433:*:postgres:viasocket\n127.0.0.1:5433:*:postgres:viatcp\n")
+    os.chmod(f, 0o600)
+    ep = Endpoint.from_dsn("j", "host=/run/pg port=5433 user=postgres sslmode=require",
+                           env={"PGPASSFILE": str(f), "HOME": "/x"})
+    assert parse_dsn(ep.dsn) == {"host": "127.0.0.1", "port": "5433", "user": "postgres", "dbname": "postgres",
+                                 "sslmode": "require", "passfile": str(f), "password": "viatcp"}
 
 
 def test_the_environment_fills_what_the_string_lacks() -> None:
@@ -63,16 +65,6 @@ def test_a_passfile_others_can_read_is_ignored(tmp_path: Path) -> None:
     assert got["password"] == "secret"
 
 
-def test_the_tcp_side_of_a_socket_finds_its_own_password(tmp_path: Path) -> None:
-    f = tmp_path / "pgpass"
-    f.write_text("localhost:5433:*:postgres:viasocket\n127.0.0.1:5433:*:postgres:viatcp\n")
-    os.chmod(f, 0o600)
-    ep = Endpoint.from_dsn("j", "host=/run/pg port=5433 user=postgres", env={"PGPASSFILE": str(f), "HOME": "/x"})
-    assert parse_dsn(ep.dsn)["password"] == "viasocket"
-    assert ep.tcp["password"] == "viatcp" and parse_dsn(ep.copy_dsn(""))["password"] == "viatcp"
-    assert jdbc_mapping(ep.tcp)["password"] == "viatcp"
-
-
 def test_default_client_files_are_found_in_home(tmp_path: Path) -> None:
     (tmp_path / ".postgresql").mkdir()
     for name in ("postgresql.crt", "postgresql.key", "root.crt"):
@@ -93,17 +85,10 @@ def test_programs_get_the_password_in_their_environment_only() -> None:
     assert got["options"] == "-c chorus.capture=off"
     merged, _ = program_args({"host": "h", "options": "-c a=b"}, "-c c=d")
     assert parse_dsn(merged)["options"] == "-c a=b -c c=d"
-
-
-def test_jdbc_properties() -> None:
-    props = jdbc_mapping(parse_dsn(TLS_DSN))
-    assert props == {"user": "alice", "password": "p w'd", "ssl": "true", "sslmode": "verify-full",
-                     "sslrootcert": "/etc/ca.crt", "sslcert": "/etc/c.crt", "sslkey": "/etc/c.key",
-                     "ApplicationName": "x", "connectTimeout": "5"}
-    assert jdbc_mapping({"sslmode": "disable"}) == {"sslmode": "disable", "ssl": "false"}
-    assert jdbc_mapping({"target_session_attrs": "read-write"}) == {"targetServerType": "primary"}
-    with pytest.raises(ConnectionSettingsError):
-        jdbc_mapping({"sslmode": "bogus"})
+    # the diff's own psql (the donor's rows) likewise
+    dbname, env = _psql_dsn(ep.dsn)
+    assert "password" not in parse_dsn(dbname) and env["PGPASSWORD"] == "p w'd"
+    assert parse_dsn(dbname)["sslkey"] == "/etc/c.key"
 
 
 def test_messages_hide_the_password() -> None:
@@ -208,23 +193,3 @@ def test_only_missing_roles_are_created() -> None:
     assert got == [line for line in ROLES.splitlines() if "alice" in line or "Mixed" in line]
     assert not any("postgres WITH" in s for s in got)
     assert role_statements(ROLES, {"alice"}) == [line for line in ROLES.splitlines() if "alice" in line]
-
-
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-def test_a_pem_client_key_reaches_jdbc_as_private_pkcs8(tmp_path: Path) -> None:
-    key = tmp_path / "client.key"
-    subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out",
-                    str(key)], check=True, capture_output=True)
-    work = tmp_path / "work"
-    work.mkdir(mode=0o700)
-    props = jdbc_properties({"user": "u", "sslmode": "verify-full", "sslkey": str(key)}, work)
-    pk8 = Path(props["sslkey"])
-    assert pk8.parent == work and pk8.suffix == ".pk8" and stat.S_IMODE(os.stat(pk8).st_mode) == 0o600
-    der = subprocess.run(["openssl", "pkey", "-in", str(key), "-outform", "DER"], check=True,
-                         capture_output=True).stdout
-    back = subprocess.run(["openssl", "pkey", "-inform", "DER", "-in", str(pk8), "-outform", "DER"], check=True,
-                          capture_output=True).stdout
-    assert back == der  # the same key
-    assert jdbc_properties({"sslkey": "/k.pk8"}, work) == {"sslkey": "/k.pk8"}  # already pgjdbc's format
-    with pytest.raises(ConnectionSettingsError):
-        jdbc_properties({"sslkey": str(tmp_path / "missing.key")}, work)

@@ -251,11 +251,13 @@ def _target(f: Any) -> Any:
               help="If no member's log can catch the node up, rebuild it by total recovery "
                    "(default: the node's recovery.auto_total).")
 @with_spark_options
+@click.option("--copy-under-mb", default=16, show_default=True,
+              help="With --total: tables smaller than this are copied whole rather than diffed.")
 @json_option
 def join(config_path: Optional[str], directory: Optional[str], name: Optional[str], timeout: float,
          total: bool, donor: Optional[str], donor_dsn: Optional[str], cluster_uuid: str,
          auto_total: Optional[bool], spark_master: str, spark_submit: Optional[str], range_rows: int,
-         as_json: bool) -> None:
+         copy_under_mb: int, as_json: bool) -> None:
     """Start a node (local cluster) and follow it until it is online: it joins the group and, if
     it missed writesets, catches up from a member's writeset log (partial recovery). With --total
     it is first rebuilt from a donor's snapshot (for a new node, or one no log can catch up);
@@ -263,14 +265,15 @@ def join(config_path: Optional[str], directory: Optional[str], name: Optional[st
     partial recovery is impossible. With --config, --total needs --donor-dsn and a stopped
     coordinator; the command rebuilds the database and then waits for the coordinator, which
     the operator (or the service manager) starts."""
+    rebuilt: Optional[dict[str, Any]] = None
     if total:
         if directory is not None and name:
-            total_join_local(directory, name, donor, spark_master, spark_submit, range_rows)
+            rebuilt = total_join_local(directory, name, donor, spark_master, spark_submit, range_rows, copy_under_mb)
         elif config_path is not None:
             if not donor_dsn:
                 raise ChorusCliError("--total with --config needs --donor-dsn (the donor's database)")
-            total_join_config(_config(config_path), config_path, donor_dsn, cluster_uuid, spark_master,
-                              spark_submit, range_rows)
+            rebuilt = total_join_config(_config(config_path), config_path, donor_dsn, cluster_uuid, spark_master,
+                                        spark_submit, range_rows, copy_under_mb)
         else:
             raise ChorusCliError("--total needs --dir DIR NAME (a local cluster) or --config FILE --donor-dsn DSN")
     elif directory is not None:
@@ -294,9 +297,9 @@ def join(config_path: Optional[str], directory: Optional[str], name: Optional[st
                                  "here, stop the node's coordinator and run `chorus node join --total --config FILE "
                                  "--donor-dsn DSN`") from e
         click.echo(f"{e}: rebuilding it by total recovery (auto-total)", err=True)
-        total_join_local(directory, name, donor, spark_master, spark_submit, range_rows)
+        rebuilt = total_join_local(directory, name, donor, spark_master, spark_submit, range_rows, copy_under_mb)
         st = watch_until_online(admin, timeout)
-    _report_online(st, as_json)
+    _report_online(dict(st, total_recovery=rebuilt) if rebuilt is not None else st, as_json)
 
 
 @node.command()

@@ -14,11 +14,15 @@ from chorus.cli.common import ChorusCliError, json_option, print_json, print_tab
 from chorus.config import NodeConfig
 
 spark_options = [
-    click.option("--spark-master", default="local[*]", show_default=True, help="Spark master URL."),
+    click.option("--spark-master", default="auto", show_default=True,
+                 help="Spark master URL for the rows level (spark://HOST:PORT runs it on that cluster; "
+                      "docs/RECOVERY.md); auto: Spark (local[*]) only when there are over 5M rows to compare, "
+                      "else threads of this process; none: never Spark."),
     click.option("--spark-submit", "spark_submit", default=None,
-                 help="Run the job with this spark-submit instead of in-process."),
+                 help="Run the job's driver with this spark-submit (client mode, on --spark-master) "
+                      "instead of in this process."),
     click.option("--range-rows", default=1000, show_default=True,
-                 help="Rows per primary-key range compared by hash before rows are read."),
+                 help="Rows per key range compared by hash before its leaves (of 32 rows) are."),
 ]
 
 
@@ -58,7 +62,7 @@ def _online_status(c: Any, meta: Any, name: str) -> Optional[dict[str, Any]]:
 
 
 def total_join_local(directory: str, name: str, donor: Optional[str], spark_master: str,
-                     spark_submit: Optional[str], range_rows: int) -> dict[str, Any]:
+                     spark_submit: Optional[str], range_rows: int, copy_under_mb: int = 16) -> dict[str, Any]:
     """Rebuild node ``name`` of a local cluster from a donor's snapshot; start it (it then catches
     up from the snapshot GID by partial recovery)."""
     from chorus.localcluster import SERVICE_USER, LocalClusterError
@@ -79,7 +83,8 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
         c._stop_coordinator(n)
         c._start_postgres(n)
         c.save(meta)
-        result = total_recover(_endpoint(c, meta, c._node(meta, dname)), _endpoint(c, meta, n), _say, range_rows=range_rows,
+        result = total_recover(_endpoint(c, meta, c._node(meta, dname)), _endpoint(c, meta, n), _say,
+                               range_rows=range_rows, small_bytes=copy_under_mb << 20,
                                master=spark_master, spark_submit=spark_submit)
         cfg = c.config(meta, n)
         state = load_state(cfg.state_file, name)
@@ -96,7 +101,7 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
 
 
 def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster_uuid: str, spark_master: str,
-                      spark_submit: Optional[str], range_rows: int) -> dict[str, Any]:
+                      spark_submit: Optional[str], range_rows: int, copy_under_mb: int = 16) -> dict[str, Any]:
     """Rebuild the node of configuration ``cfg`` (read from ``config_path``; any deployment) from
     the database at ``donor_dsn``. Its PostgreSQL must run and its coordinator must be stopped (a service
     manager owns it, so this command does not start it again). Afterwards the node's state says
@@ -120,7 +125,8 @@ def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster
     try:
         donor = Endpoint.from_dsn("donor", donor_dsn)
         joiner = Endpoint.from_dsn(cfg.name, cfg.dsn)
-        result = total_recover(donor, joiner, _say, range_rows=range_rows, master=spark_master,
+        result = total_recover(donor, joiner, _say, range_rows=range_rows, small_bytes=copy_under_mb << 20,
+                               master=spark_master,
                                spark_submit=spark_submit)
     except (TotalRecoveryError, ConnectionSettingsError) as e:
         raise ChorusCliError(str(e)) from e

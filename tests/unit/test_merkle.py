@@ -1,0 +1,199 @@
+"""The Merkle diff of total recovery (chorus_spark.merkle, docs/RECOVERY.md): its pure parts, then
+the whole diff between two databases of one plain PostgreSQL (a donor at an exported snapshot, a
+joiner that drifted): after the rows level and the merge the joiner holds exactly the donor's
+rows, for integer, text and composite keys, every common column type, keys beyond either end,
+and the copy path (TRUNCATE and COPY FREEZE, or DELETE when a foreign key points at the table)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import psycopg
+import pytest
+
+from chorus.localcluster import PlainPostgres
+from chorus.total import STAGE_SCHEMA, make_stages, merge
+from chorus_spark import merkle
+from chorus_spark.merkle import Cut, intervals, unescape
+
+PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 97
+
+
+def test_leaf_runs_and_their_key_intervals() -> None:
+    assert intervals([]) == []
+    assert intervals([0, 1, 2, 5, 7, 8]) == [(0, 3), (5, 6), (7, 9)]
+    cut = Cut("bigint", base=-10, width=4)
+    assert cut.interval(0, 3) == ("-10", "2")
+    bounds = Cut("text", bounds=("b", "d", "f"))
+    assert bounds.interval(0, 1) == (None, "b")  # below the donor's first key
+    assert bounds.interval(1, 3) == ("b", "f")
+    assert bounds.interval(3, 4) == ("f", None)  # the last leaf is open
+    assert Cut.from_dict(bounds.to_dict()) == bounds
+
+
+def test_copy_text_escapes_are_undone() -> None:
+    assert unescape("plain") == "plain"
+    assert unescape("a\\tb\\nc\\\\d\\re") == "a\tb\nc\\d\re"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[PlainPostgres]:
+    root = Path(tempfile.mkdtemp(prefix="chorus-merkle-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    pg = PlainPostgres(root, PORT)
+    try:
+        pg.start()
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def dbs(server: PlainPostgres) -> Iterator[tuple[str, str]]:
+    """A donor and a joiner database."""
+    with psycopg.connect(server.dsn, autocommit=True) as c:
+        for db in ("merkle_donor", "merkle_joiner"):
+            c.execute(f"DROP DATABASE IF EXISTS {db}")
+            c.execute(f"CREATE DATABASE {db}")
+    yield tuple(server.dsn.replace("dbname=postgres", f"dbname={db}") for db in ("merkle_donor", "merkle_joiner"))
+
+
+def _both(dbs: tuple[str, str], ddl: str) -> None:
+    for dsn in dbs:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(ddl)
+
+
+def _describe(dsn: str, name: str) -> dict[str, Any]:
+    with psycopg.connect(dsn) as c:
+        cols = c.execute("SELECT attname, format_type(atttypid, atttypmod), attgenerated <> '' FROM pg_attribute "
+                         "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                         (name,)).fetchall()
+        key = c.execute("SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY "
+                        "k(n, o) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.n "
+                        "WHERE i.indrelid = %s::regclass AND i.indisprimary ORDER BY k.o", (name,)).fetchall()
+    return {"schema": "public", "name": name, "columns": [{"name": n, "type": t, "generated": g} for n, t, g in cols],
+            "key": [k[0] for k in key]}
+
+
+def _rows(dsn: str, name: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as c:
+        return c.execute(f"SELECT t::text FROM {name} t ORDER BY 1").fetchall()
+
+
+def _recover(dbs: tuple[str, str], name: str) -> dict[str, Any]:
+    """What total recovery does for one keyed table, without Chorus: analyse at a snapshot of the
+    donor, run the rows level's tasks, merge the staged delta (or copy the table)."""
+    donor_dsn, joiner_dsn = dbs
+    t = _describe(donor_dsn, name)
+    with psycopg.connect(donor_dsn, autocommit=True) as snap:
+        snap.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        snapshot = snap.execute("SELECT pg_export_snapshot()").fetchone()[0]  # type: ignore[index]
+        rows = snap.execute(f"SELECT count(*) FROM {name}").fetchone()[0]  # type: ignore[index]
+        with psycopg.connect(donor_dsn, autocommit=True) as w:  # written after the snapshot: not copied
+            w.execute(f"DELETE FROM {name} WHERE ctid = (SELECT min(ctid) FROM {name})")
+        plan = merkle.analyse(donor_dsn, snapshot, joiner_dsn, t, rows, 1 << 30, small_bytes=0)
+        results: list[dict[str, Any]] = []
+        with psycopg.connect(joiner_dsn, autocommit=True) as j:
+            if plan["mode"] == "diff":
+                stage = make_stages(j, [t])[f"public.{name}"]
+                base = {"donor_dsn": donor_dsn, "snapshot": snapshot, "joiner_dsn": joiner_dsn, "stage": stage}
+                results = [merkle.run_task({**task, **base}) for task in plan["tasks"]]
+                merge(j, t, 1)
+                j.execute(f"DROP SCHEMA {STAGE_SCHEMA} CASCADE")
+            else:
+                results = [merkle.copy_table({"donor_dsn": donor_dsn, "snapshot": snapshot, "joiner_dsn": joiner_dsn,
+                                              "table": t})]
+        expected = _snapshot_rows(donor_dsn, snapshot, name)
+    assert _rows(joiner_dsn, name) == expected
+    return {**plan, "results": results}
+
+
+def _snapshot_rows(dsn: str, snapshot: str, name: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as c:
+        c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        c.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
+        return c.execute(f"SELECT t::text FROM {name} t ORDER BY 1").fetchall()
+
+
+def _sum(plan: dict[str, Any], k: str) -> int:
+    return sum(r.get(k, 0) for r in plan["results"])
+
+
+def test_integer_key_drift_is_found_and_only_it_is_read(dbs: tuple[str, str]) -> None:
+    _both(dbs, "CREATE TABLE acc (id bigint PRIMARY KEY, v integer, pad text)")
+    _both(dbs, "INSERT INTO acc SELECT g, g % 97, repeat('x', 80) FROM generate_series(1, 40000) g")
+    with psycopg.connect(dbs[1], autocommit=True) as j:  # the joiner drifted: about 0.5 % of the rows
+        j.execute("UPDATE acc SET v = -1 WHERE id % 997 = 3")
+        j.execute("DELETE FROM acc WHERE id % 1499 = 7")
+        j.execute("INSERT INTO acc VALUES (-50, 1, 'only on the joiner, below'), (90000, 1, 'beyond')")
+    with psycopg.connect(dbs[0], autocommit=True) as d:
+        d.execute("INSERT INTO acc VALUES (40001, 2, 'only on the donor, above'), (-7, 2, 'below')")
+    plan = _recover(dbs, "acc")
+    assert plan["mode"] == "diff", plan
+    # 41 ids are 3 mod 997, 27 are 7 mod 1499 (none both); 2 rows only on either side
+    assert (_sum(plan, "updates"), _sum(plan, "inserts"), _sum(plan, "deletes")) == (41, 27 + 2, 2)
+    assert plan["leaves_differing"] < plan["leaves"] / 5
+    read = plan["bytes_donor"] + _sum(plan, "bytes_donor")
+    assert read < 0.1 * 40000 * 100, read  # a small part of the table's text
+
+
+def test_text_keys_with_escapes_and_every_common_type(dbs: tuple[str, str]) -> None:
+    _both(dbs, """CREATE TABLE doc (k text PRIMARY KEY, amount numeric, at timestamptz, j jsonb, b bytea,
+                  tags text[], f double precision, d date, span interval, u uuid, flag boolean,
+                  gen int GENERATED ALWAYS AS (length(k)) STORED)""")
+    _both(dbs, r"""INSERT INTO doc (k, amount, at, j, b, tags, f, d, span, u, flag)
+        SELECT 'key ' || g || CASE g % 5 WHEN 0 THEN E'\t tab' WHEN 1 THEN E'\n line' WHEN 2 THEN E' back\\slash'
+                                         WHEN 3 THEN ' é "q"' ELSE '' END,
+               g * 1.5, '2026-01-01 00:00:00+00'::timestamptz + g * interval '1 min', jsonb_build_object('g', g),
+               decode(lpad(to_hex(g), 8, '0'), 'hex'), ARRAY['a', NULL, g::text], g / 7.0, DATE '2026-01-01' + g % 400,
+               make_interval(secs => g), md5(g::text)::uuid, g % 2 = 0
+          FROM generate_series(1, 20000) g""")
+    with psycopg.connect(dbs[1], autocommit=True) as j:
+        j.execute(r"UPDATE doc SET amount = amount::numeric(20, 4) WHERE k = 'key 104'")  # 156 -> 156.0000
+        j.execute(r"UPDATE doc SET tags = ARRAY['a', '', '7'] WHERE k = E'key 11\n line'")  # NULL -> ''
+        j.execute(r"DELETE FROM doc WHERE k = E'key 10\t tab'")
+        j.execute(r"INSERT INTO doc (k) VALUES (E'\\ zz only here\t!'), ('   before everything')")
+    plan = _recover(dbs, "doc")
+    assert plan["mode"] == "diff"
+    assert (_sum(plan, "updates"), _sum(plan, "inserts"), _sum(plan, "deletes")) == (2, 1, 2)
+
+
+def test_composite_key(dbs: tuple[str, str]) -> None:
+    _both(dbs, "CREATE TABLE ev (tenant int, seq text, payload text, PRIMARY KEY (tenant, seq))")
+    _both(dbs, "INSERT INTO ev SELECT g % 3, 's' || g, 'p' || g FROM generate_series(1, 30000) g")
+    with psycopg.connect(dbs[1], autocommit=True) as j:
+        j.execute("UPDATE ev SET payload = 'changed' WHERE seq IN ('s5', 's29999')")
+        j.execute("INSERT INTO ev VALUES (1, 's5', 'a second row of one first-key value')")
+    plan = _recover(dbs, "ev")
+    assert plan["mode"] == "diff"
+    assert (_sum(plan, "updates"), _sum(plan, "deletes")) == (2, 1)
+
+
+def test_a_table_mostly_different_is_copied(dbs: tuple[str, str]) -> None:
+    _both(dbs, "CREATE TABLE parent (id int PRIMARY KEY, v text)")
+    _both(dbs, "CREATE TABLE child (id int PRIMARY KEY, parent int REFERENCES parent)")
+    _both(dbs, "INSERT INTO parent SELECT g, 'v' FROM generate_series(1, 5000) g")
+    with psycopg.connect(dbs[1], autocommit=True) as j:
+        j.execute("UPDATE parent SET v = 'drifted' WHERE id % 3 = 0")
+    plan = _recover(dbs, "parent")  # referenced by child: DELETE, not TRUNCATE
+    assert plan["mode"] == "copy" and plan["results"][0]["copied"] == 5000  # at the snapshot
+    with psycopg.connect(dbs[1], autocommit=True) as j:
+        j.execute("DROP TABLE child")
+        j.execute("DELETE FROM parent")
+    plan = _recover(dbs, "parent")  # an empty joiner: TRUNCATE and COPY FREEZE
+    assert plan["mode"] == "copy" and plan["results"][0]["copied"] == 4999
+
+
+def test_identical_tables_read_only_range_summaries(dbs: tuple[str, str]) -> None:
+    _both(dbs, "CREATE TABLE same (id int PRIMARY KEY, v text)")
+    _both(dbs, "INSERT INTO same SELECT g, md5(g::text) FROM generate_series(1, 50000) g")
+    _both(dbs, "DELETE FROM same WHERE id = 1")  # what _recover deletes after its snapshot, already gone
+    plan = _recover(dbs, "same")
+    assert plan["mode"] == "diff" and plan["ranges_differing"] == 0 and plan["tasks"] == []
+    assert plan["bytes_donor"] < 100_000, plan
