@@ -4,8 +4,8 @@ Total recovery of a joiner whose coordinator is stopped:
 1. the donor exports a snapshot in a REPEATABLE READ transaction and reports its GID
    (``chorus.snapshot_gid()``: commits happen in GID order, so the snapshot holds exactly the
    GIDs up to it); the transaction stays open until the diff has read what it needs;
-2. the joiner's schema is brought to the donor's (``pg_dump --schema-only --snapshot``) for
-   tables it lacks or whose columns differ; tables the donor does not have are dropped;
+2. the joiner's schema, roles and extensions are made the donor's (``chorus.totalschema``:
+   ``pg_dump --schema-only --snapshot`` with owners and privileges, compared with the joiner's);
 3. the Spark job (``chorus_spark.job``) diffs every replicated table and COPYs the delta into
    unlogged staging tables on the joiner;
 4. each table is merged in one transaction (deletes, then inserts), sequences are moved past
@@ -26,20 +26,20 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
+from chorus import totalschema
+from chorus.totalconn import Endpoint, make_private_dir, redact, write_private
 from chorus_spark import merkle
-from chorus_spark.sqlgen import ident
+
+__all__ = ["Endpoint", "TotalRecoveryError", "total_recover", "verify"]
 
 PGBIN = Path("/usr/lib/postgresql/15/bin")
 STAGE_SCHEMA = "chorus_recovery"
@@ -50,47 +50,6 @@ Say = Callable[[str], None]
 
 class TotalRecoveryError(Exception):
     pass
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A node's database as the diff reaches it."""
-
-    name: str
-    host: str
-    port: int
-    dbname: str = "postgres"
-    user: str = "postgres"
-
-    @property
-    def dsn(self) -> str:
-        return f"host={self.host} port={self.port} dbname={self.dbname} user={self.user}"
-
-    @property
-    def jdbc(self) -> str:
-        return f"jdbc:postgresql://{self.host}:{self.port}/{self.dbname}"
-
-    @classmethod
-    def from_dsn(cls, name: str, dsn: str) -> "Endpoint":
-        """An endpoint from a libpq connection string. The diff reads over JDBC, which needs TCP:
-        a Unix-socket host (a directory) becomes 127.0.0.1 on the same port."""
-        try:
-            d = conninfo_to_dict(dsn)
-        except psycopg.ProgrammingError as e:
-            raise TotalRecoveryError(f"cannot parse the connection string {dsn!r}: {e}") from e
-        host = str(d.get("host") or "")
-        if not host or host.startswith("/") or "," in host:
-            host = "127.0.0.1"
-        try:
-            port = int(d.get("port") or 5432)
-        except ValueError as e:
-            raise TotalRecoveryError(f"the connection string {dsn!r} has a bad port") from e
-        return cls(name, host, port, str(d.get("dbname") or "postgres"), str(d.get("user") or "postgres"))
-
-    def source(self, snap: Optional["Snapshot"] = None) -> dict[str, Any]:
-        return {"name": self.name, "url": self.jdbc, "user": self.user,
-                "snapshot": snap.name if snap else None, "gid": snap.gid if snap else None,
-                "snapshot_text": snap.text if snap else None}
 
 
 _TABLES = """
@@ -170,6 +129,9 @@ def donor_snapshot(ep: Endpoint, timeout_s: float = 30.0) -> Snapshot:
         return Snapshot(ep)
     except psycopg.errors.SerializationFailure:
         pass
+    except psycopg.OperationalError as e:
+        raise TotalRecoveryError(f"cannot connect to the donor {ep.name} ({redact(ep.dsn)}): "
+                                 f"{str(e).strip()}") from e
     with psycopg.connect(ep.dsn, autocommit=True) as c:
         deadline = time.monotonic() + timeout_s
         row = c.execute("SELECT max_done FROM chorus.lane_state()").fetchone()
@@ -193,7 +155,7 @@ def run_job(plan: dict[str, Any], workdir: Path, say: Say, spark_submit: Optiona
     a cluster's master) or through spark-submit (client deploy mode, on that master)."""
     plan_path = workdir / "plan.json"
     plan["result"] = str(workdir / "result.json")
-    plan_path.write_text(json.dumps(plan))
+    write_private(plan_path, json.dumps(plan))  # it holds the connection strings, passwords included
     if spark_submit is None:
         from chorus_spark.job import JobError, run
 
@@ -273,59 +235,14 @@ def _same_shape(a: dict[str, Any], b: dict[str, Any]) -> bool:
             [(c["name"], c["type"], c["generated"]) for c in b["columns"]] and a["key"] == b["key"])
 
 
-def _pg_env() -> dict[str, str]:
-    return dict(os.environ, PGOPTIONS=OFF)
-
-
 def sync_schema(donor: Endpoint, snap: Snapshot, joiner: Endpoint, conn: psycopg.Connection[Any],
                 dtables: dict[str, dict[str, Any]], dkeyless: dict[str, dict[str, Any]]) -> list[str]:
-    """Give the joiner the donor's replicated tables: create the missing ones, recreate those
-    whose columns differ, drop those the donor does not have. Returns what it did."""
-    jtables = describe_tables(conn)
-    done: list[str] = []
-    for label, t in jtables.items():
-        if label not in dtables:
-            conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(_qualified(t)))
-            done.append(f"dropped {label} (the donor does not have it)")
-    recreate = [label for label, t in dtables.items() if label in jtables and not _same_shape(t, jtables[label])]
-    for label in recreate:
-        conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(_qualified(jtables[label])))
-        done.append(f"recreated {label} (its columns differ from the donor's)")
-    jkeyless = describe_tables(conn, keyed=False)
-    missing = [label for label in dtables if label not in jtables or label in recreate]
-    missing += [label for label in dkeyless if label not in jkeyless and label not in jtables]
-    if not missing:
-        return done
-    whole = not jtables and not jkeyless  # an empty node takes the donor's whole schema (types, functions, views ...)
-    cmd = [str(PGBIN / "pg_dump"), "--schema-only", "--no-owner", "--no-privileges", f"--snapshot={snap.name}",
-           "-h", donor.host, "-p", str(donor.port), "-U", donor.user, "-d", donor.dbname]
-    if not whole:
-        for label in missing:
-            schema, _, name = label.partition(".")
-            cmd += ["-t", f"{ident(schema)}.{ident(name)}"]
-    dump = subprocess.run(cmd, capture_output=True, text=True)
-    if dump.returncode != 0:
-        raise TotalRecoveryError(f"pg_dump of the donor's schema failed: {dump.stderr.strip()}")
-    script = "\n".join(line for line in dump.stdout.splitlines() if not _extension_line(line))
-    # The dump carries the capture triggers and sequences as the donor has them: let it create
-    # them as they are (the sequences are moved to this node's class afterwards).
-    conn.execute("ALTER EVENT TRIGGER chorus_on_ddl_end DISABLE")
-    conn.commit()
+    """Give the joiner the donor's schema, roles and extensions (chorus.totalschema). Returns what
+    it did."""
     try:
-        res = subprocess.run([str(PGBIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", joiner.host,
-                              "-p", str(joiner.port), "-U", joiner.user, "-d", joiner.dbname],
-                             input=script, capture_output=True, text=True, env=_pg_env())
-    finally:
-        conn.execute("ALTER EVENT TRIGGER chorus_on_ddl_end ENABLE ALWAYS")
-        conn.commit()
-    if res.returncode != 0:
-        raise TotalRecoveryError(f"creating the donor's schema on {joiner.name} failed: {res.stderr.strip()}")
-    done.append(f"created {'the donor schema' if whole else ', '.join(missing)} from the donor's schema")
-    return done
-
-
-def _extension_line(line: str) -> bool:
-    return line.startswith(("CREATE EXTENSION", "COMMENT ON EXTENSION", "CREATE SCHEMA chorus;"))
+        return totalschema.sync_schema(donor, snap.name, joiner, conn)
+    except totalschema.SchemaSyncError as e:
+        raise TotalRecoveryError(str(e)) from e
 
 
 def make_stages(conn: psycopg.Connection[Any], tables: list[dict[str, Any]]) -> dict[str, str]:
@@ -468,8 +385,12 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
     was done per table. A range of the diff holds about ``range_rows`` rows."""
     progress = Progress(say)
     parallelism = parallelism or max(2, os.cpu_count() or 2)
-    workdir = Path(tempfile.mkdtemp(prefix="chorus-total-"))
-    snap = donor_snapshot(donor)
+    workdir = make_private_dir("chorus-total-")
+    try:
+        snap = donor_snapshot(donor)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     progress("snapshot", f"donor {donor.name}: snapshot {snap.name} at GID {snap.gid}", gid=snap.gid)
     try:
         with psycopg.connect(joiner.dsn, options=OFF, autocommit=True) as conn:
@@ -503,6 +424,7 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
                     copied.append(c)
                     progress("copy", f"{c['table']}: copied {c['copied']} rows ({_mb(c['bytes_donor'])} read)", **c)
             moved_seq = move_sequences(snap, conn)
+            mviews = totalschema.populated_matviews(snap.conn)
             snap.close()
             per_table: dict[str, dict[str, Any]] = {}
             for r in results:
@@ -514,6 +436,8 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
                 label = f"{t['schema']}.{t['name']}"
                 n = merge(conn, t, i)
                 progress("merge", f"merged {label}: {n} rows written", table=label, rows=n)
+            for line in totalschema.refresh_matviews(conn, mviews):
+                progress("merge", line)
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(STAGE_SCHEMA)))
             conn.execute("SELECT chorus.adopt_gid(%s)", (snap.gid,))
             conn.commit()
@@ -591,7 +515,7 @@ def verify(nodes: list[tuple[Endpoint, str]], say: Say, range_rows: int = 1000, 
     progress = Progress(say)
     parallelism = max(2, os.cpu_count() or 2)
     snaps = common_snapshots(nodes, say)
-    workdir = Path(tempfile.mkdtemp(prefix="chorus-verify-"))
+    workdir = make_private_dir("chorus-verify-")
     try:
         ref = describe_tables(snaps[0].conn)
         table_sizes(snaps[0].conn, ref)

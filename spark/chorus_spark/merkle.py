@@ -128,6 +128,19 @@ PSQL = "/usr/lib/postgresql/15/bin/psql"
 CAPTURE_TRIGGER = "chorus_capture"
 
 
+def _psql_dsn(dsn: str) -> tuple[str, dict[str, str]]:
+    """psql's ``-d`` without the password, and its environment with it: a command line is
+    visible to every user of the host (ps), an environment only to the process's own."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(dsn)
+    env = dict(os.environ)
+    password = params.pop("password", None)
+    if password is not None:
+        env["PGPASSWORD"] = str(password)
+    return make_conninfo("", **params), env
+
+
 def stream_out(dsn: str, snapshot: Optional[str], query: sql.Composable, conn: psycopg.Connection[Any],
                counter: Counter, block: int = 1 << 20, table: bool = False) -> Iterator[bytes]:
     """``query``'s COPY text (``table``: a whole table's, ``query`` naming it and its columns,
@@ -142,8 +155,9 @@ def stream_out(dsn: str, snapshot: Optional[str], query: sql.Composable, conn: p
         steps.append(f"SET TRANSACTION SNAPSHOT {literal(snapshot)}")
     steps += [s.strip() for s in SESSION_SETTINGS.split(";")]
     steps.append(sql.SQL("COPY {} TO STDOUT" if table else "COPY ({}) TO STDOUT").format(query).as_string(conn))
-    proc = subprocess.Popen([PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    dbname, env = _psql_dsn(dsn)
+    proc = subprocess.Popen([PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dbname], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:  # psql prints nothing before the COPY's data: the whole script can be written first
         proc.stdin.write(";\n".join(steps).encode() + b";\n")

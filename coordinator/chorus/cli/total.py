@@ -8,6 +8,7 @@ import shutil
 from typing import Any, Optional
 
 import click
+import psycopg
 
 from chorus.cli.common import ChorusCliError, json_option, print_json, print_table
 from chorus.config import NodeConfig
@@ -42,10 +43,12 @@ def _local(directory: str) -> tuple[Any, Any]:
     return c, c.load()
 
 
-def _endpoint(n: Any) -> Any:
+def _endpoint(c: Any, meta: Any, n: Any) -> Any:
+    """A local node's database: its Unix socket for libpq (as its coordinator reaches it),
+    127.0.0.1 on its port for JDBC; credentials and TLS from the libpq environment."""
     from chorus.total import Endpoint
 
-    return Endpoint(n.name, "127.0.0.1", n.port)
+    return Endpoint.from_dsn(n.name, c.config(meta, n).dsn)
 
 
 def _online_status(c: Any, meta: Any, name: str) -> Optional[dict[str, Any]]:
@@ -65,6 +68,7 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
     from chorus.localcluster import SERVICE_USER, LocalClusterError
     from chorus.state import load_state, save_state
     from chorus.total import TotalRecoveryError, total_recover
+    from chorus.totalconn import ConnectionSettingsError
 
     try:
         c, meta = _local(directory)
@@ -79,8 +83,8 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
         c._stop_coordinator(n)
         c._start_postgres(n)
         c.save(meta)
-        result = total_recover(_endpoint(c._node(meta, dname)), _endpoint(n), _say, range_rows=range_rows,
-                               small_bytes=copy_under_mb << 20,
+        result = total_recover(_endpoint(c, meta, c._node(meta, dname)), _endpoint(c, meta, n), _say,
+                               range_rows=range_rows, small_bytes=copy_under_mb << 20,
                                master=spark_master, spark_submit=spark_submit)
         cfg = c.config(meta, n)
         state = load_state(cfg.state_file, name)
@@ -89,8 +93,10 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
         if c.as_root:  # the coordinator runs as the service user
             shutil.chown(cfg.state_file, SERVICE_USER, SERVICE_USER)
         c.start(name, wait=False)
-    except (LocalClusterError, TotalRecoveryError) as e:
+    except (LocalClusterError, TotalRecoveryError, ConnectionSettingsError) as e:
         raise ChorusCliError(str(e)) from e
+    except psycopg.OperationalError as e:  # a node's database refused or went away
+        raise ChorusCliError(f"a database connection failed: {str(e).strip()}") from e
     return result
 
 
@@ -106,6 +112,7 @@ def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster
     from chorus.admin import admin_request
     from chorus.state import load_state, save_state
     from chorus.total import Endpoint, TotalRecoveryError, total_recover
+    from chorus.totalconn import ConnectionSettingsError
 
     try:
         admin_request(cfg.admin_socket, timeout=2)
@@ -121,8 +128,10 @@ def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster
         result = total_recover(donor, joiner, _say, range_rows=range_rows, small_bytes=copy_under_mb << 20,
                                master=spark_master,
                                spark_submit=spark_submit)
-    except TotalRecoveryError as e:
+    except (TotalRecoveryError, ConnectionSettingsError) as e:
         raise ChorusCliError(str(e)) from e
+    except psycopg.OperationalError as e:  # a node's database refused or went away
+        raise ChorusCliError(f"a database connection failed: {str(e).strip()}") from e
     st = load_state(cfg.state_file, cfg.name)
     owner = os.stat(cfg.state_file) if os.path.exists(cfg.state_file) else None
     save_state(cfg.state_file, st.with_(cluster_uuid=cluster_uuid, last_gid=result["gid"], bootstrap=False, left_by_vote="",
@@ -144,16 +153,19 @@ def verify(directory: str, spark_master: str, spark_submit: Optional[str], range
     rows that differ. Exit status 1 if anything differs."""
     from chorus.localcluster import LocalClusterError
     from chorus.total import TotalRecoveryError, verify as run_verify
+    from chorus.totalconn import ConnectionSettingsError
 
     try:
         c, meta = _local(directory)
-        nodes = [(_endpoint(n), c.config(meta, n).admin_socket) for n in meta.nodes
+        nodes = [(_endpoint(c, meta, n), c.config(meta, n).admin_socket) for n in meta.nodes
                  if _online_status(c, meta, n.name) is not None]
         if len(nodes) < 2:
             raise ChorusCliError("verify needs at least two online nodes")
         result = run_verify(nodes, _say, range_rows=range_rows, master=spark_master, spark_submit=spark_submit)
-    except (LocalClusterError, TotalRecoveryError) as e:
+    except (LocalClusterError, TotalRecoveryError, ConnectionSettingsError) as e:
         raise ChorusCliError(str(e)) from e
+    except psycopg.OperationalError as e:  # a node's database refused or went away
+        raise ChorusCliError(f"a database connection failed: {str(e).strip()}") from e
     if as_json:
         print_json(result)
     else:
