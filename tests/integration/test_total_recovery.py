@@ -14,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, Optional
 
 import psycopg
 import pytest
@@ -143,24 +143,7 @@ def test_node_rebuilt_from_its_config_file(cluster: Cluster) -> None:
         c.execute("INSERT INTO tr_types (id, note) VALUES (-2, 'only here')")
     with cluster.connect(0) as c:
         c.execute("INSERT INTO tr_types (id, note) VALUES (-3, 'while the node was down')")
-    with tempfile.TemporaryDirectory() as tmp:
-        err = os.path.join(tmp, "join.err")
-        with open(err, "a") as f:  # append mode: the test reads it while the command writes
-            join = subprocess.Popen([sys.executable, "-m", "chorus", *args], stdout=subprocess.PIPE, stderr=f,
-                                    text=True)
-        try:
-            deadline = time.monotonic() + 600
-            while "start its coordinator now" not in _read(err):
-                assert join.poll() is None, _read(err)[-3000:]
-                assert time.monotonic() < deadline, _read(err)[-3000:]
-                time.sleep(0.5)
-            assert chorus("local", "start", "--dir", cluster.dir, node["name"]).returncode == 0
-            out, _ = join.communicate(timeout=300)
-        finally:
-            if join.poll() is None:
-                join.kill()
-        assert join.returncode == 0, _read(err)[-3000:]
-        log = _read(err)
+    out, log = join_config_node(cluster.dir, node["name"], [sys.executable, "-m", "chorus", *args])
     result = json.loads(out)
     assert result["state"] == "online"
     # diffed (not copied: --copy-under-mb 0), its rows level on Spark executors
@@ -173,6 +156,31 @@ def test_node_rebuilt_from_its_config_file(cluster: Cluster) -> None:
     with cluster.connect(1) as c:
         assert c.execute("SELECT note FROM tr_types WHERE id = -3").fetchone() == ("while the node was down",)
         assert c.execute("SELECT count(*) FROM tr_types WHERE id = -2").fetchone() == (0,)
+
+
+def join_config_node(cluster_dir: str, name: str, cmd: list[str],
+                     env: Optional[dict[str, str]] = None) -> tuple[str, str]:
+    """Run `chorus node join --total --config ...` (``cmd``) as the operator would: once it says
+    "start its coordinator now", start the coordinator (here `chorus local start`), and let the
+    command follow the node to online. Returns its stdout and stderr; fails if it fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        err = os.path.join(tmp, "join.err")
+        with open(err, "a") as f:  # append mode: the test reads it while the command writes
+            join = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=f, text=True, env=env)
+        try:
+            deadline = time.monotonic() + 600
+            while "start its coordinator now" not in _read(err):
+                assert join.poll() is None, _read(err)[-3000:]
+                assert time.monotonic() < deadline, _read(err)[-3000:]
+                time.sleep(0.5)
+            assert chorus("local", "start", "--dir", cluster_dir, name).returncode == 0
+            out, _ = join.communicate(timeout=300)
+        finally:
+            if join.poll() is None:
+                join.kill()
+        log = _read(err)
+    assert join.returncode == 0, log[-3000:]
+    return out, log
 
 
 def _read(path: str) -> str:

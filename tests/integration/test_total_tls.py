@@ -24,6 +24,7 @@ import pytest
 from psycopg import sql
 
 from conftest import Cluster, chorus, extra_cluster
+from test_total_recovery import join_config_node
 
 pytest.importorskip("pyspark")
 
@@ -137,22 +138,7 @@ def test_total_recovery_over_tls(tls_cluster: tuple[Cluster, Path], tmp_path: Pa
         assert "Traceback" not in r.stderr and PASSWORD not in r.stderr and "wr0ng-pw-x" not in r.stderr, r.stderr[-2000:]
         assert _rows(c, 2) == before  # nothing lost, nothing changed
 
-    err = tmp_path / "join.err"
-    with open(err, "a") as f:
-        join = subprocess.Popen(args + [_tcp(donor_port, pki)], stdout=subprocess.PIPE, stderr=f, text=True, env=env)
-    try:
-        deadline = time.monotonic() + 600
-        while "start its coordinator now" not in err.read_text():
-            assert join.poll() is None, err.read_text()[-3000:]
-            assert time.monotonic() < deadline, err.read_text()[-3000:]
-            time.sleep(0.5)
-        assert chorus("local", "start", "--dir", c.dir, node["name"]).returncode == 0
-        out, _ = join.communicate(timeout=300)
-    finally:
-        if join.poll() is None:
-            join.kill()
-    log = err.read_text()
-    assert join.returncode == 0, log[-3000:]
+    out, log = join_config_node(c.dir, node["name"], args + [_tcp(donor_port, pki)], env)
     assert PASSWORD not in log
     assert json.loads(out)["state"] == "online"
     c.assert_identical()
