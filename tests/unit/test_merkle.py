@@ -60,7 +60,8 @@ def dbs(server: PlainPostgres) -> Iterator[tuple[str, str]]:
         for db in ("merkle_donor", "merkle_joiner"):
             c.execute(f"DROP DATABASE IF EXISTS {db}")
             c.execute(f"CREATE DATABASE {db}")
-    yield tuple(server.dsn.replace("dbname=postgres", f"dbname={db}") for db in ("merkle_donor", "merkle_joiner"))
+    yield (server.dsn.replace("dbname=postgres", "dbname=merkle_donor"),
+           server.dsn.replace("dbname=postgres", "dbname=merkle_joiner"))
 
 
 def _both(dbs: tuple[str, str], ddl: str) -> None:
