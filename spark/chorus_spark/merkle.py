@@ -505,22 +505,23 @@ def diff_rows(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t
     joined with the joiner's own. With a ``stage`` (recover) the keys only the joiner has go into
     the stage (op D), and the donor's rows that the joiner lacks or holds otherwise are copied
     from the donor into it (op U). Returns the counts and up to SAMPLE_KEYS keys of each kind."""
-    keys = sql.SQL(", ").join(sql.Identifier(k) for k in t.key)
+    keys = sql.SQL(", ").join(sql.Identifier(k) for k in t.key)  # (the hash column is _chorus_h: a key may be "h")
     match = sql.SQL(" AND ").join(sql.SQL("d.{0} = m.{0}").format(sql.Identifier(k)) for k in t.key)
     joiner.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(DONOR_ROWS)))
-    joiner.execute(sql.SQL("CREATE TEMP TABLE {} AS SELECT {}, 0::bigint AS h FROM {} t WITH NO DATA").format(
+    joiner.execute(sql.SQL("CREATE TEMP TABLE {} AS SELECT {}, 0::bigint AS _chorus_h FROM {} t WITH NO DATA").format(
         sql.Identifier(DONOR_ROWS), _whole_key(t), _table(t)))
     with joiner.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(DONOR_ROWS))) as cp:
         for data in stream_out(donor_dsn, snapshot, _in_leaves(t, cut, part, _keys_and_hash(t, cut)), donor, counter):
             cp.write(data)
     joiner.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(MINE)))
     joiner.execute(sql.SQL("CREATE TEMP TABLE {} AS {}").format(
-        sql.Identifier(MINE), _in_leaves(t, cut, part, sql.SQL("{}, {} AS h").format(_whole_key(t), row_hash(t, cut.typed)))))
+        sql.Identifier(MINE), _in_leaves(t, cut, part, sql.SQL("{}, {} AS _chorus_h").format(_whole_key(t), row_hash(t, cut.typed)))))
     for temp in (DONOR_ROWS, MINE):
         joiner.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(temp)))
     # donor rows the joiner lacks (m is NULL) or holds otherwise
     changed = joiner.execute(sql.SQL(
-        "SELECT d.h, m.h IS NULL FROM {} d LEFT JOIN {} m ON {} WHERE m.h IS DISTINCT FROM d.h").format(
+        "SELECT d._chorus_h, m._chorus_h IS NULL FROM {} d LEFT JOIN {} m ON {} "
+        "WHERE m._chorus_h IS DISTINCT FROM d._chorus_h").format(
         sql.Identifier(DONOR_ROWS), sql.Identifier(MINE), match)).fetchall()
     only_mine = sql.SQL("FROM {} m WHERE NOT EXISTS (SELECT 1 FROM {} d WHERE {})").format(
         sql.Identifier(MINE), sql.Identifier(DONOR_ROWS), match)
@@ -540,9 +541,9 @@ def diff_rows(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t
     out: dict[str, Any] = {
         "inserts": sum(1 for _, new in changed if new), "updates": sum(1 for _, new in changed if not new),
         "sample": {
-            "missing": sample(sql.SQL("SELECT {} {} WHERE m.h IS NULL {}").format(
+            "missing": sample(sql.SQL("SELECT {} {} WHERE m._chorus_h IS NULL {}").format(
                 text("d"), pair("LEFT JOIN"), limit)),
-            "differs": sample(sql.SQL("SELECT {} {} WHERE m.h <> d.h {}").format(
+            "differs": sample(sql.SQL("SELECT {} {} WHERE m._chorus_h <> d._chorus_h {}").format(
                 text("d"), pair("JOIN"), limit)),
             "extra": sample(sql.SQL("SELECT {} {} {}").format(text("m"), only_mine, limit))}}
     if stage is None:

@@ -243,3 +243,12 @@ def test_a_large_copy_builds_the_indexes_after_the_load(dbs: tuple[str, str]) ->
         assert j.execute("SELECT contype FROM pg_constraint WHERE conrelid = 'big'::regclass ORDER BY 1").fetchall() \
             == [("p",), ("u",)]
     assert _rows(dbs[1], "big") == _rows(dbs[0], "big")
+
+
+def test_key_columns_named_like_the_diffs_own(dbs: tuple[str, str]) -> None:
+    _both(dbs, 'CREATE TABLE named (h int, b text, n int, "_chorus_h" int, PRIMARY KEY (h, b))')
+    _both(dbs, "INSERT INTO named SELECT g, 'b' || g, g, g FROM generate_series(1, 20000) g")
+    with psycopg.connect(dbs[1], autocommit=True) as j:
+        j.execute("UPDATE named SET n = -1 WHERE h IN (5, 15000)")
+    plan = _recover(dbs, "named")
+    assert plan["mode"] == "diff" and _sum(plan, "updates") == 2
