@@ -234,6 +234,10 @@ SELECT format('DROP %s IF EXISTS %s CASCADE', CASE c.relkind WHEN 'v' THEN 'VIEW
   FROM pg_class c
  WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c')
    AND NOT EXISTS (SELECT 1 FROM ext WHERE classid = 'pg_class'::regclass AND objid = c.oid)
+   -- a sequence an identity or serial column owns goes with its table (an identity's cannot be dropped alone)
+   AND NOT (c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
+                                        AND d.objid = c.oid AND d.refclassid = 'pg_class'::regclass
+                                        AND d.deptype IN ('i', 'a')))
 UNION ALL
 SELECT format('DROP ROUTINE IF EXISTS %s CASCADE', p.oid::regprocedure) FROM pg_proc p
  WHERE p.pronamespace = 'public'::regnamespace
