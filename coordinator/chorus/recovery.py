@@ -183,6 +183,11 @@ def _split(address: str) -> tuple[str, int]:
 
 # ---- the joiner -------------------------------------------------------------------------
 
+# A partner streams what its log holds and ends: it never waits for more. One that sends nothing
+# for this long in the middle of a stream (frozen, or cut off with the connection left open) is
+# given up; the catch-up round asks the members again.
+FRAME_TIMEOUT_S = 30.0
+
 
 async def fetch(address: str, keys: ClusterKeys, cluster: str, node: str, after: int, upto: int,
                 on_record: Callable[[LogRecord], Awaitable[None]], spool: Optional[Spool] = None) -> int:
@@ -211,7 +216,10 @@ async def fetch(address: str, keys: ClusterKeys, cluster: str, node: str, after:
                             "after": after, "upto": upto}))
         last = after
         while True:
-            kind, body = await proto.read_frame(reader)
+            try:
+                kind, body = await asyncio.wait_for(proto.read_frame(reader), FRAME_TIMEOUT_S)
+            except asyncio.TimeoutError as e:
+                raise RecoveryError(f"partner {address} sent nothing for {FRAME_TIMEOUT_S:.0f} s after GID {last}") from e
             if parts.open and kind not in (proto.FrameKind.PART, proto.FrameKind.ERROR):
                 raise RecoveryError(f"partner sent a {kind.name} frame inside a record sent in parts")
             if kind in (proto.FrameKind.RECORD, proto.FrameKind.PART):

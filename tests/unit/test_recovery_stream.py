@@ -7,8 +7,9 @@ import asyncio
 import gc
 import os
 import random
-import ssl
 import shutil
+import ssl
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -398,3 +399,38 @@ def test_a_joiner_with_a_spool_gathers_a_large_record_in_a_file(tmp_path: Path, 
     import gc
     gc.collect()
     assert os.listdir(s.directory) == []
+
+
+def test_a_partner_that_goes_silent_mid_stream_is_given_up(keys: rc.ClusterKeys,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partner that sends a record, then nothing, with its connection open (frozen, or cut off
+    without a reset): fetch gives up after FRAME_TIMEOUT_S with a RecoveryError, so the catch-up
+    asks the members again instead of waiting forever; the record it took stays taken."""
+    monkeypatch.setattr(rc, "FRAME_TIMEOUT_S", 0.3)
+
+    async def partner(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello = await proto.read_hello(reader)
+        nonce = "c" * 32
+        writer.write(proto.hello({"nonce": nonce, "proof": proto.proof(keys.secret(), b"partner", "cluster-1",
+                                                                       str(hello["nonce"]), nonce)}))
+        await proto.read_hello(reader)
+        writer.write(proto.encode_record(LogRecord(1, "n1", 0, b"payload")))
+        await writer.drain()
+        await asyncio.sleep(5)  # silent, the connection open
+        writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(partner, "127.0.0.1", 0, ssl=rc._context(keys, True))
+        port = server.sockets[0].getsockname()[1]
+        got: list[LogRecord] = []
+
+        async def take(r: LogRecord) -> None:
+            got.append(r)
+        started = time.monotonic()
+        with pytest.raises(rc.RecoveryError, match="sent nothing"):
+            await rc.fetch(f"127.0.0.1:{port}", keys, "cluster-1", "n9", 0, 5, take)
+        assert time.monotonic() - started < 4
+        assert [r.gid for r in got] == [1]
+        server.close()
+
+    asyncio.run(main())
