@@ -28,6 +28,9 @@ from chorus.wslog import FLAG_DDL_SKIPPED, LogFeeder, LogRecord
 log = logging.getLogger("chorus.coordinator")
 
 LOG_QUERY_WAIT_S = 1.0  # how long a recovering node collects answers to its LogQuery
+# Only online members answer a LogQuery: when none does (the others may be catching up too, after a
+# partition heals), the node asks again for this long before it concludes no log can help it.
+NO_ANSWER_GRACE_S = 30.0
 CATCHUP_WINDOW = 256  # catch-up transactions queued for apply at most
 CATCHUP_BATCH_BYTES = 8 << 20  # a run of catch-up writesets applied as one transaction: at most this much
 
@@ -61,6 +64,7 @@ class CatchUpRunner:
         self._stopping = stopping
         self._failed = failed
         self.progress: Optional[rc.Progress] = None  # the current or last catch-up
+        self._unanswered_since: Optional[float] = None  # since when no member answered (NO_ANSWER_GRACE_S)
         self.held: Optional[list[Action]] = None  # live actions held while catching up
         self._offers: dict[str, list[bp.LogInfo]] = {}
 
@@ -76,6 +80,7 @@ class CatchUpRunner:
         r, pipeline = self.r, self.pipeline
         self.held = []
         prog = self.progress = rc.Progress(c.after, c.upto)
+        self._unanswered_since = None
         prev = c.after  # the last certified GID handed to apply: the next one's prev
         runs: RunBatcher[LogRecord] = RunBatcher(self.batch, CATCHUP_BATCH_BYTES)
 
@@ -174,6 +179,13 @@ class CatchUpRunner:
         r = self.r
         prog.state = "choosing a partner"
         offers = await self._ask_logs()
+        if offers or self.keys is None:
+            self._unanswered_since = None
+        else:
+            self._unanswered_since = self._unanswered_since or time.monotonic()
+            if time.monotonic() - self._unanswered_since < NO_ANSWER_GRACE_S:
+                prog.state = "waiting for an online member to answer"
+                return True  # no progress: the caller waits a moment and asks again
         partners = rc.choose_partners(offers, prog.position, self.partners)
         if self.keys is None or not partners:
             held = ", ".join(f"{o.partner} after GID {o.after_min}" for o in offers) or "no member answered"
