@@ -30,10 +30,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from chorus.config import NodeConfig, write_config
 from chorus.recovery import generate_keys
@@ -237,7 +239,7 @@ class LocalCluster:
         d = self.node_dir(n.name)
         if _alive(n.pg_pid, "postgres"):
             return
-        self._check_port(n)
+        self._check_port(n.port, n.name)
         self.log(f"{n.name}: starting PostgreSQL on port {n.port}")
         for attempt in range(4):
             try:
@@ -255,14 +257,14 @@ class LocalCluster:
                    "-U", "postgres", "-d", "postgres", "-c", "CREATE EXTENSION IF NOT EXISTS chorus"],
                   f"CREATE EXTENSION chorus on {n.name} (is the extension installed? run scripts/setup.sh)", node=n.name)
 
-    def _check_port(self, n: NodeMeta) -> None:
-        _port_free_or_fail(n.port, n.name)
+    def _check_port(self, port: int, what: str) -> None:
+        _port_free_or_fail(port, what)
 
     def _start_coordinator(self, n: NodeMeta) -> None:
         if _alive(n.coordinator_pid, "chorus"):
             return
-        _port_free_or_fail(n.port - 1000, f"{n.name}'s recovery server")
-        _port_free_or_fail(n.port + 1000, f"{n.name}'s metrics and health checks")
+        self._check_port(n.port - 1000, f"{n.name}'s recovery server")
+        self._check_port(n.port + 1000, f"{n.name}'s metrics and health checks")
         d = self.node_dir(n.name)
         self.log(f"{n.name}: starting the coordinator")
         cmd, kw = self._wrap(n.name, [self.venv_chorus, "run", "--config", str(d / "chorus.toml")])
@@ -435,13 +437,21 @@ def _terminate(pid: int, needle: str, timeout: float) -> None:
         _wait_gone(pid, needle, 5)
 
 
-def _port_free_or_fail(port: int, name: str) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as e:
-            raise LocalClusterError(f"{name}: port {port} is in use ({e}); choose another --port-base") from e
+def _port_free_or_fail(port: int, name: str, patience_s: float = 5.0) -> None:
+    """Fail clearly when ``port`` is taken on loopback. A port in the kernel's ephemeral range may
+    be held for a moment by some client connection's local end, so a taken port is asked again
+    for ``patience_s`` before it counts as in use."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+                return
+            except OSError as e:
+                if time.monotonic() >= deadline:
+                    raise LocalClusterError(f"{name}: port {port} is in use ({e}); choose another --port-base") from e
+        time.sleep(0.2)
 
 
 PG_CONF = """
@@ -536,6 +546,20 @@ class PlainPostgres:
 
     def stop(self) -> None:
         _as_postgres([str(PGBIN / "pg_ctl"), "-D", str(self.dir / "pgdata"), "-m", "fast", "stop"], check=False)
+
+
+@contextmanager
+def temporary_postgres(prefix: str, port: int, extension: bool = False) -> Iterator[PlainPostgres]:
+    """A PlainPostgres in a fresh directory under /tmp, started; stopped and removed at the end."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(root, 0o755)  # the server runs as postgres
+    pg = PlainPostgres(root, port, extension)
+    try:
+        pg.start()
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _as_postgres(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:

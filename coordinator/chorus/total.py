@@ -19,6 +19,7 @@ commits go on, and runs the job in ``verify`` mode against the first node.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -50,6 +51,20 @@ Say = Callable[[str], None]
 
 class TotalRecoveryError(Exception):
     pass
+
+
+def _one_line_errors(f: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """A donor or joiner that fails mid-way (its server gone, a COPY stream cut) ends the command
+    with a TotalRecoveryError that names it, not a traceback."""
+    @functools.wraps(f)
+    def run(*args: Any, **kw: Any) -> dict[str, Any]:
+        try:
+            return f(*args, **kw)
+        except merkle.DiffError as e:
+            raise TotalRecoveryError(str(e)) from e
+        except psycopg.Error as e:
+            raise TotalRecoveryError(f"a database failed mid-way: {str(e).strip()}") from e
+    return run
 
 
 _TABLES = """
@@ -378,6 +393,7 @@ def run_tasks(tasks: list[dict[str, Any]], master: str, spark_submit: Optional[s
     return out
 
 
+@_one_line_errors
 def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int = 1000, small_bytes: int = SMALL_BYTES,
                   master: str = "auto", spark_submit: Optional[str] = None,
                   parallelism: Optional[int] = None) -> dict[str, Any]:
@@ -508,6 +524,7 @@ def common_snapshots(nodes: list[tuple[Endpoint, str]], say: Say, timeout: float
     raise TotalRecoveryError("could not take snapshots of every node at one GID in time")
 
 
+@_one_line_errors
 def verify(nodes: list[tuple[Endpoint, str]], say: Say, range_rows: int = 1000, master: str = "auto",
            spark_submit: Optional[str] = None) -> dict[str, Any]:
     """Compare every node with the first at one snapshot GID with the Merkle diff (never copying).

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from chorus import appendload, elle
-from chorus.localcluster import PlainPostgres
+from chorus.localcluster import temporary_postgres
 from conftest import Cluster
 
 pytestmark = pytest.mark.integration
@@ -46,17 +43,10 @@ def test_list_append_on_every_node_is_snapshot_isolated_and_loses_nothing(cluste
 def test_a_single_plain_postgresql_gives_a_valid_history() -> None:
     """The checker's reference: one plain PostgreSQL (no Chorus) at REPEATABLE READ, the same
     workload from six clients. It must find nothing forbidden (write skew, G2, it may list)."""
-    root = Path(tempfile.mkdtemp(prefix="chorus-plain-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    pg = PlainPostgres(root, int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 80)
-    try:
-        pg.start()
+    with temporary_postgres("chorus-plain-", int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 80) as pg:
         nodes = [("plain", pg.dsn)]
         h = appendload.run(nodes, seconds=8, clients_per_node=6, seed=4)
         appendload.read_final(nodes, h)
         report = appendload.check(h)
-    finally:
-        pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
     assert h.errors == [] and h.counts()["ok"] > 200 and h.counts()["fail"] > 0
     assert report.valid, "\n".join(f"{a.kind}: {a.description}" for a in report.violations)

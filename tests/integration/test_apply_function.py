@@ -25,7 +25,7 @@ from psycopg import sql
 from pytest_postgresql import factories
 
 from chorus import wire
-from chorus.localcluster import PlainPostgres
+from chorus.localcluster import PlainPostgres, temporary_postgres
 from conftest import peak_anon_growth_kb
 
 pytestmark = pytest.mark.integration
@@ -40,18 +40,11 @@ CANONICAL = ("SET datestyle = 'ISO'; SET intervalstyle = 'postgres'; SET timezon
 @pytest.fixture(scope="session", autouse=True)
 def chorus_server() -> Iterator[PlainPostgres]:
     """One PostgreSQL with the extension preloaded and no coordinator, started as a node would be."""
-    root = Path(tempfile.mkdtemp(prefix="chorus-apply-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    pg = PlainPostgres(root, PORT, extension=True)
-    pg.start()
-    try:
+    with temporary_postgres("chorus-apply-", PORT, extension=True) as pg:
         with psycopg.connect(pg.dsn, autocommit=True) as c:
             c.execute("CREATE EXTENSION IF NOT EXISTS chorus")
             c.execute("SELECT chorus.node_init(0)")
         yield pg
-    finally:
-        pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _load(host: str, port: int, user: str, dbname: str, password: Optional[str] = None, **_: Any) -> None:

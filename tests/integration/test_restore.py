@@ -7,9 +7,7 @@ restore is one large writeset with its schema changes."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -17,7 +15,7 @@ import psycopg
 import pytest
 
 from chorus import wire
-from chorus.localcluster import PGBIN, PlainPostgres
+from chorus.localcluster import PGBIN, temporary_postgres
 from conftest import Cluster
 
 pytestmark = pytest.mark.integration
@@ -96,21 +94,14 @@ def _content(dsn: str) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def dump() -> Iterator[tuple[Path, list[tuple[str, str]]]]:
     """A custom-format dump of schema rs, made on a plain PostgreSQL, and its source's content."""
-    root = Path(tempfile.mkdtemp(prefix="chorus-restore-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    pg = PlainPostgres(root, int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 85)
-    pg.start()
-    try:
+    with temporary_postgres("chorus-restore-", int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 85) as pg:
         with psycopg.connect(pg.dsn, autocommit=True) as c:
             c.execute(SOURCE_SCHEMA)
             c.execute(SOURCE_ROWS)
-        path = root / "rs.dump"
+        path = pg.dir / "rs.dump"
         subprocess.run([str(PGBIN / "pg_dump"), "-Fc", "-n", "rs", "-f", str(path), pg.dsn], check=True,
                        capture_output=True, timeout=120)
         yield path, _content(pg.dsn)
-    finally:
-        pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.parametrize("single", [False, True], ids=["per-object", "single-transaction"])

@@ -9,14 +9,11 @@ connection lost at COMMIT is a backend terminated before it.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import psycopg
@@ -29,7 +26,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from chorus.client import (Backoff, CommitOutcomeUnknown, FailedTransaction, RetryStats, commit_in_doubt,
                            retryable, run_attempts, run_transaction)
 from chorus.client.sqlalchemy import enable_causal_reads, run_in_session, run_in_transaction, sqlstate_of
-from chorus.localcluster import PlainPostgres
+from chorus.localcluster import PlainPostgres, temporary_postgres
 
 PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 95
 
@@ -140,15 +137,8 @@ def test_the_psycopg_helpers_do_not_import_sqlalchemy() -> None:
 @pytest.fixture(scope="session")
 def plain_server() -> Iterator[PlainPostgres]:
     """One plain PostgreSQL, for the tests below that need a database."""
-    root = Path(tempfile.mkdtemp(prefix="chorus-client-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    pg = PlainPostgres(root, PORT)
-    try:
-        pg.start()
+    with temporary_postgres("chorus-client-", PORT) as pg:
         yield pg
-    finally:
-        pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 SCHEMA = """

@@ -7,15 +7,12 @@ and the copy path (TRUNCATE and COPY FREEZE, or DELETE when a foreign key points
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any, Iterator
 
 import psycopg
 import pytest
 
-from chorus.localcluster import PlainPostgres
+from chorus.localcluster import PlainPostgres, temporary_postgres
 from chorus.total import STAGE_SCHEMA, make_stages, merge
 from chorus_spark import merkle
 from chorus_spark.merkle import Cut, intervals, unescape
@@ -42,15 +39,8 @@ def test_copy_text_escapes_are_undone() -> None:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[PlainPostgres]:
-    root = Path(tempfile.mkdtemp(prefix="chorus-merkle-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    pg = PlainPostgres(root, PORT)
-    try:
-        pg.start()
+    with temporary_postgres("chorus-merkle-", PORT) as pg:
         yield pg
-    finally:
-        pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

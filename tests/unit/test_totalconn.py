@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -193,3 +194,23 @@ def test_only_missing_roles_are_created() -> None:
     assert got == [line for line in ROLES.splitlines() if "alice" in line or "Mixed" in line]
     assert not any("postgres WITH" in s for s in got)
     assert role_statements(ROLES, {"alice"}) == [line for line in ROLES.splitlines() if "alice" in line]
+
+
+def test_a_failure_mid_way_ends_as_one_total_recovery_error() -> None:
+    import psycopg
+
+    from chorus.total import TotalRecoveryError, _one_line_errors
+    from chorus_spark import merkle
+
+    @_one_line_errors
+    def cut_stream() -> dict[str, Any]:
+        raise merkle.DiffError("reading from the donor failed: server closed the connection")
+
+    @_one_line_errors
+    def server_gone() -> dict[str, Any]:
+        raise psycopg.OperationalError("terminating connection due to administrator command")
+
+    with pytest.raises(TotalRecoveryError, match="reading from the donor failed"):
+        cut_stream()
+    with pytest.raises(TotalRecoveryError, match="a database failed mid-way: terminating connection"):
+        server_gone()

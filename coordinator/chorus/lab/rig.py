@@ -121,7 +121,7 @@ class Lab(LocalCluster):
             prefix += ["setpriv", f"--reuid={SERVICE_USER}", f"--regid={SERVICE_USER}", "--init-groups", "--"]
         return prefix + cmd, {}
 
-    def _check_port(self, n: NodeMeta) -> None:
+    def _check_port(self, port: int, what: str) -> None:
         pass  # each host has its own network stack
 
     def config(self, meta: Meta, n: NodeMeta) -> NodeConfig:
