@@ -147,7 +147,7 @@ def stream_out(dsn: str, snapshot: Optional[str], query: sql.Composable, conn: p
     which COPY reads faster than a query) from a ``psql`` at ``snapshot``, in blocks of up to
     ``block`` bytes, counted as read from the donor (psql relays COPY data in C; reading it row
     by row through Python costs as much again). The script goes through psql's standard input:
-    it may be long."""
+    it may be long. ``conn`` (any session) only renders the query."""
     import subprocess
 
     steps = ["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"]
@@ -497,7 +497,7 @@ def _keys_and_hash(t: Table, cut: Cut) -> sql.Composable:
         sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(k)) for k in t.key), row_hash(t, cut.typed))
 
 
-def diff_rows(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t: Table, cut: Cut,
+def diff_rows(joiner: psycopg.Connection[Any], t: Table, cut: Cut,
               part: dict[str, Any], counter: Counter, stage: Optional[str], donor_dsn: str,
               snapshot: Optional[str]) -> dict[str, Any]:
     """The rows level for a task's leaves (``part``), compared in the joiner's session: the
@@ -511,7 +511,7 @@ def diff_rows(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t
     joiner.execute(sql.SQL("CREATE TEMP TABLE {} AS SELECT {}, 0::bigint AS _chorus_h FROM {} t WITH NO DATA").format(
         sql.Identifier(DONOR_ROWS), _whole_key(t), _table(t)))
     with joiner.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(DONOR_ROWS))) as cp:
-        for data in stream_out(donor_dsn, snapshot, _in_leaves(t, cut, part, _keys_and_hash(t, cut)), donor, counter):
+        for data in stream_out(donor_dsn, snapshot, _in_leaves(t, cut, part, _keys_and_hash(t, cut)), joiner, counter):
             cp.write(data)
     joiner.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(MINE)))
     joiner.execute(sql.SQL("CREATE TEMP TABLE {} AS {}").format(
@@ -560,7 +560,7 @@ def diff_rows(donor: psycopg.Connection[Any], joiner: psycopg.Connection[Any], t
         rows_q = _in_leaves(t, cut, part, sel, sql.SQL("{} = ANY({}::bigint[])").format(
             row_hash(t, cut.typed), sql.Literal([h for h, _ in changed])))
         with joiner.cursor().copy(sql.SQL("COPY {} ({}, _chorus_op) FROM STDIN").format(sql.SQL(stage), cols)) as cp:
-            for data in stream_out(donor_dsn, snapshot, rows_q, donor, counter):
+            for data in stream_out(donor_dsn, snapshot, rows_q, joiner, counter):
                 cp.write(data)
     return out
 
@@ -588,23 +588,18 @@ def make_tasks(table: dict[str, Any], cut: Cut, leaves: Sequence[int], at_least:
 
 
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
-    """One task (a table's group of leaf intervals), in its own sessions: the donor's at the
-    exported snapshot, the joiner's writing the staging table (committed when the task ends), or
-    for verify (no stage) at the other node's snapshot."""
+    """One task (a table's group of leaf intervals), in its own joiner session writing the staging
+    table (committed when the task ends), or for verify (no stage) at the other node's snapshot;
+    the donor's side is read at the exported snapshot by psql streams."""
     t = Table.from_dict(task["table"])
     counter = Counter()
-    donor = open_session(task["donor_dsn"], task["snapshot"])
-    try:
-        joiner = open_session(task["joiner_dsn"], task.get("joiner_snapshot"),
-                              options=OFF if task.get("stage") else None)
-        try:
-            out = diff_rows(donor, joiner, t, Cut.from_dict(task["cut"]), task, counter, task.get("stage"),
-                            task["donor_dsn"], task["snapshot"])
-            joiner.execute("COMMIT")
-        finally:
-            close_session(joiner)
+    joiner = open_session(task["joiner_dsn"], task.get("joiner_snapshot"), options=OFF if task.get("stage") else None)
+    try:  # (the donor is read by psql streams at the snapshot: diff_rows)
+        out = diff_rows(joiner, t, Cut.from_dict(task["cut"]), task, counter, task.get("stage"),
+                        task["donor_dsn"], task["snapshot"])
+        joiner.execute("COMMIT")
     finally:
-        close_session(donor)
+        close_session(joiner)
     out.update(table=t.label, node=task.get("node"), bytes_donor=counter.donor, bytes_joiner=counter.joiner,
                spans=len(task["spans"]) + len(task.get("leaves", [])))
     return out
