@@ -187,6 +187,9 @@ class CatchUpRunner:
                 prog.state = "waiting for an online member to answer"
                 return True  # no progress: the caller waits a moment and asks again
         partners = rc.choose_partners(offers, prog.position, self.partners)
+        if self.keys is not None and not partners and any(o.after_min <= prog.position for o in offers):
+            prog.state = "waiting for a partner to commit past GID %d" % prog.position
+            return True  # their logs hold the range; they have not committed it yet
         if self.keys is None or not partners:
             held = ", ".join(f"{o.partner} after GID {o.after_min}" for o in offers) or "no member answered"
             why = ("this node has no recovery keys configured" if self.keys is None else
@@ -198,10 +201,12 @@ class CatchUpRunner:
         for o in partners:
             prog.partner, prog.state = o.partner, "streaming"
             try:
+                start = prog.position
                 stop = await rc.fetch(o.address, self.keys, r.cluster_uuid, self.node, prog.position, upto, take,
                                       self.spool)
                 prog.position = max(prog.position, stop)
-                break
+                if prog.position > start:
+                    break  # else the next partner may get further
             except rc.RecoveryError as e:
                 log.warning("catch-up from %s (%s) failed at GID %d: %s", o.partner, o.address, prog.position, e)
         return True

@@ -246,10 +246,11 @@ async def fetch(address: str, keys: ClusterKeys, cluster: str, node: str, after:
 
 
 def choose_partners(offers: Sequence[bp.LogInfo], after: int, preferred: Sequence[str]) -> list[bp.LogInfo]:
-    """The members whose logs hold the range after ``after``, best first: the configured
-    preference order, then the least loaded (fewest writesets waiting to commit), then the one
-    that has committed most."""
-    usable = [o for o in offers if o.after_min <= after and o.address]
+    """The members whose logs hold the range after ``after`` and that have committed past it
+    (a partner streams only what it has committed: one still behind ``after`` would hand over
+    nothing, round after round), best first: the configured preference order, then the least
+    loaded (fewest writesets waiting to commit), then the one that has committed most."""
+    usable = [o for o in offers if o.after_min <= after < o.committed and o.address]
     rank = {name: i for i, name in enumerate(preferred)}
     return sorted(usable, key=lambda o: (rank.get(o.partner, len(rank)), o.load, -o.committed, o.partner))
 

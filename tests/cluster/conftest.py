@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import psycopg
@@ -64,7 +65,24 @@ class LabCluster:
             except (OSError, ValueError, KeyError):
                 pass
             time.sleep(0.2)
-        raise AssertionError(f"{name} not {states} within {timeout}s: {st}")
+        raise AssertionError(f"{name} not {states} within {timeout}s: {st}\n{self.brief()}")
+
+    BRIEF = ("state", "reason", "members", "delivered_gid", "certified_gid", "committed_gid", "pending",
+             "pending_head", "workers_busy", "apply_queue", "flow_control", "recovery")
+
+    def brief(self) -> str:
+        """Every host's status in short, and its coordinator log's last lines (for a failure)."""
+        out = []
+        for n in self.info:
+            try:
+                st = self.status(n["name"])
+                out.append(f"{n['name']}: " + ", ".join(f"{k}={st.get(k)!r}" for k in self.BRIEF))
+            except (OSError, ValueError, KeyError) as e:
+                out.append(f"{n['name']}: no status ({e})")
+            log = Path(n["config"]).parent / "coordinator.log"
+            if log.exists():
+                out += ["    " + line for line in log.read_text(errors="replace").splitlines()[-15:]]
+        return "\n".join(out)
 
     def wait_all_online(self, timeout: float = 90) -> None:
         for n in self.names:

@@ -55,6 +55,11 @@ def test_partner_choice_prefers_configured_then_least_loaded() -> None:
     assert [o.partner for o in rc.choose_partners(offers, 10, ["n1"])] == ["n1", "n2", "n4"]
     assert [o.partner for o in rc.choose_partners(offers, 60, [])][0] == "n3"  # least loaded that holds it
     assert rc.choose_partners(offers, -1, []) == []
+    # a partner that has not committed past the position would stream nothing, round after
+    # round (seen in a nemesis run: the least loaded member was stuck behind the joiner)
+    assert [o.partner for o in rc.choose_partners(offers, 95, [])] == ["n3", "n2", "n1"]
+    assert [o.partner for o in rc.choose_partners(offers, 95, ["n4"])] == ["n3", "n2", "n1"]
+    assert rc.choose_partners(offers, 100, []) == []
 
 
 class _Partner:
