@@ -117,6 +117,9 @@ class CommitPipeline:
         self.replay_session = ApplySession(dsn, f"{name}-replay", concurrent, spool)
         self.idle = list(self.workers)
         self.replay_busy = False
+        # counts restarts of PostgreSQL: an apply begun before one must not touch what the restart
+        # rebuilt (the scheduler, the idle sessions) when it ends, failed, after it
+        self.epoch = 0
         self.waiters: dict[int, Waiter] = {}  # GID -> the session committing it
         self.last_apply_ms = 0.0
         self._dispatch_scheduled = False
@@ -238,6 +241,7 @@ class CommitPipeline:
             self.scheduler.committed_upto(durable)
         replays = self.scheduler.replay_all_from(durable)
         log.info("PostgreSQL is back at GID %d; re-applying %d certified writesets", durable, len(replays))
+        self.epoch += 1
         await self.close()
         self.idle = list(self.workers)
         self.replay_busy = False
@@ -295,6 +299,7 @@ class CommitPipeline:
         """Apply certified writesets ``run`` (one, or consecutive remote ones applied as one
         transaction) in ``session`` (one of the pool's unless ``pooled`` is false)."""
         gid = run[-1]
+        epoch = self.epoch
         try:
             ps = [self.pending.get(g) for g in run]
             if any(p is None for p in ps):
@@ -327,7 +332,26 @@ class CommitPipeline:
                 if done_p is None or not done_p.skip:
                     self.hooks.committed_here(g)
             self.book.advance(gid)
-        except PartlyCommitted as e:
+        except Exception as e:
+            if epoch == self.epoch:
+                self._apply_failed(run, e)
+                if isinstance(e, TransientApplyError):
+                    await asyncio.sleep(0.01)  # (a moment before the retry)
+            else:  # PostgreSQL restarted meanwhile: the restart scheduled this run again
+                log.info("GID %d: %s (PostgreSQL restarted meanwhile; applied again after it)", gid, e)
+        finally:
+            if epoch == self.epoch:
+                if replay:
+                    self.replay_busy = False
+                elif pooled:
+                    self.idle.append(session)
+            self.dispatch()
+
+    def _apply_failed(self, run: list[int], e: Exception) -> None:
+        """What a failed apply of ``run`` leads to: the run again, whole or in parts, or the
+        failure hooks."""
+        gid = run[-1]
+        if isinstance(e, PartlyCommitted):
             # local backends of the previous coordinator committed the run's first GIDs meanwhile:
             # the rest of the run goes again, after them
             p = self.pending.get(gid)
@@ -339,31 +363,24 @@ class CommitPipeline:
                 p.prev = p.wait_for = e.committed
                 log.info("GID %d: %s; applying the rest", gid, e)
                 self.scheduler.redispatch(gid)
-        except TransientApplyError as e:
+        elif isinstance(e, TransientApplyError):
             self.counters.apply_retries += 1
             log.info("retrying GID %s: %s", gid if len(run) == 1 else f"{run[0]}..{gid}", e)
             for g in run:
                 self.scheduler.redispatch(g)
             if isinstance(e, ApplyConnectionLost):
                 self._spawn(self.hooks.connection_lost(str(e)))
-            await asyncio.sleep(0.01)
-        except ApplyError as e:
+        elif isinstance(e, ApplyError):
             if len(run) > 1:  # which one fails: each is tried alone
                 log.info("GIDs %d..%d failed as a run: applying them one by one (%s)", run[0], gid, e)
                 for g in run:
                     self.scheduler.redispatch(g)
             else:
                 self._spawn(self.hooks.apply_failed(gid, str(e)))
-        except Exception as e:  # a bug: the writeset would never commit here; stop rather than stall
+        else:  # a bug: the writeset would never commit here; stop rather than stall
             msg = f"applying GID {gid} failed unexpectedly: {e!r}"
-            log.exception("%s; stopping", msg)
+            log.error("%s; stopping", msg, exc_info=e)
             self.hooks.fatal(msg)
-        finally:
-            if replay:
-                self.replay_busy = False
-            elif pooled:
-                self.idle.append(session)
-            self.dispatch()
 
     def describe(self, gid: int) -> dict[str, Any]:
         p = self.pending[gid]

@@ -114,6 +114,50 @@ def test_kill_nine_under_bank_load_loses_nothing(cluster: Cluster) -> None:
             assert c.execute("SELECT sum(balance), count(*) FROM bank_accounts").fetchone() == (accounts * balance, accounts)
 
 
+def test_postgres_killed_again_and_again_under_load_then_a_peer_catches_up_from_it(cluster: Cluster) -> None:
+    """One node's PostgreSQL SIGKILLed five times under load, at random moments (applies in
+    flight when it dies, some just after it came back); then another node is stopped and
+    started, so that it catches up from the logs of the others, that node included (a nemesis
+    run once left a node stuck behind the others after its PostgreSQL came back, and a peer
+    catching up from it waited forever). Every node must end online and identical."""
+    with cluster.connect(0) as c:
+        c.execute(wl.BANK_SCHEMA)
+    cluster.quiesce()
+    accounts, balance = 40, 1000
+    wl.bank_setup(cluster.dsn(0), accounts, balance)
+    cluster.quiesce()
+    stop = threading.Event()
+    errors: list[str] = []
+    threads = [threading.Thread(target=_transfer_loop, args=(cluster.dsn(i % 3), accounts, stop, i, errors))
+               for i in range(6)]
+    for t in threads:
+        t.start()
+    rnd = random.Random(7)
+    victim, peer = cluster.nodes[1].name, cluster.nodes[0].name
+    try:
+        for _ in range(5):
+            time.sleep(rnd.uniform(0.2, 1.5))
+            assert chorus("local", "kill", "--dir", cluster.dir, victim, "--what", "postgres").returncode == 0
+            time.sleep(rnd.uniform(0.1, 1.0))
+            r = chorus("local", "start", "--dir", cluster.dir, victim)
+            assert r.returncode == 0, r.stderr
+        assert chorus("local", "stop", "--dir", cluster.dir, peer).returncode == 0
+        time.sleep(1)
+        assert chorus("local", "start", "--dir", cluster.dir, peer).returncode == 0
+        cluster.wait_online(0)
+        cluster.wait_online(1)
+        time.sleep(1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors[:5]
+    cluster.assert_identical()
+    for i in range(3):
+        with cluster.connect(i) as c:
+            assert c.execute("SELECT sum(balance), count(*) FROM bank_accounts").fetchone() == (accounts * balance, accounts)
+
+
 @pytest.fixture
 def small_log_cluster() -> Iterator[Cluster]:
     """A second cluster whose writeset logs hold only 2 MiB each, so they wrap quickly."""

@@ -236,3 +236,41 @@ def test_a_catch_up_run_partly_committed_here_applies_the_rest(tmp_path: Path) -
     calls, w = asyncio.run(scenario())
     assert [(g, wf, len(wss)) for g, wf, wss in calls] == [(14, 10, 4), (14, 12, 2)]
     assert calls[1][2] == [w[2], w[3]]
+
+
+def test_an_apply_that_fails_after_postgres_restarted_leaves_the_restarted_pipeline_alone(tmp_path: Path) -> None:
+    """An apply in flight when PostgreSQL restarts ends (failed) after the restart rebuilt the
+    idle sessions and the scheduler: it must not hand its session back a second time (two applies
+    would share one connection), re-dispatch its GID, or report the lost connection again."""
+    from chorus.applier import ApplyConnectionLost
+    table = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
+    ws = wire.scan(wire.encode(wire.Writeset(1, 1, 0, (table,), (wire.Row("I", 0, (), (b"1",)),),
+                                             (wire.Key(wire.KeyMode.UPDATE, (b"public", b"t", b"id", b"1")),))))
+
+    async def scenario() -> None:
+        log = WritesetLog(str(tmp_path / "log"), segment_bytes=1 << 16, total_bytes=4 << 16)
+        log.open()
+        gone = asyncio.Event()
+
+        async def apply_run(*args: object, **kw: object) -> bool:
+            await gone.wait()
+            raise ApplyConnectionLost("server closed the connection unexpectedly")
+        hooks = Hooks(committed_here=lambda g: None, apply_failed=_never, connection_lost=_never,
+                      fatal=lambda why: None, backlog_changed=lambda: None)
+        db_ok = asyncio.Event()
+        p = CommitPipeline("n1", "dbname=none", 2, 8, ConcurrentSchemaChanges("dbname=none", "n1"), LogFeeder(log),
+                           db_ok, Counters(), lambda m: None, asyncio.create_task, hooks)
+        p.admit(Pending(1, 0, "n2", ws), local=False)
+        session = p.idle.pop()
+        session.apply_run = apply_run  # type: ignore[method-assign]
+        in_flight = asyncio.create_task(p._apply(session, [1], replay=False))
+        await asyncio.sleep(0)
+        await p.restart(1, 0)  # PostgreSQL came back: every session idle, GID 1 to apply again
+        assert sorted(map(id, p.idle)) == sorted(map(id, p.workers))
+        gone.set()
+        await in_flight
+        assert sorted(map(id, p.idle)) == sorted(map(id, p.workers)), "a session handed back twice"
+        assert p.counters.apply_retries == 0
+        log.close()
+
+    asyncio.run(scenario())
