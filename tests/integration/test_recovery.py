@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -79,20 +80,40 @@ def _transfer_loop(dsn: str, accounts: int, stop: threading.Event, seed: int, er
         conn.close()
 
 
-def test_kill_nine_under_bank_load_loses_nothing(cluster: Cluster) -> None:
+ACCOUNTS, BALANCE = 40, 1000
+
+
+@contextlib.contextmanager
+def _bank_under_load(cluster: Cluster) -> Iterator[None]:
+    """Bank transfers from six clients on every node while the body runs; then every node must be
+    identical with the total intact."""
     with cluster.connect(0) as c:
         c.execute(wl.BANK_SCHEMA)
     cluster.quiesce()
-    accounts, balance = 40, 1000
-    wl.bank_setup(cluster.dsn(0), accounts, balance)
+    wl.bank_setup(cluster.dsn(0), ACCOUNTS, BALANCE)
     cluster.quiesce()
     stop = threading.Event()
     errors: list[str] = []
-    threads = [threading.Thread(target=_transfer_loop, args=(cluster.dsn(i % 3), accounts, stop, i, errors))
+    threads = [threading.Thread(target=_transfer_loop, args=(cluster.dsn(i % 3), ACCOUNTS, stop, i, errors))
                for i in range(6)]
     for t in threads:
         t.start()
     try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors[:5]
+    cluster.assert_identical()
+    for i in range(3):
+        with cluster.connect(i) as c:
+            assert c.execute("SELECT sum(balance), count(*) FROM bank_accounts").fetchone() == (ACCOUNTS * BALANCE,
+                                                                                               ACCOUNTS)
+
+
+def test_kill_nine_under_bank_load_loses_nothing(cluster: Cluster) -> None:
+    with _bank_under_load(cluster):
         for rnd, (node, what) in enumerate([(2, "coordinator"), (1, "postgres"), (2, "all"), (1, "coordinator")]):
             time.sleep(2)
             name = cluster.nodes[node].name
@@ -103,15 +124,6 @@ def test_kill_nine_under_bank_load_loses_nothing(cluster: Cluster) -> None:
             assert r.returncode == 0, f"round {rnd}: restarting {name} after killing its {what}: {r.stderr}"
             cluster.wait_online(node)
         time.sleep(2)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=60)
-    assert not errors, errors[:5]
-    cluster.assert_identical()
-    for i in range(3):
-        with cluster.connect(i) as c:
-            assert c.execute("SELECT sum(balance), count(*) FROM bank_accounts").fetchone() == (accounts * balance, accounts)
 
 
 def test_postgres_killed_again_and_again_under_load_then_a_peer_catches_up_from_it(cluster: Cluster) -> None:
@@ -120,21 +132,9 @@ def test_postgres_killed_again_and_again_under_load_then_a_peer_catches_up_from_
     started, so that it catches up from the logs of the others, that node included (a nemesis
     run once left a node stuck behind the others after its PostgreSQL came back, and a peer
     catching up from it waited forever). Every node must end online and identical."""
-    with cluster.connect(0) as c:
-        c.execute(wl.BANK_SCHEMA)
-    cluster.quiesce()
-    accounts, balance = 40, 1000
-    wl.bank_setup(cluster.dsn(0), accounts, balance)
-    cluster.quiesce()
-    stop = threading.Event()
-    errors: list[str] = []
-    threads = [threading.Thread(target=_transfer_loop, args=(cluster.dsn(i % 3), accounts, stop, i, errors))
-               for i in range(6)]
-    for t in threads:
-        t.start()
     rnd = random.Random(7)
     victim, peer = cluster.nodes[1].name, cluster.nodes[0].name
-    try:
+    with _bank_under_load(cluster):
         for _ in range(5):
             time.sleep(rnd.uniform(0.2, 1.5))
             assert chorus("local", "kill", "--dir", cluster.dir, victim, "--what", "postgres").returncode == 0
@@ -147,15 +147,6 @@ def test_postgres_killed_again_and_again_under_load_then_a_peer_catches_up_from_
         cluster.wait_online(0)
         cluster.wait_online(1)
         time.sleep(1)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=60)
-    assert not errors, errors[:5]
-    cluster.assert_identical()
-    for i in range(3):
-        with cluster.connect(i) as c:
-            assert c.execute("SELECT sum(balance), count(*) FROM bank_accounts").fetchone() == (accounts * balance, accounts)
 
 
 @pytest.fixture
