@@ -188,7 +188,7 @@ class CatchUpRunner:
                 return True  # no progress: the caller waits a moment and asks again
         partners = rc.choose_partners(offers, prog.position, self.partners)
         if self.keys is not None and not partners and any(o.after_min <= prog.position for o in offers):
-            prog.state = "waiting for a partner to commit past GID %d" % prog.position
+            prog.state = f"waiting for a partner to commit past GID {prog.position}"
             return True  # their logs hold the range; they have not committed it yet
         if self.keys is None or not partners:
             held = ", ".join(f"{o.partner} after GID {o.after_min}" for o in offers) or "no member answered"
