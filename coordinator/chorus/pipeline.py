@@ -120,6 +120,7 @@ class CommitPipeline:
         # counts restarts of PostgreSQL: an apply begun before one must not touch what the restart
         # rebuilt (the scheduler, the idle sessions) when it ends, failed, after it
         self.epoch = 0
+        self._restarting = False
         self.waiters: dict[int, Waiter] = {}  # GID -> the session committing it
         self.last_apply_ms = 0.0
         self._dispatch_scheduled = False
@@ -224,27 +225,33 @@ class CommitPipeline:
 
     async def restart(self, lanes: int, durable: int) -> None:
         """PostgreSQL came back at GID ``durable`` with ``lanes`` commit lanes: apply again what it
-        lost (committed, not flushed), before everything else, then the rest."""
-        self.book.start(lanes, durable)
-        lost = self.book.restart(durable)  # pending again, the lanes starting at the durable GID
-        if lost:
-            log.info("PostgreSQL lost GIDs %d..%d it had committed but not flushed: applying them again",
-                     lost[0].gid, lost[-1].gid)
-            again = {p.gid for p in lost}
-            self.scheduler = Scheduler()
-            for p in [*lost, *(p for g, p in self.pending.items() if g not in again)]:
-                if p.gid in again:
-                    p.backend = None
-                self.scheduler.add(p.gid, order_keys(p.writeset), local=p.origin == self.name,
-                                   barrier=p.writeset.has_schema)
-        else:
-            self.scheduler.committed_upto(durable)
-        replays = self.scheduler.replay_all_from(durable)
-        log.info("PostgreSQL is back at GID %d; re-applying %d certified writesets", durable, len(replays))
+        lost (committed, not flushed), before everything else, then the rest. Nothing is
+        dispatched until it is done (the sessions are closed meanwhile), and applies begun before
+        it leave what it rebuilds alone (``epoch``)."""
         self.epoch += 1
-        await self.close()
-        self.idle = list(self.workers)
-        self.replay_busy = False
+        self._restarting = True
+        try:
+            self.book.start(lanes, durable)
+            lost = self.book.restart(durable)  # pending again, the lanes starting at the durable GID
+            if lost:
+                log.info("PostgreSQL lost GIDs %d..%d it had committed but not flushed: applying them again",
+                         lost[0].gid, lost[-1].gid)
+                again = {p.gid for p in lost}
+                self.scheduler = Scheduler()
+                for p in [*lost, *(p for g, p in self.pending.items() if g not in again)]:
+                    if p.gid in again:
+                        p.backend = None
+                    self.scheduler.add(p.gid, order_keys(p.writeset), local=p.origin == self.name,
+                                       barrier=p.writeset.has_schema)
+            else:
+                self.scheduler.committed_upto(durable)
+            replays = self.scheduler.replay_all_from(durable)
+            log.info("PostgreSQL is back at GID %d; re-applying %d certified writesets", durable, len(replays))
+            await self.close()
+            self.idle = list(self.workers)
+            self.replay_busy = False
+        finally:
+            self._restarting = False
 
     # ---- apply ------------------------------------------------------------------------------
 
@@ -261,7 +268,7 @@ class CommitPipeline:
         """Hand what is ready to idle sessions."""
         self._dispatch_scheduled = False
         self.hooks.backlog_changed()
-        if not self.db_ok.is_set():
+        if not self.db_ok.is_set() or self._restarting:
             return
         if not self.replay_busy:
             gid = self.scheduler.next_replay()

@@ -258,15 +258,29 @@ def test_an_apply_that_fails_after_postgres_restarted_leaves_the_restarted_pipel
         hooks = Hooks(committed_here=lambda g: None, apply_failed=_never, connection_lost=_never,
                       fatal=lambda why: None, backlog_changed=lambda: None)
         db_ok = asyncio.Event()
+        db_ok.set()
+        spawned: list[object] = []
+
+        def spawn(coro: Any) -> "asyncio.Task[Any]":
+            spawned.append(coro)
+            return asyncio.create_task(coro)
         p = CommitPipeline("n1", "dbname=none", 2, 8, ConcurrentSchemaChanges("dbname=none", "n1"), LogFeeder(log),
-                           db_ok, Counters(), lambda m: None, asyncio.create_task, hooks)
+                           db_ok, Counters(), lambda m: None, spawn, hooks)
         p.admit(Pending(1, 0, "n2", ws), local=False)
         session = p.idle.pop()
         session.apply_run = apply_run  # type: ignore[method-assign]
         in_flight = asyncio.create_task(p._apply(session, [1], replay=False))
         await asyncio.sleep(0)
+        close = p.close
+
+        async def close_and_dispatch() -> None:  # writesets keep arriving while the sessions close
+            p.dispatch()
+            await close()
+        p.close = close_and_dispatch  # type: ignore[method-assign]
         await p.restart(1, 0)  # PostgreSQL came back: every session idle, GID 1 to apply again
+        assert spawned == [], "dispatched while the sessions were being closed"
         assert sorted(map(id, p.idle)) == sorted(map(id, p.workers))
+        db_ok.clear()  # no new applies from here on: only the one in flight is watched
         gone.set()
         await in_flight
         assert sorted(map(id, p.idle)) == sorted(map(id, p.workers)), "a session handed back twice"
