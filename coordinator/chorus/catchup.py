@@ -177,9 +177,11 @@ class CatchUpRunner:
         """One round of catch-up: ask who holds the range, stream from the best partner up to
         its safe stop. False (and the node marked as needing total recovery) if nobody can."""
         r = self.r
+        if self.keys is None:
+            return await self._impossible("this node has no recovery keys configured")
         prog.state = "choosing a partner"
         offers = await self._ask_logs()
-        if offers or self.keys is None:
+        if offers:
             self._unanswered_since = None
         else:
             self._unanswered_since = self._unanswered_since or time.monotonic()
@@ -187,17 +189,12 @@ class CatchUpRunner:
                 prog.state = "waiting for an online member to answer"
                 return True  # no progress: the caller waits a moment and asks again
         partners = rc.choose_partners(offers, prog.position, self.partners)
-        if self.keys is not None and not partners and any(o.after_min <= prog.position for o in offers):
-            prog.state = f"waiting for a partner to commit past GID {prog.position}"
-            return True  # their logs hold the range; they have not committed it yet
-        if self.keys is None or not partners:
+        if not partners:
+            if any(o.after_min <= prog.position for o in offers):
+                prog.state = f"waiting for a partner to commit past GID {prog.position}"
+                return True  # their logs hold the range; they have not committed it yet
             held = ", ".join(f"{o.partner} after GID {o.after_min}" for o in offers) or "no member answered"
-            why = ("this node has no recovery keys configured" if self.keys is None else
-                   f"no member's writeset log holds the GIDs after {prog.position} ({held})")
-            await self._act(r.recovery_failed(
-                f"partial recovery impossible: {why}; total recovery is needed "
-                f"(chorus node join --total)"))
-            return False
+            return await self._impossible(f"no member's writeset log holds the GIDs after {prog.position} ({held})")
         for o in partners:
             prog.partner, prog.state = o.partner, "streaming"
             try:
@@ -210,6 +207,12 @@ class CatchUpRunner:
             except rc.RecoveryError as e:
                 log.warning("catch-up from %s (%s) failed at GID %d: %s", o.partner, o.address, prog.position, e)
         return True
+
+    async def _impossible(self, why: str) -> bool:
+        """Partial recovery cannot bring this node back: it needs total recovery. False."""
+        await self._act(self.r.recovery_failed(
+            f"partial recovery impossible: {why}; total recovery is needed (chorus node join --total)"))
+        return False
 
     def status(self) -> Optional[dict[str, Any]]:
         return self.progress.as_dict() if self.progress is not None else None

@@ -231,27 +231,32 @@ class CommitPipeline:
         self.epoch += 1
         self._restarting = True
         try:
-            self.book.start(lanes, durable)
-            lost = self.book.restart(durable)  # pending again, the lanes starting at the durable GID
-            if lost:
-                log.info("PostgreSQL lost GIDs %d..%d it had committed but not flushed: applying them again",
-                         lost[0].gid, lost[-1].gid)
-                again = {p.gid for p in lost}
-                self.scheduler = Scheduler()
-                for p in [*lost, *(p for g, p in self.pending.items() if g not in again)]:
-                    if p.gid in again:
-                        p.backend = None
-                    self.scheduler.add(p.gid, order_keys(p.writeset), local=p.origin == self.name,
-                                       barrier=p.writeset.has_schema)
-            else:
-                self.scheduler.committed_upto(durable)
-            replays = self.scheduler.replay_all_from(durable)
-            log.info("PostgreSQL is back at GID %d; re-applying %d certified writesets", durable, len(replays))
+            self._reschedule(lanes, durable)
             await self.close()
             self.idle = list(self.workers)
             self.replay_busy = False
         finally:
             self._restarting = False
+
+    def _reschedule(self, lanes: int, durable: int) -> None:
+        """The commit book and the scheduler as PostgreSQL came back: GIDs it lost pending again
+        and first, everything after ``durable`` to be replayed."""
+        self.book.start(lanes, durable)
+        lost = self.book.restart(durable)  # pending again, the lanes starting at the durable GID
+        if lost:
+            log.info("PostgreSQL lost GIDs %d..%d it had committed but not flushed: applying them again",
+                     lost[0].gid, lost[-1].gid)
+            again = {p.gid for p in lost}
+            self.scheduler = Scheduler()
+            for p in [*lost, *(p for g, p in self.pending.items() if g not in again)]:
+                if p.gid in again:
+                    p.backend = None
+                self.scheduler.add(p.gid, order_keys(p.writeset), local=p.origin == self.name,
+                                   barrier=p.writeset.has_schema)
+        else:
+            self.scheduler.committed_upto(durable)
+        replays = self.scheduler.replay_all_from(durable)
+        log.info("PostgreSQL is back at GID %d; re-applying %d certified writesets", durable, len(replays))
 
     # ---- apply ------------------------------------------------------------------------------
 
