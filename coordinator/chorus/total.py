@@ -42,7 +42,6 @@ from chorus_spark import merkle
 
 __all__ = ["Endpoint", "TotalRecoveryError", "total_recover", "verify"]
 
-PGBIN = Path("/usr/lib/postgresql/15/bin")
 STAGE_SCHEMA = "chorus_recovery"
 OFF = "-c chorus.capture=off -c chorus.replicate_ddl=off"
 
@@ -54,13 +53,13 @@ class TotalRecoveryError(Exception):
 
 
 def _one_line_errors(f: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
-    """A donor or joiner that fails mid-way (its server gone, a COPY stream cut) ends the command
-    with a TotalRecoveryError that names it, not a traceback."""
+    """A donor or joiner that fails mid-way (its server gone, a COPY stream cut, its schema not
+    restorable) ends the command with a TotalRecoveryError that names it, not a traceback."""
     @functools.wraps(f)
     def run(*args: Any, **kw: Any) -> dict[str, Any]:
         try:
             return f(*args, **kw)
-        except merkle.DiffError as e:
+        except (merkle.DiffError, totalschema.SchemaSyncError) as e:
             raise TotalRecoveryError(str(e)) from e
         except psycopg.Error as e:
             raise TotalRecoveryError(f"a database failed mid-way: {str(e).strip()}") from e
@@ -250,16 +249,6 @@ def _same_shape(a: dict[str, Any], b: dict[str, Any]) -> bool:
             [(c["name"], c["type"], c["generated"]) for c in b["columns"]] and a["key"] == b["key"])
 
 
-def sync_schema(donor: Endpoint, snap: Snapshot, joiner: Endpoint, conn: psycopg.Connection[Any],
-                dtables: dict[str, dict[str, Any]], dkeyless: dict[str, dict[str, Any]]) -> list[str]:
-    """Give the joiner the donor's schema, roles and extensions (chorus.totalschema). Returns what
-    it did."""
-    try:
-        return totalschema.sync_schema(donor, snap.name, joiner, conn)
-    except totalschema.SchemaSyncError as e:
-        raise TotalRecoveryError(str(e)) from e
-
-
 def make_stages(conn: psycopg.Connection[Any], tables: list[dict[str, Any]]) -> dict[str, str]:
     conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(STAGE_SCHEMA)))
     conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(STAGE_SCHEMA)))
@@ -412,7 +401,7 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
         with psycopg.connect(joiner.dsn, options=OFF, autocommit=True) as conn:
             dtables = describe_tables(snap.conn)
             dkeyless = describe_tables(snap.conn, keyed=False)
-            for line in sync_schema(donor, snap, joiner, conn, dtables, dkeyless):
+            for line in totalschema.sync_schema(donor, snap.name, joiner, conn):
                 progress("schema", line)
             table_sizes(snap.conn, dtables)
             table_sizes(snap.conn, dkeyless)

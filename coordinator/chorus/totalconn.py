@@ -26,6 +26,8 @@ from typing import Mapping, Optional
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from chorus_spark.conninfo import SECRET, program_args  # noqa: F401 (program_args: also this module's API)
+
 
 class ConnectionSettingsError(Exception):
     """A connection string or one of its files cannot be used."""
@@ -43,9 +45,6 @@ LIBPQ_ENV = {
     "krbsrvname": "PGKRBSRVNAME", "gsslib": "PGGSSLIB", "connect_timeout": "PGCONNECT_TIMEOUT",
     "client_encoding": "PGCLIENTENCODING", "target_session_attrs": "PGTARGETSESSIONATTRS",
 }
-
-# parameters that are secret: never on a command line, never in a message
-SECRET = frozenset({"password", "sslpassword"})
 
 def parse_dsn(dsn: str) -> dict[str, str]:
     """A libpq connection string (key=value or URI) as a dict; the error names the string with
@@ -136,22 +135,6 @@ def _passfile_fields(line: str) -> list[str]:
             cur.append(ch)
     fields.append("".join(cur))
     return fields
-
-
-def program_args(params: Mapping[str, str], options: str = "") -> tuple[str, dict[str, str]]:
-    """How a PostgreSQL program (pg_dump, pg_dumpall, psql) gets these parameters: a connection
-    string for ``--dbname`` without the secrets, and environment variables with them (an
-    environment is readable only by the process's own user; a command line by everyone).
-    ``options`` is added to the server options (``-c name=value ...``)."""
-    visible = {k: v for k, v in params.items() if k not in SECRET}
-    if options:
-        visible["options"] = f"{visible['options']} {options}" if visible.get("options") else options
-    env = {}
-    if "password" in params:
-        env["PGPASSWORD"] = params["password"]
-    if "sslpassword" in params:  # libpq has no variable for it: keep it in the string then
-        visible["sslpassword"] = params["sslpassword"]
-    return make_conninfo(**visible), env
 
 
 def write_private(path: Path, data: bytes | str) -> None:

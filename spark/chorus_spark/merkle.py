@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import psycopg
 from psycopg import sql
 
+from chorus_spark.conninfo import program_args
 from chorus_spark.sqlgen import SESSION_SETTINGS, Table, ident, literal
 
 LEAF_ROWS = 32  # rows per leaf, when no sample says otherwise
@@ -129,16 +130,11 @@ CAPTURE_TRIGGER = "chorus_capture"
 
 
 def _psql_dsn(dsn: str) -> tuple[str, dict[str, str]]:
-    """psql's ``-d`` without the password, and its environment with it: a command line is
-    visible to every user of the host (ps), an environment only to the process's own."""
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    """psql's ``-d`` without the password, and its environment with it (conninfo.program_args)."""
+    from psycopg.conninfo import conninfo_to_dict
 
-    params = conninfo_to_dict(dsn)
-    env = dict(os.environ)
-    password = params.pop("password", None)
-    if password is not None:
-        env["PGPASSWORD"] = str(password)
-    return make_conninfo("", **params), env
+    dbname, secrets = program_args({k: str(v) for k, v in conninfo_to_dict(dsn).items()})
+    return dbname, {**os.environ, **secrets}
 
 
 def stream_out(dsn: str, snapshot: Optional[str], query: sql.Composable, conn: psycopg.Connection[Any],

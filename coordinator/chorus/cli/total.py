@@ -8,7 +8,6 @@ import shutil
 from typing import Any, Optional
 
 import click
-import psycopg
 
 from chorus.cli.common import ChorusCliError, json_option, print_json, print_table
 from chorus.config import NodeConfig
@@ -44,8 +43,8 @@ def _local(directory: str) -> tuple[Any, Any]:
 
 
 def _endpoint(c: Any, meta: Any, n: Any) -> Any:
-    """A local node's database: its Unix socket for libpq (as its coordinator reaches it),
-    127.0.0.1 on its port for JDBC; credentials and TLS from the libpq environment."""
+    """A local node's database, as its coordinator's configuration names it; what the DSN
+    leaves out (credentials, TLS) from the libpq environment (totalconn.Endpoint)."""
     from chorus.total import Endpoint
 
     return Endpoint.from_dsn(n.name, c.config(meta, n).dsn)
@@ -95,8 +94,6 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
         c.start(name, wait=False)
     except (LocalClusterError, TotalRecoveryError, ConnectionSettingsError) as e:
         raise ChorusCliError(str(e)) from e
-    except psycopg.OperationalError as e:  # a node's database refused or went away
-        raise ChorusCliError(f"a database connection failed: {str(e).strip()}") from e
     return result
 
 
@@ -130,8 +127,6 @@ def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster
                                spark_submit=spark_submit)
     except (TotalRecoveryError, ConnectionSettingsError) as e:
         raise ChorusCliError(str(e)) from e
-    except psycopg.OperationalError as e:  # a node's database refused or went away
-        raise ChorusCliError(f"a database connection failed: {str(e).strip()}") from e
     st = load_state(cfg.state_file, cfg.name)
     owner = os.stat(cfg.state_file) if os.path.exists(cfg.state_file) else None
     save_state(cfg.state_file, st.with_(cluster_uuid=cluster_uuid, last_gid=result["gid"], bootstrap=False, left_by_vote="",
@@ -164,8 +159,6 @@ def verify(directory: str, spark_master: str, spark_submit: Optional[str], range
         result = run_verify(nodes, _say, range_rows=range_rows, master=spark_master, spark_submit=spark_submit)
     except (LocalClusterError, TotalRecoveryError, ConnectionSettingsError) as e:
         raise ChorusCliError(str(e)) from e
-    except psycopg.OperationalError as e:  # a node's database refused or went away
-        raise ChorusCliError(f"a database connection failed: {str(e).strip()}") from e
     if as_json:
         print_json(result)
     else:
