@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Coroutine, Optional
 
 from chorus import busproto as bp
 from chorus import recovery as rc
@@ -73,13 +73,21 @@ class CatchUpRunner:
         if info.request_id in self._offers:
             self._offers[info.request_id].append(info)
 
-    async def run(self, c: CatchUp) -> None:
+    def start(self, c: CatchUp) -> Coroutine[Any, Any, None]:
+        """Begin catch-up ``c``: the live stream after c.upto is held from now on, before the
+        catch-up task first runs (the actions acted on right after the CatchUp, in the same
+        batch, are live writesets after the range: admitted before it, the range's commits would
+        wait for them). Returns the task to run."""
+        self.held = []
+        self.progress = rc.Progress(c.after, c.upto)
+        return self._run(c, self.progress)
+
+    async def _run(self, c: CatchUp, prog: rc.Progress) -> None:
         """Stream the certified writesets in (c.after, c.upto] and apply them in order (in
         parallel where independent, like live ones); meanwhile the live stream after c.upto is
         held. Then apply what was held and go online once everything up to c.upto is committed."""
         r, pipeline = self.r, self.pipeline
-        self.held = []
-        prog = self.progress = rc.Progress(c.after, c.upto)
+        assert self.held is not None
         self._unanswered_since = None
         prev = c.after  # the last certified GID handed to apply: the next one's prev
         runs: RunBatcher[LogRecord] = RunBatcher(self.batch, CATCHUP_BATCH_BYTES)
@@ -98,7 +106,7 @@ class CatchUpRunner:
         async def take(rec: LogRecord) -> None:
             nonlocal prev
             prog.position, prog.records, prog.bytes = rec.gid, prog.records + 1, prog.bytes + len(rec.payload)
-            if rec.gid <= pipeline.watermark:
+            if rec.gid <= max(pipeline.watermark, pipeline.book.admitted):  # committed, or pending already
                 prev = rec.gid
                 return
             if (not wire.is_schema_change(rec.payload) and self.batch > 1 and pipeline.book.lanes == 1

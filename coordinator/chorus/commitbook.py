@@ -30,6 +30,7 @@ class CommitBook(Generic[E]):
     def __init__(self) -> None:
         self.pending: dict[int, E] = {}
         self.watermark = 0  # every GID up to it is committed here
+        self.admitted = 0  # the newest GID admitted (or committed when the database started)
         self.lanes = 1
         self._lane_last: list[int] = [0]  # the last GID admitted per lane
         self._unflushed: deque[E] = deque()  # committed here, in GID order, not known durable yet
@@ -37,11 +38,18 @@ class CommitBook(Generic[E]):
     def start(self, lanes: int, committed: int) -> None:
         """The database runs ``lanes`` commit lanes and has committed up to ``committed``."""
         self.lanes, self._lane_last = lanes, [committed] * lanes
+        self.admitted = max(self.admitted, committed)
 
     def admit(self, e: E) -> None:
-        """A certified writeset, in GID order: pending, its commit's wait assigned."""
+        """A certified writeset, in GID order: pending, its commit's wait assigned. A GID not
+        after every one admitted before is a bug of the caller (ValueError): its commit would wait
+        for GIDs admitted after it, and the log and the apply order would not be the total order."""
+        if e.gid <= self.admitted:
+            raise ValueError(f"GID {e.gid} admitted after GID {self.admitted}: certified writesets "
+                             "must be admitted in GID order")
         self.assign_lane(e)
         self.pending[e.gid] = e
+        self.admitted = e.gid
 
     def assign_lane(self, e: E) -> None:
         if self.lanes > 1:

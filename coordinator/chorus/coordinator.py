@@ -391,7 +391,7 @@ class Coordinator:
                 self.pipeline.ddl_outcome(a, functools.partial(BackendServer.ddl_outcome, ok=a.ok, error=a.error))
             elif isinstance(a, CatchUp):
                 assert catchup is not None
-                self._spawn(catchup.run(a), name="catch-up")
+                self._spawn(catchup.start(a), name="catch-up")  # holds the live stream from here
             elif isinstance(a, LogQueried):
                 self._answer_log_query(a)
             elif isinstance(a, LogOffered):

@@ -153,15 +153,28 @@ class CommitPipeline:
         """A certified writeset (in GID order): into the writeset log, the pending set and the
         scheduler. With several commit lanes its commit waits for the previous certified GID of
         its lane (a schema change also waits for everything before it: applier.py)."""
-        self.book.admit(p)
+        if not self._admit(p):
+            return
         self.feeder.certified(p.gid, p.origin, raw(p.writeset), p.writeset.toi)
         self.scheduler.add(p.gid, order_keys(p.writeset), local=local, barrier=p.writeset.has_schema)
 
     def admit_run(self, p: Pending) -> None:
         """A run of catch-up writesets (``p.before`` and ``p.writeset``), committed as one at
         ``p.gid``; their records are logged already."""
-        self.book.admit(p)
+        if not self._admit(p):
+            return
         self.scheduler.add(p.gid, [k for ws in p.run() for k in order_keys(ws)], local=False)
+
+    def _admit(self, p: Pending) -> bool:
+        """Into the commit book; out of GID order is a bug that would stall the node (a commit
+        waiting for one admitted after it) or log out of order: stop rather than go on."""
+        try:
+            self.book.admit(p)
+            return True
+        except ValueError as e:
+            log.error("%s; stopping", e)
+            self.hooks.fatal(str(e))
+            return False
 
     def local_done(self, gid: int) -> None:
         """The backend of local GID ``gid`` (or an earlier coordinator's) committed it."""
