@@ -46,6 +46,7 @@ LIBPQ_ENV = {
     "client_encoding": "PGCLIENTENCODING", "target_session_attrs": "PGTARGETSESSIONATTRS",
 }
 
+
 def parse_dsn(dsn: str) -> dict[str, str]:
     """A libpq connection string (key=value or URI) as a dict; the error names the string with
     its password hidden."""

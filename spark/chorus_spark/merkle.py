@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from chorus_spark.conninfo import program_args
 from chorus_spark.sqlgen import SESSION_SETTINGS, Table, ident, literal
@@ -131,9 +132,7 @@ CAPTURE_TRIGGER = "chorus_capture"
 
 def _psql_dsn(dsn: str) -> tuple[str, dict[str, str]]:
     """psql's ``-d`` without the password, and its environment with it (conninfo.program_args)."""
-    from psycopg.conninfo import conninfo_to_dict
-
-    dbname, secrets = program_args({k: str(v) for k, v in conninfo_to_dict(dsn).items()})
+    dbname, secrets = program_args({k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None})
     return dbname, {**os.environ, **secrets}
 
 
