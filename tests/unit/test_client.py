@@ -274,6 +274,8 @@ def test_a_deadlock_is_retried(conn: psycopg.Connection[Any], admin: psycopg.Con
             errors.append(e)
 
     def transfer(c: psycopg.Connection[Any]) -> None:
+        if threads:  # the retry: once the other transfer, no longer blocked, has committed (if the
+            threads[0].join()  # retry took row 1 first they could deadlock again: a CI run saw 3 retries)
         c.execute("UPDATE accounts SET balance = balance - 1 WHERE id = 1")
         if stats.attempts == 1:
             t = threading.Thread(target=other_transfer)
