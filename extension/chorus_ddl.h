@@ -19,5 +19,6 @@ extern void chorus_ddl_record(ChorusCapture *cap, PlannedStmt *pstmt);
 extern void chorus_ddl_done(void);
 extern void chorus_ddl_reset(void);
 extern void chorus_ddl_confirm(ChorusCapture *cap, ChorusCommitState *cs);
+extern bool chorus_table_replicable(Oid relid);
 
 #endif							/* CHORUS_DDL_H */

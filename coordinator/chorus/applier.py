@@ -19,6 +19,7 @@ from psycopg import pq
 
 from chorus import wire
 from chorus.concurrent import ConcurrentSchemaChanges
+from chorus.nodedb import PIN_SEARCH_PATH
 from chorus.spool import SPOOL_AT, Spool
 
 log = logging.getLogger("chorus.applier")
@@ -103,6 +104,7 @@ class ApplySession:
         self.conn = await psycopg.AsyncConnection.connect(
             self.dsn, autocommit=True, prepare_threshold=0, application_name=f"chorus apply {self.name}")
         async with self.conn.cursor() as cur:
+            await cur.execute(PIN_SEARCH_PATH)
             await cur.execute("SET session_replication_role = replica")
             await cur.execute("SET chorus.capture = off")
             # An applied commit is not flushed before the next one (docs/RECOVERY.md): its origin
