@@ -45,8 +45,9 @@ static post_parse_analyze_hook_type prev_post_parse_analyze = NULL;
  *		Before each statement: a transaction the coordinator aborted fails
  *		here; flow control holds a transaction's first write statement while
  *		the cluster asks to slow down; causal reads wait for the cluster
- *		(chorus_flow.c); a row an apply writes through SPI is checked as the
- *		executor path checks it (chorus_apply_spi_start).
+ *		(chorus_flow.c); code run by a replicated schema change may not write
+ *		rows (chorus_ddl_check_write); a row an apply writes through SPI is
+ *		checked as the executor path checks it (chorus_apply_spi_start).
  */
 static void
 chorus_executor_start(QueryDesc *queryDesc, int eflags)
@@ -61,6 +62,7 @@ chorus_executor_start(QueryDesc *queryDesc, int eflags)
 		chorus_flow_wait();
 	if (chorus_causal_reads && chorus_shared != NULL && !cs->applying)
 		chorus_causal_read(queryDesc, eflags);
+	chorus_ddl_check_write(queryDesc);
 	if (cs->applying)
 		chorus_apply_spi_start(queryDesc, true, &apply_relid);
 	if (prev_executor_start)
@@ -166,16 +168,20 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 	ChorusCommitState *cs = chorus_commit_state();
 	Oid			save_uid;
 	int			save_sec;
+	bool		replay = (cs->applying || chorus_replaying) && chorus_shared != NULL;
 
 	if (!IsA(pstmt->utilityStmt, TransactionStmt))
 		chorus_check_aborted();
-	if ((cs->applying || chorus_replaying) && chorus_shared != NULL)
+	if (replay)
 	{
 		/* a replayed schema change: this node's tablespaces */
 		pstmt = chorus_ddl_replay_fixups(pstmt);
 		if (pstmt == NULL)
 			return;
+		chorus_ddl_replay_enter(pstmt->utilityStmt, context);
 	}
+	else
+		chorus_ddl_nested(pstmt->utilityStmt, context);
 	replicated = chorus_shared != NULL && chorus_ddl_utility(cap, cs, pstmt, queryString, context, params);
 	if (defining)
 		chorus_setval_defining++;
@@ -185,6 +191,16 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 		chorus_truncate_restart = restart;
 		if (chorus_replaying)
 			chorus_replay_as_role(pstmt->utilityStmt);
+		if (replay && IsA(pstmt->utilityStmt, RefreshMatViewStmt))
+		{
+			/*
+			 * REFRESH MATERIALIZED VIEW restricts itself: it runs the view's query
+			 * as the view's owner in a restricted security context, and needs an
+			 * unrestricted one around it for CONCURRENTLY's temporary tables, as on
+			 * the origin. The role stays the replay's (no SET ROLE either way).
+			 */
+			SetUserIdAndSecContext(save_uid, save_sec & ~SECURITY_RESTRICTED_OPERATION);
+		}
 		if (prev_process_utility)
 			prev_process_utility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
 		else
@@ -197,6 +213,8 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 	PG_FINALLY();
 	{
 		SetUserIdAndSecContext(save_uid, save_sec);
+		if (replay)
+			chorus_ddl_replay_leave();
 		chorus_truncate_restart = outer_restart;
 		if (defining)
 			chorus_setval_defining--;

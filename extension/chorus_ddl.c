@@ -50,6 +50,7 @@
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "parser/parse_node.h"
+#include "parser/parsetree.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
@@ -72,6 +73,9 @@
 
 /* Depth of replicated schema changes running in this backend (nested DDL is theirs). */
 static int	chorus_ddl_depth = 0;
+
+/* Depth of replayed statements running in this backend (an apply session, a replaying one). */
+static int	chorus_replay_depth = 0;
 
 /*
  * The settings a statement's meaning depends on: carried with it and set for
@@ -460,6 +464,7 @@ chorus_ddl_done(void)
 void
 chorus_ddl_reset(void)
 {
+	chorus_replay_depth = 0;
 	chorus_ddl_depth = 0;
 	chorus_ddl_run = NULL;
 }
@@ -491,6 +496,109 @@ chorus_ddl_confirm(ChorusCapture *cap, ChorusCommitState *cs)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("chorus: the schema change was not committed: %s", v.msg)));
+}
+
+/*
+ * A replicated schema change is replayed on the other nodes as the statement
+ * its origin ran: what it does there must be what it did here. Code an
+ * ordinary role wrote that runs inside it (a function a CHECK constraint
+ * calls while the constraint is validated, a USING expression, an event
+ * trigger that runs as the role) may therefore neither write rows of
+ * permanent tables (the origin's writes replicate with the statement, and
+ * the replay would write them again) nor make a schema change of its own
+ * (which would replicate only through the replay, where the code may decide
+ * otherwise). Both are refused, on the origin and in a replay alike
+ * (docs/SECURITY.md). Superusers' code is trusted; temporary objects,
+ * materialized views (REFRESH ... CONCURRENTLY writes its own) and extension
+ * scripts are each node's own doing.
+ */
+
+/* Is this backend running a replicated schema change, on its origin or replayed? */
+static bool
+chorus_ddl_inside(void)
+{
+	return (chorus_ddl_depth > 0 || chorus_replay_depth > 0) && !creating_extension && !superuser();
+}
+
+/*
+ * chorus_ddl_replay_enter, chorus_ddl_replay_leave
+ *		Around a statement an apply session or a replaying session runs (the
+ *		utility hook): statements run inside it are nested in a replay.
+ */
+void
+chorus_ddl_replay_enter(Node *stmt, ProcessUtilityContext context)
+{
+	if (chorus_replay_depth > 0)
+		chorus_ddl_nested(stmt, context);
+	chorus_replay_depth++;
+}
+
+void
+chorus_ddl_replay_leave(void)
+{
+	if (chorus_replay_depth > 0)
+		chorus_replay_depth--;
+}
+
+/*
+ * chorus_ddl_nested
+ *		A utility statement about to run: inside a replicated schema change,
+ *		an ordinary role's own schema change (one that would replicate) is
+ *		refused. The parts of one statement (PROCESS_UTILITY_SUBCOMMAND: the
+ *		index of a primary key, say) are the statement's.
+ */
+void
+chorus_ddl_nested(Node *stmt, ProcessUtilityContext context)
+{
+	ChorusDdlKeys keys;
+	const char *why = NULL;
+
+	if (context == PROCESS_UTILITY_SUBCOMMAND || !chorus_ddl_inside() || IsA(stmt, TransactionStmt) ||
+		IsA(stmt, VariableSetStmt) || IsA(stmt, VariableShowStmt))
+		return;
+	initStringInfo(&keys.buf);
+	keys.n = 0;
+	keys.any_temp = keys.any_persistent = keys.concurrent = false;
+	if (chorus_ddl_classify(stmt, &keys, &why) == CHORUS_DDL_LOCAL)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("chorus: code run by a replicated schema change may not make a schema change of its own"),
+			 errdetail("The other nodes replay the outer statement; what the code inside it does there "
+					   "may differ (docs/SECURITY.md)."),
+			 errhint("Run the inner statement on its own, or from a function owned by a superuser.")));
+}
+
+/*
+ * chorus_ddl_check_write
+ *		A statement about to run in the executor: inside a replicated schema
+ *		change, an ordinary role's code may not write rows of a permanent
+ *		table (materialized views, temporary tables and catalogs excepted).
+ */
+void
+chorus_ddl_check_write(QueryDesc *qd)
+{
+	PlannedStmt *ps = qd->plannedstmt;
+	ListCell   *lc;
+
+	if (ps == NULL || (qd->operation == CMD_SELECT && !ps->hasModifyingCTE) || !chorus_ddl_inside())
+		return;
+	foreach(lc, ps->resultRelations)
+	{
+		RangeTblEntry *rte = rt_fetch(lfirst_int(lc), ps->rtable);
+		char		kind = get_rel_relkind(rte->relid);
+
+		if (kind == RELKIND_MATVIEW || get_rel_persistence(rte->relid) != RELPERSISTENCE_PERMANENT ||
+			IsCatalogRelationOid(rte->relid))
+			continue;
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("chorus: code run by a replicated schema change may not write rows of table %s",
+						quote_identifier(get_rel_name(rte->relid))),
+				 errdetail("The rows it writes here replicate with the schema change, and every other node "
+						   "replaying the change would run the code and write them again (docs/SECURITY.md)."),
+				 errhint("Write the rows in a statement of their own, or from a function owned by a superuser.")));
+	}
 }
 
 PG_FUNCTION_INFO_V1(chorus_attach);

@@ -87,19 +87,79 @@ type_namespace(Oid typid)
 	return nsp;
 }
 
-/* Is the object d refers to temporary (a table, type or function in a temporary schema)? */
+/* The relation a row of catalog classid (its OID index: oidindex) with OID objid belongs to. */
+static Oid
+owning_relation(Oid classid, Oid oidindex, AttrNumber oidcol, AttrNumber relcol, Oid objid)
+{
+	Relation	rel = table_open(classid, AccessShareLock);
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	Oid			relid = InvalidOid;
+
+	ScanKeyInit(&key, oidcol, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(objid));
+	scan = systable_beginscan(rel, oidindex, true, NULL, 1, &key);
+	if ((tup = systable_getnext(scan)) != NULL)
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tup, relcol, RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			relid = DatumGetObjectId(d);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return relid;
+}
+
+/*
+ * Is object (classid, objid) temporary: a table, type or function in a
+ * temporary schema, or a part of a temporary table (its constraint, default,
+ * trigger or rule)?
+ */
 static bool
-refers_to_temporary(Form_pg_depend d)
+object_is_temporary(Oid classid, Oid objid)
 {
 	Oid			nsp = InvalidOid;
 
-	if (d->refclassid == RelationRelationId)
-		nsp = get_rel_namespace(d->refobjid);
-	else if (d->refclassid == TypeRelationId)
-		nsp = type_namespace(d->refobjid);
-	else if (d->refclassid == ProcedureRelationId)
-		nsp = get_func_namespace(d->refobjid);
+	if (classid == ConstraintRelationId)
+	{
+		HeapTuple	tup = SearchSysCache1(CONSTROID, ObjectIdGetDatum(objid));
+
+		if (HeapTupleIsValid(tup))
+		{
+			nsp = ((Form_pg_constraint) GETSTRUCT(tup))->connamespace;
+			ReleaseSysCache(tup);
+		}
+	}
+	else if (classid == AttrDefaultRelationId)
+		return object_is_temporary(RelationRelationId, GetAttrDefaultColumnAddress(objid).objectId);
+	else if (classid == TriggerRelationId)
+		return object_is_temporary(RelationRelationId,
+								   owning_relation(TriggerRelationId, TriggerOidIndexId, Anum_pg_trigger_oid,
+												   Anum_pg_trigger_tgrelid, objid));
+	else if (classid == RewriteRelationId)
+		return object_is_temporary(RelationRelationId,
+								   owning_relation(RewriteRelationId, RewriteOidIndexId, Anum_pg_rewrite_oid,
+												   Anum_pg_rewrite_ev_class, objid));
+	else if (classid == RelationRelationId)
+		nsp = get_rel_namespace(objid);
+	else if (classid == TypeRelationId)
+		nsp = type_namespace(objid);
+	else if (classid == ProcedureRelationId)
+		nsp = get_func_namespace(objid);
 	return OidIsValid(nsp) && isAnyTempNamespace(nsp);
+}
+
+/*
+ * Does the dependency d make a permanent object depend on a temporary one?
+ * (A temporary object's own dependencies, a temporary table's type on the
+ * table, say, are the session's.)
+ */
+static bool
+permanent_on_temporary(Form_pg_depend d)
+{
+	return object_is_temporary(d->refclassid, d->refobjid) && !object_is_temporary(d->classid, d->objid);
 }
 
 /*
@@ -240,7 +300,7 @@ check_new_dependencies(CommandId since)
 
 		if (!written_since(tup, since))
 			continue;
-		if (refers_to_temporary(d))
+		if (permanent_on_temporary(d))
 			ereport(ERROR,
 					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 					 errmsg("chorus: this schema change makes a permanent object depend on a temporary one"),
