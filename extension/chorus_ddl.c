@@ -492,6 +492,8 @@ chorus_ddl_confirm(ChorusCapture *cap, ChorusCommitState *cs)
 	chorus_serialize_writeset(cap, &head, &body, cs->xid, 0);
 	chorus_coord_ask_parts(CHORUS_FRAME_RAN, &body, &v);
 	pfree(head.data);
+	if (v.verdict == CHORUS_VERDICT_UNDONE)
+		chorus_refuse_unless_commit(&v);
 	if (v.verdict != CHORUS_VERDICT_COMMIT)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),

@@ -107,6 +107,9 @@ class CatchUpRunner:
             nonlocal prev
             prog.position, prog.records, prog.bytes = rec.gid, prog.records + 1, prog.bytes + len(rec.payload)
             if rec.gid <= max(pipeline.watermark, pipeline.book.admitted):  # committed, or pending already
+                # (a schema change this node applied and holds, reported on while it was away: the
+                # member's record says what the cluster made of it)
+                pipeline.settle_from_log(rec.gid, not rec.flags & FLAG_DDL_SKIPPED)
                 prev = rec.gid
                 return
             if (not wire.is_schema_change(rec.payload) and self.batch > 1 and pipeline.book.lanes == 1
@@ -118,7 +121,8 @@ class CatchUpRunner:
                     flush()
             else:
                 flush()
-                p = Pending(rec.gid, prev, rec.origin, _scan(rec))
+                # a schema change undone everywhere (its nodes' reports) commits its GID empty
+                p = Pending(rec.gid, prev, rec.origin, _scan(rec), skip=bool(rec.flags & FLAG_DDL_SKIPPED))
                 pipeline.admit(p, local=False)
                 if p.ddl_known is not None:  # the log records a failed schema change as skipped
                     p.ddl_ok = not rec.flags & FLAG_DDL_SKIPPED

@@ -112,6 +112,7 @@ class Coordinator:
             cfg.name, cfg.dsn, cfg.apply_workers, cfg.apply_run, self.concurrent, self.feeder, self.db.ok,
             self.counters, send, self._spawn,
             Hooks(committed_here=self.voting.committed_here, apply_failed=self.voting.apply_failed,
+                  tell_backend=lambda p, ok, failure: BackendServer.settled(p, ok, failure),
                   connection_lost=self._check_database, fatal=self._fail, backlog_changed=self._flow_check),
             self.spool)
         self.causal = CausalReads(cfg.name, send)
@@ -383,11 +384,15 @@ class Coordinator:
                 self.backends.verdict(a)
             elif isinstance(a, (Apply, DdlOutcome)) and catchup is not None and catchup.held is not None:
                 catchup.held.append(a)  # after the catch-up range
+                if a.settle:  # a schema change that waits for every node's report: this one
+                    # applies it only once caught up, and reports now (docs/SECURITY.md)
+                    self.sender.send(bp.Vote(self.cfg.name, a.gid, True, "catching up: applies it later"))
             elif isinstance(a, Apply):
-                self.pipeline.admit(Pending(a.gid, a.prev, a.origin, a.writeset), local=False)
+                self.pipeline.admit(Pending(a.gid, a.prev, a.origin, a.writeset, settle=a.settle), local=False)
                 self.pipeline.dispatch_soon()
             elif isinstance(a, DdlOutcome):
-                self.feeder.outcome(a.gid, a.ok, raw(a.content) if a.content is not None else b"")
+                if not a.settle:  # (a settled one is logged once every node has reported)
+                    self.feeder.outcome(a.gid, a.ok, raw(a.content) if a.content is not None else b"")
                 self.pipeline.ddl_outcome(a, functools.partial(BackendServer.ddl_outcome, ok=a.ok, error=a.error))
             elif isinstance(a, CatchUp):
                 assert catchup is not None
@@ -401,6 +406,8 @@ class Coordinator:
                 self.causal.reached(a)
             elif isinstance(a, VoteOpened):
                 self.voting.opened(a.gid)
+            elif isinstance(a, VoteDecided) and a.schema:
+                self.pipeline.settled(a.gid, a.ok, a.failure)
             elif isinstance(a, VoteDecided):
                 self.voting.decided(a)
             elif isinstance(a, Send):

@@ -266,6 +266,53 @@ def test_a_check_that_differs_between_nodes_decides_nothing_on_apply(cluster: Cl
     assert_safe(cluster)
 
 
+@pytest.mark.parametrize("block", [False, True], ids=["own", "in_block"])
+@pytest.mark.parametrize("where", ["victim", "every_other_node"])
+def test_user_code_in_a_replay_cannot_choose_which_node_leaves(cluster: Cluster, block: bool, where: str) -> None:
+    """Issue 33, 5: a function a schema change's replay runs fails on one chosen node (the
+    victim's port) or on every node but the origin (session_user differs there). A schema change
+    commits only where every node applied it: it is undone everywhere, its client gets the failing
+    node's error with its SQLSTATE, and every node stays."""
+    victim = conninfo_to_dict(cluster.dsn(2))["port"]
+    suffix = f"{where}_{'b' if block else 'o'}"
+    cond = (f"pg_catalog.current_setting('port') = '{victim}'" if where == "victim"
+            else "session_user <> current_user")
+    attempt(cluster, [
+        f"CREATE TABLE m.evict_{suffix} (id int PRIMARY KEY, v int)",
+        f"INSERT INTO m.evict_{suffix} SELECT g, g FROM generate_series(1, 10) g",
+        f"CREATE FUNCTION m.evict_{suffix}(int) RETURNS boolean LANGUAGE plpgsql AS "
+        f"$$ BEGIN IF {cond} THEN RAISE EXCEPTION 'chosen' USING ERRCODE = 'P0002'; END IF; RETURN true; END $$",
+    ])
+    with _as(cluster, 0) as c:
+        with pytest.raises(psycopg.Error) as err:
+            if block:
+                with c.transaction():
+                    c.execute(f"INSERT INTO m.evict_{suffix} VALUES (100, 100)")
+                    c.execute(f"ALTER TABLE m.evict_{suffix} ADD CONSTRAINT chosen CHECK (m.evict_{suffix}(v))")
+            else:
+                c.execute(f"ALTER TABLE m.evict_{suffix} ADD CONSTRAINT chosen CHECK (m.evict_{suffix}(v))")
+    assert err.value.sqlstate == "P0002", err.value
+    assert "the schema change failed on node" in str(err.value) and "chosen" in str(err.value)
+    assert_safe(cluster)
+    for i in range(len(cluster.nodes)):
+        with cluster.connect(i) as c:
+            assert c.execute("SELECT count(*) FROM pg_constraint WHERE conname = 'chosen' "
+                             f"AND conrelid = 'm.evict_{suffix}'::regclass").fetchone() == (0,)
+            assert c.execute(f"SELECT count(*) FROM m.evict_{suffix}").fetchone() == (10,)
+
+
+def test_a_replay_that_needs_what_a_restricted_context_refuses_is_undone_everywhere(cluster: Cluster) -> None:
+    """A function a replayed CHECK runs creates a temporary table: allowed on the origin, refused
+    in the restricted context of a replay (it would outlive the replay in the apply session and
+    shadow names there): undone everywhere, with that error."""
+    attempt(cluster, ["CREATE TABLE m.tmp_user (id int PRIMARY KEY)", "INSERT INTO m.tmp_user VALUES (1)",
+                      "CREATE FUNCTION m.scratch(int) RETURNS boolean LANGUAGE plpgsql AS "
+                      "$$ BEGIN CREATE TEMP TABLE IF NOT EXISTS scratch (a int); RETURN true; END $$"])
+    errors = attempt(cluster, ["ALTER TABLE m.tmp_user ADD CONSTRAINT s CHECK (m.scratch(id))"])
+    assert len(errors) == 1 and errors[0].startswith("42501") and "temporary table" in errors[0], errors
+    assert_safe(cluster)
+
+
 def test_code_inside_a_schema_change_may_not_write_or_change_the_schema(cluster: Cluster) -> None:
     """Code that a replicated schema change runs (a CHECK validated against the rows) writing
     rows or making schema changes of its own would do it again on every node replaying the
