@@ -217,6 +217,47 @@ def test_triggers_that_fire_on_apply_must_be_trusted(cluster: Cluster, mode: str
         c.execute("ALTER FUNCTION m.note() OWNER TO mallory")
 
 
+def test_an_ordinary_trigger_never_fires_on_apply(cluster: Cluster) -> None:
+    """A trigger left ENABLE ORIGIN (the default) with the tenant's own function: allowed, and it
+    fires only where the tenant writes."""
+    assert attempt(cluster, [
+        PWN,
+        "CREATE TABLE m.trg_origin (id int PRIMARY KEY)",
+        "CREATE UNLOGGED TABLE m.trg_origin_log (cur text)",
+        "CREATE FUNCTION m.note_origin() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM m.pwn(); "
+        "INSERT INTO m.trg_origin_log VALUES (current_user); RETURN NULL; END $$",
+        "CREATE TRIGGER note AFTER INSERT ON m.trg_origin FOR EACH ROW EXECUTE FUNCTION m.note_origin()",
+        "INSERT INTO m.trg_origin VALUES (1)",
+    ]) == []
+    cluster.quiesce()
+    for i in range(len(cluster.nodes)):
+        with cluster.connect(i) as c:
+            assert c.execute("SELECT count(*) FROM m.trg_origin_log").fetchone() == ((1,) if i == 0 else (0,))
+    assert_safe(cluster)
+
+
+def test_a_concurrent_index_build_is_replayed_as_its_role(cluster: Cluster) -> None:
+    """CREATE INDEX CONCURRENTLY runs on every node in a session of its own: as the role that
+    ran it on the origin, restricted (chorus.replay_role), and the index is valid everywhere."""
+    assert attempt(cluster, [
+        "CREATE TABLE m.cic (id int PRIMARY KEY, v text)",
+        "INSERT INTO m.cic SELECT g, 'v' || g FROM generate_series(1, 100) g",
+        "CREATE INDEX CONCURRENTLY cic_v ON m.cic (lower(v))",
+    ]) == []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        valid = []
+        for i in range(len(cluster.nodes)):
+            with cluster.connect(i) as c:
+                valid.append(c.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('m.cic_v')"
+                                       ).fetchone())
+        if valid == [(True,)] * len(cluster.nodes):
+            break
+        time.sleep(0.2)
+    assert valid == [(True,)] * len(cluster.nodes)
+    assert_safe(cluster)
+
+
 @pytest.mark.parametrize("what", ["index", "partial_index", "generated", "partition_key", "rule",
                                   "domain_function", "domain_volatile"])
 def test_code_that_runs_on_apply_must_be_trusted(cluster: Cluster, what: str) -> None:
