@@ -41,7 +41,9 @@ from chorus.config import NodeConfig, write_config
 from chorus.recovery import generate_keys
 from chorus.state import load_state, save_state
 
-PGBIN = Path("/usr/lib/postgresql/15/bin")
+# The PostgreSQL 15 binaries local clusters run: Debian's, or (CHORUS_PGBIN) a copy of them with
+# its own extension directory, as a second checkout's tests use beside the first's.
+PGBIN = Path(os.environ.get("CHORUS_PGBIN", "/usr/lib/postgresql/15/bin"))
 SERVICE_USER = "postgres"
 
 
