@@ -14,13 +14,13 @@ It makes certifier.py's own objects (``Verdict``, ``OK``), which certifier.py ha
 from collections import deque
 import json
 
-cdef object Verdict, OK, KeyMode, DDL_ORIGIN
+cdef object Verdict, OK, KeyMode
 
 
 def bind(certifier) -> None:
     """Take the classes and constants of the certifier module (once, at its import)."""
-    global Verdict, OK, KeyMode, DDL_ORIGIN
-    Verdict, OK, KeyMode, DDL_ORIGIN = certifier.Verdict, certifier.OK, certifier.KeyMode, certifier.DDL_ORIGIN
+    global Verdict, OK, KeyMode
+    Verdict, OK, KeyMode = certifier.Verdict, certifier.OK, certifier.KeyMode
 
 
 cdef inline bint conflict(long a, long b):
@@ -50,11 +50,13 @@ cdef class Certifier:
     cdef public unsigned long long horizon
     cdef dict _index  # hashed key -> {KeyMode: _Slot}, modes in the order they were first indexed
     cdef object _by_gid  # deque of (gid, [hashed keys])
+    cdef set _schema  # GIDs of recorded schema changes above the horizon
 
     def __init__(self, unsigned long long horizon=0):
         self.horizon = horizon
         self._index = {}
         self._by_gid = deque()
+        self._schema = set()
 
     def __len__(self):
         return len(self._index)
@@ -89,8 +91,8 @@ cdef class Certifier:
                 else:
                     other_gid, other_origin = slot.gid2, slot.origin2
                 if other_gid > last_seen:
-                    by = (f"the schema change GID {other_gid} altered it" if other_origin == DDL_ORIGIN
-                          else f"GID {other_gid} from node {other_origin} wrote it")
+                    by = (f"the schema change GID {other_gid} from node {other_origin} altered it"
+                          if other_gid in self._schema else f"GID {other_gid} from node {other_origin} wrote it")
                     return Verdict(
                         False,
                         f"certification conflict on {k.describe()}: {by} after this "
@@ -123,10 +125,13 @@ cdef class Certifier:
         if hashes:
             self._by_gid.append((gid, hashes))
 
-    def record(self, unsigned long long gid, keys):
-        """Index the keys of schema change ``gid`` without certifying it (certifier.PyCertifier.record)."""
+    def record(self, unsigned long long gid, str origin, keys):
+        """Index the keys of schema change ``gid`` from ``origin`` without certifying it
+        (certifier.PyCertifier.record)."""
         cdef list ks = list(keys)
-        self._index_keys(gid, DDL_ORIGIN, ks, [k.hashed() for k in ks])
+        self._index_keys(gid, origin, ks, [k.hashed() for k in ks])
+        if ks:
+            self._schema.add(gid)
 
     def purge(self, horizon_in):
         """Forget entries with GID <= ``horizon``; returns how many keys were dropped. (Any
@@ -137,6 +142,7 @@ cdef class Certifier:
             return 0
         horizon = horizon_in
         self.horizon = horizon
+        self._schema = {g for g in self._schema if g > horizon}
         while self._by_gid and self._by_gid[0][0] <= horizon:
             _, hashes = self._by_gid.popleft()
             for h in hashes:
@@ -154,8 +160,8 @@ cdef class Certifier:
                       for m, s in slots.items()}
             for h, slots in self._index.items()
         }
-        return json.dumps({"horizon": self.horizon, "index": index, "by_gid": entries},
-                          separators=(",", ":")).encode()
+        return json.dumps({"horizon": self.horizon, "index": index, "by_gid": entries,
+                           "schema": sorted(self._schema)}, separators=(",", ":")).encode()
 
     @classmethod
     def restore(cls, data):
@@ -172,4 +178,5 @@ cdef class Certifier:
             c._index[bytes.fromhex(h)] = d
         for gid, hashes in obj["by_gid"]:
             c._by_gid.append((int(gid), [bytes.fromhex(h) for h in hashes]))
+        c._schema = {int(g) for g in obj.get("schema", ())}
         return c

@@ -9,6 +9,10 @@ origin than that one: together they answer "the newest GID from any origin other
 O(1). Entries at or below the purge horizon are dropped; a writeset whose ``last_seen`` is below
 the horizon fails as "snapshot too old" because the index can no longer prove it safe.
 
+A schema change's keys are recorded under its origin like any writeset's: only other nodes'
+schema changes count against a transaction (on its own node PostgreSQL's locks already order
+them, issue 35). The index remembers which GIDs were schema changes, for the message.
+
 Two implementations of one interface (:class:`CertificationIndex`): :class:`PyCertifier`, the
 reference, and the compiled one in ``chorus/_ccert.pyx``. :data:`Certifier` is the one chosen at
 import: the compiled one when it is built, unless ``CHORUS_IMPL=python`` (``CHORUS_IMPL=c``
@@ -42,9 +46,6 @@ class Verdict:
 OK = Verdict(True)
 
 
-DDL_ORIGIN = ""  # the "origin" schema-change keys are recorded under
-
-
 class _Slot:
     """Newest (gid, origin) for one key and mode, and the newest from another origin."""
 
@@ -76,7 +77,7 @@ class CertificationIndex(Protocol):
 
     def certify(self, gid: int, origin: str, last_seen: int, keys: Iterable[Key]) -> Verdict: ...
 
-    def record(self, gid: int, keys: Iterable[Key]) -> None: ...
+    def record(self, gid: int, origin: str, keys: Iterable[Key]) -> None: ...
 
     def purge(self, horizon: int) -> int: ...
 
@@ -98,6 +99,7 @@ class PyCertifier:
         self.horizon = horizon
         self._index: dict[bytes, dict[KeyMode, _Slot]] = {}
         self._by_gid: deque[tuple[int, list[bytes]]] = deque()
+        self._schema: set[int] = set()  # GIDs of recorded schema changes above the horizon
 
     def __len__(self) -> int:
         return len(self._index)
@@ -118,8 +120,8 @@ class PyCertifier:
                     continue
                 other_gid, other_origin = slot.newest_not_from(origin)
                 if other_gid > last_seen:
-                    by = (f"the schema change GID {other_gid} altered it" if other_origin == DDL_ORIGIN
-                          else f"GID {other_gid} from node {other_origin} wrote it")
+                    by = (f"the schema change GID {other_gid} from node {other_origin} altered it"
+                          if other_gid in self._schema else f"GID {other_gid} from node {other_origin} wrote it")
                     return Verdict(
                         False,
                         f"certification conflict on {k.describe()}: {by} after this "
@@ -134,24 +136,28 @@ class PyCertifier:
             self._by_gid.append((gid, [h for _, h in hashed]))
         return OK
 
-    def record(self, gid: int, keys: Iterable[Key]) -> None:
-        """Index the keys of schema change ``gid`` without certifying it: a schema change runs in
-        total order and never fails certification; instead, writesets that did not see it and
-        touch what it touched fail. Its keys count as written by no node, so they conflict with
-        the origin's own transactions too. Recorded once its outcome is known (it ran), before
-        any writeset ordered after it is certified (replicator.py)."""
+    def record(self, gid: int, origin: str, keys: Iterable[Key]) -> None:
+        """Index the keys of schema change ``gid`` from node ``origin`` without certifying it: a
+        schema change runs in total order and never fails certification; instead, writesets from
+        other nodes that did not see it and touch what it touched fail. On its own node
+        PostgreSQL's locks order it with the node's other sessions, as on a single server, so its
+        keys count against other nodes' writesets only (DESIGN.md invariant 2). Recorded once its
+        outcome is known (it ran), before any writeset ordered after it is certified
+        (replicator.py)."""
         keys = list(keys)
         hashed = [k.hashed() for k in keys]
         for k, h in zip(keys, hashed):
-            self._index.setdefault(h, {}).setdefault(k.mode, _Slot()).add(gid, DDL_ORIGIN)
+            self._index.setdefault(h, {}).setdefault(k.mode, _Slot()).add(gid, origin)
         if hashed:
             self._by_gid.append((gid, hashed))
+            self._schema.add(gid)
 
     def purge(self, horizon: int) -> int:
         """Forget entries with GID <= ``horizon``; returns how many keys were dropped."""
         if horizon <= self.horizon:
             return 0
         self.horizon = horizon
+        self._schema = {g for g in self._schema if g > horizon}
         dropped = 0
         while self._by_gid and self._by_gid[0][0] <= horizon:
             _, hashes = self._by_gid.popleft()
@@ -171,8 +177,8 @@ class PyCertifier:
             h.hex(): {str(int(m)): [s.gid, s.origin, s.gid2, s.origin2] for m, s in slots.items()}
             for h, slots in self._index.items()
         }
-        return json.dumps({"horizon": self.horizon, "index": index, "by_gid": entries},
-                          separators=(",", ":")).encode()
+        return json.dumps({"horizon": self.horizon, "index": index, "by_gid": entries,
+                           "schema": sorted(self._schema)}, separators=(",", ":")).encode()
 
     @classmethod
     def restore(cls, data: bytes) -> "PyCertifier":
@@ -187,6 +193,7 @@ class PyCertifier:
             c._index[bytes.fromhex(h)] = d
         for gid, hashes in obj["by_gid"]:
             c._by_gid.append((int(gid), [bytes.fromhex(h) for h in hashes]))
+        c._schema = {int(g) for g in obj.get("schema", ())}
         return c
 
 

@@ -827,7 +827,7 @@ class Replicator:
         origin = self.ddl_open.pop(gid)
         settle = False
         if ok and content is not None:
-            self.certifier.record(gid, content.keys)
+            self.certifier.record(gid, origin, content.keys)
             settle = self._open_round(gid, origin)
         out: list[Action] = [DdlOutcome(gid, ok, error, content if ok else None, settle)]
         while self._deferred and not self.ddl_open:

@@ -103,14 +103,21 @@ def _table(name: bytes, mode: KeyMode = KeyMode.EXCLUSIVE) -> Key:
     return Key(mode, (b"public", name))
 
 
-def test_schema_change_fails_writers_that_did_not_see_it_even_from_its_origin() -> None:
+def test_schema_change_fails_other_nodes_writers_that_did_not_see_it() -> None:
+    """DESIGN.md invariant 2: only writesets from other nodes count, schema changes included
+    (issue 35: on its own node PostgreSQL's locks order a schema change with the node's other
+    sessions, so certification must not fail them against each other)."""
     c = Certifier()
     assert c.certify(1, "a", 0, [_table(b"t", KeyMode.REFERENCE)]).ok
-    c.record(2, [_table(b"t")])  # a schema change never fails itself
-    v = c.certify(3, "a", 1, [_table(b"t", KeyMode.REFERENCE)])
-    assert not v.ok and "schema change GID 2" in v.reason
-    assert c.certify(4, "b", 2, [_table(b"t", KeyMode.REFERENCE)]).ok  # saw it
-    assert c.certify(5, "b", 1, [_table(b"u", KeyMode.REFERENCE)]).ok  # other table
+    c.record(2, "a", [_table(b"t"), _table(b"schema changes")])  # a schema change never fails itself
+    v = c.certify(3, "b", 1, [_table(b"t", KeyMode.REFERENCE)])
+    assert not v.ok and "schema change GID 2 from node a altered it" in v.reason
+    assert (v.conflict_gid, v.conflict_origin) == (2, "a")
+    assert c.certify(4, "a", 1, [_table(b"t", KeyMode.REFERENCE)]).ok  # its origin's own session
+    assert c.certify(5, "a", 1, [_table(b"schema changes")]).ok  # nor a schema change of its origin
+    assert not c.certify(6, "b", 1, [_table(b"schema changes")]).ok  # another node's does
+    assert c.certify(7, "b", 2, [_table(b"t", KeyMode.REFERENCE)]).ok  # saw it
+    assert c.certify(8, "b", 1, [_table(b"u", KeyMode.REFERENCE)]).ok  # other table
 
 
 def test_schema_change_keys_travel_to_a_joining_node() -> None:
@@ -118,7 +125,7 @@ def test_schema_change_keys_travel_to_a_joining_node() -> None:
     after it until then); a joining node's copy of the index holds them too."""
     c = Certifier()
     assert c.certify(1, "a", 0, [_table(b"t", KeyMode.REFERENCE)]).ok
-    c.record(2, [_table(b"t"), _table(b"new")])
+    c.record(2, "a", [_table(b"t"), _table(b"new")])
     d = Certifier.restore(c.snapshot())
     for idx in (c, d):
         assert not idx.certify(3, "b", 1, [_table(b"t", KeyMode.REFERENCE)]).ok

@@ -27,7 +27,7 @@ keys = st.builds(Key, st.sampled_from(list(KeyMode)), st.sampled_from(PARTS))
 ops = st.lists(st.one_of(
     st.tuples(st.just("certify"), st.sampled_from(["n1", "n2", "n3"]), st.integers(0, 6),
               st.lists(keys, max_size=4)),
-    st.tuples(st.just("record"), st.lists(keys, max_size=3)),
+    st.tuples(st.just("record"), st.sampled_from(["n1", "n2", "n3"]), st.lists(keys, max_size=3)),
     st.tuples(st.just("purge"), st.integers(0, 4)),
     st.tuples(st.just("restore"), st.booleans()),
 ), max_size=60)
@@ -47,7 +47,7 @@ def _run(index: Any, other: type[Any], steps: list[tuple[Any, ...]]) -> list[Any
             out.append(index.certify(gid, origin, max(0, gid - 1 - back), ks))
         elif kind == "record":
             gid += 1
-            out.append(index.record(gid, step[1]))
+            out.append(index.record(gid, step[1], step[2]))
         elif kind == "purge":
             out.append(index.purge(max(0, gid - step[1])))
         else:
@@ -73,9 +73,10 @@ def test_conflict_reason_and_horizon() -> None:
         v = c.certify(7, "n2", 5, [Key(KeyMode.UPDATE, PARTS[2])])
         assert (v.ok, v.conflict_gid, v.conflict_origin) == (False, 6, "n1")
         assert 'certification conflict on "public"."a" (id)=(1): GID 6 from node n1 wrote it' in v.reason
-        c.record(8, [Key(KeyMode.EXCLUSIVE, PARTS[0])])
+        c.record(8, "n2", [Key(KeyMode.EXCLUSIVE, PARTS[0])])
         v = c.certify(9, "n1", 7, [Key(KeyMode.REFERENCE, PARTS[0])])
-        assert "the schema change GID 8 altered it" in v.reason
+        assert "the schema change GID 8 from node n2 altered it" in v.reason
+        assert c.certify(10, "n2", 7, [Key(KeyMode.REFERENCE, PARTS[0])]).ok  # its own node's
 
 
 def test_the_chosen_one_is_named() -> None:
