@@ -4,7 +4,8 @@
  *		and installs the hooks and transaction callbacks. The hooks are here:
  *		shared memory, the executor (abort requests, flow control, causal
  *		reads), error reports (an abort by the coordinator is reported as
- *		40001) and utility statements (schema changes, chorus_ddl.c).
+ *		40001) and utility statements (schema changes, chorus_ddl.c; the
+ *		capture triggers' guard, chorus_attach.c).
  */
 #include "postgres.h"
 
@@ -21,6 +22,7 @@
 
 #include "chorus_abort.h"
 #include "chorus_apply_exec.h"
+#include "chorus_attach.h"
 #include "chorus_capture.h"
 #include "chorus_commit.h"
 #include "chorus_ddl.h"
@@ -126,8 +128,9 @@ chorus_emit_log(ErrorData *edata)
  *		as a replay in an apply does (chorus_apply.c): it can do no more than
  *		that role, and cannot SET ROLE to the session's superuser. The session's
  *		own settings (SET, SHOW, transaction control) are left to the session.
+ *		Returns whether it changed the user.
  */
-static void
+static bool
 chorus_replay_as_role(Node *stmt)
 {
 	Oid			role;
@@ -136,7 +139,7 @@ chorus_replay_as_role(Node *stmt)
 
 	if (chorus_replay_role == NULL || chorus_replay_role[0] == '\0' ||
 		IsA(stmt, VariableSetStmt) || IsA(stmt, VariableShowStmt) || IsA(stmt, TransactionStmt))
-		return;
+		return false;
 	role = get_role_oid(chorus_replay_role, true);
 	if (!OidIsValid(role))
 		ereport(ERROR,
@@ -145,6 +148,7 @@ chorus_replay_as_role(Node *stmt)
 				 errdetail("The statement ran as this role on its origin; it runs as no one else here.")));
 	GetUserIdAndSecContext(&uid, &sec);
 	SetUserIdAndSecContext(role, sec | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+	return true;
 }
 
 /*
@@ -168,10 +172,14 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 	ChorusCommitState *cs = chorus_commit_state();
 	Oid			save_uid;
 	int			save_sec;
+	bool		swapped = false;	/* the user id or context changed for the statement */
 	bool		replay = (cs->applying || chorus_replaying) && chorus_shared != NULL;
 
 	if (!IsA(pstmt->utilityStmt, TransactionStmt))
 		chorus_check_aborted();
+	/* no statement switches a table's capture off (chorus_attach.c), replayed or not */
+	if (chorus_shared != NULL)
+		pstmt = chorus_capture_guard(pstmt);
 	if (replay)
 	{
 		/* a replayed schema change: this node's tablespaces */
@@ -190,9 +198,10 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 	{
 		chorus_truncate_restart = restart;
 		if (chorus_replaying)
-			chorus_replay_as_role(pstmt->utilityStmt);
+			swapped = chorus_replay_as_role(pstmt->utilityStmt);
 		if (replay && IsA(pstmt->utilityStmt, RefreshMatViewStmt))
 		{
+			swapped = true;
 			/*
 			 * REFRESH MATERIALIZED VIEW restricts itself: it runs the view's query
 			 * as the view's owner in a restricted security context, and needs an
@@ -205,14 +214,20 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 			prev_process_utility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
 		else
 			standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
-		SetUserIdAndSecContext(save_uid, save_sec);
+		/*
+		 * Only what this hook changed is put back: a SET ROLE or SET SESSION
+		 * AUTHORIZATION the statement itself made must stay.
+		 */
+		if (swapped)
+			SetUserIdAndSecContext(save_uid, save_sec);
 		chorus_truncate_restart = outer_restart;
 		if (replicated)
 			chorus_ddl_record(cap, pstmt);
 	}
 	PG_FINALLY();
 	{
-		SetUserIdAndSecContext(save_uid, save_sec);
+		if (swapped)
+			SetUserIdAndSecContext(save_uid, save_sec);
 		if (replay)
 			chorus_ddl_replay_leave();
 		chorus_truncate_restart = outer_restart;

@@ -25,8 +25,8 @@
  *
  *		Which statements replicate is chorus_ddl_classify.c's decision, the
  *		rows a statement ships chorus_ddl_rows.c's, and the node-local parts of
- *		a replayed one chorus_ddl_replay.c's. Here too: chorus.replicable()
- *		and chorus.attach(), which the SQL side calls for new tables.
+ *		a replayed one chorus_ddl_replay.c's. A new table's capture is
+ *		chorus_attach.c's.
  */
 #include "postgres.h"
 
@@ -59,6 +59,7 @@
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
+#include "chorus_attach.h"
 #include "chorus_capture.h"
 #include "chorus_commit.h"
 #include "chorus_coord.h"
@@ -110,7 +111,6 @@ typedef struct ChorusDdlRun
 static ChorusDdlRun *chorus_ddl_run = NULL;
 
 static void chorus_ddl_concurrent(ChorusCapture *cap, ChorusDdlRun *run);
-static void chorus_attach_relation(Oid relid);
 
 /*
  * chorus_ddl_settings_of
@@ -280,64 +280,6 @@ chorus_ddl_concurrent(ChorusCapture *cap, ChorusDdlRun *run)
 	chorus_ddl_schema_key(cap);
 	chorus_ddl_item(cap, run, run->statement);
 	cap->concurrent = true;
-}
-
-/*
- * chorus_table_replicable
- *		Whether Chorus replicates table relid by itself: a permanent plain
- *		table (partitions included; not a partitioned table itself, whose rows
- *		live in its partitions, which capture them: a trigger on the parent
- *		would be cloned onto every partition and clash with theirs on ATTACH
- *		PARTITION) outside the system schemas and chorus.exclude_schemas. Read
- *		from the catalogs, not by a query: no search_path is involved.
- */
-bool
-chorus_table_replicable(Oid relid)
-{
-	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
-	Form_pg_class c;
-	bool		ok;
-	char	   *nsp;
-
-	if (!HeapTupleIsValid(tup))
-		return false;
-	c = (Form_pg_class) GETSTRUCT(tup);
-	ok = c->relkind == RELKIND_RELATION && c->relpersistence == RELPERSISTENCE_PERMANENT &&
-		!IsCatalogNamespace(c->relnamespace) && !IsToastNamespace(c->relnamespace) &&
-		!isAnyTempNamespace(c->relnamespace);
-	nsp = ok ? get_namespace_name(c->relnamespace) : NULL;
-	ReleaseSysCache(tup);
-	if (nsp == NULL || strcmp(nsp, "information_schema") == 0 || strcmp(nsp, "chorus") == 0 ||
-		strncmp(nsp, "pg_toast", 8) == 0 || strncmp(nsp, "pg_temp", 7) == 0)
-		return false;
-	if (chorus_exclude_schemas != NULL && chorus_exclude_schemas[0] != '\0')
-	{
-		/* comma-separated, spaces left out (as the setting's documentation says) */
-		StringInfoData names;
-		char	   *p,
-				   *name;
-
-		initStringInfo(&names);
-		for (p = chorus_exclude_schemas; *p; p++)
-			if (*p != ' ')
-				appendStringInfoChar(&names, *p);
-		for (name = strtok(names.data, ","); name != NULL; name = strtok(NULL, ","))
-			if (strcmp(name, nsp) == 0)
-				return false;
-	}
-	return true;
-}
-
-PG_FUNCTION_INFO_V1(chorus_replicable);
-
-/*
- * chorus.replicable(rel regclass) returns boolean
- *		Is rel a table Chorus replicates by itself (chorus_table_replicable)?
- */
-Datum
-chorus_replicable(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(chorus_table_replicable(PG_GETARG_OID(0)));
 }
 
 /*
@@ -601,49 +543,4 @@ chorus_ddl_check_write(QueryDesc *qd)
 						   "replaying the change would run the code and write them again (docs/SECURITY.md)."),
 				 errhint("Write the rows in a statement of their own, or from a function owned by a superuser.")));
 	}
-}
-
-PG_FUNCTION_INFO_V1(chorus_attach);
-
-/* Create one of the capture triggers on relid, firing whatever session_replication_role says. */
-static void
-chorus_create_capture_trigger(Oid relid, bool truncate)
-{
-	CreateTrigStmt *stmt = makeNode(CreateTrigStmt);
-
-	stmt->trigname = truncate ? "chorus_capture_truncate" : "chorus_capture";
-	stmt->funcname = list_make2(makeString("chorus"), makeString(truncate ? "capture_truncate" : "capture"));
-	stmt->row = !truncate;
-	stmt->timing = TRIGGER_TYPE_AFTER;
-	stmt->events = truncate ? TRIGGER_TYPE_TRUNCATE
-		: (TRIGGER_TYPE_INSERT | TRIGGER_TYPE_UPDATE | TRIGGER_TYPE_DELETE);
-	(void) CreateTriggerFiringOn(stmt, "chorus.attach()", relid, InvalidOid, InvalidOid, InvalidOid,
-								 InvalidOid, InvalidOid, NULL, false, false, TRIGGER_FIRES_ALWAYS);
-	CommandCounterIncrement();
-}
-
-/*
- * chorus.attach(rel regclass)
- *		Capture the table's row changes: its two capture triggers, made here and
- *		not by CREATE TRIGGER statements, so no event trigger sees them and no
- *		search_path resolves anything. Idempotent.
- */
-Datum
-chorus_attach(PG_FUNCTION_ARGS)
-{
-	chorus_attach_relation(PG_GETARG_OID(0));
-	PG_RETURN_VOID();
-}
-
-/* Give relid its capture triggers, those it lacks (chorus.attach). */
-static void
-chorus_attach_relation(Oid relid)
-{
-	Relation	rel = table_open(relid, ShareRowExclusiveLock);
-
-	if (!OidIsValid(get_trigger_oid(relid, "chorus_capture", true)))
-		chorus_create_capture_trigger(relid, false);
-	if (!OidIsValid(get_trigger_oid(relid, "chorus_capture_truncate", true)))
-		chorus_create_capture_trigger(relid, true);
-	table_close(rel, NoLock);
 }

@@ -63,6 +63,7 @@
 
 PG_FUNCTION_INFO_V1(chorus_setval_captured);
 PG_FUNCTION_INFO_V1(chorus_spread_sequence);
+PG_FUNCTION_INFO_V1(chorus_alter_sequence);
 PG_FUNCTION_INFO_V1(chorus_restart_sequence);
 
 /*
@@ -352,6 +353,36 @@ chorus_spread_sequence(PG_FUNCTION_ARGS)
 	stmt->options = list_make3(makeDefElem("increment", (Node *) makeFloat(psprintf(INT64_FORMAT, step)), -1),
 							   makeDefElem("start", (Node *) makeFloat(psprintf(INT64_FORMAT, first)), -1),
 							   makeDefElem("restart", (Node *) makeFloat(psprintf(INT64_FORMAT, restart)), -1));
+	(void) AlterSequence(make_parsestate(NULL), stmt);
+	CommandCounterIncrement();
+	PG_RETURN_VOID();
+}
+
+/*
+ * chorus.alter_sequence(seq regclass, increment bigint, start bigint, restart bigint)
+ *		ALTER SEQUENCE seq INCREMENT BY increment START WITH start RESTART WITH
+ *		restart, made here rather than as a statement (no event trigger sees
+ *		it). Version 0.1 of the extension's spread_sequence() calls it: kept
+ *		so that a node still at 0.1 runs with this library until ALTER
+ *		EXTENSION chorus UPDATE (0.2 spreads sequences in C and has no such
+ *		function). ALTER SEQUENCE's rules apply: its owner or a superuser.
+ */
+Datum
+chorus_alter_sequence(PG_FUNCTION_ARGS)
+{
+	Oid			seq = PG_GETARG_OID(0);
+	char	   *name = get_rel_name(seq);
+	AlterSeqStmt *stmt;
+
+	if (name == NULL || get_rel_relkind(seq) != RELKIND_SEQUENCE)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("chorus: %u is not a sequence", seq)));
+	stmt = makeNode(AlterSeqStmt);
+	stmt->sequence = makeRangeVar(get_namespace_name(get_rel_namespace(seq)), name, -1);
+	stmt->options = list_make3(makeDefElem("increment", (Node *) makeFloat(psprintf(INT64_FORMAT, PG_GETARG_INT64(1))), -1),
+							   makeDefElem("start", (Node *) makeFloat(psprintf(INT64_FORMAT, PG_GETARG_INT64(2))), -1),
+							   makeDefElem("restart", (Node *) makeFloat(psprintf(INT64_FORMAT, PG_GETARG_INT64(3))), -1));
 	(void) AlterSequence(make_parsestate(NULL), stmt);
 	CommandCounterIncrement();
 	PG_RETURN_VOID();

@@ -1,0 +1,17 @@
+/*
+ * chorus_attach.h
+ *		The capture triggers of replicated tables: internal triggers, attached
+ *		and detached in C, that users neither see nor switch off
+ *		(chorus_attach.c).
+ */
+#ifndef CHORUS_ATTACH_H
+#define CHORUS_ATTACH_H
+
+#include "nodes/plannodes.h"
+
+extern bool chorus_table_replicable(Oid relid);
+extern void chorus_attach_relation(Oid relid);
+extern void chorus_detach_relation(Oid relid);
+extern PlannedStmt *chorus_capture_guard(PlannedStmt *pstmt);
+
+#endif							/* CHORUS_ATTACH_H */
