@@ -50,7 +50,7 @@ from chorus import fidelity  # noqa: E402
 from chorus.check import CheckError, NodeRef, wait_quiescent  # noqa: E402
 from chorus.admin import admin_request  # noqa: E402
 
-PGBIN = "/usr/lib/postgresql/15/bin"
+PGBIN = os.environ.get("CHORUS_PGBIN", "/usr/lib/postgresql/15/bin")
 CHORUS = str(HERE.parent / ".venv" / "bin" / "chorus")
 
 # What pg_regress sets for its database (ALTER DATABASE ... SET) and its session (PGOPTIONS). Given

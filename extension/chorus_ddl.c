@@ -502,7 +502,7 @@ chorus_ddl_nested(Node *stmt, ProcessUtilityContext context)
 		return;
 	initStringInfo(&keys.buf);
 	keys.n = 0;
-	keys.any_temp = keys.any_persistent = keys.concurrent = false;
+	keys.any_temp = keys.any_persistent = keys.has_target = keys.target_temp = keys.concurrent = false;
 	if (chorus_ddl_classify(stmt, &keys, &why) == CHORUS_DDL_LOCAL)
 		return;
 	ereport(ERROR,

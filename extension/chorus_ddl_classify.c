@@ -31,15 +31,16 @@ chorus_ddl_key(ChorusDdlKeys *k, const char *nsp, const char *rel)
 /*
  * chorus_ddl_relation
  *		Key the table rv names (an index stands for its table). creating: the
- *		relation does not exist yet; key the name it will have.
+ *		relation does not exist yet; key the name it will have. Returns
+ *		whether it is (or will be) temporary.
  */
-static void
+static bool
 chorus_ddl_relation(ChorusDdlKeys *k, RangeVar *rv, bool creating)
 {
 	Oid			relid;
 
 	if (rv == NULL)
-		return;
+		return false;
 	if (creating)
 	{
 		Oid			nspid;
@@ -47,32 +48,49 @@ chorus_ddl_relation(ChorusDdlKeys *k, RangeVar *rv, bool creating)
 		if (rv->relpersistence == RELPERSISTENCE_TEMP)
 		{
 			k->any_temp = true;
-			return;
+			return true;
 		}
 		nspid = RangeVarGetCreationNamespace(rv);
 		if (isAnyTempNamespace(nspid))
 		{
 			k->any_temp = true;
-			return;
+			return true;
 		}
 		k->any_persistent = true;
 		chorus_ddl_key(k, get_namespace_name(nspid), rv->relname);
-		return;
+		return false;
 	}
 	relid = RangeVarGetRelid(rv, NoLock, true);
 	if (!OidIsValid(relid))
-		return;
+		return false;
 	if (get_rel_relkind(relid) == RELKIND_INDEX || get_rel_relkind(relid) == RELKIND_PARTITIONED_INDEX)
 		relid = IndexGetRelation(relid, true);
 	if (!OidIsValid(relid))
-		return;
+		return false;
 	if (get_rel_persistence(relid) == RELPERSISTENCE_TEMP)
 	{
 		k->any_temp = true;
-		return;
+		return true;
 	}
 	k->any_persistent = true;
 	chorus_ddl_key(k, get_namespace_name(get_rel_namespace(relid)), get_rel_name(relid));
+	return false;
+}
+
+/*
+ * chorus_ddl_target
+ *		Key the relation the statement makes (creating) or changes, and note
+ *		whether it is temporary: a temporary object made from permanent ones
+ *		(CREATE TEMP TABLE ... (LIKE t), ... INHERITS (t), a temporary view or
+ *		an index of a temporary table) is this session's alone, whatever it
+ *		reads to be made.
+ */
+static void
+chorus_ddl_target(ChorusDdlKeys *k, RangeVar *rv, bool creating)
+{
+	k->has_target = rv != NULL;
+	if (chorus_ddl_relation(k, rv, creating))
+		k->target_temp = true;
 }
 
 static bool
@@ -305,7 +323,7 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 					*why = "a partition bound that is not a constant (it would be evaluated again, to another value, on each node)";
 					return CHORUS_DDL_REFUSE;
 				}
-				chorus_ddl_relation(k, cs->relation, true);
+				chorus_ddl_target(k, cs->relation, true);
 				foreach(lc, cs->inhRelations)
 					chorus_ddl_relation(k, lfirst_node(RangeVar, lc), false);
 				foreach(lc, cs->tableElts)
@@ -314,16 +332,16 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 				break;
 			}
 		case T_CreateTableAsStmt:
-			chorus_ddl_relation(k, ((CreateTableAsStmt *) stmt)->into->rel, true);
+			chorus_ddl_target(k, ((CreateTableAsStmt *) stmt)->into->rel, true);
 			break;
 		case T_ViewStmt:
-			chorus_ddl_relation(k, ((ViewStmt *) stmt)->view, true);
+			chorus_ddl_target(k, ((ViewStmt *) stmt)->view, true);
 			break;
 		case T_CreateSeqStmt:
-			chorus_ddl_relation(k, ((CreateSeqStmt *) stmt)->sequence, true);
+			chorus_ddl_target(k, ((CreateSeqStmt *) stmt)->sequence, true);
 			break;
 		case T_AlterSeqStmt:
-			chorus_ddl_relation(k, ((AlterSeqStmt *) stmt)->sequence, false);
+			chorus_ddl_target(k, ((AlterSeqStmt *) stmt)->sequence, false);
 			break;
 		case T_AlterTableStmt:
 			foreach(lc, ((AlterTableStmt *) stmt)->cmds)
@@ -340,7 +358,7 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 				if (cmd->subtype == AT_DetachPartition && ((PartitionCmd *) cmd->def)->concurrent)
 					k->concurrent = true;
 			}
-			chorus_ddl_relation(k, ((AlterTableStmt *) stmt)->relation, false);
+			chorus_ddl_target(k, ((AlterTableStmt *) stmt)->relation, false);
 			break;
 		case T_RefreshMatViewStmt:
 			/* every node refreshes at the same point of the order, from the same rows */
@@ -348,7 +366,7 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 			break;
 		case T_IndexStmt:
 			k->concurrent = ((IndexStmt *) stmt)->concurrent;
-			chorus_ddl_relation(k, ((IndexStmt *) stmt)->relation, false);
+			chorus_ddl_target(k, ((IndexStmt *) stmt)->relation, false);
 			break;
 		case T_DropStmt:
 			{
@@ -401,16 +419,16 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 			chorus_ddl_relation(k, ((AlterObjectSchemaStmt *) stmt)->relation, false);
 			break;
 		case T_CreateTrigStmt:
-			chorus_ddl_relation(k, ((CreateTrigStmt *) stmt)->relation, false);
+			chorus_ddl_target(k, ((CreateTrigStmt *) stmt)->relation, false);
 			break;
 		case T_RuleStmt:
-			chorus_ddl_relation(k, ((RuleStmt *) stmt)->relation, false);
+			chorus_ddl_target(k, ((RuleStmt *) stmt)->relation, false);
 			break;
 		case T_CreatePolicyStmt:
-			chorus_ddl_relation(k, ((CreatePolicyStmt *) stmt)->table, false);
+			chorus_ddl_target(k, ((CreatePolicyStmt *) stmt)->table, false);
 			break;
 		case T_AlterPolicyStmt:
-			chorus_ddl_relation(k, ((AlterPolicyStmt *) stmt)->table, false);
+			chorus_ddl_target(k, ((AlterPolicyStmt *) stmt)->table, false);
 			break;
 		case T_CreateFunctionStmt:
 			/* a function in the session's temporary schema lives and dies with the session */
@@ -431,12 +449,19 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 		default:
 			break;
 	}
-	/* a statement about temporary objects only is local to this session */
-	if (k->any_temp && !k->any_persistent)
+	/*
+	 * A statement about temporary objects only, or one that makes or changes
+	 * a temporary object from permanent ones, is local to this session. One
+	 * that makes or changes a permanent object from temporary ones could not
+	 * be replayed elsewhere (nor one that names both kinds to drop or grant).
+	 */
+	if (k->any_temp && (!k->any_persistent || k->target_temp))
 		return CHORUS_DDL_LOCAL;
 	if (k->any_temp)
 	{
-		*why = "this statement names both temporary and permanent objects";
+		*why = k->has_target
+			? "this statement makes or changes a permanent object from temporary ones, which the other nodes do not have"
+			: "this statement names both temporary and permanent objects";
 		return CHORUS_DDL_REFUSE;
 	}
 	return CHORUS_DDL_REPLICATE;

@@ -23,6 +23,8 @@ typedef struct ChorusDdlKeys
 	uint32		n;
 	bool		any_temp;
 	bool		any_persistent;
+	bool		has_target;		/* the statement makes or changes one relation */
+	bool		target_temp;	/* ... which is temporary */
 	bool		concurrent;		/* CREATE/DROP INDEX CONCURRENTLY: runs beside the total order */
 } ChorusDdlKeys;
 

@@ -403,6 +403,8 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
             dkeyless = describe_tables(snap.conn, keyed=False)
             for line in totalschema.sync_schema(donor, snap.name, joiner, conn):
                 progress("schema", line)
+            for line in totalschema.sync_capture(snap.conn, conn):
+                progress("schema", line)
             table_sizes(snap.conn, dtables)
             table_sizes(snap.conn, dkeyless)
             progress("plan", f"{len(dtables)} tables with a primary key ({_mb(sum(t['bytes'] for t in dtables.values()))}), "

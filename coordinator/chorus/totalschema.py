@@ -18,7 +18,8 @@ set by ``move_sequences`` after the data):
 
 Nothing here is replicated: the session runs with ``chorus.capture``, ``chorus.replicate_ddl``
 and ``chorus.replicate_roles`` off and the ``chorus_on_ddl_end`` event trigger disabled (the dump
-carries the capture triggers and the sequences as the donor has them).
+carries the sequences as the donor has them). The capture triggers are internal, so no dump
+carries them: :func:`sync_capture` captures on the joiner exactly the tables the donor captures.
 """
 
 from __future__ import annotations
@@ -407,3 +408,28 @@ def refresh_matviews(conn: psycopg.Connection[Any], names: list[str]) -> list[st
             conn.execute(sql.SQL("REFRESH MATERIALIZED VIEW {}").format(sql.SQL(name)))
             done.append(name)
     return [f"refreshed the materialized views {', '.join(done)}"] if done else []
+
+
+_CAPTURED = """
+SELECT DISTINCT format('%I.%I', n.nspname, c.relname) FROM pg_trigger t
+  JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE t.tgfoid = 'chorus.capture()'::regprocedure ORDER BY 1
+"""
+
+
+def sync_capture(donor: psycopg.Connection[Any], conn: psycopg.Connection[Any]) -> list[str]:
+    """Capture on the joiner (``conn``) the tables the donor captures, and only those (a table
+    detached on the donor stays so): their internal capture triggers, which no dump carries
+    (extension/chorus_attach.c). Returns what it did, one line each."""
+    want = {r[0] for r in donor.execute(_CAPTURED).fetchall()}
+    have = {r[0] for r in conn.execute(_CAPTURED).fetchall()}
+    done = []
+    for t in sorted(want - have):
+        conn.execute("SELECT chorus.attach(%s::regclass)", (t,))
+    for t in sorted(have - want):
+        conn.execute("SELECT chorus.detach(%s::regclass)", (t,))
+    if want - have:
+        done.append(f"captured {len(want - have)} tables as the donor does")
+    if have - want:
+        done.append(f"detached {len(have - want)} tables the donor does not capture: {', '.join(sorted(have - want))}")
+    return done

@@ -127,7 +127,9 @@ def copy_lines(conn: psycopg.Connection[Any], query: sql.Composable, counter: Co
 
 
 PSQL = "/usr/lib/postgresql/15/bin/psql"
-CAPTURE_TRIGGER = "chorus_capture"
+# a table Chorus captures carries an internal trigger on this function (extension/chorus_attach.c)
+CAPTURED = ("EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = %s::regclass "
+            "AND tgfoid = 'chorus.capture()'::regprocedure)")
 
 
 def _psql_dsn(dsn: str) -> tuple[str, dict[str, str]]:
@@ -683,7 +685,8 @@ def copy_table(task: dict[str, Any]) -> dict[str, Any]:
     in one transaction: TRUNCATE and COPY FREEZE where nothing references the table (its indexes
     dropped first and built again after, as pg_restore does, when that can be undone exactly),
     DELETE where a foreign key does. Triggers and foreign-key checks do not fire (replica role,
-    and the capture trigger, which fires always, is off for the transaction)."""
+    and the capture, which fires always, is detached for the transaction and attached again at
+    its end: a capture trigger that only returns would still queue an event per row)."""
     t = Table.from_dict(task["table"])
     counter = Counter()
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in t.stored)
@@ -692,13 +695,12 @@ def copy_table(task: dict[str, Any]) -> dict[str, Any]:
         joiner.execute("SET LOCAL maintenance_work_mem = '256MB'")
         row = joiner.execute("SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE confrelid = %s::regclass "
                              "AND contype = 'f'), (SELECT relkind = 'r' FROM pg_class WHERE oid = %s::regclass), "
-                             "EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = %s)",
-                             (t.qualified, t.qualified, t.qualified, CAPTURE_TRIGGER)).fetchone()
+                             + CAPTURED, (t.qualified, t.qualified, t.qualified)).fetchone()
         referenced, plain, captured = bool(row and row[0]), bool(row and row[1]), bool(row and row[2])
         joiner.execute(sql.SQL("{} {}").format(sql.SQL("DELETE FROM" if referenced else "TRUNCATE"), _table(t)))
         rebuild = _drop_indexes(joiner, t) if plain and not referenced and task.get("bytes", 0) >= REBUILD_BYTES else []
         if captured:
-            joiner.execute(sql.SQL("ALTER TABLE {} DISABLE TRIGGER {}").format(_table(t), sql.Identifier(CAPTURE_TRIGGER)))
+            joiner.execute("SELECT chorus.detach(%s::regclass)", (t.qualified,))
         freeze = sql.SQL(" (FREEZE)") if plain and not referenced else sql.SQL("")
         with joiner.cursor() as cur:
             with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN{}").format(_table(t), cols, freeze)) as dst:
@@ -709,6 +711,5 @@ def copy_table(task: dict[str, Any]) -> dict[str, Any]:
         for stmt in rebuild:
             joiner.execute(stmt)
         if captured:
-            joiner.execute(sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(
-                _table(t), sql.Identifier(CAPTURE_TRIGGER)))
+            joiner.execute("SELECT chorus.attach(%s::regclass)", (t.qualified,))
     return {"table": t.label, "copied": rows, "bytes_donor": counter.donor, "indexes_rebuilt": len(rebuild)}

@@ -91,6 +91,15 @@ SCHEMA_CASES = {
         CREATE VIEW over_scratch AS SELECT * FROM scratch;
         CREATE FUNCTION count_scratch() RETURNS bigint LANGUAGE sql BEGIN ATOMIC SELECT count(*) FROM scratch; END;
         CREATE FUNCTION pg_temp.helper() RETURNS int LANGUAGE sql AS 'SELECT 1';
+        INSERT INTO kept VALUES (7);
+        CREATE TEMP TABLE kept_copy (LIKE kept INCLUDING ALL);
+        CREATE TEMP TABLE kept_child (extra text) INHERITS (kept);
+        INSERT INTO kept_child VALUES (8, 'mine');
+        CREATE TEMP TABLE kept_rows AS SELECT * FROM kept;
+        CREATE TEMP VIEW kept_view AS SELECT a + 1 AS b FROM kept;
+        CREATE INDEX ON kept_child (extra);
+        ALTER TABLE kept_copy ADD COLUMN note text;
+        CREATE TABLE from_scratch (LIKE scratch);
         CREATE PUBLICATION local_pub;
         ALTER PUBLICATION local_pub RENAME TO local_pub2;
         COMMENT ON PUBLICATION local_pub2 IS 'here only';
@@ -209,9 +218,12 @@ def test_schema_changes_replay_in_their_origins_context(fcluster: Cluster, case:
     schema = "s_" + "".join(ch if ch.isalnum() else "_" for ch in case)[:30] + "_" + combo.split("-")[0]
     err = _run(fcluster, schema, SCHEMA_CASES[case], SETTINGS[combo])
     if case == "temporary and local objects":
-        # refused before they run, with the reason: nothing of them reaches any node
+        # refused before they run, with the reason: nothing of them reaches any node; temporary
+        # objects made from permanent ones (LIKE, INHERITS, AS, views, their indexes) run here
         assert err.count("names both temporary and permanent objects") == 1, err
         assert err.count("depend on a temporary one") == 1, err
+        assert err.count("a permanent object from temporary ones") == 1, err
+        assert err.count("ERROR") == 3, err
     _check(fcluster)
 
 
