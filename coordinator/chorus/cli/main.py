@@ -9,6 +9,7 @@ from chorus.cli import demo as demo_cmds
 from chorus.cli import lab as lab_cmds
 from chorus.cli import local as local_cmds
 from chorus.cli import log as log_cmds
+from chorus.cli import migrate as migrate_cmds
 from chorus.cli import node as node_cmds
 
 
@@ -24,6 +25,8 @@ cli.add_command(local_cmds.sql_command)
 cli.add_command(demo_cmds.demo)
 cli.add_command(check_cmds.check)
 cli.add_command(log_cmds.log)
+cli.add_command(migrate_cmds.dump)
+cli.add_command(migrate_cmds.load)
 for command in node_cmds.COMMANDS:
     cli.add_command(command)
 

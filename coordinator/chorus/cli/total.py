@@ -50,20 +50,23 @@ def _endpoint(c: Any, meta: Any, n: Any) -> Any:
     return Endpoint.from_dsn(n.name, c.config(meta, n).dsn)
 
 
-def _online_status(c: Any, meta: Any, name: str) -> Optional[dict[str, Any]]:
+def _online_status(c: Any, meta: Any, name: str, any_state: bool = False) -> Optional[dict[str, Any]]:
     from chorus.admin import admin_request
 
     try:
         st: dict[str, Any] = admin_request(c.config(meta, c._node(meta, name)).admin_socket)["status"]
     except (OSError, ValueError, KeyError):
         return None
-    return st if st.get("state") == "online" else None
+    return st if any_state or st.get("state") == "online" else None
 
 
 def total_join_local(directory: str, name: str, donor: Optional[str], spark_master: str,
-                     spark_submit: Optional[str], range_rows: int, copy_under_mb: int = 16) -> dict[str, Any]:
+                     spark_submit: Optional[str], range_rows: int, copy_under_mb: int = 16,
+                     any_donor: bool = False) -> dict[str, Any]:
     """Rebuild node ``name`` of a local cluster from a donor's snapshot; start it (it then catches
-    up from the snapshot GID by partial recovery)."""
+    up from the snapshot GID by partial recovery). The donor must be online, unless ``any_donor``:
+    then any node whose coordinator answers (``chorus load --fast`` rebuilds the others from a
+    node left alone, outside the primary component, once its load is done)."""
     from chorus.localcluster import SERVICE_USER, LocalClusterError
     from chorus.state import load_state, save_state
     from chorus.total import TotalRecoveryError, total_recover
@@ -74,7 +77,7 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
         n = c._node(meta, name)
         others = [m.name for m in meta.nodes if m.name != name]
         candidates = [donor] if donor else others
-        donors = [(d, st) for d in candidates if (st := _online_status(c, meta, d)) is not None]
+        donors = [(d, st) for d in candidates if (st := _online_status(c, meta, d, any_donor)) is not None]
         if not donors:
             raise ChorusCliError(f"no online donor among {', '.join(candidates) or 'no other nodes'}")
         dname, dstatus = donors[0]
