@@ -26,6 +26,12 @@
  *		capture trigger (enable, disable, drop, rename, depends on extension).
  *		The one switch is a superuser's, and explicit: chorus.detach(table), or
  *		SET chorus.capture = off for a session (docs/DDL.md).
+ *
+ *		New tables are attached, and new sequences given this node's class, by
+ *		the event trigger chorus.on_ddl_end, also here: C, so that no function
+ *		of the extension is SECURITY DEFINER (the regression suite's
+ *		opr_sanity lists every one), running what it changes as the bootstrap
+ *		superuser in a restricted context.
  */
 #include "postgres.h"
 
@@ -40,7 +46,9 @@
 #include "catalog/pg_class.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_trigger.h"
+#include "commands/event_trigger.h"
 #include "commands/trigger.h"
+#include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
@@ -51,11 +59,13 @@
 #include "utils/syscache.h"
 
 #include "chorus_attach.h"
+#include "chorus_sequence.h"
 #include "chorus_settings.h"
 
 PG_FUNCTION_INFO_V1(chorus_replicable);
 PG_FUNCTION_INFO_V1(chorus_attach);
 PG_FUNCTION_INFO_V1(chorus_detach);
+PG_FUNCTION_INFO_V1(chorus_on_ddl_end);
 
 #define CHORUS_CAPTURE_NAME "chorus_capture"
 #define CHORUS_CAPTURE_TRUNCATE_NAME "chorus_capture_truncate"
@@ -300,6 +310,180 @@ chorus_detach_relation(Oid relid)
 }
 
 /*
+ * chorus_as_superuser_begin / _end
+ *		Run what follows as the bootstrap superuser, in a restricted security
+ *		context (no user code may raise its rights through it).
+ */
+static void
+chorus_as_superuser_begin(Oid *save_uid, int *save_sec)
+{
+	GetUserIdAndSecContext(save_uid, save_sec);
+	SetUserIdAndSecContext(BOOTSTRAP_SUPERUSERID,
+						   *save_sec | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+}
+
+/*
+ * chorus_attach_table
+ *		Capture rows of a new table from now on, if it is replicable (the event
+ *		trigger does this for CREATE TABLE and CREATE TABLE AS; EXPLAIN ANALYZE
+ *		CREATE TABLE AS runs no event trigger). The triggers are made in C as
+ *		the bootstrap superuser (an application role need not have the TRIGGER
+ *		right on what it creates, nor any right on schema chorus), in a
+ *		restricted security context; no query runs and no user code.
+ */
+void
+chorus_attach_table(Oid relid)
+{
+	Oid			save_uid;
+	int			save_sec;
+
+	if (!chorus_table_replicable(relid))
+		return;
+	chorus_as_superuser_begin(&save_uid, &save_sec);
+	PG_TRY();
+	{
+		chorus_attach_relation(relid);
+	}
+	PG_FINALLY();
+	{
+		SetUserIdAndSecContext(save_uid, save_sec);
+	}
+	PG_END_TRY();
+}
+
+/* One command of the statement that fired chorus.on_ddl_end. */
+typedef struct ChorusDdlCommand
+{
+	Oid			objid;
+	bool		table;			/* else a sequence to spread */
+} ChorusDdlCommand;
+
+/*
+ * chorus.on_ddl_end() (event trigger, ddl_command_end)
+ *		New tables are replicated as soon as they are created, on every node
+ *		(the trigger fires in apply sessions too); so is a table that becomes
+ *		replicable (ALTER TABLE ... SET LOGGED, a partition attached); new
+ *		sequences get this node's residue class (not those an extension
+ *		script makes). An application role that may create tables needs no
+ *		other right: what changes is changed in C as the bootstrap superuser,
+ *		so no event trigger of the user's runs under it.
+ */
+Datum
+chorus_on_ddl_end(PG_FUNCTION_ARGS)
+{
+	List	   *todo = NIL;
+	ListCell   *lc;
+	uint64		i;
+	Oid			save_uid;
+	int			save_sec;
+	MemoryContext cxt = CurrentMemoryContext;
+
+	if (!CALLED_AS_EVENT_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("chorus.on_ddl_end() must be an event trigger")));
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "chorus: SPI_connect failed");
+	if (SPI_execute("SELECT c.objid, c.object_type = 'table' FROM pg_catalog.pg_event_trigger_ddl_commands() c "
+					"WHERE c.object_type OPERATOR(pg_catalog.=) 'table' OR (c.object_type OPERATOR(pg_catalog.=) 'sequence' "
+					"AND c.command_tag OPERATOR(pg_catalog.=) ANY ('{CREATE SEQUENCE,CREATE SCHEMA}'::pg_catalog.text[]) "
+					"AND NOT c.in_extension)", true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "chorus: could not read the statement's commands");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		MemoryContext old = MemoryContextSwitchTo(cxt);
+		ChorusDdlCommand *c = palloc(sizeof(ChorusDdlCommand));
+
+		MemoryContextSwitchTo(old);
+		c->objid = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull));
+		c->table = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull));
+		old = MemoryContextSwitchTo(cxt);
+		todo = lappend(todo, c);
+		MemoryContextSwitchTo(old);
+	}
+	SPI_finish();
+	foreach(lc, todo)
+	{
+		ChorusDdlCommand *c = lfirst(lc);
+
+		if (c->table)
+			chorus_attach_table(c->objid);
+		else
+		{
+			chorus_as_superuser_begin(&save_uid, &save_sec);
+			PG_TRY();
+			{
+				chorus_spread(c->objid, false, 0);
+			}
+			PG_FINALLY();
+			{
+				SetUserIdAndSecContext(save_uid, save_sec);
+			}
+			PG_END_TRY();
+		}
+	}
+	PG_RETURN_NULL();
+}
+
+/*
+ * chorus_no_triggers_left
+ *		relid has no trigger left: clear pg_class.relhastriggers (PostgreSQL
+ *		leaves it set until VACUUM; turning a table into a view needs it clear).
+ */
+static void
+chorus_no_triggers_left(Oid relid)
+{
+	Relation	tgrel = table_open(TriggerRelationId, AccessShareLock);
+	Relation	classrel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	bool		any;
+	HeapTuple	tup;
+
+	ScanKeyInit(&key, Anum_pg_trigger_tgrelid, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(relid));
+	scan = systable_beginscan(tgrel, TriggerRelidNameIndexId, true, NULL, 1, &key);
+	any = HeapTupleIsValid(systable_getnext(scan));
+	systable_endscan(scan);
+	table_close(tgrel, AccessShareLock);
+	if (any)
+		return;
+	classrel = table_open(RelationRelationId, RowExclusiveLock);
+	tup = SearchSysCacheCopy1(RELOID, ObjectIdGetDatum(relid));
+	if (HeapTupleIsValid(tup) && ((Form_pg_class) GETSTRUCT(tup))->relhastriggers)
+	{
+		((Form_pg_class) GETSTRUCT(tup))->relhastriggers = false;
+		CatalogTupleUpdate(classrel, &tup->t_self, tup);
+		CommandCounterIncrement();
+	}
+	table_close(classrel, RowExclusiveLock);
+}
+
+/*
+ * chorus_view_conversion
+ *		CREATE RULE "_RETURN" AS ON SELECT turns an empty table into a view:
+ *		PostgreSQL refuses a table with triggers, so the table's capture goes
+ *		first (a view has no rows to capture), on every node that runs it.
+ */
+static void
+chorus_view_conversion(RuleStmt *rs)
+{
+	Oid			relid;
+	ChorusCaptureTriggers ct;
+
+	if (rs->event != CMD_SELECT || strcmp(rs->rulename, "_RETURN") != 0)
+		return;
+	relid = RangeVarGetRelid(rs->relation, ShareRowExclusiveLock, true);
+	if (!OidIsValid(relid) || get_rel_relkind(relid) != RELKIND_RELATION)
+		return;
+	chorus_capture_triggers(relid, &ct);
+	if (!OidIsValid(ct.row) && !OidIsValid(ct.truncate))
+		return;
+	chorus_detach_relation(relid);
+	chorus_no_triggers_left(relid);
+}
+
+/*
  * chorus.attach(rel regclass)
  *		Capture the table's row changes: its internal capture triggers, made
  *		here and not by CREATE TRIGGER statements, so no event trigger sees
@@ -489,6 +673,8 @@ chorus_capture_guard(PlannedStmt *pstmt)
 		if (chorus_names_capture(relid, rs->subname))
 			chorus_refuse_capture_change("rename", rs->relation->relname);
 	}
+	else if (IsA(stmt, RuleStmt))
+		chorus_view_conversion((RuleStmt *) stmt);
 	else if (IsA(stmt, AlterObjectDependsStmt) &&
 			 ((AlterObjectDependsStmt *) stmt)->objectType == OBJECT_TRIGGER)
 	{

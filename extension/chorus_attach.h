@@ -11,6 +11,7 @@
 
 extern bool chorus_table_replicable(Oid relid);
 extern void chorus_attach_relation(Oid relid);
+extern void chorus_attach_table(Oid relid);
 extern void chorus_detach_relation(Oid relid);
 extern PlannedStmt *chorus_capture_guard(PlannedStmt *pstmt);
 

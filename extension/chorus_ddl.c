@@ -200,6 +200,8 @@ chorus_ddl_utility(ChorusCapture *cap, ChorusCommitState *cs, PlannedStmt *pstmt
 		run->statement = pnstrdup(queryString + pstmt->stmt_location, pstmt->stmt_len);
 	else
 		run->statement = pstrdup(queryString + Max(pstmt->stmt_location, 0));
+	if (run->keys.replay != NULL)
+		run->statement = run->keys.replay;	/* the other nodes run this instead */
 	chorus_ddl_settings_of(run->values);
 	run->role = GetUserNameFromId(GetUserId(), false);
 	if (ctas != NULL && ctas->if_not_exists)
@@ -280,37 +282,6 @@ chorus_ddl_concurrent(ChorusCapture *cap, ChorusDdlRun *run)
 	chorus_ddl_schema_key(cap);
 	chorus_ddl_item(cap, run, run->statement);
 	cap->concurrent = true;
-}
-
-/*
- * chorus_attach_table
- *		Capture rows of a new table from now on, if it is replicable (the event
- *		trigger does this for CREATE TABLE and CREATE TABLE AS; EXPLAIN ANALYZE
- *		CREATE TABLE AS runs no event trigger). The triggers are made in C as
- *		the bootstrap superuser (an application role need not have the TRIGGER
- *		right on what it creates, nor any right on schema chorus), in a
- *		restricted security context; no query runs and no user code.
- */
-static void
-chorus_attach_table(Oid relid)
-{
-	Oid			save_uid;
-	int			save_sec;
-
-	if (!chorus_table_replicable(relid))
-		return;
-	GetUserIdAndSecContext(&save_uid, &save_sec);
-	SetUserIdAndSecContext(BOOTSTRAP_SUPERUSERID,
-						   save_sec | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
-	PG_TRY();
-	{
-		chorus_attach_relation(relid);
-	}
-	PG_FINALLY();
-	{
-		SetUserIdAndSecContext(save_uid, save_sec);
-	}
-	PG_END_TRY();
 }
 
 /*
@@ -503,6 +474,7 @@ chorus_ddl_nested(Node *stmt, ProcessUtilityContext context)
 	initStringInfo(&keys.buf);
 	keys.n = 0;
 	keys.any_temp = keys.any_persistent = keys.has_target = keys.target_temp = keys.concurrent = false;
+	keys.replay = NULL;
 	if (chorus_ddl_classify(stmt, &keys, &why) == CHORUS_DDL_LOCAL)
 		return;
 	ereport(ERROR,

@@ -21,7 +21,13 @@
  *		  administrator who has reviewed a function takes it over with ALTER
  *		  FUNCTION ... OWNER TO); a domain's CHECK must be immutable; a trigger
  *		  that fires on apply may not be deferred (it would fire at commit,
- *		  outside the owner's restricted context).
+ *		  outside the owner's restricted context). A SQL function such code
+ *		  calls must find its objects with the apply sessions' search_path
+ *		  (pg_catalog, pg_temp): its body is parsed when it runs, and one that
+ *		  names an object of the origin session's search_path (SELECT $1 FROM
+ *		  do_analyze()) would fail on every other node (issue 35: the regression
+ *		  suite's vacuum test made the origin leave so). PostgreSQL 17 runs
+ *		  maintenance commands with the same search_path for the same reason.
  *
  *		Table CHECK constraints, foreign keys and row security are not
  *		evaluated on apply at all (the origin's to check), so they need
@@ -51,7 +57,11 @@
 #include "catalog/pg_rewrite.h"
 #include "catalog/pg_trigger.h"
 #include "commands/trigger.h"
+#include "catalog/pg_language.h"
 #include "catalog/pg_type.h"
+#include "executor/functions.h"
+#include "tcop/tcopprot.h"
+#include "utils/guc.h"
 #include "miscadmin.h"
 #include "optimizer/optimizer.h"
 #include "rewrite/rewriteDefine.h"
@@ -256,6 +266,101 @@ require_trusted(Oid fn, const char *what, const char *which)
 					 format_procedure_qualified(fn))));
 }
 
+/* The function require_resolvable is parsing, for its error context. */
+typedef struct ChorusResolving
+{
+	Oid			fn;
+	const char *what;
+	const char *which;
+} ChorusResolving;
+
+static void
+resolving_context(void *arg)
+{
+	ChorusResolving *r = (ChorusResolving *) arg;
+
+	errcontext("chorus: function %s, which %s%s calls, must find its objects where rows are applied, "
+			   "with search_path pg_catalog, pg_temp (name them with their schema, or give the function "
+			   "SET search_path)", format_procedure_qualified(r->fn), r->what, r->which);
+}
+
+/*
+ * require_resolvable
+ *		A SQL function that runs where rows are applied is parsed there, with
+ *		the apply sessions' search_path (pg_catalog, pg_temp): parse it so
+ *		here, and let the schema change fail now if it names what that path
+ *		does not find, rather than every other node fail to apply a row later.
+ *		Not needed for a body parsed at creation (BEGIN ATOMIC), a function
+ *		with its own search_path, or a polymorphic one (parsed per call).
+ */
+static void
+require_resolvable(Oid fn, const char *what, const char *which)
+{
+	HeapTuple	tup;
+	Form_pg_proc p;
+	bool		isnull;
+	Datum		d;
+	char	   *src;
+	int			nest;
+	int			i;
+	List	   *raw;
+	ListCell   *lc;
+	SQLFunctionParseInfoPtr pinfo;
+	ChorusResolving r = {fn, what, which};
+	ErrorContextCallback cb;
+
+	if (!OidIsValid(fn) || fn < FirstNormalObjectId)
+		return;
+	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn));
+	if (!HeapTupleIsValid(tup))
+		return;
+	p = (Form_pg_proc) GETSTRUCT(tup);
+	(void) SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_prosqlbody, &isnull);
+	if (p->prolang != SQLlanguageId || !isnull || IsPolymorphicType(p->prorettype))
+	{
+		ReleaseSysCache(tup);
+		return;
+	}
+	for (i = 0; i < p->pronargs; i++)
+		if (IsPolymorphicType(p->proargtypes.values[i]))
+		{
+			ReleaseSysCache(tup);
+			return;
+		}
+	d = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_proconfig, &isnull);
+	if (!isnull)
+	{
+		ArrayType  *a = DatumGetArrayTypeP(d);
+		Datum	   *items;
+		int			n;
+
+		deconstruct_array(a, TEXTOID, -1, false, TYPALIGN_INT, &items, NULL, &n);
+		for (i = 0; i < n; i++)
+			if (strncmp(TextDatumGetCString(items[i]), "search_path=", 12) == 0)
+			{
+				ReleaseSysCache(tup);
+				return;
+			}
+	}
+	src = TextDatumGetCString(SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_prosrc, &isnull));
+	pinfo = prepare_sql_fn_parse_info(tup, NULL, InvalidOid);
+	ReleaseSysCache(tup);
+
+	nest = NewGUCNestLevel();
+	(void) set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	cb.callback = resolving_context;
+	cb.arg = &r;
+	cb.previous = error_context_stack;
+	error_context_stack = &cb;
+	raw = pg_parse_query(src);
+	foreach(lc, raw)
+		(void) pg_analyze_and_rewrite_withcb(lfirst_node(RawStmt, lc), src, (ParserSetupHook) sql_fn_parser_setup,
+											 pinfo, NULL);
+	error_context_stack = cb.previous;
+	AtEOXact_GUC(true, nest);
+}
+
 /*
  * check_object_functions
  *		Every function object (classid, objid) depends on, whenever that was
@@ -279,6 +384,7 @@ check_object_functions(Oid classid, Oid objid, const char *what, const char *whi
 		Form_pg_depend d = (Form_pg_depend) GETSTRUCT(tup);
 
 		require_trusted(referenced_function(d->refclassid, d->refobjid), what, which);
+		require_resolvable(referenced_function(d->refclassid, d->refobjid), what, which);
 	}
 	systable_endscan(scan);
 	table_close(dep, AccessShareLock);
@@ -308,7 +414,10 @@ check_new_dependencies(CommandId since)
 					 errhint("Create the object in pg_temp, or SET chorus.replicate_ddl = off.")));
 		fn = referenced_function(d->refclassid, d->refobjid);
 		if (OidIsValid(fn) && (what = runs_on_apply(d->classid, d->objid, d->objsubid)) != NULL)
+		{
 			require_trusted(fn, what, "");
+			require_resolvable(fn, what, "");
+		}
 	}
 	systable_endscan(scan);
 	table_close(dep, AccessShareLock);

@@ -13,6 +13,7 @@
 #include "commands/defrem.h"
 #include "nodes/makefuncs.h"
 #include "nodes/parsenodes.h"
+#include "utils/builtins.h"
 #include "utils/lsyscache.h"
 
 #include "chorus_ddl_classify.h"
@@ -203,6 +204,63 @@ chorus_ctas_of(Node *stmt)
 }
 
 /*
+ * chorus_drop_permanent
+ *		DROP of relations some temporary, some permanent (DROP TABLE scratch,
+ *		kept): this node drops them all; the other nodes, which have only the
+ *		permanent ones, run a DROP of those (with the statement's IF EXISTS and
+ *		CASCADE). NULL if there is no such statement to make.
+ */
+static char *
+chorus_drop_permanent(DropStmt *ds)
+{
+	StringInfoData out;
+	const char *what;
+	ListCell   *lc;
+	bool		any = false;
+
+	switch (ds->removeType)
+	{
+		case OBJECT_TABLE:
+			what = "TABLE";
+			break;
+		case OBJECT_VIEW:
+			what = "VIEW";
+			break;
+		case OBJECT_MATVIEW:
+			what = "MATERIALIZED VIEW";
+			break;
+		case OBJECT_SEQUENCE:
+			what = "SEQUENCE";
+			break;
+		case OBJECT_INDEX:
+			what = "INDEX";
+			break;
+		case OBJECT_FOREIGN_TABLE:
+			what = "FOREIGN TABLE";
+			break;
+		default:
+			return NULL;
+	}
+	if (ds->concurrent)
+		return NULL;
+	initStringInfo(&out);
+	appendStringInfo(&out, "DROP %s %s", what, ds->missing_ok ? "IF EXISTS " : "");
+	foreach(lc, ds->objects)
+	{
+		Oid			relid = RangeVarGetRelid(makeRangeVarFromNameList(lfirst_node(List, lc)), NoLock, true);
+
+		if (!OidIsValid(relid) || get_rel_persistence(relid) == RELPERSISTENCE_TEMP)
+			continue;
+		appendStringInfo(&out, "%s%s", any ? ", " : "",
+						 quote_qualified_identifier(get_namespace_name(get_rel_namespace(relid)), get_rel_name(relid)));
+		any = true;
+	}
+	if (ds->behavior == DROP_CASCADE)
+		appendStringInfoString(&out, " CASCADE");
+	return any ? out.data : NULL;
+}
+
+/*
  * chorus_ddl_classify
  *		Which statements replicate (docs/DDL.md; seed section 10.2 and appendix A),
  *		and the tables they touch.
@@ -382,8 +440,12 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 							return CHORUS_DDL_LOCAL;
 				}
 				if (chorus_is_relation_object(ds->removeType))
+				{
 					foreach(lc, ds->objects)
 						chorus_ddl_relation(k, makeRangeVarFromNameList(lfirst_node(List, lc)), false);
+					if (k->any_temp && k->any_persistent)
+						k->replay = chorus_drop_permanent(ds);
+				}
 				else if (chorus_is_table_part(ds->removeType))
 					foreach(lc, ds->objects)
 						chorus_ddl_relation(k, chorus_table_of_part(lfirst_node(List, lc)), false);
@@ -457,6 +519,8 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 	 */
 	if (k->any_temp && (!k->any_persistent || k->target_temp))
 		return CHORUS_DDL_LOCAL;
+	if (k->replay != NULL)
+		return CHORUS_DDL_REPLICATE;	/* a DROP of both kinds: the others drop the permanent ones */
 	if (k->any_temp)
 	{
 		*why = k->has_target

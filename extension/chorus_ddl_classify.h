@@ -26,6 +26,7 @@ typedef struct ChorusDdlKeys
 	bool		has_target;		/* the statement makes or changes one relation */
 	bool		target_temp;	/* ... which is temporary */
 	bool		concurrent;		/* CREATE/DROP INDEX CONCURRENTLY: runs beside the total order */
+	char	   *replay;			/* the statement the other nodes run instead of the original */
 } ChorusDdlKeys;
 
 extern ChorusDdlKind chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why);

@@ -322,40 +322,51 @@ chorus_restart_sequence(PG_FUNCTION_ARGS)
 Datum
 chorus_spread_sequence(PG_FUNCTION_ARGS)
 {
-	Oid			seq = PG_ARGISNULL(0) ? InvalidOid : PG_GETARG_OID(0);
+	chorus_spread(PG_ARGISNULL(0) ? InvalidOid : PG_GETARG_OID(0), !PG_ARGISNULL(1),
+				  PG_ARGISNULL(1) ? 0 : PG_GETARG_INT64(1));
+	PG_RETURN_VOID();
+}
+
+/*
+ * chorus_spread
+ *		chorus.spread_sequence's work (restart: restart_above was given); the
+ *		event trigger calls it for new sequences.
+ */
+void
+chorus_spread(Oid seq, bool restart, int64 restart_above)
+{
 	int			k = chorus_node_number,
 				m = chorus_max_nodes;
 	int64		increment,
 				start,
 				step,
 				first,
-				restart;
+				restart_at;
 	char	   *name;
 	AlterSeqStmt *stmt;
 
 	if (k == 0 || m <= 1 || !OidIsValid(seq) || (name = get_rel_name(seq)) == NULL ||
 		get_rel_relkind(seq) != RELKIND_SEQUENCE)
-		PG_RETURN_VOID();
+		return;
 	if (k > m)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("chorus: chorus.node_number (%d) is larger than chorus.max_nodes (%d)", k, m)));
 	if (!sequence_params(seq, &increment, &start))
-		PG_RETURN_VOID();
+		return;
 	if (pg_mul_s64_overflow(increment, m, &step) || pg_mul_s64_overflow(increment, k - 1, &first) ||
 		pg_add_s64_overflow(start, first, &first))
 		ereport(ERROR,
 				(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
 				 errmsg("chorus: sequence \"%s\" cannot take node %d's class of %d", name, k, m)));
-	restart = PG_ARGISNULL(1) ? first : sequence_beyond(first, step, PG_GETARG_INT64(1), name);
+	restart_at = restart ? sequence_beyond(first, step, restart_above, name) : first;
 	stmt = makeNode(AlterSeqStmt);
 	stmt->sequence = makeRangeVar(get_namespace_name(get_rel_namespace(seq)), name, -1);
 	stmt->options = list_make3(makeDefElem("increment", (Node *) makeFloat(psprintf(INT64_FORMAT, step)), -1),
 							   makeDefElem("start", (Node *) makeFloat(psprintf(INT64_FORMAT, first)), -1),
-							   makeDefElem("restart", (Node *) makeFloat(psprintf(INT64_FORMAT, restart)), -1));
+							   makeDefElem("restart", (Node *) makeFloat(psprintf(INT64_FORMAT, restart_at)), -1));
 	(void) AlterSequence(make_parsestate(NULL), stmt);
 	CommandCounterIncrement();
-	PG_RETURN_VOID();
 }
 
 /*

@@ -2,8 +2,9 @@
 --
 -- What 0.2 changes, and what this script does for a node made at 0.1:
 -- - every function written in SQL or PL/pgSQL runs under SET search_path = pg_catalog, pg_temp
---   (docs/SECURITY.md section 4); chorus.replicable, chorus.spread_sequence and chorus.detach
---   are C; chorus.restart_sequence replays a setval(); chorus.alter_sequence is gone;
+--   (docs/SECURITY.md section 4); chorus.replicable, chorus.spread_sequence, chorus.detach and
+--   the event trigger's chorus.on_ddl_end are C (no function is SECURITY DEFINER any more);
+--   chorus.restart_sequence replays a setval(); chorus.alter_sequence is gone;
 -- - the capture triggers are internal (issue 35): users do not see them (\d,
 --   information_schema, pg_dump) and cannot switch them off. Every table's visible 0.1 triggers
 --   chorus_capture and chorus_capture_truncate are replaced by internal ones, in this
@@ -46,21 +47,8 @@ CREATE FUNCTION chorus.restart_sequence(seq regclass, beyond bigint) RETURNS voi
 CREATE OR REPLACE FUNCTION chorus.detach(rel regclass) RETURNS void
     AS 'MODULE_PATHNAME', 'chorus_detach' LANGUAGE C STRICT;
 
-CREATE OR REPLACE FUNCTION chorus.on_ddl_end() RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp SET chorus.replicate_ddl = off AS $$
-DECLARE
-    cmd record;
-BEGIN
-    FOR cmd IN SELECT * FROM pg_catalog.pg_event_trigger_ddl_commands() LOOP
-        IF cmd.object_type = 'table' AND chorus.replicable(cmd.objid::regclass) THEN
-            PERFORM chorus.attach(cmd.objid::regclass);
-        ELSIF cmd.object_type = 'sequence' AND cmd.command_tag IN ('CREATE SEQUENCE', 'CREATE SCHEMA')
-              AND NOT cmd.in_extension THEN
-            PERFORM chorus.spread_sequence(cmd.objid::regclass);
-        END IF;
-    END LOOP;
-END
-$$;
+CREATE OR REPLACE FUNCTION chorus.on_ddl_end() RETURNS event_trigger
+    AS 'MODULE_PATHNAME', 'chorus_on_ddl_end' LANGUAGE C;
 
 REVOKE ALL ON FUNCTION chorus.restart_sequence(regclass, bigint), chorus.capture(),
     chorus.capture_truncate() FROM PUBLIC;

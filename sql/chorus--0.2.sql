@@ -314,26 +314,11 @@ $$;
 
 -- New tables are replicated as soon as they are created, on every node (the trigger fires in
 -- apply sessions too); so is a table that becomes replicable (ALTER TABLE ... SET LOGGED, a
--- partition attached); new sequences get this node's residue class. It runs as the extension's
--- owner, so an application role that may create tables needs no other right (docs/DDL.md), with
--- search_path pg_catalog, pg_temp (pg_temp last: the caller's temporary objects cannot stand in
--- for the catalogs); what it changes it changes in C, so no event trigger of the user's runs
--- under it.
-CREATE FUNCTION chorus.on_ddl_end() RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp SET chorus.replicate_ddl = off AS $$
-DECLARE
-    cmd record;
-BEGIN
-    FOR cmd IN SELECT * FROM pg_catalog.pg_event_trigger_ddl_commands() LOOP
-        IF cmd.object_type = 'table' AND chorus.replicable(cmd.objid::regclass) THEN
-            PERFORM chorus.attach(cmd.objid::regclass);
-        ELSIF cmd.object_type = 'sequence' AND cmd.command_tag IN ('CREATE SEQUENCE', 'CREATE SCHEMA')
-              AND NOT cmd.in_extension THEN
-            PERFORM chorus.spread_sequence(cmd.objid::regclass);
-        END IF;
-    END LOOP;
-END
-$$;
+-- partition attached); new sequences get this node's residue class. In C (chorus_attach.c): what
+-- it changes it changes as the bootstrap superuser, restricted, so an application role that may
+-- create tables needs no other right, and no function of the extension is SECURITY DEFINER.
+CREATE FUNCTION chorus.on_ddl_end() RETURNS event_trigger
+    AS 'MODULE_PATHNAME', 'chorus_on_ddl_end' LANGUAGE C;
 
 CREATE EVENT TRIGGER chorus_on_ddl_end ON ddl_command_end
     WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'CREATE SEQUENCE', 'ALTER TABLE',

@@ -87,7 +87,10 @@ SCHEMA_CASES = {
     "temporary and local objects": """
         CREATE TEMP TABLE scratch (a int);
         CREATE TABLE kept (a int);
-        DROP TABLE scratch, kept;
+        GRANT SELECT ON scratch, kept TO PUBLIC;
+        CREATE TEMP TABLE scratch2 (a int);
+        CREATE TABLE dropped_with_scratch (a int);
+        DROP TABLE scratch2, dropped_with_scratch;
         CREATE VIEW over_scratch AS SELECT * FROM scratch;
         CREATE FUNCTION count_scratch() RETURNS bigint LANGUAGE sql BEGIN ATOMIC SELECT count(*) FROM scratch; END;
         CREATE FUNCTION pg_temp.helper() RETURNS int LANGUAGE sql AS 'SELECT 1';
@@ -219,11 +222,14 @@ def test_schema_changes_replay_in_their_origins_context(fcluster: Cluster, case:
     err = _run(fcluster, schema, SCHEMA_CASES[case], SETTINGS[combo])
     if case == "temporary and local objects":
         # refused before they run, with the reason: nothing of them reaches any node; temporary
-        # objects made from permanent ones (LIKE, INHERITS, AS, views, their indexes) run here
+        # objects made from permanent ones (LIKE, INHERITS, AS, views, their indexes) run here; a
+        # DROP of both kinds drops the permanent ones everywhere (_check: the nodes agree)
         assert err.count("names both temporary and permanent objects") == 1, err
         assert err.count("depend on a temporary one") == 1, err
         assert err.count("a permanent object from temporary ones") == 1, err
         assert err.count("ERROR") == 3, err
+        with fcluster.connect(2) as c:
+            assert c.execute("SELECT to_regclass(%s)", (f"{schema}.dropped_with_scratch",)).fetchone() == (None,)
     _check(fcluster)
 
 
