@@ -11,6 +11,10 @@ configuration together), sampled in the middle of each run. The coordinators run
 hot path (CHORUS_IMPL=c) and, as ``chorus-1-python`` and ``chorus-3-python``, the pure-Python
 one (``--impls c`` leaves those out). A third table gives the latency Chorus adds to a commit:
 pgbench -N with one client on plain PostgreSQL and on the 1-node cluster.
+
+``--visible-capture`` adds ``chorus-1-visible`` and ``chorus-3-visible``: the same clusters with
+the capture as extension 0.1 made it (ordinary triggers named chorus_capture, enabled ALWAYS)
+instead of internal triggers, to measure what the internal capture costs against it (issue 35).
 """
 
 from __future__ import annotations
@@ -39,6 +43,26 @@ PGBENCH = str(PGBIN / "pgbench")
 def pgbench_init(dsn: str, scale: int) -> None:
     env = dict(os.environ, PGOPTIONS="-c chorus.capture=off")
     subprocess.run([PGBENCH, "-i", "-q", "-s", str(scale), dsn], env=env, check=True, capture_output=True)
+
+
+# extension 0.1's capture, as its library attached it (for --visible-capture)
+VISIBLE_CAPTURE = """
+SELECT chorus.detach('{t}');
+CREATE TRIGGER chorus_capture AFTER INSERT OR UPDATE OR DELETE ON {t} FOR EACH ROW EXECUTE FUNCTION chorus.capture();
+CREATE TRIGGER chorus_capture_truncate AFTER TRUNCATE ON {t} FOR EACH STATEMENT EXECUTE FUNCTION chorus.capture_truncate();
+ALTER TABLE {t} ENABLE ALWAYS TRIGGER chorus_capture;
+ALTER TABLE {t} ENABLE ALWAYS TRIGGER chorus_capture_truncate;
+"""
+
+
+def visible_capture(dsn: str) -> None:
+    """Give the pgbench tables of one node extension 0.1's visible capture triggers (that node
+    only: capture and schema replication off; run it on every node of a cluster)."""
+    env = dict(os.environ, PGOPTIONS="-c chorus.capture=off -c chorus.replicate_ddl=off")
+    script = "".join(VISIBLE_CAPTURE.format(t=t) for t in
+                     ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history"))
+    subprocess.run([str(PGBIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn], input=script,
+                   env=env, check=True, capture_output=True, text=True)
 
 
 CPU_CLASSES = ("postgres", "coordinator", "corosync", "client")
@@ -131,6 +155,8 @@ def bench_args(doc: str, port_base: int) -> argparse.Namespace:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--impls", default="c,python",
                     help="the coordinator's implementations to run (CHORUS_IMPL), comma-separated")
+    ap.add_argument("--visible-capture", action="store_true",
+                    help="also 1- and 3-node clusters with extension 0.1's visible capture triggers")
     return ap.parse_args()
 
 
@@ -169,9 +195,20 @@ def main() -> None:
                 clusters.append(cluster)
                 configs[name] = [n["dsn"] for n in cluster_up(cluster, nodes, port, impl)]
                 port += nodes
+        visible: list[str] = []
+        for nodes in ((1, 3) if args.visible_capture else ()):
+            name = f"chorus-{nodes}-visible"
+            cluster = LocalCluster(str(root / name))
+            clusters.append(cluster)
+            configs[name] = [n["dsn"] for n in cluster_up(cluster, nodes, port, "c")]
+            visible.append(name)
+            port += nodes
         for dsns in configs.values():
             for dsn in dsns:
                 pgbench_init(dsn, args.scale)
+        for name in visible:
+            for dsn in configs[name]:
+                visible_capture(dsn)
         results: dict[str, list[dict[str, float]]] = {name: [] for name in configs}
         single = {"plain": configs["plain"], "chorus-1": configs[next(k for k in configs if k.startswith("chorus-1"))]}
         latency: dict[str, list[dict[str, float]]] = {name: [] for name in single}
