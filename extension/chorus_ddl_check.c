@@ -390,126 +390,105 @@ check_object_functions(Oid classid, Oid objid, const char *what, const char *whi
 	table_close(dep, AccessShareLock);
 }
 
-/* The new dependencies: on temporary objects (refused), of code that runs on apply on functions. */
+/*
+ * for_each_written
+ *		Call visit for every row of catalog catalogid that this transaction wrote
+ *		since command since (a full scan: the catalogs a schema change writes
+ *		have no index on it).
+ */
 static void
-check_new_dependencies(CommandId since)
+for_each_written(Oid catalogid, CommandId since, void (*visit) (HeapTuple tup, Relation rel))
 {
-	Relation	dep = table_open(DependRelationId, AccessShareLock);
-	SysScanDesc scan = systable_beginscan(dep, InvalidOid, false, NULL, 0, NULL);
-	HeapTuple	tup;
-
-	while ((tup = systable_getnext(scan)) != NULL)
-	{
-		Form_pg_depend d = (Form_pg_depend) GETSTRUCT(tup);
-		Oid			fn;
-		const char *what;
-
-		if (!written_since(tup, since))
-			continue;
-		if (permanent_on_temporary(d))
-			ereport(ERROR,
-					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-					 errmsg("chorus: this schema change makes a permanent object depend on a temporary one"),
-					 errdetail("The other nodes do not have this session's temporary objects."),
-					 errhint("Create the object in pg_temp, or SET chorus.replicate_ddl = off.")));
-		fn = referenced_function(d->refclassid, d->refobjid);
-		if (OidIsValid(fn) && (what = runs_on_apply(d->classid, d->objid, d->objsubid)) != NULL)
-		{
-			require_trusted(fn, what, "");
-			require_resolvable(fn, what, "");
-		}
-	}
-	systable_endscan(scan);
-	table_close(dep, AccessShareLock);
-}
-
-/* New domain constraints must be immutable: they are checked again wherever a value is read. */
-static void
-check_new_domain_constraints(CommandId since)
-{
-	Relation	rel = table_open(ConstraintRelationId, AccessShareLock);
+	Relation	rel = table_open(catalogid, AccessShareLock);
 	SysScanDesc scan = systable_beginscan(rel, InvalidOid, false, NULL, 0, NULL);
 	HeapTuple	tup;
 
 	while ((tup = systable_getnext(scan)) != NULL)
-	{
-		Form_pg_constraint con = (Form_pg_constraint) GETSTRUCT(tup);
-		bool		isnull;
-		Datum		bin;
-
-		if (!written_since(tup, since) || !OidIsValid(con->contypid) || con->contype != CONSTRAINT_CHECK)
-			continue;
-		bin = heap_getattr(tup, Anum_pg_constraint_conbin, RelationGetDescr(rel), &isnull);
-		if (!isnull && contain_mutable_functions(stringToNode(TextDatumGetCString(bin))))
-			ereport(ERROR,
-					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-					 errmsg("chorus: constraint \"%s\" of domain %s is not immutable",
-							NameStr(con->conname), format_type_be_qualified(con->contypid)),
-					 errdetail("A domain's constraint is checked wherever a value of the domain is read, "
-							   "on every node; it must give the same answer everywhere "
-							   "(PostgreSQL assumes CHECK constraints are immutable)."),
-					 errhint("Use immutable functions only; a CHECK constraint of a table may use others.")));
-	}
+		if (written_since(tup, since))
+			visit(tup, rel);
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
+}
+
+/* A new dependency: on a temporary object (refused), of code that runs on apply on a function. */
+static void
+check_dependency(HeapTuple tup, Relation rel)
+{
+	Form_pg_depend d = (Form_pg_depend) GETSTRUCT(tup);
+	Oid			fn;
+	const char *what;
+
+	if (permanent_on_temporary(d))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("chorus: this schema change makes a permanent object depend on a temporary one"),
+				 errdetail("The other nodes do not have this session's temporary objects."),
+				 errhint("Create the object in pg_temp, or SET chorus.replicate_ddl = off.")));
+	fn = referenced_function(d->refclassid, d->refobjid);
+	if (OidIsValid(fn) && (what = runs_on_apply(d->classid, d->objid, d->objsubid)) != NULL)
+	{
+		require_trusted(fn, what, "");
+		require_resolvable(fn, what, "");
+	}
+}
+
+/* A new domain constraint must be immutable: it is checked again wherever a value is read. */
+static void
+check_domain_constraint(HeapTuple tup, Relation rel)
+{
+	Form_pg_constraint con = (Form_pg_constraint) GETSTRUCT(tup);
+	bool		isnull;
+	Datum		bin;
+
+	if (!OidIsValid(con->contypid) || con->contype != CONSTRAINT_CHECK)
+		return;
+	bin = heap_getattr(tup, Anum_pg_constraint_conbin, RelationGetDescr(rel), &isnull);
+	if (!isnull && contain_mutable_functions(stringToNode(TextDatumGetCString(bin))))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("chorus: constraint \"%s\" of domain %s is not immutable",
+						NameStr(con->conname), format_type_be_qualified(con->contypid)),
+				 errdetail("A domain's constraint is checked wherever a value of the domain is read, "
+						   "on every node; it must give the same answer everywhere "
+						   "(PostgreSQL assumes CHECK constraints are immutable)."),
+				 errhint("Use immutable functions only; a CHECK constraint of a table may use others.")));
 }
 
 /*
- * New or changed triggers that fire on apply (ALWAYS or REPLICA): their
- * function and their WHEN clause's must be trusted, and they may not be
- * deferred.
+ * A new or changed trigger that fires on apply (ALWAYS or REPLICA): its
+ * function and its WHEN clause's must be trusted, and it may not be deferred.
  */
 static void
-check_apply_triggers(CommandId since)
+check_trigger(HeapTuple tup, Relation rel)
 {
-	Relation	rel = table_open(TriggerRelationId, AccessShareLock);
-	SysScanDesc scan = systable_beginscan(rel, InvalidOid, false, NULL, 0, NULL);
-	HeapTuple	tup;
+	Form_pg_trigger trig = (Form_pg_trigger) GETSTRUCT(tup);
+	char	   *which;
 
-	while ((tup = systable_getnext(scan)) != NULL)
-	{
-		Form_pg_trigger trig = (Form_pg_trigger) GETSTRUCT(tup);
-		char	   *which;
-
-		if (!written_since(tup, since) ||
-			(trig->tgenabled != TRIGGER_FIRES_ALWAYS && trig->tgenabled != TRIGGER_FIRES_ON_REPLICA))
-			continue;
-		which = psprintf(" (trigger \"%s\" on %s)", NameStr(trig->tgname),
-						 get_rel_name(trig->tgrelid) ? quote_identifier(get_rel_name(trig->tgrelid)) : "?");
-		if (trig->tgdeferrable)
-			ereport(ERROR,
-					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-					 errmsg("chorus: a deferrable constraint trigger cannot fire where rows are applied%s", which),
-					 errdetail("It would fire at the commit of the apply, outside the restricted context "
-							   "the table owner's code runs in there."),
-					 errhint("Enable it ORIGIN, or make it not deferrable.")));
-		require_trusted(trig->tgfoid, "a trigger enabled ALWAYS or REPLICA", which);
-		check_object_functions(TriggerRelationId, trig->oid, "a trigger enabled ALWAYS or REPLICA", which);
-	}
-	systable_endscan(scan);
-	table_close(rel, AccessShareLock);
+	if (trig->tgenabled != TRIGGER_FIRES_ALWAYS && trig->tgenabled != TRIGGER_FIRES_ON_REPLICA)
+		return;
+	which = psprintf(" (trigger \"%s\" on %s)", NameStr(trig->tgname),
+					 get_rel_name(trig->tgrelid) ? quote_identifier(get_rel_name(trig->tgrelid)) : "?");
+	if (trig->tgdeferrable)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("chorus: a deferrable constraint trigger cannot fire where rows are applied%s", which),
+				 errdetail("It would fire at the commit of the apply, outside the restricted context "
+						   "the table owner's code runs in there."),
+				 errhint("Enable it ORIGIN, or make it not deferrable.")));
+	require_trusted(trig->tgfoid, "a trigger enabled ALWAYS or REPLICA", which);
+	check_object_functions(TriggerRelationId, trig->oid, "a trigger enabled ALWAYS or REPLICA", which);
 }
 
-/* New or changed rules that fire on apply (ALWAYS or REPLICA): their functions must be trusted. */
+/* A new or changed rule that fires on apply (ALWAYS or REPLICA): its functions must be trusted. */
 static void
-check_apply_rules(CommandId since)
+check_rule(HeapTuple tup, Relation rel)
 {
-	Relation	rel = table_open(RewriteRelationId, AccessShareLock);
-	SysScanDesc scan = systable_beginscan(rel, InvalidOid, false, NULL, 0, NULL);
-	HeapTuple	tup;
+	Form_pg_rewrite rule = (Form_pg_rewrite) GETSTRUCT(tup);
 
-	while ((tup = systable_getnext(scan)) != NULL)
-	{
-		Form_pg_rewrite rule = (Form_pg_rewrite) GETSTRUCT(tup);
-
-		if (!written_since(tup, since) ||
-			(rule->ev_enabled != RULE_FIRES_ALWAYS && rule->ev_enabled != RULE_FIRES_ON_REPLICA))
-			continue;
-		check_object_functions(RewriteRelationId, rule->oid, "a rule enabled ALWAYS or REPLICA",
-							   psprintf(" (rule \"%s\")", NameStr(rule->rulename)));
-	}
-	systable_endscan(scan);
-	table_close(rel, AccessShareLock);
+	if (rule->ev_enabled != RULE_FIRES_ALWAYS && rule->ev_enabled != RULE_FIRES_ON_REPLICA)
+		return;
+	check_object_functions(RewriteRelationId, rule->oid, "a rule enabled ALWAYS or REPLICA",
+						   psprintf(" (rule \"%s\")", NameStr(rule->rulename)));
 }
 
 /*
@@ -521,8 +500,8 @@ void
 chorus_ddl_check_made(CommandId since)
 {
 	CommandCounterIncrement();	/* what the statement wrote, visible to the scans */
-	check_new_dependencies(since);
-	check_new_domain_constraints(since);
-	check_apply_triggers(since);
-	check_apply_rules(since);
+	for_each_written(DependRelationId, since, check_dependency);
+	for_each_written(ConstraintRelationId, since, check_domain_constraint);
+	for_each_written(TriggerRelationId, since, check_trigger);
+	for_each_written(RewriteRelationId, since, check_rule);
 }
