@@ -23,6 +23,17 @@ yourself), for the baseline count of passing tests.
     .venv/bin/python bench/regress_fidelity.py --regress-dir /tmp/pgregress15/src/test/regress \\
         --plain-port 57533 --out /tmp/regress-out-plain
 
+With ``--classify PLAIN_OUT CHORUS_OUT`` (no run), the two runs' results are compared test by
+test, and every test a plain PostgreSQL passes that fails through Chorus is classified: as
+*sequence values* when its output equals the plain one's once every number is masked, with the
+column widths that follow from them (each node
+draws from its own residue class, by design), else by the table of docs/FIDELITY.md, which says
+for each such test what differs and why. A test neither explains is *unclassified*: the exit
+status is then 1. The nodes' comparison (stops, divergences, stalls) of the Chorus run is
+reported too: any of them is a failure of the run.
+
+    .venv/bin/python bench/regress_fidelity.py --classify /tmp/regress-out-plain /tmp/regress-out-chorus
+
 Nothing of PostgreSQL's source is part of this repository: point ``--regress-dir`` at an extracted
 ``src/test/regress`` of the same major version as the server (e.g. from the PostgreSQL 15 source
 package or the REL_15_* tag). Tests that need ``regress.so`` (not installed by the server packages)
@@ -293,11 +304,80 @@ def snapshot(nodes: list[NodeRef], detail_tables: bool = False) -> Snapshot:
     return s
 
 
+# ---- classification of the differences ------------------------------------------------------------
+
+FIDELITY_DOC = HERE.parent / "docs" / "FIDELITY.md"
+_DOC_ROW = re.compile(r"^\|\s*`(?P<test>[\w.]+)`\s*\|\s*(?P<cls>[^|]+?)\s*\|\s*(?P<why>.*?)\s*\|\s*$")
+_NUMBER = re.compile(r"\d+")
+SEQUENCE_VALUES = "sequence values"
+
+
+def documented_classes(doc: Path = FIDELITY_DOC) -> dict[str, tuple[str, str]]:
+    """test -> (class, why), from the table rows of docs/FIDELITY.md (| `test` | class | why |)."""
+    out: dict[str, tuple[str, str]] = {}
+    for line in doc.read_text().splitlines():
+        m = _DOC_ROW.match(line)
+        if m:
+            out[m["test"]] = (m["cls"], m["why"])
+    return out
+
+
+def numbers_only(plain: Path, chorus: Path) -> bool:
+    """Do the two outputs differ in numbers only (the same text once every number is masked)?"""
+    def masked(p: Path) -> list[str]:
+        # numbers masked, and psql's column widths with them (padding, the header's dashes)
+        return [re.sub(r"-{2,}", "--", re.sub(r" +", " ", _NUMBER.sub("N", ln))).strip()
+                for ln in p.read_text(errors="backslashreplace").splitlines()]
+    return masked(plain) == masked(chorus)
+
+
+def classify(plain_out: Path, chorus_out: Path) -> int:
+    """Print the classification of every test a plain PostgreSQL passes and Chorus does not;
+    1 if one is unclassified or the Chorus run saw a node stop, diverge or stall."""
+    plain = {r["test"]: r for r in json.loads((plain_out / "summary.json").read_text())["results"]}
+    summary = json.loads((chorus_out / "summary.json").read_text())
+    chorus = {r["test"]: r for r in summary["results"]}
+    doc = documented_classes()
+    rows: list[tuple[str, str, str]] = []
+    for test, p in plain.items():
+        c = chorus.get(test)
+        if not p["passed"] or (c is not None and c["passed"]):
+            continue
+        if c is None:
+            rows.append((test, "not run through Chorus", ""))
+            continue
+        if numbers_only(plain_out / "results" / f"{test}.out", chorus_out / "results" / f"{test}.out"):
+            rows.append((test, SEQUENCE_VALUES, "the outputs differ in numbers only"))
+        elif test in doc:
+            rows.append((test, *doc[test]))
+        else:
+            rows.append((test, "UNCLASSIFIED", f"diff {plain_out}/results/{test}.out {chorus_out}/results/{test}.out"))
+    both = sum(1 for t, p in plain.items() if p["passed"] and chorus.get(t, {}).get("passed"))
+    only_chorus = [t for t, c in chorus.items() if c["passed"] and not plain.get(t, {}).get("passed", True)]
+    print(f"plain PostgreSQL passes {sum(p['passed'] for p in plain.values())} of {len(plain)}; "
+          f"through Chorus {sum(c['passed'] for c in chorus.values())} of {len(chorus)} run "
+          f"({both} of the plain ones)")
+    if only_chorus:
+        print(f"passing through Chorus only: {', '.join(only_chorus)}")
+    classes: dict[str, int] = {}
+    for _, cls, _ in rows:
+        classes[cls] = classes.get(cls, 0) + 1
+    print("tests a plain PostgreSQL passes that fail through Chorus, by class: "
+          + (", ".join(f"{k} {v}" for k, v in sorted(classes.items())) or "none"))
+    for test, cls, why in rows:
+        print(f"  {test:<24} {cls:<22} {why}")
+    bad = [name for name in ("stops", "divergences", "stalls") if summary.get(name)]
+    for name in bad:
+        print(f"the Chorus run has {len(summary[name])} {name}: {summary[name]}")
+    unclassified = [t for t, cls, _ in rows if cls in ("UNCLASSIFIED", "not run through Chorus")]
+    return 1 if unclassified or bad else 0
+
+
 # ---- the run ------------------------------------------------------------------------------------
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--regress-dir", required=True, help="an extracted src/test/regress of PostgreSQL 15")
+    ap.add_argument("--regress-dir", help="an extracted src/test/regress of PostgreSQL 15 (required for a run)")
     ap.add_argument("--dir", help="a chorus local cluster directory (scripts run through its node n1)")
     ap.add_argument("--plain-port", type=int, help="run against a plain PostgreSQL on 127.0.0.1:PORT instead")
     ap.add_argument("--dbname", default="postgres", help="database of the plain PostgreSQL (default postgres)")
@@ -314,9 +394,15 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=120, help="seconds for each psql run")
     ap.add_argument("--libdir", default="/usr/lib/postgresql/15/lib")
     ap.add_argument("--out", help="output directory (default /tmp/regress-fidelity-{chorus,plain})")
+    ap.add_argument("--classify", nargs=2, metavar=("PLAIN_OUT", "CHORUS_OUT"),
+                    help="no run: classify the differences between two runs' outputs (docs/FIDELITY.md)")
     a = ap.parse_args()
+    if a.classify:
+        return classify(Path(a.classify[0]), Path(a.classify[1]))
     if bool(a.dir) == bool(a.plain_port):
         ap.error("give exactly one of --dir or --plain-port")
+    if not a.regress_dir:
+        ap.error("--regress-dir is required for a run")
 
     regress = Path(a.regress_dir).resolve()
     out = Path(a.out or f"/tmp/regress-fidelity-{'chorus' if a.dir else 'plain'}").resolve()

@@ -285,6 +285,37 @@ chorus_ddl_concurrent(ChorusCapture *cap, ChorusDdlRun *run)
 }
 
 /*
+ * chorus_ddl_evaluated_bound
+ *		A partition bound with expressions (FOR VALUES FROM (current_timestamp)
+ *		...) took its value here: the other nodes replay the statement with
+ *		that value, not the expressions, which would give each node its own.
+ */
+static void
+chorus_ddl_evaluated_bound(ChorusDdlRun *run, PlannedStmt *pstmt)
+{
+	RangeVar   *partition = NULL;
+	PartitionBoundSpec *bound = chorus_bound_of(pstmt->utilityStmt, &partition);
+	Oid			relid;
+	char	   *replay = NULL;
+	MemoryContext old;
+
+	CommandCounterIncrement();
+	relid = partition ? RangeVarGetRelid(partition, NoLock, true) : InvalidOid;
+	if (bound != NULL && OidIsValid(relid) && bound->location >= 0)
+	{
+		old = MemoryContextSwitchTo(TopTransactionContext);
+		replay = chorus_bound_replay(run->statement, bound->location - Max(pstmt->stmt_location, 0), relid);
+		MemoryContextSwitchTo(old);
+	}
+	if (replay == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("chorus: the value of this partition bound cannot be given to the other nodes"),
+				 errhint("Write the bound's value.")));
+	run->statement = replay;
+}
+
+/*
  * chorus_ddl_record
  *		The replicated statement ran here: add its content to the transaction's
  *		writeset (the schema change item in its replay form, and rows where the
@@ -341,6 +372,8 @@ chorus_ddl_record(ChorusCapture *cap, PlannedStmt *pstmt)
 		table_close(rel, AccessShareLock);
 		return;
 	}
+	if (run->keys.evaluated_bound)
+		chorus_ddl_evaluated_bound(run, pstmt);
 	chorus_ddl_item(cap, run, run->statement);
 	cap->table_epoch++;
 	if (IsA(stmt, AlterTableStmt))

@@ -7,17 +7,22 @@
  */
 #include "postgres.h"
 
+#include "access/htup_details.h"
 #include "catalog/index.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "commands/defrem.h"
 #include "nodes/makefuncs.h"
 #include "nodes/parsenodes.h"
+#include "parser/scanner.h"
+#include "utils/fmgrprotos.h"
+#include "utils/syscache.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 
 #include "chorus_ddl_classify.h"
 #include "chorus_settings.h"
+#include "chorus_values.h"
 #include "chorus_wire.h"
 #include "chorus_wswrite.h"
 
@@ -130,7 +135,8 @@ chorus_is_node_object(ObjectType t)
  *		a cast literal, MINVALUE or MAXVALUE). A bound such as current_timestamp
  *		is evaluated when the statement runs: replayed later on another node it
  *		would give that node another bound, and rows would go to other
- *		partitions there.
+ *		partitions there. So any other bound is replayed as the value it took
+ *		on the origin (chorus_bound_replay).
  */
 static bool
 chorus_constant_datum(Node *n)
@@ -157,6 +163,101 @@ chorus_constant_bound(PartitionBoundSpec *b)
 		if (!chorus_constant_datum(lfirst(lc)))
 			return false;
 	return true;
+}
+
+/*
+ * chorus_bound_of
+ *		The partition bound a statement gives (CREATE TABLE ... PARTITION OF,
+ *		ALTER TABLE ... ATTACH PARTITION), and the partition it bounds; NULL if
+ *		none.
+ */
+PartitionBoundSpec *
+chorus_bound_of(Node *stmt, RangeVar **partition)
+{
+	ListCell   *lc;
+
+	if (IsA(stmt, CreateStmt) && ((CreateStmt *) stmt)->partbound != NULL)
+	{
+		*partition = ((CreateStmt *) stmt)->relation;
+		return ((CreateStmt *) stmt)->partbound;
+	}
+	if (IsA(stmt, AlterTableStmt))
+		foreach(lc, ((AlterTableStmt *) stmt)->cmds)
+		{
+			AlterTableCmd *cmd = lfirst_node(AlterTableCmd, lc);
+
+			if (cmd->subtype == AT_AttachPartition)
+			{
+				*partition = ((PartitionCmd *) cmd->def)->name;
+				return ((PartitionCmd *) cmd->def)->bound;
+			}
+		}
+	return NULL;
+}
+
+/*
+ * chorus_bound_replay
+ *		statement, its partition bound (which starts with its IN, FROM or WITH
+ *		at byte offset) replaced by the bound the partition took here, as
+ *		PostgreSQL prints it under fixed settings (ISO dates in UTC: an 'IST'
+ *		printed under another DateStyle reads back as another zone):
+ *		constants, read back the same under any settings the statement
+ *		replays with. NULL if the bound cannot be found in the text.
+ */
+char *
+chorus_bound_replay(const char *statement, int offset, Oid partition)
+{
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(partition));
+	Datum		bound;
+	bool		isnull;
+	char	   *value;
+	core_yy_extra_type extra;
+	core_yyscan_t scanner;
+	core_YYSTYPE yylval;
+	YYLTYPE		yylloc;
+	int			nest,
+				groups,
+				depth = 0,
+				tok,
+				end = -1;
+	StringInfoData out;
+
+	if (!HeapTupleIsValid(tup))
+		return NULL;
+	bound = SysCacheGetAttr(RELOID, tup, Anum_pg_class_relpartbound, &isnull);
+	if (isnull)
+	{
+		ReleaseSysCache(tup);
+		return NULL;
+	}
+	/* printed in ISO, UTC, ...: read back the same whatever settings the replay has */
+	nest = chorus_canonical_enter(false);
+	value = TextDatumGetCString(DirectFunctionCall2(pg_get_expr, bound, ObjectIdGetDatum(partition)));
+	chorus_canonical_exit(nest);
+	ReleaseSysCache(tup);
+	if (offset < 0 || offset >= (int) strlen(statement) || strncmp(value, "FOR VALUES ", 11) != 0)
+		return NULL;
+	/* IN (...) and WITH (...) are one parenthesised group, FROM (...) TO (...) two */
+	groups = pg_strncasecmp(statement + offset, "FROM", 4) == 0 ? 2 : 1;
+	scanner = scanner_init(statement + offset, &extra, &ScanKeywords, ScanKeywordTokens);
+	while ((tok = core_yylex(&yylval, &yylloc, scanner)) != 0)
+	{
+		if (tok == '(')
+			depth++;
+		else if (tok == ')' && --depth == 0 && --groups == 0)
+		{
+			end = offset + yylloc + 1;
+			break;
+		}
+	}
+	scanner_finish(scanner);
+	if (end < 0)
+		return NULL;
+	initStringInfo(&out);
+	appendBinaryStringInfo(&out, statement, offset);
+	appendStringInfoString(&out, value + 11);
+	appendStringInfoString(&out, statement + end);
+	return out.data;
 }
 
 /* A schema-qualified name list that names the session's temporary schema. */
@@ -377,13 +478,17 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 				CreateStmt *cs = (CreateStmt *) stmt;
 
 				if (!chorus_constant_bound(cs->partbound))
-				{
-					*why = "a partition bound that is not a constant (it would be evaluated again, to another value, on each node)";
-					return CHORUS_DDL_REFUSE;
-				}
+					k->evaluated_bound = true;	/* replayed as the value it takes here */
 				chorus_ddl_target(k, cs->relation, true);
 				foreach(lc, cs->inhRelations)
-					chorus_ddl_relation(k, lfirst_node(RangeVar, lc), false);
+				{
+					/*
+					 * A permanent table cannot inherit from a temporary one:
+					 * PostgreSQL says so itself, and nothing runs anywhere else.
+					 */
+					if (chorus_ddl_relation(k, lfirst_node(RangeVar, lc), false) && !k->target_temp)
+						return CHORUS_DDL_LOCAL;
+				}
 				foreach(lc, cs->tableElts)
 					if (IsA(lfirst(lc), TableLikeClause))	/* LIKE another table: it must exist elsewhere */
 						chorus_ddl_relation(k, ((TableLikeClause *) lfirst(lc))->relation, false);
@@ -408,10 +513,7 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 
 				if (cmd->subtype == AT_AttachPartition &&
 					!chorus_constant_bound(((PartitionCmd *) cmd->def)->bound))
-				{
-					*why = "a partition bound that is not a constant (it would be evaluated again, to another value, on each node)";
-					return CHORUS_DDL_REFUSE;
-				}
+					k->evaluated_bound = true;	/* replayed as the value it takes here */
 				/* DETACH PARTITION ... CONCURRENTLY commits in steps, like CREATE INDEX CONCURRENTLY */
 				if (cmd->subtype == AT_DetachPartition && ((PartitionCmd *) cmd->def)->concurrent)
 					k->concurrent = true;

@@ -27,9 +27,12 @@ typedef struct ChorusDdlKeys
 	bool		target_temp;	/* ... which is temporary */
 	bool		concurrent;		/* CREATE/DROP INDEX CONCURRENTLY: runs beside the total order */
 	char	   *replay;			/* the statement the other nodes run instead of the original */
+	bool		evaluated_bound;	/* a partition bound with expressions: ship its value */
 } ChorusDdlKeys;
 
 extern ChorusDdlKind chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why);
 extern CreateTableAsStmt *chorus_ctas_of(Node *stmt);
+extern char *chorus_bound_replay(const char *statement, int offset, Oid partition);
+extern PartitionBoundSpec *chorus_bound_of(Node *stmt, RangeVar **partition);
 
 #endif							/* CHORUS_DDL_CLASSIFY_H */

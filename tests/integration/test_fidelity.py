@@ -291,23 +291,35 @@ def _wait_valid(c: Cluster, index: str, timeout: float = 60) -> None:
 
 
 def test_partition_bounds_and_concurrent_detach(fcluster: Cluster) -> None:
-    """A partition bound evaluated when it runs (current_timestamp) is refused: replayed later it
-    would be another bound on each node. DETACH PARTITION CONCURRENTLY replicates beside the
-    total order, like CREATE INDEX CONCURRENTLY."""
+    """A partition bound evaluated when it runs (current_timestamp, an expression) replicates as
+    the value it took on the origin: replayed as written it would be another bound on each node
+    (issue 35: the regression suite's create_table makes such partitions). DETACH PARTITION
+    CONCURRENTLY replicates beside the total order, like CREATE INDEX CONCURRENTLY."""
     with fcluster.connect(0) as c:
+        c.execute("SET datestyle = 'SQL, DMY'; SET timezone = 'Asia/Kolkata'")
         c.execute("CREATE TABLE bounded (at timestamptz, v int) PARTITION BY RANGE (at)")
-        with pytest.raises(psycopg.errors.FeatureNotSupported, match="partition bound that is not a constant"):
-            c.execute("CREATE TABLE bounded_now PARTITION OF bounded FOR VALUES FROM (MINVALUE) TO (current_timestamp)")
-        c.execute("CREATE TABLE bounded_old PARTITION OF bounded FOR VALUES FROM (MINVALUE) TO ('2020-01-01 00:00+00')")
+        c.execute("CREATE TABLE bounded_now PARTITION OF bounded /* (a comment) */ FOR VALUES FROM (MINVALUE) "
+                  "TO (current_timestamp - interval '100 years')")
+        c.execute("CREATE TABLE bounded_old PARTITION OF bounded FOR VALUES FROM (current_timestamp - interval "
+                  "'100 years') TO ('2020-01-01 00:00+00')")
         c.execute("CREATE TABLE bounded_new (at timestamptz, v int)")
-        with pytest.raises(psycopg.errors.FeatureNotSupported, match="partition bound that is not a constant"):
-            c.execute("ALTER TABLE bounded ATTACH PARTITION bounded_new FOR VALUES FROM ('2020-01-01 00:00+00') "
-                      "TO (now() + interval '1 day')")
         c.execute("ALTER TABLE bounded ATTACH PARTITION bounded_new FOR VALUES FROM ('2020-01-01 00:00+00') "
-                  "TO (MAXVALUE)")
+                  "TO ((now() + interval '1 day')::text::timestamptz)")
+        c.execute("CREATE TABLE lists (k int) PARTITION BY LIST (k)")
+        c.execute("CREATE TABLE lists_3 PARTITION OF lists FOR VALUES IN ((2+1), length('four'))")
         c.execute("INSERT INTO bounded VALUES ('2019-05-05 00:00+00', 1), ('2021-05-05 00:00+00', 2)")
+        c.execute("INSERT INTO lists VALUES (3), (4)")
+        bounds = c.execute("SELECT relname, pg_get_expr(relpartbound, oid) FROM pg_class WHERE relname IN "
+                           "('bounded_now', 'bounded_old', 'bounded_new', 'lists_3') ORDER BY 1").fetchall()
+    _check(fcluster)
+    for i in (1, 2):
+        with fcluster.connect(i) as c:
+            c.execute("SET datestyle = 'SQL, DMY'; SET timezone = 'Asia/Kolkata'")
+            assert c.execute("SELECT relname, pg_get_expr(relpartbound, oid) FROM pg_class WHERE relname IN "
+                             "('bounded_now', 'bounded_old', 'bounded_new', 'lists_3') ORDER BY 1").fetchall() == bounds
+    with fcluster.connect(0) as c:
         c.execute("ALTER TABLE bounded DETACH PARTITION bounded_old CONCURRENTLY")
-        c.execute("DROP TABLE bounded")
+        c.execute("DROP TABLE bounded, lists")
         c.execute("INSERT INTO bounded_old VALUES ('2018-01-01 00:00+00', 3)")
     _check(fcluster)
     with fcluster.connect(2) as c:
