@@ -35,6 +35,7 @@
 #include "utils/typcache.h"
 
 #include "chorus_apply_table.h"
+#include "chorus_values.h"
 #include "chorus_wire.h"
 
 #define PLAN_KEY_SIZE 2048
@@ -540,6 +541,8 @@ chorus_apply_datum(ApplyTable *t, int col, ChorusWsValue v, bool *isnull)
 	*isnull = (v.kind == CHORUS_VAL_NULL);
 	if (v.kind == CHORUS_VAL_NULL)
 		return (Datum) 0;
+	if (chorus_raw_type(r->basetypes[col]))
+		return PointerGetDatum(cstring_to_text_with_len(v.data, (int) v.len));	/* its bytes */
 	copy = palloc(v.len + 1);
 	memcpy(copy, v.data, v.len);
 	copy[v.len] = '\0';

@@ -56,6 +56,11 @@ chorus_binary_type(Oid typid)
 		typid = elem;
 	switch (typid)
 	{
+		case PG_NDISTINCTOID:	/* the planner's statistics: their send form is their bytes */
+		case PG_DEPENDENCIESOID:
+		case PG_MCV_LISTOID:
+		case PG_BRIN_BLOOM_SUMMARYOID:
+		case PG_BRIN_MINMAX_MULTI_SUMMARYOID:
 		case BOOLOID:
 		case CHAROID:
 		case INT2OID:
@@ -173,15 +178,18 @@ chorus_reg_type(Oid typid)
 }
 
 /*
- * chorus_check_replicable_type
- *		Refuse a column whose values no node can read back (the planner's own
- *		types, whose input functions refuse every value): better an error here,
- *		before anything commits, than a node that cannot apply the row.
+ * chorus_raw_type
+ *		The planner's own types (pg_node_tree, statistics, BRIN summaries),
+ *		whose input and receive functions refuse every value: they travel as
+ *		their stored bytes (pg_node_tree as its text, the others in their send
+ *		form, which is their bytes) and are applied as such
+ *		(chorus_apply_datum). A table made by CREATE TABLE AS SELECT * FROM
+ *		pg_class has one (issue 35: the regression suite's create_table).
  */
-void
-chorus_check_replicable_type(Oid typid, const char *column, const char *table)
+bool
+chorus_raw_type(Oid typid)
 {
-	switch (chorus_scalar_type(getBaseType(typid)))
+	switch (typid)
 	{
 		case PG_NODE_TREEOID:
 		case PG_NDISTINCTOID:
@@ -189,16 +197,31 @@ chorus_check_replicable_type(Oid typid, const char *column, const char *table)
 		case PG_MCV_LISTOID:
 		case PG_BRIN_BLOOM_SUMMARYOID:
 		case PG_BRIN_MINMAX_MULTI_SUMMARYOID:
-			ereport(ERROR,
-					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-					 errmsg("chorus: column \"%s\" of %s has type %s, whose values cannot be replicated",
-							column, table, format_type_be(typid)),
-					 errdetail("PostgreSQL reads no value of this type back from its text or binary form."),
-					 errhint("Cast the column to text, or keep the table on one node (chorus.exclude_schemas).")));
-			break;
+			return true;
 		default:
-			break;
+			return false;
 	}
+}
+
+/*
+ * chorus_check_replicable_type
+ *		Refuse a column whose values no node can read back: an array of one of
+ *		the planner's types (chorus_raw_type; the values themselves travel):
+ *		better an error here, before anything commits, than a node that cannot
+ *		apply the row.
+ */
+void
+chorus_check_replicable_type(Oid typid, const char *column, const char *table)
+{
+	Oid			base = getBaseType(typid);
+
+	if (OidIsValid(get_element_type(base)) && chorus_raw_type(chorus_scalar_type(base)))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("chorus: column \"%s\" of %s has type %s, whose values cannot be replicated",
+						column, table, format_type_be(typid)),
+				 errdetail("PostgreSQL reads no array of this type back from its text or binary form."),
+				 errhint("Cast the column to text, or keep the table on one node (chorus.exclude_schemas).")));
 }
 
 /*

@@ -103,6 +103,11 @@ SCHEMA_CASES = {
         CREATE INDEX ON kept_child (extra);
         ALTER TABLE kept_copy ADD COLUMN note text;
         CREATE TABLE from_scratch (LIKE scratch);
+        CREATE TABLE catalog_copy AS SELECT relname, relkind, relpartbound FROM pg_class WHERE relkind = 'p';
+        CREATE TABLE plans AS SELECT ev_class::regclass::text AS v, ev_action FROM pg_rewrite
+          WHERE ev_class = 'pg_catalog.pg_tables'::regclass;
+        UPDATE plans SET v = v || '!';
+        DELETE FROM catalog_copy WHERE relname = 'no such relation';
         CREATE PUBLICATION local_pub;
         ALTER PUBLICATION local_pub RENAME TO local_pub2;
         COMMENT ON PUBLICATION local_pub2 IS 'here only';
