@@ -413,7 +413,7 @@ def refresh_matviews(conn: psycopg.Connection[Any], names: list[str]) -> list[st
 _CAPTURED = """
 SELECT DISTINCT format('%I.%I', n.nspname, c.relname) FROM pg_trigger t
   JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE t.tgfoid = 'chorus.capture()'::regprocedure ORDER BY 1
+ WHERE t.tgfoid = to_regprocedure('chorus.capture()') ORDER BY 1
 """
 
 

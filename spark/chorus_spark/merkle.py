@@ -129,7 +129,7 @@ def copy_lines(conn: psycopg.Connection[Any], query: sql.Composable, counter: Co
 PSQL = "/usr/lib/postgresql/15/bin/psql"
 # a table Chorus captures carries an internal trigger on this function (extension/chorus_attach.c)
 CAPTURED = ("EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = %s::regclass "
-            "AND tgfoid = 'chorus.capture()'::regprocedure)")
+            "AND tgfoid = to_regprocedure('chorus.capture()'))")
 
 
 def _psql_dsn(dsn: str) -> tuple[str, dict[str, str]]:
