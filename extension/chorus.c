@@ -38,6 +38,7 @@ PG_MODULE_MAGIC;
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 static ExecutorStart_hook_type prev_executor_start = NULL;
+static ExecutorFinish_hook_type prev_executor_finish = NULL;
 static emit_log_hook_type prev_emit_log_hook = NULL;
 static ProcessUtility_hook_type prev_process_utility = NULL;
 static post_parse_analyze_hook_type prev_post_parse_analyze = NULL;
@@ -73,6 +74,22 @@ chorus_executor_start(QueryDesc *queryDesc, int eflags)
 		standard_ExecutorStart(queryDesc, eflags);
 	if (OidIsValid(apply_relid))
 		chorus_apply_spi_start(queryDesc, false, &apply_relid);
+}
+
+/*
+ * chorus_executor_finish
+ *		After a statement's AFTER triggers fired: under EXPLAIN ANALYZE, the
+ *		capture triggers are not listed (chorus_attach.c).
+ */
+static void
+chorus_executor_finish(QueryDesc *queryDesc)
+{
+	if (prev_executor_finish)
+		prev_executor_finish(queryDesc);
+	else
+		standard_ExecutorFinish(queryDesc);
+	if (queryDesc->instrument_options != 0 && queryDesc->estate != NULL)
+		chorus_hide_capture(queryDesc->estate);
 }
 
 /*
@@ -210,6 +227,8 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 			 */
 			SetUserIdAndSecContext(save_uid, save_sec & ~SECURITY_RESTRICTED_OPERATION);
 		}
+		if (chorus_shared != NULL)
+			chorus_capture_before(pstmt->utilityStmt);
 		if (prev_process_utility)
 			prev_process_utility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
 		else
@@ -294,6 +313,8 @@ _PG_init(void)
 
 	prev_executor_start = ExecutorStart_hook;
 	ExecutorStart_hook = chorus_executor_start;
+	prev_executor_finish = ExecutorFinish_hook;
+	ExecutorFinish_hook = chorus_executor_finish;
 	prev_emit_log_hook = emit_log_hook;
 	emit_log_hook = chorus_emit_log;
 	prev_process_utility = ProcessUtility_hook;

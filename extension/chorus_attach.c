@@ -45,6 +45,7 @@
 #include "catalog/pg_authid.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_proc.h"
+#include "catalog/pg_inherits.h"
 #include "catalog/pg_trigger.h"
 #include "commands/event_trigger.h"
 #include "commands/trigger.h"
@@ -52,6 +53,9 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
+#include "executor/instrument.h"
+#include "nodes/execnodes.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
@@ -217,7 +221,12 @@ chorus_names_capture(Oid relid, const char *name)
 	return trig == ct.row || trig == ct.truncate;
 }
 
-/* Drop trigger trig (an internal one too: PERFORM_DELETION_INTERNAL). */
+static void chorus_detach_locked(Oid relid, LOCKMODE lockmode);
+
+/*
+ * Drop trigger trig (an internal one too: PERFORM_DELETION_INTERNAL, which
+ * also keeps it out of pg_event_trigger_dropped_objects()).
+ */
 static void
 chorus_drop_trigger(Oid trig)
 {
@@ -295,7 +304,14 @@ chorus_attach_relation(Oid relid)
 void
 chorus_detach_relation(Oid relid)
 {
-	Relation	rel = table_open(relid, ShareRowExclusiveLock);
+	chorus_detach_locked(relid, ShareRowExclusiveLock);
+}
+
+/* chorus_detach_relation under lockmode (a DROP's: taken at once, not upgraded later). */
+static void
+chorus_detach_locked(Oid relid, LOCKMODE lockmode)
+{
+	Relation	rel = table_open(relid, lockmode);
 	ChorusCaptureTriggers ct;
 	ListCell   *lc;
 
@@ -473,14 +489,141 @@ chorus_view_conversion(RuleStmt *rs)
 
 	if (rs->event != CMD_SELECT || strcmp(rs->rulename, "_RETURN") != 0)
 		return;
-	relid = RangeVarGetRelid(rs->relation, ShareRowExclusiveLock, true);
+	relid = RangeVarGetRelid(rs->relation, AccessExclusiveLock, true);
 	if (!OidIsValid(relid) || get_rel_relkind(relid) != RELKIND_RELATION)
 		return;
 	chorus_capture_triggers(relid, &ct);
 	if (!OidIsValid(ct.row) && !OidIsValid(ct.truncate))
 		return;
-	chorus_detach_relation(relid);
+	chorus_detach_locked(relid, AccessExclusiveLock);
 	chorus_no_triggers_left(relid);
+}
+
+/* Detach relid if it is captured, and (with_inheritors) its partitions or, all its inheritors. */
+static void
+chorus_detach_dropped(Oid relid, bool cascade)
+{
+	char		kind = get_rel_relkind(relid);
+	List	   *rels;
+	ListCell   *lc;
+
+	if (kind != RELKIND_RELATION && kind != RELKIND_PARTITIONED_TABLE)
+		return;
+	/* a partitioned table's partitions go with it; other inheritors only with CASCADE */
+	rels = (kind == RELKIND_PARTITIONED_TABLE || cascade)
+		? find_all_inheritors(relid, AccessExclusiveLock, NULL) : list_make1_oid(relid);
+	foreach(lc, rels)
+	{
+		Oid			r = lfirst_oid(lc);
+		ChorusCaptureTriggers ct;
+
+		if (get_rel_relkind(r) != RELKIND_RELATION)
+			continue;
+		chorus_capture_triggers(r, &ct);
+		if (OidIsValid(ct.row) || OidIsValid(ct.truncate))
+			chorus_detach_locked(r, AccessExclusiveLock);
+	}
+}
+
+/*
+ * chorus_capture_before
+ *		Right before a utility statement runs (its turn in the total order
+ *		taken), on its origin and in a replay alike: the capture of tables it
+ *		turns into views, or drops, goes first, so that PostgreSQL's own
+ *		checks (a table with triggers is no view) and a sql_drop event
+ *		trigger's pg_event_trigger_dropped_objects() see the tables as on a
+ *		plain PostgreSQL. Nothing if the statement then fails: the
+ *		transaction's rollback puts the capture back.
+ */
+void
+chorus_capture_before(Node *stmt)
+{
+	ListCell   *lc;
+
+	if (IsA(stmt, RuleStmt))
+		chorus_view_conversion((RuleStmt *) stmt);
+	else if (IsA(stmt, DropStmt) && ((DropStmt *) stmt)->removeType == OBJECT_TABLE)
+	{
+		DropStmt   *ds = (DropStmt *) stmt;
+
+		foreach(lc, ds->objects)
+		{
+			Oid			relid = RangeVarGetRelid(makeRangeVarFromNameList(lfirst_node(List, lc)), NoLock, true);
+
+			if (OidIsValid(relid) && pg_class_ownercheck(relid, GetUserId()))
+				chorus_detach_dropped(relid, ds->behavior == DROP_CASCADE);
+		}
+	}
+	else if (IsA(stmt, DropStmt) && ((DropStmt *) stmt)->removeType == OBJECT_SCHEMA)
+	{
+		DropStmt   *ds = (DropStmt *) stmt;
+
+		foreach(lc, ds->objects)
+		{
+			Oid			nsp = get_namespace_oid(strVal(lfirst(lc)), true);
+			Relation	classrel;
+			ScanKeyData key;
+			SysScanDesc scan;
+			HeapTuple	tup;
+			List	   *rels = NIL;
+			ListCell   *rc;
+
+			if (!OidIsValid(nsp) || !pg_namespace_ownercheck(nsp, GetUserId()))
+				continue;
+			classrel = table_open(RelationRelationId, AccessShareLock);
+			ScanKeyInit(&key, Anum_pg_class_relnamespace, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(nsp));
+			scan = systable_beginscan(classrel, ClassNameNspIndexId, true, NULL, 1, &key);
+			while (HeapTupleIsValid(tup = systable_getnext(scan)))
+				if (((Form_pg_class) GETSTRUCT(tup))->relkind == RELKIND_RELATION)
+					rels = lappend_oid(rels, ((Form_pg_class) GETSTRUCT(tup))->oid);
+			systable_endscan(scan);
+			table_close(classrel, AccessShareLock);
+			foreach(rc, rels)
+				chorus_detach_dropped(lfirst_oid(rc), false);
+		}
+	}
+}
+
+/*
+ * chorus_hide_capture
+ *		After a statement's AFTER triggers fired, under EXPLAIN ANALYZE (or
+ *		auto_explain): the capture triggers' counts are cleared, so that the
+ *		plan lists the user's triggers only, as on a plain PostgreSQL (a
+ *		trigger never invoked is not listed). Their time stays in the total.
+ */
+void
+chorus_hide_capture(EState *estate)
+{
+	List	   *lists[3] = {estate->es_opened_result_relations, estate->es_tuple_routing_result_relations,
+	estate->es_trig_target_relations};
+	Oid			rowfn = InvalidOid,
+				truncfn = InvalidOid;
+	bool		looked = false;
+	int			l,
+				i;
+	ListCell   *lc;
+
+	for (l = 0; l < 3; l++)
+		foreach(lc, lists[l])
+		{
+			ResultRelInfo *r = (ResultRelInfo *) lfirst(lc);
+
+			if (r->ri_TrigDesc == NULL || r->ri_TrigInstrument == NULL)
+				continue;
+			if (!looked)
+			{
+				rowfn = chorus_capture_function(false);
+				truncfn = chorus_capture_function(true);
+				looked = true;
+			}
+			for (i = 0; i < r->ri_TrigDesc->numtriggers; i++)
+			{
+				Trigger    *t = &r->ri_TrigDesc->triggers[i];
+
+				if (t->tgisinternal && OidIsValid(t->tgfoid) && (t->tgfoid == rowfn || t->tgfoid == truncfn))
+					memset(&r->ri_TrigInstrument[i], 0, sizeof(Instrumentation));
+			}
+		}
 }
 
 /*
@@ -673,8 +816,6 @@ chorus_capture_guard(PlannedStmt *pstmt)
 		if (chorus_names_capture(relid, rs->subname))
 			chorus_refuse_capture_change("rename", rs->relation->relname);
 	}
-	else if (IsA(stmt, RuleStmt))
-		chorus_view_conversion((RuleStmt *) stmt);
 	else if (IsA(stmt, AlterObjectDependsStmt) &&
 			 ((AlterObjectDependsStmt *) stmt)->objectType == OBJECT_TRIGGER)
 	{

@@ -11,9 +11,11 @@
 #include "catalog/index.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
+#include "catalog/pg_type.h"
 #include "commands/defrem.h"
 #include "nodes/makefuncs.h"
 #include "nodes/parsenodes.h"
+#include "parser/parse_type.h"
 #include "parser/scanner.h"
 #include "utils/fmgrprotos.h"
 #include "utils/syscache.h"
@@ -270,6 +272,23 @@ chorus_names_temp_schema(List *names)
 	DeconstructQualifiedName(names, &schema, &obj);
 	return schema != NULL && (strcmp(schema, "pg_temp") == 0 ||
 							  isAnyTempNamespace(get_namespace_oid(schema, true)));
+}
+
+/* Does type name tn name a type of a temporary schema (a temporary table's row type, say)? */
+static bool
+chorus_temp_type(TypeName *tn)
+{
+	Type		typ;
+	bool		temp;
+
+	if (tn == NULL)
+		return false;
+	typ = LookupTypeName(NULL, tn, NULL, true);
+	if (typ == NULL)
+		return false;
+	temp = isAnyTempNamespace(((Form_pg_type) GETSTRUCT(typ))->typnamespace);
+	ReleaseSysCache(typ);
+	return temp;
 }
 
 /* The CREATE TABLE AS statement inside an EXPLAIN ANALYZE, which creates the table. */
@@ -595,10 +614,45 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 			chorus_ddl_target(k, ((AlterPolicyStmt *) stmt)->table, false);
 			break;
 		case T_CreateFunctionStmt:
-			/* a function in the session's temporary schema lives and dies with the session */
-			if (chorus_names_temp_schema(((CreateFunctionStmt *) stmt)->funcname))
+			{
+				CreateFunctionStmt *cf = (CreateFunctionStmt *) stmt;
+
+				/* a function in the session's temporary schema lives and dies with the session */
+				if (chorus_names_temp_schema(cf->funcname))
+					return CHORUS_DDL_LOCAL;
+				/* so does one of a temporary type: PostgreSQL drops it with the type */
+				if (chorus_temp_type(cf->returnType))
+					return CHORUS_DDL_LOCAL;
+				foreach(lc, cf->parameters)
+					if (chorus_temp_type(lfirst_node(FunctionParameter, lc)->argType))
+						return CHORUS_DDL_LOCAL;
+				break;
+			}
+		case T_CreateDomainStmt:
+			if (chorus_names_temp_schema(((CreateDomainStmt *) stmt)->domainname))
 				return CHORUS_DDL_LOCAL;
 			break;
+		case T_DefineStmt:
+			if (chorus_names_temp_schema(((DefineStmt *) stmt)->defnames))
+				return CHORUS_DDL_LOCAL;
+			break;
+		case T_CreateEnumStmt:
+			if (chorus_names_temp_schema(((CreateEnumStmt *) stmt)->typeName))
+				return CHORUS_DDL_LOCAL;
+			break;
+		case T_CreateRangeStmt:
+			if (chorus_names_temp_schema(((CreateRangeStmt *) stmt)->typeName))
+				return CHORUS_DDL_LOCAL;
+			break;
+		case T_CompositeTypeStmt:
+			{
+				RangeVar   *tv = ((CompositeTypeStmt *) stmt)->typevar;
+
+				if (tv->schemaname != NULL &&
+					chorus_names_temp_schema(list_make2(makeString(tv->schemaname), makeString(tv->relname))))
+					return CHORUS_DDL_LOCAL;
+				break;
+			}
 		case T_GrantStmt:
 			{
 				GrantStmt  *gs = (GrantStmt *) stmt;
