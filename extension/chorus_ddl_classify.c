@@ -281,8 +281,8 @@ chorus_temp_type(TypeName *tn)
 	Type		typ;
 	bool		temp;
 
-	if (tn == NULL)
-		return false;
+	if (tn == NULL || tn->pct_type)
+		return false;			/* (a %TYPE reference: looking it up says NOTICEs of its own) */
 	typ = LookupTypeName(NULL, tn, NULL, true);
 	if (typ == NULL)
 		return false;
