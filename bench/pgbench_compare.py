@@ -59,10 +59,16 @@ def visible_capture(dsn: str) -> None:
     """Give the pgbench tables of one node extension 0.1's visible capture triggers (that node
     only: capture and schema replication off; run it on every node of a cluster)."""
     env = dict(os.environ, PGOPTIONS="-c chorus.capture=off -c chorus.replicate_ddl=off")
-    script = "".join(VISIBLE_CAPTURE.format(t=t) for t in
-                     ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history"))
-    subprocess.run([str(PGBIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn], input=script,
-                   env=env, check=True, capture_output=True, text=True)
+    # (with the event trigger off: this library's chorus.attach, which it calls after an ALTER
+    # TABLE, would make 0.1's triggers internal ones, as the upgrade does)
+    script = ("ALTER EVENT TRIGGER chorus_on_ddl_end DISABLE;"
+              + "".join(VISIBLE_CAPTURE.format(t=t) for t in
+                        ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history"))
+              + "ALTER EVENT TRIGGER chorus_on_ddl_end ENABLE ALWAYS;")
+    r = subprocess.run([str(PGBIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn], input=script,
+                       env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"could not give {dsn} extension 0.1's capture: {r.stderr}")
 
 
 CPU_CLASSES = ("postgres", "coordinator", "corosync", "client")

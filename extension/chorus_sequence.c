@@ -205,10 +205,13 @@ sequence_params(Oid seq, int64 *increment, int64 *start)
 
 /*
  * sequence_position
- *		The last value sequence seq has handed out (or will hand out before
- *		the next: last_value, less one increment if not is_called), read from
- *		its one tuple as nextval and setval do (commands/sequence.c), without
- *		a query and without a privilege check (its caller moved it).
+ *		The value the sequence's next value must lie beyond: the last it
+ *		handed out, or, when it is not called (setval(s, v, false): the next
+ *		value is v), the value just before last_value in its direction. (Not
+ *		one increment before it: a node's class steps by increment × nodes,
+ *		and a restart beyond v - increment could hand out values below v.)
+ *		Read from its one tuple as nextval and setval do (commands/sequence.c),
+ *		without a query and without a privilege check (its caller moved it).
  */
 static int64
 sequence_position(Oid seq, int64 increment)
@@ -229,7 +232,7 @@ sequence_position(Oid seq, int64 increment)
 	tup = (HeapTupleHeader) PageGetItem(page, lp);
 	data = (Form_pg_sequence_data) ((char *) tup + tup->t_hoff);
 	pos = data->last_value;
-	if (!data->is_called && pg_sub_s64_overflow(pos, increment, &pos))
+	if (!data->is_called && pg_sub_s64_overflow(pos, increment > 0 ? 1 : -1, &pos))
 		pos = data->last_value;
 	UnlockReleaseBuffer(buf);
 	relation_close(rel, AccessShareLock);
