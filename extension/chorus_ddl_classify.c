@@ -291,6 +291,39 @@ chorus_temp_type(TypeName *tn)
 	return temp;
 }
 
+/*
+ * chorus_drops_temp_only
+ *		A DROP of functions, operators, aggregates, types or domains every one
+ *		of which is named in the session's temporary schema (DROP FUNCTION
+ *		pg_temp.f()): the session's own objects, as their creation was.
+ */
+static bool
+chorus_drops_temp_only(DropStmt *ds)
+{
+	ListCell   *lc;
+
+	switch (ds->removeType)
+	{
+		case OBJECT_FUNCTION:
+		case OBJECT_PROCEDURE:
+		case OBJECT_ROUTINE:
+		case OBJECT_AGGREGATE:
+		case OBJECT_OPERATOR:
+			foreach(lc, ds->objects)
+				if (!chorus_names_temp_schema(lfirst_node(ObjectWithArgs, lc)->objname))
+					return false;
+			return ds->objects != NIL;
+		case OBJECT_TYPE:
+		case OBJECT_DOMAIN:
+			foreach(lc, ds->objects)
+				if (!chorus_names_temp_schema(lfirst_node(TypeName, lc)->names))
+					return false;
+			return ds->objects != NIL;
+		default:
+			return false;
+	}
+}
+
 /* The CREATE TABLE AS statement inside an EXPLAIN ANALYZE, which creates the table. */
 static CreateTableAsStmt *
 chorus_explain_ctas(ExplainStmt *es)
@@ -560,6 +593,8 @@ chorus_ddl_classify(Node *stmt, ChorusDdlKeys *k, const char **why)
 						if (strcmp(strVal(lfirst(lc)), "chorus") == 0)
 							return CHORUS_DDL_LOCAL;
 				}
+				if (chorus_drops_temp_only(ds))
+					return CHORUS_DDL_LOCAL;
 				if (chorus_is_relation_object(ds->removeType))
 				{
 					foreach(lc, ds->objects)
