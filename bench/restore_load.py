@@ -39,7 +39,6 @@ CREATE TABLE accounts_copy (LIKE pgbench_accounts INCLUDING ALL);
 INSERT INTO accounts_copy SELECT * FROM pgbench_accounts;
 CREATE INDEX accounts_copy_bid ON accounts_copy (bid);
 CREATE INDEX accounts_copy_filler ON accounts_copy (abalance, aid);
-ALTER TABLE pgbench_branches ADD PRIMARY KEY (bid);
 ALTER TABLE accounts_copy ADD FOREIGN KEY (bid) REFERENCES pgbench_branches (bid);
 CREATE FUNCTION balance_of(a int) RETURNS int LANGUAGE sql STABLE
   BEGIN ATOMIC SELECT abalance FROM pgbench_accounts WHERE aid = a; END;
