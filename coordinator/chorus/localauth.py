@@ -118,8 +118,10 @@ def scram_verifier(password: str, salt: Optional[bytes] = None, iterations: int 
 
 
 def set_password_sql(password: str) -> str:
-    """SQL that gives the postgres role ``password`` (as a verifier: see :func:`scram_verifier`)."""
-    return f"ALTER ROLE postgres PASSWORD '{scram_verifier(password)}';\n"
+    """SQL that gives the postgres role ``password`` (as a verifier: see :func:`scram_verifier`)
+    on this server only: a Chorus node does not replicate it (each keeps a verifier of its own),
+    and a server with the extension but no coordinator need not ask one."""
+    return f"SET chorus.replicate_ddl = off;\nALTER ROLE postgres PASSWORD '{scram_verifier(password)}';\n"
 
 
 def tcp_dsn(port: int, passfile: Path, dbname: str = "postgres") -> str:

@@ -306,9 +306,7 @@ class LocalCluster:
         and the password of the cluster's password file."""
         if not _alive(n.pg_pid, "postgres"):
             self._start_postmaster(n)
-        # the password on this node only: each node keeps a verifier of its own
-        sql = ("CREATE EXTENSION IF NOT EXISTS chorus;\nSET chorus.replicate_ddl = off;\n"
-               + localauth.set_password_sql(self.password(self.load())))
+        sql = "CREATE EXTENSION IF NOT EXISTS chorus;\n" + localauth.set_password_sql(self.password(self.load()))
         self._run([str(PGBIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(self.run_dir(n.name)),
                    "-p", str(n.port), "-U", "postgres", "-d", "postgres", "-f", "-"],
                   f"CREATE EXTENSION chorus on {n.name} (is the extension installed? run scripts/setup.sh)",
@@ -630,8 +628,9 @@ class PlainPostgres:
             _as_postgres([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth-local=reject",
                           "--auth-host=reject", "-E", "UTF8", "--locale=C.UTF-8"])
             conf = PG_CONF.format(port=self.port, run=run, number=0)
-            if not self.extension:
-                conf = "\n".join(line for line in conf.splitlines() if "chorus" not in line)
+            if not self.extension:  # (the directories' names may say chorus: only the settings go)
+                conf = "\n".join(line for line in conf.splitlines()
+                                 if not line.startswith(("shared_preload_libraries", "chorus.")))
             with open(pgdata / "postgresql.conf", "a") as f:
                 f.write(conf + "\n")
         me = pwd.getpwuid(os.geteuid()).pw_name
