@@ -138,20 +138,35 @@ def psql_line(port: int, passfile: Path) -> str:
 def secure_pgdata(pgdata: Path, peer_users: Iterable[str], owner: Optional[tuple[int, int]]) -> bool:
     """Give a data directory the local cluster's authentication (pg_hba.conf, pg_ident.conf, the
     settings of :data:`PG_ACCESS_CONF`), its files owned by ``owner`` when given. True if
-    pg_hba.conf or pg_ident.conf changed (a running server takes them on a reload)."""
+    pg_hba.conf or pg_ident.conf changed (a running server takes them on a reload). The data
+    directory is the service user's: a link planted in it is refused, never followed (what
+    pg_hba.conf said is kept in the new one)."""
     changed = False
     for name, render in (("pg_hba.conf", hba), ("pg_ident.conf", lambda old: ident(old, peer_users))):
         path = pgdata / name
-        old = path.read_text() if path.exists() else ""
+        old = read_text(path) if path.exists() else ""
         new = render(old)
         if new != old:
             write_private(path, new, owner)
             changed = True
     conf = pgdata / "postgresql.conf"
-    if PG_ACCESS_MARKER not in conf.read_text():  # unix_socket_permissions: from the next start
-        with open(conf, "a") as f:
-            f.write(PG_ACCESS_CONF)
+    if PG_ACCESS_MARKER not in read_text(conf):  # unix_socket_permissions: from the next start
+        append_text(conf, PG_ACCESS_CONF)
     return changed
+
+
+def read_text(path: Path) -> str:
+    """A file's text, never through a link (OSError: it is one)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def append_text(path: Path, text: str) -> None:
+    """Append to an existing file, never through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def write_private(path: Path, text: str, owner: Optional[tuple[int, int]] = None) -> None:

@@ -276,9 +276,8 @@ class LocalCluster:
             # no connection is accepted until _secure_node has written pg_hba.conf
             self._run([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth-local=reject",
                        "--auth-host=reject", "-E", meta.encoding, f"--locale={locale}"], f"initdb of {n.name}")
-            with open(pgdata / "postgresql.conf", "a") as f:
-                f.write(PG_CONF.format(port=n.port, run=run,
-                                       number=meta.nodes.index(n) + 1))
+            localauth.append_text(pgdata / "postgresql.conf",
+                                  PG_CONF.format(port=n.port, run=run, number=meta.nodes.index(n) + 1))
         cfg = self.config(meta, n)
         toml = d / "chorus.toml"
         write_config(cfg, str(toml))
@@ -631,8 +630,7 @@ class PlainPostgres:
             if not self.extension:  # (the directories' names may say chorus: only the settings go)
                 conf = "\n".join(line for line in conf.splitlines()
                                  if not line.startswith(("shared_preload_libraries", "chorus.")))
-            with open(pgdata / "postgresql.conf", "a") as f:
-                f.write(conf + "\n")
+            localauth.append_text(pgdata / "postgresql.conf", conf + "\n")
         me = pwd.getpwuid(os.geteuid()).pw_name
         localauth.secure_pgdata(pgdata, [SERVICE_USER, me] if owner else [me], owner)
         _as_postgres([str(PGBIN / "pg_ctl"), "-D", str(pgdata), "-l", str(self.dir / "postgres.log"), "-w", "start"])

@@ -114,3 +114,21 @@ def test_a_log_is_opened_0600_and_never_through_a_link(tmp_path: Path) -> None:
         localauth.open_log(link)
     assert not (tmp_path / "elsewhere").exists()
     localauth.restrict(tmp_path / "missing", 0o600)  # nothing to do
+
+
+def test_a_data_directory_with_a_planted_link_is_refused_not_read(tmp_path: Path) -> None:
+    """pg_hba.conf's other rules are kept when it is rewritten: read through a link, a file only
+    root may read would end up in the service user's pg_hba.conf."""
+    secret = tmp_path / "shadow"
+    secret.write_text("host all all 10.0.0.0/8 root-only-secret\n")
+    pgdata = tmp_path / "pgdata"
+    pgdata.mkdir()
+    (pgdata / "postgresql.conf").write_text("port = 5433\n")
+    (pgdata / "pg_hba.conf").symlink_to(secret)
+    with pytest.raises(OSError):
+        localauth.secure_pgdata(pgdata, ["postgres"], None)
+    assert (pgdata / "pg_hba.conf").is_symlink() and secret.read_text().endswith("root-only-secret\n")
+    (pgdata / "pg_hba.conf").unlink()
+    assert localauth.secure_pgdata(pgdata, ["postgres"], None)
+    assert localauth.PG_ACCESS_MARKER in (pgdata / "postgresql.conf").read_text()
+    assert not localauth.secure_pgdata(pgdata, ["postgres"], None)  # nothing left to change
