@@ -75,7 +75,9 @@ def local() -> None:
 @json_option
 def up(directory: str, nodes: int, port_base: int, log_segment_mb: int, log_total_mb: int,
        commit_lanes: Optional[int], encoding: str, as_json: bool) -> None:
-    """Create, or restart, a local cluster and wait until every node is online."""
+    """Create, or restart, a local cluster and wait until every node is online. Over TCP its
+    PostgreSQL takes the password in DIR/pgpass (the lines printed name it); a cluster made
+    before clusters had passwords gets one here (docs/OPERATIONS.md)."""
     c = _cluster(directory)
     try:
         desc = c.up(nodes, port_base, log_segment_mb, log_total_mb, commit_lanes, encoding)
