@@ -56,6 +56,17 @@ class Cluster:
         """The cluster's password file (the postgres role's password, for TCP)."""
         return str(self.info["passfile"])
 
+    @property
+    def password(self) -> str:
+        """The postgres role's password, for a client that cannot use the password file (one that
+        connects through a proxy on another port)."""
+        from chorus.localauth import password_in
+
+        with open(self.passfile) as f:
+            found = password_in(f.read())
+        assert found is not None
+        return found
+
     def dsn_as(self, i: int, user: str, password: str) -> str:
         """Node ``i`` over TCP as another role (TCP takes SCRAM passwords: give the role one)."""
         return psycopg.conninfo.make_conninfo(self.dsn(i), user=user, password=password)
