@@ -117,6 +117,19 @@ def scram_verifier(password: str, salt: Optional[bytes] = None, iterations: int 
     return f"SCRAM-SHA-256${iterations}:{salt64}${stored64}:{server64}"
 
 
+def scram_matches(verifier: str, password: str) -> bool:
+    """Whether a stored SCRAM-SHA-256 verifier is one of ``password`` (anything else: no)."""
+    try:
+        method, rest = verifier.split("$", 1)
+        head, keys = rest.split("$")
+        iterations, salt = head.split(":")
+        stored, server = keys.split(":")
+        mine = scram_verifier(password, base64.b64decode(salt, validate=True), int(iterations))
+    except ValueError:  # binascii.Error is one
+        return False
+    return method == "SCRAM-SHA-256" and hmac.compare_digest(mine.split("$", 2)[2], f"{stored}:{server}")
+
+
 def set_password_sql(password: str) -> str:
     """SQL that gives the postgres role ``password`` (as a verifier: see :func:`scram_verifier`)
     on this server only: a Chorus node does not replicate it (each keeps a verifier of its own),

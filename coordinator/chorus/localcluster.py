@@ -213,13 +213,14 @@ class LocalCluster:
         return cmd, self._as_service()
 
     def _run(self, cmd: list[str], what: str, timeout: float = 120, node: Optional[str] = None,
-             stdin: Optional[str] = None) -> None:
+             stdin: Optional[str] = None) -> str:
         """Run a program as the service user, files it makes 0600; ``stdin`` is its input
-        (secrets go there, never on a command line)."""
+        (secrets go there, never on a command line). Its output."""
         cmd, kw = self._wrap(node, cmd)
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=stdin, umask=0o077, **kw)
         if p.returncode != 0:
             raise LocalClusterError(f"{what} failed:\n{p.stderr.strip() or p.stdout.strip()}")
+        return str(p.stdout)
 
     def _corosync_reachable(self) -> bool:
         tool = shutil.which("corosync-quorumtool") or "/usr/sbin/corosync-quorumtool"
@@ -302,14 +303,20 @@ class LocalCluster:
 
     def _start_postgres(self, n: NodeMeta) -> None:
         """Start the node's PostgreSQL unless it runs; either way make sure it has the extension
-        and the password of the cluster's password file."""
+        and the password of the cluster's password file (set only when the one it has is not
+        that: a restart writes nothing)."""
         if not _alive(n.pg_pid, "postgres"):
             self._start_postmaster(n)
-        sql = "CREATE EXTENSION IF NOT EXISTS chorus;\n" + localauth.set_password_sql(self.password(self.load()))
-        self._run([str(PGBIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(self.run_dir(n.name)),
-                   "-p", str(n.port), "-U", "postgres", "-d", "postgres", "-f", "-"],
-                  f"CREATE EXTENSION chorus on {n.name} (is the extension installed? run scripts/setup.sh)",
-                  node=n.name, stdin=sql)
+        psql = [str(PGBIN / "psql"), "-X", "-q", "-tA", "-v", "ON_ERROR_STOP=1", "-h", str(self.run_dir(n.name)),
+                "-p", str(n.port), "-U", "postgres", "-d", "postgres", "-f", "-"]
+        stored = self._run(psql, f"CREATE EXTENSION chorus on {n.name} (is the extension installed? run "
+                                 "scripts/setup.sh)", node=n.name,
+                           stdin="CREATE EXTENSION IF NOT EXISTS chorus;\n"
+                                 "SELECT rolpassword FROM pg_catalog.pg_authid WHERE rolname = 'postgres';\n")
+        password = self.password(self.load())
+        if not localauth.scram_matches(stored.strip(), password):
+            self._run(psql, f"setting the postgres role's password on {n.name}", node=n.name,
+                      stdin=localauth.set_password_sql(password))
 
     def _start_postmaster(self, n: NodeMeta) -> None:
         d = self.node_dir(n.name)

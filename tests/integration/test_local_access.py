@@ -178,8 +178,8 @@ def _assert_private_and_passworded(c: Cluster) -> None:
     problems = _private_files_problems(c.dir)
     assert not problems, "\n".join(problems)
     port = c.info["nodes"][0]["port"]
-    r = subprocess.run([PSQL, "-X", "-w", "-c", "SELECT 1", f"host=127.0.0.1 port={port} dbname=postgres user=postgres"],
-                       capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
+    r = subprocess.run([PSQL, "-X", "-w", "-c", "SELECT 1", f"host=127.0.0.1 port={port} user=postgres"],
+                       capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin", "HOME": "/nonexistent"})
     assert r.returncode != 0 and "no password supplied" in r.stderr, r.stderr
     for i in range(len(c.nodes)):
         with c.connect(i) as conn:
@@ -215,11 +215,19 @@ def test_a_cluster_made_with_trust_is_migrated_by_local_up(small: Cluster, runni
     assert out.stdout.strip() == "3", (line, out.stderr)
 
 
-def test_the_password_is_kept_across_restarts(small: Cluster) -> None:
-    before = Path(small.passfile).read_text()
+def _verifier(c: Cluster, i: int) -> str:
+    with psycopg.connect(c.info["nodes"][i]["socket_dsn"]) as conn:
+        row = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = 'postgres'").fetchone()
+        assert row is not None
+        return str(row[0])
+
+
+def test_the_password_is_kept_across_restarts_and_not_set_again(small: Cluster) -> None:
+    """A restart writes nothing: the node's verifier is one of the file's password already."""
+    before, verifier = Path(small.passfile).read_text(), _verifier(small, 1)
     assert chorus("local", "stop", "--dir", small.dir, "n2").returncode == 0
     r = chorus("local", "start", "--dir", small.dir, "n2")
     assert r.returncode == 0, r.stderr
-    assert Path(small.passfile).read_text() == before
+    assert Path(small.passfile).read_text() == before and _verifier(small, 1) == verifier
     with psycopg.connect(small.dsn(1)) as c:
         assert c.execute("SELECT 1").fetchone() == (1,)

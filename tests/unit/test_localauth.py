@@ -91,6 +91,18 @@ def test_the_server_is_given_a_scram_verifier_not_the_password() -> None:
     assert localauth.scram_verifier("pencil") != localauth.scram_verifier("pencil")  # a new salt each time
 
 
+def test_a_stored_verifier_is_checked_against_the_password_files() -> None:
+    """A restart sets the password only when the node's verifier is not one of it: it writes
+    nothing otherwise (a write at every start took the transaction id a killed transaction had
+    had, and commit_outcome answered for the wrong one)."""
+    pw = localauth.new_password()
+    v = localauth.scram_verifier(pw)
+    assert localauth.scram_matches(v, pw) and localauth.scram_matches(localauth.scram_verifier(pw, iterations=10), pw)
+    assert not localauth.scram_matches(v, pw + "x")
+    for other in ("", "md5" + "0" * 32, "SCRAM-SHA-256$4096:!!$a:b", "SCRAM-SHA-256$x:AAAA$a:b", v.replace("$", "#")):
+        assert not localauth.scram_matches(other, pw), other
+
+
 def test_a_private_file_replaces_a_planted_link_and_is_0600(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_text("keep me\n")
