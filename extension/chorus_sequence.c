@@ -204,8 +204,8 @@ sequence_params(Oid seq, int64 *increment, int64 *start)
 
 /*
  * sequence_position
- *		The last value sequence seq has handed out (or will hand out before
- *		the next: last_value, less one increment if not is_called), read from
+ *		The last value sequence seq has handed out (or the value just before the
+ *		one it hands out next, when not is_called), read from
  *		its one tuple as nextval and setval do (commands/sequence.c), without
  *		a query and without a privilege check (its caller moved it).
  */
@@ -228,7 +228,8 @@ sequence_position(Oid seq, int64 increment)
 	tup = (HeapTupleHeader) PageGetItem(page, lp);
 	data = (Form_pg_sequence_data) ((char *) tup + tup->t_hoff);
 	pos = data->last_value;
-	if (!data->is_called && pg_sub_s64_overflow(pos, increment, &pos))
+	/* not called: last_value is handed out next, so what it reached is the value before it */
+	if (!data->is_called && pg_sub_s64_overflow(pos, increment > 0 ? 1 : -1, &pos))
 		pos = data->last_value;
 	UnlockReleaseBuffer(buf);
 	relation_close(rel, AccessShareLock);
