@@ -127,7 +127,7 @@ chorus_emit_log(ErrorData *edata)
  *		that role, and cannot SET ROLE to the session's superuser. The session's
  *		own settings (SET, SHOW, transaction control) are left to the session.
  */
-static void
+static bool
 chorus_replay_as_role(Node *stmt)
 {
 	Oid			role;
@@ -136,7 +136,7 @@ chorus_replay_as_role(Node *stmt)
 
 	if (chorus_replay_role == NULL || chorus_replay_role[0] == '\0' ||
 		IsA(stmt, VariableSetStmt) || IsA(stmt, VariableShowStmt) || IsA(stmt, TransactionStmt))
-		return;
+		return false;
 	role = get_role_oid(chorus_replay_role, true);
 	if (!OidIsValid(role))
 		ereport(ERROR,
@@ -145,6 +145,7 @@ chorus_replay_as_role(Node *stmt)
 				 errdetail("The statement ran as this role on its origin; it runs as no one else here.")));
 	GetUserIdAndSecContext(&uid, &sec);
 	SetUserIdAndSecContext(role, sec | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+	return true;
 }
 
 /*
@@ -168,6 +169,7 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 	ChorusCommitState *cs = chorus_commit_state();
 	Oid			save_uid;
 	int			save_sec;
+	volatile bool switched = false;	/* the user or security context changed here, to be restored */
 	bool		replay = (cs->applying || chorus_replaying) && chorus_shared != NULL;
 
 	if (!IsA(pstmt->utilityStmt, TransactionStmt))
@@ -190,7 +192,7 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 	{
 		chorus_truncate_restart = restart;
 		if (chorus_replaying)
-			chorus_replay_as_role(pstmt->utilityStmt);
+			switched = chorus_replay_as_role(pstmt->utilityStmt);
 		if (replay && IsA(pstmt->utilityStmt, RefreshMatViewStmt))
 		{
 			/*
@@ -200,19 +202,22 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 			 * the origin. The role stays the replay's (no SET ROLE either way).
 			 */
 			SetUserIdAndSecContext(save_uid, save_sec & ~SECURITY_RESTRICTED_OPERATION);
+			switched = true;
 		}
 		if (prev_process_utility)
 			prev_process_utility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
 		else
 			standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
-		SetUserIdAndSecContext(save_uid, save_sec);
+		if (switched)			/* (not otherwise: a SET ROLE must stay) */
+			SetUserIdAndSecContext(save_uid, save_sec);
 		chorus_truncate_restart = outer_restart;
 		if (replicated)
 			chorus_ddl_record(cap, pstmt);
 	}
 	PG_FINALLY();
 	{
-		SetUserIdAndSecContext(save_uid, save_sec);
+		if (switched)
+			SetUserIdAndSecContext(save_uid, save_sec);
 		if (replay)
 			chorus_ddl_replay_leave();
 		chorus_truncate_restart = outer_restart;

@@ -55,6 +55,19 @@ def tenant(cluster: Cluster) -> Iterator[None]:
     cluster.quiesce()
     yield
     assert_safe(cluster)
+    # the tenant's objects go: they would make the nodes differ in later tests' eyes (the
+    # CHECKs that fail on one node only are the origin's to check, not a later COPY's)
+    with cluster.connect(0) as c:
+        c.execute("DROP SCHEMA m CASCADE")
+        c.execute("DROP TABLE public.sec_secret")
+        for name in [ROLE, *_MADE]:
+            c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+            c.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+            c.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+    cluster.quiesce()
+
+
+_MADE: list[str] = []  # the roles test_names_of_every_kind_replicate made (dropped at the end)
 
 
 def _role_rows(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
@@ -110,6 +123,26 @@ BEGIN
   END IF;
   RETURN true;
 END $$"""
+
+
+def test_set_role_to_a_lesser_role_sticks(cluster: Cluster) -> None:
+    """A superuser's session that SETs ROLE to the tenant keeps the tenant's rights for what
+    follows (the extension's hooks must not undo it): what it creates is the tenant's, on every
+    node, and it cannot do what the tenant cannot."""
+    with cluster.connect(0) as c:
+        c.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(ROLE)))
+        assert c.execute("SELECT current_user").fetchone() == (ROLE,)
+        c.execute("CREATE TABLE m.made_as_role (id int PRIMARY KEY)")
+        assert c.execute("SELECT current_user").fetchone() == (ROLE,)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            c.execute("SELECT * FROM public.sec_secret")
+        c.execute("RESET ROLE")
+    cluster.quiesce()
+    for i in range(len(cluster.nodes)):
+        with cluster.connect(i) as c:
+            assert c.execute("SELECT tableowner FROM pg_tables WHERE schemaname = 'm' AND "
+                             "tablename = 'made_as_role'").fetchone() == (ROLE,)
+    assert_safe(cluster)
 
 
 def test_temporary_objects_cannot_stand_in_for_the_catalogs(cluster: Cluster) -> None:
@@ -438,6 +471,7 @@ def test_names_of_every_kind_replicate(cluster: Cluster) -> None:
                               "EXCEPTION WHEN duplicate_object THEN END $$").format(role, sql.Literal(PASSWORD)))
             c.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(role, role))
             made.append(name)
+            _MADE.append(name)
     cluster.quiesce()
     for k, name in enumerate(made):
         ident = sql.Identifier(name)
