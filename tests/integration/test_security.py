@@ -22,7 +22,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from conftest import Cluster
+from conftest import Cluster, chorus
 
 pytestmark = pytest.mark.integration
 
@@ -385,6 +385,30 @@ def test_a_replay_that_needs_what_a_restricted_context_refuses_is_undone_everywh
     errors = attempt(cluster, ["ALTER TABLE m.tmp_user ADD CONSTRAINT s CHECK (m.scratch(id))"])
     assert len(errors) == 1 and errors[0].startswith("42501") and "temporary table" in errors[0], errors
     assert_safe(cluster)
+
+
+def test_a_check_that_fails_on_one_node_does_not_stop_its_rebuild(cluster: Cluster) -> None:
+    """Total recovery loads the donor's rows without running the joiner's CHECK constraints (the
+    rows passed them): a tenant's CHECK that fails only on the joiner cannot keep it out."""
+    victim = conninfo_to_dict(cluster.dsn(2))["port"]
+    assert attempt(cluster, [
+        "CREATE TABLE m.rebuilt (id int PRIMARY KEY, v int)",
+        "CREATE FUNCTION m.not_here(int) RETURNS boolean LANGUAGE plpgsql AS "
+        f"$$ BEGIN IF pg_catalog.current_setting('port') = '{victim}' THEN RAISE 'not here'; END IF; "
+        "RETURN true; END $$",
+        "ALTER TABLE m.rebuilt ADD CONSTRAINT not_here CHECK (m.not_here(v)) NOT VALID",
+        "INSERT INTO m.rebuilt SELECT g, g FROM generate_series(1, 3000) g",
+    ]) == []
+    cluster.quiesce()
+    with psycopg.connect(cluster.dsn(2), autocommit=True,
+                         options="-c chorus.capture=off -c chorus.replicate_ddl=off") as c:
+        c.execute("TRUNCATE m.rebuilt")  # the node lost the rows, behind Chorus's back
+    r = chorus("node", "join", "--total", "--dir", cluster.dir, cluster.nodes[2].name, "--json", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_safe(cluster)
+    with cluster.connect(2) as c:
+        assert c.execute("SELECT count(*) FROM m.rebuilt").fetchone() == (3000,)
+        assert c.execute("SELECT convalidated FROM pg_constraint WHERE conname = 'not_here'").fetchone() == (False,)
 
 
 def test_code_inside_a_schema_change_may_not_write_or_change_the_schema(cluster: Cluster) -> None:
