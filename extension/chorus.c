@@ -189,7 +189,7 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 	ChorusCommitState *cs = chorus_commit_state();
 	Oid			save_uid;
 	int			save_sec;
-	bool		swapped = false;	/* the user id or context changed for the statement */
+	volatile bool swapped = false;	/* the user id or context changed for the statement */
 	bool		replay = (cs->applying || chorus_replaying) && chorus_shared != NULL;
 
 	if (!IsA(pstmt->utilityStmt, TransactionStmt))

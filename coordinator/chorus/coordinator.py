@@ -105,7 +105,7 @@ class Coordinator:
         self.sender = BusSender(cfg.name, self._spawn, self._batch_failed)
         send = self.sender.send
         self.voting = InconsistencyVoting(
-            cfg.name, send, decided=lambda gid: self.replicator.decided.get(gid) if self.replicator else None,
+            cfg.name, send, decided=self._decided,
             watermark=lambda: self.pipeline.watermark, commit_skipped=lambda gid: self.pipeline.commit_skipped(gid),
             leave=self._leave)
         self.pipeline = CommitPipeline(
@@ -451,6 +451,15 @@ class Coordinator:
                 self._flow_reassert()
 
     # ---- what the parts ask of the daemon ------------------------------------------------
+
+    def _decided(self, gid: int) -> Optional[bool]:
+        """The cluster's decision on GID ``gid``, if any: an inconsistency vote's, or a schema
+        change's settled by every node's report (a node that applies a committed schema change
+        late, after its catch-up, and fails is on the losing side of it)."""
+        r = self.replicator
+        if r is None:
+            return None
+        return r.decided.get(gid, r.settled.get(gid))
 
     def _refusal(self) -> Optional[str]:
         """Why this node takes no writes now, or None if it does."""

@@ -25,6 +25,7 @@ from psycopg import sql
 from pytest_postgresql import factories
 
 from chorus import wire
+from chorus.localauth import new_password
 from chorus.localcluster import PlainPostgres, temporary_postgres
 from chorus.nodedb import PIN_SEARCH_PATH
 from conftest import peak_anon_growth_kb
@@ -32,6 +33,7 @@ from conftest import peak_anon_growth_kb
 pytestmark = pytest.mark.integration
 
 PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 90
+PASSWORD = new_password()  # the server's postgres role's (it takes SCRAM passwords over TCP)
 
 # the settings text values are printed and read under (chorus_values.c), as an apply session sets them
 CANONICAL = ("SET datestyle = 'ISO'; SET intervalstyle = 'postgres'; SET timezone = 'UTC'; "
@@ -41,7 +43,7 @@ CANONICAL = ("SET datestyle = 'ISO'; SET intervalstyle = 'postgres'; SET timezon
 @pytest.fixture(scope="session", autouse=True)
 def chorus_server() -> Iterator[PlainPostgres]:
     """One PostgreSQL with the extension preloaded and no coordinator, started as a node would be."""
-    with temporary_postgres("chorus-apply-", PORT, extension=True) as pg:
+    with temporary_postgres("chorus-apply-", PORT, extension=True, password=PASSWORD) as pg:
         with psycopg.connect(pg.dsn, autocommit=True) as c:
             c.execute("CREATE EXTENSION IF NOT EXISTS chorus")
             c.execute("SELECT chorus.node_init(0)")
@@ -49,11 +51,11 @@ def chorus_server() -> Iterator[PlainPostgres]:
 
 
 def _load(host: str, port: int, user: str, dbname: str, password: Optional[str] = None, **_: Any) -> None:
-    with psycopg.connect(host=host, port=port, user=user, dbname=dbname, autocommit=True) as c:
+    with psycopg.connect(host=host, port=port, user=user, password=password, dbname=dbname, autocommit=True) as c:
         c.execute("CREATE EXTENSION chorus")
 
 
-chorus_noproc = factories.postgresql_noproc(host="127.0.0.1", port=PORT, user="postgres",
+chorus_noproc = factories.postgresql_noproc(host="127.0.0.1", port=PORT, user="postgres", password=PASSWORD,
                                             dbname="chorus_apply", load=[_load])
 postgresql = factories.postgresql("chorus_noproc")
 

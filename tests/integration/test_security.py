@@ -22,7 +22,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from conftest import Cluster
+from conftest import Cluster, chorus
 
 pytestmark = pytest.mark.integration
 
@@ -55,12 +55,19 @@ def tenant(cluster: Cluster) -> Iterator[None]:
     cluster.quiesce()
     yield
     assert_safe(cluster)
-    # the tenant's hostile objects go with the module: a CHECK that fails on one node's port
-    # makes total recovery of that node fail when it puts the table's rows back
-    # (test_total_recovery runs on the same cluster after this module)
+    # the tenant's objects go: they would make the nodes differ in later tests' eyes (the
+    # CHECKs that fail on one node only are the origin's to check, not a later COPY's)
     with cluster.connect(0) as c:
-        c.execute(sql.SQL("DROP SCHEMA IF EXISTS m CASCADE"))
+        c.execute("DROP SCHEMA m CASCADE")
+        c.execute("DROP TABLE public.sec_secret")
+        for name in [ROLE, *_MADE]:
+            c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+            c.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+            c.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
     cluster.quiesce()
+
+
+_MADE: list[str] = []  # the roles test_names_of_every_kind_replicate made (dropped at the end)
 
 
 def _role_rows(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
@@ -116,6 +123,26 @@ BEGIN
   END IF;
   RETURN true;
 END $$"""
+
+
+def test_set_role_to_a_lesser_role_sticks(cluster: Cluster) -> None:
+    """A superuser's session that SETs ROLE to the tenant keeps the tenant's rights for what
+    follows (the extension's hooks must not undo it): what it creates is the tenant's, on every
+    node, and it cannot do what the tenant cannot."""
+    with cluster.connect(0) as c:
+        c.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(ROLE)))
+        assert c.execute("SELECT current_user").fetchone() == (ROLE,)
+        c.execute("CREATE TABLE m.made_as_role (id int PRIMARY KEY)")
+        assert c.execute("SELECT current_user").fetchone() == (ROLE,)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            c.execute("SELECT * FROM public.sec_secret")
+        c.execute("RESET ROLE")
+    cluster.quiesce()
+    for i in range(len(cluster.nodes)):
+        with cluster.connect(i) as c:
+            assert c.execute("SELECT tableowner FROM pg_tables WHERE schemaname = 'm' AND "
+                             "tablename = 'made_as_role'").fetchone() == (ROLE,)
+    assert_safe(cluster)
 
 
 def test_temporary_objects_cannot_stand_in_for_the_catalogs(cluster: Cluster) -> None:
@@ -360,6 +387,30 @@ def test_a_replay_that_needs_what_a_restricted_context_refuses_is_undone_everywh
     assert_safe(cluster)
 
 
+def test_a_check_that_fails_on_one_node_does_not_stop_its_rebuild(cluster: Cluster) -> None:
+    """Total recovery loads the donor's rows without running the joiner's CHECK constraints (the
+    rows passed them): a tenant's CHECK that fails only on the joiner cannot keep it out."""
+    victim = conninfo_to_dict(cluster.dsn(2))["port"]
+    assert attempt(cluster, [
+        "CREATE TABLE m.rebuilt (id int PRIMARY KEY, v int)",
+        "CREATE FUNCTION m.not_here(int) RETURNS boolean LANGUAGE plpgsql AS "
+        f"$$ BEGIN IF pg_catalog.current_setting('port') = '{victim}' THEN RAISE 'not here'; END IF; "
+        "RETURN true; END $$",
+        "ALTER TABLE m.rebuilt ADD CONSTRAINT not_here CHECK (m.not_here(v)) NOT VALID",
+        "INSERT INTO m.rebuilt SELECT g, g FROM generate_series(1, 3000) g",
+    ]) == []
+    cluster.quiesce()
+    with psycopg.connect(cluster.dsn(2), autocommit=True,
+                         options="-c chorus.capture=off -c chorus.replicate_ddl=off") as c:
+        c.execute("TRUNCATE m.rebuilt")  # the node lost the rows, behind Chorus's back
+    r = chorus("node", "join", "--total", "--dir", cluster.dir, cluster.nodes[2].name, "--json", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_safe(cluster)
+    with cluster.connect(2) as c:
+        assert c.execute("SELECT count(*) FROM m.rebuilt").fetchone() == (3000,)
+        assert c.execute("SELECT convalidated FROM pg_constraint WHERE conname = 'not_here'").fetchone() == (False,)
+
+
 def test_code_inside_a_schema_change_may_not_write_or_change_the_schema(cluster: Cluster) -> None:
     """Code that a replicated schema change runs (a CHECK validated against the rows) writing
     rows or making schema changes of its own would do it again on every node replaying the
@@ -444,6 +495,7 @@ def test_names_of_every_kind_replicate(cluster: Cluster) -> None:
                               "EXCEPTION WHEN duplicate_object THEN END $$").format(role, sql.Literal(PASSWORD)))
             c.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(role, role))
             made.append(name)
+            _MADE.append(name)
     cluster.quiesce()
     for k, name in enumerate(made):
         ident = sql.Identifier(name)
