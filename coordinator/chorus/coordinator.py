@@ -45,8 +45,9 @@ from chorus.nodedb import DB_RETRY_S, DatabaseFatal, NodeDatabase, NodeStart
 from chorus import nodestatus
 from chorus.nodestatus import Counters, NodeStatus
 from chorus.pipeline import CommitPipeline, Hooks, Pending, raw
-from chorus.replicator import (Action, Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried,
-                               Pause, Phase, PhaseChange, Replicator, Send, SyncReached, VoteDecided, VoteOpened)
+from chorus.replicator import (Action, Apply, CatchUp, DdlOutcome, Holding, Joined, LocalVerdict, LogOffered,
+                               LogQueried, Pause, Phase, PhaseChange, Remember, Replicator, Send, SyncReached,
+                               VoteDecided, VoteOpened)
 from chorus.spool import Spool
 from chorus.state import NodeState, load_state, save_state
 from chorus.voting import InconsistencyVoting
@@ -159,6 +160,9 @@ class Coordinator:
             bootstrap=self.state.bootstrap,  # only when told (`chorus bootstrap`; seed 8.2)
             compat=self.compat,
             member_votes=self.cfg.bus_members,
+            epochs=self.state.epochs,
+            records=dict(self.state.records),
+            holding=self._holding,
         )
         self.catchup = CatchUpRunner(self.cfg.name, r, self.pipeline, self.feeder, self.keys,
                                      self.cfg.recovery_partners, self.cfg.catchup_batch, self.sender.send,
@@ -381,8 +385,8 @@ class Coordinator:
                 self._pause_wanted = a.paused
             elif isinstance(a, LocalVerdict):
                 self.backends.verdict(a)
-            elif isinstance(a, (Apply, DdlOutcome)) and catchup is not None and catchup.held is not None:
-                catchup.held.append(a)  # after the catch-up range
+            elif isinstance(a, (Apply, DdlOutcome)) and catchup is not None and catchup.hold(a):
+                pass  # after the catch-up range: held until it is applied
             elif isinstance(a, Apply):
                 self.pipeline.admit(Pending(a.gid, a.prev, a.origin, a.writeset), local=False)
                 self.pipeline.dispatch_soon()
@@ -410,6 +414,10 @@ class Coordinator:
                 log.info("phase %s: %s", a.phase.value, a.reason)
                 await self.db.set_online(a.phase == Phase.ONLINE and r is not None and r.accepts_writes,
                                          f"Phase {a.phase.value}: {a.reason}")
+            elif isinstance(a, Remember):
+                # before anything after it: a re-form trusts what the state file says (history.py)
+                self.state = self.state.with_(epochs=a.epochs, records=dict(a.records))
+                save_state(self.cfg.state_file, self.state)
             elif isinstance(a, Joined):
                 self.state = self.state.with_(cluster_uuid=a.cluster_uuid, bootstrap=False,
                                               safe_to_bootstrap=False, last_gid=a.gid)
@@ -480,12 +488,23 @@ class Coordinator:
             self.sender.send(bp.FlowControl(self.cfg.name, again))
 
     def _answer_log_query(self, q: LogQueried) -> None:
-        """A recovering member asks whose log holds what (the donor side of catch-up)."""
-        if self.recovery_server is None or q.node == self.cfg.name:
+        """A recovering member asks whose log holds what (the donor side of catch-up). Every
+        member answers, with no address if it runs no recovery server: the asker concludes that
+        no log holds its range only once every member has answered."""
+        if q.node == self.cfg.name:
             return
-        self.sender.send(bp.LogInfo(
-            q.node, q.request_id, self.cfg.name, self.cfg.recovery_advertise or self.cfg.recovery_listen,
-            self.wslog.base_gid, self.wslog.end_gid, self.pipeline.watermark, len(self.pipeline.pending)))
+        address = (self.cfg.recovery_advertise or self.cfg.recovery_listen) if self.recovery_server is not None else ""
+        self.sender.send(bp.LogInfo(q.node, q.request_id, self.cfg.name, address, self.wslog.base_gid,
+                                    self.wslog.end_gid, self.pipeline.watermark, len(self.pipeline.pending)))
+
+    def _holding(self) -> Holding:
+        """What this node holds, for its GID requests: the GID its database holds or will once
+        what it admitted commits, and its writeset log's range."""
+        try:
+            after, high = self.wslog.base_gid, self.wslog.end_gid
+        except LogError:
+            after = high = 0
+        return Holding(max(self.pipeline.watermark, self.pipeline.book.admitted), after, high)
 
     # ---- admin --------------------------------------------------------------------------
 
@@ -552,6 +571,12 @@ class Coordinator:
             writeset_log={"low_gid": self.wslog.low_gid, "high_gid": self.wslog.high_gid,
                           "holds_after_gid": self.wslog.base_gid,
                           "waiting_for_schema_outcome": self.feeder.waiting, **self._log_size()},
+            synced_members=sorted(r.synced & set(r.online)) if r else [],
+            epochs=[[e.number, e.start, e.node] for e in (r.epochs if r else self.state.epochs)],
+            reform=({"reason": r.reform.reason,
+                     "waiting_for": [{"node": n, "why": why} for n, why in r.reform.waiting_for]}
+                    if r is not None and r.reform is not None and r.phase not in (Phase.ONLINE, Phase.RECOVERING)
+                    else None),
         )
 
     def _outcome(self, xid: int, began: int, origin_db_status: str, origin: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from chorus.commitbook import CommitBook
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
 from chorus.replicator import DdlOutcome
-from chorus.scheduler import Scheduler
+from chorus.scheduler import ApplyScheduler, Scheduler
 from chorus.spool import Spool
 from chorus.wslog import LogFeeder
 
@@ -252,24 +252,7 @@ class CommitPipeline:
             self._restarting = False
 
     def _reschedule(self, lanes: int, durable: int) -> None:
-        """The commit book and the scheduler as PostgreSQL came back: GIDs it lost pending again
-        and first, everything after ``durable`` to be replayed."""
-        self.book.start(lanes, durable)
-        lost = self.book.restart(durable)  # pending again, the lanes starting at the durable GID
-        if lost:
-            log.info("PostgreSQL lost GIDs %d..%d it had committed but not flushed: applying them again",
-                     lost[0].gid, lost[-1].gid)
-            again = {p.gid for p in lost}
-            self.scheduler = Scheduler()
-            for p in [*lost, *(p for g, p in self.pending.items() if g not in again)]:
-                if p.gid in again:
-                    p.backend = None
-                self.scheduler.add(p.gid, order_keys(p.writeset), local=p.origin == self.name,
-                                   barrier=p.writeset.has_schema)
-        else:
-            self.scheduler.committed_upto(durable)
-        replays = self.scheduler.replay_all_from(durable)
-        log.info("PostgreSQL is back at GID %d; re-applying %d certified writesets", durable, len(replays))
+        self.scheduler = reschedule(self.book, self.scheduler, self.name, lanes, durable)
 
     # ---- apply ------------------------------------------------------------------------------
 
@@ -419,6 +402,29 @@ class CommitPipeline:
             return 0.0
         oldest = min(p.delivered_at for p in self.pending.values())
         return round((time.monotonic() - oldest) * 1000, 1)
+
+
+def reschedule(book: CommitBook[Pending], scheduler: ApplyScheduler, node: str, lanes: int,
+               durable: int) -> ApplyScheduler:
+    """The commit book and the scheduler as PostgreSQL came back at GID ``durable`` with ``lanes``
+    commit lanes: GIDs it lost (committed, not flushed) pending again and first, everything after
+    ``durable`` to be applied again (``node``'s own by replay). Returns the scheduler to use."""
+    book.start(lanes, durable)
+    lost = book.restart(durable)  # pending again, the lanes starting at the durable GID
+    if lost:
+        log.info("PostgreSQL lost GIDs %d..%d it had committed but not flushed: applying them again",
+                 lost[0].gid, lost[-1].gid)
+        again = {p.gid for p in lost}
+        scheduler = Scheduler()
+        for p in [*lost, *(p for g, p in book.pending.items() if g not in again)]:
+            if p.gid in again:
+                p.backend = None
+            scheduler.add(p.gid, order_keys(p.writeset), local=p.origin == node, barrier=p.writeset.has_schema)
+    else:
+        scheduler.committed_upto(durable)
+    replays = scheduler.replay_all_from(durable)
+    log.info("PostgreSQL is back at GID %d; re-applying %d certified writesets", durable, len(replays))
+    return scheduler
 
 
 def raw(ws: wire.Writeset) -> bytes:

@@ -152,15 +152,21 @@ def test_stale_joiner_catches_up_while_certifying_the_live_stream() -> None:
     c.submit("n3", 1, 2)  # certified on every node, the recovering one included
     c.drain()
     assert stale.gid == 2 and c.applied["n2"][-1] == 2
-    # it asks the others what their logs hold; only online nodes answer
+    # it asks the others what their logs hold; every member answers, a recovering one too (it
+    # serves what it has committed)
     queried = c.nodes["n1"].on_delivery(Delivery("m", bp.encode(bp.LogQuery("n2", "r1"))))
     assert queried == [LogQueried("n2", "r1")]
-    assert stale.on_delivery(Delivery("m", bp.encode(bp.LogQuery("n1", "r2")))) == []
+    assert stale.on_delivery(Delivery("m", bp.encode(bp.LogQuery("n1", "r2")))) == [LogQueried("n1", "r2")]
     info = bp.LogInfo("n2", "r1", "n1", "127.0.0.1:1", 0, 2, 2, 0)
     assert stale.on_delivery(Delivery("m", bp.encode(info))) == [LogOffered(info)]
     assert c.nodes["n3"].on_delivery(Delivery("m", bp.encode(info))) == []
-    stale.recovered()
+    assert all("n2" not in r.synced for r in c.nodes.values())
+    # caught up: it says so in the order, and every node counts it synced at that place
+    c.act("n2", stale.recovered(2))
+    assert stale.phase == Phase.RECOVERING
+    c.drain()
     assert stale.phase == Phase.ONLINE and stale.accepts_writes
+    assert all(r.synced == set(NAMES) for r in c.nodes.values())
 
 
 def test_joiner_ahead_of_the_cluster_needs_total_recovery() -> None:
@@ -556,6 +562,7 @@ def test_local_cluster_counts_coordinators_not_its_one_corosync() -> None:
     for m, r in nodes.items():
         r.on_view(View(1, tuple(members), tuple(members), (), m, True, 1, 1), 0.0)
         r.phase, r.quorate, r.online = Phase.ONLINE, True, {x.node: k for k, x in nodes.items()}
+        r.synced = set(r.online)
     r1 = nodes["1:100"]
     r1.on_view(View(2, ("1:100", "1:200"), (), ("1:300",), "1:100", True, 1, 1), 0.0)
     assert r1.accepts_writes  # two of three
