@@ -368,7 +368,7 @@ class Coordinator:
                         counters.bus_bytes_received += len(ev.payload)
                         actions = r.on_delivery(ev)
                         if ev.sender == local:
-                            self.sender.delivered_own(ev.payload)
+                            self._lost(self.sender.delivered_own(ev.payload))
                     await self._act(actions)
                 self.feeder.flush()  # the log records of this batch, in one write
                 if self.sender.outbox:
@@ -465,6 +465,17 @@ class Coordinator:
     def _expect_local(self, ticket: int, writeset: wire.Writeset) -> None:
         assert self.replicator is not None
         self.replicator.expect_local(ticket, writeset)
+
+    def _lost(self, tickets: list[int]) -> None:
+        """Local writesets whose messages the bus lost at a view change (bussender.OwnMessages):
+        the primary component may have committed them; their backends hear that the outcome is
+        unknown (SQLSTATE 08007), as when the node leaves the primary component."""
+        for ticket in tickets:
+            assert self.replicator is not None
+            self.replicator.forget_local(ticket)
+            self.backends.verdict(LocalVerdict(
+                ticket, False, 0, 0, "the bus lost this transaction's writeset at a membership change: whether it "
+                "committed is decided by the primary component (chorus.commit_outcome tells)", None, unknown=True))
 
     def _batch_failed(self, tickets: list[int], e: BusError) -> None:
         if self.replicator is not None:

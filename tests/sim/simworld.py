@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional
 from chorus import busproto as bp
 from chorus import wire
 from chorus.bus import Delivery, View, Votes, bus_node
+from chorus.bussender import OwnMessages
 from chorus.catchupplan import (CATCHUP_WINDOW, Abandoned, Act, AskLogs, CatchUpPlan, Fetch, Steps, Wait,
                                 WaitCommitted)
 from chorus.commitbook import CommitBook
@@ -452,6 +453,7 @@ class Coord:
         self.tickets: dict[int, Txn] = {}
         self.backends: dict[int, tuple[Txn, _Backend]] = {}  # gid -> its waiting local backend
         self.offers: dict[str, list[bp.LogInfo]] = {}
+        self.own = OwnMessages()  # bussender.BusSender's
         self.catchup_token = 0
         self.last_progress = 0.0
         self._ticket = itertools.count(1)
@@ -501,6 +503,10 @@ class Coord:
             actions = self.r.on_view(ev, self.sim.clock.now)
         else:
             actions = self.r.on_delivery(ev)
+            if ev.sender == self.member:  # coordinator._bus_loop, _lost
+                for ticket in self.own.delivered(ev.payload):
+                    self.r.forget_local(ticket)
+                    actions.insert(0, LocalVerdict(ticket, False, 0, 0, "lost at a view change", None, unknown=True))
         self._act(actions)
         self.feeder.flush()
 
@@ -545,9 +551,11 @@ class Coord:
             else:
                 raise Violation(f"unknown action {a!r}")
 
-    def send(self, m: bp.Message) -> None:
+    def send(self, m: bp.Message, tickets: Optional[list[int]] = None) -> None:
         if self.alive:
-            self.sim.bus.send(self.member, bp.encode(m))
+            payload = bp.encode(m)
+            self.own.posted(payload, tickets or [])
+            self.sim.bus.send(self.member, payload)
 
     def _tick(self) -> None:
         if not self.alive:
@@ -626,7 +634,7 @@ class Coord:
         payload = make_writeset(txn.xid, self.host.db.last, keys)
         self.r.expect_local(ticket, wire.scan(payload))
         self.tickets[ticket] = txn
-        self.send(bp.WritesetMsg(self.name, ticket, payload))
+        self.send(bp.WritesetMsg(self.name, ticket, payload), [ticket])
 
     def _verdict(self, v: LocalVerdict) -> None:
         txn = self.tickets.pop(v.ticket, None)

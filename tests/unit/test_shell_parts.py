@@ -11,7 +11,7 @@ from chorus import backendproto as bpf
 from chorus import wire
 from chorus import busproto as bp
 from chorus.bus import BusError
-from chorus.bussender import BATCH_BYTES, BusSender
+from chorus.bussender import BATCH_BYTES, BusSender, OwnMessages
 from chorus.causal import CausalReads
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
@@ -154,6 +154,40 @@ def test_a_batch_the_bus_cannot_take_fails_its_tickets() -> None:
         return failed
 
     assert asyncio.run(scenario()) == [1, 2]
+
+
+def test_writesets_the_bus_lost_at_a_view_change_are_known_once_a_later_message_comes_back() -> None:
+    """Per sender the bus delivers in the order sent; a message it loses at a view change (the
+    other side of a partition may have delivered it) never comes back. Once a later message of
+    the node does, the local writesets sent before it have an unknown outcome: their backends
+    are told instead of waiting for good (a simulated client's COMMIT waited so)."""
+    async def scenario() -> tuple[list[int], list[int], int]:
+        bus = Bus(takes=True)
+        s = BusSender("n1", asyncio.create_task, lambda tickets, e: None)
+        s.attach(bus, asyncio.get_running_loop())  # type: ignore[arg-type]
+        s.queue_writeset(1, b"a")
+        s.queue_writeset(2, b"b")
+        await asyncio.sleep(0)
+        s.view_changed()
+        s.queue_writeset(3, b"c")
+        await asyncio.sleep(0)
+        s.send(bp.Received("n1", 7))
+        assert len(bus.now) == 3
+        first = s.delivered_own(bus.now[1])  # the batch of 1 and 2 never came back
+        again = s.delivered_own(bus.now[2])
+        return first, again, len(s.own)
+
+    first, again, left = asyncio.run(scenario())
+    assert first == [1, 2] and again == [] and left == 0
+
+
+def test_own_messages_a_message_not_posted_loses_nothing() -> None:
+    own = OwnMessages()
+    own.posted(b"one", [1])
+    own.posted(b"two", [2])
+    assert own.delivered(b"three") == [] and len(own) == 2
+    own.failed(b"one")
+    assert own.delivered(b"two") == [] and len(own) == 0
 
 
 def test_a_catch_up_run_is_scheduled_by_the_keys_of_all_its_writesets(tmp_path: Path) -> None:
