@@ -107,7 +107,8 @@ class Coordinator:
         send = self.sender.send
         self.voting = InconsistencyVoting(
             cfg.name, send, decided=lambda gid: self.replicator.decided.get(gid) if self.replicator else None,
-            watermark=lambda: self.pipeline.watermark, commit_skipped=lambda gid: self.pipeline.commit_skipped(gid),
+            watermark=lambda: self.pipeline.watermark,
+            commit_skipped=self._commit_skipped,
             leave=self._leave)
         self.pipeline = CommitPipeline(
             cfg.name, cfg.dsn, cfg.apply_workers, cfg.apply_run, self.concurrent, self.feeder, self.db.ok,
@@ -262,6 +263,10 @@ class Coordinator:
         """A bug: a writeset would never commit here. Stop rather than stall."""
         self.fatal = why
         self.stopping.set()
+
+    def _commit_skipped(self, gid: int) -> None:
+        """Voting decided that GID ``gid`` commits here without its changes."""
+        self._spawn(self.pipeline.commit_skipped(gid), name=f"skip {gid}")
 
     def _leave(self, why: str) -> None:
         """This node's data differs from the majority's: stop taking part, and do not start

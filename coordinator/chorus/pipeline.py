@@ -86,7 +86,7 @@ class Pending:
 class Hooks:
     """What the pipeline tells the rest of the node."""
     committed_here: Callable[[int], None]  # GID committed here (applied or by its backend)
-    apply_failed: Callable[[int, str], Coroutine[Any, Any, None]]  # it cannot be applied here
+    apply_failed: Callable[[int, str], None]  # it cannot be applied here (voting.py decides)
     connection_lost: Callable[[str], Coroutine[Any, Any, None]]  # an apply session lost PostgreSQL
     fatal: Callable[[str], None]  # a bug: stop rather than stall
     backlog_changed: Callable[[], None]  # the pending set may have grown or shrunk
@@ -364,7 +364,7 @@ class CommitPipeline:
             # the rest of the run goes again, after them
             p = self.pending.get(gid)
             if len(run) != 1 or p is None or len(p.before_gids) != len(p.before) or e.committed >= gid:
-                self._spawn(self.hooks.apply_failed(gid, str(e)))
+                self.hooks.apply_failed(gid, str(e))
             else:
                 keep = [(g, ws) for g, ws in zip(p.before_gids, p.before) if g > e.committed]
                 p.before, p.before_gids = tuple(ws for _, ws in keep), tuple(g for g, _ in keep)
@@ -384,7 +384,7 @@ class CommitPipeline:
                 for g in run:
                     self.scheduler.redispatch(g)
             else:
-                self._spawn(self.hooks.apply_failed(gid, str(e)))
+                self.hooks.apply_failed(gid, str(e))
         else:  # a bug: the writeset would never commit here; stop rather than stall
             msg = f"applying GID {gid} failed unexpectedly: {e!r}"
             log.error("%s; stopping", msg, exc_info=e)

@@ -1095,5 +1095,16 @@ class Replicator:
         detail = "; ".join([f"{n} applied it" for n in ok] +
                            [f"{n} failed: {b.votes[n][1]}" for n in failed] +
                            [f"{n} did not vote" for n in sorted(b.voters - set(b.votes))])
-        return [VoteDecided(gid, outcome, detail)]
+        out: list[Action] = [VoteDecided(gid, outcome, detail)]
+        # The losing side leaves and stops: every node remembers where, now (a node that failed to
+        # apply GID g committed nothing from g on; one that applied what the majority could not
+        # commits nothing after this place), so that a later re-form does not wait for it.
+        losers = [n for n in (failed if outcome else ok) if n != self.node and n in self.online]
+        if losers and self.phase in _FOLLOWING:
+            out += self._forget(losers, record=False)  # (its view change comes later)
+            for n in losers:
+                self.records[n] = MemberRecord(self._epoch_number(), gid - 1 if outcome else self.gid, False)
+            out.append(self._remember())
+            out += self._dissolve_if_unsynced()
+        return out
 

@@ -44,6 +44,7 @@ from chorus.replicator import (Action, Apply, CatchUp, DdlOutcome, Holding, Join
                                VoteDecided, VoteOpened)
 from chorus.scheduler import Scheduler
 from chorus.state import NodeState
+from chorus.voting import InconsistencyVoting
 from chorus.wslog import LogFeeder, LogRecord
 
 # the coordinator's timers (coordinator.py, catchup.py, recovery.py)
@@ -106,6 +107,7 @@ class SimDB:
         self.frozen = False
         self.last = 0  # the committed watermark
         self.flushed = 0  # committed and durable
+        self.tampered: set[int] = set()  # keys someone changed behind Chorus's back: applies touching them fail
         self.chain: dict[int, int] = {0: 0}
         self.ident: dict[int, int] = {}  # GID -> the xid of its writeset (unique in a run)
         self.order: list[int] = [0]  # committed GIDs, in order (0 first)
@@ -141,6 +143,7 @@ class SimDB:
         self.chain, self.ident = dict(other.chain), dict(other.ident)
         self.order = list(other.order)
         self.last = self.flushed = other.last
+        self.tampered = set(other.tampered)
         return lost
 
 
@@ -444,6 +447,8 @@ class Coord:
                             holding=self._holding)
         self.r.clock = lambda: self.sim.clock.now
         self.plan = CatchUpPlan(self.name, self.r, self, (), CATCHUP_BATCH, True, clock=lambda: self.sim.clock.now)
+        self.voting = InconsistencyVoting(self.name, self.send, self.r.decided.get, lambda: self.book.watermark,
+                                          self._commit_skipped, self._leave_by_vote)
         self.db_ok = True
         self.restarting = False
         self.epoch = 0  # PostgreSQL restarts seen
@@ -454,6 +459,7 @@ class Coord:
         self.backends: dict[int, tuple[Txn, _Backend]] = {}  # gid -> its waiting local backend
         self.offers: dict[str, list[bp.LogInfo]] = {}
         self.own = OwnMessages()  # bussender.BusSender's
+        self._reform_seen: Optional[object] = None
         self.catchup_token = 0
         self.last_progress = 0.0
         self._ticket = itertools.count(1)
@@ -509,6 +515,10 @@ class Coord:
                     actions.insert(0, LocalVerdict(ticket, False, 0, 0, "lost at a view change", None, unknown=True))
         self._act(actions)
         self.feeder.flush()
+        if self.r.reform is not self._reform_seen:
+            self._reform_seen = self.r.reform
+            if self.r.reform is not None:
+                self.sim.trace(self.name, f"re-form: {self.r.reform.reason}")
 
     def _act(self, actions: list[Action]) -> None:
         for a in actions:
@@ -535,7 +545,12 @@ class Coord:
             elif isinstance(a, LogOffered):
                 if a.info.request_id in self.offers:
                     self.offers[a.info.request_id].append(a.info)
-            elif isinstance(a, (SyncReached, VoteOpened, VoteDecided)):
+            elif isinstance(a, VoteOpened):
+                self.voting.opened(a.gid)
+            elif isinstance(a, VoteDecided):
+                self.sim.trace(self.name, f"vote on GID {a.gid}: {'applied' if a.ok else 'failed'} ({a.detail})")
+                self.voting.decided(a)
+            elif isinstance(a, SyncReached):
                 pass
             elif isinstance(a, Send):
                 self.send(a.message)
@@ -702,7 +717,31 @@ class Coord:
         if p.backend is not None:
             p.backend.certified.discard(gid)
         self.scheduler.committed(gid)
+        self.voting.committed_here(gid)
         self.dispatch()
+
+    # -- inconsistency voting (voting.py; coordinator._leave, pipeline.commit_skipped)
+
+    def _commit_skipped(self, gid: int) -> None:
+        p = self.book.pending.get(gid)
+        if p is not None:
+            self.sim.trace(self.name, f"GID {gid}: the majority could not apply it either; it commits empty here")
+            p.skip = True
+            self.scheduler.redispatch(gid)
+            self.dispatch()
+
+    def _leave_by_vote(self, why: str) -> None:
+        if not self.alive:
+            return
+        self.sim.trace(self.name, f"leaves: {why}")
+        self.host.state = self.host.state.with_(left_by_vote=why)
+        self.crash()
+
+    def _fails_here(self, p: Pending) -> bool:
+        """A remote writeset touching a row someone changed here behind Chorus's back."""
+        tampered = self.host.db.tampered
+        return bool(tampered) and p.origin != self.name and not p.skip and any(
+            len(k.parts) == 4 and int(k.parts[3]) in tampered for ws in p.run() for k in ws.keys)
 
     def replay(self, gid: int) -> None:
         p = self.book.pending.get(gid)
@@ -746,6 +785,16 @@ class Coord:
         if db.frozen or db.last < first.wait_for:
             self.sim.clock.after(0.002, self._try_apply, run, replay, epoch)  # waits for its turn
             return
+        if not replay and any(p is not None and self._fails_here(p) for p in ps):
+            # pipeline._apply_failed: a run is tried GID by GID; a GID alone goes to the vote
+            self._apply_done(replay, epoch)
+            if len(run) > 1:
+                for g in run:
+                    self.scheduler.redispatch(g)
+                self.dispatch()
+            else:
+                self.voting.apply_failed(run[0], "a row it changes is not as its origin had it")
+            return
         gids: list[tuple[int, int]] = []
         for p in ps:
             assert p is not None
@@ -759,8 +808,10 @@ class Coord:
             db.commit(todo)
             self.sim.checker.committed(self.host, [g for g, _ in todo])
         for g in run:
-            self.book.committed(g)
+            done = self.book.committed(g)
             self.scheduler.committed(g)
+            if done is None or not done.skip:
+                self.voting.committed_here(g)
         self.book.advance(run[-1])
         self._apply_done(replay, epoch)
 
