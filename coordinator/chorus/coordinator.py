@@ -445,6 +445,7 @@ class Coordinator:
                 wm = await self.db.committed_gid()
                 self.pipeline.book.advance(wm)
                 self.pipeline.reap_committed(wm)
+                self.voting.check_due()
                 self.pipeline.flushed(await self.db.durable_gid())
             except psycopg.Error as e:
                 self._spawn(self._database_lost(str(e).strip()))

@@ -931,12 +931,13 @@ class Replicator:
             out = self._forget([msg.node]) + self._dissolve_if_unsynced()
             if self.phase not in _FOLLOWING:
                 return out
-        if msg.node != self.node:
+        if msg.node != self.node and msg.join:
             self._joined_at[bus_node(sender)] = self.gid
         self._requesters[msg.request_id] = sender
         # While a schema change's outcome is open, the state at this point is not final (the
         # writesets after it are not certified yet): the joiner asks again later.
-        if msg.join and self.phase == Phase.ONLINE and min(self.synced) == self.node and not self.ddl_open:
+        if msg.join and self.phase == Phase.ONLINE and self.synced and min(self.synced) == self.node \
+                and not self.ddl_open:
             online, synced = dict(self.online), set(self.synced)
             records = dict(self.records)
             # admitted unless its data cannot follow this history (it refuses the answer alike)

@@ -54,6 +54,13 @@ class InconsistencyVoting:
         else:
             self._due.add(gid)
 
+    def check_due(self) -> None:
+        """Vote on the open ballots whose GID this node has committed meanwhile, however it
+        learnt so (every tick: a commit the database shows that no apply reported)."""
+        for gid in sorted(g for g in self._due if g <= self._watermark()):
+            self._due.discard(gid)
+            self._send(bp.Vote(self.node, gid, True))
+
     def committed_here(self, gid: int) -> None:
         """GID ``gid`` committed here (applied, or committed by its local backend)."""
         if gid in self._due:

@@ -590,6 +590,7 @@ class Coord:
         self.book.advance(db.last)
         for g in [g for g, p in self.book.pending.items() if g <= db.last and p.backend is not None]:
             self.local_done(g)
+        self.voting.check_due()
         db.flush()  # chorus.durable_gid() flushes
         self.book.flushed(db.flushed)
         if now - self.last_progress >= PROGRESS_EVERY_S:

@@ -93,6 +93,18 @@ def test_a_failed_apply_leaves_if_the_majority_applied_it_and_commits_empty_if_n
     assert failed.skipped == [10] and failed.left == []
 
 
+def test_a_vote_due_is_sent_once_the_node_has_committed_the_gid_however_it_learnt_so() -> None:
+    v = Votes(watermark=5)
+    voting = v.voting()
+    voting.opened(7)
+    assert v.sent == []
+    v.watermark = 9  # the database shows it committed (no apply of this node reported it)
+    voting.check_due()
+    assert v.sent == [bp.Vote("n1", 7, True)]
+    voting.check_due()
+    assert len(v.sent) == 1
+
+
 def test_a_node_that_applied_what_the_majority_could_not_leaves() -> None:
     v = Votes(watermark=12)
     voting = v.voting()
