@@ -549,10 +549,10 @@ class Replicator:
         self._request_id = uuid.uuid4().hex
         self._request_seen = False
         self._request_at = now
-        self._buffer.clear()
+        out = self._drop_buffer()
         h = self._holding()
         self.last_gid = h.gid
-        return [Send(bp.GidRequest(
+        return out + [Send(bp.GidRequest(
             self.node, self._request_id, self.cluster_uuid, h.gid, join,
             tuple((e.number, e.start, e.node) for e in self.epochs), h.log_after, h.log_high,
             tuple((n, r.epoch, r.gid, r.member) for n, r in sorted(self.records.items()))))]
@@ -670,18 +670,32 @@ class Replicator:
             self.received[node] = max(self.received.get(node, 0), msg.gid)
         return self._release() if self.phase in _FOLLOWING else []
 
+    def _refuse_own(self, msg: bp.Message) -> list[Action]:
+        """This node's writesets in ``msg``, delivered where it was not a member: refused."""
+        own = [msg] if isinstance(msg, bp.WritesetMsg) else (
+            msg.messages() if isinstance(msg, bp.WritesetBatch) else [])
+        mine = [m for m in own if m.origin == self.node]
+        for m in mine:
+            self._local_scanned.pop(m.ticket, None)
+        return [LocalVerdict(m.ticket, False, 0, 0, "this node is not online", None) for m in mine]
+
+    def _drop_buffer(self) -> list[Action]:
+        """Forget what was delivered after a request that will not be answered (the node asks
+        again): every node dropped this node's own writesets among it (it was no member there),
+        so their backends are told they failed, rather than wait for good (found by the
+        simulation: a writeset left after a freeze, buffered, then dropped with the buffer)."""
+        out: list[Action] = []
+        for b in self._buffer:
+            out += self._refuse_own(bp.decode(b.payload))
+        self._buffer.clear()
+        return out
+
     def _joining(self, d: Delivery, msg: bp.Message) -> list[Action]:
         if isinstance(msg, bp.GidRequest) and msg.request_id == self._request_id:
             self._request_seen = True
-            self._buffer.clear()
-            return []
+            return self._drop_buffer()
         if not self._request_seen:
-            own = [msg] if isinstance(msg, bp.WritesetMsg) else (
-                msg.messages() if isinstance(msg, bp.WritesetBatch) else [])
-            mine = [m for m in own if m.origin == self.node]
-            for m in mine:
-                self._local_scanned.pop(m.ticket, None)
-            return [LocalVerdict(m.ticket, False, 0, 0, "this node is not online", None) for m in mine]
+            return self._refuse_own(msg)
         if isinstance(msg, bp.GidReply) and msg.node == self.node and msg.request_id == self._request_id:
             return self._joined(d, msg)
         self._buffer.append(d)
@@ -758,7 +772,9 @@ class Replicator:
         self.phase = Phase.ONLINE
         self.bootstrap = False
         self.reform = None
-        return [self._remember(), Joined(self.cluster_uuid, self.gid, True),
+        # what it delivered after its request, before the bootstrap, no node took (no primary
+        # component there); its own writesets among it fail
+        return self._drop_buffer() + [self._remember(), Joined(self.cluster_uuid, self.gid, True),
                 PhaseChange(Phase.ONLINE, f"bootstrapped cluster {self.cluster_uuid} at GID {self.gid} "
                                           f"(epoch {msg.epoch})")]
 
@@ -766,7 +782,7 @@ class Replicator:
         """Refuse the answer to this node's GID request; ``admitted``: the members counted it in
         (they could not tell), so it leaves at once, in the order."""
         self.phase = Phase.NEEDS_RECOVERY
-        out: list[Action] = [PhaseChange(Phase.NEEDS_RECOVERY, reason)]
+        out: list[Action] = self._drop_buffer() + [PhaseChange(Phase.NEEDS_RECOVERY, reason)]
         if admitted:
             out.append(Send(bp.Leave(self.node, reason)))
         return out
@@ -808,8 +824,13 @@ class Replicator:
         self._deferred.clear()
         self.ddl_open.clear()
         self.certifier = Certifier.restore(msg.certifier)
-        self.online = dict(msg.online)
-        self.synced = set(msg.synced)
+        # The state at the request's place: this node is not a member there (the answer admits it
+        # at its own place, further on); what was delivered in between is replayed from there. Its
+        # own writesets among it, which the members dropped, must not count here either (a lab run
+        # diverged so: a node thawed from a freeze sent writesets after its request, counted them
+        # here, and gave every later GID to another writeset than the others did).
+        self.online = {n: m for n, m in msg.online if n != self.node}
+        self.synced = set(msg.synced) - {self.node}
         self._latest_request = {n: (rid, m) for n, rid, m in msg.requests}
         self.progress = dict(msg.progress)
         self.paused_by = set(msg.paused)

@@ -323,6 +323,7 @@ class Run:
         if h.coord is not None and h.coord.frozen:
             h.coord.frozen = False
             if h.coord.alive:
+                h.coord.thawed()
                 self.sim.bus.thaw(h.coord.member)
 
     def heal_network(self) -> None:

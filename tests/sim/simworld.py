@@ -250,9 +250,11 @@ class SimBus:
         self.regroup(TOKEN_TIMEOUT_S)
 
     def thaw(self, member: str) -> None:
+        """A frozen member resumes: its Corosync finds the ring it was in gone and the others'
+        at once, so the view it was alone in and the merged one come together."""
         if self.frozen.pop(member, None) is not None:
+            self.regroup(0.001 + self.sim.rnd.random() * 0.02)
             self._pump(member)
-            self.regroup(MERGE_S)
 
     def regroup(self, delay: float) -> None:
         """The membership changes ``delay`` from now: nothing is ordered meanwhile."""
@@ -292,20 +294,24 @@ class SimBus:
         self.sim.clock.after(lat, self._deliver_one, member)
 
     def _deliver_one(self, member: str) -> None:
+        """What piled up for ``member`` comes in one read (``cpg_dispatch``): a batch, then the
+        batch's end (the coordinator sends its queued writesets then: Coordinator._bus_loop)."""
         self.pumping.discard(member)
         box = self.inbox.get(member)
         if not box or member in self.frozen:
             return
-        ev = box.popleft()
+        while box and member in self.handler and member not in self.frozen:
+            ev = box.popleft()
+            handler = self.handler[member]
+            if ev[0] == "msg":
+                handler(Delivery(ev[3], ev[4]))
+            else:
+                handler(ev[1])
+        handler = self.handler.get(member)
+        if handler is not None:
+            handler(None)
         if box:
             self._pump(member)
-        handler = self.handler.get(member)
-        if handler is None:
-            return
-        if ev[0] == "msg":
-            handler(Delivery(ev[3], ev[4]))
-        else:
-            handler(ev[1])
 
     # -- membership
 
@@ -459,6 +465,10 @@ class Coord:
         self.backends: dict[int, tuple[Txn, _Backend]] = {}  # gid -> its waiting local backend
         self.offers: dict[str, list[bp.LogInfo]] = {}
         self.own = OwnMessages()  # bussender.BusSender's
+        self.outbox: list[tuple[int, bytes]] = []  # local writesets waiting for the pump
+        self.socket: list[tuple[Txn, list[int]]] = []  # backends' COMMITs sent while it is frozen
+        self._pump_scheduled = False
+        self.in_flight = 0
         self._reform_seen: Optional[object] = None
         self.catchup_token = 0
         self.last_progress = 0.0
@@ -503,14 +513,23 @@ class Coord:
     def _bus_event(self, ev: Any) -> None:
         if not self.alive:
             return
+        if ev is None:  # the end of a batch read from the bus
+            self.pump()
+            return
         assert not self.frozen, "the bus delivers nothing to a frozen member"
         if isinstance(ev, View):
             self.sim.trace(self.name, f"view {','.join(ev.members)} quorate={self.r.votes.holds({bus_node(m) for m in ev.members}) if ev.expected else ev.quorate}")
             actions = self.r.on_view(ev, self.sim.clock.now)
+            self.in_flight = 0  # BusSender.view_changed
         else:
             actions = self.r.on_delivery(ev)
-            if ev.sender == self.member:  # coordinator._bus_loop, _lost
-                for ticket in self.own.delivered(ev.payload):
+            if ev.sender == self.member:  # coordinator._bus_loop, _lost; BusSender.delivered_own
+                if bp.carries_writesets(ev.payload):
+                    self.in_flight = 0
+                lost = self.own.delivered(ev.payload)
+                if lost:
+                    self.in_flight = 0
+                for ticket in lost:
                     self.r.forget_local(ticket)
                     actions.insert(0, LocalVerdict(ticket, False, 0, 0, "lost at a view change", None, unknown=True))
         self._act(actions)
@@ -639,18 +658,48 @@ class Coord:
     # -- local transactions (backends.py)
 
     def refusal(self) -> Optional[str]:
-        if not self.alive or self.frozen:
+        if not self.alive:
             return "no coordinator"
         if not self.r.accepts_writes or not self.db_ok or not self.host.db.up:
             return self.phase_reason
         return None
 
-    def submit(self, txn: Txn, keys: list[int]) -> None:
+    def submit(self, txn: Txn, keys: list[int], defer: bool = False) -> None:
+        """A backend's writeset, taken (it was accepting writes): it leaves with the next pump
+        (bussender.BusSender.queue_writeset), so a freeze in between holds it until the thaw;
+        ``defer``: not before the end of the bus batch being read."""
         ticket = next(self._ticket)
         payload = make_writeset(txn.xid, self.host.db.last, keys)
         self.r.expect_local(ticket, wire.scan(payload))
         self.tickets[ticket] = txn
-        self.send(bp.WritesetMsg(self.name, ticket, payload), [ticket])
+        self.outbox.append((ticket, payload))
+        if not self._pump_scheduled and not defer:
+            self._pump_scheduled = True
+            self.sim.clock.after(self.sim.rnd.random() * 0.001, self.pump)
+
+    def thawed(self) -> None:
+        """SIGCONT: the backends' frames that reached its socket just before the freeze are read
+        in the same loop turn as the bus events that piled up (here: before them, while the node
+        still thinks it is online); their writesets leave at the end of that bus batch."""
+        frames, self.socket = self.socket, []
+        for txn, keys in frames:
+            if self.refusal() is None:
+                self.submit(txn, keys, defer=True)
+            else:
+                txn.state = "refused"
+
+    def pump(self) -> None:
+        """Send the queued local writesets as one message, if no writeset message of this node is
+        on the bus (bussender.BusSender.pump: one in flight; another leaves once it comes back or
+        a view changes, so after a freeze they leave after the node's GID request)."""
+        self._pump_scheduled = False
+        if not self.alive or self.frozen or self.in_flight or not self.outbox:
+            return
+        out, self.outbox = self.outbox, []
+        self.in_flight = 1
+        msg: bp.Message = (bp.WritesetMsg(self.name, *out[0]) if len(out) == 1
+                           else bp.WritesetBatch(self.name, tuple(out)))
+        self.send(msg, [t for t, _ in out])
 
     def _verdict(self, v: LocalVerdict) -> None:
         txn = self.tickets.pop(v.ticket, None)
@@ -1022,8 +1071,14 @@ class Sim:
         if c is None or c.refusal() is not None:
             txn.state = "refused"
             return
-        self.txns.append(txn)
         keys = self.rnd.sample(range(KEYS), self.rnd.choice((1, 1, 2)))
+        if c.frozen:
+            # its PostgreSQL is stopped too: only a COMMIT sent just before the freeze is waiting
+            if len(c.socket) < 3:
+                self.txns.append(txn)
+                c.socket.append((txn, keys))
+            return
+        self.txns.append(txn)
         c.submit(txn, keys)
 
 

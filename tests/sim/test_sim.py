@@ -100,6 +100,17 @@ def test_a_node_that_crashed_with_the_others_is_waited_for_then_the_one_holding_
     assert waits and float(waits[0].split()[0]) < back, report([r])
 
 
+def test_a_node_thawed_from_a_freeze_sends_what_its_backends_committed_before_after_its_request() -> None:
+    """Found by the lab (nemesis campaign seed 3): a node frozen past the token timeout, thawed,
+    reads its backends' COMMITs and the piled-up views in one loop turn; its writesets leave
+    after its GID request. The members drop them (it is no member there); the joiner replayed
+    them after the answer had admitted it, counted them, and every later GID named another
+    writeset on it than on the others. Here the simulation's seed 40 reproduces it."""
+    script = [(2.0, "freeze", "n3", 5.0), (9.0, "freeze", "n2", 4.5), (15.0, "freeze", "n1", 6.0)]
+    r = simrun.run(40, script=script, n=3, seconds=20.0, rate=80.0, capacity=5000)
+    assert r.ok, report([r])
+
+
 def test_a_node_gone_for_good_that_left_earlier_does_not_hold_the_others_back() -> None:
     """n3's host dies and stays down; n1 and n2 go on; then both crash at once and restart. n3
     left the primary component at a GID they hold: they re-form without it (Galera's pc.recovery

@@ -847,3 +847,29 @@ def test_an_answer_to_an_earlier_request_is_ignored_by_every_node() -> None:
     g.act("n3b", n3.recovered(2))
     g.drain()
     assert n3.phase == Phase.ONLINE and all("n3" in g.nodes[m].synced for m in ("n1", "n2"))
+
+
+def test_a_joiners_own_writesets_delivered_before_its_answer_get_no_gid_anywhere() -> None:
+    """A node thawed from a freeze sends writesets its backends committed just before, after its
+    GID request (its sender waited for the view change). The members drop them: it is no member
+    at their place. The joiner must drop them as well when it replays what it delivered after
+    its request, though the answer admits it: a lab run counted them there, and the node gave
+    every later GID to another writeset than the others did."""
+    g = formed(3)
+    submit(g, "n1", 1)
+    g.drain()
+    n3 = g.nodes["n3"]
+    g.act("n3", n3.on_view(View(2, ("n3",), (), ("n1", "n2"), "n3", False, 2, 3), g.now))  # cut off
+    g.view(["n1", "n2", "n3"])  # back: it asks to join
+    requests = [x for x in g.order if isinstance(bp.decode(x[1]), bp.GidRequest)]
+    assert [bp.decode(p).node for _, p in requests] == ["n3"]  # type: ignore[union-attr]
+    submit(g, "n3", 7, ticket=9)  # after its request, before the answer
+    g.drain()
+    assert n3.phase == Phase.ONLINE
+    assert len({g.nodes[m].gid for m in g.members}) == 1, {m: g.nodes[m].gid for m in g.members}
+    refused = [a for a in g.out["n3"] if isinstance(a, LocalVerdict) and a.ticket == 9]
+    assert refused and not refused[-1].ok
+    submit(g, "n1", 2, ticket=10)
+    g.drain()
+    assert len({g.nodes[m].gid for m in g.members}) == 1 and all(g.nodes[m].last_certified == n3.last_certified
+                                                                  for m in g.members)

@@ -127,7 +127,12 @@ def run_seed(lab: Lab, hosts: list[dict[str, Any]], seed: int, seconds: float, c
         report.stuck = before
         return report
     prepare(targets[0][1], workloads)
-    wait_quiescent(refs, timeout=120)
+    try:
+        wait_quiescent(refs, timeout=120)
+    except CheckError as e:  # online, but a node cannot commit what it certified
+        report.stuck = {n: dict(st, reason=f"{st.get('reason')} (before the run: {e})")
+                        for n, st in node_statuses(refs).items()}
+        return report
     histories: list[appendload.History] = []
     appends = threading.Thread(target=lambda: histories.append(
         appendload.run(targets, seconds + 8, clients, appendload.Settings(), seed=seed, prepared=True)), daemon=True)
