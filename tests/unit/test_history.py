@@ -95,3 +95,16 @@ def test_a_donor_behind_the_joiner_would_drop_gids() -> None:
     assert donor_problem("n3", 100, "n1", 100) is None
     why = donor_problem("n3", 65376, "n1", 65247)
     assert why is not None and "65248..65376" in why and "n1" in why
+
+
+def test_chorus_node_join_total_refuses_a_donor_behind_the_node_unless_forced() -> None:
+    import pytest
+
+    from chorus.cli.common import ChorusCliError
+    from chorus.cli.total import check_donor
+
+    check_donor("n3", 100, "n1", 120, force=False)  # a donor ahead: nothing to drop
+    with pytest.raises(ChorusCliError) as e:
+        check_donor("n3", 65376, "n1", 65247, force=False)
+    assert "65248..65376" in str(e.value) and "--force" in str(e.value)
+    check_donor("n3", 65376, "n1", 65247, force=True)  # said, and done
