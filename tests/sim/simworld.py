@@ -626,8 +626,8 @@ class Coord:
             return
         self.alive = False
         self.catchup_token += 1
-        for t in self.tickets.values():
-            t.state = "unknown"
+        for t in [*self.tickets.values(), *(t for t, _ in self.socket)]:
+            t.state = "unknown"  # their backends lose the connection (08006)
         for t, _ in self.backends.values():
             if t.state == "certified":
                 t.state = "unknown"
