@@ -51,7 +51,7 @@ from chorus.replicator import (Action, Apply, CatchUp, DdlOutcome, Holding, Join
 from chorus.spool import Spool
 from chorus.state import NodeState, load_state, save_state
 from chorus.voting import InconsistencyVoting
-from chorus.wslog import LogError, LogFeeder, WritesetLog
+from chorus.wslog import LogError, LogFeeder, WritesetLog, starts_again
 
 log = logging.getLogger("chorus.coordinator")
 
@@ -317,7 +317,7 @@ class Coordinator:
             self.spool.open()
         except OSError as e:
             raise FatalError(f"cannot use the spool directory {self.spool.directory}: {e}") from e
-        if self.wslog.end_gid < committed or self.wslog.base_gid > committed:
+        if starts_again(self.wslog.base_gid, self.wslog.end_gid, committed):
             if self.wslog.end_gid:
                 log.warning("the writeset log ends at GID %d but the database has committed GID %d (the "
                             "log's unsynced tail was lost): starting the log again after GID %d",

@@ -45,7 +45,7 @@ from chorus.replicator import (Action, Apply, CatchUp, DdlOutcome, Holding, Join
 from chorus.scheduler import Scheduler
 from chorus.state import NodeState
 from chorus.voting import InconsistencyVoting
-from chorus.wslog import LogFeeder, LogRecord
+from chorus.wslog import LogFeeder, LogRecord, starts_again
 
 # the coordinator's timers (coordinator.py, catchup.py, recovery.py)
 TICK_S = 0.2
@@ -187,7 +187,7 @@ class SimLog:
         reach it (a lost tail) starts again after it."""
         self.records = [r for r in self.records if r.gid <= upto]
         self.synced = min(self.synced, len(self.records))
-        if self.end_gid < upto or self.base > upto:
+        if starts_again(self.base, self.end_gid, upto):
             self.reset(upto)
 
     def power_cut(self, rnd: random.Random) -> None:
