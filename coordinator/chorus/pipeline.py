@@ -419,7 +419,12 @@ def reschedule(book: CommitBook[Pending], scheduler: ApplyScheduler, node: str, 
         for p in [*lost, *(p for g, p in book.pending.items() if g not in again)]:
             if p.gid in again:
                 p.backend = None
-            scheduler.add(p.gid, order_keys(p.writeset), local=p.origin == node, barrier=p.writeset.has_schema)
+            # a catch-up run holds several writesets: it is ordered by the keys of all of them (by
+            # its last one's only, a later writeset on a key of its earlier ones was applied at
+            # once, took the row, then waited for its turn, while the run waited for the row: a
+            # lab node stalled so after its PostgreSQL was killed)
+            scheduler.add(p.gid, [k for ws in p.run() for k in order_keys(ws)],
+                          local=p.origin == node and not p.before, barrier=p.writeset.has_schema)
     else:
         scheduler.committed_upto(durable)
     replays = scheduler.replay_all_from(durable)

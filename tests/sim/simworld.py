@@ -111,6 +111,23 @@ class SimDB:
         self.chain: dict[int, int] = {0: 0}
         self.ident: dict[int, int] = {}  # GID -> the xid of its writeset (unique in a run)
         self.order: list[int] = [0]  # committed GIDs, in order (0 first)
+        # row locks held by apply transactions not committed yet (an apply takes its rows' locks
+        # as it runs, then waits for its commit turn holding them): row key -> the apply's token
+        self.locks: dict[bytes, int] = {}
+
+    def release(self, token: int) -> None:
+        for k in [k for k, t in self.locks.items() if t == token]:
+            del self.locks[k]
+
+    def lock(self, token: int, keys: list[bytes]) -> bool:
+        """Take ``keys`` in order for ``token``, as far as none is held by another: whether all."""
+        for k in keys:
+            holder = self.locks.get(k)
+            if holder is None:
+                self.locks[k] = token
+            elif holder != token:
+                return False
+        return True
 
     def commit(self, gids: list[tuple[int, int]]) -> None:
         c = self.chain[self.last]
@@ -127,6 +144,7 @@ class SimDB:
 
     def lose_unflushed(self, keep: int) -> list[int]:
         """A crash: keep what is flushed and ``keep`` more commits of the rest; return the GIDs lost."""
+        self.locks.clear()  # every transaction ended with the server
         i = self.order.index(self.flushed) + 1 + keep
         lost = self.order[i:]
         for g in lost:
@@ -465,6 +483,7 @@ class Coord:
         self.backends: dict[int, tuple[Txn, _Backend]] = {}  # gid -> its waiting local backend
         self.offers: dict[str, list[bp.LogInfo]] = {}
         self.own = OwnMessages()  # bussender.BusSender's
+        self.lock_tokens: set[int] = set()  # its apply transactions holding row locks
         self.outbox: list[tuple[int, bytes]] = []  # local writesets waiting for the pump
         self.socket: list[tuple[Txn, list[int]]] = []  # backends' COMMITs sent while it is frozen
         self._pump_scheduled = False
@@ -626,6 +645,8 @@ class Coord:
             return
         self.alive = False
         self.catchup_token += 1
+        for token in self.lock_tokens:  # its sessions' transactions end with their connections
+            self.host.db.release(token)
         for t in [*self.tickets.values(), *(t for t, _ in self.socket)]:
             t.state = "unknown"  # their backends lose the connection (08006)
         for t, _ in self.backends.values():
@@ -814,10 +835,13 @@ class Coord:
             self._start_apply(run, False)
 
     def _start_apply(self, run: list[int], replay: bool) -> None:
-        self.sim.clock.after(0.001 + self.sim.rnd.random() * 0.004, self._try_apply, run, replay, self.epoch)
+        token = next(self.sim.tokens)
+        self.lock_tokens.add(token)
+        self.sim.clock.after(0.001 + self.sim.rnd.random() * 0.004, self._try_apply, run, replay, self.epoch, token)
 
-    def _try_apply(self, run: list[int], replay: bool, epoch: int) -> None:
+    def _try_apply(self, run: list[int], replay: bool, epoch: int, token: int = 0) -> None:
         if not self.alive or epoch != self.epoch:
+            self.host.db.release(token)
             return
         db = self.host.db
         if not db.up:
@@ -828,15 +852,19 @@ class Coord:
             return
         ps = [self.book.pending.get(g) for g in run]
         if any(p is None for p in ps):
+            db.release(token)
             self._apply_done(replay, epoch)
             return
         first = ps[0]
         assert first is not None
-        if db.frozen or db.last < first.wait_for:
-            self.sim.clock.after(0.002, self._try_apply, run, replay, epoch)  # waits for its turn
+        rows = [k.hashed() for p in ps if p is not None for ws in p.run() for k in ws.keys if len(k.parts) == 4]
+        if db.frozen or not db.lock(token, rows) or db.last < first.wait_for:
+            # it takes its rows' locks as it runs, then waits for its commit turn holding them
+            self.sim.clock.after(0.002, self._try_apply, run, replay, epoch, token)
             return
         if not replay and any(p is not None and self._fails_here(p) for p in ps):
             # pipeline._apply_failed: a run is tried GID by GID; a GID alone goes to the vote
+            db.release(token)
             self._apply_done(replay, epoch)
             if len(run) > 1:
                 for g in run:
@@ -854,6 +882,8 @@ class Coord:
         if todo and db.last != first.wait_for and db.last not in [g for g, _ in gids]:
             raise Violation(f"{self.name}: GIDs {[g for g, _ in gids]} would commit after GID {db.last}, "
                             f"past their turn (they wait for {first.wait_for})")
+        db.release(token)
+        self.lock_tokens.discard(token)
         if todo:
             db.commit(todo)
             self.sim.checker.committed(self.host, [g for g, _ in todo])
@@ -1041,6 +1071,7 @@ class Sim:
         from simchecks import Checker
         self.checker = Checker(self)
         self._xid = itertools.count(1)
+        self.tokens = itertools.count(1)
         self.txns: list[Txn] = []
         _deterministic_uuids(self.rnd)
 

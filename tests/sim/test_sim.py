@@ -111,6 +111,20 @@ def test_a_node_thawed_from_a_freeze_sends_what_its_backends_committed_before_af
     assert r.ok, report([r])
 
 
+@pytest.mark.parametrize("seed", [5, 6, 7, 8, 10, 11, 52])
+def test_postgresql_killed_while_a_catch_up_run_is_not_flushed(seed: int) -> None:
+    """Found by the lab (nemesis campaign seed 4): a node caught up in runs of writesets, then its
+    PostgreSQL was killed before a run was flushed. The run, applied again first, was ordered by
+    its last writeset's keys only: a later writeset on a key of an earlier one of the run went
+    to another session at once, took the row and waited for its commit turn, while the run waited
+    for the row (seeds 5 to 11). And a local writeset replayed before an earlier one on its row
+    was applied held the row the same way (seed 52). The simulation's applies hold their rows'
+    locks until they commit, so it finds both."""
+    script = [(2.0, "isolate-one", "n3", 6.0), (9.4 + (seed % 60) * 0.03, "kill-postgres", "n3", 1.0)]
+    r = simrun.run(seed, script=script, n=3, seconds=15.0, rate=60.0, capacity=5000)
+    assert r.ok, report([r])
+
+
 def test_a_node_gone_for_good_that_left_earlier_does_not_hold_the_others_back() -> None:
     """n3's host dies and stays down; n1 and n2 go on; then both crash at once and restart. n3
     left the primary component at a GID they hold: they re-form without it (Galera's pc.recovery

@@ -12,11 +12,13 @@ from chorus import wire
 from chorus import busproto as bp
 from chorus.bus import BusError
 from chorus.bussender import BATCH_BYTES, BusSender, OwnMessages
+from chorus.commitbook import CommitBook
 from chorus.causal import CausalReads
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
-from chorus.pipeline import CommitPipeline, Hooks, Pending
+from chorus.pipeline import CommitPipeline, Hooks, Pending, reschedule
 from chorus.replicator import SyncReached, VoteDecided
+from chorus.scheduler import Scheduler
 from chorus.voting import InconsistencyVoting
 from chorus.wslog import LogFeeder, WritesetLog
 
@@ -230,6 +232,28 @@ def test_a_catch_up_run_is_scheduled_by_the_keys_of_all_its_writesets(tmp_path: 
 
 async def _never(*args: object) -> None:
     raise AssertionError("not called")
+
+
+def test_after_postgresql_lost_a_catch_up_run_it_is_ordered_again_by_all_its_keys() -> None:
+    """PostgreSQL restarted and lost a catch-up run it had committed: pipeline.reschedule puts it
+    first again, ordered by the keys of every writeset in it. By its last writeset's keys alone,
+    a later writeset on a key of an earlier one went to another session at once, took the row
+    and waited for its commit turn, while the run waited for the row: a lab node stalled so."""
+    table = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
+
+    def ws(key: bytes) -> wire.Writeset:
+        return wire.scan(wire.encode(wire.Writeset(1, 1, 0, (table,), (wire.Row("I", 0, (), (key,)),),
+                                                   (wire.Key(wire.KeyMode.UPDATE, (b"public", b"t", b"id", key)),))))
+
+    book: CommitBook[Pending] = CommitBook()
+    book.start(1, 0)
+    run = Pending(2, 0, "n2", ws(b"2"), before=(ws(b"1"),), before_gids=(1,))
+    later = Pending(3, 2, "n2", ws(b"1"))
+    book.admit(run)
+    book.admit(later)
+    book.committed(2)  # the run committed, not flushed ...
+    scheduler = reschedule(book, Scheduler(), "n1", 1, 0)  # ... and PostgreSQL came back at GID 0
+    assert scheduler.ready_runs(10, 1) == [[2]]  # GID 3 waits for the run
 
 
 def test_a_catch_up_run_partly_committed_here_applies_the_rest(tmp_path: Path) -> None:
