@@ -863,15 +863,15 @@ class Coord:
             self.sim.clock.after(0.002, self._try_apply, run, replay, epoch, token)
             return
         if not replay and any(p is not None and self._fails_here(p) for p in ps):
-            # pipeline._apply_failed: a run is tried GID by GID; a GID alone goes to the vote
+            # pipeline._apply_failed, before the session is idle again: a run is tried GID by
+            # GID (back at the queue's head, first again); a GID alone goes to the vote
             db.release(token)
-            self._apply_done(replay, epoch)
             if len(run) > 1:
                 for g in run:
                     self.scheduler.redispatch(g)
-                self.dispatch()
             else:
                 self.voting.apply_failed(run[0], "a row it changes is not as its origin had it")
+            self._apply_done(replay, epoch)
             return
         gids: list[tuple[int, int]] = []
         for p in ps:
