@@ -44,7 +44,7 @@ import psycopg  # noqa: E402
 
 from chorus.config import load_config, write_config  # noqa: E402
 from chorus.admin import admin_request  # noqa: E402
-from chorus.localcluster import LocalCluster  # noqa: E402
+from chorus.localcluster import LocalCluster, service_dir  # noqa: E402
 from pgbench_compare import pgbench_init, pgbench_run  # noqa: E402
 
 HOT_BRANCHES = """\\set aid random(1, 100000 * :scale)
@@ -121,7 +121,7 @@ def main() -> None:
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="chorus-replay-", dir="/tmp"))
-    os.chmod(root, 0o755)
+    service_dir(root)  # the postgres user reaches the clusters inside
     script = root / "hot_branches.sql"
     script.write_text(HOT_BRANCHES)
     os.chmod(script, 0o644)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import statistics
@@ -31,7 +30,7 @@ import psycopg  # noqa: E402
 
 from chorus import check  # noqa: E402
 from chorus import workload as wl  # noqa: E402
-from chorus.localcluster import LocalCluster  # noqa: E402
+from chorus.localcluster import LocalCluster, service_dir  # noqa: E402
 
 ACCOUNTS = 1000
 LOG_SCHEMA = "CREATE TABLE IF NOT EXISTS certmem_log (id bigserial PRIMARY KEY, node text, amount integer)"
@@ -74,7 +73,7 @@ def main() -> None:
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="chorus-certmem-", dir="/tmp"))
-    os.chmod(root, 0o755)
+    service_dir(root)  # the postgres user reaches the clusters inside
     cluster = LocalCluster(str(root / "c3"))
     series: list[dict[str, Any]] = []
     commits = 0

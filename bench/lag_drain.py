@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -28,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from chorus.admin import admin_request  # noqa: E402
-from chorus.localcluster import LocalCluster  # noqa: E402
+from chorus.localcluster import LocalCluster, service_dir  # noqa: E402
 from pgbench_compare import pgbench_init, pgbench_run  # noqa: E402
 
 SAMPLE_S = 0.05
@@ -81,7 +80,7 @@ def main() -> None:
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="chorus-lag-", dir="/tmp"))
-    os.chmod(root, 0o755)
+    service_dir(root)  # the postgres user reaches the clusters inside
     cluster = LocalCluster(str(root / "c3"))
     rounds: list[dict[str, float]] = []
     try:

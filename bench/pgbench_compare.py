@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 
-from chorus.localcluster import PGBIN, LocalCluster, PlainPostgres as Plain  # noqa: E402
+from chorus.localcluster import PGBIN, LocalCluster, PlainPostgres as Plain, service_dir  # noqa: E402
 
 PGBENCH = str(PGBIN / "pgbench")
 
@@ -149,7 +149,7 @@ def cluster_up(cluster: LocalCluster, nodes: int, port_base: int, impl: str) -> 
 
 def bench_root(prefix: str) -> Path:
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    os.chmod(root, 0o755)  # the postgres user reaches the clusters inside
+    service_dir(root)  # the postgres user reaches the clusters inside (0750, group postgres)
     return root
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import statistics
@@ -40,18 +41,24 @@ def _opts(port: int, tables: int, size: int) -> list[str]:
             "--pgsql-db=postgres", f"--tables={tables}", f"--table-size={size}"]
 
 
-def prepare(port: int, tables: int, size: int) -> None:
+def _env(passfile: Path) -> dict[str, str]:
+    """sysbench gives libpq no password: libpq takes it from the password file (never a command line)."""
+    return dict(os.environ, PGPASSFILE=str(passfile))
+
+
+def prepare(port: int, passfile: Path, tables: int, size: int) -> None:
     subprocess.run([SYSBENCH, "oltp_common", *_opts(port, tables, size), "prepare"], check=True,
-                   capture_output=True, text=True)
+                   capture_output=True, text=True, env=_env(passfile))
 
 
-def run(workload: str, ports: list[int], threads: int, seconds: int, tables: int, size: int) -> dict[str, float]:
+def run(workload: str, ports: list[int], passfile: Path, threads: int, seconds: int, tables: int,
+        size: int) -> dict[str, float]:
     """``workload`` on every port at once, ``threads`` in all: transactions and errors per
     second, latency (average and 95th percentile, of the slowest node's clients), CPU per class."""
     per = [threads // len(ports) + (1 if i < threads % len(ports) else 0) for i in range(len(ports))]
     procs = [subprocess.Popen([SYSBENCH, workload, *_opts(port, tables, size), f"--threads={n}", f"--time={seconds}",
                                "--percentile=95", "--report-interval=0", "run"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(passfile))
              for port, n in zip(ports, per)]
     margin = min(1.0, seconds / 4)
     time.sleep(margin)
@@ -99,15 +106,15 @@ def main() -> None:
         plain.start()
         n1 = one.up(1, args.port_base + 1)
         n3 = three.up(3, args.port_base + 2)
-        configs = {"plain": [plain.port], "chorus-1": [n["port"] for n in n1],
-                   "chorus-3": [n["port"] for n in n3]}
-        for ports in configs.values():
-            prepare(ports[0], args.tables, args.table_size)
+        configs = {"plain": ([plain.port], plain.passfile), "chorus-1": ([n["port"] for n in n1], one.passfile),
+                   "chorus-3": ([n["port"] for n in n3], three.passfile)}
+        for ports, passfile in configs.values():
+            prepare(ports[0], passfile, args.tables, args.table_size)
         wait_quiescent(node_refs(n3), timeout=300)
         for r in range(args.rounds):
             for w in WORKLOADS:
-                for name, ports in configs.items():
-                    res = run(w, ports, args.clients, args.seconds, args.tables, args.table_size)
+                for name, (ports, passfile) in configs.items():
+                    res = run(w, ports, passfile, args.clients, args.seconds, args.tables, args.table_size)
                     results[w][name].append(res)
                     print(f"round {r + 1} {w} {name}: {res['tps']:.0f} tps, {res['errors_per_s']:.1f} retries/s, "
                           f"p95 {res['p95_ms']:.2f} ms", file=sys.stderr, flush=True)

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg  # noqa: E402
 
-from chorus.localcluster import PGBIN, LocalCluster  # noqa: E402
+from chorus.localcluster import PGBIN, LocalCluster, service_dir  # noqa: E402
 
 CHORUS = str(Path(sys.executable).parent / "chorus")
 OFF = "-c chorus.capture=off -c chorus.replicate_ddl=off"
@@ -53,8 +53,8 @@ def drift(dsn: str, rows: int, share: float) -> int:
     return n
 
 
-def full_copy(src: dict[str, Any], dst_port: int) -> float:
-    dst = f"host=127.0.0.1 port={dst_port} dbname=postgres user=postgres"
+def full_copy(src: dict[str, Any], dst_node: dict[str, Any]) -> float:
+    dst = dst_node["dsn"]  # over TCP, the password from the cluster's password file
     with psycopg.connect(dst, autocommit=True) as c:
         c.execute("DROP DATABASE IF EXISTS bench_copy")
         c.execute("CREATE DATABASE bench_copy")
@@ -62,11 +62,9 @@ def full_copy(src: dict[str, Any], dst_port: int) -> float:
         c.execute("CREATE EXTENSION chorus")  # the dump's capture triggers need its functions
         c.execute("ALTER EVENT TRIGGER chorus_on_ddl_end DISABLE")  # the dump brings the triggers itself
     started = time.monotonic()
-    dump = subprocess.Popen([str(PGBIN / "pg_dump"), "-Fc", "-t", "pgbench_*", "-h", "127.0.0.1",
-                             "-p", str(src["port"]), "-U", "postgres", "postgres"], stdout=subprocess.PIPE)
-    subprocess.run([str(PGBIN / "pg_restore"), "--no-owner", "-h", "127.0.0.1", "-p", str(dst_port),
-                    "-U", "postgres", "-d", "bench_copy"], stdin=dump.stdout, check=True,
-                   env=dict(os.environ, PGOPTIONS=OFF))
+    dump = subprocess.Popen([str(PGBIN / "pg_dump"), "-Fc", "-t", "pgbench_*", src["dsn"]], stdout=subprocess.PIPE)
+    subprocess.run([str(PGBIN / "pg_restore"), "--no-owner", "-d", dst.replace("dbname=postgres", "dbname=bench_copy")],
+                   stdin=dump.stdout, check=True, env=dict(os.environ, PGOPTIONS=OFF))
     dump.wait()
     elapsed = time.monotonic() - started
     with psycopg.connect(dst, autocommit=True) as c:
@@ -111,7 +109,7 @@ def run_scale(root: Path, scale: int, drifts: list[float], rounds: int, port_bas
                 size = rebuilt["table_bytes"]
                 modes = ", ".join(f"{t['table'].split('.')[-1]}: {t['mode']}" for t in rebuilt["tables"]
                                   if t["table"].endswith("accounts"))
-                copies.append(full_copy(nodes[0], nodes[2]["port"]))
+                copies.append(full_copy(nodes[0], nodes[2]))
                 print(f"rows {rows} drift {pct}% ({changed} rows): total recovery {diffs[-1]:.1f} s ({modes}, "
                       f"{read[-1] / 1e6:.1f} MB read), full copy {copies[-1]:.1f} s", file=sys.stderr, flush=True)
             out.append({"rows": rows, "drift_pct": pct, "rows_changed": changed, "recovery_s": statistics.median(diffs),
@@ -135,7 +133,7 @@ def main() -> None:
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="chorus-total-bench-", dir="/tmp"))
-    os.chmod(root, 0o755)
+    service_dir(root)  # the postgres user reaches the clusters inside
     extra = ["--spark-master", args.spark_master] if args.spark_master else []
     results: list[dict[str, Any]] = []
     for scale in [int(x) for x in args.scales.split(",")]:

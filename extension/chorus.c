@@ -16,16 +16,18 @@
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "tcop/utility.h"
+#include "utils/acl.h"
 #include "utils/elog.h"
 
 #include "chorus_abort.h"
+#include "chorus_apply_exec.h"
 #include "chorus_capture.h"
 #include "chorus_commit.h"
 #include "chorus_ddl.h"
 #include "chorus_ddl_replay.h"
 #include "chorus_flow.h"
 #include "chorus_settings.h"
-#include "chorus_setval.h"
+#include "chorus_sequence.h"
 #include "chorus_shmem.h"
 #include "chorus_xact.h"
 
@@ -43,13 +45,16 @@ static post_parse_analyze_hook_type prev_post_parse_analyze = NULL;
  *		Before each statement: a transaction the coordinator aborted fails
  *		here; flow control holds a transaction's first write statement while
  *		the cluster asks to slow down; causal reads wait for the cluster
- *		(chorus_flow.c).
+ *		(chorus_flow.c); code run by a replicated schema change may not write
+ *		rows (chorus_ddl_check_write); a row an apply writes through SPI is
+ *		checked as the executor path checks it (chorus_apply_spi_start).
  */
 static void
 chorus_executor_start(QueryDesc *queryDesc, int eflags)
 {
 	ChorusCapture *cap = chorus_capture_state();
 	ChorusCommitState *cs = chorus_commit_state();
+	Oid			apply_relid = InvalidOid;
 
 	chorus_check_aborted();
 	if (chorus_shared != NULL && queryDesc->operation != CMD_SELECT && chorus_capture_enabled &&
@@ -57,16 +62,21 @@ chorus_executor_start(QueryDesc *queryDesc, int eflags)
 		chorus_flow_wait();
 	if (chorus_causal_reads && chorus_shared != NULL && !cs->applying)
 		chorus_causal_read(queryDesc, eflags);
+	chorus_ddl_check_write(queryDesc);
+	if (cs->applying)
+		chorus_apply_spi_start(queryDesc, true, &apply_relid);
 	if (prev_executor_start)
 		prev_executor_start(queryDesc, eflags);
 	else
 		standard_ExecutorStart(queryDesc, eflags);
+	if (OidIsValid(apply_relid))
+		chorus_apply_spi_start(queryDesc, false, &apply_relid);
 }
 
 /*
  * chorus_post_parse_analyze
  *		After parse analysis: setval() calls become calls that replicate
- *		(chorus_setval.c).
+ *		(chorus_sequence.c).
  */
 static void
 chorus_post_parse_analyze(ParseState *pstate, Query *query, JumbleState *jstate)
@@ -109,6 +119,36 @@ chorus_emit_log(ErrorData *edata)
 }
 
 /*
+ * chorus_replay_as_role
+ *		In a replaying session (chorus/concurrent.py: CREATE INDEX CONCURRENTLY
+ *		and the like from another node), a statement runs as the role that ran
+ *		it on its origin (chorus.replay_role), in a restricted security context,
+ *		as a replay in an apply does (chorus_apply.c): it can do no more than
+ *		that role, and cannot SET ROLE to the session's superuser. The session's
+ *		own settings (SET, SHOW, transaction control) are left to the session.
+ */
+static bool
+chorus_replay_as_role(Node *stmt)
+{
+	Oid			role;
+	Oid			uid;
+	int			sec;
+
+	if (chorus_replay_role == NULL || chorus_replay_role[0] == '\0' ||
+		IsA(stmt, VariableSetStmt) || IsA(stmt, VariableShowStmt) || IsA(stmt, TransactionStmt))
+		return false;
+	role = get_role_oid(chorus_replay_role, true);
+	if (!OidIsValid(role))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("chorus: role \"%s\" does not exist on this node", chorus_replay_role),
+				 errdetail("The statement ran as this role on its origin; it runs as no one else here.")));
+	GetUserIdAndSecContext(&uid, &sec);
+	SetUserIdAndSecContext(role, sec | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+	return true;
+}
+
+/*
  * chorus_process_utility
  *		Schema changes are ordered through the cluster before they run
  *		(chorus_ddl.c). Utility statements inside a transaction aborted for a
@@ -127,32 +167,59 @@ chorus_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnl
 	bool		defining = chorus_setval_stores_query(pstmt->utilityStmt);
 	ChorusCapture *cap = chorus_capture_state();
 	ChorusCommitState *cs = chorus_commit_state();
+	Oid			save_uid;
+	int			save_sec;
+	volatile bool switched = false;	/* the user or security context changed here, to be restored */
+	bool		replay = (cs->applying || chorus_replaying) && chorus_shared != NULL;
 
 	if (!IsA(pstmt->utilityStmt, TransactionStmt))
 		chorus_check_aborted();
-	if ((cs->applying || chorus_replaying) && chorus_shared != NULL)
+	if (replay)
 	{
 		/* a replayed schema change: this node's tablespaces */
 		pstmt = chorus_ddl_replay_fixups(pstmt);
 		if (pstmt == NULL)
 			return;
+		chorus_ddl_replay_enter(pstmt->utilityStmt, context);
 	}
+	else
+		chorus_ddl_nested(pstmt->utilityStmt, context);
 	replicated = chorus_shared != NULL && chorus_ddl_utility(cap, cs, pstmt, queryString, context, params);
 	if (defining)
 		chorus_setval_defining++;
+	GetUserIdAndSecContext(&save_uid, &save_sec);
 	PG_TRY();
 	{
 		chorus_truncate_restart = restart;
+		if (chorus_replaying)
+			switched = chorus_replay_as_role(pstmt->utilityStmt);
+		if (replay && IsA(pstmt->utilityStmt, RefreshMatViewStmt))
+		{
+			/*
+			 * REFRESH MATERIALIZED VIEW restricts itself: it runs the view's query
+			 * as the view's owner in a restricted security context, and needs an
+			 * unrestricted one around it for CONCURRENTLY's temporary tables, as on
+			 * the origin. The role stays the replay's (no SET ROLE either way).
+			 */
+			SetUserIdAndSecContext(save_uid, save_sec & ~SECURITY_RESTRICTED_OPERATION);
+			switched = true;
+		}
 		if (prev_process_utility)
 			prev_process_utility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
 		else
 			standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
+		if (switched)			/* (not otherwise: a SET ROLE must stay) */
+			SetUserIdAndSecContext(save_uid, save_sec);
 		chorus_truncate_restart = outer_restart;
 		if (replicated)
 			chorus_ddl_record(cap, pstmt);
 	}
 	PG_FINALLY();
 	{
+		if (switched)
+			SetUserIdAndSecContext(save_uid, save_sec);
+		if (replay)
+			chorus_ddl_replay_leave();
 		chorus_truncate_restart = outer_restart;
 		if (defining)
 			chorus_setval_defining--;

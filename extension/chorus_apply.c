@@ -51,6 +51,127 @@ PG_FUNCTION_INFO_V1(chorus_apply_writeset);
 PG_FUNCTION_INFO_V1(chorus_apply_run);
 PG_FUNCTION_INFO_V1(chorus_apply_writeset_file);
 
+/*
+ * Whose rights a writeset is applied with (docs/SECURITY.md). A table's rows
+ * are applied as its owner, in a restricted security context, as PostgreSQL
+ * 16's subscriptions apply them with run_as_owner off: a trigger that fires
+ * here, a generated column or an index expression runs with no more rights
+ * than the table's owner has on the origin, cannot SET ROLE (or RESET ROLE,
+ * or SET SESSION AUTHORIZATION) back to the apply session's superuser, and
+ * what it changes of the session's settings is undone when the owner's turn
+ * ends. Row security does not apply: the origin checked it, as it checked the
+ * CHECK constraints and foreign keys (chorus_apply_exec.c). A TRUNCATE runs
+ * as the apply session's user, restricted; a schema change as its role,
+ * restricted (apply_schema).
+ */
+typedef struct ApplyUser
+{
+	Oid			session_uid;	/* the apply session's user and security context */
+	int			session_sec;
+	Oid			current;		/* whose turn it is: a table's owner, or InvalidOid (the session's user) */
+	int			nest;			/* the GUC nest level of the owner's turn */
+} ApplyUser;
+
+#define APPLY_RESTRICTED (SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION)
+
+/* The table whose row apply_spi_row is applying, for the executor hook (chorus_apply_spi_start). */
+static Oid	apply_spi_relid = InvalidOid;
+
+static void
+apply_user_init(ApplyUser *u)
+{
+	GetUserIdAndSecContext(&u->session_uid, &u->session_sec);
+	u->current = InvalidOid;
+	u->nest = -1;
+}
+
+/*
+ * apply_as
+ *		Give the turn to owner (InvalidOid: back to the apply session's user).
+ *		The AFTER triggers queued in ex so far fire first, as the owner whose
+ *		rows queued them.
+ */
+static void
+apply_as(ApplyUser *u, Oid owner, ApplyExec *ex)
+{
+	if (owner == u->current)
+		return;
+	if (ex != NULL)
+		chorus_apply_exec_fire(ex);
+	if (u->nest >= 0)
+	{
+		AtEOXact_GUC(false, u->nest);	/* what the owner's code set goes with its turn */
+		u->nest = -1;
+	}
+	if (OidIsValid(owner))
+	{
+		SetUserIdAndSecContext(owner, u->session_sec | APPLY_RESTRICTED | SECURITY_NOFORCE_RLS);
+		u->nest = NewGUCNestLevel();
+	}
+	else
+		SetUserIdAndSecContext(u->session_uid, u->session_sec);
+	u->current = owner;
+}
+
+/*
+ * apply_rows_end
+ *		The rows so far are done: their executor state ends (its AFTER
+ *		triggers fire, as their tables' owner) and the turn returns to the
+ *		apply session's user.
+ */
+static void
+apply_rows_end(ApplyExec **ex, ApplyUser *u)
+{
+	if (*ex != NULL)
+	{
+		chorus_apply_exec_end(*ex);
+		*ex = NULL;
+	}
+	apply_as(u, InvalidOid, NULL);
+}
+
+/*
+ * chorus_apply_spi_start
+ *		Called by the executor hook before and after ExecutorStart: a row that
+ *		apply_spi_row applies through SPI is checked as a row the executor path
+ *		applies is, that is not for privileges (the origin checked them; the
+ *		table's owner might have revoked its own) nor against the CHECK
+ *		constraints (chorus_apply_skip_checks). Only the statement apply_spi_row
+ *		runs: the first to start after it set apply_spi_relid, for that table;
+ *		queries of a trigger it fires are checked as usual. before: *relid is
+ *		set to the table (InvalidOid if the statement is not one of these).
+ */
+void
+chorus_apply_spi_start(QueryDesc *qd, bool before, Oid *relid)
+{
+	ListCell   *lc;
+
+	if (before)
+	{
+		*relid = apply_spi_relid;
+		apply_spi_relid = InvalidOid;
+		if (!OidIsValid(*relid))
+			return;
+		foreach(lc, qd->plannedstmt->rtable)
+		{
+			RangeTblEntry *rte = lfirst_node(RangeTblEntry, lc);
+
+			if (rte->rtekind == RTE_RELATION && rte->relid == *relid)
+				rte->requiredPerms = 0;
+		}
+		return;
+	}
+	if (!OidIsValid(*relid) || qd->estate == NULL)
+		return;
+	foreach(lc, qd->estate->es_opened_result_relations)
+	{
+		ResultRelInfo *rri = lfirst(lc);
+
+		if (RelationGetRelid(rri->ri_RelationDesc) == *relid)
+			chorus_apply_skip_checks(rri, qd->estate);
+	}
+}
+
 /* Bytes of the writeset as a palloc'd, NUL-terminated string. */
 static char *
 ws_text(ChorusWsBytes b)
@@ -143,21 +264,20 @@ apply_spi_connect(bool *connected, MemoryContext cxt)
 /*
  * apply_truncate
  *		Run the TRUNCATEs gathered in list, if any: after the rows before them,
- *		whose executor state (ex) ends first (a TRUNCATE needs its tables closed).
+ *		whose executor state (ex) ends first (a TRUNCATE needs its tables
+ *		closed). As the apply session's user (the tables may have several
+ *		owners, and CASCADE reaches further), restricted.
  */
 static void
-apply_truncate(StringInfo list, bool restart, ApplyExec **ex, bool *spi, MemoryContext cxt)
+apply_truncate(StringInfo list, bool restart, ApplyExec **ex, ApplyUser *u, bool *spi, MemoryContext cxt)
 {
 	int			rc;
 
 	if (list->len == 0)
 		return;
-	if (*ex != NULL)
-	{
-		chorus_apply_exec_end(*ex);
-		*ex = NULL;
-	}
+	apply_rows_end(ex, u);
 	apply_spi_connect(spi, cxt);
+	SetUserIdAndSecContext(u->session_uid, u->session_sec | APPLY_RESTRICTED);
 	/*
 	 * CASCADE: the origin truncated every table that references these (or it
 	 * would have failed), but a partitioned one among them has no rows of its
@@ -167,6 +287,7 @@ apply_truncate(StringInfo list, bool restart, ApplyExec **ex, bool *spi, MemoryC
 					 false, 0);
 	if (rc != SPI_OK_UTILITY)
 		elog(ERROR, "chorus: TRUNCATE failed: %s", SPI_result_code_string(rc));
+	SetUserIdAndSecContext(u->session_uid, u->session_sec);
 	resetStringInfo(list);
 }
 
@@ -213,6 +334,7 @@ apply_spi_row(ApplyTable *t, ApplyRow *row, int64 gid)
 	Datum	   *values = palloc(sizeof(Datum) * (t->ncols + t->nident + 1));
 	char	   *nulls = palloc(t->ncols + t->nident + 1);
 	bool		isnull;
+	SPIPlanPtr	plan;
 	int			n = 0,
 				c,
 				k,
@@ -236,19 +358,21 @@ apply_spi_row(ApplyTable *t, ApplyRow *row, int64 gid)
 						 errhint("Rows of a table with a primary key are applied through the executor, which can (chorus.apply_executor).")));
 			continue;
 		}
-		values[n] = chorus_apply_datum(t, c, row->newv[c], &isnull, false);
+		values[n] = chorus_apply_datum(t, c, row->newv[c], &isnull);
 		nulls[n++] = isnull ? 'n' : ' ';
 	}
 	for (k = 0; row->op != CHORUS_OP_INSERT && k < t->nident; k++)
 	{
 		if (t->full_identity && (t->cols[t->ident[k]].flags & CHORUS_COL_GENERATED))
 			continue;			/* not compared: computed from the others */
-		values[n] = chorus_apply_datum(t, t->ident[k], row->oldv[k], &isnull, true);
+		values[n] = chorus_apply_datum(t, t->ident[k], row->oldv[k], &isnull);
 		nulls[n++] = isnull ? 'n' : ' ';
 	}
-	rc = SPI_execute_plan(chorus_apply_plan(t, row->op == CHORUS_OP_INSERT ? 0 : row->op == CHORUS_OP_UPDATE ? 1 : 2,
-											row->unchanged ? row->newv : NULL),
-						  values, nulls, false, 0);
+	plan = chorus_apply_plan(t, row->op == CHORUS_OP_INSERT ? 0 : row->op == CHORUS_OP_UPDATE ? 1 : 2,
+							 row->unchanged ? row->newv : NULL);
+	apply_spi_relid = t->rel->relid;	/* chorus_apply_spi_start */
+	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	apply_spi_relid = InvalidOid;
 	if (rc < 0)
 		elog(ERROR, "chorus: applying a row of %s: %s", chorus_apply_table_name(t), SPI_result_code_string(rc));
 	if (row->op != CHORUS_OP_INSERT && SPI_processed != 1)
@@ -268,9 +392,15 @@ apply_setting_optional(const char *name)
  * apply_schema
  *		Run a schema change item's statement in the current apply transaction,
  *		under the settings and role it ran under on its origin, without checking
- *		function bodies (the origin did). A role missing here (created with
- *		chorus.replicate_roles off) runs it as the apply user, with a warning.
- *		r stands after the item's start, which says it has nsettings settings.
+ *		function bodies (the origin did). The role's rights, in a restricted
+ *		security context: the statement, and whatever user code it runs (a
+ *		function a CHECK constraint calls, an index expression, a materialized
+ *		view's query), can do no more here than the role could on the origin,
+ *		and cannot SET ROLE to the apply session's superuser; what it changes of
+ *		the session's settings is undone with the item. A role this node lacks
+ *		(created with chorus.replicate_roles off) is an error, never a reason to
+ *		run the statement as someone else. r stands after the item's start,
+ *		which says it has nsettings settings.
  */
 static void
 apply_schema(ChorusWsReader *r, int nsettings, int64 gid)
@@ -311,18 +441,19 @@ apply_schema(ChorusWsReader *r, int nsettings, int64 gid)
 	role = ws_text(roleb);
 	statement = ws_text(statementb);
 	roleid = get_role_oid(role, true);
+	if (!OidIsValid(roleid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("chorus: GID %lld: role \"%s\" does not exist on this node", (long long) gid, role),
+				 errdetail("The schema change ran as this role on its origin; it runs as no one else here."),
+				 errhint("Create the role on every node (roles replicate unless chorus.replicate_roles is off).")));
 	GetUserIdAndSecContext(&save_uid, &save_sec);
-	if (OidIsValid(roleid))
-		SetUserIdAndSecContext(roleid, save_sec);
-	else
-		ereport(WARNING,
-				(errmsg("chorus: GID %lld: role \"%s\" does not exist here; running the schema change as \"%s\"",
-						(long long) gid, role, GetUserNameFromId(save_uid, false))));
+	SetUserIdAndSecContext(roleid, save_sec | APPLY_RESTRICTED);
 	rc = SPI_execute(statement, false, 0);
 	if (rc < 0)
 		elog(ERROR, "chorus: GID %lld: the schema change failed: %s", (long long) gid, SPI_result_code_string(rc));
 	SetUserIdAndSecContext(save_uid, save_sec);
-	AtEOXact_GUC(true, nest);
+	AtEOXact_GUC(false, nest);
 }
 
 /*
@@ -350,6 +481,7 @@ chorus_apply_rows(const char *buf, size_t len, int64 gid, uint64 prev)
 	int			nest;
 	uint32		i;
 	ApplyExec  *ex = NULL;		/* the executor state of the rows since the last statement */
+	ApplyUser	user;			/* whose turn it is */
 	bool		spi = false;	/* connected to SPI */
 	int			width = 1;		/* the widest table */
 	ChorusWsValue *oldv,
@@ -430,6 +562,8 @@ chorus_apply_rows(const char *buf, size_t len, int64 gid, uint64 prev)
 
 	/* text values are read under the settings they were printed under (chorus_values.c) */
 	nest = chorus_canonical_enter(false);
+	apply_user_init(&user);
+	apply_spi_relid = InvalidOid;
 	initStringInfo(&truncates);
 	for (i = 0; i < nrows; i++)
 	{
@@ -447,12 +581,8 @@ chorus_apply_rows(const char *buf, size_t len, int64 gid, uint64 prev)
 		row.newv = newv;
 		if (row.op == CHORUS_OP_SCHEMA)
 		{
-			apply_truncate(&truncates, truncate_restart, &ex, &spi, cxt);
-			if (ex != NULL)
-			{
-				chorus_apply_exec_end(ex);
-				ex = NULL;
-			}
+			apply_truncate(&truncates, truncate_restart, &ex, &user, &spi, cxt);
+			apply_rows_end(&ex, &user);
 			apply_spi_connect(&spi, cxt);
 			/* the statement runs under its origin's settings, then the fixed ones return */
 			chorus_canonical_exit(nest);
@@ -470,15 +600,16 @@ chorus_apply_rows(const char *buf, size_t len, int64 gid, uint64 prev)
 			bool		restart = (item.truncate_flags & CHORUS_TRUNCATE_RESTART) != 0;
 
 			if (restart != truncate_restart)
-				apply_truncate(&truncates, truncate_restart, &ex, &spi, cxt);
+				apply_truncate(&truncates, truncate_restart, &ex, &user, &spi, cxt);
 			truncate_restart = restart;
 			appendStringInfo(&truncates, "%s%s", truncates.len ? ", " : "", chorus_apply_table_name(t));
 			applied++;
 			continue;
 		}
-		apply_truncate(&truncates, truncate_restart, &ex, &spi, cxt);
+		apply_truncate(&truncates, truncate_restart, &ex, &user, &spi, cxt);
 		if (chorus_apply_unresolved(t))
 			chorus_apply_resolve(t);
+		apply_as(&user, t->rel->owner, ex);
 		row.unchanged = false;
 		if (row.op != CHORUS_OP_INSERT)
 		{
@@ -528,9 +659,8 @@ chorus_apply_rows(const char *buf, size_t len, int64 gid, uint64 prev)
 		}
 		applied++;
 	}
-	apply_truncate(&truncates, truncate_restart, &ex, &spi, cxt);
-	if (ex != NULL)
-		chorus_apply_exec_end(ex);
+	apply_truncate(&truncates, truncate_restart, &ex, &user, &spi, cxt);
+	apply_rows_end(&ex, &user);
 	if (spi)
 		SPI_finish();
 	chorus_canonical_exit(nest);

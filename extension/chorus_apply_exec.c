@@ -7,8 +7,10 @@
  *		an UPDATE locks it) and changed with ExecSimpleRelationUpdate or
  *		ExecSimpleRelationDelete. Constraints, indexes, stored generated
  *		columns, partition checks and the triggers that fire in replica mode
- *		behave as they do in logical replication; AFTER ROW triggers fire at
- *		the end of the writeset (or before a TRUNCATE or schema change in it).
+ *		behave as they do in logical replication, except CHECK constraints,
+ *		which are the origin's to check (chorus_apply_skip_checks); AFTER ROW
+ *		triggers fire at the end of the writeset (or before a TRUNCATE or
+ *		schema change in it, or before rows of a table of another owner).
  *
  *		One executor state serves one writeset (ApplyExec): each of its tables
  *		is opened, with its indexes and slots, at its first row (ApplyTarget).
@@ -86,6 +88,30 @@ chorus_apply_exec_begin(ApplyTable *tables, int ntables)
 	return ex;
 }
 
+/*
+ * chorus_apply_skip_checks
+ *		A result relation's CHECK constraints are not evaluated in an apply:
+ *		they are the origin's to check, as foreign keys are (apply sessions run
+ *		in replica mode). The origin checked the same row under the same
+ *		definition (certification fails a writeset that did not see a schema
+ *		change of its tables), so checking again could only find a difference
+ *		that user code makes between nodes (a CHECK that reads the node's
+ *		settings or the clock), and let that code decide which node leaves
+ *		(docs/SECURITY.md). The executor builds a relation's check expressions
+ *		once, at its first row, and takes a missing one as passed (ExecCheck):
+ *		so they are given here as missing. NOT NULL and partition constraints
+ *		are still checked.
+ */
+void
+chorus_apply_skip_checks(ResultRelInfo *rri, EState *estate)
+{
+	TupleConstr *constr = RelationGetDescr(rri->ri_RelationDesc)->constr;
+
+	if (constr != NULL && constr->num_check > 0 && rri->ri_ConstraintExprs == NULL)
+		rri->ri_ConstraintExprs = MemoryContextAllocZero(estate->es_query_cxt,
+														 sizeof(ExprState *) * constr->num_check);
+}
+
 /* Open table i of the writeset (resolved: t->rel) for the executor. */
 static ApplyTarget *
 apply_exec_open(ApplyExec *ex, int i)
@@ -106,6 +132,7 @@ apply_exec_open(ApplyExec *ex, int i)
 	g->rel = table_open(t->rel->relid, NoLock);	/* locked by chorus_apply_resolve */
 	g->rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(g->rri, g->rel, i + 1, NULL, 0);
+	chorus_apply_skip_checks(g->rri, estate);
 	/* where ExecGetTriggerResultRel finds it when the AFTER triggers fire */
 	estate->es_opened_result_relations = lappend(estate->es_opened_result_relations, g->rri);
 	ExecOpenIndices(g->rri, false);
@@ -132,7 +159,7 @@ apply_exec_identity(ApplyTable *t, ApplyTarget *g, ChorusWsValue *oldv)
 		int			c = t->ident[k];
 		AttrNumber	a = t->rel->attnum[c];
 
-		s->tts_values[a - 1] = chorus_apply_datum(t, c, oldv[k], &s->tts_isnull[a - 1], true);
+		s->tts_values[a - 1] = chorus_apply_datum(t, c, oldv[k], &s->tts_isnull[a - 1]);
 	}
 	ExecStoreVirtualTuple(s);
 }
@@ -165,7 +192,7 @@ apply_exec_new(ApplyTable *t, ApplyTarget *g, ChorusWsValue *newv, TupleTableSlo
 
 		if (a == 0 || newv[c].kind == CHORUS_VAL_UNCHANGED)
 			continue;			/* generated; or an unchanged TOAST value: the row found holds it */
-		s->tts_values[a - 1] = chorus_apply_datum(t, c, newv[c], &s->tts_isnull[a - 1], false);
+		s->tts_values[a - 1] = chorus_apply_datum(t, c, newv[c], &s->tts_isnull[a - 1]);
 	}
 	ExecStoreVirtualTuple(s);
 }

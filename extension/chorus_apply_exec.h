@@ -6,6 +6,9 @@
 #ifndef CHORUS_APPLY_EXEC_H
 #define CHORUS_APPLY_EXEC_H
 
+#include "executor/execdesc.h"
+#include "nodes/execnodes.h"
+
 #include "chorus_apply_table.h"
 
 typedef struct ApplyExec ApplyExec;
@@ -23,5 +26,9 @@ extern ApplyExec *chorus_apply_exec_begin(ApplyTable *tables, int ntables);
 extern bool chorus_apply_exec_row(ApplyExec *ex, ApplyTable *t, ApplyRow *row);
 extern void chorus_apply_exec_fire(ApplyExec *ex);
 extern void chorus_apply_exec_end(ApplyExec *ex);
+extern void chorus_apply_skip_checks(ResultRelInfo *rri, EState *estate);
+
+/* chorus_apply.c */
+extern void chorus_apply_spi_start(QueryDesc *qd, bool before, Oid *relid);
 
 #endif							/* CHORUS_APPLY_EXEC_H */

@@ -20,6 +20,7 @@
 #include "catalog/pg_attribute.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_index.h"
+#include "catalog/pg_operator.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "nodes/makefuncs.h"
@@ -31,6 +32,7 @@
 #include "utils/rel.h"
 #include "utils/relcache.h"
 #include "utils/syscache.h"
+#include "utils/typcache.h"
 
 #include "chorus_apply_table.h"
 #include "chorus_wire.h"
@@ -235,6 +237,7 @@ apply_rel_build(ApplyRel *r, ApplyTable *t)
 		fmgr_info_cxt(typinput, &r->colinput[i], r->cxt);
 		r->basetypes[i] = getBaseType(r->coltypes[i]);
 	}
+	r->owner = rel->rd_rel->relowner;
 	r->why_spi = apply_rel_executor(r, rel);
 	table_close(rel, NoLock);
 	MemoryContextSwitchTo(old);
@@ -354,6 +357,32 @@ chorus_apply_update_skips(ApplyTable *t, int col)
 }
 
 /*
+ * The equality operator of type typid, schema-qualified as OPERATOR(schema.op):
+ * the apply statements resolve nothing through search_path.
+ */
+static char *
+apply_eq_operator(Oid typid)
+{
+	TypeCacheEntry *tc = lookup_type_cache(typid, TYPECACHE_EQ_OPR);
+	HeapTuple	tup;
+	Form_pg_operator op;
+	char	   *result;
+
+	if (!OidIsValid(tc->eq_opr))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("chorus: type %s has no equality operator to find a row by", format_type_be(typid))));
+	tup = SearchSysCache1(OPEROID, ObjectIdGetDatum(tc->eq_opr));
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "chorus: cache lookup failed for operator %u", tc->eq_opr);
+	op = (Form_pg_operator) GETSTRUCT(tup);
+	result = psprintf("OPERATOR(%s.%s)", quote_identifier(get_namespace_name(op->oprnamespace)),
+					  NameStr(op->oprname));
+	ReleaseSysCache(tup);
+	return result;
+}
+
+/*
  * The statement for op (0 insert, 1 update, 2 delete) on t, with its
  * parameter types: new values of non-generated columns, then the old identity.
  * newv: an UPDATE's new values when some are unchanged TOAST values, which
@@ -439,7 +468,8 @@ chorus_apply_plan(ApplyTable *t, int op, const ChorusWsValue *newv)
 			int			m = 0;
 
 			initStringInfo(&img);
-			appendStringInfo(&sql, "ctid = (SELECT ctid FROM ONLY %s WHERE pg_catalog.record_image_eq(ROW(", chorus_apply_table_name(t));
+			appendStringInfo(&sql, "ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM ONLY %s WHERE pg_catalog.record_image_eq(ROW(",
+							 chorus_apply_table_name(t));
 			for (i = 0; i < t->nident; i++)
 			{
 				int			c = t->ident[i];
@@ -467,7 +497,8 @@ chorus_apply_plan(ApplyTable *t, int op, const ChorusWsValue *newv)
 			{
 				int			c = t->ident[i];
 
-				appendStringInfo(&sql, "%s%s = $%d", i ? " AND " : "", quote_identifier(t->cols[c].name), n + 1);
+				appendStringInfo(&sql, "%s%s %s $%d", i ? " AND " : "", quote_identifier(t->cols[c].name),
+								 apply_eq_operator(r->basetypes[c]), n + 1);
 				types[n++] = r->basetypes[c];
 			}
 	}
@@ -479,17 +510,20 @@ chorus_apply_plan(ApplyTable *t, int op, const ChorusWsValue *newv)
 
 /*
  * chorus_apply_datum
- *		The datum of value v for column col of t, in this node's column type;
- *		old: a value of an old image, read as the column's base type (a row's
- *		old value need not pass a domain check added NOT VALID since).
+ *		The datum of value v for column col of t, in this node's column type.
+ *		A domain's value is read as its base type: the domain's checks are the
+ *		origin's to make (they ran there, on the same value, under the same
+ *		definition), as CHECK constraints and foreign keys are, so no user code
+ *		in a domain's constraint runs here (docs/SECURITY.md); an old image's
+ *		value also need not pass a check added NOT VALID since.
  */
 Datum
-chorus_apply_datum(ApplyTable *t, int col, ChorusWsValue v, bool *isnull, bool old)
+chorus_apply_datum(ApplyTable *t, int col, ChorusWsValue v, bool *isnull)
 {
 	ApplyRel   *r = t->rel;
 	StringInfoData buf;
 	char	   *copy;
-	bool		base = old && r->basetypes[col] != r->coltypes[col];
+	bool		base = r->basetypes[col] != r->coltypes[col];
 	FmgrInfo   *input = base ? &r->baseinput[col] : &r->colinput[col];
 	FmgrInfo   *recv = base ? &r->baserecv[col] : &r->colrecv[col];
 	Oid		   *ioparam = base ? &r->baseioparam[col] : &r->colioparam[col];
@@ -505,7 +539,7 @@ chorus_apply_datum(ApplyTable *t, int col, ChorusWsValue v, bool *isnull, bool o
 	}
 	*isnull = (v.kind == CHORUS_VAL_NULL);
 	if (v.kind == CHORUS_VAL_NULL)
-		return InputFunctionCall(input, NULL, *ioparam, typmod);
+		return (Datum) 0;
 	copy = palloc(v.len + 1);
 	memcpy(copy, v.data, v.len);
 	copy[v.len] = '\0';

@@ -41,6 +41,7 @@ typedef struct ApplyRel
 	int		   *ident;
 	bool		full_identity;
 	/* the local table */
+	Oid			owner;			/* its rows are applied with its owner's rights (chorus_apply.c) */
 	const char *why_spi;		/* NULL: rows go through the executor; else why they cannot */
 	bool		insert_executor;	/* its INSERTs can, though (no identity needed: no key) */
 	Oid			idxoid;			/* the index on the identity columns (executor) */
@@ -54,7 +55,7 @@ typedef struct ApplyRel
 	FmgrInfo   *colrecv;		/* their receive functions, looked up at the first binary value */
 	Oid		   *colrecvparam;
 	Oid		   *basetypes;		/* a domain's base type (the column's type otherwise) */
-	FmgrInfo   *baseinput;		/* ... its input and receive functions, for old images */
+	FmgrInfo   *baseinput;		/* ... its input and receive functions (values are read as it) */
 	Oid		   *baseioparam;
 	FmgrInfo   *baserecv;
 	Oid		   *baserecvparam;
@@ -86,6 +87,6 @@ chorus_apply_unresolved(ApplyTable *t)
 }
 extern SPIPlanPtr chorus_apply_plan(ApplyTable *t, int op, const ChorusWsValue *newv);
 extern int	chorus_apply_update_skips(ApplyTable *t, int col);
-extern Datum chorus_apply_datum(ApplyTable *t, int col, ChorusWsValue v, bool *isnull, bool old);
+extern Datum chorus_apply_datum(ApplyTable *t, int col, ChorusWsValue v, bool *isnull);
 
 #endif							/* CHORUS_APPLY_TABLE_H */

@@ -31,7 +31,7 @@ typedef struct ChorusCapture
 	BufFile    *spill;
 	uint64		spilled;
 	uint32		nrows;
-	List	   *sequences;		/* OIDs of the sequences setval moved (chorus_setval.c) */
+	List	   *sequences;		/* OIDs of the sequences setval moved (chorus_sequence.c) */
 	StringInfoData keys;
 	uint32		nkeys;
 	StringInfoData rowkeys;		/* one row change's keys, before the limit per table */

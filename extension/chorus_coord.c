@@ -292,7 +292,9 @@ chorus_coord_ask_parts(char type, const ChorusFrameBody *body, ChorusVerdict *v)
  *		ordered (GID gid) but before a quorum was known to have it; it does not
  *		commit here now, and commits on every node or on none, which this node
  *		learns when it rejoins: SQLSTATE 08007, as for a commit whose connection
- *		broke. REFUSED (and anything else): 25006 with the coordinator's reason.
+ *		broke. UNDONE: a schema change another node could not apply, undone
+ *		everywhere: that node's error, with its SQLSTATE. REFUSED (and anything
+ *		else): 25006 with the coordinator's reason.
  */
 void
 chorus_refuse_unless_commit(const ChorusVerdict *v)
@@ -310,6 +312,23 @@ chorus_refuse_unless_commit(const ChorusVerdict *v)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("chorus: %s", v->msg)));
+	if (v->verdict == CHORUS_VERDICT_UNDONE)
+	{
+		const char *m = v->msg;
+		int			code = ERRCODE_INTERNAL_ERROR;
+
+		if (strlen(m) >= 5 && strspn(m, "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ") >= 5)
+		{
+			code = MAKE_SQLSTATE(m[0], m[1], m[2], m[3], m[4]);
+			m += 5;
+		}
+		ereport(ERROR,
+				(errcode(code),
+				 errmsg("chorus: the schema change failed on node %s", m),
+				 errdetail("Every node applies a schema change before it commits anywhere; it failed on that node, "
+						   "so it was undone on every node (GID %llu commits empty). No node left the cluster.",
+						   (unsigned long long) v->gid)));
+	}
 	ereport(ERROR,
 			(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
 			 errmsg("chorus: %s", v->msg)));

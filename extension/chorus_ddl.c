@@ -25,9 +25,8 @@
  *
  *		Which statements replicate is chorus_ddl_classify.c's decision, the
  *		rows a statement ships chorus_ddl_rows.c's, and the node-local parts of
- *		a replayed one chorus_ddl_replay.c's. Here too: chorus.attach() and
- *		chorus.alter_sequence(), which the SQL side calls for new tables and
- *		sequences.
+ *		a replayed one chorus_ddl_replay.c's. Here too: chorus.replicable()
+ *		and chorus.attach(), which the SQL side calls for new tables.
  */
 #include "postgres.h"
 
@@ -35,6 +34,7 @@
 #include "access/htup_details.h"
 #include "access/table.h"
 #include "access/xact.h"
+#include "catalog/catalog.h"
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_authid.h"
@@ -50,6 +50,7 @@
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "parser/parse_node.h"
+#include "parser/parsetree.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
@@ -62,6 +63,7 @@
 #include "chorus_commit.h"
 #include "chorus_coord.h"
 #include "chorus_ddl.h"
+#include "chorus_ddl_check.h"
 #include "chorus_ddl_classify.h"
 #include "chorus_ddl_rows.h"
 #include "chorus_settings.h"
@@ -71,6 +73,9 @@
 
 /* Depth of replicated schema changes running in this backend (nested DDL is theirs). */
 static int	chorus_ddl_depth = 0;
+
+/* Depth of replayed statements running in this backend (an apply session, a replaying one). */
+static int	chorus_replay_depth = 0;
 
 /*
  * The settings a statement's meaning depends on: carried with it and set for
@@ -105,6 +110,7 @@ typedef struct ChorusDdlRun
 static ChorusDdlRun *chorus_ddl_run = NULL;
 
 static void chorus_ddl_concurrent(ChorusCapture *cap, ChorusDdlRun *run);
+static void chorus_attach_relation(Oid relid);
 
 /*
  * chorus_ddl_settings_of
@@ -277,80 +283,92 @@ chorus_ddl_concurrent(ChorusCapture *cap, ChorusDdlRun *run)
 }
 
 /*
+ * chorus_table_replicable
+ *		Whether Chorus replicates table relid by itself: a permanent plain
+ *		table (partitions included; not a partitioned table itself, whose rows
+ *		live in its partitions, which capture them: a trigger on the parent
+ *		would be cloned onto every partition and clash with theirs on ATTACH
+ *		PARTITION) outside the system schemas and chorus.exclude_schemas. Read
+ *		from the catalogs, not by a query: no search_path is involved.
+ */
+bool
+chorus_table_replicable(Oid relid)
+{
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	Form_pg_class c;
+	bool		ok;
+	char	   *nsp;
+
+	if (!HeapTupleIsValid(tup))
+		return false;
+	c = (Form_pg_class) GETSTRUCT(tup);
+	ok = c->relkind == RELKIND_RELATION && c->relpersistence == RELPERSISTENCE_PERMANENT &&
+		!IsCatalogNamespace(c->relnamespace) && !IsToastNamespace(c->relnamespace) &&
+		!isAnyTempNamespace(c->relnamespace);
+	nsp = ok ? get_namespace_name(c->relnamespace) : NULL;
+	ReleaseSysCache(tup);
+	if (nsp == NULL || strcmp(nsp, "information_schema") == 0 || strcmp(nsp, "chorus") == 0 ||
+		strncmp(nsp, "pg_toast", 8) == 0 || strncmp(nsp, "pg_temp", 7) == 0)
+		return false;
+	if (chorus_exclude_schemas != NULL && chorus_exclude_schemas[0] != '\0')
+	{
+		/* comma-separated, spaces left out (as the setting's documentation says) */
+		StringInfoData names;
+		char	   *p,
+				   *name;
+
+		initStringInfo(&names);
+		for (p = chorus_exclude_schemas; *p; p++)
+			if (*p != ' ')
+				appendStringInfoChar(&names, *p);
+		for (name = strtok(names.data, ","); name != NULL; name = strtok(NULL, ","))
+			if (strcmp(name, nsp) == 0)
+				return false;
+	}
+	return true;
+}
+
+PG_FUNCTION_INFO_V1(chorus_replicable);
+
+/*
+ * chorus.replicable(rel regclass) returns boolean
+ *		Is rel a table Chorus replicates by itself (chorus_table_replicable)?
+ */
+Datum
+chorus_replicable(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(chorus_table_replicable(PG_GETARG_OID(0)));
+}
+
+/*
  * chorus_attach_table
- *		Capture rows of a new table from now on (the event trigger does this for
- *		CREATE TABLE and CREATE TABLE AS; EXPLAIN ANALYZE CREATE TABLE AS runs
- *		no event trigger). As the extension's owner: chorus.attach() is not for
- *		every role.
+ *		Capture rows of a new table from now on, if it is replicable (the event
+ *		trigger does this for CREATE TABLE and CREATE TABLE AS; EXPLAIN ANALYZE
+ *		CREATE TABLE AS runs no event trigger). The triggers are made in C as
+ *		the bootstrap superuser (an application role need not have the TRIGGER
+ *		right on what it creates, nor any right on schema chorus), in a
+ *		restricted security context; no query runs and no user code.
  */
 static void
 chorus_attach_table(Oid relid)
 {
 	Oid			save_uid;
 	int			save_sec;
-	char	   *q = psprintf("SELECT chorus.attach(%u::regclass) WHERE chorus.replicable(%u::regclass)",
-							 relid, relid);
 
+	if (!chorus_table_replicable(relid))
+		return;
 	GetUserIdAndSecContext(&save_uid, &save_sec);
-	SetUserIdAndSecContext(BOOTSTRAP_SUPERUSERID, save_sec | SECURITY_LOCAL_USERID_CHANGE);
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "chorus: SPI_connect failed");
-	if (SPI_execute(q, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "chorus: attaching the capture triggers failed");
-	SPI_finish();
-	SetUserIdAndSecContext(save_uid, save_sec);
-}
-
-/* The schema of type typid (InvalidOid if there is none). */
-static Oid
-chorus_type_namespace(Oid typid)
-{
-	HeapTuple	tup = SearchSysCache1(TYPEOID, ObjectIdGetDatum(typid));
-	Oid			nsp = InvalidOid;
-
-	if (HeapTupleIsValid(tup))
+	SetUserIdAndSecContext(BOOTSTRAP_SUPERUSERID,
+						   save_sec | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+	PG_TRY();
 	{
-		nsp = ((Form_pg_type) GETSTRUCT(tup))->typnamespace;
-		ReleaseSysCache(tup);
+		chorus_attach_relation(relid);
 	}
-	return nsp;
-}
-
-/*
- * chorus_temp_dependency
- *		Whether the statement made an object depend on a temporary object (a
- *		function whose SQL body reads a temporary table): that object would
- *		not replay on the other nodes, and would vanish here with the session.
- *		Looks at the dependencies the statement recorded (this transaction,
- *		command since).
- */
-static bool
-chorus_temp_dependency(CommandId since)
-{
-	Relation	dep = table_open(DependRelationId, AccessShareLock);
-	SysScanDesc scan = systable_beginscan(dep, InvalidOid, false, NULL, 0, NULL);
-	HeapTuple	tup;
-	bool		found = false;
-
-	while (!found && (tup = systable_getnext(scan)) != NULL)
+	PG_FINALLY();
 	{
-		Form_pg_depend d = (Form_pg_depend) GETSTRUCT(tup);
-		Oid			nsp = InvalidOid;
-
-		if (!TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetRawXmin(tup->t_data)) ||
-			HeapTupleHeaderGetRawCommandId(tup->t_data) < since)
-			continue;
-		if (d->refclassid == RelationRelationId)
-			nsp = get_rel_namespace(d->refobjid);
-		else if (d->refclassid == TypeRelationId)
-			nsp = chorus_type_namespace(d->refobjid);
-		else if (d->refclassid == ProcedureRelationId)
-			nsp = get_func_namespace(d->refobjid);
-		found = OidIsValid(nsp) && isAnyTempNamespace(nsp);
+		SetUserIdAndSecContext(save_uid, save_sec);
 	}
-	systable_endscan(scan);
-	table_close(dep, AccessShareLock);
-	return found;
+	PG_END_TRY();
 }
 
 /*
@@ -389,12 +407,7 @@ chorus_ddl_record(ChorusCapture *cap, PlannedStmt *pstmt)
 		if (OidIsValid(relid) && get_rel_persistence(relid) == RELPERSISTENCE_TEMP)
 			return;
 	}
-	if (chorus_temp_dependency(run->cid))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("chorus: this schema change makes a permanent object depend on a temporary one"),
-				 errdetail("The other nodes do not have this session's temporary objects."),
-				 errhint("Create the object in pg_temp, or SET chorus.replicate_ddl = off.")));
+	chorus_ddl_check_made(run->cid);
 
 	if (ctas != NULL && ctas->objtype == OBJECT_TABLE)
 	{
@@ -451,6 +464,7 @@ chorus_ddl_done(void)
 void
 chorus_ddl_reset(void)
 {
+	chorus_replay_depth = 0;
 	chorus_ddl_depth = 0;
 	chorus_ddl_run = NULL;
 }
@@ -478,14 +492,118 @@ chorus_ddl_confirm(ChorusCapture *cap, ChorusCommitState *cs)
 	chorus_serialize_writeset(cap, &head, &body, cs->xid, 0);
 	chorus_coord_ask_parts(CHORUS_FRAME_RAN, &body, &v);
 	pfree(head.data);
+	if (v.verdict == CHORUS_VERDICT_UNDONE)
+		chorus_refuse_unless_commit(&v);
 	if (v.verdict != CHORUS_VERDICT_COMMIT)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("chorus: the schema change was not committed: %s", v.msg)));
 }
 
+/*
+ * A replicated schema change is replayed on the other nodes as the statement
+ * its origin ran: what it does there must be what it did here. Code an
+ * ordinary role wrote that runs inside it (a function a CHECK constraint
+ * calls while the constraint is validated, a USING expression, an event
+ * trigger that runs as the role) may therefore neither write rows of
+ * permanent tables (the origin's writes replicate with the statement, and
+ * the replay would write them again) nor make a schema change of its own
+ * (which would replicate only through the replay, where the code may decide
+ * otherwise). Both are refused, on the origin and in a replay alike
+ * (docs/SECURITY.md). Superusers' code is trusted; temporary objects,
+ * materialized views (REFRESH ... CONCURRENTLY writes its own) and extension
+ * scripts are each node's own doing.
+ */
+
+/* Is this backend running a replicated schema change, on its origin or replayed? */
+static bool
+chorus_ddl_inside(void)
+{
+	return (chorus_ddl_depth > 0 || chorus_replay_depth > 0) && !creating_extension && !superuser();
+}
+
+/*
+ * chorus_ddl_replay_enter, chorus_ddl_replay_leave
+ *		Around a statement an apply session or a replaying session runs (the
+ *		utility hook): statements run inside it are nested in a replay.
+ */
+void
+chorus_ddl_replay_enter(Node *stmt, ProcessUtilityContext context)
+{
+	if (chorus_replay_depth > 0)
+		chorus_ddl_nested(stmt, context);
+	chorus_replay_depth++;
+}
+
+void
+chorus_ddl_replay_leave(void)
+{
+	if (chorus_replay_depth > 0)
+		chorus_replay_depth--;
+}
+
+/*
+ * chorus_ddl_nested
+ *		A utility statement about to run: inside a replicated schema change,
+ *		an ordinary role's own schema change (one that would replicate) is
+ *		refused. The parts of one statement (PROCESS_UTILITY_SUBCOMMAND: the
+ *		index of a primary key, say) are the statement's.
+ */
+void
+chorus_ddl_nested(Node *stmt, ProcessUtilityContext context)
+{
+	ChorusDdlKeys keys;
+	const char *why = NULL;
+
+	if (context == PROCESS_UTILITY_SUBCOMMAND || !chorus_ddl_inside() || IsA(stmt, TransactionStmt) ||
+		IsA(stmt, VariableSetStmt) || IsA(stmt, VariableShowStmt))
+		return;
+	initStringInfo(&keys.buf);
+	keys.n = 0;
+	keys.any_temp = keys.any_persistent = keys.concurrent = false;
+	if (chorus_ddl_classify(stmt, &keys, &why) == CHORUS_DDL_LOCAL)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("chorus: code run by a replicated schema change may not make a schema change of its own"),
+			 errdetail("The other nodes replay the outer statement; what the code inside it does there "
+					   "may differ (docs/SECURITY.md)."),
+			 errhint("Run the inner statement on its own, or from a function owned by a superuser.")));
+}
+
+/*
+ * chorus_ddl_check_write
+ *		A statement about to run in the executor: inside a replicated schema
+ *		change, an ordinary role's code may not write rows of a permanent
+ *		table (materialized views, temporary tables and catalogs excepted).
+ */
+void
+chorus_ddl_check_write(QueryDesc *qd)
+{
+	PlannedStmt *ps = qd->plannedstmt;
+	ListCell   *lc;
+
+	if (ps == NULL || (qd->operation == CMD_SELECT && !ps->hasModifyingCTE) || !chorus_ddl_inside())
+		return;
+	foreach(lc, ps->resultRelations)
+	{
+		RangeTblEntry *rte = rt_fetch(lfirst_int(lc), ps->rtable);
+		char		kind = get_rel_relkind(rte->relid);
+
+		if (kind == RELKIND_MATVIEW || get_rel_persistence(rte->relid) != RELPERSISTENCE_PERMANENT ||
+			IsCatalogRelationOid(rte->relid))
+			continue;
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("chorus: code run by a replicated schema change may not write rows of table %s",
+						quote_identifier(get_rel_name(rte->relid))),
+				 errdetail("The rows it writes here replicate with the schema change, and every other node "
+						   "replaying the change would run the code and write them again (docs/SECURITY.md)."),
+				 errhint("Write the rows in a statement of their own, or from a function owned by a superuser.")));
+	}
+}
+
 PG_FUNCTION_INFO_V1(chorus_attach);
-PG_FUNCTION_INFO_V1(chorus_alter_sequence);
 
 /* Create one of the capture triggers on relid, firing whatever session_replication_role says. */
 static void
@@ -513,7 +631,14 @@ chorus_create_capture_trigger(Oid relid, bool truncate)
 Datum
 chorus_attach(PG_FUNCTION_ARGS)
 {
-	Oid			relid = PG_GETARG_OID(0);
+	chorus_attach_relation(PG_GETARG_OID(0));
+	PG_RETURN_VOID();
+}
+
+/* Give relid its capture triggers, those it lacks (chorus.attach). */
+static void
+chorus_attach_relation(Oid relid)
+{
 	Relation	rel = table_open(relid, ShareRowExclusiveLock);
 
 	if (!OidIsValid(get_trigger_oid(relid, "chorus_capture", true)))
@@ -521,25 +646,4 @@ chorus_attach(PG_FUNCTION_ARGS)
 	if (!OidIsValid(get_trigger_oid(relid, "chorus_capture_truncate", true)))
 		chorus_create_capture_trigger(relid, true);
 	table_close(rel, NoLock);
-	PG_RETURN_VOID();
-}
-
-/*
- * chorus.alter_sequence(seq regclass, increment bigint, start bigint, restart bigint)
- *		ALTER SEQUENCE seq INCREMENT BY increment START WITH start RESTART WITH
- *		restart, made here rather than as a statement (no event trigger sees it).
- */
-Datum
-chorus_alter_sequence(PG_FUNCTION_ARGS)
-{
-	Oid			seq = PG_GETARG_OID(0);
-	AlterSeqStmt *stmt = makeNode(AlterSeqStmt);
-
-	stmt->sequence = makeRangeVar(get_namespace_name(get_rel_namespace(seq)), get_rel_name(seq), -1);
-	stmt->options = list_make3(makeDefElem("increment", (Node *) makeFloat(psprintf(INT64_FORMAT, PG_GETARG_INT64(1))), -1),
-							   makeDefElem("start", (Node *) makeFloat(psprintf(INT64_FORMAT, PG_GETARG_INT64(2))), -1),
-							   makeDefElem("restart", (Node *) makeFloat(psprintf(INT64_FORMAT, PG_GETARG_INT64(3))), -1));
-	(void) AlterSequence(make_parsestate(NULL), stmt);
-	CommandCounterIncrement();
-	PG_RETURN_VOID();
 }

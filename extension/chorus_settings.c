@@ -14,6 +14,7 @@
 char	   *chorus_socket_path = NULL;
 bool		chorus_capture_enabled = true;
 bool		chorus_replaying = false;
+char	   *chorus_replay_role = NULL;
 bool		chorus_causal_reads = false;
 int			chorus_causal_reads_timeout = 10000;
 int			chorus_max_writeset_mb = 4095;
@@ -45,6 +46,11 @@ chorus_define_settings(void)
 							 "This session runs schema changes replicated from another node (set by the coordinator).",
 							 "Their node-local parts are fixed up as in an apply: a tablespace this node lacks is left out.",
 							 &chorus_replaying, false, PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("chorus.replay_role",
+							   "The role whose schema change this replaying session runs (set by the coordinator).",
+							   "With chorus.replaying on, each statement runs as this role in a restricted security "
+							   "context (SET ROLE, RESET ROLE and SET SESSION AUTHORIZATION refused), as a replay in an apply does.",
+							   &chorus_replay_role, "", PGC_SUSET, 0, NULL, NULL, NULL);
 	DefineCustomBoolVariable("chorus.causal_reads",
 							 "Each READ COMMITTED statement first waits until this node has committed everything the cluster had committed when it began.",
 							 "Like Galera's wsrep_sync_wait. For REPEATABLE READ, call chorus.sync_wait() before BEGIN.",

@@ -8,6 +8,7 @@
 extern char *chorus_socket_path;
 extern bool chorus_capture_enabled;
 extern bool chorus_replaying;
+extern char *chorus_replay_role;
 extern bool chorus_causal_reads;
 extern int	chorus_causal_reads_timeout;
 extern int	chorus_max_writeset_mb;

@@ -6,7 +6,8 @@
  *		GID, holding commits, marking an apply, waits. The others are with
  *		their concern: the capture triggers (chorus_capture.c), the apply
  *		functions (chorus_apply.c), chorus.abort_local (chorus_abort.c),
- *		chorus.attach and chorus.alter_sequence (chorus_ddl.c).
+ *		chorus.replicable and chorus.attach (chorus_ddl.c), the sequence
+ *		functions (chorus_sequence.c).
  */
 #include "postgres.h"
 

@@ -83,6 +83,7 @@
 #define CHORUS_VERDICT_REFUSED 2
 #define CHORUS_VERDICT_UNKNOWN 3
 #define CHORUS_VERDICT_TOO_LARGE 4
+#define CHORUS_VERDICT_UNDONE 5		/* message: the SQLSTATE (5 characters), then why */
 
 /* ---- apply functions (docs/PROTOCOL.md section 4) ---- */
 /* SQLSTATE of an apply whose GID is committed on this node already (chorus_shmem.h: ERRCODE_CHORUS_ALREADY_COMMITTED) */

@@ -23,7 +23,7 @@
 #include "chorus_ddl.h"
 #include "chorus_shmem.h"
 #include "chorus_wire.h"
-#include "chorus_setval.h"
+#include "chorus_sequence.h"
 #include "chorus_xact.h"
 
 /*

@@ -1,5 +1,9 @@
 -- chorus extension, version 0.1: capture triggers, attachment of replicated tables,
 -- and the functions the coordinator calls (docs/PROTOCOL.md section 4).
+--
+-- Every function written in SQL or PL/pgSQL runs under SET search_path = pg_catalog, pg_temp
+-- (pg_temp last: a caller's temporary objects never shadow the catalogs), and every statement
+-- at the top level of this script names pg_catalog's objects in full (docs/SECURITY.md).
 
 \echo Use "CREATE EXTENSION chorus" to load this file. \quit
 
@@ -64,7 +68,8 @@ SELECT * FROM jsonb_to_recordset(chorus.cluster_info('members')::jsonb) AS m(
     name text, this_node boolean, phase text, committed_gid bigint, lag_gids bigint);
 
 -- the coordinator's answers are pages (at most 60 kB each): read them all, oldest first
-CREATE FUNCTION chorus.conflict_history() RETURNS SETOF jsonb LANGUAGE plpgsql VOLATILE AS $$
+CREATE FUNCTION chorus.conflict_history() RETURNS SETOF jsonb LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     after bigint := 0;
     page jsonb;
@@ -89,13 +94,14 @@ SELECT to_timestamp((c->>'at')::double precision) AS at, (c->>'gid')::bigint AS 
 -- After a connection lost at COMMIT (08006, 08007): what became of the transaction. Read
 -- chorus.transaction_id() in the transaction before COMMIT; chorus.commit_outcome(id) on any node
 -- answers committed, aborted, in doubt (and what it waits for) or unknown (docs/CLIENTS.md).
-CREATE FUNCTION chorus.transaction_id() RETURNS text LANGUAGE sql VOLATILE AS $$
+CREATE FUNCTION chorus.transaction_id() RETURNS text LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
     SELECT (chorus.cluster_info('node')::jsonb->>'name') || ':' || txid_current()::text || ':'
            || (chorus.status()).committed_gid::text
 $$;
 
 CREATE FUNCTION chorus.commit_outcome(id text, OUT outcome text, OUT gid bigint, OUT detail text)
-LANGUAGE plpgsql VOLATILE STRICT AS $$
+LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     parts text[] := regexp_match(id, '^(.+):([0-9]{1,19}):([0-9]{1,19})$');
     status text := '-';
@@ -131,8 +137,8 @@ GRANT USAGE ON SCHEMA chorus TO PUBLIC;
 
 -- The GID of every replicated commit is written into the commit record as the progress of
 -- the replication origin "chorus": after any restart this is the node's last committed GID.
-SELECT pg_replication_origin_create('chorus')
- WHERE NOT EXISTS (SELECT 1 FROM pg_replication_origin WHERE roname = 'chorus');
+SELECT pg_catalog.pg_replication_origin_create('chorus')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_origin WHERE roname OPERATOR(pg_catalog.=) 'chorus');
 
 CREATE FUNCTION chorus.snapshot_gid() RETURNS bigint
     AS 'MODULE_PATHNAME', 'chorus_snapshot_gid' LANGUAGE C VOLATILE STRICT;
@@ -148,7 +154,8 @@ CREATE FUNCTION chorus.forget_watermark() RETURNS void
 
 -- Commit lanes (docs/APPLY.md): lane 0 commits through the origin "chorus", lane k > 0 through
 -- "chorus_lane_k". Each origin records the last GID committed through its lane.
-CREATE FUNCTION chorus.lane_origins() RETURNS TABLE (lane int, origin text) LANGUAGE sql STABLE AS $$
+CREATE FUNCTION chorus.lane_origins() RETURNS TABLE (lane int, origin text) LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
     SELECT 0, 'chorus'::text
     UNION ALL
     SELECT substr(roname, 13)::int, roname::text FROM pg_replication_origin WHERE roname ~ '^chorus_lane_[0-9]+$'
@@ -159,7 +166,8 @@ CREATE FUNCTION chorus.lane_state(OUT lanes int, OUT committed_gid bigint, OUT m
     AS 'MODULE_PATHNAME', 'chorus_lane_state' LANGUAGE C STRICT;
 
 -- Total recovery: the node's data is the donor's snapshot at GID gid; make that its durable GID.
-CREATE FUNCTION chorus.adopt_gid(gid bigint) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION chorus.adopt_gid(gid bigint) RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     o record;
 BEGIN
@@ -171,7 +179,8 @@ END
 $$;
 
 -- Every certified GID up to this one is committed durably (the lowest of the lanes' origins).
-CREATE FUNCTION chorus.durable_gid() RETURNS bigint LANGUAGE sql STABLE AS $$
+CREATE FUNCTION chorus.durable_gid() RETURNS bigint LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
     SELECT min(coalesce((pg_replication_origin_progress(origin, true) - '0/0'::pg_lsn)::bigint, 0))
       FROM chorus.lane_origins()
 $$;
@@ -180,7 +189,8 @@ $$;
 -- (every lane's origin at the same GID: after chorus.settle_lanes() at a clean shutdown, or with
 -- one lane); otherwise a commit above the watermark could be recorded under the old mapping of
 -- GIDs to lanes, and the lanes stay as they are until then. Returns the lanes in use.
-CREATE FUNCTION chorus.set_lanes(n int) RETURNS int LANGUAGE plpgsql AS $$
+CREATE FUNCTION chorus.set_lanes(n int) RETURNS int LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     have int;
     lo bigint;
@@ -213,7 +223,8 @@ $$;
 
 -- At a clean shutdown: every certified GID up to the watermark is committed and none above it,
 -- so every lane's origin can record the watermark. Then the lanes can change. False if not settled.
-CREATE FUNCTION chorus.settle_lanes() RETURNS boolean LANGUAGE plpgsql AS $$
+CREATE FUNCTION chorus.settle_lanes() RETURNS boolean LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     s record;
     o record;
@@ -234,18 +245,11 @@ EXCEPTION WHEN object_in_use THEN
 END
 $$;
 
--- Is a table one Chorus replicates automatically? Plain tables, partitions included; not a
--- partitioned table itself (its rows live in its partitions, which capture them: a trigger on
--- the parent would be cloned onto every partition and clash with theirs on ATTACH PARTITION).
-CREATE FUNCTION chorus.replicable(rel regclass) RETURNS boolean LANGUAGE sql STABLE
-SET search_path = pg_catalog AS $$
-    SELECT c.relkind = 'r' AND c.relpersistence = 'p'
-       AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'chorus', 'pg_toast')
-       AND n.nspname NOT LIKE 'pg\_temp%' AND n.nspname NOT LIKE 'pg\_toast%'
-       AND n.nspname <> ALL (string_to_array(replace(current_setting('chorus.exclude_schemas', true), ' ', ''), ','))
-      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-     WHERE c.oid = rel
-$$;
+-- Is a table one Chorus replicates automatically? Plain permanent tables outside the system
+-- schemas and chorus.exclude_schemas, partitions included; not a partitioned table itself (its
+-- rows live in its partitions, which capture them). Read from the catalogs in C.
+CREATE FUNCTION chorus.replicable(rel regclass) RETURNS boolean
+    AS 'MODULE_PATHNAME', 'chorus_replicable' LANGUAGE C STABLE STRICT;
 
 -- The capture triggers fire whatever session_replication_role says (ENABLE ALWAYS): a session
 -- in replica mode still has its writes replicated. Only chorus.capture = off keeps a session's
@@ -253,18 +257,16 @@ $$;
 CREATE FUNCTION chorus.attach(rel regclass) RETURNS void
     AS 'MODULE_PATHNAME', 'chorus_attach' LANGUAGE C STRICT;
 
-CREATE FUNCTION chorus.alter_sequence(seq regclass, increment bigint, start bigint, restart bigint) RETURNS void
-    AS 'MODULE_PATHNAME', 'chorus_alter_sequence' LANGUAGE C STRICT;
-
 CREATE FUNCTION chorus.detach(rel regclass) RETURNS void LANGUAGE plpgsql
-SET chorus.replicate_ddl = off AS $$
+SET chorus.replicate_ddl = off SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     EXECUTE format('DROP TRIGGER IF EXISTS chorus_capture ON %s', rel);
     EXECUTE format('DROP TRIGGER IF EXISTS chorus_capture_truncate ON %s', rel);
 END
 $$;
 
-CREATE FUNCTION chorus.attach_all() RETURNS integer LANGUAGE plpgsql AS $$
+CREATE FUNCTION chorus.attach_all() RETURNS integer LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r regclass;
     n integer := 0;
@@ -279,34 +281,13 @@ END
 $$;
 
 -- Sequences never collide between nodes (docs/DDL.md): node k of at most chorus.max_nodes
--- draws start + (k-1)*increment, then steps by increment * max_nodes.
+-- draws start + (k-1)*increment, then steps by increment * max_nodes (chorus_sequence.c).
 CREATE FUNCTION chorus.spread_sequence(seq regclass, restart_above bigint DEFAULT NULL) RETURNS void
-LANGUAGE plpgsql SET chorus.replicate_ddl = off SET search_path = pg_catalog AS $$
-DECLARE
-    k integer := current_setting('chorus.node_number')::integer;
-    m integer := current_setting('chorus.max_nodes')::integer;
-    inc bigint;
-    st bigint;
-    first bigint;
-BEGIN
-    IF k = 0 OR m <= 1 THEN
-        RETURN;
-    END IF;
-    IF k > m THEN
-        RAISE EXCEPTION 'chorus: chorus.node_number (%) is larger than chorus.max_nodes (%)', k, m;
-    END IF;
-    SELECT s.seqincrement, s.seqstart INTO inc, st FROM pg_sequence s WHERE s.seqrelid = seq;
-    IF inc IS NULL THEN
-        RETURN;
-    END IF;
-    first := st + (k - 1) * inc;
-    IF restart_above IS NOT NULL THEN
-        -- the first value of this node's class beyond restart_above (ascending sequences)
-        first := first + greatest(0, ((restart_above - first) / (inc * m)) + 1) * inc * m;
-    END IF;
-    PERFORM chorus.alter_sequence(seq, inc * m, st + (k - 1) * inc, first);
-END
-$$;
+    AS 'MODULE_PATHNAME', 'chorus_spread_sequence' LANGUAGE C VOLATILE SET chorus.replicate_ddl = off;
+
+-- The replay of a setval(): the sequence restarts at this node's first value beyond "beyond".
+CREATE FUNCTION chorus.restart_sequence(seq regclass, beyond bigint) RETURNS void
+    AS 'MODULE_PATHNAME', 'chorus_restart_sequence' LANGUAGE C VOLATILE STRICT;
 
 -- setval() in a captured session runs as this (chorus_setval.c): setval, and the sequence
 -- restarts in every node's class above where it ended, at the transaction's commit.
@@ -316,7 +297,7 @@ CREATE FUNCTION chorus.setval_captured(seq regclass, value bigint, is_called boo
 -- Re-spread every sequence after chorus.max_nodes changed: run on every node with the same
 -- restart_above, larger than any value any node has drawn (docs/DDL.md).
 CREATE FUNCTION chorus.spread_all_sequences(restart_above bigint) RETURNS integer
-LANGUAGE plpgsql SET chorus.replicate_ddl = off AS $$
+LANGUAGE plpgsql SET chorus.replicate_ddl = off SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     s regclass;
     n integer := 0;
@@ -335,14 +316,15 @@ $$;
 -- apply sessions too); so is a table that becomes replicable (ALTER TABLE ... SET LOGGED, a
 -- partition attached); new sequences get this node's residue class. It runs as the extension's
 -- owner, so an application role that may create tables needs no other right (docs/DDL.md), with
--- search_path pg_catalog; what it changes it changes in C, so no event trigger of the user's runs
+-- search_path pg_catalog, pg_temp (pg_temp last: the caller's temporary objects cannot stand in
+-- for the catalogs); what it changes it changes in C, so no event trigger of the user's runs
 -- under it.
 CREATE FUNCTION chorus.on_ddl_end() RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog SET chorus.replicate_ddl = off AS $$
+SET search_path = pg_catalog, pg_temp SET chorus.replicate_ddl = off AS $$
 DECLARE
     cmd record;
 BEGIN
-    FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands() LOOP
+    FOR cmd IN SELECT * FROM pg_catalog.pg_event_trigger_ddl_commands() LOOP
         IF cmd.object_type = 'table' AND chorus.replicable(cmd.objid::regclass) THEN
             PERFORM chorus.attach(cmd.objid::regclass);
         ELSIF cmd.object_type = 'sequence' AND cmd.command_tag IN ('CREATE SEQUENCE', 'CREATE SCHEMA')
@@ -361,7 +343,7 @@ ALTER EVENT TRIGGER chorus_on_ddl_end ENABLE ALWAYS;
 
 REVOKE ALL ON FUNCTION chorus.node_init(bigint, int), chorus.set_online(boolean, text), chorus.set_paused(boolean),
     chorus.apply_begin(bigint, bigint, bigint), chorus.apply_writeset(bigint, bigint, bytea, bigint),
-    chorus.set_lanes(int), chorus.settle_lanes(), chorus.alter_sequence(regclass, bigint, bigint, bigint),
+    chorus.set_lanes(int), chorus.settle_lanes(), chorus.restart_sequence(regclass, bigint),
     chorus.apply_run(bigint, bigint, bytea), chorus.apply_writeset_file(bigint, bigint, text, bigint, bigint, bigint),
     chorus.abort_local(integer, bigint, text),
     chorus.wait_turn(bigint), chorus.spread_sequence(regclass, bigint),

@@ -19,6 +19,7 @@ from psycopg import pq
 
 from chorus import wire
 from chorus.concurrent import ConcurrentSchemaChanges
+from chorus.nodedb import PIN_SEARCH_PATH
 from chorus.spool import SPOOL_AT, Spool
 
 log = logging.getLogger("chorus.applier")
@@ -37,7 +38,14 @@ PARTLY_COMMITTED = "CH002"  # the extension: the first GIDs of this run are comm
 
 class ApplyError(Exception):
     """Applying a certified writeset failed in a way that retrying cannot fix: the node's data
-    would diverge, so the node must stop taking part."""
+    would diverge, so the node must stop taking part (or, for a schema change whose outcome the
+    nodes' reports decide, the change is undone everywhere). ``sqlstate`` and ``message``: the
+    server's error, where it gave one."""
+
+    def __init__(self, text: str, sqlstate: str = "", message: str = "") -> None:
+        super().__init__(text)
+        self.sqlstate = sqlstate
+        self.message = message or text
 
 
 class TransientApplyError(Exception):
@@ -103,6 +111,7 @@ class ApplySession:
         self.conn = await psycopg.AsyncConnection.connect(
             self.dsn, autocommit=True, prepare_threshold=0, application_name=f"chorus apply {self.name}")
         async with self.conn.cursor() as cur:
+            await cur.execute(PIN_SEARCH_PATH)
             await cur.execute("SET session_replication_role = replica")
             await cur.execute("SET chorus.capture = off")
             # An applied commit is not flushed before the next one (docs/RECOVERY.md): its origin
@@ -155,8 +164,29 @@ class ApplySession:
         except AlreadyCommitted:
             return False
 
+    async def apply_held(self, gid: int, wait_for: int, writeset: wire.Writeset, prev: int = -1) -> bool:
+        """Apply schema change ``gid`` in a transaction left open: it commits (:meth:`finish_held`)
+        once every node has reported applying it. Raises as :meth:`apply_run`; False if ``gid``
+        is committed here already (nothing is left open)."""
+        try:
+            await self._apply(gid, wait_for, [writeset], True, prev, hold=True)
+            return True
+        except AlreadyCommitted:
+            return False
+
+    async def finish_held(self, commit: bool) -> None:
+        """Commit (or roll back) the transaction :meth:`apply_held` left open."""
+        self._stop_reading()
+        conn = self.conn
+        if conn is None or conn.closed:
+            raise ApplyConnectionLost("the apply session holding a schema change lost its connection")
+        try:
+            await conn.execute(b"COMMIT" if commit else b"ROLLBACK")
+        except psycopg.Error as e:
+            raise await self._failure(0, e, "committing a schema change every node applied: ") from e
+
     async def _apply(self, gid: int, wait_for: int, writesets: Sequence[wire.Writeset], ddl_ok: bool,
-                     prev: int = -1) -> None:
+                     prev: int = -1, hold: bool = False) -> None:
         try:
             if self.conn is None or self.conn.closed:
                 await self.connect()
@@ -194,11 +224,18 @@ class ApplySession:
                 name, data = _APPLY_FILE, spooled.encode()
             # One call: the extension parses the writesets and applies their rows (with plans it
             # prepared once per table shape) and schema changes (chorus_apply.c); the statement
-            # commits.
+            # commits, unless it runs in a transaction held open (hold).
+            if hold:
+                self._stop_reading()
+                await conn.execute(b"BEGIN")
             try:
                 await self._call(conn, name, gid, wait_for, data, prev, where)
             except psycopg.errors.InvalidSqlStatementName:  # deallocated: nothing ran
+                if hold:  # (and the transaction it failed in is over)
+                    await self._rollback()
                 await self._prepare()
+                if hold:
+                    await conn.execute(b"BEGIN")
                 await self._call(conn, name, gid, wait_for, data, prev, where)
             except psycopg.errors.InsufficientPrivilege:
                 if name != _APPLY_FILE:
@@ -313,7 +350,8 @@ class ApplySession:
             return AlreadyCommitted(f"GID {gid}")
         if state in TRANSIENT_SQLSTATES:
             return TransientApplyError(f"GID {gid}: {state} {e}")
-        return ApplyError(f"GID {gid}: {what}{state} {str(e).strip()}{tail}")
+        return ApplyError(f"GID {gid}: {what}{state} {str(e).strip()}{tail}", state,
+                          e.diag.message_primary or str(e).strip())
 
     async def _committed_here(self, gid: int) -> bool:
         try:

@@ -27,6 +27,7 @@ VERDICT_CONFLICT = 1
 VERDICT_REFUSED = 2
 VERDICT_UNKNOWN = 3  # the node left the primary component before the outcome was settled
 VERDICT_TOO_LARGE = 4  # larger than this node's writeset log can hold: refused before it is ordered
+VERDICT_UNDONE = 5  # a schema change another node failed to apply: undone everywhere (message: SQLSTATE, then why)
 
 
 class FrameType(bytes, enum.Enum):

@@ -236,16 +236,36 @@ class BackendServer:
                 b.send(bpf.verdict_frame(kind, v.gid, 0, v.reason))
             return
         assert v.writeset is not None
-        p = Pending(v.gid, v.prev, self.node, v.writeset, b)
+        p = Pending(v.gid, v.prev, self.node, v.writeset, b, settle=v.settle)
         self.pipeline.admit(p, local=True)
         if b is None or b.closed:
             log.info("backend of certified GID %d is gone: replaying it", v.gid)
             self.pipeline.replay(v.gid)
             return
         b.certified.add(v.gid)
+        if p.settle and p.settle_ok is None:
+            return  # a schema change: the backend hears once every node has applied it (settled)
         b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, p.wait_for, "", prev=v.prev))
         if v.writeset.toi:  # it runs now: local transactions in its way lose
             self.pipeline.waiters[v.gid] = Waiter(lambda: b.pid if p.backend is b else 0, time.monotonic())
+
+    @staticmethod
+    def settled(p: Pending, ok: bool, failure: str) -> None:
+        """Every node reported on this node's schema change ``p``: its waiting backend commits
+        it, or fails with the error of the node that could not apply it (``failure``: "node:
+        SQLSTATE message"), the change undone everywhere."""
+        b = p.backend
+        if not isinstance(b, Backend) or b.closed:
+            return
+        if ok:
+            b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, p.gid, p.wait_for, "", prev=p.prev))
+            return
+        node, _, reason = failure.partition(": ")
+        state, _, text = reason.partition(" ")
+        if len(state) != 5 or not state.isalnum() or not state.isupper() and not state.isdigit():
+            state, text = "XX000", reason
+        b.send(bpf.verdict_frame(bpf.VERDICT_UNDONE, p.gid, p.wait_for, f"{state}{node}: {text}"[:60000],
+                                 prev=p.prev))
 
     @staticmethod
     def ddl_outcome(p: Pending, ok: bool, error: str) -> None:

@@ -66,8 +66,12 @@ class PipelineAdmission:
                                         before_gids=tuple(r.gid for r in run[:-1])))
         self.pipeline.dispatch()
 
+    def settle(self, rec: LogRecord) -> None:
+        self.pipeline.settle_from_log(rec.gid, not rec.flags & FLAG_DDL_SKIPPED)
+
     def admit_one(self, rec: LogRecord, prev: int) -> None:
-        p = Pending(rec.gid, prev, rec.origin, _scan(rec))
+        # a schema change undone everywhere (its nodes' reports) commits its GID empty
+        p = Pending(rec.gid, prev, rec.origin, _scan(rec), skip=bool(rec.flags & FLAG_DDL_SKIPPED))
         self.pipeline.admit(p, local=False)
         if p.ddl_known is not None:  # the log records a failed schema change as skipped
             p.ddl_ok = not rec.flags & FLAG_DDL_SKIPPED

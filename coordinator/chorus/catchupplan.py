@@ -108,6 +108,11 @@ class Admission(Protocol):
     def admit_one(self, rec: LogRecord, prev: int) -> None:
         """Log and admit ``rec`` alone (a schema change, or a large writeset), certified after ``prev``."""
 
+    def settle(self, rec: LogRecord) -> None:
+        """``rec`` is committed or pending here already: if it is a schema change this node applied
+        and holds for every node's report (made while it was away), the member's record says what
+        the cluster made of it (applied, or undone: FLAG_DDL_SKIPPED)."""
+
 
 # ---- which partner ------------------------------------------------------------------------
 
@@ -224,6 +229,7 @@ class CatchUpPlan:
         prog, a = run.progress, self.admission
         prog.position, prog.records, prog.bytes = rec.gid, prog.records + 1, prog.bytes + len(rec.payload)
         if rec.gid <= max(a.watermark, a.admitted):  # committed, or pending already
+            a.settle(rec)
             run.prev = rec.gid
             return
         if (not wire.is_schema_change(rec.payload) and self.batch > 1 and a.lanes == 1

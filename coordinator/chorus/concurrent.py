@@ -23,6 +23,7 @@ from typing import Any, Optional
 import psycopg
 
 from chorus import wire
+from chorus.nodedb import PIN_SEARCH_PATH
 
 log = logging.getLogger("chorus.concurrent")
 
@@ -64,12 +65,15 @@ def session_setup(item: wire.Schema) -> list[bytes]:
     """The statements that give a session the origin's context for ``item``: replication of
     its schema changes off (every node runs it itself), its node-local parts fixed up as in an
     apply (a tablespace this node lacks), deadlocks decided by the other session (an apply that
-    meets one is retried), the origin's settings, then its role."""
-    out = [b"SET chorus.replicate_ddl = off", b"SET chorus.replaying = on", b"SET deadlock_timeout = '30s'"]
+    meets one is retried), the origin's settings, then its role: the extension runs each
+    statement of a replaying session as ``chorus.replay_role``, in a restricted security context
+    (no SET ROLE back to this session's superuser), as a replay in an apply runs
+    (docs/SECURITY.md)."""
+    out = [b"SET search_path = pg_catalog, pg_temp",
+           b"SET chorus.replicate_ddl = off", b"SET chorus.replaying = on", b"SET deadlock_timeout = '30s'"]
     out += [b"SELECT pg_catalog.set_config(" + _literal(name) + b", " + _literal(value) + b", false)"
             for name, value in item.settings]
-    if item.role:
-        out.append(b"SET ROLE " + wire.name_bytes(wire.quote_ident(item.role)))
+    out.append(b"SELECT pg_catalog.set_config('chorus.replay_role', " + _literal(item.role) + b", false)")
     return out
 
 
@@ -109,6 +113,7 @@ class ConcurrentSchemaChanges:
         deadline = asyncio.get_running_loop().time() + lock_wait
         try:
             async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as watch:
+                await watch.execute(PIN_SEARCH_PATH)
                 while not task.done() and asyncio.get_running_loop().time() < deadline:
                     cur = await watch.execute(_HOLDS_LOCK, (pid,))
                     row = await cur.fetchone()
@@ -146,6 +151,7 @@ class ConcurrentSchemaChanges:
         while self.running and tables:
             try:
                 async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                    await conn.execute(PIN_SEARCH_PATH)
                     codec = conn.info.encoding
                     cur = await conn.execute(_TABLES_LOCKED, (list(self.pids.values()),))
                     rows = await cur.fetchall()

@@ -219,6 +219,7 @@ def write_config(cfg: NodeConfig, path: str) -> None:
         + f"auto_total = {'true' if cfg.auto_total else 'false'}\n"
         + (f"[metrics]\nlisten = {_toml_str(cfg.metrics_listen)}\n" if cfg.metrics_listen else "")
     )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # never through a link: `chorus local up` (root) writes it in the service user's directory
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)

@@ -106,14 +106,14 @@ class Coordinator:
         self.sender = BusSender(cfg.name, self._spawn, self._batch_failed)
         send = self.sender.send
         self.voting = InconsistencyVoting(
-            cfg.name, send, decided=lambda gid: self.replicator.decided.get(gid) if self.replicator else None,
-            watermark=lambda: self.pipeline.watermark,
+            cfg.name, send, decided=self._decided, watermark=lambda: self.pipeline.watermark,
             commit_skipped=self._commit_skipped,
             leave=self._leave)
         self.pipeline = CommitPipeline(
             cfg.name, cfg.dsn, cfg.apply_workers, cfg.apply_run, self.concurrent, self.feeder, self.db.ok,
             self.counters, send, self._spawn,
             Hooks(committed_here=self.voting.committed_here, apply_failed=self.voting.apply_failed,
+                  tell_backend=lambda p, ok, failure: BackendServer.settled(p, ok, failure),
                   connection_lost=self._check_database, fatal=self._fail, backlog_changed=self._flow_check),
             self.spool)
         self.causal = CausalReads(cfg.name, send)
@@ -391,12 +391,16 @@ class Coordinator:
             elif isinstance(a, LocalVerdict):
                 self.backends.verdict(a)
             elif isinstance(a, (Apply, DdlOutcome)) and catchup is not None and catchup.hold(a):
-                pass  # after the catch-up range: held until it is applied
+                # after the catch-up range: held until it is applied
+                if a.settle:  # a schema change that waits for every node's report: this one
+                    # applies it only once caught up, and reports now (docs/SECURITY.md)
+                    self.sender.send(bp.Vote(self.cfg.name, a.gid, True, "catching up: applies it later"))
             elif isinstance(a, Apply):
-                self.pipeline.admit(Pending(a.gid, a.prev, a.origin, a.writeset), local=False)
+                self.pipeline.admit(Pending(a.gid, a.prev, a.origin, a.writeset, settle=a.settle), local=False)
                 self.pipeline.dispatch_soon()
             elif isinstance(a, DdlOutcome):
-                self.feeder.outcome(a.gid, a.ok, raw(a.content) if a.content is not None else b"")
+                if not a.settle:  # (a settled one is logged once every node has reported)
+                    self.feeder.outcome(a.gid, a.ok, raw(a.content) if a.content is not None else b"")
                 self.pipeline.ddl_outcome(a, functools.partial(BackendServer.ddl_outcome, ok=a.ok, error=a.error))
             elif isinstance(a, CatchUp):
                 assert catchup is not None
@@ -410,6 +414,8 @@ class Coordinator:
                 self.causal.reached(a)
             elif isinstance(a, VoteOpened):
                 self.voting.opened(a.gid)
+            elif isinstance(a, VoteDecided) and a.schema:
+                self.pipeline.settled(a.gid, a.ok, a.failure)
             elif isinstance(a, VoteDecided):
                 self.voting.decided(a)
             elif isinstance(a, Send):
@@ -458,6 +464,15 @@ class Coordinator:
                 self._flow_reassert()
 
     # ---- what the parts ask of the daemon ------------------------------------------------
+
+    def _decided(self, gid: int) -> Optional[bool]:
+        """The cluster's decision on GID ``gid``, if any: an inconsistency vote's, or a schema
+        change's settled by every node's report (a node that applies a committed schema change
+        late, after its catch-up, and fails is on the losing side of it)."""
+        r = self.replicator
+        if r is None:
+            return None
+        return r.decided.get(gid, r.settled.get(gid))
 
     def _refusal(self) -> Optional[str]:
         """Why this node takes no writes now, or None if it does."""

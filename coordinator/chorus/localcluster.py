@@ -4,12 +4,20 @@ Everything lives under one directory; ``cluster.json`` records the pid of every 
 cluster started, so ``down``/``stop``/``kill`` act on exactly those (by pid, never by name).
 Run as root, PostgreSQL and the coordinators run as the ``postgres`` OS user.
 
+Nobody else may read any of it or connect without the password (chorus.localauth): PostgreSQL
+takes SCRAM passwords over TCP and peer authentication on its socket; every file is 0600 and
+every directory 0700, but for the two that the service user must pass through (0750, group
+``postgres``, owned by the user who runs ``chorus local``, so the service user cannot replace
+what that user reads there).
+
 ```
-DIR/cluster.json
-DIR/corosync/corosync.conf, corosync.log
-DIR/nodes/<name>/pgdata, postgres.log, coordinator.log, chorus.toml, state.json
+DIR/                           (0750 root:postgres)
+DIR/cluster.json, pgpass       (0600: the processes; the postgres role's password, a libpq password file)
+DIR/corosync/corosync.conf, corosync.log   (0700: only when the cluster starts its own Corosync)
+DIR/nodes/                     (0750 root:postgres)
+DIR/nodes/<name>/              (0700 postgres: pgdata, postgres.log, coordinator.log, chorus.toml, state.json)
 DIR/nodes/<name>/run/          (0700: PostgreSQL's socket, chorus.sock, admin.sock)
-DIR/nodes/<name>/wslog/        (the writeset log)
+DIR/nodes/<name>/wslog/        (0700: the writeset log)
 DIR/keys/                      (0700: the cluster's recovery certificate, key and secret)
 ```
 
@@ -37,11 +45,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from chorus import localauth
 from chorus.config import NodeConfig, write_config
 from chorus.recovery import generate_keys
 from chorus.state import load_state, save_state
 
-PGBIN = Path("/usr/lib/postgresql/15/bin")
+# The PostgreSQL 15 binaries local clusters run: Debian's, or (CHORUS_PGBIN) a copy of them with
+# its own extension directory, as a second checkout's tests use beside the first's.
+PGBIN = Path(os.environ.get("CHORUS_PGBIN", "/usr/lib/postgresql/15/bin"))
 SERVICE_USER = "postgres"
 
 
@@ -111,9 +122,25 @@ class LocalCluster:
                     raw.get("commit_lanes", 1), raw.get("encoding", "UTF8"))
 
     def save(self, meta: Meta) -> None:
-        tmp = self.meta_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(meta), indent=2))
-        tmp.replace(self.meta_path)
+        localauth.write_private(self.meta_path, json.dumps(asdict(meta), indent=2))
+
+    @property
+    def passfile(self) -> Path:
+        """The libpq password file with the postgres role's password, for connections over TCP."""
+        return self.dir / "pgpass"
+
+    def password(self, meta: Meta) -> str:
+        """The postgres role's password: the password file's, or a new one written there (a new
+        cluster, or one made before clusters had passwords)."""
+        try:
+            found = localauth.password_in(self.passfile.read_text())
+        except FileNotFoundError:
+            found = None
+        if found is None:
+            found = localauth.new_password()
+            localauth.write_private(self.passfile, localauth.passfile_text([n.port for n in meta.nodes], found))
+        localauth.restrict(self.passfile, 0o600)
+        return found
 
     def node_dir(self, name: str) -> Path:
         return self.dir / "nodes" / name
@@ -138,12 +165,14 @@ class LocalCluster:
             metrics_listen=f"127.0.0.1:{n.port + 1000}")
 
     def describe(self, meta: Meta) -> list[dict[str, Any]]:
+        """Each node: ``dsn`` (over TCP, naming the password file), ``socket_dsn`` (the
+        coordinator's: peer authentication), its admin socket, configuration, HTTP endpoints, pids."""
         out = []
         for n in meta.nodes:
             cfg = self.config(meta, n)
             out.append({
                 "name": n.name, "port": n.port,
-                "dsn": f"host=127.0.0.1 port={n.port} dbname=postgres user=postgres",
+                "dsn": localauth.tcp_dsn(n.port, self.passfile),
                 "socket_dsn": cfg.dsn, "admin": cfg.admin_socket,
                 "config": str(self.node_dir(n.name) / "chorus.toml"),
                 "http": f"http://{cfg.metrics_listen}",
@@ -159,23 +188,39 @@ class LocalCluster:
             return {}
         return {"user": SERVICE_USER, "group": SERVICE_USER, "extra_groups": []}
 
+    def _service_owner(self) -> Optional[tuple[int, int]]:
+        """(uid, gid) of the service user when it is not this process's, else None."""
+        if not self.as_root:
+            return None
+        pw = pwd.getpwnam(SERVICE_USER)
+        return pw.pw_uid, pw.pw_gid
+
     def _chown(self, path: Path) -> None:
-        if self.as_root:
-            pw = pwd.getpwnam(SERVICE_USER)
+        owner = self._service_owner()
+        if owner is not None:
             for root, dirs, files in os.walk(path):
-                os.chown(root, pw.pw_uid, pw.pw_gid)
-                for f in files:
-                    os.chown(os.path.join(root, f), pw.pw_uid, pw.pw_gid)
+                os.chown(root, *owner, follow_symlinks=False)
+                for f in dirs + files:  # a link is changed itself, never what it points at
+                    os.chown(os.path.join(root, f), *owner, follow_symlinks=False)
+
+    def _peer_users(self) -> list[str]:
+        """The OS users who connect as postgres over a node's socket: the service user and this one."""
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        return [SERVICE_USER, me] if self.as_root else [me]
 
     def _wrap(self, node: Optional[str], cmd: list[str]) -> tuple[list[str], dict[str, Any]]:
         """How to run ``cmd`` for ``node`` as the service user (the lab adds its namespace)."""
         return cmd, self._as_service()
 
-    def _run(self, cmd: list[str], what: str, timeout: float = 120, node: Optional[str] = None) -> None:
+    def _run(self, cmd: list[str], what: str, timeout: float = 120, node: Optional[str] = None,
+             stdin: Optional[str] = None) -> str:
+        """Run a program as the service user, files it makes 0600; ``stdin`` is its input
+        (secrets go there, never on a command line). Its output."""
         cmd, kw = self._wrap(node, cmd)
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=stdin, umask=0o077, **kw)
         if p.returncode != 0:
             raise LocalClusterError(f"{what} failed:\n{p.stderr.strip() or p.stdout.strip()}")
+        return str(p.stdout)
 
     def _corosync_reachable(self) -> bool:
         tool = shutil.which("corosync-quorumtool") or "/usr/sbin/corosync-quorumtool"
@@ -196,13 +241,16 @@ class LocalCluster:
         if not self.as_root:
             raise LocalClusterError("corosync is not running and only root can start it")
         cdir = self.dir / "corosync"
-        cdir.mkdir(parents=True, exist_ok=True)
+        cdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        localauth.restrict(cdir, 0o700)
         conf = cdir / "corosync.conf"
-        conf.write_text(COROSYNC_CONF.format(name=meta.group, log=cdir / "corosync.log", user=SERVICE_USER))
+        localauth.write_private(conf, COROSYNC_CONF.format(name=meta.group, log=cdir / "corosync.log",
+                                                           user=SERVICE_USER))
+        os.close(localauth.open_log(cdir / "corosync.log"))  # Corosync appends to it as it is
         binary = shutil.which("corosync") or "/usr/sbin/corosync"
-        with open(cdir / "corosync.out", "ab") as out:
+        with os.fdopen(localauth.open_log(cdir / "corosync.out"), "ab") as out:
             p = subprocess.Popen([binary, "-f", "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
+                                 stdin=subprocess.DEVNULL, start_new_session=True, umask=0o077)
         meta.corosync_pid, meta.corosync_ours = p.pid, True
         self.save(meta)
         deadline = time.monotonic() + 20
@@ -218,27 +266,60 @@ class LocalCluster:
     def _init_node(self, meta: Meta, n: NodeMeta) -> None:
         d = self.node_dir(n.name)
         run = self.run_dir(n.name)
-        d.mkdir(parents=True, exist_ok=True)
+        service_dir(d.parent)
+        d.mkdir(mode=0o700, exist_ok=True)
         run.mkdir(mode=0o700, exist_ok=True)
         self._chown(d)
         pgdata = d / "pgdata"
         if not (pgdata / "PG_VERSION").exists():
             self.log(f"{n.name}: initdb")
             locale = "C.UTF-8" if meta.encoding.upper() in ("UTF8", "UTF-8") else "C"
-            self._run([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
-                       "-E", meta.encoding, f"--locale={locale}"], f"initdb of {n.name}")
-            with open(pgdata / "postgresql.conf", "a") as f:
-                f.write(PG_CONF.format(port=n.port, run=run,
-                                       number=meta.nodes.index(n) + 1))
+            # no connection is accepted until _secure_node has written pg_hba.conf
+            self._run([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth-local=reject",
+                       "--auth-host=reject", "-E", meta.encoding, f"--locale={locale}"], f"initdb of {n.name}")
+            localauth.append_text(pgdata / "postgresql.conf",
+                                  PG_CONF.format(port=n.port, run=run, number=meta.nodes.index(n) + 1))
         cfg = self.config(meta, n)
         toml = d / "chorus.toml"
         write_config(cfg, str(toml))
         self._chown(d)
+        self._secure_node(n)
+
+    def _secure_node(self, n: NodeMeta) -> None:
+        """Make a node's files private and its PostgreSQL's authentication the local cluster's
+        (chorus.localauth): on a new node, and on one made before clusters had passwords (its
+        pg_hba.conf said ``trust``), which a running PostgreSQL takes at once (reload)."""
+        d = self.node_dir(n.name)
+        pgdata = d / "pgdata"
+        for path in (d, self.run_dir(n.name), d / "wslog"):
+            localauth.restrict(path, 0o700)
+        for path in (d / "coordinator.log", d / "postgres.log", d / "chorus.toml", d / "state.json"):
+            localauth.restrict(path, 0o600)
+        changed = localauth.secure_pgdata(pgdata, self._peer_users(), self._service_owner())
+        if changed and _alive(n.pg_pid, "postgres"):
+            self.log(f"{n.name}: PostgreSQL takes passwords over TCP and peer authentication on its socket now")
+            self._run([str(PGBIN / "pg_ctl"), "-D", str(pgdata), "reload"], f"reloading PostgreSQL of {n.name}",
+                      node=n.name)
 
     def _start_postgres(self, n: NodeMeta) -> None:
+        """Start the node's PostgreSQL unless it runs; either way make sure it has the extension
+        and the password of the cluster's password file (set only when the one it has is not
+        that: a restart writes nothing)."""
+        if not _alive(n.pg_pid, "postgres"):
+            self._start_postmaster(n)
+        psql = [str(PGBIN / "psql"), "-X", "-q", "-tA", "-v", "ON_ERROR_STOP=1", "-h", str(self.run_dir(n.name)),
+                "-p", str(n.port), "-U", "postgres", "-d", "postgres", "-f", "-"]
+        stored = self._run(psql, f"CREATE EXTENSION chorus on {n.name} (is the extension installed? run "
+                                 "scripts/setup.sh)", node=n.name,
+                           stdin="CREATE EXTENSION IF NOT EXISTS chorus;\n"
+                                 "SELECT rolpassword FROM pg_catalog.pg_authid WHERE rolname = 'postgres';\n")
+        password = self.password(self.load())
+        if not localauth.scram_matches(stored.strip(), password):
+            self._run(psql, f"setting the postgres role's password on {n.name}", node=n.name,
+                      stdin=localauth.set_password_sql(password))
+
+    def _start_postmaster(self, n: NodeMeta) -> None:
         d = self.node_dir(n.name)
-        if _alive(n.pg_pid, "postgres"):
-            return
         self._check_port(n.port, n.name)
         self.log(f"{n.name}: starting PostgreSQL on port {n.port}")
         for attempt in range(4):
@@ -253,9 +334,6 @@ class LocalCluster:
                     raise LocalClusterError(f"{e}\n{_tail(d / 'postgres.log')}") from None
                 time.sleep(2)
         n.pg_pid = int((d / "pgdata" / "postmaster.pid").read_text().split()[0])
-        self._run([str(PGBIN / "psql"), "-X", "-q", "-h", str(self.run_dir(n.name)), "-p", str(n.port),
-                   "-U", "postgres", "-d", "postgres", "-c", "CREATE EXTENSION IF NOT EXISTS chorus"],
-                  f"CREATE EXTENSION chorus on {n.name} (is the extension installed? run scripts/setup.sh)", node=n.name)
 
     def _check_port(self, port: int, what: str) -> None:
         _port_free_or_fail(port, what)
@@ -268,9 +346,10 @@ class LocalCluster:
         d = self.node_dir(n.name)
         self.log(f"{n.name}: starting the coordinator")
         cmd, kw = self._wrap(n.name, [self.venv_chorus, "run", "--config", str(d / "chorus.toml")])
-        with open(d / "coordinator.log", "ab") as out:
+        # 0600: it holds failed statements' text
+        with os.fdopen(localauth.open_log(d / "coordinator.log", self._service_owner()), "ab") as out:
             p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, cwd=str(d), **kw)
+                                 start_new_session=True, cwd=str(d), umask=0o077, **kw)
         n.coordinator_pid = p.pid
 
     def _plan_bootstrap(self, meta: Meta, fresh: bool) -> None:
@@ -327,8 +406,7 @@ class LocalCluster:
         if fresh:
             if len(str(self.dir)) > 70:
                 raise LocalClusterError(f"directory path too long for Unix sockets: {self.dir}")
-            self.dir.mkdir(parents=True, exist_ok=True)
-            os.chmod(self.dir, 0o755)
+            service_dir(self.dir)
             group = "chorus-" + hashlib.sha1(str(self.dir).encode()).hexdigest()[:10]
             meta = Meta(group, [NodeMeta(f"n{i + 1}", port_base + i) for i in range(nodes)],
                         log_segment_mb=log_segment_mb, log_total_mb=log_total_mb, encoding=encoding)
@@ -338,6 +416,7 @@ class LocalCluster:
         if commit_lanes is not None:
             meta.commit_lanes = commit_lanes
             self.save(meta)
+        self._secure(meta)
         self._start_bus(meta)
         generate_keys(str(self.dir / "keys"))
         self._chown(self.dir / "keys")
@@ -352,9 +431,18 @@ class LocalCluster:
         self.wait_online(meta)
         return self.describe(meta)
 
+    def _secure(self, meta: Meta) -> None:
+        """The cluster directory's own modes and its password file (a cluster made before
+        clusters had passwords gets them here)."""
+        service_dir(self.dir)
+        localauth.restrict(self.meta_path, 0o600)
+        self.password(meta)
+
     def start(self, name: str, wait: bool = True) -> None:
         meta = self.load()
         n = self._node(meta, name)
+        self._secure(meta)
+        self._secure_node(n)
         self._start_bus(meta, [name])
         self._start_postgres(n)
         self._start_coordinator(n)
@@ -518,42 +606,56 @@ class PlainPostgres:
     """A plain PostgreSQL with the local cluster's settings, without Chorus: the benchmarks'
     baseline, and the reference the checker's tests hold a single PostgreSQL to. With
     ``extension``: the chorus extension preloaded but no coordinator, for tests of the apply
-    function on one PostgreSQL."""
+    function on one PostgreSQL. It authenticates as a local cluster does (chorus.localauth):
+    ``dsn`` names its password file, ``password`` is the postgres role's password (for clients
+    that take one, such as pytest-postgresql's)."""
 
-    def __init__(self, root: Path, port: int, extension: bool = False) -> None:
+    def __init__(self, root: Path, port: int, extension: bool = False, password: Optional[str] = None) -> None:
         self.dir = root / ("chorus-pg" if extension else "plain")
         self.port = port
         self.extension = extension
-        self.dsn = f"host=127.0.0.1 port={port} dbname=postgres user=postgres"
+        self.password = password or localauth.new_password()
+        self.passfile = root / f"{self.dir.name}.pgpass"  # beside the server's directory: not the server's to replace
+        self.dsn = localauth.tcp_dsn(port, self.passfile)
 
     def start(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
         run = self.dir / "run"
-        run.mkdir(exist_ok=True)
+        run.mkdir(mode=0o700, parents=True, exist_ok=True)
+        owner = None
         if os.geteuid() == 0:
-            shutil.chown(self.dir, "postgres", "postgres")
-            shutil.chown(run, "postgres", "postgres")
+            pw = pwd.getpwnam(SERVICE_USER)
+            owner = (pw.pw_uid, pw.pw_gid)
+            for path in (self.dir, run):
+                os.chown(path, *owner, follow_symlinks=False)
+        localauth.restrict(self.dir, 0o700)
+        localauth.write_private(self.passfile, localauth.passfile_text([self.port], self.password))
         pgdata = self.dir / "pgdata"
         if not pgdata.exists():
-            _as_postgres([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
-                          "-E", "UTF8", "--locale=C.UTF-8"])
+            _as_postgres([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth-local=reject",
+                          "--auth-host=reject", "-E", "UTF8", "--locale=C.UTF-8"])
             conf = PG_CONF.format(port=self.port, run=run, number=0)
-            if not self.extension:
-                conf = "\n".join(line for line in conf.splitlines() if "chorus" not in line)
-            with open(pgdata / "postgresql.conf", "a") as f:
-                f.write(conf + "\n")
+            if not self.extension:  # (the directories' names may say chorus: only the settings go)
+                conf = "\n".join(line for line in conf.splitlines()
+                                 if not line.startswith(("shared_preload_libraries", "chorus.")))
+            localauth.append_text(pgdata / "postgresql.conf", conf + "\n")
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        localauth.secure_pgdata(pgdata, [SERVICE_USER, me] if owner else [me], owner)
         _as_postgres([str(PGBIN / "pg_ctl"), "-D", str(pgdata), "-l", str(self.dir / "postgres.log"), "-w", "start"])
+        sql = localauth.set_password_sql(self.password)
+        _as_postgres([str(PGBIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(run), "-p", str(self.port),
+                      "-U", "postgres", "-d", "postgres", "-f", "-"], stdin=sql)
 
     def stop(self) -> None:
         _as_postgres([str(PGBIN / "pg_ctl"), "-D", str(self.dir / "pgdata"), "-m", "fast", "stop"], check=False)
 
 
 @contextmanager
-def temporary_postgres(prefix: str, port: int, extension: bool = False) -> Iterator[PlainPostgres]:
+def temporary_postgres(prefix: str, port: int, extension: bool = False,
+                       password: Optional[str] = None) -> Iterator[PlainPostgres]:
     """A PlainPostgres in a fresh directory under /tmp, started; stopped and removed at the end."""
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    os.chmod(root, 0o755)  # the server runs as postgres
-    pg = PlainPostgres(root, port, extension)
+    service_dir(root)  # the server runs as postgres
+    pg = PlainPostgres(root, port, extension, password)
     try:
         pg.start()
         yield pg
@@ -562,7 +664,19 @@ def temporary_postgres(prefix: str, port: int, extension: bool = False) -> Itera
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _as_postgres(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run a PostgreSQL program as the postgres user (when root: the server refuses root)."""
+def service_dir(path: Path) -> None:
+    """A directory of this user that the service user passes through (0750, the service user's
+    group; 0700 when they are the same user)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        os.chown(path, -1, pwd.getpwnam(SERVICE_USER).pw_gid, follow_symlinks=False)
+        localauth.restrict(path, 0o750)
+    else:
+        localauth.restrict(path, 0o700)
+
+
+def _as_postgres(cmd: list[str], check: bool = True, stdin: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+    """Run a PostgreSQL program as the postgres user (when root: the server refuses root); the
+    files it makes are 0600."""
     extra: dict[str, Any] = {"user": "postgres", "group": "postgres", "extra_groups": []} if os.geteuid() == 0 else {}
-    return subprocess.run(cmd, capture_output=True, text=True, check=check, **extra)
+    return subprocess.run(cmd, capture_output=True, text=True, check=check, input=stdin, umask=0o077, **extra)

@@ -29,6 +29,12 @@ class NodeStart:
     compat: str  # its encoding and PostgreSQL major version (docs/PROTOCOL.md section 2)
 
 
+# Every session the coordinator opens resolves names in the catalogs only: a function or
+# operator a role created elsewhere cannot stand in for a built-in one (CVE-2018-1058), nor a
+# temporary object for a catalog (docs/SECURITY.md).
+PIN_SEARCH_PATH = "SET search_path = pg_catalog, pg_temp"
+
+
 class NodeDatabase:
     def __init__(self, dsn: str, name: str) -> None:
         self.dsn = dsn
@@ -43,6 +49,7 @@ class NodeDatabase:
             try:
                 self.conn = await psycopg.AsyncConnection.connect(
                     self.dsn, autocommit=True, application_name=f"chorus coordinator {self.name}")
+                await self.conn.execute(PIN_SEARCH_PATH)
                 return
             except psycopg.Error as e:
                 if stopping.is_set():

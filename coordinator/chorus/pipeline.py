@@ -60,6 +60,12 @@ class Pending:
     ddl_ok: Optional[bool] = None
     ddl_known: Optional[asyncio.Event] = None
     ddl_failure_sent: bool = False
+    # a schema change that commits once every node reported applying it (replicator: settle):
+    # settle_ok is None until the reports are counted; False: undone everywhere (committed empty)
+    settle: bool = False
+    settle_ok: Optional[bool] = None
+    settle_failure: str = ""
+    settled: Optional[asyncio.Event] = None
     # inconsistency voting decided that the majority failed to apply it: it commits empty here
     skip: bool = False
     delivered_at: float = field(default_factory=time.monotonic)
@@ -80,6 +86,14 @@ class Pending:
             self.wait_for = self.prev
         if self.writeset.toi:  # a schema change's place: its outcome and content come later
             self.ddl_known = asyncio.Event()
+        if self.settle:
+            self.settled = asyncio.Event()
+
+    def settle_after_reports(self) -> None:
+        """Its commit now waits for every node's report (a schema change that ran on its origin)."""
+        self.settle = True
+        if self.settled is None:
+            self.settled = asyncio.Event()
 
 
 @dataclass
@@ -90,6 +104,8 @@ class Hooks:
     connection_lost: Callable[[str], Coroutine[Any, Any, None]]  # an apply session lost PostgreSQL
     fatal: Callable[[str], None]  # a bug: stop rather than stall
     backlog_changed: Callable[[], None]  # the pending set may have grown or shrunk
+    # a schema change of this node's settled: tell its waiting backend (ok, or why it was undone)
+    tell_backend: Callable[[Pending, bool, str], None] = lambda p, ok, failure: None
 
 
 class CommitPipeline:
@@ -123,6 +139,9 @@ class CommitPipeline:
         self._restarting = False
         self.waiters: dict[int, Waiter] = {}  # GID -> the session committing it
         self.last_apply_ms = 0.0
+        # schema changes whose reports were counted before they were admitted here (this node
+        # held them while catching up): GID -> (ok, failure)
+        self._early: dict[int, tuple[bool, str]] = {}
         self._dispatch_scheduled = False
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # kept: looking it up costs a system call
 
@@ -155,7 +174,12 @@ class CommitPipeline:
         its lane (a schema change also waits for everything before it: applier.py)."""
         if not self._admit(p):
             return
-        self.feeder.certified(p.gid, p.origin, raw(p.writeset), p.writeset.toi)
+        early = self._early.pop(p.gid, None)
+        if p.settle and early is not None:
+            self._settle(p, *early)
+        self.feeder.certified(p.gid, p.origin, raw(p.writeset), p.writeset.toi or p.settle)
+        if p.settle and p.settle_ok is not None:
+            self._log_outcome(p)
         self.scheduler.add(p.gid, order_keys(p.writeset), local=local, barrier=p.writeset.has_schema)
 
     def admit_run(self, p: Pending) -> None:
@@ -201,6 +225,8 @@ class CommitPipeline:
         if p.backend is not None:
             p.backend.certified.discard(gid)
             p.backend = None
+        if p.settle and p.settle_ok is None:
+            return  # the nodes' reports decide: then it is replayed, whole or empty (settled)
         if p.ddl_known is not None and p.ddl_ok is None:
             # A schema change whose origin backend gave up: the cluster must learn that it did not
             # run here; the outcome (the first result delivered) decides what every node does.
@@ -220,9 +246,19 @@ class CommitPipeline:
         p.ddl_ok = o.ok
         if o.ok and o.content is not None:
             p.writeset = o.content  # what every node applies for it
+        if o.settle:
+            p.settle_after_reports()  # committed once every node has applied it (settled)
+            early = self._early.pop(o.gid, None)
+            if early is not None:
+                self._settle(p, *early)
         p.ddl_known.set()
         if not o.ok:
             log.info("schema change GID %d from %s is skipped: %s", o.gid, p.origin, o.error)
+        if p.settle and p.settle_ok is None:
+            self.dispatch()  # the others apply it; its origin's backend hears when they have reported
+            return
+        if p.settle:
+            self._log_outcome(p)
         if p.backend is not None:
             tell_backend(p)
             if o.ok:
@@ -231,6 +267,53 @@ class CommitPipeline:
         elif p.origin == self.name:
             self.scheduler.replay(o.gid)
         self.dispatch()
+
+    # ---- schema changes settled by every node's report (docs/SECURITY.md) ----------------
+
+    def settled(self, gid: int, ok: bool, failure: str) -> None:
+        """Every node reported on schema change ``gid`` (VoteDecided, schema): it commits
+        everywhere (``ok``), or is undone everywhere, ``failure`` saying where and why."""
+        p = self.pending.get(gid)
+        if p is None or not p.settle:
+            if gid > self.watermark:
+                self._early[gid] = (ok, failure)  # held while catching up: admitted later
+                while len(self._early) > 1000:
+                    del self._early[min(self._early)]
+            return
+        if p.settle_ok is not None:
+            return
+        self._settle(p, ok, failure)
+        self._log_outcome(p)
+        if p.origin == self.name:
+            if p.backend is not None:
+                self.hooks.tell_backend(p, ok, failure)
+                if ok:
+                    return  # its backend commits it
+                self.replay(gid)  # commits the GID empty once the backend has given up
+            else:
+                self.scheduler.replay(gid)  # its backend is gone: whole or empty, as decided
+        self.dispatch()
+
+    def settle_from_log(self, gid: int, ok: bool) -> None:
+        """A member's log says what became of schema change ``gid`` (a catch-up after this node
+        left the primary component while the nodes' reports on it were being counted)."""
+        p = self.pending.get(gid)
+        if p is not None and p.settle and p.settle_ok is None:
+            log.info("schema change GID %d was %s in the cluster (a member's log)", gid,
+                     "committed" if ok else "undone")
+            self.settled(gid, ok, "" if ok else "it was undone in the cluster while this node was away")
+
+    def _settle(self, p: Pending, ok: bool, failure: str) -> None:
+        p.settle_ok, p.settle_failure = ok, failure
+        if not ok:
+            p.skip = True
+            log.warning("schema change GID %d from %s is undone on every node: %s", p.gid, p.origin, failure)
+        assert p.settled is not None
+        p.settled.set()
+
+    def _log_outcome(self, p: Pending) -> None:
+        """The log record of a settled schema change: its content, or flagged skipped."""
+        self.feeder.outcome(p.gid, bool(p.settle_ok), raw(p.writeset) if p.settle_ok else b"")
 
     def flushed(self, durable: int) -> None:
         """Everything up to GID ``durable`` is on disk: forget the writesets kept for a crash."""
@@ -316,6 +399,9 @@ class CommitPipeline:
             assert p is not None
             if p.ddl_known is not None:
                 await p.ddl_known.wait()  # then its writeset is the content every node applies
+            if p.settle and p.settle_ok is None and p.origin != self.name:
+                await self._apply_and_report(session, p)
+                return
             writesets = [ws for p in ps if p is not None for ws in p.run()]
             t0 = time.monotonic()
             self.waiters[gid] = Waiter(lambda: session.pid, t0)
@@ -354,6 +440,42 @@ class CommitPipeline:
                 elif pooled:
                     self.idle.append(session)
             self.dispatch()
+
+    async def _apply_and_report(self, session: ApplySession, p: Pending) -> None:
+        """A schema change whose outcome the nodes' reports decide: apply it in a transaction
+        left open, report (a Vote), and commit it, or roll it back and commit its GID empty,
+        once every node has reported. A failure here is reported, not voted on: it undoes the
+        change everywhere and no node leaves (docs/SECURITY.md)."""
+        gid = p.gid
+        assert p.settled is not None
+        self.waiters[gid] = Waiter(lambda: session.pid, time.monotonic())
+        try:
+            try:
+                held = await session.apply_held(gid, p.wait_for, p.writeset, p.prev)
+            except ApplyError as e:
+                log.error("schema change GID %d failed here: %s; reporting it (it is undone everywhere)", gid, e)
+                self._send(bp.Vote(self.name, gid, False, f"{e.sqlstate or 'XX000'} {e.message}"[:2000]))
+                held = None
+            else:
+                self._send(bp.Vote(self.name, gid, True))
+            await p.settled.wait()
+            if held:
+                if p.settle_ok:
+                    await session.finish_held(True)
+                else:
+                    await session.finish_held(False)
+                    await session.apply_run(gid, p.wait_for, [p.writeset], ddl_ok=False, prev=p.prev)
+            elif held is None:
+                await session.apply_run(gid, p.wait_for, [p.writeset], ddl_ok=False, prev=p.prev)
+        finally:
+            self.waiters.pop(gid, None)
+        self.counters.applied += 1
+        self.counters.apply_transactions += 1
+        self.book.committed(gid)
+        self.scheduler.committed(gid)
+        if p.settle_ok:
+            self.hooks.committed_here(gid)
+        self.book.advance(gid)
 
     def _apply_failed(self, run: list[int], e: Exception) -> None:
         """What a failed apply of ``run`` leads to: the run again, whole or in parts, or the

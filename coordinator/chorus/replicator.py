@@ -67,16 +67,21 @@ class LocalVerdict:
     reason: str
     writeset: Optional[wire.Writeset]
     unknown: bool = False  # certified, but the node left the primary component before it was stable
+    # a schema change: it commits once every node has reported applying it (VoteDecided, schema)
+    settle: bool = False
 
 
 @dataclass(frozen=True)
 class Apply:
-    """Apply a certified remote writeset; ``prev``: the GID certified before it."""
+    """Apply a certified remote writeset; ``prev``: the GID certified before it. ``settle``: a
+    schema change, applied and then reported (a Vote); it commits, or is undone, once every
+    node has reported (VoteDecided, schema)."""
 
     gid: int
     prev: int
     origin: str
     writeset: wire.Writeset
+    settle: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ class DdlOutcome:
     ok: bool
     error: str
     content: Optional[wire.Writeset] = None
+    settle: bool = False  # it ran: every other node applies and reports it (as Apply's settle)
 
 
 @dataclass(frozen=True)
@@ -117,16 +123,24 @@ class VoteOpened:
 class VoteDecided:
     """The members' outcomes for ``gid`` are counted: the majority applied it (``ok``) or
     failed to. A node on the other side, the origin too, leaves and stops (Galera 4's
-    inconsistency voting); where the majority failed, the others commit the GID empty."""
+    inconsistency voting); where the majority failed, the others commit the GID empty.
+
+    For a schema change (``schema``) every node reported: ``ok`` if every one of them applied
+    it, and it commits everywhere; else it is undone everywhere (the GID commits empty, its
+    origin's client hears why) and no node leaves: user code a replay runs cannot choose which
+    node goes (docs/SECURITY.md)."""
     gid: int
     ok: bool
     detail: str
+    schema: bool = False
+    failure: str = ""  # schema: the first failure reported, "node: SQLSTATE message"
 
 
 @dataclass
 class _Ballot:
     voters: frozenset[str]  # the nodes online when the vote opened
     votes: dict[str, tuple[bool, str]] = field(default_factory=dict)
+    schema: bool = False  # a schema change's reports: every voter must have applied it
 
 
 @dataclass(frozen=True)
@@ -275,6 +289,8 @@ class Replicator:
     # inconsistency voting: open ballots by GID, and the outcomes decided (the last ones)
     ballots: dict[int, _Ballot] = field(default_factory=dict)
     decided: dict[int, bool] = field(default_factory=dict)
+    # schema changes settled by every node's report (the last ones): committed, or undone
+    settled: dict[int, bool] = field(default_factory=dict)
     online: dict[str, str] = field(default_factory=dict)  # node name -> bus member id
     progress: dict[str, int] = field(default_factory=dict)
     members: tuple[str, ...] = ()
@@ -757,7 +773,20 @@ class Replicator:
         # as the new primary component may hold what it misses.
         return self._request(self._now) if self.quorate else []
 
+    def _drop_rounds(self, above: int, why: str) -> list[Action]:
+        """The schema changes still waiting for reports when the node (re)joins: those after GID
+        ``above`` are undone here (no node of the cluster it joins committed them); those up to
+        it are settled by the catch-up, from a member's log (its record says what became of it)."""
+        out: list[Action] = []
+        for gid in sorted(g for g, b in self.ballots.items() if b.schema):
+            del self.ballots[gid]
+            if gid > above:
+                self._remember_settled(gid, False)
+                out.append(VoteDecided(gid, False, why, schema=True, failure=f"{self.node}: {why}"))
+        return out
+
     def _bootstrapped(self, sender: str, msg: bp.Bootstrap) -> list[Action]:
+        undone = self._drop_rounds(msg.gid, "the cluster started again from this node, which had not committed it")
         self.cluster_uuid = msg.cluster_uuid
         self.gid = self.last_certified = self.released = msg.gid
         self._unstable.clear()
@@ -774,7 +803,7 @@ class Replicator:
         self.reform = None
         # what it delivered after its request, before the bootstrap, no node took (no primary
         # component there); its own writesets among it fail
-        return self._drop_buffer() + [self._remember(), Joined(self.cluster_uuid, self.gid, True),
+        return [*undone, *self._drop_buffer(), self._remember(), Joined(self.cluster_uuid, self.gid, True),
                 PhaseChange(Phase.ONLINE, f"bootstrapped cluster {self.cluster_uuid} at GID {self.gid} "
                                           f"(epoch {msg.epoch})")]
 
@@ -816,6 +845,7 @@ class Replicator:
         # that came with the answer: it holds them until a quorum has them, as every member does
         released = max(msg.released, self.last_gid)
         behind = self.last_gid < released
+        undone = self._drop_rounds(msg.certified, "the cluster this node joined did not certify it")
         self.cluster_uuid = msg.cluster_uuid
         self.gid = msg.gid
         self.last_certified = msg.certified
@@ -839,7 +869,7 @@ class Replicator:
         self.records[self.node] = MemberRecord(self._epoch_number(), msg.gid, True)
         self._sync_sent = False
         self.reform = None
-        out: list[Action] = [self._remember(), Joined(self.cluster_uuid, self.gid, False)]
+        out: list[Action] = [*undone, self._remember(), Joined(self.cluster_uuid, self.gid, False)]
         if behind:
             # partial recovery: certify the live stream from here on (the coordinator holds what
             # it must apply) while the missing range comes from a member's writeset log
@@ -958,7 +988,7 @@ class Replicator:
         # While a schema change's outcome is open, the state at this point is not final (the
         # writesets after it are not certified yet): the joiner asks again later.
         if msg.join and self.phase == Phase.ONLINE and self.synced and min(self.synced) == self.node \
-                and not self.ddl_open:
+                and not self.ddl_open and not self.settling:
             online, synced = dict(self.online), set(self.synced)
             records = dict(self.records)
             # admitted unless its data cannot follow this history (it refuses the answer alike)
@@ -1055,20 +1085,23 @@ class Replicator:
             return []
         prev, self.last_certified = self.last_certified, gid
         self.stats.certified += 1
+        settle = not ws.toi and ws.has_schema and not ws.concurrent and self._open_round(gid, msg.origin)
         if local:
             self.stats.local_certified += 1
-            return self._hold(gid, LocalVerdict(msg.ticket, True, gid, prev, "", ws))
+            return self._hold(gid, LocalVerdict(msg.ticket, True, gid, prev, "", ws, settle=settle))
         self.stats.remote_certified += 1
-        return self._hold(gid, Apply(gid, prev, msg.origin, ws))
+        return self._hold(gid, Apply(gid, prev, msg.origin, ws, settle=settle))
 
     def _ddl_settled(self, gid: int, ok: bool, error: str,
                      content: Optional[wire.Writeset] = None) -> list[Action]:
         """Schema change ``gid``'s outcome is known: record what it touched (if it ran), then
         certify the writesets deferred behind it, up to the next open schema change."""
-        del self.ddl_open[gid]
+        origin = self.ddl_open.pop(gid)
+        settle = False
         if ok and content is not None:
             self.certifier.record(gid, content.keys)
-        out: list[Action] = [DdlOutcome(gid, ok, error, content if ok else None)]
+            settle = self._open_round(gid, origin)
+        out: list[Action] = [DdlOutcome(gid, ok, error, content if ok else None, settle)]
         while self._deferred and not self.ddl_open:
             g, m, ws = self._deferred.pop(0)
             out += self._certify(g, m, ws)
@@ -1085,7 +1118,7 @@ class Replicator:
         out: list[Action] = []
         b = self.ballots.get(msg.gid)
         if b is None:
-            if msg.gid in self.decided or msg.gid > self.last_certified:
+            if msg.gid in self.decided or msg.gid in self.settled or msg.gid > self.last_certified:
                 return []  # counted already, or not a certified GID here
             b = self.ballots[msg.gid] = _Ballot(frozenset(self.online) | {msg.node})
             out.append(VoteOpened(msg.gid))
@@ -1093,15 +1126,47 @@ class Replicator:
             b.votes.setdefault(msg.node, (msg.ok, msg.reason))
         return out + self._count(msg.gid)
 
+    def _open_round(self, gid: int, origin: str) -> bool:
+        """Schema change ``gid`` ran on its origin: every other node online now applies it and
+        reports (a Vote) before it commits anywhere. False if no other node is there to."""
+        voters = frozenset(self.online) | {origin}
+        if voters == {origin}:
+            return False
+        self.ballots[gid] = _Ballot(voters, {origin: (True, "")}, schema=True)
+        return True
+
+    def _remember_settled(self, gid: int, ok: bool) -> None:
+        self.settled[gid] = ok
+        while len(self.settled) > 1000:
+            del self.settled[min(self.settled)]
+
+    @property
+    def settling(self) -> bool:
+        """A schema change waits for the nodes' reports."""
+        return any(b.schema for b in self.ballots.values())
+
     def _count(self, gid: int) -> list[Action]:
         """Decide once an outcome has a majority of the voters, or every voter still online has
         voted (then the larger side; a tie keeps the writeset, which its origin's client was
-        told committed). Every node counts the same votes in the same order."""
+        told committed). A schema change's reports need every voter still online, and one
+        failure undoes it (docs/SECURITY.md). Every node counts the same votes in the same order;
+        only in the primary component."""
         b = self.ballots[gid]
         ok = sorted(n for n, (v, _) in b.votes.items() if v)
         failed = sorted(n for n, (v, _) in b.votes.items() if not v)
         need = len(b.voters) // 2 + 1
         active = b.voters & set(self.online)
+        if b.schema:
+            if self.phase not in _FOLLOWING or not self.quorate:
+                return []
+            if not failed and not all(n in b.votes for n in active):
+                return []
+            del self.ballots[gid]
+            self._remember_settled(gid, not failed)
+            first = failed[0] if failed else ""
+            detail = "; ".join([f"{n} applied it" for n in ok] + [f"{n} failed: {b.votes[n][1]}" for n in failed])
+            return [VoteDecided(gid, not failed, detail, schema=True,
+                                failure=f"{first}: {b.votes[first][1]}" if failed else "")]
         if len(ok) >= need:
             outcome = True
         elif len(failed) >= need:

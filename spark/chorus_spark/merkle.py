@@ -678,12 +678,38 @@ def _drop_indexes(conn: psycopg.Connection[Any], t: Table) -> list[Union[sql.SQL
     return again
 
 
+def checks_off(conn: psycopg.Connection[Any], table: sql.Composable) -> list[sql.Composable]:
+    """Take the table's own CHECK constraints away for the rest of the transaction; returns the
+    statements that put them back exactly (name, definition, validated or not) without checking
+    a row. The donor's rows passed them already: loading them must not run the constraints'
+    code again on the joiner, where a role's CHECK could behave differently and stop the
+    rebuild (docs/SECURITY.md). Inherited ones stay (a partition cannot drop its parent's)."""
+    rows = conn.execute(
+        sql.SQL("SELECT c.conname, pg_catalog.pg_get_constraintdef(c.oid), c.convalidated "
+                "FROM pg_catalog.pg_constraint c WHERE c.conrelid = {}::pg_catalog.regclass "
+                "AND c.contype = 'c' AND c.coninhcount = 0 ORDER BY c.conname").format(
+            sql.Literal(table.as_string(conn)))).fetchall()
+    again: list[sql.Composable] = []
+    for name, definition, valid in rows:
+        if definition.endswith(" NOT VALID"):
+            definition = definition[:-len(" NOT VALID")]
+        conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(table, sql.Identifier(name)))
+        again.append(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {} NOT VALID").format(
+            table, sql.Identifier(name), sql.SQL(definition)))
+        if valid:
+            again.append(sql.SQL("UPDATE pg_catalog.pg_constraint SET convalidated = true "
+                                 "WHERE conrelid = {}::pg_catalog.regclass AND conname = {}").format(
+                sql.Literal(table.as_string(conn)), sql.Literal(name)))
+    return again
+
+
 def copy_table(task: dict[str, Any]) -> dict[str, Any]:
     """Replace a table's rows on the joiner with the donor's at the snapshot, streamed with COPY
     in one transaction: TRUNCATE and COPY FREEZE where nothing references the table (its indexes
     dropped first and built again after, as pg_restore does, when that can be undone exactly),
     DELETE where a foreign key does. Triggers and foreign-key checks do not fire (replica role,
-    and the capture trigger, which fires always, is off for the transaction)."""
+    and the capture trigger, which fires always, is off for the transaction), nor CHECK
+    constraints (checks_off)."""
     t = Table.from_dict(task["table"])
     counter = Counter()
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in t.stored)
@@ -697,6 +723,7 @@ def copy_table(task: dict[str, Any]) -> dict[str, Any]:
         referenced, plain, captured = bool(row and row[0]), bool(row and row[1]), bool(row and row[2])
         joiner.execute(sql.SQL("{} {}").format(sql.SQL("DELETE FROM" if referenced else "TRUNCATE"), _table(t)))
         rebuild = _drop_indexes(joiner, t) if plain and not referenced and task.get("bytes", 0) >= REBUILD_BYTES else []
+        rebuild += checks_off(joiner, _table(t))
         if captured:
             joiner.execute(sql.SQL("ALTER TABLE {} DISABLE TRIGGER {}").format(_table(t), sql.Identifier(CAPTURE_TRIGGER)))
         freeze = sql.SQL(" (FREEZE)") if plain and not referenced else sql.SQL("")

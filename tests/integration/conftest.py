@@ -48,7 +48,28 @@ class Cluster:
         self.nodes: list[NodeRef] = node_refs(info["nodes"])
 
     def dsn(self, i: int) -> str:
+        """Node ``i`` over TCP as postgres, the password from the cluster's password file."""
         return self.nodes[i].dsn
+
+    @property
+    def passfile(self) -> str:
+        """The cluster's password file (the postgres role's password, for TCP)."""
+        return str(self.info["passfile"])
+
+    @property
+    def password(self) -> str:
+        """The postgres role's password, for a client that cannot use the password file (one that
+        connects through a proxy on another port)."""
+        from chorus.localauth import password_in
+
+        with open(self.passfile) as f:
+            found = password_in(f.read())
+        assert found is not None
+        return found
+
+    def dsn_as(self, i: int, user: str, password: str) -> str:
+        """Node ``i`` over TCP as another role (TCP takes SCRAM passwords: give the role one)."""
+        return psycopg.conninfo.make_conninfo(self.dsn(i), user=user, password=password)
 
     def connect(self, i: int, **kw: Any) -> psycopg.Connection[Any]:
         kw.setdefault("autocommit", True)
@@ -138,13 +159,13 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 
 
 @contextlib.contextmanager
-def extra_cluster(prefix: str, port_offset: int, *options: str) -> Iterator[Cluster]:
-    """A second 3-node cluster, beside the session's, started with ``chorus local up`` and
-    ``options`` on ports from the test port base plus ``port_offset``, and removed afterwards."""
+def extra_cluster(prefix: str, port_offset: int, *options: str, nodes: int = 3) -> Iterator[Cluster]:
+    """A second cluster (3 nodes unless said), beside the session's, started with ``chorus local
+    up`` and ``options`` on ports from the test port base plus ``port_offset``, and removed afterwards."""
     directory = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     os.chmod(directory, 0o755)
     port = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + port_offset
-    r = chorus("local", "up", "--nodes", "3", "--dir", directory, "--port-base", str(port), *options, "--json")
+    r = chorus("local", "up", "--nodes", str(nodes), "--dir", directory, "--port-base", str(port), *options, "--json")
     if r.returncode != 0:
         chorus("local", "down", "--dir", directory)
         pytest.fail(f"chorus local up failed:\n{r.stderr}")

@@ -25,12 +25,15 @@ from psycopg import sql
 from pytest_postgresql import factories
 
 from chorus import wire
+from chorus.localauth import new_password
 from chorus.localcluster import PlainPostgres, temporary_postgres
+from chorus.nodedb import PIN_SEARCH_PATH
 from conftest import peak_anon_growth_kb
 
 pytestmark = pytest.mark.integration
 
 PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 90
+PASSWORD = new_password()  # the server's postgres role's (it takes SCRAM passwords over TCP)
 
 # the settings text values are printed and read under (chorus_values.c), as an apply session sets them
 CANONICAL = ("SET datestyle = 'ISO'; SET intervalstyle = 'postgres'; SET timezone = 'UTC'; "
@@ -40,7 +43,7 @@ CANONICAL = ("SET datestyle = 'ISO'; SET intervalstyle = 'postgres'; SET timezon
 @pytest.fixture(scope="session", autouse=True)
 def chorus_server() -> Iterator[PlainPostgres]:
     """One PostgreSQL with the extension preloaded and no coordinator, started as a node would be."""
-    with temporary_postgres("chorus-apply-", PORT, extension=True) as pg:
+    with temporary_postgres("chorus-apply-", PORT, extension=True, password=PASSWORD) as pg:
         with psycopg.connect(pg.dsn, autocommit=True) as c:
             c.execute("CREATE EXTENSION IF NOT EXISTS chorus")
             c.execute("SELECT chorus.node_init(0)")
@@ -48,11 +51,11 @@ def chorus_server() -> Iterator[PlainPostgres]:
 
 
 def _load(host: str, port: int, user: str, dbname: str, password: Optional[str] = None, **_: Any) -> None:
-    with psycopg.connect(host=host, port=port, user=user, dbname=dbname, autocommit=True) as c:
+    with psycopg.connect(host=host, port=port, user=user, password=password, dbname=dbname, autocommit=True) as c:
         c.execute("CREATE EXTENSION chorus")
 
 
-chorus_noproc = factories.postgresql_noproc(host="127.0.0.1", port=PORT, user="postgres",
+chorus_noproc = factories.postgresql_noproc(host="127.0.0.1", port=PORT, user="postgres", password=PASSWORD,
                                             dbname="chorus_apply", load=[_load])
 postgresql = factories.postgresql("chorus_noproc")
 
@@ -82,14 +85,22 @@ class Applier:
     def apply(self, ws: wire.Writeset | bytes) -> int:
         data = ws if isinstance(ws, bytes) else wire.encode(ws)
         gid = int(self.conn.execute("SELECT chorus.committed_gid()").fetchone()[0])
-        row = self.conn.execute("SELECT chorus.apply_writeset(%s, %s, %s)", (gid + 1, gid, data)).fetchone()
-        return int(row[0])
+        return self._call("SELECT chorus.apply_writeset(%s, %s, %s)", (gid + 1, gid, data))
 
     def apply_run(self, writesets: Sequence[wire.Writeset]) -> int:
         run = b"".join(struct.pack(">I", len(raw)) + raw for raw in (wire.encode(ws) for ws in writesets))
         gid = int(self.conn.execute("SELECT chorus.committed_gid()").fetchone()[0])
         n = len(writesets)
-        row = self.conn.execute("SELECT chorus.apply_run(%s, %s, %s)", (gid + n, gid, run)).fetchone()
+        return self._call("SELECT chorus.apply_run(%s, %s, %s)", (gid + n, gid, run))
+
+    def _call(self, query: str, params: tuple[Any, ...]) -> int:
+        """The call under the apply session's search_path (the test's own statements on this
+        connection keep the test's)."""
+        self.conn.execute(PIN_SEARCH_PATH)
+        try:
+            row = self.conn.execute(query, params).fetchone()
+        finally:
+            self.conn.execute("RESET search_path")
         return int(row[0])
 
 
@@ -254,7 +265,7 @@ def test_triggers_in_replica_mode(db: psycopg.Connection[Any], executor: bool) -
       CREATE FUNCTION trig_upper() RETURNS trigger LANGUAGE plpgsql AS
         $$ BEGIN NEW.v := upper(NEW.v); RETURN NEW; END $$;
       CREATE FUNCTION trig_note() RETURNS trigger LANGUAGE plpgsql AS
-        $$ BEGIN INSERT INTO trig_log VALUES (TG_NAME || ' ' || TG_OP || ' ' || coalesce(NEW.v, OLD.v)); RETURN NULL; END $$;
+        $$ BEGIN INSERT INTO public.trig_log VALUES (TG_NAME || ' ' || TG_OP || ' ' || coalesce(NEW.v, OLD.v)); RETURN NULL; END $$;
       CREATE TRIGGER before_replica BEFORE INSERT OR UPDATE ON trig FOR EACH ROW EXECUTE FUNCTION trig_upper();
       ALTER TABLE trig ENABLE REPLICA TRIGGER before_replica;
       CREATE TRIGGER after_replica AFTER INSERT OR UPDATE OR DELETE ON trig FOR EACH ROW EXECUTE FUNCTION trig_note();
@@ -286,13 +297,14 @@ def test_constraints(db: psycopg.Connection[Any], executor: bool) -> None:
         a.apply(writeset([t], [wire.Row("I", 0, (), (b"2", b"1", b"1", b"a", None))]))
     with pytest.raises(psycopg.errors.UniqueViolation):
         a.apply(writeset([t], [wire.Row("I", 0, (), (b"1", b"9", b"1", b"a", None))]))
-    with pytest.raises(psycopg.errors.CheckViolation):
-        a.apply(writeset([t], [wire.Row("I", 0, (), (b"3", b"3", b"0", b"a", None))]))
     with pytest.raises(psycopg.errors.NotNullViolation):
         a.apply(writeset([t], [wire.Row("U", 0, (b"1",), (b"1", b"1", b"1", None, None))]))
-    # foreign keys are the origin's to check (replica mode), as in logical replication
+    # foreign keys are the origin's to check (replica mode), as in logical replication; so are
+    # CHECK constraints (DESIGN.md invariant 10, docs/SECURITY.md): a check that reads the node's
+    # settings or the clock would otherwise let its author pick the node that fails
     a.apply(writeset([t], [wire.Row("I", 0, (), (b"4", b"4", b"4", b"d", b"99"))]))
-    assert db.execute("SELECT id FROM con ORDER BY id").fetchall() == [(1,), (4,)]
+    a.apply(writeset([t], [wire.Row("I", 0, (), (b"3", b"3", b"0", b"a", None))]))
+    assert db.execute("SELECT id FROM con ORDER BY id").fetchall() == [(1,), (3,), (4,)]
     # a failed writeset left nothing behind, and its GID did not commit
     assert a.apply(writeset([t], [wire.Row("D", 0, (b"4",), ())])) == 1
 
@@ -561,7 +573,7 @@ def test_after_triggers_of_a_large_writeset_fire_in_order(db: psycopg.Connection
       CREATE TABLE trig_big (id int PRIMARY KEY);
       CREATE TABLE trig_big_log (n bigserial, id int);
       CREATE FUNCTION trig_big_note() RETURNS trigger LANGUAGE plpgsql AS
-        $$ BEGIN INSERT INTO trig_big_log (id) VALUES (NEW.id); RETURN NULL; END $$;
+        $$ BEGIN INSERT INTO public.trig_big_log (id) VALUES (NEW.id); RETURN NULL; END $$;
       CREATE TRIGGER after_big AFTER INSERT ON trig_big FOR EACH ROW EXECUTE FUNCTION trig_big_note();
       ALTER TABLE trig_big ENABLE REPLICA TRIGGER after_big;
     """)
@@ -598,7 +610,7 @@ def test_a_table_without_a_key_takes_inserts_through_the_executor_and_triggers_k
       CREATE TABLE nk_trig (a int, b text);
       CREATE TABLE nk_trig_log (n bigserial, what text);
       CREATE FUNCTION nk_note() RETURNS trigger LANGUAGE plpgsql AS
-        $$ BEGIN INSERT INTO nk_trig_log (what) VALUES (TG_OP || ' ' || coalesce(NEW.b, OLD.b)); RETURN NULL; END $$;
+        $$ BEGIN INSERT INTO public.nk_trig_log (what) VALUES (TG_OP || ' ' || coalesce(NEW.b, OLD.b)); RETURN NULL; END $$;
       CREATE TRIGGER nk_after AFTER INSERT OR UPDATE OR DELETE ON nk_trig FOR EACH ROW EXECUTE FUNCTION nk_note();
       ALTER TABLE nk_trig ENABLE REPLICA TRIGGER nk_after;
     """)
@@ -610,3 +622,122 @@ def test_a_table_without_a_key_takes_inserts_through_the_executor_and_triggers_k
     assert db.execute("SELECT a, b FROM nk_trig ORDER BY a").fetchall() == [(1, "b"), (3, "d")]
     assert [r[0] for r in db.execute("SELECT what FROM nk_trig_log ORDER BY n").fetchall()] == [
         "INSERT a", "UPDATE b", "INSERT c", "DELETE c", "INSERT d"]
+
+
+# ---- whose rights an apply runs with (DESIGN.md invariant 10, docs/SECURITY.md) ------------------
+
+def _owned_table(db: psycopg.Connection[Any], name: str, key: bool) -> None:
+    """A table owned by an ordinary role, with what a hostile owner could arrange: a CHECK and
+    a domain that reject the row, row security forced on it with a policy that hides every row,
+    its own privileges revoked, and a trigger enabled REPLICA (its function a superuser's, as
+    Chorus requires of code that fires on apply) that notes whose rights it runs with and tries
+    to become the apply session's superuser and to change the session's settings."""
+    db.execute("DO $$ BEGIN CREATE ROLE app_owner NOLOGIN; EXCEPTION WHEN duplicate_object THEN END $$")
+    db.execute("DROP DOMAIN IF EXISTS positive CASCADE")
+    db.execute("CREATE DOMAIN positive AS int CHECK (VALUE > 0)")
+    db.execute(sql.SQL("CREATE TABLE {} (id int {}, c int CHECK (c > 0), d positive, v text)").format(
+        sql.Identifier(name), sql.SQL("PRIMARY KEY" if key else "")))
+    db.execute(sql.SQL("""
+      CREATE TABLE IF NOT EXISTS public.who_log (t text, cur text, sess text, set_role text);
+      GRANT INSERT ON public.who_log TO app_owner;
+      CREATE OR REPLACE FUNCTION public.who() RETURNS trigger LANGUAGE plpgsql AS $$
+      DECLARE err text := 'allowed';
+      BEGIN
+        BEGIN
+          SET ROLE postgres;
+        EXCEPTION WHEN others THEN err := SQLERRM;
+        END;
+        PERFORM pg_catalog.set_config('statement_timeout', '1', false);
+        INSERT INTO public.who_log VALUES (TG_TABLE_NAME, current_user, session_user, err);
+        RETURN NEW;
+      END $$;
+      CREATE TRIGGER who BEFORE INSERT OR UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION public.who();
+      ALTER TABLE {t} ENABLE REPLICA TRIGGER who;
+      ALTER TABLE {t} ENABLE ROW LEVEL SECURITY;
+      ALTER TABLE {t} FORCE ROW LEVEL SECURITY;
+      CREATE POLICY nothing ON {t} USING (false) WITH CHECK (false);
+      ALTER TABLE {t} OWNER TO app_owner;
+      REVOKE ALL ON {t} FROM app_owner;
+    """).format(t=sql.Identifier(name)))
+
+
+@PATHS
+def test_rows_are_applied_as_the_table_owner_restricted(db: psycopg.Connection[Any], executor: bool) -> None:
+    """Rows are applied with the table owner's rights, in a restricted security context, as
+    PostgreSQL 16's subscriptions apply them (run_as_owner off): a trigger that fires on apply runs
+    as the owner and cannot SET ROLE to the apply session's superuser; what it sets of the session
+    is undone; the origin's checks (CHECK, domain, row security, privileges) are not made again."""
+    _owned_table(db, "owned", key=True)
+    a = Applier(db, executor)
+    t = table(db, "owned")
+    timeout = db.execute("SHOW statement_timeout").fetchone()[0]
+    a.apply(writeset([t], [wire.Row("I", 0, (), (b"1", b"-1", b"-1", b"x"))]))
+    a.apply(writeset([t], [wire.Row("U", 0, (b"1",), (b"1", b"-2", b"-2", b"y"))]))
+    assert db.execute("SELECT id, c, d, v FROM owned").fetchall() == [(1, -2, -2, "y")]
+    log = db.execute("SELECT cur, sess, set_role FROM public.who_log").fetchall()
+    assert len(log) == 2
+    for cur, sess, set_role in log:
+        assert (cur, sess) == ("app_owner", "postgres")
+        assert 'cannot set parameter "role"' in set_role
+    assert db.execute("SHOW statement_timeout").fetchone()[0] == timeout
+    assert db.execute("SELECT current_user").fetchone()[0] == "postgres"
+
+
+@PATHS
+def test_a_table_without_a_key_is_applied_as_its_owner_too(db: psycopg.Connection[Any], executor: bool) -> None:
+    """The statement path (a table without a key): the same rights, and the same checks left to
+    the origin, whatever the owner revoked from itself."""
+    _owned_table(db, "owned_nk", key=False)
+    a = Applier(db, executor)
+    t = table(db, "owned_nk", ())
+    a.apply(writeset([t], [wire.Row("I", 0, (), (b"1", b"-1", b"-1", b"x"))]))
+    a.apply(writeset([t], [wire.Row("U", 0, (b"1", b"-1", b"-1", b"x"), (b"1", b"-3", b"-3", b"z"))]))
+    a.apply(writeset([t], [wire.Row("D", 0, (b"1", b"-3", b"-3", b"z"), ())]))
+    assert db.execute("SELECT count(*) FROM owned_nk").fetchone() == (0,)
+    log = db.execute("SELECT cur, set_role FROM public.who_log").fetchall()
+    assert log and all(cur == "app_owner" and 'cannot set parameter "role"' in err for cur, err in log)
+
+
+@PATHS
+def test_the_statement_path_resolves_nothing_by_search_path(db: psycopg.Connection[Any], executor: bool) -> None:
+    """A table without a key whose key type's equality lives outside pg_catalog (citext): the
+    apply session's search_path names pg_catalog only, and the statement names the operator in
+    full; an operator a role put in public for the same types is not used."""
+    db.execute("CREATE EXTENSION IF NOT EXISTS citext")
+    db.execute("CREATE TABLE ci (id citext PRIMARY KEY, v int)")
+    db.execute("""CREATE FUNCTION public.hijack(int, int) RETURNS boolean LANGUAGE sql
+                  AS 'SELECT pg_catalog.int4eq($1, $2) AND pg_catalog.pg_sleep(0) IS NOT NULL AND false'""")
+    db.execute("CREATE OPERATOR public.= (LEFTARG = int, RIGHTARG = int, FUNCTION = public.hijack)")
+    db.execute("CREATE TABLE plain_nk (a int, b int)")
+    a = Applier(db, executor)
+    db.execute("SET chorus.apply_executor = off")  # the statement path whatever the fixture says
+    ci = table(db, "ci")
+    a.apply(writeset([ci], [wire.Row("I", 0, (), (b"Key", b"1"))]))
+    a.apply(writeset([ci], [wire.Row("U", 0, (b"KEY",), (b"Key", b"2"))]))
+    assert db.execute("SELECT id::text, v FROM ci").fetchall() == [("Key", 2)]
+    nk = table(db, "plain_nk", ())
+    a.apply(writeset([nk], [wire.Row("I", 0, (), (b"1", b"1"))]))
+    a.apply(writeset([nk], [wire.Row("U", 0, (b"1", b"1"), (b"1", b"2"))]))
+    assert db.execute("SELECT a, b FROM plain_nk").fetchall() == [(1, 2)]
+
+
+def test_a_replayed_schema_change_runs_as_its_role_restricted(db: psycopg.Connection[Any]) -> None:
+    """A schema change item runs as the role that ran it on its origin, in a restricted security
+    context: it cannot SET ROLE (or RESET ROLE, or SET SESSION AUTHORIZATION) to the apply
+    session's superuser; a role this node lacks is an error, never a reason to run it as the
+    apply session's user."""
+    db.execute("DO $$ BEGIN CREATE ROLE app_ddl NOLOGIN; EXCEPTION WHEN duplicate_object THEN END $$")
+    db.execute("GRANT CREATE ON SCHEMA public TO app_ddl")
+    a = Applier(db, True)
+    path = (("search_path", "public"),)
+    made = wire.Schema(path, "app_ddl", b"CREATE TABLE by_app (id int)")
+    a.apply(writeset([], [made], flags=wire.FLAG_DDL))
+    assert db.execute("SELECT tableowner FROM pg_tables WHERE tablename = 'by_app'").fetchone() == ("app_ddl",)
+    for statement in (b"SET ROLE postgres", b"RESET ROLE", b"SET SESSION AUTHORIZATION postgres",
+                      b"SELECT pg_catalog.set_config('role', 'postgres', false)"):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="cannot set parameter"):
+            a.apply(writeset([], [wire.Schema(path, "app_ddl", statement)], flags=wire.FLAG_DDL))
+    with pytest.raises(psycopg.errors.UndefinedObject, match='role "nobody here" does not exist on this node'):
+        a.apply(writeset([], [wire.Schema(path, "nobody here", b"CREATE TABLE never (id int)")], flags=wire.FLAG_DDL))
+    assert db.execute("SELECT count(*) FROM pg_tables WHERE tablename = 'never'").fetchone() == (0,)
+    assert db.execute("SELECT current_user").fetchone()[0] == "postgres"

@@ -56,7 +56,7 @@ class Transfer(Base):
 def _engine(cluster: Cluster, i: int, **kw: Any) -> sa.Engine:
     p = conninfo_to_dict(cluster.dsn(i))
     url = sa.URL.create("postgresql+psycopg", username=str(p["user"]), host=str(p["host"]), port=int(str(p["port"])),
-                        database=str(p["dbname"]))
+                        database=str(p["dbname"]), query={"passfile": str(p["passfile"])})
     return sa.create_engine(url, **kw)
 
 

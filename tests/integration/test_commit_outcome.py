@@ -25,8 +25,9 @@ class CuttingProxy:
     after forwarding a simple query whose text starts with COMMIT: the client never hears the
     answer (psycopg: a connection error), the server runs it all the same."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, password: str) -> None:
         self.target = port
+        self.password = password  # the node's: the password file names the nodes' ports only
         self.armed = threading.Event()
         self.cut = threading.Event()
         # called when COMMIT comes: before it is forwarded (with True) and after (with False)
@@ -36,7 +37,8 @@ class CuttingProxy:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def dsn(self) -> str:
-        return f"host=127.0.0.1 port={self.port} dbname=postgres user=postgres sslmode=disable"
+        return psycopg.conninfo.make_conninfo(host="127.0.0.1", port=self.port, dbname="postgres", user="postgres",
+                                              sslmode="disable", password=self.password)
 
     def close(self) -> None:
         self.listener.close()
@@ -155,7 +157,7 @@ def test_outcomes_of_committed_aborted_and_running_transactions(cluster: Cluster
 def test_connection_cut_at_commit(cluster: Cluster) -> None:
     with cluster.connect(0) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS outcome_t (id integer PRIMARY KEY, v text)")
-    proxy = CuttingProxy(int(cluster.info["nodes"][0]["port"]))
+    proxy = CuttingProxy(int(cluster.info["nodes"][0]["port"]), cluster.password)
     try:
         tid = cut_commit(cluster, proxy, 100)
     finally:
@@ -176,7 +178,7 @@ def test_connection_cut_at_commit_and_the_origin_killed(cluster: Cluster) -> Non
         conn.execute("CREATE TABLE IF NOT EXISTS outcome_t (id integer PRIMARY KEY, v text)")
     cluster.quiesce()
     results: list[str] = []
-    proxy = CuttingProxy(int(cluster.info["nodes"][0]["port"]))
+    proxy = CuttingProxy(int(cluster.info["nodes"][0]["port"]), cluster.password)
     name = cluster.nodes[0].name
     # the moment: before COMMIT reaches the origin, as it does, and a little after
     moments = [(True, 0.0), (False, 0.0), (False, 0.001), (False, 0.003)]
@@ -221,7 +223,7 @@ def test_the_client_helper_carries_the_id_to_look_up(cluster: Cluster) -> None:
 
     with cluster.connect(0) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS outcome_t (id integer PRIMARY KEY, v text)")
-    proxy = CuttingProxy(int(cluster.info["nodes"][0]["port"]))
+    proxy = CuttingProxy(int(cluster.info["nodes"][0]["port"]), cluster.password)
     try:
         with psycopg.connect(proxy.dsn()) as conn:
             def work(c: psycopg.Connection[Any]) -> None:

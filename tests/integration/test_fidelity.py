@@ -157,7 +157,7 @@ ORDER_CASES = "".join(f"""
 
 # An application role that owns its schema, with no other right (least privilege).
 APP_ROLE = """
-CREATE ROLE app_owner LOGIN;
+CREATE ROLE app_owner LOGIN PASSWORD 'app-owner-pw';
 CREATE SCHEMA app AUTHORIZATION app_owner;
 """
 APP_WORK = """
@@ -184,7 +184,7 @@ def fcluster() -> Iterator[Cluster]:
 
 def _run(c: Cluster, schema: str, script: str, settings: tuple[str, ...] = (), user: str = "postgres") -> str:
     """Run script in schema ``schema`` through node n1 as ``user``; psql's stderr."""
-    dsn = c.dsn(0).replace("user=postgres", f"user={user}")
+    dsn = c.dsn(0) if user == "postgres" else c.dsn_as(0, user, "app-owner-pw")
     pre = f"CREATE SCHEMA IF NOT EXISTS {schema};\n" if user == "postgres" else ""
     r = fidelity.run_sql(dsn, pre + f"SET search_path = {schema}, public;\n" + script, settings=settings)
     assert r.returncode == 0, r.stderr

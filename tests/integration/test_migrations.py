@@ -156,7 +156,7 @@ def test_alembic_migrations_in_transactions_under_load(mcluster: Cluster, tmp_pa
     """A revision chain run by `alembic upgrade head` through n1 (PostgreSQL migrations run in
     one transaction), then `downgrade base` and `upgrade head` again, while n2 and n3 write."""
     port = mcluster.dsn(0).split("port=")[1].split()[0]
-    ini = _alembic_project(tmp_path, f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres")
+    ini = _alembic_project(tmp_path, f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres?passfile={mcluster.passfile}")
     with _side_load(mcluster) as load:
         _alembic(ini, "upgrade", "head")
         _alembic(ini, "downgrade", "base")
@@ -182,7 +182,7 @@ TEMPLATES = [{{"BACKEND": "django.template.backends.django.DjangoTemplates", "AP
                                                    "django.contrib.auth.context_processors.auth",
                                                    "django.contrib.messages.context_processors.messages"]}}}}]
 DATABASES = {{"default": {{"ENGINE": "django.db.backends.postgresql", "NAME": "postgres", "USER": "postgres",
-                           "HOST": "127.0.0.1", "PORT": "{port}"}}}}
+                           "HOST": "127.0.0.1", "PORT": "{port}", "OPTIONS": {{"passfile": "{passfile}"}}}}}}
 '''
 
 DJANGO_FIXTURE = '''[
@@ -196,7 +196,7 @@ DJANGO_FIXTURE = '''[
 
 def test_django_migrate_and_loaddata(mcluster: Cluster, tmp_path: Path) -> None:
     port = mcluster.dsn(0).split("port=")[1].split()[0]
-    (tmp_path / "chorus_settings.py").write_text(DJANGO_SETTINGS.format(port=port))
+    (tmp_path / "chorus_settings.py").write_text(DJANGO_SETTINGS.format(port=port, passfile=mcluster.passfile))
     (tmp_path / "users.json").write_text(DJANGO_FIXTURE)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "DJANGO_SETTINGS_MODULE": "chorus_settings"}
     for cmd in (["migrate", "--noinput"], ["loaddata", str(tmp_path / "users.json")]):

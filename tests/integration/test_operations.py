@@ -86,7 +86,7 @@ def test_metrics_and_views_show_the_cluster_and_its_conflicts(cluster: Cluster) 
         conn.execute("CREATE TABLE IF NOT EXISTS ops_hot (id integer PRIMARY KEY, v integer)")
         conn.execute("INSERT INTO ops_hot SELECT g, 0 FROM generate_series(1, 10) g ON CONFLICT DO NOTHING")
         conn.execute("DROP ROLE IF EXISTS ops_watcher")
-        conn.execute("CREATE ROLE ops_watcher LOGIN")
+        conn.execute("CREATE ROLE ops_watcher LOGIN PASSWORD 'ops-watcher-pw'")
     cluster.quiesce()
     before = [metrics(http_port(cluster, i)) for i in range(3)]
     loser_xid, loser_node = conflict_on(cluster, "ops_hot", 7)
@@ -124,7 +124,7 @@ def test_metrics_and_views_show_the_cluster_and_its_conflicts(cluster: Cluster) 
             seen.append(rows[-1])
     assert seen[0] == seen[1] == seen[2]  # the same conflict, the same GIDs, on every node
 
-    with psycopg.connect(cluster.dsn(2).replace("user=postgres", "user=ops_watcher"), autocommit=True) as conn:
+    with psycopg.connect(cluster.dsn_as(2, "ops_watcher", "ops-watcher-pw"), autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM chorus.members").fetchone() == (3,)
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT * FROM chorus.conflicts")

@@ -166,12 +166,12 @@ def test_setval_reaches_every_node(cluster: Cluster) -> None:
     assert min(ids) > 500 and len(set(ids)) == 3, ids
     # a function, and a role that may only use the sequence
     with cluster.connect(0) as c:
-        c.execute("CREATE ROLE sv_app LOGIN")
+        c.execute("CREATE ROLE sv_app LOGIN PASSWORD 'sv-app-pw'")
         c.execute("GRANT USAGE, UPDATE ON SEQUENCE sv_items_id_seq TO sv_app")
         c.execute("CREATE FUNCTION sv_jump(n bigint) RETURNS bigint LANGUAGE plpgsql AS "
                   "$$ BEGIN RETURN setval('sv_items_id_seq', n, false); END $$")
     cluster.quiesce()
-    with psycopg.connect(cluster.dsn(2).replace("user=postgres", "user=sv_app"), autocommit=True) as c:
+    with psycopg.connect(cluster.dsn_as(2, "sv_app", "sv-app-pw"), autocommit=True) as c:
         c.execute("SELECT sv_jump(10000)")
     cluster.quiesce()
     assert all(v >= 10000 for v in _next_on_every_node(cluster, "sv_items_id_seq"))

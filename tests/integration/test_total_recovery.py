@@ -143,7 +143,10 @@ def test_node_rebuilt_from_its_config_file(cluster: Cluster) -> None:
         c.execute("INSERT INTO tr_types (id, note) VALUES (-2, 'only here')")
     with cluster.connect(0) as c:
         c.execute("INSERT INTO tr_types (id, note) VALUES (-3, 'while the node was down')")
-    out, log = join_config_node(cluster.dir, node["name"], [sys.executable, "-m", "chorus", *args])
+    # its postgres.dsn is the Unix socket (peer): its TCP side's password from the environment, as
+    # an operator gives it (docs/RECOVERY.md, "Authentication and TLS")
+    out, log = join_config_node(cluster.dir, node["name"], [sys.executable, "-m", "chorus", *args],
+                                env=dict(os.environ, PGPASSFILE=cluster.passfile))
     result = json.loads(out)
     assert result["state"] == "online"
     # diffed (not copied: --copy-under-mb 0), its rows level on Spark executors

@@ -2,7 +2,7 @@
 
 The cluster's PostgreSQL accepts TCP connections only over TLS, with a SCRAM password and a
 client certificate (``hostssl ... scram-sha-256 clientcert=verify-full``; ``hostnossl ... reject``);
-Unix-socket connections stay ``trust`` for the coordinators. ``chorus node join --total --config
+Unix-socket connections stay ``peer`` for the coordinators (the local cluster's map). ``chorus node join --total --config
 FILE --donor-dsn DSN`` rebuilds a node with the donor's DSN carrying password, ``sslmode``,
 ``sslrootcert``, ``sslcert`` and ``sslkey``, the joiner's TCP side from the libpq environment and
 a password file. A wrong password or a missing CA
@@ -29,7 +29,7 @@ from test_total_recovery import join_config_node
 pytest.importorskip("pyspark")
 
 PASSWORD = "tls s3cret 'quoted'"
-HBA = """local all all trust
+HBA = """local all all peer map=chorus
 hostssl all all 127.0.0.1/32 scram-sha-256 clientcert=verify-full
 hostnossl all all 0.0.0.0/0 reject
 hostnossl all all ::/0 reject

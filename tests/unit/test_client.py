@@ -26,9 +26,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from chorus.client import (Backoff, CommitOutcomeUnknown, FailedTransaction, RetryStats, commit_in_doubt,
                            retryable, run_attempts, run_transaction)
 from chorus.client.sqlalchemy import enable_causal_reads, run_in_session, run_in_transaction, sqlstate_of
+from chorus.localauth import new_password
 from chorus.localcluster import PlainPostgres, temporary_postgres
 
 PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 95
+PASSWORD = new_password()  # the plain server's postgres role's (it takes SCRAM passwords over TCP)
 
 
 # --- the rules and the loop, without a database ---
@@ -137,7 +139,7 @@ def test_the_psycopg_helpers_do_not_import_sqlalchemy() -> None:
 @pytest.fixture(scope="session")
 def plain_server() -> Iterator[PlainPostgres]:
     """One plain PostgreSQL, for the tests below that need a database."""
-    with temporary_postgres("chorus-client-", PORT) as pg:
+    with temporary_postgres("chorus-client-", PORT, password=PASSWORD) as pg:
         yield pg
 
 
@@ -165,19 +167,19 @@ CREATE CONSTRAINT TRIGGER fail_at_commit AFTER INSERT ON items DEFERRABLE INITIA
 
 
 def _load(host: str, port: int, user: str, dbname: str, password: Optional[str] = None, **_: Any) -> None:
-    with psycopg.connect(host=host, port=port, user=user, dbname=dbname, autocommit=True) as c:
+    with psycopg.connect(host=host, port=port, user=user, password=password, dbname=dbname, autocommit=True) as c:
         c.execute(SCHEMA)
 
 
-client_noproc = factories.postgresql_noproc(host="127.0.0.1", port=PORT, user="postgres", dbname="chorus_client",
-                                            load=[_load])
+client_noproc = factories.postgresql_noproc(host="127.0.0.1", port=PORT, user="postgres", password=PASSWORD,
+                                            dbname="chorus_client", load=[_load])
 postgresql = factories.postgresql("client_noproc")
 
 
 @pytest.fixture
 def dsn(plain_server: PlainPostgres, postgresql: psycopg.Connection[Any]) -> str:
     """The test database's DSN."""
-    return postgresql.info.dsn
+    return psycopg.conninfo.make_conninfo(postgresql.info.dsn, password=PASSWORD)
 
 
 @pytest.fixture
@@ -480,7 +482,7 @@ class Item(Base):
 @pytest.fixture
 def engine(dsn: str, postgresql: psycopg.Connection[Any]) -> Iterator[sa.Engine]:
     i = postgresql.info
-    e = sa.create_engine(f"postgresql+psycopg://{i.user}@{i.host}:{i.port}/{i.dbname}",
+    e = sa.create_engine(f"postgresql+psycopg://{i.user}:{PASSWORD}@{i.host}:{i.port}/{i.dbname}",
                          isolation_level="REPEATABLE READ")
     try:
         yield e

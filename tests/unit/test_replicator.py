@@ -873,3 +873,121 @@ def test_a_joiners_own_writesets_delivered_before_its_answer_get_no_gid_anywhere
     g.drain()
     assert len({g.nodes[m].gid for m in g.members}) == 1 and all(g.nodes[m].last_certified == n3.last_certified
                                                                   for m in g.members)
+
+
+# ---- schema changes settled by every node's report (DESIGN.md invariant 10, docs/SECURITY.md) ----
+
+def _schema_in_block(last_seen: int = 0) -> bytes:
+    """A transaction that made a schema change (certified at commit like any writeset)."""
+    return wire.encode(Writeset(0, 1, last_seen, (), (_STATEMENT,), _KEYS, flags=wire.FLAG_DDL))
+
+
+def _settle_run(c: Cluster, reports: list[tuple[str, bool]], gid: int) -> dict[str, list[VoteDecided]]:
+    """Deliver the reports in order to every node; the schema decisions each made."""
+    for n, ok in reports:
+        c.order.append((n, bp.encode(bp.Vote(n, gid, ok, "" if ok else "23514 check constraint violated"))))
+    out: dict[str, list[VoteDecided]] = {n: [] for n in c.nodes}
+    while c.order:
+        sender, payload = c.order.popleft()
+        for n, r in c.nodes.items():
+            acts = r.on_delivery(Delivery(sender, payload))
+            assert not [a for a in acts if isinstance(a, VoteOpened)]  # no inconsistency vote
+            out[n] += [a for a in acts if isinstance(a, VoteDecided)]
+    return out
+
+
+def _certify_schema_change(c: Cluster, origin: str) -> tuple[int, dict[str, list[object]]]:
+    c.ticket += 1
+    c.order.append((origin, bp.encode(bp.WritesetMsg(origin, c.ticket, _schema_in_block(c.nodes[origin].gid)))))
+    acts: dict[str, list[object]] = {n: [] for n in c.nodes}
+    while c.order:
+        sender, payload = c.order.popleft()
+        for n, r in c.nodes.items():
+            acts[n] += r.on_delivery(Delivery(sender, payload))
+    return c.nodes[origin].gid, acts
+
+
+def test_a_schema_change_commits_once_every_node_applied_it() -> None:
+    """Its origin's backend and the other nodes' applies wait for every node's report."""
+    c = form()
+    gid, acts = _certify_schema_change(c, "n1")
+    assert [(a.gid, a.settle) for a in acts["n1"] if isinstance(a, LocalVerdict)] == [(gid, True)]
+    for n in ("n2", "n3"):
+        assert [(a.gid, a.settle) for a in acts[n] if isinstance(a, Apply)] == [(gid, True)]
+    assert all(r.settling and r.ballots[gid].votes == {"n1": (True, "")} for r in c.nodes.values())
+    decided = _settle_run(c, [("n2", True)], gid)
+    assert decided == {n: [] for n in NAMES}  # n3 has not reported yet
+    decided = _settle_run(c, [("n3", True)], gid)
+    assert {n: [(d.gid, d.ok, d.schema) for d in v] for n, v in decided.items()} == {
+        n: [(gid, True, True)] for n in NAMES}
+    assert all(not r.settling and r.settled == {gid: True} and not r.decided for r in c.nodes.values())
+
+
+def test_one_node_that_cannot_apply_a_schema_change_undoes_it_everywhere_and_none_leaves() -> None:
+    """The first failure decides at once, alike on every node: the change is undone everywhere
+    (its origin's client hears the failing node's error); it is not an inconsistency vote, so no
+    node leaves: code a replay runs cannot choose which node goes."""
+    c = form()
+    gid, _ = _certify_schema_change(c, "n2")
+    decided = _settle_run(c, [("n3", False), ("n1", True)], gid)
+    for n in NAMES:
+        assert [(d.gid, d.ok, d.schema, d.failure) for d in decided[n]] == [
+            (gid, False, True, "n3: 23514 check constraint violated")]
+    assert all(r.settled == {gid: False} and not r.ballots and not r.decided for r in c.nodes.values())
+    # the origin itself failing: impossible (it ran it); every other node failing: undone too
+    gid2, _ = _certify_schema_change(c, "n1")
+    decided = _settle_run(c, [("n2", False), ("n3", False)], gid2)
+    assert all([(d.gid, d.ok) for d in v] == [(gid2, False)] for v in decided.values())
+
+
+def test_a_schema_change_in_total_order_is_settled_after_its_content() -> None:
+    c = form()
+    c.ticket += 1
+    c.order.append(("n1", bp.encode(bp.WritesetMsg("n1", c.ticket, _ddl()))))
+    c.drain()
+    gid = c.nodes["n1"].gid
+    c.order.append(("n1", bp.encode(bp.DdlResult("n1", gid, True, "", _content()))))
+    outcomes = set()
+    while c.order:
+        sender, payload = c.order.popleft()
+        for r in c.nodes.values():
+            outcomes |= {(a.gid, a.ok, a.settle) for a in r.on_delivery(Delivery(sender, payload))
+                         if isinstance(a, DdlOutcome)}
+    assert outcomes == {(gid, True, True)}
+    decided = _settle_run(c, [("n2", True), ("n3", True)], gid)
+    assert all([(d.gid, d.ok) for d in v] == [(gid, True)] for v in decided.values())
+
+
+def test_a_node_that_leaves_no_longer_holds_a_schema_change_up() -> None:
+    c = form()
+    gid, _ = _certify_schema_change(c, "n1")
+    _settle_run(c, [("n2", True)], gid)
+    for n in ("n1", "n2"):
+        acts = c.nodes[n].on_view(View(2, ("n1", "n2"), (), ("n3",), n, True), c.now)
+        assert [(a.gid, a.ok, a.schema) for a in acts if isinstance(a, VoteDecided)] == [(gid, True, True)]
+
+
+def test_no_schema_change_is_settled_outside_the_primary_component() -> None:
+    """A node cut off while a schema change waits for reports decides nothing; when it joins
+    again, what the cluster made of the change comes from a member's log (the catch-up), and a
+    change the cluster never certified is undone here."""
+    c = form(quorum=2)
+    gid, _ = _certify_schema_change(c, "n1")
+    r3 = c.nodes["n3"]
+    r3.on_view(View(2, ("n3",), (), ("n1", "n2"), "n3", False, 2), c.now)
+    assert r3.phase == Phase.NON_PRIMARY
+    acts = r3.on_delivery(Delivery("n3", bp.encode(bp.Vote("n3", gid, False, "XX000 boom"))))
+    assert not [a for a in acts if isinstance(a, VoteDecided)] and gid in r3.ballots
+    # it joins a cluster that certified only up to before the change: undone here
+    r3._request_id, r3._request_seen, r3.phase = "rq", True, Phase.JOINING
+    reply = bp.GidReply("n3", "rq", "n3", r3.cluster_uuid, gid - 1, gid - 1, (("n1", "n1"), ("n3", "n3")),
+                        (("n1", gid - 1),), c.nodes["n1"].certifier.snapshot())
+    acts = r3.on_delivery(Delivery("n1", bp.encode(reply)))
+    assert [(a.gid, a.ok, a.schema) for a in acts if isinstance(a, VoteDecided)] == [(gid, False, True)]
+    assert not r3.ballots
+
+
+def test_a_node_alone_settles_its_schema_changes_at_once() -> None:
+    c = form(names=["n1"])
+    _, acts = _certify_schema_change(c, "n1")
+    assert [a.settle for a in acts["n1"] if isinstance(a, LocalVerdict)] == [False]

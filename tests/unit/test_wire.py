@@ -214,11 +214,14 @@ def test_concurrent_index_change_holds_exactly_one_schema_change() -> None:
 
 def test_concurrent_session_takes_the_origins_context_quoted() -> None:
     """The session that runs a concurrent index change on another node: the origin's settings as
-    escape literals (standard_conforming_strings may be off among them) and its role quoted."""
+    escape literals (standard_conforming_strings may be off among them) and its role as the
+    extension's replay role (docs/SECURITY.md), never SET ROLE (which the role's code could undo)."""
     from chorus.concurrent import session_setup
     item = Schema((("standard_conforming_strings", "off"), ("search_path", "a'b\\c, \"$user\"")),
                   'role "x"', b"CREATE INDEX CONCURRENTLY i ON t (v)")
     out = session_setup(item)
-    assert out[:2] == [b"SET chorus.replicate_ddl = off", b"SET chorus.replaying = on"]
+    assert out[:3] == [b"SET search_path = pg_catalog, pg_temp", b"SET chorus.replicate_ddl = off",
+                       b"SET chorus.replaying = on"]
     assert any(b"set_config(E'search_path', E'a''b\\\\c, \"$user\"', false)" in o for o in out)
-    assert out[-1] == b'SET ROLE "role ""x"""'
+    assert out[-1] == b"SELECT pg_catalog.set_config('chorus.replay_role', E'role \"x\"', false)"
+    assert not any(o.startswith(b"SET ROLE") for o in out)

@@ -53,8 +53,9 @@ def test_writeset_constants_match() -> None:
 
 def test_frame_constants_match() -> None:
     d = _defines()
-    assert [d[f"CHORUS_VERDICT_{n}"] for n in ("COMMIT", "CONFLICT", "REFUSED", "UNKNOWN", "TOO_LARGE")] == [
-        bpf.VERDICT_COMMIT, bpf.VERDICT_CONFLICT, bpf.VERDICT_REFUSED, bpf.VERDICT_UNKNOWN, bpf.VERDICT_TOO_LARGE]
+    assert [d[f"CHORUS_VERDICT_{n}"] for n in ("COMMIT", "CONFLICT", "REFUSED", "UNKNOWN", "TOO_LARGE", "UNDONE")] == [
+        bpf.VERDICT_COMMIT, bpf.VERDICT_CONFLICT, bpf.VERDICT_REFUSED, bpf.VERDICT_UNKNOWN, bpf.VERDICT_TOO_LARGE,
+        bpf.VERDICT_UNDONE]
     frames = {str(d[f"CHORUS_FRAME_{n}"]).encode() for n in ("WRITESET", "COMMITTED", "ABORTED", "RAN", "SYNC", "INFO")}
     assert frames == set(bpf._TYPES)
     assert d["CHORUS_FRAME_DONE_SIZE"] == bpf._FIXED[b"C"] == bpf._FIXED[b"A"]

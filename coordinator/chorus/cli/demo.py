@@ -81,8 +81,8 @@ def demo(directory: str, nodes: int, seconds: float, port_base: int, keep: bool)
         if keep:
             click.echo(f"\nthe cluster keeps running: `chorus local status --dir {directory}`; "
                        f"stop it with `chorus local down --dir {directory}`.")
-            for r in refs:
-                click.echo(f"  {r.name}: psql '{r.dsn}'")
+            for n in info["nodes"]:  # the password is in the cluster's password file
+                click.echo(f"  {n['name']}: {n['psql']}")
         else:
             _chorus("local", "down", "--dir", directory)
     if not ok:

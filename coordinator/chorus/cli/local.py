@@ -8,6 +8,7 @@ import click
 import psycopg
 
 from chorus.cli.common import ChorusCliError, dir_option, json_option, print_json, print_table
+from chorus.localauth import psql_line
 from chorus.localcluster import LocalCluster, LocalClusterError
 
 
@@ -25,10 +26,12 @@ def _node_status(admin: str) -> dict[str, Any]:
         return {}
 
 
-def _show(nodes: list[dict[str, Any]], as_json: bool, directory: str) -> None:
+def _show(nodes: list[dict[str, Any]], as_json: bool, c: LocalCluster) -> None:
     """Each node's processes and what chorus.node shows of it (its phase, whether it takes
-    writes, its committed GID and lag, the certification failures it saw)."""
+    writes, its committed GID and lag, the certification failures it saw), and how to connect:
+    the psql line (with the cluster's password file) for people, DSNs naming it in JSON."""
     for n in nodes:
+        n["psql"] = psql_line(n["port"], c.passfile)
         st = _node_status(n["admin"]) if n["coordinator_pid"] else {}
         n["state"] = st.get("state", "down")
         n["committed_gid"] = st.get("committed_gid")
@@ -40,13 +43,16 @@ def _show(nodes: list[dict[str, Any]], as_json: bool, directory: str) -> None:
         return "-" if v is None else v
 
     if as_json:
-        print_json({"dir": directory, "nodes": nodes})
+        print_json({"dir": str(c.dir), "passfile": str(c.passfile), "nodes": nodes})
         return
-    print_table(["name", "dsn", "state", "writable", "committed GID", "lag", "cert. failures", "http",
+    print_table(["name", "port", "state", "writable", "committed GID", "lag", "cert. failures", "http",
                  "postgres pid", "coordinator pid"],
-                [[n["name"], n["dsn"], n["state"], "yes" if n["accepts_writes"] else "no", shown(n["committed_gid"]),
+                [[n["name"], n["port"], n["state"], "yes" if n["accepts_writes"] else "no", shown(n["committed_gid"]),
                   shown(n["lag_gids"]), shown(n["certification_failures"]), n["http"],
                   n["pg_pid"] or "-", n["coordinator_pid"] or "-"] for n in nodes])
+    click.echo("")
+    for n in nodes:
+        click.echo(f"{n['name']}: {n['psql']}")
 
 
 @click.group()
@@ -69,13 +75,15 @@ def local() -> None:
 @json_option
 def up(directory: str, nodes: int, port_base: int, log_segment_mb: int, log_total_mb: int,
        commit_lanes: Optional[int], encoding: str, as_json: bool) -> None:
-    """Create, or restart, a local cluster and wait until every node is online."""
+    """Create, or restart, a local cluster and wait until every node is online. Over TCP its
+    PostgreSQL takes the password in DIR/pgpass (the lines printed name it); a cluster made
+    before clusters had passwords gets one here (docs/OPERATIONS.md)."""
     c = _cluster(directory)
     try:
         desc = c.up(nodes, port_base, log_segment_mb, log_total_mb, commit_lanes, encoding)
     except LocalClusterError as e:
         raise ChorusCliError(str(e)) from e
-    _show(desc, as_json, str(c.dir))
+    _show(desc, as_json, c)
 
 
 @local.command()
@@ -85,7 +93,7 @@ def status(directory: str, as_json: bool) -> None:
     """Processes and replication state of each node."""
     c = _cluster(directory)
     try:
-        _show(c.describe(c.load()), as_json, str(c.dir))
+        _show(c.describe(c.load()), as_json, c)
     except LocalClusterError as e:
         raise ChorusCliError(str(e)) from e
 
@@ -140,7 +148,8 @@ def kill(directory: str, name: str, what: str) -> None:
 @click.option("--node", help="Run on this node only.")
 @click.argument("statement")
 def sql_command(directory: str, all_nodes: bool, node: Optional[str], statement: str) -> None:
-    """Run a statement on every node (or one) of a local cluster, locally on each."""
+    """Run a statement on every node (or one) of a local cluster, locally on each (over its Unix
+    socket, as the postgres role: root and the service user may, by peer authentication)."""
     if all_nodes == bool(node):
         raise ChorusCliError("give exactly one of --all or --node NAME")
     c = _cluster(directory, quiet=True)

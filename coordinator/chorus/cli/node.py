@@ -32,10 +32,13 @@ config_option = click.option("--config", "config_path", required=True, type=clic
 @config_option
 def run(config_path: str) -> None:
     """Run the coordinator of one node (in the foreground)."""
+    import os
+
     from chorus import eventloop
     from chorus.bus.corosync import CorosyncBus
     from chorus.coordinator import Coordinator, FatalError
 
+    os.umask(0o077)  # whatever starts it: every file it makes is its user's alone (logs, state, sockets, spool)
     cfg = _config(config_path)
     try:
         loop = eventloop.choose()

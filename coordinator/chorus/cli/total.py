@@ -43,11 +43,13 @@ def _local(directory: str) -> tuple[Any, Any]:
 
 
 def _endpoint(c: Any, meta: Any, n: Any) -> Any:
-    """A local node's database, as its coordinator's configuration names it; what the DSN
-    leaves out (credentials, TLS) from the libpq environment (totalconn.Endpoint)."""
+    """A local node's database over TCP (the diff's tasks reach it so), with the password from
+    the cluster's password file; what the DSN leaves out (TLS) from the libpq environment
+    (totalconn.Endpoint)."""
+    from chorus.localauth import tcp_dsn
     from chorus.total import Endpoint
 
-    return Endpoint.from_dsn(n.name, c.config(meta, n).dsn)
+    return Endpoint.from_dsn(n.name, tcp_dsn(n.port, c.passfile))
 
 
 def database_gid(dsn: str) -> int:

@@ -1,9 +1,9 @@
 /*
- * chorus_setval.h
- *		setval() replicates (chorus_setval.c).
+ * chorus_sequence.h
+ *		Sequences in node classes, and setval() replicates (chorus_sequence.c).
  */
-#ifndef CHORUS_SETVAL_H
-#define CHORUS_SETVAL_H
+#ifndef CHORUS_SEQUENCE_H
+#define CHORUS_SEQUENCE_H
 
 #include "nodes/parsenodes.h"
 
@@ -15,4 +15,4 @@ extern bool chorus_setval_stores_query(Node *stmt);
 extern void chorus_setval_rewrite(Query *query);
 extern void chorus_setval_items(ChorusCapture *cap);
 
-#endif							/* CHORUS_SETVAL_H */
+#endif							/* CHORUS_SEQUENCE_H */
