@@ -678,7 +678,7 @@ def _drop_indexes(conn: psycopg.Connection[Any], t: Table) -> list[Union[sql.SQL
     return again
 
 
-def checks_off(conn: psycopg.Connection[Any], table: sql.Composable) -> list[sql.Composable]:
+def checks_off(conn: psycopg.Connection[Any], table: sql.Composable) -> list[sql.Composed]:
     """Take the table's own CHECK constraints away for the rest of the transaction; returns the
     statements that put them back exactly (name, definition, validated or not) without checking
     a row. The donor's rows passed them already: loading them must not run the constraints'
@@ -689,7 +689,7 @@ def checks_off(conn: psycopg.Connection[Any], table: sql.Composable) -> list[sql
                 "FROM pg_catalog.pg_constraint c WHERE c.conrelid = {}::pg_catalog.regclass "
                 "AND c.contype = 'c' AND c.coninhcount = 0 ORDER BY c.conname").format(
             sql.Literal(table.as_string(conn)))).fetchall()
-    again: list[sql.Composable] = []
+    again: list[sql.Composed] = []
     for name, definition, valid in rows:
         if definition.endswith(" NOT VALID"):
             definition = definition[:-len(" NOT VALID")]
