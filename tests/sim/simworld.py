@@ -460,6 +460,9 @@ class Coord:
         self.frozen = False  # SIGSTOPped (the bus delivers nothing meanwhile, timers wait)
         st = host.state
         db = host.db
+        # nodedb.start_node: chorus.durable_gid() flushes what the database committed (the
+        # previous coordinator's applies, not flushed one by one), then the committed GID is read
+        db.flush()
         durable = db.last
         self.book: CommitBook[Pending] = CommitBook()
         self.book.start(1, durable)
@@ -674,6 +677,7 @@ class Coord:
             self.sim.clock.after(0.5, self._wait_database)
             return
         self.epoch += 1
+        db.flush()  # nodedb.start_node, as at the coordinator's start
         self.scheduler = reschedule(self.book, self.scheduler, self.name, 1, db.last)
         self.idle, self.replay_busy = APPLY_WORKERS, False
         self.db_ok = True

@@ -30,6 +30,10 @@ REGRESSIONS = {
     1351: "the same, after a freeze and a partition",
     553: "a coordinator that had just started counted nothing committed until its first tick; a vote opened "
          "then on an older GID never got its vote, never closed, and the node that failed to apply waited",
+    598: "the simulation's apply (not the pipeline's) put a failed run's GIDs back after its session was idle "
+         "and dispatched again: both sessions took later writesets, which waited for their commit turn for good",
+    1462: "the simulation's coordinator (not nodedb.start_node, whose chorus.durable_gid() flushes) started "
+          "without flushing its predecessor's applies; PostgreSQL then lost them and nothing applied them again",
 }
 
 
