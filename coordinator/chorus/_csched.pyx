@@ -145,8 +145,8 @@ cdef class Scheduler:
         return out
 
     def next_replay(self):
-        """The next local writeset to replay, if any."""
-        if not self._replays:
+        """The next local writeset to replay, if any, once what it depends on has committed."""
+        if not self._replays or (<_Item>self._items[self._replays[0]]).deps:
             return None
         gid = self._replays.pop(0)
         (<_Item>self._items[gid]).dispatched = True

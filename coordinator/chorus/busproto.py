@@ -1,4 +1,4 @@
-"""Messages coordinators exchange over the bus, version 2.
+"""Messages coordinators exchange over the bus, version 3.
 
 Every message starts with ``u8 version`` and ``u8 type``; readers reject unknown versions and
 types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32``-length.
@@ -7,15 +7,16 @@ types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32
 | --- | --- | --- |
 | ``W`` | :class:`WritesetMsg` | a node committing a local transaction; consumes a GID |
 | ``M`` | :class:`WritesetBatch` | several local writesets of one node sent together; one GID each, in order |
-| ``Q`` | :class:`GidRequest` | a joining node (seed 8.1): "answer with the GID at this message" |
-| ``G`` | :class:`GidReply` | the lowest online member, answering a ``Q`` |
-| ``B`` | :class:`Bootstrap` | a node told to start a new cluster |
-| ``P`` | :class:`Progress` | every online node, periodically: its committed GID (purge horizon) |
+| ``Q`` | :class:`GidRequest` | a node outside the primary component (seed 8.1): "answer with the GID at this message"; also its part in a re-form (what it holds) |
+| ``G`` | :class:`GidReply` | the lowest synced member, answering a ``Q`` |
+| ``B`` | :class:`Bootstrap` | a node told to start a new cluster, or the one that re-forms it (a new epoch) |
+| ``P`` | :class:`Progress` | every online node, periodically: its committed GID (purge horizon); a recovering node's first one says it is synced |
+| ``X`` | :class:`Leave` | a member that leaves the primary component by itself (it gave up catching up): every node drops it there |
 | ``F`` | :class:`FlowControl` | a node whose apply queue is too long (pause) or drained again (resume) |
 | ``D`` | :class:`DdlResult` | the origin of a schema change: it ran (with its content, which every node applies) or failed (all skip it) |
 | ``S`` | :class:`SyncMarker` | a node serving causal reads: how far to catch up |
 | ``L`` | :class:`LogQuery` | a recovering node: which GID ranges do your writeset logs hold? |
-| ``I`` | :class:`LogInfo` | every online node, answering an ``L``: its log's range, load and recovery address |
+| ``I`` | :class:`LogInfo` | every member (synced or recovering), answering an ``L``: its log's range, what it committed, load and recovery address |
 | ``O`` | :class:`Vote` | a node that failed to apply a certified writeset, then every node: its outcome for that GID (inconsistency voting) |
 | ``R`` | :class:`Received` | a following node whose Corosync is one of several: it has delivered every GID up to this one (uniform commit) |
 
@@ -35,7 +36,7 @@ from typing import Callable, Iterable, Union
 from chorus import impl
 from chorus.spool import Concat, SpooledBuffer
 
-VERSION = 2
+VERSION = 3  # 3: re-forming without a synced member (epochs, member records, Leave)
 
 
 class MessageType(bytes, enum.Enum):
@@ -54,6 +55,7 @@ class MessageType(bytes, enum.Enum):
     VOTE = b"O"
     LOG_QUERY = b"L"
     LOG_INFO = b"I"
+    LEAVE = b"X"
 
 
 class BusProtoError(ValueError):
@@ -79,12 +81,21 @@ class WritesetBatch:
         return [WritesetMsg(self.origin, t, w) for t, w in self.items]
 
 
+EpochT = tuple[int, int, str]  # history.Epoch: number, start GID, the node that opened it
+RecordT = tuple[str, int, int, bool]  # history.MemberRecord of a node: name, epoch, GID, member
+
+
 @dataclass(frozen=True)
 class GidRequest:
     node: str
     request_id: str
     cluster_uuid: str  # "" for a node that never joined a cluster
-    last_gid: int
+    last_gid: int  # the GID its database holds (or will, once what it admitted commits)
+    join: bool = True  # False: it stays out (needs recovery) and only takes part in a re-form
+    epochs: tuple[EpochT, ...] = ()  # the epochs its data followed (history.py)
+    log_after: int = 0  # its writeset log holds every GID after this one ...
+    log_high: int = 0  # ... up to this one
+    records: tuple[RecordT, ...] = ()  # what it remembers of the primary component's members
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,18 @@ class GidReply:
     certifier: bytes  # certification index at that position
     paused: tuple[str, ...] = ()  # nodes holding flow control at that position
     compat: str = ""  # the answering node's database encoding and PostgreSQL major version
+    synced: tuple[str, ...] = ()  # the members of ``online`` that are synced (the others catch up)
+    epochs: tuple[EpochT, ...] = ()  # the cluster's epochs
+    records: tuple[RecordT, ...] = ()  # the members' records at that position
+    # Uniform commit: the answering node released every GID up to ``released``; the writesets
+    # it certified after that and has not released yet come with the answer, (GID, the GID
+    # certified before it, origin, writeset), so the joiner delivers them here and can vouch
+    # for them (docs/MEMBERSHIP.md)
+    released: int = 0
+    unstable: tuple[tuple[int, int, str, bytes], ...] = ()
+    # every node's latest GID request at that position, (node, request id, bus member): an answer
+    # to an earlier one than a node's latest is stale, and every node ignores it
+    requests: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,6 +130,15 @@ class Bootstrap:
     node: str
     cluster_uuid: str
     gid: int
+    epoch: int = 1  # the epoch it opens at ``gid``
+
+
+@dataclass(frozen=True)
+class Leave:
+    """A member leaves the primary component by itself (it cannot catch up): every node drops it
+    at this place of the order (docs/RECOVERY.md)."""
+    node: str
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -175,7 +207,7 @@ class LogInfo:
 
 
 Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress, FlowControl,
-                DdlResult, SyncMarker, LogQuery, LogInfo, Received, Vote]
+                DdlResult, SyncMarker, LogQuery, LogInfo, Received, Vote, Leave]
 
 
 class _R:
@@ -224,6 +256,29 @@ def _blob(x: bytes) -> bytes:
     return struct.pack(">I", len(x)) + x
 
 
+def _epochs(epochs: tuple[EpochT, ...]) -> bytes:
+    return struct.pack(">H", len(epochs)) + b"".join(struct.pack(">QQ", n, g) + _s(node) for n, g, node in epochs)
+
+
+def _records(records: tuple[RecordT, ...]) -> bytes:
+    return struct.pack(">H", len(records)) + b"".join(
+        _s(name) + struct.pack(">QQB", e, g, 1 if member else 0) for name, e, g, member in records)
+
+
+def _read_epochs(r: "_R") -> tuple[EpochT, ...]:
+    return tuple((r.u64(), r.u64(), r.s()) for _ in range(r.u16()))
+
+
+def _read_records(r: "_R") -> tuple[RecordT, ...]:
+    out = []
+    for _ in range(r.u16()):
+        name, e, g, member = r.s(), r.u64(), r.u64(), r.take(1)
+        if member not in (b"\x00", b"\x01"):
+            raise BusProtoError("member record flag is neither 0 nor 1")
+        out.append((name, e, g, member == b"\x01"))
+    return tuple(out)
+
+
 def encode(m: Message) -> bytes:
     head = bytes([VERSION])
     if isinstance(m, WritesetMsg):
@@ -234,7 +289,9 @@ def encode(m: Message) -> bytes:
     if isinstance(m, WritesetBatch):
         return _encode_writesets(m.origin, m.items)
     if isinstance(m, GidRequest):
-        return head + MessageType.GID_REQUEST.value + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid) + struct.pack(">Q", m.last_gid)
+        return (head + MessageType.GID_REQUEST.value + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid)
+                + struct.pack(">QBQQ", m.last_gid, 1 if m.join else 0, m.log_after, m.log_high) + _epochs(m.epochs)
+                + _records(m.records))
     if isinstance(m, GidReply):
         out = [head, MessageType.GID_REPLY.value, _s(m.node), _s(m.request_id), _s(m.member), _s(m.cluster_uuid), struct.pack(">QQH", m.gid, m.certified, len(m.online))]
         out += [_s(n) + _s(mid) for n, mid in m.online]
@@ -244,9 +301,19 @@ def encode(m: Message) -> bytes:
         out.append(struct.pack(">H", len(m.paused)))
         out += [_s(n) for n in m.paused]
         out.append(_s(m.compat))
+        out.append(struct.pack(">H", len(m.synced)))
+        out += [_s(n) for n in m.synced]
+        out.append(_epochs(m.epochs))
+        out.append(_records(m.records))
+        out.append(struct.pack(">QI", m.released, len(m.unstable)))
+        out += [struct.pack(">QQ", g, prev) + _s(origin) + _blob(ws) for g, prev, origin, ws in m.unstable]
+        out.append(struct.pack(">H", len(m.requests)))
+        out += [_s(n) + _s(rid) + _s(member) for n, rid, member in m.requests]
         return b"".join(out)
     if isinstance(m, Bootstrap):
-        return head + MessageType.BOOTSTRAP.value + _s(m.node) + _s(m.cluster_uuid) + struct.pack(">Q", m.gid)
+        return head + MessageType.BOOTSTRAP.value + _s(m.node) + _s(m.cluster_uuid) + struct.pack(">QQ", m.gid, m.epoch)
+    if isinstance(m, Leave):
+        return head + MessageType.LEAVE.value + _s(m.node) + _s(m.reason[:4000])
     if isinstance(m, Progress):
         return head + MessageType.PROGRESS.value + _s(m.node) + struct.pack(">Q", m.committed_gid)
     if isinstance(m, Received):
@@ -328,7 +395,12 @@ def decode(b: Union[bytes, SpooledBuffer]) -> Message:
         origin, items = _decode_writesets(b)
         return WritesetBatch(origin, tuple(items))
     if t == MessageType.GID_REQUEST:
-        m = GidRequest(r.s(), r.s(), r.s(), r.u64())
+        node, rid, uuid, last_gid, join = r.s(), r.s(), r.s(), r.u64(), r.take(1)
+        if join not in (b"\x00", b"\x01"):
+            raise BusProtoError("GID request join flag is neither 0 nor 1")
+        log_after, log_high = r.u64(), r.u64()
+        m = GidRequest(node, rid, uuid, last_gid, join == b"\x01", _read_epochs(r), log_after, log_high,
+                       _read_records(r))
     elif t == MessageType.GID_REPLY:
         node, rid, member, uuid = r.s(), r.s(), r.s(), r.s()
         gid = r.u64()
@@ -337,9 +409,20 @@ def decode(b: Union[bytes, SpooledBuffer]) -> Message:
         progress = tuple((r.s(), r.u64()) for _ in range(r.u16()))
         cert = r.blob()
         paused = tuple(r.s() for _ in range(r.u16()))
-        m = GidReply(node, rid, member, uuid, gid, certified, online, progress, cert, paused, r.s())
+        compat = r.s()
+        synced = tuple(r.s() for _ in range(r.u16()))
+        epochs, records = _read_epochs(r), _read_records(r)
+        released, n = r.u64(), r.u32()
+        if n > len(b):
+            raise BusProtoError("unstable writeset count exceeds the message length")
+        unstable = tuple((r.u64(), r.u64(), r.s(), r.blob()) for _ in range(n))
+        requests = tuple((r.s(), r.s(), r.s()) for _ in range(r.u16()))
+        m = GidReply(node, rid, member, uuid, gid, certified, online, progress, cert, paused, compat, synced,
+                     epochs, records, released, unstable, requests)
     elif t == MessageType.BOOTSTRAP:
-        m = Bootstrap(r.s(), r.s(), r.u64())
+        m = Bootstrap(r.s(), r.s(), r.u64(), r.u64())
+    elif t == MessageType.LEAVE:
+        m = Leave(r.s(), r.s())
     elif t == MessageType.PROGRESS:
         m = Progress(r.s(), r.u64())
     elif t == MessageType.RECEIVED:

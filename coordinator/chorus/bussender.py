@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections import deque
 from typing import Any, Callable, Coroutine, Optional, Union
 
 from chorus import busproto as bp
@@ -23,6 +24,51 @@ BATCH_BYTES = 256 * 1024
 MAX_IN_FLIGHT = 1  # own writeset messages sent and not yet delivered
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
+
+
+class OwnMessages:
+    """This node's messages on the bus, in the order posted, until each comes back (no I/O).
+
+    The bus delivers one sender's messages in the order sent, and one it loses is lost for good:
+    at a view change a message ordered in the old view that this node's side of a partition
+    did not receive is never delivered here, while the other side may have delivered it. So
+    when one of its messages comes back, those posted before it that have not are lost here;
+    a local writeset among them has an unknown outcome (the primary component may have
+    committed it), and its backend must be told so rather than wait for ever. Found by the
+    simulation (tests/sim): a client's COMMIT waited for good after a partition."""
+
+    HEAD = 96  # bytes of a message that tell it from another (its type, sender, ticket or request id)
+
+    def __init__(self) -> None:
+        self._sent: deque[tuple[tuple[int, bytes], list[int]]] = deque()  # (key, its local writesets' tickets)
+
+    @classmethod
+    def key(cls, payload: Union[bytes, SpooledBuffer]) -> tuple[int, bytes]:
+        return len(payload), bytes(payload[:cls.HEAD])
+
+    def posted(self, payload: Union[bytes, SpooledBuffer], tickets: list[int]) -> None:
+        self._sent.append((self.key(payload), tickets))
+
+    def failed(self, payload: Union[bytes, SpooledBuffer]) -> None:
+        """Its send failed: its backends were told; it is not waited for."""
+        k = self.key(payload)
+        for i, (key, _) in enumerate(self._sent):
+            if key == k:
+                del self._sent[i]
+                return
+
+    def delivered(self, payload: Union[bytes, SpooledBuffer]) -> list[int]:
+        """One came back: the tickets of the local writesets posted before it that are lost."""
+        k = self.key(payload)
+        for i, (key, _) in enumerate(self._sent):
+            if key == k:
+                lost = [t for _ in range(i) for t in self._sent.popleft()[1]]
+                self._sent.popleft()
+                return lost
+        return []
+
+    def __len__(self) -> int:
+        return len(self._sent)
 
 
 class BusSender:
@@ -43,6 +89,7 @@ class BusSender:
         self._in_flight = 0
         self._waiting = 0  # messages handed to a task because the bus could not take them at once
         self._pump_scheduled = False
+        self.own = OwnMessages()
 
     def attach(self, bus: Bus, loop: asyncio.AbstractEventLoop) -> None:
         """Send on ``bus`` from ``loop`` (kept: asyncio.get_running_loop costs a getpid() system
@@ -51,7 +98,7 @@ class BusSender:
 
     def send(self, msg: bp.Message) -> None:
         """Multicast a message (logged if it cannot be sent)."""
-        self._post(bp.encode(msg), lambda e: log.error("cannot send %s: %s", type(msg).__name__, e))
+        self._post(bp.encode(msg), lambda e: log.error("cannot send %s: %s", type(msg).__name__, e), [])
 
     def queue_writeset(self, ticket: int, payload: bytes) -> None:
         """A local writeset for certification: it leaves with the next batch."""
@@ -62,10 +109,15 @@ class BusSender:
             assert self._loop is not None
             self._loop.call_soon(self.pump)
 
-    def delivered_own(self, payload: Union[bytes, SpooledBuffer]) -> None:
-        """One of this node's messages came back from the bus."""
+    def delivered_own(self, payload: Union[bytes, SpooledBuffer]) -> list[int]:
+        """One of this node's messages came back from the bus. Returns the tickets of the local
+        writesets sent before it that never will (OwnMessages)."""
         if bp.carries_writesets(payload):
             self._in_flight = max(0, self._in_flight - 1)
+        lost = self.own.delivered(payload)
+        if lost:
+            self._in_flight = 0  # their messages are not on the bus any more
+        return lost
 
     def view_changed(self) -> None:
         """What was not delivered before a view change never will be."""
@@ -89,7 +141,8 @@ class BusSender:
             self.batches += 1
             self.writesets += n
             self._in_flight += 1
-            self._post(bp.encode(msg), functools.partial(self._batch_failed, [t for t, _ in batch]))
+            tickets = [t for t, _ in batch]
+            self._post(bp.encode(msg), functools.partial(self._batch_failed, tickets), tickets)
 
     def _batch_failed(self, tickets: list[int], e: BusError) -> None:
         self._in_flight -= 1
@@ -97,12 +150,14 @@ class BusSender:
         if self.outbox:
             self.pump()
 
-    def _post(self, payload: bytes, on_error: Callable[[BusError], None]) -> None:
-        """Multicast ``payload``: at once if the bus takes it, else from a task that retries
-        (``on_error`` if it cannot). Messages leave in the order they are posted."""
+    def _post(self, payload: bytes, on_error: Callable[[BusError], None], tickets: list[int]) -> None:
+        """Multicast ``payload`` (carrying the local writesets of ``tickets``): at once if the bus
+        takes it, else from a task that retries (``on_error`` if it cannot). Messages leave in
+        the order they are posted."""
         assert self.bus is not None
         self.messages += 1
         self.bytes += len(payload)
+        self.own.posted(payload, tickets)
         if self._waiting == 0 and self.bus.send_nowait(payload):
             return
         self._waiting += 1
@@ -113,6 +168,7 @@ class BusSender:
         try:
             await self.bus.send(payload)
         except BusError as e:
+            self.own.failed(payload)
             on_error(e)
         finally:
             self._waiting -= 1

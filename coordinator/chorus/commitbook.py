@@ -39,6 +39,7 @@ class CommitBook(Generic[E]):
         """The database runs ``lanes`` commit lanes and has committed up to ``committed``."""
         self.lanes, self._lane_last = lanes, [committed] * lanes
         self.admitted = max(self.admitted, committed)
+        self.watermark = max(self.watermark, committed)
 
     def admit(self, e: E) -> None:
         """A certified writeset, in GID order: pending, its commit's wait assigned. A GID not

@@ -45,12 +45,13 @@ from chorus.nodedb import DB_RETRY_S, DatabaseFatal, NodeDatabase, NodeStart
 from chorus import nodestatus
 from chorus.nodestatus import Counters, NodeStatus
 from chorus.pipeline import CommitPipeline, Hooks, Pending, raw
-from chorus.replicator import (Action, Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried,
-                               Pause, Phase, PhaseChange, Replicator, Send, SyncReached, VoteDecided, VoteOpened)
+from chorus.replicator import (Action, Apply, CatchUp, DdlOutcome, Holding, Joined, LocalVerdict, LogOffered,
+                               LogQueried, Pause, Phase, PhaseChange, Remember, Replicator, Send, SyncReached,
+                               VoteDecided, VoteOpened)
 from chorus.spool import Spool
 from chorus.state import NodeState, load_state, save_state
 from chorus.voting import InconsistencyVoting
-from chorus.wslog import LogError, LogFeeder, WritesetLog
+from chorus.wslog import LogError, LogFeeder, WritesetLog, starts_again
 
 log = logging.getLogger("chorus.coordinator")
 
@@ -105,8 +106,8 @@ class Coordinator:
         self.sender = BusSender(cfg.name, self._spawn, self._batch_failed)
         send = self.sender.send
         self.voting = InconsistencyVoting(
-            cfg.name, send, decided=self._decided,
-            watermark=lambda: self.pipeline.watermark, commit_skipped=lambda gid: self.pipeline.commit_skipped(gid),
+            cfg.name, send, decided=self._decided, watermark=lambda: self.pipeline.watermark,
+            commit_skipped=self._commit_skipped,
             leave=self._leave)
         self.pipeline = CommitPipeline(
             cfg.name, cfg.dsn, cfg.apply_workers, cfg.apply_run, self.concurrent, self.feeder, self.db.ok,
@@ -160,6 +161,9 @@ class Coordinator:
             bootstrap=self.state.bootstrap,  # only when told (`chorus bootstrap`; seed 8.2)
             compat=self.compat,
             member_votes=self.cfg.bus_members,
+            epochs=self.state.epochs,
+            records=dict(self.state.records),
+            holding=self._holding,
         )
         self.catchup = CatchUpRunner(self.cfg.name, r, self.pipeline, self.feeder, self.keys,
                                      self.cfg.recovery_partners, self.cfg.catchup_batch, self.sender.send,
@@ -260,6 +264,10 @@ class Coordinator:
         self.fatal = why
         self.stopping.set()
 
+    def _commit_skipped(self, gid: int) -> None:
+        """Voting decided that GID ``gid`` commits here without its changes."""
+        self._spawn(self.pipeline.commit_skipped(gid), name=f"skip {gid}")
+
     def _leave(self, why: str) -> None:
         """This node's data differs from the majority's: stop taking part, and do not start
         again with data the cluster does not have."""
@@ -309,7 +317,7 @@ class Coordinator:
             self.spool.open()
         except OSError as e:
             raise FatalError(f"cannot use the spool directory {self.spool.directory}: {e}") from e
-        if self.wslog.end_gid < committed or self.wslog.base_gid > committed:
+        if starts_again(self.wslog.base_gid, self.wslog.end_gid, committed):
             if self.wslog.end_gid:
                 log.warning("the writeset log ends at GID %d but the database has committed GID %d (the "
                             "log's unsynced tail was lost): starting the log again after GID %d",
@@ -365,7 +373,7 @@ class Coordinator:
                         counters.bus_bytes_received += len(ev.payload)
                         actions = r.on_delivery(ev)
                         if ev.sender == local:
-                            self.sender.delivered_own(ev.payload)
+                            self._lost(self.sender.delivered_own(ev.payload))
                     await self._act(actions)
                 self.feeder.flush()  # the log records of this batch, in one write
                 if self.sender.outbox:
@@ -382,8 +390,8 @@ class Coordinator:
                 self._pause_wanted = a.paused
             elif isinstance(a, LocalVerdict):
                 self.backends.verdict(a)
-            elif isinstance(a, (Apply, DdlOutcome)) and catchup is not None and catchup.held is not None:
-                catchup.held.append(a)  # after the catch-up range
+            elif isinstance(a, (Apply, DdlOutcome)) and catchup is not None and catchup.hold(a):
+                # after the catch-up range: held until it is applied
                 if a.settle:  # a schema change that waits for every node's report: this one
                     # applies it only once caught up, and reports now (docs/SECURITY.md)
                     self.sender.send(bp.Vote(self.cfg.name, a.gid, True, "catching up: applies it later"))
@@ -417,6 +425,10 @@ class Coordinator:
                 log.info("phase %s: %s", a.phase.value, a.reason)
                 await self.db.set_online(a.phase == Phase.ONLINE and r is not None and r.accepts_writes,
                                          f"Phase {a.phase.value}: {a.reason}")
+            elif isinstance(a, Remember):
+                # before anything after it: a re-form trusts what the state file says (history.py)
+                self.state = self.state.with_(epochs=a.epochs, records=dict(a.records))
+                save_state(self.cfg.state_file, self.state)
             elif isinstance(a, Joined):
                 self.state = self.state.with_(cluster_uuid=a.cluster_uuid, bootstrap=False,
                                               safe_to_bootstrap=False, last_gid=a.gid)
@@ -439,6 +451,7 @@ class Coordinator:
                 wm = await self.db.committed_gid()
                 self.pipeline.book.advance(wm)
                 self.pipeline.reap_committed(wm)
+                self.voting.check_due()
                 self.pipeline.flushed(await self.db.durable_gid())
             except psycopg.Error as e:
                 self._spawn(self._database_lost(str(e).strip()))
@@ -474,6 +487,17 @@ class Coordinator:
         assert self.replicator is not None
         self.replicator.expect_local(ticket, writeset)
 
+    def _lost(self, tickets: list[int]) -> None:
+        """Local writesets whose messages the bus lost at a view change (bussender.OwnMessages):
+        the primary component may have committed them; their backends hear that the outcome is
+        unknown (SQLSTATE 08007), as when the node leaves the primary component."""
+        for ticket in tickets:
+            assert self.replicator is not None
+            self.replicator.forget_local(ticket)
+            self.backends.verdict(LocalVerdict(
+                ticket, False, 0, 0, "the bus lost this transaction's writeset at a membership change: whether it "
+                "committed is decided by the primary component (chorus.commit_outcome tells)", None, unknown=True))
+
     def _batch_failed(self, tickets: list[int], e: BusError) -> None:
         if self.replicator is not None:
             for ticket in tickets:
@@ -496,12 +520,23 @@ class Coordinator:
             self.sender.send(bp.FlowControl(self.cfg.name, again))
 
     def _answer_log_query(self, q: LogQueried) -> None:
-        """A recovering member asks whose log holds what (the donor side of catch-up)."""
-        if self.recovery_server is None or q.node == self.cfg.name:
+        """A recovering member asks whose log holds what (the donor side of catch-up). Every
+        member answers, with no address if it runs no recovery server: the asker concludes that
+        no log holds its range only once every member has answered."""
+        if q.node == self.cfg.name:
             return
-        self.sender.send(bp.LogInfo(
-            q.node, q.request_id, self.cfg.name, self.cfg.recovery_advertise or self.cfg.recovery_listen,
-            self.wslog.base_gid, self.wslog.end_gid, self.pipeline.watermark, len(self.pipeline.pending)))
+        address = (self.cfg.recovery_advertise or self.cfg.recovery_listen) if self.recovery_server is not None else ""
+        self.sender.send(bp.LogInfo(q.node, q.request_id, self.cfg.name, address, self.wslog.base_gid,
+                                    self.wslog.end_gid, self.pipeline.watermark, len(self.pipeline.pending)))
+
+    def _holding(self) -> Holding:
+        """What this node holds, for its GID requests: the GID its database holds or will once
+        what it admitted commits, and its writeset log's range."""
+        try:
+            after, high = self.wslog.base_gid, self.wslog.end_gid
+        except LogError:
+            after = high = 0
+        return Holding(max(self.pipeline.watermark, self.pipeline.book.admitted), after, high)
 
     # ---- admin --------------------------------------------------------------------------
 
@@ -568,6 +603,12 @@ class Coordinator:
             writeset_log={"low_gid": self.wslog.low_gid, "high_gid": self.wslog.high_gid,
                           "holds_after_gid": self.wslog.base_gid,
                           "waiting_for_schema_outcome": self.feeder.waiting, **self._log_size()},
+            synced_members=sorted(r.synced & set(r.online)) if r else [],
+            epochs=[[e.number, e.start, e.node] for e in (r.epochs if r else self.state.epochs)],
+            reform=({"reason": r.reform.reason,
+                     "waiting_for": [{"node": n, "why": why} for n, why in r.reform.waiting_for]}
+                    if r is not None and r.reform is not None and r.phase not in (Phase.ONLINE, Phase.RECOVERING)
+                    else None),
         )
 
     def _outcome(self, xid: int, began: int, origin_db_status: str, origin: str) -> dict[str, Any]:

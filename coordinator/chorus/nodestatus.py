@@ -86,6 +86,13 @@ class NodeStatus:
     recovery: Optional[dict[str, Any]]
     concurrent_index_changes: dict[str, Any]
     writeset_log: dict[str, Any]
+    # the members that are synced (the others in ``members`` are catching up)
+    synced_members: list[str] = dataclasses.field(default_factory=list)
+    # the epochs this node's data followed (chorus/history.py): [number, start GID, node], oldest first
+    epochs: list[list[Any]] = dataclasses.field(default_factory=list)
+    # outside the primary component, when nobody can re-form it yet: why, and which nodes it
+    # waits for (docs/RECOVERY.md)
+    reform: Optional[dict[str, Any]] = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form, with the field names as keys."""
@@ -120,7 +127,8 @@ def members_view(s: NodeStatus) -> list[dict[str, Any]]:
     for name in sorted(set(s.members) | {s.node}):
         own = name == s.node
         committed = s.committed_gid if own else s.member_committed_gid.get(name)
-        rows.append({"name": name, "this_node": own, "phase": s.state if own else "online",
+        phase = s.state if own else "online" if name in s.synced_members else "recovering"
+        rows.append({"name": name, "this_node": own, "phase": phase,
                      "committed_gid": committed,
                      "lag_gids": max(0, s.certified_gid - committed) if committed is not None else None})
     return rows

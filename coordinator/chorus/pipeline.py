@@ -27,7 +27,7 @@ from chorus.commitbook import CommitBook
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
 from chorus.replicator import DdlOutcome
-from chorus.scheduler import Scheduler
+from chorus.scheduler import ApplyScheduler, Scheduler
 from chorus.spool import Spool
 from chorus.wslog import LogFeeder
 
@@ -100,7 +100,7 @@ class Pending:
 class Hooks:
     """What the pipeline tells the rest of the node."""
     committed_here: Callable[[int], None]  # GID committed here (applied or by its backend)
-    apply_failed: Callable[[int, str], Coroutine[Any, Any, None]]  # it cannot be applied here
+    apply_failed: Callable[[int, str], None]  # it cannot be applied here (voting.py decides)
     connection_lost: Callable[[str], Coroutine[Any, Any, None]]  # an apply session lost PostgreSQL
     fatal: Callable[[str], None]  # a bug: stop rather than stall
     backlog_changed: Callable[[], None]  # the pending set may have grown or shrunk
@@ -335,24 +335,7 @@ class CommitPipeline:
             self._restarting = False
 
     def _reschedule(self, lanes: int, durable: int) -> None:
-        """The commit book and the scheduler as PostgreSQL came back: GIDs it lost pending again
-        and first, everything after ``durable`` to be replayed."""
-        self.book.start(lanes, durable)
-        lost = self.book.restart(durable)  # pending again, the lanes starting at the durable GID
-        if lost:
-            log.info("PostgreSQL lost GIDs %d..%d it had committed but not flushed: applying them again",
-                     lost[0].gid, lost[-1].gid)
-            again = {p.gid for p in lost}
-            self.scheduler = Scheduler()
-            for p in [*lost, *(p for g, p in self.pending.items() if g not in again)]:
-                if p.gid in again:
-                    p.backend = None
-                self.scheduler.add(p.gid, order_keys(p.writeset), local=p.origin == self.name,
-                                   barrier=p.writeset.has_schema)
-        else:
-            self.scheduler.committed_upto(durable)
-        replays = self.scheduler.replay_all_from(durable)
-        log.info("PostgreSQL is back at GID %d; re-applying %d certified writesets", durable, len(replays))
+        self.scheduler = reschedule(self.book, self.scheduler, self.name, lanes, durable)
 
     # ---- apply ------------------------------------------------------------------------------
 
@@ -503,7 +486,7 @@ class CommitPipeline:
             # the rest of the run goes again, after them
             p = self.pending.get(gid)
             if len(run) != 1 or p is None or len(p.before_gids) != len(p.before) or e.committed >= gid:
-                self._spawn(self.hooks.apply_failed(gid, str(e)))
+                self.hooks.apply_failed(gid, str(e))
             else:
                 keep = [(g, ws) for g, ws in zip(p.before_gids, p.before) if g > e.committed]
                 p.before, p.before_gids = tuple(ws for _, ws in keep), tuple(g for g, _ in keep)
@@ -523,7 +506,7 @@ class CommitPipeline:
                 for g in run:
                     self.scheduler.redispatch(g)
             else:
-                self._spawn(self.hooks.apply_failed(gid, str(e)))
+                self.hooks.apply_failed(gid, str(e))
         else:  # a bug: the writeset would never commit here; stop rather than stall
             msg = f"applying GID {gid} failed unexpectedly: {e!r}"
             log.error("%s; stopping", msg, exc_info=e)
@@ -541,6 +524,34 @@ class CommitPipeline:
             return 0.0
         oldest = min(p.delivered_at for p in self.pending.values())
         return round((time.monotonic() - oldest) * 1000, 1)
+
+
+def reschedule(book: CommitBook[Pending], scheduler: ApplyScheduler, node: str, lanes: int,
+               durable: int) -> ApplyScheduler:
+    """The commit book and the scheduler as PostgreSQL came back at GID ``durable`` with ``lanes``
+    commit lanes: GIDs it lost (committed, not flushed) pending again and first, everything after
+    ``durable`` to be applied again (``node``'s own by replay). Returns the scheduler to use."""
+    book.start(lanes, durable)
+    lost = book.restart(durable)  # pending again, the lanes starting at the durable GID
+    if lost:
+        log.info("PostgreSQL lost GIDs %d..%d it had committed but not flushed: applying them again",
+                 lost[0].gid, lost[-1].gid)
+        again = {p.gid for p in lost}
+        scheduler = Scheduler()
+        for p in [*lost, *(p for g, p in book.pending.items() if g not in again)]:
+            if p.gid in again:
+                p.backend = None
+            # a catch-up run holds several writesets: it is ordered by the keys of all of them (by
+            # its last one's only, a later writeset on a key of its earlier ones was applied at
+            # once, took the row, then waited for its turn, while the run waited for the row: a
+            # lab node stalled so after its PostgreSQL was killed)
+            scheduler.add(p.gid, [k for ws in p.run() for k in order_keys(ws)],
+                          local=p.origin == node and not p.before, barrier=p.writeset.has_schema)
+    else:
+        scheduler.committed_upto(durable)
+    replays = scheduler.replay_all_from(durable)
+    log.info("PostgreSQL is back at GID %d; re-applying %d certified writesets", durable, len(replays))
+    return scheduler
 
 
 def raw(ws: wire.Writeset) -> bytes:

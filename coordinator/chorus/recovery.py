@@ -29,6 +29,7 @@ from typing import Awaitable, Callable, Optional, Sequence
 
 from chorus import busproto as bp
 from chorus import recoveryproto as proto
+from chorus.catchupplan import Progress as Progress, choose_partners as choose_partners
 from chorus.recoveryproto import RangeUnavailable as RangeUnavailable, RecoveryError as RecoveryError
 from chorus.spool import Spool
 from chorus.wslog import LogRangeUnavailable, LogRecord, WritesetLog
@@ -243,42 +244,3 @@ async def fetch(address: str, keys: ClusterKeys, cluster: str, node: str, after:
     finally:
         parts.discard()
         writer.close()
-
-
-def choose_partners(offers: Sequence[bp.LogInfo], after: int, preferred: Sequence[str]) -> list[bp.LogInfo]:
-    """The members whose logs hold the range after ``after`` and that have committed past it
-    (a partner streams only what it has committed: one still behind ``after`` would hand over
-    nothing, round after round), best first: the configured preference order, then the least
-    loaded (fewest writesets waiting to commit), then the one that has committed most."""
-    usable = [o for o in offers if o.after_min <= after < o.committed and o.address]
-    rank = {name: i for i, name in enumerate(preferred)}
-    return sorted(usable, key=lambda o: (rank.get(o.partner, len(rank)), o.load, -o.committed, o.partner))
-
-
-@dataclass
-class Progress:
-    """How a catch-up goes, for status and the CLI."""
-    after: int
-    upto: int
-    position: int = 0
-    partner: str = ""
-    records: int = 0
-    bytes: int = 0
-    started: float = field(default_factory=time.monotonic)
-    finished: Optional[float] = None
-    state: str = "choosing a partner"
-
-    def __post_init__(self) -> None:
-        self.position = self.after
-
-    def as_dict(self) -> dict[str, object]:
-        elapsed = max((self.finished or time.monotonic()) - self.started, 1e-6)
-        done = self.position - self.after
-        rate = done / elapsed
-        to_go = max(0, self.upto - self.position)
-        avg = self.bytes / self.records if self.records else 0
-        return {"state": self.state, "partner": self.partner, "after": self.after, "upto": self.upto,
-                "position": self.position, "gids_to_go": to_go, "bytes_received": self.bytes,
-                "bytes_to_go_estimate": int(to_go * avg), "records": self.records,
-                "rate_gids_per_s": round(rate, 1), "rate_mb_per_s": round(self.bytes / elapsed / 1e6, 2),
-                "eta_s": round(to_go / rate, 1) if rate > 0 else None, "elapsed_s": round(elapsed, 1)}

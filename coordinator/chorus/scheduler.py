@@ -158,8 +158,11 @@ class PyScheduler:
         return out
 
     def next_replay(self) -> int | None:
-        """The next local writeset to replay, if any (replays use their own session)."""
-        if not self._replays:
+        """The next local writeset to replay, if any (replays use their own session), once what
+        it depends on has committed: applied earlier, it would take rows an earlier writeset
+        needs and then wait for that one's commit turn (a simulated node stalled so after its
+        PostgreSQL restarted, replaying its own writesets beside the others')."""
+        if not self._replays or self._items[self._replays[0]].deps:
             return None
         gid = self._replays.pop(0)
         self._items[gid].dispatched = True

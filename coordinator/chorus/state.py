@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
+
+from chorus.history import Epoch, MemberRecord
 
 
 class StateError(Exception):
@@ -25,6 +27,11 @@ class NodeState:
     # why an inconsistency vote put this node out (its data differs from the cluster's): it
     # does not start again until total recovery rebuilds it (docs/MEMBERSHIP.md)
     left_by_vote: str = ""
+    # what the node knows of the history (chorus/history.py): the epochs its data followed,
+    # oldest first, and for each node it was in the primary component with, where it was last
+    # known a member or where it left
+    epochs: tuple[Epoch, ...] = ()
+    records: dict[str, MemberRecord] = field(default_factory=dict)
 
     def with_(self, **changes: object) -> "NodeState":
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -46,6 +53,9 @@ def load_state(path: str, node: str) -> NodeState:
             bootstrap=bool(raw.get("bootstrap", False)),
             safe_to_bootstrap=bool(raw.get("safe_to_bootstrap", False)),
             left_by_vote=str(raw.get("left_by_vote", "")),
+            epochs=tuple(Epoch(int(n), int(g), str(node)) for n, g, node in raw.get("epochs", [])),
+            records={str(name): MemberRecord(int(e), int(g), bool(m))
+                     for name, (e, g, m) in dict(raw.get("records", {})).items()},
         )
     except (TypeError, ValueError) as e:
         raise StateError(f"state file {path} is invalid: {e}") from e
@@ -57,7 +67,10 @@ def save_state(path: str, state: NodeState) -> None:
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, (json.dumps(asdict(state), indent=2, sort_keys=True) + "\n").encode())
+        raw = asdict(state)
+        raw["epochs"] = [[e.number, e.start, e.node] for e in state.epochs]
+        raw["records"] = {name: [r.epoch, r.gid, r.member] for name, r in sorted(state.records.items())}
+        os.write(fd, (json.dumps(raw, indent=2, sort_keys=True) + "\n").encode())
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -5,9 +5,8 @@ nodes that applied it leave."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import Any, Callable, Coroutine, Optional
+from typing import Callable, Optional
 
 from chorus import busproto as bp
 from chorus.replicator import VoteDecided
@@ -17,13 +16,13 @@ log = logging.getLogger("chorus.coordinator")
 
 class InconsistencyVoting:
     """``decided(gid)`` is the cluster's decision on a GID if there is one (the replicator's);
-    ``watermark()`` how far this node has committed; ``commit_skipped(gid)`` commits a GID
-    without its changes; ``leave(why)`` takes the node out of the cluster."""
+    ``watermark()`` how far this node has committed; ``commit_skipped(gid)`` starts committing a
+    GID without its changes; ``leave(why)`` takes the node out of the cluster. No I/O and no
+    waiting: the decisions come as calls (the daemon's, or the simulation's, tests/sim)."""
 
     def __init__(self, node: str, send: Callable[[bp.Message], None],
                  decided: Callable[[int], Optional[bool]], watermark: Callable[[], int],
-                 commit_skipped: Callable[[int], Coroutine[Any, Any, None]],
-                 leave: Callable[[str], None]) -> None:
+                 commit_skipped: Callable[[int], None], leave: Callable[[str], None]) -> None:
         self.node = node
         self._send = send
         self._decided = decided
@@ -31,22 +30,20 @@ class InconsistencyVoting:
         self._commit_skipped = commit_skipped
         self._leave = leave
         self._failures: dict[int, str] = {}  # GIDs this node failed to apply -> why
-        self._waits: dict[int, asyncio.Future[bool]] = {}  # ... waiting for the decision
+        self._waiting: set[int] = set()  # ... waiting for the decision
         self._due: set[int] = set()  # votes open on GIDs not committed here yet
 
-    async def apply_failed(self, gid: int, reason: str) -> None:
+    def apply_failed(self, gid: int, reason: str) -> None:
         """This node failed to apply certified writeset ``gid`` (it succeeded on its origin)."""
         decided = self._decided(gid)
         if decided is None:
-            self._failures[gid] = reason
-            waiter = self._waits.setdefault(gid, asyncio.get_running_loop().create_future())
-            log.error("GID %d could not be applied here (%s): the nodes vote on it", gid, reason)
-            self._send(bp.Vote(self.node, gid, False, reason))
-            decided = await waiter
-        if decided:
-            self._leave_inconsistent(gid, f"the majority applied it and this node could not ({reason})")
+            if gid not in self._waiting:
+                self._failures[gid] = reason
+                self._waiting.add(gid)
+                log.error("GID %d could not be applied here (%s): the nodes vote on it", gid, reason)
+                self._send(bp.Vote(self.node, gid, False, reason))
             return
-        await self._commit_skipped(gid)
+        self._conclude(gid, decided, reason)
 
     def opened(self, gid: int) -> None:
         """A node failed to apply ``gid``: say whether this one did, now or once it has."""
@@ -56,6 +53,13 @@ class InconsistencyVoting:
             self._send(bp.Vote(self.node, gid, True))
         else:
             self._due.add(gid)
+
+    def check_due(self) -> None:
+        """Vote on the open ballots whose GID this node has committed meanwhile, however it
+        learnt so (every tick: a commit the database shows that no apply reported)."""
+        for gid in sorted(g for g in self._due if g <= self._watermark()):
+            self._due.discard(gid)
+            self._send(bp.Vote(self.node, gid, True))
 
     def committed_here(self, gid: int) -> None:
         """GID ``gid`` committed here (applied, or committed by its local backend)."""
@@ -68,12 +72,18 @@ class InconsistencyVoting:
     def decided(self, d: VoteDecided) -> None:
         log.warning("inconsistency vote on GID %d: %s (%s)", d.gid,
                     "the majority applied it" if d.ok else "the majority could not apply it", d.detail)
-        waiter = self._waits.pop(d.gid, None)
-        if waiter is not None:
-            if not waiter.done():
-                waiter.set_result(d.ok)
+        if d.gid in self._waiting:
+            self._waiting.discard(d.gid)
+            self._conclude(d.gid, d.ok, self._failures.get(d.gid, ""))
         elif not d.ok and self._watermark() >= d.gid and d.gid not in self._due:
             self._leave_inconsistent(d.gid, "the majority could not apply it and this node did")
+
+    def _conclude(self, gid: int, majority_applied: bool, reason: str) -> None:
+        """This node could not apply ``gid``: it leaves if the majority did, else commits it empty."""
+        if majority_applied:
+            self._leave_inconsistent(gid, f"the majority applied it and this node could not ({reason})")
+        else:
+            self._commit_skipped(gid)
 
     def _leave_inconsistent(self, gid: int, why: str) -> None:
         self._leave(f"inconsistency vote on GID {gid}: {why}; this node leaves the cluster and stops "

@@ -207,7 +207,8 @@ class Load:
     each attempt's outcome so a checker can hold the cluster to what clients were told.
     """
 
-    def __init__(self, nodes: Sequence[tuple[str, str]], op: Callable[[psycopg.Connection[Any], random.Random, str], Any],
+    def __init__(self, nodes: Sequence[tuple[str, str]],
+                 op: Callable[[psycopg.Connection[Any], random.Random, str, list[Any]], Any],
                  workers_per_node: int = 2, pause: float = 0.0) -> None:
         self.stop_event = threading.Event()
         self.results: list[Outcomes] = []

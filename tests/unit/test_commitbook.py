@@ -158,3 +158,12 @@ def test_run_batcher_keeps_every_writeset_once_in_order_within_its_limits(
         assert len(run) <= max_count
         full = [sizes[g - 1][0] for g in run]
         assert sum(full[:-1]) <= max_bytes  # cut once it went past the limit, not later
+
+
+def test_a_book_started_at_a_committed_gid_counts_it_committed() -> None:
+    """A coordinator that starts with its database at GID 49 has committed 49 from the start, not
+    from its first tick: a vote opened in between on GID 31 must find it committed (a simulated
+    node never voted on it, and the vote never closed)."""
+    book: CommitBook[P] = CommitBook()
+    book.start(1, 49)
+    assert book.watermark == 49 and book.admitted == 49

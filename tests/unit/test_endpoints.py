@@ -42,6 +42,7 @@ def status(**changes: Any) -> NodeStatus:
         "bus_bytes_received": 27000, "uptime_s": 12.0, "event_loop": "uvloop", "impl": "c",
         "recovery": None, "concurrent_index_changes": {},
         "writeset_log": {"low_gid": 1, "high_gid": 40, "holds_after_gid": 0, "bytes": 64 << 20},
+        "synced_members": ["n1", "n2", "n3"], "epochs": [[1, 0, "n1"]], "reform": None,
     }
     assert set(base) == set(FIELDS), set(FIELDS) ^ set(base)
     base.update(changes)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from typing import Callable
 
 from chorus import busproto as bp
 from chorus import wire
 from chorus.bus import Delivery, View
-from chorus.replicator import (Apply, CatchUp, DdlOutcome, LocalVerdict, LogOffered, LogQueried, Pause, Phase,
-                               PhaseChange, Replicator, Send, VoteDecided, VoteOpened)
+from chorus.history import Epoch, MemberRecord
+from chorus.replicator import (Apply, CatchUp, DdlOutcome, Holding, LocalVerdict, LogOffered, LogQueried, Pause,
+                               Phase, PhaseChange, Replicator, Send, VoteDecided, VoteOpened)
 from chorus.wire import Key, KeyMode, Row, Table, Writeset
 
 NAMES = ["n1", "n2", "n3"]
@@ -152,15 +154,21 @@ def test_stale_joiner_catches_up_while_certifying_the_live_stream() -> None:
     c.submit("n3", 1, 2)  # certified on every node, the recovering one included
     c.drain()
     assert stale.gid == 2 and c.applied["n2"][-1] == 2
-    # it asks the others what their logs hold; only online nodes answer
+    # it asks the others what their logs hold; every member answers, a recovering one too (it
+    # serves what it has committed)
     queried = c.nodes["n1"].on_delivery(Delivery("m", bp.encode(bp.LogQuery("n2", "r1"))))
     assert queried == [LogQueried("n2", "r1")]
-    assert stale.on_delivery(Delivery("m", bp.encode(bp.LogQuery("n1", "r2")))) == []
+    assert stale.on_delivery(Delivery("m", bp.encode(bp.LogQuery("n1", "r2")))) == [LogQueried("n1", "r2")]
     info = bp.LogInfo("n2", "r1", "n1", "127.0.0.1:1", 0, 2, 2, 0)
     assert stale.on_delivery(Delivery("m", bp.encode(info))) == [LogOffered(info)]
     assert c.nodes["n3"].on_delivery(Delivery("m", bp.encode(info))) == []
-    stale.recovered()
+    assert all("n2" not in r.synced for r in c.nodes.values())
+    # caught up: it says so in the order, and every node counts it synced at that place
+    c.act("n2", stale.recovered(2))
+    assert stale.phase == Phase.RECOVERING
+    c.drain()
     assert stale.phase == Phase.ONLINE and stale.accepts_writes
+    assert all(r.synced == set(NAMES) for r in c.nodes.values())
 
 
 def test_joiner_ahead_of_the_cluster_needs_total_recovery() -> None:
@@ -556,6 +564,7 @@ def test_local_cluster_counts_coordinators_not_its_one_corosync() -> None:
     for m, r in nodes.items():
         r.on_view(View(1, tuple(members), tuple(members), (), m, True, 1, 1), 0.0)
         r.phase, r.quorate, r.online = Phase.ONLINE, True, {x.node: k for k, x in nodes.items()}
+        r.synced = set(r.online)
     r1 = nodes["1:100"]
     r1.on_view(View(2, ("1:100", "1:200"), (), ("1:300",), "1:100", True, 1, 1), 0.0)
     assert r1.accepts_writes  # two of three
@@ -618,6 +627,252 @@ def test_the_bootstrap_node_waits_for_a_quorum_before_it_bootstraps() -> None:
         c.tick(1.0)
     assert all(r.phase == Phase.ONLINE for r in c.nodes.values()), {n: r.phase for n, r in c.nodes.items()}
     assert len({r.cluster_uuid for r in c.nodes.values()}) == 1
+
+
+# ---- recovery that cannot deadlock (issue 34; docs/RECOVERY.md) -------------------------------
+
+
+class Group:
+    """Replicators on one simulated bus whose member ids a test chooses (a restarted node comes
+    back as a new member): every message is delivered, in one order, to the members of the
+    current view."""
+
+    def __init__(self, expected: int = 3) -> None:
+        self.nodes: dict[str, Replicator] = {}  # member id -> replicator
+        self.members: tuple[str, ...] = ()
+        self.order: deque[tuple[str, bytes]] = deque()
+        self.out: dict[str, list[object]] = {}
+        self.expected = expected
+        self.now = 0.0
+
+    def act(self, member: str, actions: list) -> None:  # type: ignore[type-arg]
+        for a in actions:
+            if isinstance(a, Send):
+                self.order.append((member, bp.encode(a.message)))
+            else:
+                self.out.setdefault(member, []).append(a)
+
+    def view(self, members: list[str]) -> None:
+        before = set(self.members)
+        self.members = tuple(members)
+        for m in members:
+            r = self.nodes[m]
+            v = View(1, self.members, tuple(x for x in members if x not in before or not r.members),
+                     tuple(sorted(before - set(members))), m, True, self.expected // 2 + 1, self.expected)
+            self.act(m, r.on_view(v, self.now))
+
+    def drain(self, drop: Callable[[str, bp.Message], bool] = lambda m, msg: False) -> None:
+        while self.order:
+            sender, payload = self.order.popleft()
+            if sender not in self.members or drop(sender, bp.decode(payload)):
+                continue
+            for m in self.members:
+                self.act(m, self.nodes[m].on_delivery(Delivery(sender, payload)))
+
+    def tick(self, seconds: float = 1.0) -> None:
+        self.now += seconds
+        for m in self.members:
+            self.act(m, self.nodes[m].tick(self.now))
+        self.drain()
+
+    def phases(self) -> dict[str, str]:
+        return {self.nodes[m].node: self.nodes[m].phase.value for m in self.members}
+
+
+def formed(n: int = 3) -> Group:
+    g = Group(expected=n)
+    for i in range(1, n + 1):
+        g.nodes[f"n{i}"] = Replicator(f"n{i}", "", 0, bootstrap=(i == 1))
+    g.view([f"n{i}" for i in range(1, n + 1)])
+    g.drain()
+    for _ in range(5):
+        g.tick()
+    assert set(g.phases().values()) == {"online"}, g.phases()
+    return g
+
+
+def restarted(g: Group, member: str, new: str, last_gid: int) -> None:
+    """The node of ``member`` comes back as bus member ``new``, its database at ``last_gid``,
+    with what its state file remembered."""
+    old = g.nodes[member]
+    g.nodes[new] = Replicator(old.node, old.cluster_uuid, last_gid, epochs=old.epochs, records=dict(old.records),
+                              holding=lambda: Holding(last_gid))
+
+
+def submit(g: Group, member: str, key: int, ticket: int = 1) -> None:
+    r = g.nodes[member]
+    g.order.append((member, bp.encode(bp.WritesetMsg(r.node, ticket, writeset(r.gid, key)))))
+
+
+def test_a_joiner_delivers_what_the_answer_has_not_released_and_vouches_for_it() -> None:
+    """A node just (re-)started the cluster and certified a writeset before the others' join
+    requests reached it: nobody else delivered it. A joiner that vouched only for GIDs after
+    its request would never let it be released, and the joiners' catch-up waited for it to
+    commit: simulated clusters stalled so. The answer carries it; the joiner delivers it and
+    vouches for it."""
+    g = Group(expected=3)
+    for i in (1, 2, 3):
+        g.nodes[f"n{i}"] = Replicator(f"n{i}", "", 0, bootstrap=(i == 1))
+    g.view(["n1", "n2", "n3"])
+    g.drain()
+    g.now += 4
+    n1 = g.nodes["n1"]
+    g.act("n1", n1.tick(g.now))  # nobody answered: n1 starts the cluster
+    sender, payload = g.order.popleft()
+    assert isinstance(bp.decode(payload), bp.Bootstrap)
+    for m in g.members:
+        g.act(m, g.nodes[m].on_delivery(Delivery(sender, payload)))
+    assert n1.phase == Phase.ONLINE
+    g.order.appendleft(("n1", bp.encode(bp.WritesetMsg("n1", 1, writeset(0, 1)))))  # ahead of the requests
+    g.drain()
+    for _ in range(3):
+        g.tick()
+    assert n1.released == 1 and [a for a in g.out["n1"] if isinstance(a, LocalVerdict) and a.ok]
+    assert g.phases() == {"n1": "online", "n2": "online", "n3": "online"}
+    for m in ("n2", "n3"):
+        assert [a.gid for a in g.out[m] if isinstance(a, Apply)] == [1]
+
+
+def test_a_node_that_gives_up_says_so_and_every_node_drops_it_at_that_place() -> None:
+    g = formed(3)
+    restarted(g, "n3", "n3b", 0)
+    submit(g, "n1", 1)
+    g.drain()
+    g.view(["n1", "n2", "n3b"])
+    g.drain()
+    n3 = g.nodes["n3b"]
+    assert n3.phase == Phase.RECOVERING and all("n3" in g.nodes[m].online for m in ("n1", "n2"))
+    g.act("n3b", n3.recovery_failed("no log holds it"))
+    g.drain()
+    assert n3.phase == Phase.NEEDS_RECOVERY
+    assert all("n3" not in g.nodes[m].online for m in ("n1", "n2"))
+    assert g.nodes["n1"].records["n3"].member is False  # remembered where it left
+
+
+def test_no_synced_member_left_the_others_wait_for_it_then_the_one_holding_most_re_forms() -> None:
+    """The issue's story: the synced member leaves while the others catch up from it. They have
+    no primary component; they re-form it, but only once the node that may hold acknowledged
+    writesets they lack is back, and from it: nobody is told to rebuild."""
+    g = formed(3)
+    for k in range(4):
+        submit(g, "n1", k, ticket=k + 1)
+        g.drain()
+    restarted(g, "n2", "n2b", 1)
+    g.view(["n1", "n3", "n2b"])
+    g.drain()
+    restarted(g, "n3", "n3b", 2)
+    g.view(["n1", "n2b", "n3b"])
+    g.drain()
+    assert g.phases() == {"n1": "online", "n2": "recovering", "n3": "recovering"}
+    g.view(["n2b", "n3b"])  # n1's host dies: quorate, but no synced member
+    g.drain()
+    for _ in range(3):
+        g.tick()
+    assert g.phases() == {"n2": "joining", "n3": "joining"}
+    for m in ("n2b", "n3b"):
+        d = g.nodes[m].reform
+        assert d is not None and [n for n, _ in d.waiting_for] == ["n1"], d
+    restarted(g, "n1", "n1b", 4)
+    g.view(["n1b", "n2b", "n3b"])
+    g.drain()
+    for _ in range(3):
+        g.tick()
+    assert g.phases() == {"n1": "online", "n2": "recovering", "n3": "recovering"}
+    n1 = g.nodes["n1b"]
+    assert n1.epochs[-1] == Epoch(2, 4, "n1")
+    assert all(g.nodes[m].epochs == n1.epochs for m in ("n2b", "n3b"))
+    assert not [a for m in g.out for a in g.out[m] if isinstance(a, PhaseChange) and a.phase == Phase.NEEDS_RECOVERY]
+
+
+def test_a_node_told_to_stay_out_that_holds_most_re_forms_the_cluster() -> None:
+    """A needs-recovery node takes part in a re-form; if it holds most, it re-forms."""
+    g = formed(3)
+    for k in range(3):
+        submit(g, "n1", k, ticket=k + 1)
+        g.drain()
+    n3 = g.nodes["n3"]
+    n3.holding = lambda: Holding(3)
+    n3.phase = Phase.NEEDS_RECOVERY  # it stays out (say it gave up earlier)
+    g.view(["n1", "n2"])
+    g.drain()
+    restarted(g, "n1", "n1b", 0)  # then n1 and n2 restart with less (rebuilt from an old backup, say)
+    restarted(g, "n2", "n2b", 0)
+    g.view(["n1b", "n2b", "n3"])
+    g.drain()
+    for _ in range(3):
+        g.tick()
+    assert n3.phase == Phase.ONLINE and n3.epochs[-1] == Epoch(2, 3, "n3")
+    assert g.phases() == {"n1": "recovering", "n2": "recovering", "n3": "online"}
+
+
+def test_an_answer_to_an_earlier_request_is_ignored_by_every_node() -> None:
+    """A node that asked twice takes only the answer to its latest request; every member must
+    count it as that answer says. A simulated node was counted synced by the others from the
+    answer to its first request (it held everything released then) while it caught up from the
+    answer to its second (more was released by then), and never went online."""
+    g = formed(3)
+    submit(g, "n1", 1)
+    g.drain()
+    restarted(g, "n3", "n3b", 1)  # it holds GID 1: synced, if answered now
+
+    def deliver(sender: str, payload: bytes) -> None:
+        for m in g.members:
+            g.act(m, g.nodes[m].on_delivery(Delivery(sender, payload)))
+
+    def take() -> list[tuple[str, bytes]]:
+        out = list(g.order)
+        g.order.clear()
+        return out
+
+    g.view(["n1", "n2", "n3b"])
+    (r1,) = [x for x in take() if isinstance(bp.decode(x[1]), bp.GidRequest)]
+    deliver(*r1)
+    (reply1,) = take()
+    submit(g, "n1", 2, ticket=2)
+    g.drain()
+    g.tick()
+    g.tick()  # GID 2, released by n1 and n2 (their reports sent again: those of the view change were taken)
+    assert g.nodes["n1"].released == 2
+    n3 = g.nodes["n3b"]
+    g.act("n3b", n3.rejoin(1, g.now))  # n3 asks again
+    (r2,) = take()
+    deliver(*r2)
+    (reply2,) = take()
+    deliver(*reply1)
+    deliver(*reply2)
+    g.drain()
+    assert n3.phase == Phase.RECOVERING
+    for m in ("n1", "n2"):
+        assert "n3" in g.nodes[m].online and "n3" not in g.nodes[m].synced, g.nodes[m].synced
+    g.act("n3b", n3.recovered(2))
+    g.drain()
+    assert n3.phase == Phase.ONLINE and all("n3" in g.nodes[m].synced for m in ("n1", "n2"))
+
+
+def test_a_joiners_own_writesets_delivered_before_its_answer_get_no_gid_anywhere() -> None:
+    """A node thawed from a freeze sends writesets its backends committed just before, after its
+    GID request (its sender waited for the view change). The members drop them: it is no member
+    at their place. The joiner must drop them as well when it replays what it delivered after
+    its request, though the answer admits it: a lab run counted them there, and the node gave
+    every later GID to another writeset than the others did."""
+    g = formed(3)
+    submit(g, "n1", 1)
+    g.drain()
+    n3 = g.nodes["n3"]
+    g.act("n3", n3.on_view(View(2, ("n3",), (), ("n1", "n2"), "n3", False, 2, 3), g.now))  # cut off
+    g.view(["n1", "n2", "n3"])  # back: it asks to join
+    requests = [x for x in g.order if isinstance(bp.decode(x[1]), bp.GidRequest)]
+    assert [bp.decode(p).node for _, p in requests] == ["n3"]  # type: ignore[union-attr]
+    submit(g, "n3", 7, ticket=9)  # after its request, before the answer
+    g.drain()
+    assert n3.phase == Phase.ONLINE
+    assert len({g.nodes[m].gid for m in g.members}) == 1, {m: g.nodes[m].gid for m in g.members}
+    refused = [a for a in g.out["n3"] if isinstance(a, LocalVerdict) and a.ticket == 9]
+    assert refused and not refused[-1].ok
+    submit(g, "n1", 2, ticket=10)
+    g.drain()
+    assert len({g.nodes[m].gid for m in g.members}) == 1 and all(g.nodes[m].last_certified == n3.last_certified
+                                                                  for m in g.members)
 
 
 # ---- schema changes settled by every node's report (DESIGN.md invariant 10, docs/SECURITY.md) ----

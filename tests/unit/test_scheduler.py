@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chorus.scheduler import Scheduler
+from chorus.scheduler import PyScheduler, Scheduler
 from chorus.wire import KeyMode
 
 
@@ -48,6 +48,21 @@ def test_local_writeset_blocks_dependents_until_committed_or_replayed() -> None:
     assert s.next_replay() == 1
     s.committed(1)
     assert s.ready_remote(10) == [2]
+
+
+def test_a_replay_waits_for_what_it_depends_on() -> None:
+    """A local writeset to replay after an earlier remote one on the same row: replayed first,
+    it would hold the row while it waits for its commit turn, and the earlier one could never
+    take it (a simulated node stalled so after its PostgreSQL restarted)."""
+    for impl in (PyScheduler, Scheduler):
+        s = impl()
+        s.add(1, [(k(1), KeyMode.UPDATE)], local=False)
+        s.add(2, [(k(1), KeyMode.UPDATE)], local=True)
+        s.replay(2)
+        assert s.next_replay() is None
+        assert s.ready_remote(10) == [1]
+        s.committed(1)
+        assert s.next_replay() == 2
 
 
 @settings(max_examples=200, deadline=None)

@@ -11,12 +11,14 @@ from chorus import backendproto as bpf
 from chorus import wire
 from chorus import busproto as bp
 from chorus.bus import BusError
-from chorus.bussender import BATCH_BYTES, BusSender
+from chorus.bussender import BATCH_BYTES, BusSender, OwnMessages
+from chorus.commitbook import CommitBook
 from chorus.causal import CausalReads
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
-from chorus.pipeline import CommitPipeline, Hooks, Pending
+from chorus.pipeline import CommitPipeline, Hooks, Pending, reschedule
 from chorus.replicator import SyncReached, VoteDecided
+from chorus.scheduler import Scheduler
 from chorus.voting import InconsistencyVoting
 from chorus.wslog import LogFeeder, WritesetLog
 
@@ -63,10 +65,8 @@ class Votes:
         self.left: list[str] = []
 
     def voting(self) -> InconsistencyVoting:
-        async def skip(gid: int) -> None:
-            self.skipped.append(gid)
-        return InconsistencyVoting("n1", self.sent.append, self.decisions.get, lambda: self.watermark, skip,
-                                   self.left.append)
+        return InconsistencyVoting("n1", self.sent.append, self.decisions.get, lambda: self.watermark,
+                                   self.skipped.append, self.left.append)
 
 
 def test_a_node_votes_once_it_has_committed_the_gid() -> None:
@@ -80,20 +80,31 @@ def test_a_node_votes_once_it_has_committed_the_gid() -> None:
 
 
 def test_a_failed_apply_leaves_if_the_majority_applied_it_and_commits_empty_if_not() -> None:
-    async def scenario(majority_applied: bool) -> Votes:
+    def scenario(majority_applied: bool) -> Votes:
         v = Votes(watermark=9)
         voting = v.voting()
-        task = asyncio.create_task(voting.apply_failed(10, "boom"))
-        await asyncio.sleep(0)
-        assert v.sent == [bp.Vote("n1", 10, False, "boom")]
+        voting.apply_failed(10, "boom")
+        voting.apply_failed(10, "boom")  # a retry of the same GID votes once
+        assert v.sent == [bp.Vote("n1", 10, False, "boom")] and v.skipped == [] and v.left == []
         voting.decided(VoteDecided(10, majority_applied, ""))
-        await task
         return v
 
-    applied = asyncio.run(scenario(True))
+    applied = scenario(True)
     assert applied.skipped == [] and "the majority applied it" in applied.left[0]
-    failed = asyncio.run(scenario(False))
+    failed = scenario(False)
     assert failed.skipped == [10] and failed.left == []
+
+
+def test_a_vote_due_is_sent_once_the_node_has_committed_the_gid_however_it_learnt_so() -> None:
+    v = Votes(watermark=5)
+    voting = v.voting()
+    voting.opened(7)
+    assert v.sent == []
+    v.watermark = 9  # the database shows it committed (no apply of this node reported it)
+    voting.check_due()
+    assert v.sent == [bp.Vote("n1", 7, True)]
+    voting.check_due()
+    assert len(v.sent) == 1
 
 
 def test_a_node_that_applied_what_the_majority_could_not_leaves() -> None:
@@ -156,6 +167,40 @@ def test_a_batch_the_bus_cannot_take_fails_its_tickets() -> None:
     assert asyncio.run(scenario()) == [1, 2]
 
 
+def test_writesets_the_bus_lost_at_a_view_change_are_known_once_a_later_message_comes_back() -> None:
+    """Per sender the bus delivers in the order sent; a message it loses at a view change (the
+    other side of a partition may have delivered it) never comes back. Once a later message of
+    the node does, the local writesets sent before it have an unknown outcome: their backends
+    are told instead of waiting for good (a simulated client's COMMIT waited so)."""
+    async def scenario() -> tuple[list[int], list[int], int]:
+        bus = Bus(takes=True)
+        s = BusSender("n1", asyncio.create_task, lambda tickets, e: None)
+        s.attach(bus, asyncio.get_running_loop())  # type: ignore[arg-type]
+        s.queue_writeset(1, b"a")
+        s.queue_writeset(2, b"b")
+        await asyncio.sleep(0)
+        s.view_changed()
+        s.queue_writeset(3, b"c")
+        await asyncio.sleep(0)
+        s.send(bp.Received("n1", 7))
+        assert len(bus.now) == 3
+        first = s.delivered_own(bus.now[1])  # the batch of 1 and 2 never came back
+        again = s.delivered_own(bus.now[2])
+        return first, again, len(s.own)
+
+    first, again, left = asyncio.run(scenario())
+    assert first == [1, 2] and again == [] and left == 0
+
+
+def test_own_messages_a_message_not_posted_loses_nothing() -> None:
+    own = OwnMessages()
+    own.posted(b"one", [1])
+    own.posted(b"two", [2])
+    assert own.delivered(b"three") == [] and len(own) == 2
+    own.failed(b"one")
+    assert own.delivered(b"two") == [] and len(own) == 0
+
+
 def test_a_catch_up_run_is_scheduled_by_the_keys_of_all_its_writesets(tmp_path: Path) -> None:
     """A catch-up run (commitbook.RunBatcher) is admitted as one pending entry holding every
     writeset of it, scanned, not merged: what comes after waits for it if it shares a key with
@@ -187,6 +232,28 @@ def test_a_catch_up_run_is_scheduled_by_the_keys_of_all_its_writesets(tmp_path: 
 
 async def _never(*args: object) -> None:
     raise AssertionError("not called")
+
+
+def test_after_postgresql_lost_a_catch_up_run_it_is_ordered_again_by_all_its_keys() -> None:
+    """PostgreSQL restarted and lost a catch-up run it had committed: pipeline.reschedule puts it
+    first again, ordered by the keys of every writeset in it. By its last writeset's keys alone,
+    a later writeset on a key of an earlier one went to another session at once, took the row
+    and waited for its commit turn, while the run waited for the row: a lab node stalled so."""
+    table = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
+
+    def ws(key: bytes) -> wire.Writeset:
+        return wire.scan(wire.encode(wire.Writeset(1, 1, 0, (table,), (wire.Row("I", 0, (), (key,)),),
+                                                   (wire.Key(wire.KeyMode.UPDATE, (b"public", b"t", b"id", key)),))))
+
+    book: CommitBook[Pending] = CommitBook()
+    book.start(1, 0)
+    run = Pending(2, 0, "n2", ws(b"2"), before=(ws(b"1"),), before_gids=(1,))
+    later = Pending(3, 2, "n2", ws(b"1"))
+    book.admit(run)
+    book.admit(later)
+    book.committed(2)  # the run committed, not flushed ...
+    scheduler = reschedule(book, Scheduler(), "n1", 1, 0)  # ... and PostgreSQL came back at GID 0
+    assert scheduler.ready_runs(10, 1) == [[2]]  # GID 3 waits for the run
 
 
 def test_a_catch_up_run_partly_committed_here_applies_the_rest(tmp_path: Path) -> None:

@@ -3,19 +3,15 @@ partitions, delay, loss, freezes and crashes on demand (docs/LAB.md)."""
 
 from __future__ import annotations
 
-import threading
+import json
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import click
 
-from chorus import appendload
-from chorus.check import NodeRef
-
-from chorus.cli.check import settle_and_judge
 from chorus.cli.common import ChorusCliError, json_option, print_json, print_table
 from chorus.cli.local import _node_status
-from chorus.lab.nemesis import Nemesis
+from chorus.lab.campaign import WORKLOADS, SeedReport, run_seed
 from chorus.lab.rig import Lab
 from chorus.localcluster import LocalClusterError
 
@@ -129,36 +125,78 @@ for _name, _doc, _action in (
     lab.add_command(_host_command(_name, _doc, _action))
 
 
+def _seed_range(seed: Optional[int], seeds: Optional[str]) -> range:
+    if seeds is None:
+        return range(seed or 1, (seed or 1) + 1)
+    a, _, b = seeds.partition("..")
+    try:
+        return range(int(a), int(b or a) + 1)
+    except ValueError as e:
+        raise ChorusCliError(f"--seeds is A..B, e.g. 1..20: {e}") from e
+
+
 @lab.command()
 @lab_dir_option
-@click.option("--seconds", default=120.0, show_default=True, help="How long the faults go on.")
-@click.option("--seed", default=1, show_default=True, help="The fault schedule follows it.")
-@click.option("--clients", default=1, show_default=True, help="List-append clients per host.")
+@click.option("--seconds", default=120.0, show_default=True, help="How long the faults go on, per seed.")
+@click.option("--seed", type=int, default=None, help="The fault schedule follows it (default 1).")
+@click.option("--seeds", default=None, help="Run seeds A..B one after another, e.g. 1..20.")
+@click.option("--clients", default=1, show_default=True, help="Clients per host and workload.")
+@click.option("--workloads", default=",".join(WORKLOADS), show_default=True,
+              help="Comma-separated: append (list-append, checked Elle-style), bank (transfers, the total "
+                   "checked), set (inserts, every acknowledged one present).")
+@click.option("--recover-timeout", default=300.0, show_default=True,
+              help="Seconds after the heal for every node to be online, else the seed is stuck.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+              help="Append each seed's report to this file as it ends (JSON lines).")
 @json_option
-def nemesis(directory: str, seconds: float, seed: int, clients: int, as_json: bool) -> None:
-    """Randomized faults (partitions, kills, crashes, freezes, delay and loss) while list-append
-    clients run on every host; then heal everything, let the cluster settle and check the
-    history (docs/CHECKER.md). Exit status 1 if anything forbidden is found."""
+def nemesis(directory: str, seconds: float, seed: Optional[int], seeds: Optional[str], clients: int, workloads: str,
+            recover_timeout: float, report_path: Optional[str], as_json: bool) -> None:
+    """Randomized faults (partitions, kills, crashes, freezes, delay and loss) while workloads
+    run on every host, one seed after another; after each, heal everything, time how long the
+    cluster takes to come back, let it settle and check the histories (docs/CHECKER.md). A seed
+    whose cluster does not come back ends the campaign, the lab left as it is, with every
+    node's phase and reason. Exit status 1 if any seed is stuck or anything forbidden is found."""
+    chosen = tuple(w.strip() for w in workloads.split(",") if w.strip())
+    unknown = set(chosen) - set(WORKLOADS)
+    if unknown or not chosen:
+        raise ChorusCliError(f"--workloads: choose among {', '.join(WORKLOADS)} (not {', '.join(sorted(unknown))})")
     lab_ = _lab(directory)
     hosts = _do(lambda: lab_.describe(lab_.load()))
-    names = [h["name"] for h in hosts]
-    targets = [(h["name"], h["socket_dsn"]) for h in hosts]  # a client reaches its own host
-    refs = [NodeRef(h["name"], h["socket_dsn"], h["admin"]) for h in hosts]
-    out: list[appendload.History] = []
-    settings = appendload.Settings()
-    appendload.setup(targets[0][1], settings.keys)  # before anything breaks
-    worker = threading.Thread(target=lambda: out.append(
-        appendload.run(targets, seconds + 8, clients, settings, seed=seed, prepared=True)), daemon=True)
-    worker.start()
-    events = Nemesis(lab_, names, seed, say=lambda line: click.echo(line, err=True)).run(seconds)
-    worker.join(seconds + 300)
-    if not out:
-        raise ChorusCliError("the list-append clients did not end")
-    _do(lambda: lab_.wait_online(lab_.load(), names, timeout=300))
-    faults = Counter(e.what for e in events if not e.what.startswith(("undo", "heal")))
-    settle_and_judge(out[0], targets, refs, 300, as_json,
-                     {"seed": seed, "seconds": seconds, "nemesis": dict(faults), "events": [e.as_dict() for e in events]},
-                     ["faults: " + ", ".join(f"{k} x{v}" for k, v in sorted(faults.items()))])
+    reports: list[SeedReport] = []
+    for s in _seed_range(seed, seeds):
+        click.echo(f"seed {s}: {seconds:.0f} s of faults, workloads {', '.join(chosen)}", err=True)
+        r = run_seed(lab_, hosts, s, seconds, clients, chosen, recover_timeout,
+                     say=lambda line: click.echo(line, err=True))
+        reports.append(r)
+        click.echo(r.line(), err=as_json)
+        for a in r.anomalies[:20]:
+            click.echo(f"  FORBIDDEN {a}", err=as_json)
+        if report_path is not None:
+            with open(report_path, "a") as f:
+                f.write(json.dumps(r.as_dict()) + "\n")
+        if r.stuck is not None:
+            break  # the lab stays as it is, to look at
+    if as_json:
+        print_json({"seeds": [r.as_dict() for r in reports]})
+    else:
+        _summary(reports)
+    if not all(r.ok for r in reports):
+        raise SystemExit(1)
+
+
+def _summary(reports: list[SeedReport]) -> None:
+    print_table(["seed", "faults", "appends ok", "transfers acked", "inserts acked", "anomalies", "back after heal"],
+                [[r.seed, sum(r.faults.values()), r.appends.get("ok", 0), r.transfers.get("acked", 0),
+                  r.inserts.get("acked", 0), len(r.anomalies),
+                  "STUCK" if r.stuck is not None else f"{r.recovered_in:.1f} s"] for r in reports])
+    back = [r.recovered_in for r in reports if r.recovered_in is not None]
+    faults: Counter[str] = Counter()
+    for r in reports:
+        faults.update(r.faults)
+    click.echo(f"{len(reports)} seeds: {sum(r.stuck is not None for r in reports)} stuck, "
+               f"{sum(len(r.anomalies) for r in reports)} anomalies; slowest recovery after the heal "
+               f"{max(back):.1f} s" if back else f"{len(reports)} seeds, none came back")
+    click.echo("faults: " + ", ".join(f"{k} x{v}" for k, v in sorted(faults.items())))
 
 
 @lab.command()

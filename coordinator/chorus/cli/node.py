@@ -256,11 +256,14 @@ def _target(f: Any) -> Any:
 @with_spark_options
 @click.option("--copy-under-mb", default=16, show_default=True,
               help="With --total: tables smaller than this are copied whole rather than diffed.")
+@click.option("--force", is_flag=True,
+              help="With --total: rebuild from a donor that has committed less than this node, dropping the GIDs "
+                   "only this node holds (refused without it, naming them).")
 @json_option
 def join(config_path: Optional[str], directory: Optional[str], name: Optional[str], timeout: float,
          total: bool, donor: Optional[str], donor_dsn: Optional[str], cluster_uuid: str,
          auto_total: Optional[bool], spark_master: str, spark_submit: Optional[str], range_rows: int,
-         copy_under_mb: int, as_json: bool) -> None:
+         copy_under_mb: int, force: bool, as_json: bool) -> None:
     """Start a node (local cluster) and follow it until it is online: it joins the group and, if
     it missed writesets, catches up from a member's writeset log (partial recovery). With --total
     it is first rebuilt from a donor's snapshot (for a new node, or one no log can catch up);
@@ -271,12 +274,13 @@ def join(config_path: Optional[str], directory: Optional[str], name: Optional[st
     rebuilt: Optional[dict[str, Any]] = None
     if total:
         if directory is not None and name:
-            rebuilt = total_join_local(directory, name, donor, spark_master, spark_submit, range_rows, copy_under_mb)
+            rebuilt = total_join_local(directory, name, donor, spark_master, spark_submit, range_rows, copy_under_mb,
+                                       force)
         elif config_path is not None:
             if not donor_dsn:
                 raise ChorusCliError("--total with --config needs --donor-dsn (the donor's database)")
             rebuilt = total_join_config(_config(config_path), config_path, donor_dsn, cluster_uuid, spark_master,
-                                        spark_submit, range_rows, copy_under_mb)
+                                        spark_submit, range_rows, copy_under_mb, force)
         else:
             raise ChorusCliError("--total needs --dir DIR NAME (a local cluster) or --config FILE --donor-dsn DSN")
     elif directory is not None:

@@ -52,6 +52,31 @@ def _endpoint(c: Any, meta: Any, n: Any) -> Any:
     return Endpoint.from_dsn(n.name, tcp_dsn(n.port, c.passfile))
 
 
+def database_gid(dsn: str) -> int:
+    """The GID a node's database holds: its durable GID, or the committed one if its coordinator
+    ran since PostgreSQL started (a commit not flushed yet is still there to lose)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        row = conn.execute("SELECT greatest(chorus.durable_gid(), chorus.committed_gid())").fetchone()
+    return int(row[0]) if row else 0
+
+
+def check_donor(joiner: str, joiner_gid: int, donor: str, donor_gid: int, force: bool) -> None:
+    """Refuse a donor behind the joiner (history.donor_problem) unless ``force``: the GIDs only
+    the joiner holds would be dropped, acknowledged transactions among them."""
+    from chorus.history import donor_problem
+
+    problem = donor_problem(joiner, joiner_gid, donor, donor_gid)
+    if problem is None:
+        return
+    if not force:
+        raise ChorusCliError(f"{problem}. Pick a donor that has committed GID {joiner_gid} (`chorus status` on each "
+                             "node shows its committed GID), or let the cluster re-form from this node; --force "
+                             "drops them")
+    _say(f"warning: {problem}; dropping them (--force)")
+
+
 def _online_status(c: Any, meta: Any, name: str, any_state: bool = False) -> Optional[dict[str, Any]]:
     from chorus.admin import admin_request
 
@@ -64,11 +89,13 @@ def _online_status(c: Any, meta: Any, name: str, any_state: bool = False) -> Opt
 
 def total_join_local(directory: str, name: str, donor: Optional[str], spark_master: str,
                      spark_submit: Optional[str], range_rows: int, copy_under_mb: int = 16,
-                     any_donor: bool = False) -> dict[str, Any]:
-    """Rebuild node ``name`` of a local cluster from a donor's snapshot; start it (it then catches
-    up from the snapshot GID by partial recovery). The donor must be online, unless ``any_donor``:
-    then any node whose coordinator answers (``chorus load --fast`` rebuilds the others from a
-    node left alone, outside the primary component, once its load is done)."""
+                     force: bool = False, any_donor: bool = False) -> dict[str, Any]:
+    """Rebuild node ``name`` of a local cluster from a donor's snapshot (the online node that
+    has committed most, or ``donor``); start it (it then catches up from the snapshot GID by
+    partial recovery). A donor behind the node is refused unless ``force``. The donor must be
+    online, unless ``any_donor``: then any node whose coordinator answers (``chorus load --fast``
+    rebuilds the others from a node left alone, outside the primary component, once its load is
+    done)."""
     from chorus.localcluster import SERVICE_USER, LocalClusterError
     from chorus.state import load_state, save_state
     from chorus.total import TotalRecoveryError, total_recover
@@ -82,7 +109,9 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
         donors = [(d, st) for d in candidates if (st := _online_status(c, meta, d, any_donor)) is not None]
         if not donors:
             raise ChorusCliError(f"no online donor among {', '.join(candidates) or 'no other nodes'}")
-        dname, dstatus = donors[0]
+        # an online donor commits everything it released: the one that released most holds most
+        dname, dstatus = max(donors, key=lambda ds: (int(ds[1].get("released_gid") or 0), -candidates.index(ds[0])))
+        check_donor(name, database_gid(c.config(meta, n).dsn), dname, int(dstatus.get("released_gid") or 0), force)
         _say(f"{name}: stopping its coordinator for total recovery from {dname}")
         c._stop_coordinator(n)
         c._start_postgres(n)
@@ -93,7 +122,7 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
         cfg = c.config(meta, n)
         state = load_state(cfg.state_file, name)
         save_state(cfg.state_file, state.with_(cluster_uuid=dstatus["cluster_uuid"], last_gid=result["gid"], left_by_vote="",
-                                            bootstrap=False, safe_to_bootstrap=False))
+                                            bootstrap=False, safe_to_bootstrap=False, epochs=_epochs(dstatus)))
         if c.as_root:  # the coordinator runs as the service user
             shutil.chown(cfg.state_file, SERVICE_USER, SERVICE_USER)
         c.start(name, wait=False)
@@ -102,8 +131,16 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
     return result
 
 
+def _epochs(status: dict[str, Any]) -> tuple[Any, ...]:
+    """The donor's epochs (its history, chorus/history.py), which the rebuilt node's data now follows."""
+    from chorus.history import Epoch
+
+    return tuple(Epoch(int(n), int(g), str(node)) for n, g, node in status.get("epochs") or [])
+
+
 def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster_uuid: str, spark_master: str,
-                      spark_submit: Optional[str], range_rows: int, copy_under_mb: int = 16) -> dict[str, Any]:
+                      spark_submit: Optional[str], range_rows: int, copy_under_mb: int = 16,
+                      force: bool = False) -> dict[str, Any]:
     """Rebuild the node of configuration ``cfg`` (read from ``config_path``; any deployment) from
     the database at ``donor_dsn``. Its PostgreSQL must run and its coordinator must be stopped (a service
     manager owns it, so this command does not start it again). Afterwards the node's state says
@@ -127,6 +164,7 @@ def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster
     try:
         donor = Endpoint.from_dsn("donor", donor_dsn)
         joiner = Endpoint.from_dsn(cfg.name, cfg.dsn)
+        check_donor(cfg.name, database_gid(joiner.dsn), "the donor", database_gid(donor.dsn), force)
         result = total_recover(donor, joiner, _say, range_rows=range_rows, small_bytes=copy_under_mb << 20,
                                master=spark_master,
                                spark_submit=spark_submit)
@@ -134,8 +172,10 @@ def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster
         raise ChorusCliError(str(e)) from e
     st = load_state(cfg.state_file, cfg.name)
     owner = os.stat(cfg.state_file) if os.path.exists(cfg.state_file) else None
+    # the donor's epochs are not known from its database alone: the node's data is checked against
+    # the cluster's history by its GID when it joins
     save_state(cfg.state_file, st.with_(cluster_uuid=cluster_uuid, last_gid=result["gid"], bootstrap=False, left_by_vote="",
-                                        safe_to_bootstrap=False))
+                                        safe_to_bootstrap=False, epochs=()))
     if owner is not None and os.geteuid() == 0:  # the coordinator's user must still own its state
         os.chown(cfg.state_file, owner.st_uid, owner.st_gid)
     _say(f"{cfg.name}: rebuilt at GID {result['gid']}; start its coordinator now (its service, or "

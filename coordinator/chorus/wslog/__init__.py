@@ -10,7 +10,8 @@ from chorus.wslog.format import (DATA_START, FLAG_DDL_SKIPPED, Buffer, LogCorrup
                                  LogRecord, LogVersionError)
 from chorus.wslog.inspect import inspect_segment, verify_directory
 from chorus.wslog.reader import LogReader, PiecedPayload
-from chorus.wslog.writer import LogFeeder, WritesetLog
+from chorus.wslog.writer import LogFeeder, WritesetLog, starts_again
 
 __all__ = ["DATA_START", "FLAG_DDL_SKIPPED", "Buffer", "LogCorrupt", "LogError", "LogFeeder", "LogRangeUnavailable",
-           "LogReader", "LogRecord", "LogVersionError", "PiecedPayload", "WritesetLog", "inspect_segment", "verify_directory"]
+           "LogReader", "LogRecord", "LogVersionError", "PiecedPayload", "WritesetLog", "inspect_segment", "starts_again",
+           "verify_directory"]

@@ -447,6 +447,13 @@ def _name_seq(path: str) -> int:
     return int(stem) if stem.isdigit() else 0
 
 
+def starts_again(base_gid: int, end_gid: int, committed: int) -> bool:
+    """At start, after the records past the database's committed GID are cut: whether the log
+    must start again after that GID, because it does not reach it (its unsynced tail was lost in
+    a host crash) or starts after it. It then serves only ranges it really holds."""
+    return end_gid < committed or base_gid > committed
+
+
 class LogFeeder:
     """Appends certified writesets to the log in GID order, each with its final flags: the
     record of a schema change run in total order waits for the change's outcome, and is then

@@ -1,0 +1,451 @@
+"""One simulated run per seed: a cluster formed, clients writing on every node, faults from the
+seed for a while, then every fault healed; the cluster must come back by itself and hold what
+its clients were told (simchecks.py). A failing seed prints its trace and the command that
+replays it.
+
+    .venv/bin/python tests/sim/simrun.py --seeds 1..2000        # a summary
+    .venv/bin/python tests/sim/simrun.py --seed 1234 --trace    # one seed, every step
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from chorus import history  # noqa: E402
+from chorus.replicator import Phase  # noqa: E402
+from chorus.state import NodeState  # noqa: E402
+from simworld import (MERGE_S, PROCESS_CHANGE_S, TOKEN_TIMEOUT_S, Host, Sim, Stuck, Violation)  # noqa: E402
+
+FAULTS = ("partition-halves", "isolate-one", "all-alone", "kill-postgres", "kill-coordinator", "kill-corosync",
+          "kill-host", "power-cut-host", "crash-all", "power-cut-all", "freeze", "stall-postgres", "netem")
+WEIGHTS = (3, 3, 1, 2, 3, 1, 2, 2, 1, 1, 2, 1, 1)
+FORM_S = 30.0  # the cluster forms within this
+RECOVER_S = 300.0  # after the faults stop, every node online within this (simulated seconds)
+
+
+@dataclass
+class Result:
+    seed: int
+    ok: bool
+    nodes: int = 0
+    seconds: float = 0.0
+    error: str = ""
+    kind: str = ""  # violation, stuck, bug
+    faults: Counter[str] = field(default_factory=Counter)
+    committed: int = 0
+    acked: int = 0
+    total_recoveries: int = 0
+    recovered_in: float = 0.0  # simulated seconds from the heal to every node online and settled
+    trace: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        faults = ", ".join(f"{k} x{v}" for k, v in sorted(self.faults.items()))
+        head = (f"seed {self.seed}: {'ok' if self.ok else self.kind.upper()} {self.nodes} nodes, {self.seconds:.0f} s of "
+                f"faults ({faults}); {self.acked} transactions acknowledged")
+        if self.ok:
+            return head + f"; back in {self.recovered_in:.1f} s, {self.total_recoveries} total recoveries"
+        return head + f"\n  {self.error}"
+
+
+Script = list[tuple[float, str, str, float]]  # (seconds after the cluster formed, fault, host, hold)
+
+
+class Run:
+    """The schedule of one seed, carried out on a Sim: faults at random from the seed, or the
+    faults of ``script`` (a scenario) with the run's shape given."""
+
+    def __init__(self, seed: int, trace: bool = False, script: Optional[Script] = None, n: int = 0,
+                 seconds: float = 0.0, rate: float = 0.0, capacity: int = 0, keep_trace: int = 400,
+                 dead: tuple[str, ...] = ()) -> None:
+        self.seed = seed
+        self.script = script
+        self.dead = set(dead)  # hosts of a scenario that never come back
+        rnd = random.Random(seed * 7919 + 1)  # the run's shape, from the seed
+        self.n = n or rnd.choice((3, 3, 3, 3, 3, 4, 5, 2))
+        self.seconds = seconds or rnd.choice((10.0, 20.0, 30.0, 45.0))
+        capacity = capacity or rnd.choice((40, 150, 600, 5000))
+        self.rate = rate or rnd.choice((1.0, 3.0, 8.0))  # transactions per second per node
+        # one seed in six: a row changed behind Chorus's back on one node, so that applies touching
+        # it fail there and the nodes vote (drawn apart from the faults: the fault menu stays)
+        tamper = random.Random(seed * 104729 + 3)
+        self.tamper = ((tamper.uniform(1.0, self.seconds), f"n{tamper.randint(1, self.n)}", tamper.randrange(12))
+                       if script is None and tamper.random() < 1 / 6 else None)
+        self.sim = sim = Sim(seed, n=self.n, log_capacity=capacity, trace=trace, keep_trace=keep_trace)
+        self.rnd = sim.rnd
+        self.faults: Counter[str] = Counter()
+        self.stalled: set[str] = set()
+        self.held_down: set[str] = set()  # hosts killed by a fault of their own, until it is undone
+        self.total_recoveries = 0
+        self.writing = False
+        sim.trace("sim", f"seed {seed}: {self.n} nodes, logs of {capacity} records, {self.rate}/s per node, "
+                         f"{self.seconds} s of faults")
+
+    # -- the schedule
+
+    def go(self) -> Result:
+        sim = self.sim
+        res = Result(self.seed, False, self.n, self.seconds)
+        try:
+            first = sim.hosts["n1"]
+            first.state = NodeState("n1", bootstrap=True)
+            for h in sim.hosts.values():
+                sim.clock.after(self.rnd.random() * 0.5, h.start_coordinator)
+            self._until(lambda: self._all_online(), FORM_S, "the cluster did not form")
+            self.writing = True
+            for h in sim.hosts.values():
+                self._client(h)
+            end = sim.clock.now + self.seconds
+            if self.script is None:
+                self._nemesis(end)
+                if self.tamper is not None:
+                    at, name, key = self.tamper
+                    sim.clock.after(at, self._tamper, sim.hosts[name], key)
+            else:
+                for t, fault, name, hold in self.script:
+                    sim.clock.after(t, self._fault, fault, sim.hosts[name], hold)
+            sim.clock.run_until(end)
+            self.writing = False
+            self.heal_all()
+            healed = sim.clock.now
+            sim.trace("sim", "faults stop: every host healed and started")
+            self._until(self._settled, RECOVER_S, "the cluster did not come back", operator=True)
+            res.recovered_in = sim.clock.now - healed
+            self._final()
+            res.ok = True
+        except Violation as e:
+            res.kind, res.error = "violation", str(e)
+        except Stuck as e:
+            res.kind, res.error = "stuck", str(e)
+        except Exception as e:  # a bug in the core or the simulation: reported with its trace
+            import traceback
+            res.kind, res.error = "bug", "".join(traceback.format_exception(e))
+        res.faults = self.faults
+        res.acked = len(sim.checker.acked)
+        res.total_recoveries = self.total_recoveries
+        res.trace = list(sim.lines)
+        return res
+
+    def _until(self, done: Callable[[], bool], within: float, what: str, operator: bool = False) -> None:
+        sim = self.sim
+        deadline = sim.clock.now + within
+        while sim.clock.now < deadline:
+            sim.clock.run_until(min(deadline, sim.clock.now + 1.0), done)
+            if done():
+                return
+            if operator:
+                self._operator()
+        raise Stuck(f"{what} within {within:.0f} s:\n{self.describe()}")
+
+    def describe(self) -> str:
+        out = []
+        for h in self.sim.hosts.values():
+            c = h.coord
+            if c is None or not c.alive:
+                out.append(f"  {h.name}: down (database at GID {h.db.last}{', vote' if h.state.left_by_vote else ''})")
+                continue
+            r = c.r
+            rec = c.plan.status()
+            out.append(f"  {h.name}: {r.phase.value}: {c.phase_reason}; committed {h.db.last}, certified "
+                       f"{r.last_certified}, members {sorted(r.online)} synced {sorted(r.synced)}, log "
+                       f"({h.log.base_gid}, {h.log.end_gid}], pending {len(c.book.pending)}"
+                       + (f", catch-up {rec['state']} at {rec['position']} of {rec['upto']}" if rec else "")
+                       + (f", re-form: {r.reform.reason}" if r.reform is not None else ""))
+        return "\n".join(out)
+
+    def _client(self, h: Host) -> None:
+        if not self.writing:
+            return
+        self.sim.client_txn(h)
+        self.sim.clock.after(self.rnd.expovariate(self.rate), self._client, h)
+
+    def _all_online(self) -> bool:
+        return all(h.phase == "online" for h in self.sim.hosts.values())
+
+    def live(self) -> list[Host]:
+        return [h for h in self.sim.hosts.values() if h.name not in self.dead]
+
+    def _settled(self) -> bool:
+        coords = self.sim.coords()
+        live = {h.name for h in self.live()}
+        if {c.name for c in coords} != live or any(c.r.phase != Phase.ONLINE for c in coords):
+            return False
+        if any(t.state in ("sent", "certified") and t.node in live for t in self.sim.txns[-200:]):
+            return False
+        lasts = {c.host.db.last for c in coords} | {c.r.last_certified for c in coords}
+        return len(lasts) == 1 and not any(c.book.pending for c in coords) and \
+            all(set(c.r.synced) == live for c in coords)
+
+    # -- faults
+
+    def _nemesis(self, end: float) -> None:
+        t = self.sim.clock.now + self.rnd.uniform(0.5, 3.0)
+        while t < end:
+            fault = self.rnd.choices(FAULTS, WEIGHTS)[0]
+            hold = self.rnd.uniform(0.5, 8.0)
+            target = self.rnd.choice(list(self.sim.hosts.values()))
+            self.sim.clock.at(t, self._fault, fault, target, hold)
+            t += hold * (0.3 if self.rnd.random() < 0.25 else 1.0) + self.rnd.uniform(0.2, 5.0)  # some overlap
+
+    def _fault(self, fault: str, h: Host, hold: float) -> None:
+        sim = self.sim
+        self.faults[fault] += 1
+        sim.trace("nem", f"{fault} {h.name} for {hold:.1f} s")
+        undo: Callable[[], None]
+        if fault in ("partition-halves", "isolate-one", "all-alone"):
+            order = list(range(1, self.n + 1))
+            self.rnd.shuffle(order)
+            if fault == "partition-halves":
+                cut = self.rnd.randint(1, self.n - 1)
+                groups = [sorted(order[:cut]), sorted(order[cut:])]
+            elif fault == "isolate-one":
+                groups = [[h.index], [i for i in range(1, self.n + 1) if i != h.index]]
+            else:
+                groups = [[i] for i in order]
+            sim.partition = groups
+            sim.bus.regroup(TOKEN_TIMEOUT_S)
+            undo = self.heal_network
+        elif fault == "kill-coordinator":
+            if h.coord is not None:
+                h.coord.crash()
+
+            def undo() -> None:
+                if h.name not in self.held_down and h.name not in self.dead:
+                    h.start_coordinator()
+        elif fault == "kill-postgres":
+            self.crash_db(h, keep=self.rnd.randint(0, 3))
+            undo = lambda: self.start_db(h)  # noqa: E731
+        elif fault in ("kill-corosync", "kill-host", "power-cut-host"):
+            if fault == "kill-corosync":
+                h.bus_up = False
+                if h.coord is not None:
+                    h.coord.crash(TOKEN_TIMEOUT_S)
+            else:
+                self.crash_host(h, power=fault == "power-cut-host")
+            self.held_down.add(h.name)
+
+            def undo() -> None:
+                self.held_down.discard(h.name)
+                self.restart_host(h)
+        elif fault in ("crash-all", "power-cut-all"):
+            for x in sim.hosts.values():
+                self.crash_host(x, power=fault == "power-cut-all")
+
+            def undo() -> None:
+                for x in sim.hosts.values():
+                    sim.clock.after(self.rnd.random() * 2, self.restart_host, x)
+        elif fault == "freeze":
+            self.freeze(h)
+            undo = lambda: self.thaw(h)  # noqa: E731
+        elif fault == "stall-postgres":  # its database hangs (SIGSTOP of PostgreSQL alone; if it is
+            self.stalled.add(h.name)     # down, from when it starts)
+            h.db.frozen = h.db.up
+
+            def undo() -> None:
+                self.stalled.discard(h.name)
+                h.db.frozen = h.frozen and h.db.up
+        else:
+            sim.bus.extra_latency = self.rnd.choice((0.005, 0.02, 0.05))
+            undo = lambda: setattr(sim.bus, "extra_latency", 0.0)  # noqa: E731
+
+        def undo_logged() -> None:
+            sim.trace("nem", f"undo {fault} {h.name}")
+            undo()
+        sim.clock.after(hold, undo_logged)
+
+    def _tamper(self, h: Host, key: int) -> None:
+        self.faults["tamper"] += 1
+        self.sim.trace("nem", f"tamper {h.name}: row {key} changed behind Chorus's back")
+        h.db.tampered.add(key)
+
+    def crash_db(self, h: Host, keep: int) -> None:
+        db = self.sim.hosts[h.name].db
+        if not db.up:
+            return
+        lost = db.lose_unflushed(keep=min(keep, len(db.order) - 1 - db.order.index(db.flushed)))
+        db.up = False
+        h.db_generation += 1
+        self.sim.trace(h.name, f"PostgreSQL crashed at GID {db.last}, lost {lost}")
+        self.sim.checker.lost(h, lost)
+
+    def start_db(self, h: Host) -> None:
+        if not h.powered or h.name in self.held_down or h.name in self.dead:
+            return
+        h.db.up = True
+        h.db.frozen = h.name in self.stalled
+        h.start_coordinator()
+
+    def crash_host(self, h: Host, power: bool) -> None:
+        if h.frozen:
+            self.thaw(h)
+        if h.coord is not None:
+            h.coord.crash(TOKEN_TIMEOUT_S)
+        self.crash_db(h, keep=0 if power else self.rnd.randint(0, 5))
+        if power:
+            h.log.power_cut(self.rnd)
+            h.powered = False
+        h.bus_up = False
+
+    def restart_host(self, h: Host) -> None:
+        if h.name in self.held_down or h.name in self.dead:
+            return  # a fault of its own keeps it down
+        self.thaw(h)  # what was stopped is killed first (Lab.kill_host thaws); new processes run
+        h.powered = True
+        h.bus_up = True
+        h.db.up = True
+        h.db.frozen = h.name in self.stalled
+        h.start_coordinator()
+
+    def freeze(self, h: Host) -> None:
+        """SIGSTOP the host's running processes (docs/LAB.md): its coordinator and PostgreSQL."""
+        if h.frozen:
+            return
+        h.frozen = True
+        h.db.frozen = h.db.up
+        if h.coord is not None and h.coord.alive:
+            h.coord.frozen = True
+            self.sim.bus.freeze(h.coord.member)
+
+    def thaw(self, h: Host) -> None:
+        if not h.frozen:
+            return
+        h.frozen = False
+        h.db.frozen = False
+        if h.coord is not None and h.coord.frozen:
+            h.coord.frozen = False
+            if h.coord.alive:
+                h.coord.thawed()
+                self.sim.bus.thaw(h.coord.member)
+
+    def heal_network(self) -> None:
+        self.sim.partition = None
+        self.sim.bus.regroup(MERGE_S)
+
+    def heal_all(self) -> None:
+        sim = self.sim
+        self.heal_network()
+        sim.bus.extra_latency = 0.0
+        self.held_down.clear()
+        for h in self.live():
+            self.thaw(h)
+            if not (h.powered and h.bus_up and h.db.up and h.coord is not None and h.coord.alive):
+                sim.clock.after(self.rnd.random() * 2, self.restart_host, h)
+
+    # -- the operator, once the faults stopped: total recovery where a node says it needs it
+
+    def _operator(self) -> None:
+        sim = self.sim
+        for h in self.live():
+            c = h.coord
+            needs = ((c is not None and c.alive and c.r.phase == Phase.NEEDS_RECOVERY
+                      and "total recovery" in c.phase_reason) or bool(h.state.left_by_vote))
+            if not needs:
+                continue
+            # an online donor, the one that holds most; with none (two nodes, one voted out: the
+            # other is no quorum alone), the database that holds most, as `--donor-dsn` would
+            donors = ([d for d in self.live() if d.phase == "online"]
+                      or [d for d in self.live() if d is not h and d.db.up and not d.state.left_by_vote])
+            if not donors:
+                continue
+            donor = max(donors, key=lambda d: (d.db.last, -d.index))
+            problem = history.donor_problem(h.name, h.db.last, donor.name, donor.db.last)
+            if problem is not None:
+                sim.trace("op", f"chorus node join --total {h.name} refuses: {problem}")
+                continue
+            self.total_recovery(h, donor)
+
+    def total_recovery(self, h: Host, donor: Host) -> None:
+        sim = self.sim
+        sim.trace("op", f"total recovery of {h.name} (at GID {h.db.last}) from {donor.name} (at GID {donor.db.last})")
+        self.total_recoveries += 1
+        if h.coord is not None:
+            h.coord.crash(PROCESS_CHANGE_S)
+        old = list(h.db.order)
+        h.db.replace_with(donor.db)
+        sim.checker.replaced(h, old)
+        h.log.reset(h.db.last)
+        epochs = donor.coord.r.epochs if donor.coord is not None and donor.coord.alive else donor.state.epochs
+        h.state = h.state.with_(cluster_uuid=donor.state.cluster_uuid, last_gid=h.db.last, left_by_vote="",
+                                bootstrap=False, epochs=epochs)
+        sim.clock.after(1.0, h.start_coordinator)
+
+    # -- after the faults
+
+    def _final(self) -> None:
+        sim = self.sim
+        hosts = self.live()
+        ref = hosts[0].db
+        for h in hosts[1:]:
+            if h.db.order != ref.order or h.db.chain[h.db.last] != ref.chain[ref.last]:
+                raise Violation(f"{h.name}'s database differs from {hosts[0].name}'s after the cluster settled")
+        for gid, ident in sim.checker.acked.items():
+            if ref.ident.get(gid) != ident:
+                raise Violation(f"acknowledged transaction {ident} (GID {gid}) is not in the databases")
+        present = set(ref.ident.values())
+        for t in sim.txns:
+            if t.state == "failed" and t.xid in present:
+                raise Violation(f"transaction {t.node}/{t.xid} was told it failed, but committed")
+
+
+def run(seed: int, trace: bool = False, **shape: object) -> Result:
+    chorus_log = logging.getLogger("chorus")
+    level = chorus_log.level
+    chorus_log.setLevel(logging.CRITICAL)
+    import chorus.replicator as replicator_module
+    real_uuid = replicator_module.uuid
+    try:
+        return Run(seed, trace, **shape).go()  # type: ignore[arg-type]
+    finally:
+        replicator_module.uuid = real_uuid
+        chorus_log.setLevel(level)
+
+
+def parse_seeds(text: str) -> range:
+    a, _, b = text.partition("..")
+    return range(int(a), int(b or a) + 1)
+
+
+def replay_command(seed: int) -> str:
+    return f".venv/bin/python tests/sim/simrun.py --seed {seed} --trace"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="1..100", help="A..B")
+    ap.add_argument("--seed", type=int, help="one seed")
+    ap.add_argument("--trace", action="store_true", help="print every step")
+    ap.add_argument("--quiet", action="store_true", help="only failures and the summary")
+    args = ap.parse_args(argv)
+    seeds = range(args.seed, args.seed + 1) if args.seed is not None else parse_seeds(args.seeds)
+    t0 = time.monotonic()
+    failed = []
+    kinds: Counter[str] = Counter()
+    slowest = 0.0
+    for s in seeds:
+        r = run(s, trace=args.trace)
+        if not r.ok:
+            failed.append(r)
+            print(r.line(), flush=True)
+            if not args.trace:
+                print("\n".join("    " + line for line in r.trace[-60:]))
+            print(f"  replay: {replay_command(s)}", flush=True)
+        elif not args.quiet:
+            print(r.line(), flush=True)
+        kinds[r.kind or "ok"] += 1
+        slowest = max(slowest, r.recovered_in)
+    print(f"{len(seeds)} seeds in {time.monotonic() - t0:.1f} s: {dict(kinds)}; slowest recovery after the heal "
+          f"{slowest:.1f} simulated s; failed: {[r.seed for r in failed]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

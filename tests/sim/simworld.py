@@ -1,0 +1,1135 @@
+"""The simulated world in which the coordinator's decision core runs (tests/sim/README.md).
+
+One process, one seeded random generator, one simulated clock. Every host runs the real pure
+core of a Chorus node: the replicator (membership, certification, uniform commit, re-forming),
+the commit book and the scheduler, the catch-up plan (catchupplan.py) and the log feeder. Around
+it, a twin of the coordinator's I/O shell (``Coord``, mirroring coordinator.py, pipeline.py,
+catchup.py and backends.py step for step) drives it with simulated parts:
+
+- ``SimBus``: Corosync CPG as DESIGN.md and bus/__init__.py promise it and no more: one agreed
+  order per component, self-delivery, views in that order; at a membership change each new
+  component delivers its own prefix of what was ordered (non-uniform delivery: a side may
+  deliver what the other never gets), messages not yet ordered go out in the sender's next
+  view; a token timeout before a crash or a partition shows; latency and jitter per member.
+- ``SimDB``: a PostgreSQL that commits in GID order (the extension's commit turn), flushes local
+  commits and, every tick, applied ones; a crash loses what was not flushed.
+- ``SimLog``: a writeset log ring; a host's power cut loses its unsynced tail (a torn tail).
+- streams between recovery servers and joiners that stall on partitions and break on crashes.
+
+Nothing here is used by the daemon; the decisions are all the real ones.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import random
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from chorus import busproto as bp
+from chorus import wire
+from chorus.bus import Delivery, View, Votes, bus_node
+from chorus.bussender import OwnMessages
+from chorus.catchupplan import (CATCHUP_WINDOW, Abandoned, Act, AskLogs, CatchUpPlan, Fetch, Steps, Wait,
+                                WaitCommitted)
+from chorus.commitbook import CommitBook
+from chorus.pipeline import Pending, order_keys, reschedule
+from chorus.recoveryproto import RecoveryError
+from chorus.replicator import (Action, Apply, CatchUp, DdlOutcome, Holding, Joined, LocalVerdict, LogOffered,
+                               LogQueried, Pause, Phase, PhaseChange, Remember, Replicator, Send, SyncReached,
+                               VoteDecided, VoteOpened)
+from chorus.scheduler import Scheduler
+from chorus.state import NodeState
+from chorus.voting import InconsistencyVoting
+from chorus.wslog import LogFeeder, LogRecord, starts_again
+
+# the coordinator's timers (coordinator.py, catchup.py, recovery.py)
+TICK_S = 0.2
+PROGRESS_EVERY_S = 1.0
+LOG_QUERY_WAIT_S = 1.0
+FRAME_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 10.0
+APPLY_WORKERS = 2
+APPLY_RUN = 4
+CATCHUP_BATCH = 8
+
+# the bus (the lab's Corosync: token 2 s, consensus; docs/LAB.md)
+TOKEN_TIMEOUT_S = 3.0
+PROCESS_CHANGE_S = 0.05  # a coordinator that starts or ends: CPG sees it at once
+MERGE_S = 1.5  # rings that can reach each other again merge
+
+
+class Violation(AssertionError):
+    """An invariant broke: the failure the simulation reports with its trace."""
+
+
+class Stuck(AssertionError):
+    """The cluster did not come back in the time allowed after the faults stopped."""
+
+
+# ---- the event queue ------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = itertools.count()
+
+    def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
+        heapq.heappush(self._heap, (max(t, self.now), next(self._seq), fn, args))
+
+    def after(self, dt: float, fn: Callable[..., None], *args: Any) -> None:
+        self.at(self.now + dt, fn, *args)
+
+    def run_until(self, t: float, stop: Callable[[], bool] = lambda: False) -> None:
+        while self._heap and self._heap[0][0] <= t and not stop():
+            when, _, fn, args = heapq.heappop(self._heap)
+            self.now = when
+            fn(*args)
+        if not stop():
+            self.now = max(self.now, t)
+
+
+# ---- PostgreSQL and the disk ----------------------------------------------------------------
+
+
+class SimDB:
+    """A node's database: the GIDs it committed, in order, each with the writeset's identity
+    (its xid, unique in a run) and a chain value (equal chain values at a GID: equal histories up to it)."""
+
+    def __init__(self) -> None:
+        self.up = True
+        self.frozen = False
+        self.last = 0  # the committed watermark
+        self.flushed = 0  # committed and durable
+        self.tampered: set[int] = set()  # keys someone changed behind Chorus's back: applies touching them fail
+        self.chain: dict[int, int] = {0: 0}
+        self.ident: dict[int, int] = {}  # GID -> the xid of its writeset (unique in a run)
+        self.order: list[int] = [0]  # committed GIDs, in order (0 first)
+        # row locks held by apply transactions not committed yet (an apply takes its rows' locks
+        # as it runs, then waits for its commit turn holding them): row key -> the apply's token
+        self.locks: dict[bytes, int] = {}
+
+    def release(self, token: int) -> None:
+        for k in [k for k, t in self.locks.items() if t == token]:
+            del self.locks[k]
+
+    def lock(self, token: int, keys: list[bytes]) -> bool:
+        """Take ``keys`` in order for ``token``, as far as none is held by another: whether all."""
+        for k in keys:
+            holder = self.locks.get(k)
+            if holder is None:
+                self.locks[k] = token
+            elif holder != token:
+                return False
+        return True
+
+    def commit(self, gids: list[tuple[int, int]]) -> None:
+        c = self.chain[self.last]
+        for gid, ident in gids:
+            assert gid > self.last, (gid, self.last)
+            c = hash((c, gid, ident))
+            self.chain[gid] = c
+            self.ident[gid] = ident
+            self.order.append(gid)
+            self.last = gid
+
+    def flush(self) -> None:
+        self.flushed = self.last
+
+    def lose_unflushed(self, keep: int) -> list[int]:
+        """A crash: keep what is flushed and ``keep`` more commits of the rest; return the GIDs lost."""
+        self.locks.clear()  # every transaction ended with the server
+        i = self.order.index(self.flushed) + 1 + keep
+        lost = self.order[i:]
+        for g in lost:
+            del self.chain[g]
+            del self.ident[g]
+        del self.order[i:]
+        self.last = self.order[-1]
+        self.flushed = self.last
+        return lost
+
+    def replace_with(self, other: "SimDB") -> list[int]:
+        """Total recovery: this database becomes ``other``'s snapshot. Returns the GIDs it lost."""
+        lost = [g for g in self.order[1:] if other.chain.get(g) != self.chain[g]]
+        self.chain, self.ident = dict(other.chain), dict(other.ident)
+        self.order = list(other.order)
+        self.last = self.flushed = other.last
+        self.tampered = set(other.tampered)
+        return lost
+
+
+class SimLog:
+    """A node's writeset log (the methods LogFeeder uses, and a reader): a ring of ``capacity``
+    records; ``synced`` records survive a power cut."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.records: list[LogRecord] = []
+        self.base = 0  # holds every certified GID after this one
+        self.synced = 0
+
+    @property
+    def base_gid(self) -> int:
+        return self.base
+
+    @property
+    def end_gid(self) -> int:
+        return self.records[-1].gid if self.records else self.base
+
+    def max_payload(self, origin: str) -> int:
+        return 1 << 30
+
+    def append_many(self, records: list[tuple[int, str, Any, int]]) -> None:
+        for gid, origin, payload, flags in records:
+            assert gid > self.end_gid, (gid, self.end_gid)
+            self.records.append(LogRecord(gid, origin, flags, bytes(payload)))
+        while len(self.records) > self.capacity:  # the ring reuses its oldest segment
+            self.base = self.records.pop(0).gid
+            self.synced = max(0, self.synced - 1)
+
+    def reset(self, after: int) -> None:
+        self.records, self.base, self.synced = [], after, 0
+
+    def sync(self) -> None:
+        self.synced = len(self.records)
+
+    def open(self, upto: int) -> None:
+        """Coordinator._open_log: records after the committed GID are cut, and a log that does not
+        reach it (a lost tail) starts again after it."""
+        self.records = [r for r in self.records if r.gid <= upto]
+        self.synced = min(self.synced, len(self.records))
+        if starts_again(self.base, self.end_gid, upto):
+            self.reset(upto)
+
+    def power_cut(self, rnd: random.Random) -> None:
+        """The page cache is lost: the unsynced tail survives only in part (torn)."""
+        keep = self.synced + rnd.randint(0, len(self.records) - self.synced)
+        del self.records[keep:]
+
+    def read(self, after: int, stop: int) -> list[LogRecord]:
+        if self.base > after:
+            raise RecoveryError(f"range unavailable: the log holds GIDs after {self.base} only")
+        return [r for r in self.records if after < r.gid <= stop]
+
+
+# ---- the bus ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Comp:
+    id: int
+    members: tuple[str, ...]
+    ordered: int = 0  # messages ordered in it so far
+    deferred: list[tuple[str, bytes]] = field(default_factory=list)  # sent while it reconfigures
+    sent_by: list[str] = field(default_factory=list)  # the sender of each ordered message
+    payloads: list[bytes] = field(default_factory=list)
+
+
+class SimBus:
+    """Corosync CPG, simulated (see the module's docstring)."""
+
+    def __init__(self, sim: "Sim", n: int, tie_breaker: str) -> None:
+        self.sim = sim
+        self.votes = Votes(n // 2 + 1, n, tie_breaker)
+        self.comps: dict[str, _Comp] = {}  # member -> its component
+        self.inbox: dict[str, deque[tuple[Any, ...]]] = {}
+        self.pumping: set[str] = set()
+        self.handler: dict[str, Callable[[Any], None]] = {}
+        self.frozen: dict[str, float] = {}  # member -> frozen since
+        self.busy_until = 0.0
+        self._ids = itertools.count(1)
+        self._regroup_at: Optional[float] = None
+        self.extra_latency = 0.0  # netem
+
+    def host(self, member: str) -> int:
+        return int(bus_node(member))
+
+    def join(self, member: str, handler: Callable[[Any], None]) -> None:
+        self.handler[member] = handler
+        self.inbox[member] = deque()
+        self.regroup(PROCESS_CHANGE_S)
+
+    def drop(self, member: str, detect: float) -> None:
+        """``member`` is gone (its process or its host died): the others see it after ``detect``."""
+        self.handler.pop(member, None)
+        self.inbox.pop(member, None)
+        self.frozen.pop(member, None)
+        self.regroup(detect)
+
+    def freeze(self, member: str) -> None:
+        self.frozen[member] = self.sim.clock.now
+        self.regroup(TOKEN_TIMEOUT_S)
+
+    def thaw(self, member: str) -> None:
+        """A frozen member resumes: its Corosync finds the ring it was in gone and the others'
+        at once, so the view it was alone in and the merged one come together."""
+        if self.frozen.pop(member, None) is not None:
+            self.regroup(0.001 + self.sim.rnd.random() * 0.02)
+            self._pump(member)
+
+    def regroup(self, delay: float) -> None:
+        """The membership changes ``delay`` from now: nothing is ordered meanwhile."""
+        at = self.sim.clock.now + delay
+        self.busy_until = max(self.busy_until, at)
+        self.sim.clock.at(at, self._regroup)
+
+    # -- sending and delivering
+
+    def send(self, member: str, payload: bytes) -> None:
+        self.sim.clock.after(0.0005 + self.sim.rnd.random() * 0.0015 + self.extra_latency, self._order, member, payload)
+
+    def _order(self, member: str, payload: bytes) -> None:
+        comp = self.comps.get(member)
+        if comp is None:
+            return  # its process is gone, or it has no view yet: lost
+        if self.sim.clock.now < self.busy_until:
+            comp.deferred.append((member, payload))
+            return
+        self._append(comp, member, payload)
+
+    def _append(self, comp: _Comp, member: str, payload: bytes) -> None:
+        idx = comp.ordered
+        comp.ordered += 1
+        comp.sent_by.append(member)
+        comp.payloads.append(payload)
+        for m in comp.members:
+            if m in self.inbox:
+                self.inbox[m].append(("msg", comp.id, idx, member, payload))
+                self._pump(m)
+
+    def _pump(self, member: str) -> None:
+        if member in self.pumping or member in self.frozen or not self.inbox.get(member):
+            return
+        self.pumping.add(member)
+        lat = 0.0002 + self.sim.rnd.random() * 0.003 + self.extra_latency * (0.5 + self.sim.rnd.random())
+        self.sim.clock.after(lat, self._deliver_one, member)
+
+    def _deliver_one(self, member: str) -> None:
+        """What piled up for ``member`` comes in one read (``cpg_dispatch``): a batch, then the
+        batch's end (the coordinator sends its queued writesets then: Coordinator._bus_loop)."""
+        self.pumping.discard(member)
+        box = self.inbox.get(member)
+        if not box or member in self.frozen:
+            return
+        while box and member in self.handler and member not in self.frozen:
+            ev = box.popleft()
+            handler = self.handler[member]
+            if ev[0] == "msg":
+                handler(Delivery(ev[3], ev[4]))
+            else:
+                handler(ev[1])
+        handler = self.handler.get(member)
+        if handler is not None:
+            handler(None)
+        if box:
+            self._pump(member)
+
+    # -- membership
+
+    def _desired(self) -> list[tuple[str, ...]]:
+        """The components the live members form now: by the network's partition groups; a member
+        frozen for longer than the token timeout is alone."""
+        now = self.sim.clock.now
+        groups: dict[int, list[str]] = {}
+        alone: list[tuple[str, ...]] = []
+        for m in sorted(self.handler):
+            since = self.frozen.get(m)
+            if since is not None and now - since >= TOKEN_TIMEOUT_S - 1e-9:
+                alone.append((m,))
+                continue
+            groups.setdefault(self.sim.net_group(self.host(m)), []).append(m)
+        return [tuple(g) for _, g in sorted(groups.items())] + alone
+
+    def _regroup(self) -> None:
+        now = self.sim.clock.now
+        if now < self.busy_until - 1e-9:
+            return  # a later change is due: that one regroups
+        desired = self._desired()
+        current = {c.members for c in {id(c): c for c in self.comps.values()}.values()}
+        old_of = dict(self.comps)
+        if set(desired) == current and all(m in self.comps for g in desired for m in g):
+            for comp in {id(c): c for c in self.comps.values()}.values():
+                self._flush_deferred(comp, comp)
+            return
+        old_comps = {id(c): c for c in old_of.values()}.values()
+        new_comps: dict[str, _Comp] = {}
+        resend: dict[int, list[tuple[str, bytes]]] = {}
+        for g in desired:
+            nc = _Comp(next(self._ids), g)
+            for m in g:
+                new_comps[m] = nc
+        # what each new component delivers of each old one: its own prefix
+        for oc in old_comps:
+            parts: dict[int, list[str]] = {}
+            for m in oc.members:
+                if m in new_comps:
+                    parts.setdefault(new_comps[m].id, []).append(m)
+            cuts: dict[int, int] = {}
+            for cid, ms in parts.items():
+                delivered = max(oc.ordered - sum(1 for e in self.inbox[m] if e[0] == "msg" and e[1] == oc.id)
+                                for m in ms)
+                whole = set(ms) == set(m for m in oc.members if m in self.handler)
+                cuts[cid] = oc.ordered if whole else self.sim.rnd.randint(delivered, oc.ordered)
+            furthest = max(cuts.values(), default=0)
+            for cid, ms in parts.items():
+                for m in ms:
+                    self.inbox[m] = deque(e for e in self.inbox[m]
+                                          if not (e[0] == "msg" and e[1] == oc.id and e[2] >= cuts[cid]))
+                # what nobody delivered in the old view, sent by a member of this component: it
+                # goes out again in the new view (its sender still has it)
+                for idx in range(furthest, oc.ordered):
+                    if oc.sent_by[idx] in ms:
+                        resend.setdefault(cid, []).append((oc.sent_by[idx], oc.payloads[idx]))
+            for m in oc.members:
+                if m in new_comps:
+                    resend.setdefault(new_comps[m].id, []).extend(d for d in oc.deferred if d[0] == m)
+        for m, nc in sorted(new_comps.items()):
+            before = set(old_of[m].members) if m in old_of else set()
+            members = nc.members
+            view = View(nc.id, members, tuple(x for x in members if x not in before),
+                        tuple(sorted(before - set(members))), m,
+                        self.votes.holds({bus_node(x) for x in members}), self.votes.quorum,
+                        self.votes.expected, self.votes.tie_breaker)
+            self.inbox[m].append(("view", view))
+            self._pump(m)
+        self.comps = new_comps
+        self.sim.trace("bus", "views " + " | ".join(",".join(c) for c in desired))
+        for nc in {id(c): c for c in new_comps.values()}.values():
+            for member, payload in resend.get(nc.id, []):
+                if member in self.handler:
+                    self._append(nc, member, payload)
+
+    def _flush_deferred(self, comp: _Comp, into: _Comp) -> None:
+        deferred, comp.deferred = comp.deferred, []
+        for member, payload in deferred:
+            if member in self.handler:
+                self._append(into, member, payload)
+
+
+# ---- clients ----------------------------------------------------------------------------------
+
+
+KEYS = 12
+_TABLE = wire.Table("public", "t", (wire.Column("id", "integer"), wire.Column("v", "text")), (0,))
+
+
+def make_writeset(xid: int, last_seen: int, keys: list[int]) -> bytes:
+    rows = tuple(wire.Row("U", 0, (str(k).encode(),), (str(k).encode(), str(xid).encode())) for k in keys)
+    ks = (wire.Key(wire.KeyMode.REFERENCE, (b"public", b"t")),
+          *(wire.Key(wire.KeyMode.UPDATE, (b"public", b"t", b"id", str(k).encode())) for k in keys))
+    return wire.encode(wire.Writeset(xid, 1, last_seen, (_TABLE,), rows, ks))
+
+
+@dataclass
+class Txn:
+    """A client's transaction on one node, as the client sees it."""
+    node: str
+    xid: int
+    state: str = "sent"  # sent, certified, committed, failed, unknown, refused
+    gid: int = 0
+    wait_for: int = 0
+
+
+class _Backend:
+    """pipeline.BackendRef: the local backend committing a certified writeset."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.certified: set[int] = set()
+
+
+# ---- the coordinator's twin ------------------------------------------------------------------
+
+
+class Coord:
+    """One coordinator process: the real core, wired as coordinator.py wires it."""
+
+    def __init__(self, host: "Host", member: str) -> None:
+        self.host = host
+        self.sim = host.sim
+        self.name = host.name
+        self.member = member
+        self.alive = True
+        self.frozen = False  # SIGSTOPped (the bus delivers nothing meanwhile, timers wait)
+        st = host.state
+        db = host.db
+        # nodedb.start_node: chorus.durable_gid() flushes what the database committed (the
+        # previous coordinator's applies, not flushed one by one), then the committed GID is read
+        db.flush()
+        durable = db.last
+        self.book: CommitBook[Pending] = CommitBook()
+        self.book.start(1, durable)
+        self.scheduler = Scheduler()
+        host.log.open(durable)
+        self.feeder = LogFeeder(host.log)  # type: ignore[arg-type]
+        self.r = Replicator(node=self.name, cluster_uuid=st.cluster_uuid, last_gid=durable,
+                            bootstrap=st.bootstrap, epochs=st.epochs, records=dict(st.records),
+                            holding=self._holding)
+        self.r.clock = lambda: self.sim.clock.now
+        self.plan = CatchUpPlan(self.name, self.r, self, (), CATCHUP_BATCH, True, clock=lambda: self.sim.clock.now)
+        self.voting = InconsistencyVoting(self.name, self.send, self.r.decided.get, lambda: self.book.watermark,
+                                          self._commit_skipped, self._leave_by_vote)
+        self.db_ok = True
+        self.restarting = False
+        self.epoch = 0  # PostgreSQL restarts seen
+        self.idle = APPLY_WORKERS
+        self.replay_busy = False
+        self.phase_reason = "starting"
+        self.tickets: dict[int, Txn] = {}
+        self.backends: dict[int, tuple[Txn, _Backend]] = {}  # gid -> its waiting local backend
+        self.offers: dict[str, list[bp.LogInfo]] = {}
+        self.own = OwnMessages()  # bussender.BusSender's
+        self.lock_tokens: set[int] = set()  # its apply transactions holding row locks
+        self.outbox: list[tuple[int, bytes]] = []  # local writesets waiting for the pump
+        self.socket: list[tuple[Txn, list[int]]] = []  # backends' COMMITs sent while it is frozen
+        self._pump_scheduled = False
+        self.in_flight = 0
+        self._reform_seen: Optional[object] = None
+        self.catchup_token = 0
+        self.last_progress = 0.0
+        self._ticket = itertools.count(1)
+        self.sim.bus.join(member, self._bus_event)
+        self.sim.clock.after(TICK_S, self._tick)
+
+    # -- the Admission port of the catch-up plan (catchup.PipelineAdmission)
+
+    @property
+    def watermark(self) -> int:
+        return self.book.watermark
+
+    @property
+    def admitted(self) -> int:
+        return self.book.admitted
+
+    @property
+    def lanes(self) -> int:
+        return 1
+
+    def log(self, rec: LogRecord) -> None:
+        self.feeder.certified(rec.gid, rec.origin, rec.payload, False)
+
+    def admit_run(self, run: list[LogRecord], prev: int) -> None:
+        self.feeder.flush()
+        scanned = tuple(wire.scan(rec.payload) for rec in run)
+        self._admit(Pending(run[-1].gid, prev, run[-1].origin, scanned[-1], before=scanned[:-1],
+                            before_gids=tuple(r.gid for r in run[:-1])), local=False, logged=True)
+        self.dispatch()
+
+    def settle(self, rec: LogRecord) -> None:
+        pass  # the simulated clients make no schema changes: nothing waits for every node's report
+
+    def admit_one(self, rec: LogRecord, prev: int) -> None:
+        self._admit(Pending(rec.gid, prev, rec.origin, wire.scan(rec.payload)), local=False)
+        self.feeder.flush()
+        self.dispatch()
+
+    def _holding(self) -> Holding:
+        return Holding(max(self.book.watermark, self.book.admitted), self.host.log.base_gid, self.host.log.end_gid)
+
+    # -- the daemon loop (coordinator.py)
+
+    def _bus_event(self, ev: Any) -> None:
+        if not self.alive:
+            return
+        if ev is None:  # the end of a batch read from the bus
+            self.pump()
+            return
+        assert not self.frozen, "the bus delivers nothing to a frozen member"
+        if isinstance(ev, View):
+            self.sim.trace(self.name, f"view {','.join(ev.members)} quorate={self.r.votes.holds({bus_node(m) for m in ev.members}) if ev.expected else ev.quorate}")
+            actions = self.r.on_view(ev, self.sim.clock.now)
+            self.in_flight = 0  # BusSender.view_changed
+        else:
+            actions = self.r.on_delivery(ev)
+            if ev.sender == self.member:  # coordinator._bus_loop, _lost; BusSender.delivered_own
+                if bp.carries_writesets(ev.payload):
+                    self.in_flight = 0
+                lost = self.own.delivered(ev.payload)
+                if lost:
+                    self.in_flight = 0
+                for ticket in lost:
+                    self.r.forget_local(ticket)
+                    actions.insert(0, LocalVerdict(ticket, False, 0, 0, "lost at a view change", None, unknown=True))
+        self._act(actions)
+        self.feeder.flush()
+        if self.r.reform is not self._reform_seen:
+            self._reform_seen = self.r.reform
+            if self.r.reform is not None:
+                self.sim.trace(self.name, f"re-form: {self.r.reform.reason}")
+
+    def _act(self, actions: list[Action]) -> None:
+        for a in actions:
+            if not self.alive:
+                return
+            if isinstance(a, Pause):
+                pass  # flow control is not simulated
+            elif isinstance(a, LocalVerdict):
+                self._verdict(a)
+            elif isinstance(a, (Apply, DdlOutcome)) and self.plan.hold(a):
+                pass
+            elif isinstance(a, Apply):
+                self._admit(Pending(a.gid, a.prev, a.origin, a.writeset), local=False)
+                self.sim.clock.after(0, self.dispatch)
+            elif isinstance(a, DdlOutcome):
+                raise Violation("the simulation makes no schema changes")
+            elif isinstance(a, CatchUp):
+                self._start_catchup(a)
+            elif isinstance(a, LogQueried):
+                if a.node != self.name:
+                    self.send(bp.LogInfo(a.node, a.request_id, self.name, f"sim:{self.name}",
+                                         self.host.log.base_gid, self.host.log.end_gid, self.book.watermark,
+                                         len(self.book.pending)))
+            elif isinstance(a, LogOffered):
+                if a.info.request_id in self.offers:
+                    self.offers[a.info.request_id].append(a.info)
+            elif isinstance(a, VoteOpened):
+                self.voting.opened(a.gid)
+            elif isinstance(a, VoteDecided):
+                self.sim.trace(self.name, f"vote on GID {a.gid}: {'applied' if a.ok else 'failed'} ({a.detail})")
+                self.voting.decided(a)
+            elif isinstance(a, SyncReached):
+                pass
+            elif isinstance(a, Send):
+                self.send(a.message)
+            elif isinstance(a, PhaseChange):
+                self.phase_reason = a.reason
+                self.sim.trace(self.name, f"phase {a.phase.value}: {a.reason}")
+                self.sim.checker.phase_changed(self.host, a)
+            elif isinstance(a, Remember):
+                self.host.state = self.host.state.with_(epochs=a.epochs, records=dict(a.records))
+            elif isinstance(a, Joined):
+                self.host.state = self.host.state.with_(cluster_uuid=a.cluster_uuid, bootstrap=False,
+                                                        safe_to_bootstrap=False, last_gid=a.gid)
+            else:
+                raise Violation(f"unknown action {a!r}")
+
+    def send(self, m: bp.Message, tickets: Optional[list[int]] = None) -> None:
+        if self.alive:
+            payload = bp.encode(m)
+            self.own.posted(payload, tickets or [])
+            self.sim.bus.send(self.member, payload)
+
+    def _tick(self) -> None:
+        if not self.alive:
+            return
+        self.sim.clock.after(TICK_S, self._tick)
+        if self.frozen:
+            return
+        now = self.sim.clock.now
+        self._act(self.r.tick(now))
+        self.feeder.flush()
+        db = self.host.db
+        if not self.db_ok:
+            return
+        if not db.up:
+            self._database_lost()
+            return
+        self.book.advance(db.last)
+        for g in [g for g, p in self.book.pending.items() if g <= db.last and p.backend is not None]:
+            self.local_done(g)
+        self.voting.check_due()
+        db.flush()  # chorus.durable_gid() flushes
+        self.book.flushed(db.flushed)
+        if now - self.last_progress >= PROGRESS_EVERY_S:
+            self.last_progress = now
+            msg = self.r.progress_message(self.book.watermark)
+            if msg is not None:
+                self._act([msg])
+        self.sim.checker.tick(self)
+
+    def crash(self, detect: float = PROCESS_CHANGE_S) -> None:
+        """The coordinator process ends (killed, or the bus failed); the others see it leave after
+        ``detect`` (at once for a process; after the token timeout when its host or Corosync died)."""
+        if not self.alive:
+            return
+        self.alive = False
+        self.catchup_token += 1
+        for token in self.lock_tokens:  # its sessions' transactions end with their connections
+            self.host.db.release(token)
+        for t in [*self.tickets.values(), *(t for t, _ in self.socket)]:
+            t.state = "unknown"  # their backends lose the connection (08006)
+        for t, _ in self.backends.values():
+            if t.state == "certified":
+                t.state = "unknown"
+        self.sim.bus.drop(self.member, detect)
+
+    # -- the database (coordinator._database_lost, pipeline.restart)
+
+    def _database_lost(self) -> None:
+        if not self.db_ok:
+            return
+        self.db_ok = False
+        self.sim.trace(self.name, "lost PostgreSQL; reconnecting")
+        self._wait_database()
+
+    def _wait_database(self) -> None:
+        if not self.alive:
+            return
+        db = self.host.db
+        if not db.up or db.frozen:
+            self.sim.clock.after(0.5, self._wait_database)
+            return
+        self.epoch += 1
+        db.flush()  # nodedb.start_node, as at the coordinator's start
+        self.scheduler = reschedule(self.book, self.scheduler, self.name, 1, db.last)
+        self.idle, self.replay_busy = APPLY_WORKERS, False
+        self.db_ok = True
+        self.dispatch()
+
+    # -- local transactions (backends.py)
+
+    def refusal(self) -> Optional[str]:
+        if not self.alive:
+            return "no coordinator"
+        if not self.r.accepts_writes or not self.db_ok or not self.host.db.up:
+            return self.phase_reason
+        return None
+
+    def submit(self, txn: Txn, keys: list[int], defer: bool = False) -> None:
+        """A backend's writeset, taken (it was accepting writes): it leaves with the next pump
+        (bussender.BusSender.queue_writeset), so a freeze in between holds it until the thaw;
+        ``defer``: not before the end of the bus batch being read."""
+        ticket = next(self._ticket)
+        payload = make_writeset(txn.xid, self.host.db.last, keys)
+        self.r.expect_local(ticket, wire.scan(payload))
+        self.tickets[ticket] = txn
+        self.outbox.append((ticket, payload))
+        if not self._pump_scheduled and not defer:
+            self._pump_scheduled = True
+            self.sim.clock.after(self.sim.rnd.random() * 0.001, self.pump)
+
+    def thawed(self) -> None:
+        """SIGCONT: the backends' frames that reached its socket just before the freeze are read
+        in the same loop turn as the bus events that piled up (here: before them, while the node
+        still thinks it is online); their writesets leave at the end of that bus batch."""
+        frames, self.socket = self.socket, []
+        for txn, keys in frames:
+            if self.refusal() is None:
+                self.submit(txn, keys, defer=True)
+            else:
+                txn.state = "refused"
+
+    def pump(self) -> None:
+        """Send the queued local writesets as one message, if no writeset message of this node is
+        on the bus (bussender.BusSender.pump: one in flight; another leaves once it comes back or
+        a view changes, so after a freeze they leave after the node's GID request)."""
+        self._pump_scheduled = False
+        if not self.alive or self.frozen or self.in_flight or not self.outbox:
+            return
+        out, self.outbox = self.outbox, []
+        self.in_flight = 1
+        msg: bp.Message = (bp.WritesetMsg(self.name, *out[0]) if len(out) == 1
+                           else bp.WritesetBatch(self.name, tuple(out)))
+        self.send(msg, [t for t, _ in out])
+
+    def _verdict(self, v: LocalVerdict) -> None:
+        txn = self.tickets.pop(v.ticket, None)
+        if not v.ok:
+            if txn is not None:
+                txn.state = "unknown" if v.unknown else "failed"
+            return
+        assert v.writeset is not None
+        b = _Backend(v.ticket) if txn is not None else None
+        p = Pending(v.gid, v.prev, self.name, v.writeset, b)
+        self._admit(p, local=True)
+        if b is None:
+            self.replay(v.gid)
+            return
+        assert txn is not None
+        b.certified.add(v.gid)
+        txn.state, txn.gid, txn.wait_for = "certified", v.gid, p.wait_for
+        self.backends[v.gid] = (txn, b)
+        self.sim.clock.after(0.0005, self._backend_commit, v.gid, self.host.db_generation)
+
+    def _backend_commit(self, gid: int, generation: int) -> None:
+        """The local backend waits for its turn and commits (flushed)."""
+        got = self.backends.get(gid)
+        if got is None or not self.alive:
+            return
+        txn, b = got
+        db = self.host.db
+        if generation != self.host.db_generation or not db.up:
+            self.backends.pop(gid, None)
+            txn.state = "unknown"  # its connection died with PostgreSQL
+            return
+        if db.frozen or db.last < txn.wait_for:
+            self.sim.clock.after(0.002, self._backend_commit, gid, generation)
+            return
+        self.backends.pop(gid, None)
+        if db.last >= gid:
+            return  # replayed meanwhile
+        p = self.book.pending.get(gid)
+        if p is None or p.backend is not b:
+            txn.state = "unknown"
+            return
+        db.commit([(gid, txn.xid)])
+        db.flush()
+        self.sim.checker.committed(self.host, [gid])
+        txn.state = "committed"
+        self.sim.checker.ack(txn)
+        self.local_done(gid)
+
+    # -- the commit pipeline (pipeline.py)
+
+    def _admit(self, p: Pending, local: bool, logged: bool = False) -> None:
+        try:
+            self.book.admit(p)
+        except ValueError as e:
+            raise Violation(f"{self.name}: {e}") from e
+        if not logged:
+            self.feeder.certified(p.gid, p.origin, p.writeset.raw or wire.encode(p.writeset), p.writeset.toi)
+        keys = [k for ws in p.run() for k in order_keys(ws)]
+        self.scheduler.add(p.gid, keys, local=local, barrier=p.writeset.has_schema)
+
+    def local_done(self, gid: int) -> None:
+        p = self.book.committed(gid)
+        if p is None:
+            return
+        if p.backend is not None:
+            p.backend.certified.discard(gid)
+        self.scheduler.committed(gid)
+        self.voting.committed_here(gid)
+        self.dispatch()
+
+    # -- inconsistency voting (voting.py; coordinator._leave, pipeline.commit_skipped)
+
+    def _commit_skipped(self, gid: int) -> None:
+        p = self.book.pending.get(gid)
+        if p is not None:
+            self.sim.trace(self.name, f"GID {gid}: the majority could not apply it either; it commits empty here")
+            p.skip = True
+            self.scheduler.redispatch(gid)
+            self.dispatch()
+
+    def _leave_by_vote(self, why: str) -> None:
+        if not self.alive:
+            return
+        self.sim.trace(self.name, f"leaves: {why}")
+        self.host.state = self.host.state.with_(left_by_vote=why)
+        self.crash()
+
+    def _fails_here(self, p: Pending) -> bool:
+        """A remote writeset touching a row someone changed here behind Chorus's back."""
+        tampered = self.host.db.tampered
+        return bool(tampered) and p.origin != self.name and not p.skip and any(
+            len(k.parts) == 4 and int(k.parts[3]) in tampered for ws in p.run() for k in ws.keys)
+
+    def replay(self, gid: int) -> None:
+        p = self.book.pending.get(gid)
+        if p is None:
+            return
+        p.backend = None
+        self.scheduler.replay(gid)
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        if not self.alive or not self.db_ok or not self.host.db.up:
+            return
+        if not self.replay_busy:
+            gid = self.scheduler.next_replay()
+            if gid is not None:
+                self.replay_busy = True
+                self._start_apply([gid], True)
+        for run in self.scheduler.ready_runs(self.idle, APPLY_RUN):
+            self.idle -= 1
+            self._start_apply(run, False)
+
+    def _start_apply(self, run: list[int], replay: bool) -> None:
+        token = next(self.sim.tokens)
+        self.lock_tokens.add(token)
+        self.sim.clock.after(0.001 + self.sim.rnd.random() * 0.004, self._try_apply, run, replay, self.epoch, token)
+
+    def _try_apply(self, run: list[int], replay: bool, epoch: int, token: int = 0) -> None:
+        if not self.alive or epoch != self.epoch:
+            self.host.db.release(token)
+            return
+        db = self.host.db
+        if not db.up:
+            for g in run:
+                self.scheduler.redispatch(g)
+            self._apply_done(replay, epoch)
+            self._database_lost()
+            return
+        ps = [self.book.pending.get(g) for g in run]
+        if any(p is None for p in ps):
+            db.release(token)
+            self._apply_done(replay, epoch)
+            return
+        first = ps[0]
+        assert first is not None
+        rows = [k.hashed() for p in ps if p is not None for ws in p.run() for k in ws.keys if len(k.parts) == 4]
+        if db.frozen or not db.lock(token, rows) or db.last < first.wait_for:
+            # it takes its rows' locks as it runs, then waits for its commit turn holding them
+            self.sim.clock.after(0.002, self._try_apply, run, replay, epoch, token)
+            return
+        if not replay and any(p is not None and self._fails_here(p) for p in ps):
+            # pipeline._apply_failed, before the session is idle again: a run is tried GID by
+            # GID (back at the queue's head, first again); a GID alone goes to the vote
+            db.release(token)
+            if len(run) > 1:
+                for g in run:
+                    self.scheduler.redispatch(g)
+            else:
+                self.voting.apply_failed(run[0], "a row it changes is not as its origin had it")
+            self._apply_done(replay, epoch)
+            return
+        gids: list[tuple[int, int]] = []
+        for p in ps:
+            assert p is not None
+            for g, ws in zip((*p.before_gids, p.gid), p.run()):
+                gids.append((g, ws.xid))
+        todo = [x for x in gids if x[0] > db.last]
+        if todo and db.last != first.wait_for and db.last not in [g for g, _ in gids]:
+            raise Violation(f"{self.name}: GIDs {[g for g, _ in gids]} would commit after GID {db.last}, "
+                            f"past their turn (they wait for {first.wait_for})")
+        db.release(token)
+        self.lock_tokens.discard(token)
+        if todo:
+            db.commit(todo)
+            self.sim.checker.committed(self.host, [g for g, _ in todo])
+        for g in run:
+            done = self.book.committed(g)
+            self.scheduler.committed(g)
+            if done is None or not done.skip:
+                self.voting.committed_here(g)
+        self.book.advance(run[-1])
+        self._apply_done(replay, epoch)
+
+    def _apply_done(self, replay: bool, epoch: int) -> None:
+        if epoch == self.epoch:
+            if replay:
+                self.replay_busy = False
+            else:
+                self.idle += 1
+        self.dispatch()
+
+    # -- catch-up (catchup.py), its partner side (recovery.RecoveryServer)
+
+    def _start_catchup(self, c: CatchUp) -> None:
+        self.catchup_token += 1
+        self._advance(self.plan.start(c), self.catchup_token, None, None)
+
+    def _advance(self, steps: Steps, token: int, result: Any, error: Optional[BaseException]) -> None:
+        while True:
+            if not self.alive or token != self.catchup_token:
+                steps.close()
+                return
+            if self.frozen:
+                self.sim.clock.after(0.1, self._advance, steps, token, result, error)
+                return
+            try:
+                step = steps.send(result) if error is None else steps.throw(error)
+            except StopIteration:
+                return
+            result, error = None, None
+            if isinstance(step, Act):
+                self._act(step.actions)
+                continue
+            if isinstance(step, Wait):
+                self.sim.clock.after(step.seconds, self._advance, steps, token, None, None)
+            elif isinstance(step, WaitCommitted):
+                self._wait_committed(steps, token, step.gid)
+            elif isinstance(step, AskLogs):
+                rid = f"{self.name}-{self.sim.rnd.getrandbits(32):08x}"
+                self.offers[rid] = []
+                self.send(bp.LogQuery(self.name, rid))
+                self._collect(steps, token, rid, step.members, self.sim.clock.now + LOG_QUERY_WAIT_S)
+            elif isinstance(step, Fetch):
+                self.sim.streams.open(self, steps, token, step)
+            return
+
+    def _wait_committed(self, steps: Steps, token: int, gid: int) -> None:
+        if not self.alive or token != self.catchup_token:
+            steps.close()
+        elif self.book.watermark >= gid or not self.plan.live():
+            self._advance(steps, token, None, None)
+        else:
+            self.sim.clock.after(0.05, self._wait_committed, steps, token, gid)
+
+    def _collect(self, steps: Steps, token: int, rid: str, members: frozenset[str], deadline: float) -> None:
+        got = self.offers.get(rid, [])
+        if self.sim.clock.now >= deadline or members <= {o.partner for o in got}:
+            self.offers.pop(rid, None)
+            self._advance(steps, token, got, None)
+        else:
+            self.sim.clock.after(0.02, self._collect, steps, token, rid, members, deadline)
+
+
+class Streams:
+    """Recovery streams: a joiner's Fetch served from a partner's log (recovery.py), over a TCP
+    connection that a partition stalls and a crash breaks."""
+
+    def __init__(self, sim: "Sim") -> None:
+        self.sim = sim
+
+    def open(self, joiner: Coord, steps: Steps, token: int, step: Fetch) -> None:
+        partner = self.sim.hosts.get(step.partner.partner)
+
+        def fail(why: str, after: float) -> None:
+            self.sim.clock.after(after, joiner._advance, steps, token, None, RecoveryError(why))
+
+        if partner is None or not self.sim.reachable(joiner.host, partner):
+            fail(f"cannot connect to {step.partner.partner}", CONNECT_TIMEOUT_S)
+            return
+        p = partner.coord
+        if p is None or not p.alive:
+            fail(f"{step.partner.partner} refused the connection", 0.001)
+            return
+        stop = min(step.upto, p.book.watermark)
+        try:
+            recs = partner.log.read(step.after, stop)
+        except RecoveryError as e:
+            fail(str(e), 0.002)
+            return
+        self.sim.clock.after(0.002, self._next, joiner, p, steps, token, recs, 0, stop, self.sim.clock.now)
+
+    def _next(self, joiner: Coord, partner: Coord, steps: Steps, token: int, recs: list[LogRecord], i: int,
+              stop: int, last_frame: float) -> None:
+        if not joiner.alive or token != joiner.catchup_token:
+            steps.close()
+            return
+        now = self.sim.clock.now
+        if not partner.alive:
+            joiner._advance(steps, token, None, RecoveryError(f"stream from {partner.name} broke"))
+            return
+        if not self.sim.reachable(joiner.host, partner.host) or partner.frozen or joiner.frozen:
+            if now - last_frame >= FRAME_TIMEOUT_S:
+                joiner._advance(steps, token, None, RecoveryError(f"{partner.name} sent nothing for 30 s"))
+            else:
+                self.sim.clock.after(0.5, self._next, joiner, partner, steps, token, recs, i, stop, last_frame)
+            return
+        if i >= len(recs):
+            joiner._advance(steps, token, stop, None)
+            return
+        if len(joiner.book.pending) > CATCHUP_WINDOW:
+            self.sim.clock.after(0.005, self._next, joiner, partner, steps, token, recs, i, stop, now)
+            return
+        rec = recs[i]
+        if partner.host.log.base >= rec.gid:  # the ring reused the segment under the reader
+            joiner._advance(steps, token, None, RecoveryError("range unavailable: the partner's log moved on"))
+            return
+        try:
+            joiner.plan.take(rec)
+        except Abandoned:
+            steps.close()
+            return
+        self.sim.clock.after(0.0003, self._next, joiner, partner, steps, token, recs, i + 1, stop, now)
+
+
+# ---- hosts ------------------------------------------------------------------------------------
+
+
+class Host:
+    """A machine: its disk (database, log, state file), and the processes on it."""
+
+    def __init__(self, sim: "Sim", index: int, log_capacity: int) -> None:
+        self.sim = sim
+        self.index = index
+        self.name = f"n{index}"
+        self.db = SimDB()
+        self.db_generation = 0  # PostgreSQL restarts: a backend of an older one is gone
+        self.log = SimLog(log_capacity)
+        self.state = NodeState(self.name)
+        self.coord: Optional[Coord] = None
+        self.bus_up = True  # its Corosync
+        self.powered = True
+        self.frozen = False  # its processes are SIGSTOPped (those running when it froze)
+        self._incarnation = itertools.count(1)
+
+    def start_coordinator(self) -> None:
+        if self.coord is not None and self.coord.alive:
+            return
+        if self.state.left_by_vote or not self.bus_up or not self.powered:
+            return
+        if not self.db.up:
+            return  # it waits for its database (started again with PostgreSQL)
+        self.coord = Coord(self, f"{self.index}:{next(self._incarnation)}")
+        self.sim.trace(self.name, f"coordinator started at GID {self.db.last} as {self.coord.member}")
+
+    @property
+    def phase(self) -> str:
+        if self.coord is None or not self.coord.alive:
+            return "down"
+        return self.coord.r.phase.value
+
+
+# ---- the world --------------------------------------------------------------------------------
+
+
+class Sim:
+    def __init__(self, seed: int, n: int = 3, log_capacity: int = 400, trace: bool = False,
+                 keep_trace: int = 400) -> None:
+        self.seed = seed
+        self.rnd = random.Random(seed)
+        self.clock = Clock()
+        self.tracing = trace
+        self.lines: deque[str] = deque(maxlen=None if trace else keep_trace)
+        self.hosts: dict[str, Host] = {f"n{i}": Host(self, i, log_capacity) for i in range(1, n + 1)}
+        self.bus = SimBus(self, n, "1" if n % 2 == 0 else "")
+        self.streams = Streams(self)
+        self.partition: Optional[list[list[int]]] = None  # host groups; None: one network
+        from simchecks import Checker
+        self.checker = Checker(self)
+        self._xid = itertools.count(1)
+        self.tokens = itertools.count(1)
+        self.txns: list[Txn] = []
+        _deterministic_uuids(self.rnd)
+
+    def trace(self, who: str, what: str) -> None:
+        self.lines.append(f"{self.clock.now:9.3f} {who:>4} {what}")
+        if self.tracing:
+            print(self.lines[-1])
+
+    def net_group(self, host: int) -> int:
+        if self.partition is None:
+            return 0
+        for i, g in enumerate(self.partition):
+            if host in g:
+                return i
+        return 1000 + host  # in no group: alone
+
+    def reachable(self, a: Host, b: Host) -> bool:
+        return a.powered and b.powered and self.net_group(a.index) == self.net_group(b.index)
+
+    def coords(self) -> list[Coord]:
+        return [h.coord for h in self.hosts.values() if h.coord is not None and h.coord.alive]
+
+    # -- clients
+
+    def client_txn(self, host: Host) -> None:
+        c = host.coord
+        txn = Txn(host.name, host.index * 10_000_000 + next(self._xid))
+        if c is None or c.refusal() is not None:
+            txn.state = "refused"
+            return
+        keys = self.rnd.sample(range(KEYS), self.rnd.choice((1, 1, 2)))
+        if c.frozen:
+            # its PostgreSQL is stopped too: only a COMMIT sent just before the freeze is waiting
+            if len(c.socket) < 3:
+                self.txns.append(txn)
+                c.socket.append((txn, keys))
+            return
+        self.txns.append(txn)
+        c.submit(txn, keys)
+
+
+def _deterministic_uuids(rnd: random.Random) -> None:
+    """uuid4 (request ids, a new cluster's UUID) from the seed, so that a seed replays exactly."""
+    import chorus.replicator as replicator_module
+
+    class _Uuid:
+        @staticmethod
+        def uuid4() -> uuid.UUID:
+            return uuid.UUID(int=rnd.getrandbits(128), version=4)
+
+    replicator_module.uuid = _Uuid  # type: ignore[assignment]
+
+
+logging.getLogger("chorus").setLevel(logging.ERROR)
