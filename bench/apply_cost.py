@@ -4,7 +4,7 @@
         [--after /usr/lib/postgresql/15/bin] [--writesets 20000] [--rounds 5]
 
 Each build runs in a PostgreSQL of its own (binaries from the directory given, each a copy of
-Debian's with its own extension directory; see CHORUS_PGBIN in chorus/localcluster.py), started
+Debian's with its own extension directory; see CHORUS_PGBIN in chorus/testkit/localcluster.py), started
 here with the extension preloaded and no coordinator. In each, a table of 10,000 rows owned by an
 ordinary role (so the apply switches to its owner, restricted, as it does for a table of an
 application) receives pgbench-like writesets: one row updated each, through

@@ -44,7 +44,7 @@ import psycopg  # noqa: E402
 
 from chorus.config import load_config, write_config  # noqa: E402
 from chorus.admin import admin_request  # noqa: E402
-from chorus.localcluster import LocalCluster, service_dir  # noqa: E402
+from chorus.testkit.localcluster import LocalCluster, service_dir  # noqa: E402
 from pgbench_compare import pgbench_init, pgbench_run  # noqa: E402
 
 HOT_BRANCHES = """\\set aid random(1, 100000 * :scale)

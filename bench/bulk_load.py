@@ -27,9 +27,9 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 
-from chorus.check import node_refs, wait_quiescent  # noqa: E402
-from chorus.localcluster import PGBIN, LocalCluster, PlainPostgres  # noqa: E402
-from chorus.procmem import PeakMemory, children  # noqa: E402
+from chorus.testkit.check import node_refs, wait_quiescent  # noqa: E402
+from chorus.testkit.localcluster import PGBIN, LocalCluster, PlainPostgres  # noqa: E402
+from chorus.testkit.procmem import PeakMemory, children  # noqa: E402
 from pgbench_compare import CPU_CLASSES, bench_root, cluster_up, cpu_seconds  # noqa: E402
 
 

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 
 import psycopg  # noqa: E402
 
-from chorus import check  # noqa: E402
-from chorus import workload as wl  # noqa: E402
-from chorus.localcluster import LocalCluster, service_dir  # noqa: E402
+from chorus.testkit import check  # noqa: E402
+from chorus.testkit import workload as wl  # noqa: E402
+from chorus.testkit.localcluster import LocalCluster, service_dir  # noqa: E402
 
 ACCOUNTS = 1000
 LOG_SCHEMA = "CREATE TABLE IF NOT EXISTS certmem_log (id bigserial PRIMARY KEY, node text, amount integer)"

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/lab_latency.py [--seconds 15] [--rounds 3] [--clients 8] [--scale 10]
 
-The lab (chorus.lab: each host a network namespace with its own Corosync over knet with crypto,
+The lab (chorus.testkit.lab: each host a network namespace with its own Corosync over knet with crypto,
 PostgreSQL and coordinator, on the lab's user-space switch) runs pgbench -N on every host at
 once, the clients divided between them, with 0, 1 and 5 ms of delay added to every frame
 between hosts. A plain PostgreSQL with the same settings runs the same pgbench in the same
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pgbench_compare import Plain, bench_args, bench_root, pgbench_init, pgbench_run, record, report  # noqa: E402
 
-from chorus.lab.rig import Lab  # noqa: E402
+from chorus.testkit.lab.rig import Lab  # noqa: E402
 
 DELAYS = (0, 1, 5)
 

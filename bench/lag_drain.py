@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from chorus.admin import admin_request  # noqa: E402
-from chorus.localcluster import LocalCluster, service_dir  # noqa: E402
+from chorus.testkit.localcluster import LocalCluster, service_dir  # noqa: E402
 from pgbench_compare import pgbench_init, pgbench_run  # noqa: E402
 
 SAMPLE_S = 0.05

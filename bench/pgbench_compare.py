@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 
-from chorus.localcluster import PGBIN, LocalCluster, PlainPostgres as Plain, service_dir  # noqa: E402
+from chorus.testkit.localcluster import PGBIN, LocalCluster, PlainPostgres as Plain, service_dir  # noqa: E402
 
 PGBENCH = str(PGBIN / "pgbench")
 

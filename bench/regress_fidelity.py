@@ -11,9 +11,9 @@ With a cluster (``--dir``), after each test (``--check-every``) every node's coo
 for its state (a node that is no longer online is a finding: the test after which it stopped is
 recorded with the last error lines of its logs), and after each test (``--compare-every``) the
 online nodes are waited on until quiescent and compared with the first one: schema (as
-``chorus.fidelity.schema_of`` prints it), roles, and every replicated table's rows (as
-``chorus.fidelity._rows`` reads them). A difference that was not there before is attributed to the
-test that just ran. At the end ``chorus.fidelity.compare`` runs on the online nodes.
+``chorus.testkit.fidelity.schema_of`` prints it), roles, and every replicated table's rows (as
+``chorus.testkit.fidelity._rows`` reads them). A difference that was not there before is attributed to the
+test that just ran. At the end ``chorus.testkit.fidelity.compare`` runs on the online nodes.
 
 With ``--plain-port`` the scripts run against a plain PostgreSQL on 127.0.0.1 instead (start it
 yourself), for the baseline count of passing tests.
@@ -57,8 +57,8 @@ from typing import Any, Optional
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "coordinator"))
 
-from chorus import fidelity  # noqa: E402
-from chorus.check import CheckError, NodeRef, wait_quiescent  # noqa: E402
+from chorus.testkit import fidelity  # noqa: E402
+from chorus.testkit.check import CheckError, NodeRef, wait_quiescent  # noqa: E402
 from chorus.admin import admin_request  # noqa: E402
 
 PGBIN = os.environ.get("CHORUS_PGBIN", "/usr/lib/postgresql/15/bin")

@@ -29,8 +29,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 
-from chorus.check import node_refs, wait_quiescent  # noqa: E402
-from chorus.localcluster import PGBIN, LocalCluster, PlainPostgres  # noqa: E402
+from chorus.testkit.check import node_refs, wait_quiescent  # noqa: E402
+from chorus.testkit.localcluster import PGBIN, LocalCluster, PlainPostgres  # noqa: E402
 from chorus.migrate import load as loading  # noqa: E402
 from pgbench_compare import bench_root, cluster_up  # noqa: E402
 

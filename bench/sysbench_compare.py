@@ -28,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "coordinator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chorus.check import node_refs, wait_quiescent  # noqa: E402
-from chorus.localcluster import LocalCluster  # noqa: E402
+from chorus.testkit.check import node_refs, wait_quiescent  # noqa: E402
+from chorus.testkit.localcluster import LocalCluster  # noqa: E402
 from pgbench_compare import CPU_CLASSES, Plain, bench_root, cpu_seconds  # noqa: E402
 
 SYSBENCH = shutil.which("sysbench") or "/usr/bin/sysbench"

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg  # noqa: E402
 
-from chorus.localcluster import PGBIN, LocalCluster, service_dir  # noqa: E402
+from chorus.testkit.localcluster import PGBIN, LocalCluster, service_dir  # noqa: E402
 
 CHORUS = str(Path(sys.executable).parent / "chorus")
 OFF = "-c chorus.capture=off -c chorus.replicate_ddl=off"

@@ -205,7 +205,7 @@ def settings_from_env(env: Mapping[str, str]) -> Settings:
 
 def corosync_conf(s: Settings) -> str:
     """Corosync over knet, encrypted and authenticated with the cluster's key; logs to stderr
-    (the container's log). Options as in the lab rig (chorus/lab/rig.py), which explains them."""
+    (the container's log). Options as in the lab rig (chorus/testkit/lab/rig.py), which explains them."""
     nodes = "".join(f"  node {{\n    nodeid: {p.node_id}\n    name: {p.name}\n    ring0_addr: {p.address}\n  }}\n"
                     for p in s.peers)
     return (

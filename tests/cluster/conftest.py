@@ -1,4 +1,4 @@
-"""Fixtures for the fault tests: a lab of 3 hosts (or a module's ``LAB_HOSTS``; chorus.lab), each host a network namespace with
+"""Fixtures for the fault tests: a lab of 3 hosts (or a module's ``LAB_HOSTS``; chorus.testkit.lab), each host a network namespace with
 its own Corosync, PostgreSQL and coordinator. One lab per module; every test leaves it healed,
 thawed and online, and the lab is removed (processes, namespaces, devices) however the tests end.
 """
@@ -17,10 +17,10 @@ from typing import Any, Iterator
 import psycopg
 import pytest
 
-from chorus.check import NodeRef, compare, wait_quiescent
+from chorus.testkit.check import NodeRef, compare, wait_quiescent
 from chorus.admin import admin_request
-from chorus.lab.rig import Lab
-from chorus.workload import BANK_SCHEMA, SET_SCHEMA, bank_setup
+from chorus.testkit.lab.rig import Lab
+from chorus.testkit.workload import BANK_SCHEMA, SET_SCHEMA, bank_setup
 
 ACCOUNTS = 40
 INITIAL = 1000

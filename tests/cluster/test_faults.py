@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from conftest import ACCOUNTS, INITIAL, LabCluster
 
-from chorus.workload import Load, bank_intent_op, check_set, set_intent_op
+from chorus.testkit.workload import Load, bank_intent_op, check_set, set_intent_op
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from conftest import LabCluster, make_lab
 
-from chorus.check import wait_quiescent
+from chorus.testkit.check import wait_quiescent
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -22,15 +22,15 @@ import psycopg
 import pytest
 
 from chorus import recovery as rc
-from chorus.check import NodeRef, compare, node_refs, wait_quiescent
+from chorus.testkit.check import NodeRef, compare, node_refs, wait_quiescent
 from chorus.config import load_config
-from chorus.procmem import PeakMemory
+from chorus.testkit.procmem import PeakMemory
 from chorus.wslog import LogRecord
 
 
 def peak_anon_growth_kb(pid: int, during: Callable[[], object]) -> int:
     """How far process ``pid``'s anonymous memory rose above where it stood while ``during``
-    ran (chorus/procmem.py)."""
+    ran (chorus/testkit/procmem.py)."""
     with PeakMemory({"p": lambda: [pid]}, every=0.001) as mem:
         during()
     return mem.growth_kb["p"]

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from chorus import appendload, elle
-from chorus.localcluster import temporary_postgres
+from chorus.testkit import appendload, elle
+from chorus.testkit.localcluster import temporary_postgres
 from conftest import Cluster
 
 pytestmark = pytest.mark.integration

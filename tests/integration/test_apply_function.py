@@ -26,7 +26,7 @@ from pytest_postgresql import factories
 
 from chorus import wire
 from chorus.localauth import new_password
-from chorus.localcluster import PlainPostgres, temporary_postgres
+from chorus.testkit.localcluster import PlainPostgres, temporary_postgres
 from chorus.nodedb import PIN_SEARCH_PATH
 from conftest import peak_anon_growth_kb
 

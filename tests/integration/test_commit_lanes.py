@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from conftest import Cluster, chorus, extra_cluster
 
-from chorus import workload as wl
+from chorus.testkit import workload as wl
 
 pytestmark = pytest.mark.integration
 

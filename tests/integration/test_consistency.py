@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from chorus import workload as wl
+from chorus.testkit import workload as wl
 from conftest import Cluster, commit_all
 
 pytestmark = pytest.mark.integration

@@ -1,7 +1,7 @@
 """Every node holds exactly the origin's data and schema, whatever the session does (issue 18).
 
 Each case is SQL a client runs through node n1 with psql, under several combinations of session
-settings; then the fidelity harness (chorus/fidelity.py) waits until the cluster is quiescent and
+settings; then the fidelity harness (chorus/testkit/fidelity.py) waits until the cluster is quiescent and
 compares every node's schema (pg_dump, owners and privileges included), roles and the content of
 every table read under fixed settings, failing with the first difference. Each case failed on the
 writeset format 1 (values printed under the writer's settings, schema changes replayed as bare text).
@@ -18,7 +18,7 @@ from typing import Iterator
 import psycopg
 import pytest
 
-from chorus import fidelity
+from chorus.testkit import fidelity
 from conftest import Cluster, extra_cluster
 
 pytestmark = pytest.mark.integration

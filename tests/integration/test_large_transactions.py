@@ -278,8 +278,8 @@ def test_pgbench_init_through_one_node_with_bounded_memory_everywhere(cluster: C
     the other nodes' PostgreSQL maps it from there."""
     import subprocess
 
-    from chorus.localcluster import PGBIN
-    from chorus.procmem import PeakMemory, children
+    from chorus.testkit.localcluster import PGBIN
+    from chorus.testkit.procmem import PeakMemory, children
 
     r = chorus("local", "status", "--dir", cluster.dir, "--json")
     assert r.returncode == 0, r.stderr

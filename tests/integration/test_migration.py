@@ -24,7 +24,7 @@ from typing import Iterator
 import psycopg
 import pytest
 
-from chorus.localcluster import PGBIN, temporary_postgres
+from chorus.testkit.localcluster import PGBIN, temporary_postgres
 from conftest import Cluster, chorus, extra_cluster
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 """Migrations work unchanged (issue 19): schema changes inside transaction blocks, functions, DO
 blocks and event triggers replicate with their data as one unit, certified at commit like any
-writeset (seed 10.1, option 2). Checked with the fidelity harness (chorus/fidelity.py)."""
+writeset (seed 10.1, option 2). Checked with the fidelity harness (chorus/testkit/fidelity.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 import psycopg
 import pytest
 
-from chorus import fidelity
+from chorus.testkit import fidelity
 from conftest import Cluster, commit_all, extra_cluster
 
 pytestmark = pytest.mark.integration

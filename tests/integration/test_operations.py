@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from chorus.localcluster import LocalCluster
+from chorus.testkit.localcluster import LocalCluster
 from conftest import Cluster, chorus, extra_cluster
 
 pytestmark = pytest.mark.integration

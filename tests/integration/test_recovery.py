@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import psycopg
 import pytest
 
-from chorus import workload as wl
+from chorus.testkit import workload as wl
 from conftest import Cluster, chorus, extra_cluster
 
 pytestmark = pytest.mark.integration

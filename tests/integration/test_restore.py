@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from chorus import wire
-from chorus.localcluster import PGBIN, temporary_postgres
+from chorus.testkit.localcluster import PGBIN, temporary_postgres
 from conftest import Cluster
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import psycopg
 import pytest
 
-from chorus.localcluster import PGBIN, PlainPostgres, temporary_postgres
+from chorus.testkit.localcluster import PGBIN, PlainPostgres, temporary_postgres
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from typing import Iterator
 import psycopg
 import pytest
 
-from chorus.check import wait_quiescent
+from chorus.testkit.check import wait_quiescent
 from conftest import Cluster, extra_cluster
 
 pytestmark = pytest.mark.integration

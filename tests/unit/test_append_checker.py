@@ -1,4 +1,4 @@
-"""The list-append checker (chorus/elle.py; issue 23, docs/CHECKER.md).
+"""The list-append checker (chorus/testkit/elle.py; issue 23, docs/CHECKER.md).
 
 Hand-made histories hold one anomaly each, named as in Adya's thesis and the Elle paper
 (Kingsbury & Alvaro, VLDB 2020); the checker must find it and name its transactions. Histories
@@ -15,7 +15,7 @@ from typing import Any, Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chorus.elle import Append, Edge, Key, Outcome, Read, Report, Txn, check
+from chorus.testkit.elle import Append, Edge, Key, Outcome, Read, Report, Txn, check
 
 
 def T(id: int, *ops: tuple[str, str, Any], outcome: Outcome = "ok", final: bool = False) -> Txn:

@@ -27,7 +27,7 @@ from chorus.client import (Backoff, CommitOutcomeUnknown, FailedTransaction, Ret
                            retryable, run_attempts, run_transaction)
 from chorus.client.sqlalchemy import enable_causal_reads, run_in_session, run_in_transaction, sqlstate_of
 from chorus.localauth import new_password
-from chorus.localcluster import PlainPostgres, temporary_postgres
+from chorus.testkit.localcluster import PlainPostgres, temporary_postgres
 
 PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 95
 PASSWORD = new_password()  # the plain server's postgres role's (it takes SCRAM passwords over TCP)

@@ -77,3 +77,30 @@ def test_the_coordinator_has_no_import_circle() -> None:
 def test_the_finder_sees_a_circle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(graph.get(n, ()))
+    return seen
+
+
+def test_the_daemon_never_imports_test_or_lab_tooling() -> None:
+    """``chorus run`` (cli/node.py's daemon, coordinator.py and all they import) stands without
+    chorus.testkit: the checkers, workloads, local cluster and lab exist for tests and labs."""
+    graph = _imports()
+    daemon = _reach(graph, "chorus.coordinator")
+    assert "chorus.replicator" in daemon and "chorus.wslog.writer" in daemon
+    assert sorted(m for m in daemon if _in(m, "chorus.testkit")) == []
+    # only the command line (chorus local, lab, check, demo, migrate) and the tooling itself use it
+    users = {m for m, deps in graph.items() if any(_in(d, "chorus.testkit") for d in deps)}
+    assert {m for m in users if not any(_in(m, p) for p in ("chorus.testkit", "chorus.cli", "chorus.migrate"))} == set()
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")

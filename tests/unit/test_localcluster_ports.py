@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from chorus.localcluster import LocalClusterError, _port_free_or_fail
+from chorus.testkit.localcluster import LocalClusterError, _port_free_or_fail
 
 
 def _listener() -> socket.socket:

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import psycopg
 import pytest
 
-from chorus.localcluster import PlainPostgres, temporary_postgres
+from chorus.testkit.localcluster import PlainPostgres, temporary_postgres
 from chorus.total import STAGE_SCHEMA, make_stages, merge
 from chorus_spark import merkle
 from chorus_spark.merkle import Cut, intervals, unescape

@@ -8,10 +8,10 @@ from typing import Any, Sequence
 
 import click
 
-from chorus import appendload
-from chorus.check import CheckError, NodeRef, node_refs, wait_quiescent
+from chorus.testkit import appendload
+from chorus.testkit.check import CheckError, NodeRef, node_refs, wait_quiescent
 from chorus.cli.common import ChorusCliError, dir_option, json_option, print_json, print_table
-from chorus.localcluster import LocalCluster, LocalClusterError
+from chorus.testkit.localcluster import LocalCluster, LocalClusterError
 
 
 @click.group()

@@ -12,9 +12,9 @@ from typing import Any
 import click
 import psycopg
 
-from chorus.check import CheckError, compare, node_refs, wait_quiescent
+from chorus.testkit.check import CheckError, compare, node_refs, wait_quiescent
 from chorus.cli.common import ChorusCliError, dir_option, print_table
-from chorus.workload import BANK_SCHEMA, bank_setup, bank_total, run_bank
+from chorus.testkit.workload import BANK_SCHEMA, bank_setup, bank_total, run_bank
 
 
 def _chorus(*args: str) -> str:

@@ -11,9 +11,9 @@ import click
 
 from chorus.cli.common import ChorusCliError, json_option, print_json, print_table
 from chorus.cli.local import _node_status
-from chorus.lab.campaign import WORKLOADS, SeedReport, run_seed
-from chorus.lab.rig import Lab
-from chorus.localcluster import LocalClusterError
+from chorus.testkit.lab.campaign import WORKLOADS, SeedReport, run_seed
+from chorus.testkit.lab.rig import Lab
+from chorus.testkit.localcluster import LocalClusterError
 
 
 def lab_dir_option(f: Callable[..., Any]) -> Callable[..., Any]:

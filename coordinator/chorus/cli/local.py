@@ -9,7 +9,7 @@ import psycopg
 
 from chorus.cli.common import ChorusCliError, dir_option, json_option, print_json, print_table
 from chorus.localauth import psql_line
-from chorus.localcluster import LocalCluster, LocalClusterError
+from chorus.testkit.localcluster import LocalCluster, LocalClusterError
 
 
 def _cluster(directory: str, quiet: bool = False) -> LocalCluster:

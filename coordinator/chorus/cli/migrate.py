@@ -18,7 +18,7 @@ def _node_dsn(directory: Optional[str], node: Optional[str], dsn: Optional[str])
         return dsn
     if not directory:
         raise ChorusCliError("give --dsn, or --dir (and --node) of a local cluster")
-    from chorus.localcluster import LocalCluster, LocalClusterError
+    from chorus.testkit.localcluster import LocalCluster, LocalClusterError
 
     try:
         c = LocalCluster(directory)
@@ -42,7 +42,7 @@ def dump(dsn: Optional[str], directory: Optional[str], node: Optional[str], path
     """A plain-SQL dump of a node (pg_dump, any of its options after --) without Chorus's own
     objects (the extension, its schema): it restores into a PostgreSQL without Chorus, e.g.
     `psql -v ON_ERROR_STOP=1 -f dump.sql`."""
-    from chorus.localcluster import PGBIN
+    from chorus.testkit.localcluster import PGBIN
     from chorus.migrate import portable
 
     out: IO[str] = open(path, "w", encoding="utf-8", errors="surrogateescape") if path else sys.stdout
@@ -84,7 +84,7 @@ def load(directory: str, node: Optional[str], jobs: int, fast: bool, spark_maste
          archive: str, pg_restore_args: tuple[str, ...]) -> None:
     """Load a pg_dump archive (-Fc, -Fd) into a local cluster (docs/MIGRATION.md); more
     pg_restore options after the archive. Create the dump's roles first, through any node."""
-    from chorus.localcluster import LocalCluster, LocalClusterError
+    from chorus.testkit.localcluster import LocalCluster, LocalClusterError
     from chorus.migrate import load as loading
 
     def say(line: str) -> None:

@@ -150,7 +150,7 @@ def _node_config(config_path: Optional[str], directory: Optional[str], name: Opt
     """The node's configuration: its file, or for a node of a local cluster the file the cluster
     wrote for it (an operator may have edited it)."""
     if directory is not None:
-        from chorus.localcluster import LocalCluster, LocalClusterError
+        from chorus.testkit.localcluster import LocalCluster, LocalClusterError
 
         if not name:
             raise ChorusCliError("give the node's NAME with --dir")
@@ -284,7 +284,7 @@ def join(config_path: Optional[str], directory: Optional[str], name: Optional[st
         else:
             raise ChorusCliError("--total needs --dir DIR NAME (a local cluster) or --config FILE --donor-dsn DSN")
     elif directory is not None:
-        from chorus.localcluster import LocalCluster, LocalClusterError
+        from chorus.testkit.localcluster import LocalCluster, LocalClusterError
 
         try:
             LocalCluster(directory, log=lambda s: click.echo(s, err=True)).start(name or "", wait=False)
@@ -315,7 +315,7 @@ def leave(config_path: Optional[str], directory: Optional[str], name: Optional[s
     """Leave the cluster gracefully: commit what is certified, leave the group, stop (with --dir,
     PostgreSQL too). A node that leaves last may restart the cluster (safe to bootstrap)."""
     if directory is not None:
-        from chorus.localcluster import LocalCluster, LocalClusterError
+        from chorus.testkit.localcluster import LocalCluster, LocalClusterError
 
         try:
             LocalCluster(directory, log=lambda s: click.echo(s, err=True)).stop(name or "")

@@ -36,7 +36,7 @@ def _say(line: str) -> None:
 
 
 def _local(directory: str) -> tuple[Any, Any]:
-    from chorus.localcluster import LocalCluster
+    from chorus.testkit.localcluster import LocalCluster
 
     c = LocalCluster(directory, log=_say)
     return c, c.load()
@@ -96,7 +96,7 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
     online, unless ``any_donor``: then any node whose coordinator answers (``chorus load --fast``
     rebuilds the others from a node left alone, outside the primary component, once its load is
     done)."""
-    from chorus.localcluster import SERVICE_USER, LocalClusterError
+    from chorus.testkit.localcluster import SERVICE_USER, LocalClusterError
     from chorus.state import load_state, save_state
     from chorus.total import TotalRecoveryError, total_recover
     from chorus.totalconn import ConnectionSettingsError
@@ -191,7 +191,7 @@ def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster
 def verify(directory: str, spark_master: str, spark_submit: Optional[str], range_rows: int, as_json: bool) -> None:
     """Compare every online node with the first, at one snapshot GID, table by table; list the
     rows that differ. Exit status 1 if anything differs."""
-    from chorus.localcluster import LocalClusterError
+    from chorus.testkit.localcluster import LocalClusterError
     from chorus.total import TotalRecoveryError, verify as run_verify
     from chorus.totalconn import ConnectionSettingsError
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from chorus.localcluster import PGBIN
+from chorus.testkit.localcluster import PGBIN
 
 Say = Callable[[str], None]
 
@@ -64,7 +64,7 @@ def through_one_node(directory: str, dump: str, node: str, say: Say, jobs: int =
     seconds of each step."""
     from chorus.cli.node import watch_until_online
     from chorus.cli.total import total_join_local
-    from chorus.localcluster import LocalCluster
+    from chorus.testkit.localcluster import LocalCluster
 
     c = LocalCluster(directory, log=say)
     meta = c.load()

@@ -556,7 +556,7 @@ shared_buffers = 128MB
 log_line_prefix = '%m [%p] '
 """
 
-# shared by the local cluster and the lab (chorus.lab.rig): corosync logs to its own file
+# shared by the local cluster and the lab (chorus.testkit.lab.rig): corosync logs to its own file
 COROSYNC_LOGGING = """logging {{
   to_stderr: no
   to_logfile: yes

@@ -35,7 +35,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-log = logging.getLogger("chorus.lab.switch")
+log = logging.getLogger("chorus.testkit.lab.switch")
 
 TUNSETIFF = 0x400454CA
 IFF_TAP = 0x0002

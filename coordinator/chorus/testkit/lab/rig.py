@@ -7,7 +7,7 @@ other only over the switch, so partitions, delay, loss and duplication between t
 network faults as Corosync and the recovery streams see them. See docs/LAB.md.
 
 ```
-DIR/cluster.json, DIR/nodes/<name>/...   as for `chorus local` (chorus.localcluster)
+DIR/cluster.json, DIR/nodes/<name>/...   as for `chorus local` (chorus.testkit.localcluster)
 DIR/lab.json                             the lab: id, subnet, switch and corosync pids
 DIR/switch.sock, switch.log              the switch's control socket (0600) and log
 DIR/nodes/<name>/corosync/               corosync.conf, authkey (0400), corosync.log
@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from chorus.config import NodeConfig
-from chorus.lab import switch as sw
-from chorus.localcluster import (COROSYNC_LOGGING, SERVICE_USER, LocalCluster, LocalClusterError, Meta, NodeMeta,
+from chorus.testkit.lab import switch as sw
+from chorus.testkit.localcluster import (COROSYNC_LOGGING, SERVICE_USER, LocalCluster, LocalClusterError, Meta, NodeMeta,
                                  _alive, _tail, _terminate, _wait_gone)
 
 COROSYNC = "/usr/sbin/corosync"
@@ -168,13 +168,13 @@ class Lab(LocalCluster):
     # ---- network ------------------------------------------------------------------------
 
     def _network(self, lm: LabMeta) -> None:
-        if _alive(lm.switch_pid, "chorus.lab.switch"):
+        if _alive(lm.switch_pid, "chorus.testkit.lab.switch"):
             return
         taps = [f"chl{lm.lab_id}h{i}" for i in range(lm.hosts + 1)]
         ready = self.dir / "switch.ready"
         ready.unlink(missing_ok=True)
         with open(self.dir / "switch.log", "ab") as out:
-            p = subprocess.Popen([sys.executable, "-m", "chorus.lab.switch", "--control", self.control_path,
+            p = subprocess.Popen([sys.executable, "-m", "chorus.testkit.lab.switch", "--control", self.control_path,
                                   "--ready", str(ready), *taps], stdout=out, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
         lm.switch_pid = p.pid
@@ -340,8 +340,8 @@ class Lab(LocalCluster):
                 if _alive(pid, "corosync"):
                     _terminate(pid, "corosync", 20)
             lm.corosync = {}
-            if _alive(lm.switch_pid, "chorus.lab.switch"):
-                _terminate(lm.switch_pid, "chorus.lab.switch", 10)
+            if _alive(lm.switch_pid, "chorus.testkit.lab.switch"):
+                _terminate(lm.switch_pid, "chorus.testkit.lab.switch", 10)
             lm.switch_pid = 0
             for ns in lm.namespaces:
                 _ip("netns", "del", ns, check=False)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from chorus.lab.rig import Lab
+from chorus.testkit.lab.rig import Lab
 
 FAULTS = ("partition-halves", "isolate-one", "all-alone", "kill-postgres", "kill-coordinator", "kill-corosync",
           "kill-host", "crash-all", "freeze", "netem")

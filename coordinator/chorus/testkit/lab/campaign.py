@@ -17,12 +17,12 @@ from typing import Any, Callable, Optional
 
 import psycopg
 
-from chorus import appendload
+from chorus.testkit import appendload
 from chorus.admin import admin_request
-from chorus.check import CheckError, NodeRef, compare, wait_quiescent
-from chorus.lab.nemesis import Nemesis
-from chorus.lab.rig import Lab
-from chorus.workload import (BANK_SCHEMA, DEFINITE, SET_SCHEMA, Load, Outcomes, bank_intent_op, bank_setup,
+from chorus.testkit.check import CheckError, NodeRef, compare, wait_quiescent
+from chorus.testkit.lab.nemesis import Nemesis
+from chorus.testkit.lab.rig import Lab
+from chorus.testkit.workload import (BANK_SCHEMA, DEFINITE, SET_SCHEMA, Load, Outcomes, bank_intent_op, bank_setup,
                              bank_total, check_set, set_intent_op)
 
 WORKLOADS = ("append", "bank", "set")

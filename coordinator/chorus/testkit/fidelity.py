@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 
 import psycopg
 
-from chorus.check import NodeRef, wait_quiescent
+from chorus.testkit.check import NodeRef, wait_quiescent
 
 PGBIN = "/usr/lib/postgresql/15/bin"
 

@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence
 
 import psycopg
 
-from chorus import elle
+from chorus.testkit import elle
 
 # made anew for each run: values are unique within one run only
 COMMIT_REFUSALS = {"40001", "25006"}  # at COMMIT: certainly not committed (docs/ISOLATION.md)
