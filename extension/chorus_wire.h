@@ -2,7 +2,7 @@
  * chorus_wire.h
  *		Every constant of Chorus's wire formats (docs/PROTOCOL.md): the writeset,
  *		the backend <-> coordinator frames and the verdicts. The coordinator's
- *		Python modules (chorus/wire.py, chorus/backendproto.py) define the same
+ *		Python modules (chorus/wire.py, chorus/commit/backendproto.py) define the same
  *		values; tests/unit/test_wire_constants.py reads this file and checks
  *		them, so the two cannot drift. No PostgreSQL headers: plain defines.
  */

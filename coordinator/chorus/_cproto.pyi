@@ -1,12 +1,12 @@
-# The compiled codecs of the commit path's frames (_cproto.pyx); backendproto.py and busproto.py
+# The compiled codecs of the commit path's frames (_cproto.pyx); commit/backendproto.py and bus/proto.py
 # are its only users.
 from types import ModuleType
 from typing import Iterable, Optional
 
-from chorus.backendproto import Frame
+from chorus.commit.backendproto import Frame
 
 def bind_backend(backendproto: ModuleType) -> None: ...
-def bind_bus(busproto: ModuleType) -> None: ...
+def bind_bus(proto: ModuleType) -> None: ...
 
 class FrameParser:
     def __init__(self) -> None: ...

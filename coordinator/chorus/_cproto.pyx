@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The compiled codecs of the commit path's frames: the backend socket's frame parser and
-verdict frame (backendproto.py: ``PyFrameParser``, ``py_verdict_frame``), and the bus messages
-that carry writesets (busproto.py: ``py_encode_writesets``, ``py_decode_writesets``). Each is the
+verdict frame (commit/backendproto.py: ``PyFrameParser``, ``py_verdict_frame``), and the bus messages
+that carry writesets (bus/proto.py: ``py_encode_writesets``, ``py_decode_writesets``). Each is the
 same reading and writing as its pure-Python reference, compiled with Cython; the modules pick one
 at import (``CHORUS_IMPL=python|c``). tests/unit/test_impl_proto.py checks with Hypothesis that
 both give the same frames and messages and refuse the same bytes.
@@ -32,12 +32,12 @@ def bind_backend(backendproto) -> None:
     TYPES, FIXED, MAX_FRAME = backendproto._TYPES, backendproto._FIXED, backendproto.MAX_FRAME
 
 
-def bind_bus(busproto) -> None:
-    """Take busproto's exception and constants (once, at its import)."""
+def bind_bus(proto) -> None:
+    """Take bus/proto.py's exception and constants (once, at its import)."""
     global BusProtoError, BUS_VERSION, T_WRITESET, T_BATCH
-    BusProtoError, BUS_VERSION = busproto.BusProtoError, busproto.VERSION
-    T_WRITESET = busproto.MessageType.WRITESET.value[0]
-    T_BATCH = busproto.MessageType.WRITESET_BATCH.value[0]
+    BusProtoError, BUS_VERSION = proto.BusProtoError, proto.VERSION
+    T_WRITESET = proto.MessageType.WRITESET.value[0]
+    T_BATCH = proto.MessageType.WRITESET_BATCH.value[0]
 
 
 cdef inline uint32_t be32(const uint8_t *p):
@@ -117,7 +117,7 @@ cdef class FrameParser:
 
 
 def verdict_frame(int verdict, uint64_t gid, uint64_t wait_for, str message, prev=None):
-    """The answer to a backend (backendproto.py_verdict_frame, compiled)."""
+    """The answer to a backend (commit.backendproto.py_verdict_frame, compiled)."""
     cdef bytes msg = message.encode("utf-8")[:65535]
     cdef Py_ssize_t m = len(msg)
     cdef bytes out = PyBytes_FromStringAndSize(NULL, VERDICT_HEAD + m)
@@ -146,7 +146,7 @@ cdef bytes origin_bytes(str origin):
 
 
 def encode_writesets(str origin, items):
-    """A WritesetBatch message (busproto.py_encode_writesets, compiled): origin, count, and each
+    """A WritesetBatch message (bus.proto.py_encode_writesets, compiled): origin, count, and each
     (ticket, writeset)."""
     cdef bytes o = origin_bytes(origin)
     cdef Py_ssize_t size = 2 + 2 + len(o) + 4, pos, olen = len(o), wlen
@@ -179,7 +179,7 @@ def encode_writesets(str origin, items):
 
 def decode_writesets(bytes b):
     """(origin, [(ticket, writeset)]) of a WritesetMsg or WritesetBatch message
-    (busproto.py_decode_writesets, compiled); BusProtoError for anything else or malformed."""
+    (bus.proto.py_decode_writesets, compiled); BusProtoError for anything else or malformed."""
     cdef Py_ssize_t n = len(b), pos, olen, count, i
     cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(b)
     cdef uint64_t ticket

@@ -1,4 +1,4 @@
-# The compiled apply scheduler (_csched.pyx); scheduler.py is its only user.
+# The compiled apply scheduler (_csched.pyx); commit/scheduler.py is its only user.
 from typing import Callable, Iterable, Optional
 
 from chorus.wire import KeyMode

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The compiled apply scheduler: the same dependency tracking as scheduler.py's
-``PyScheduler`` (the reference), compiled with Cython. scheduler.py picks one at import
+"""The compiled apply scheduler: the same dependency tracking as commit/scheduler.py's
+``PyScheduler`` (the reference), compiled with Cython. commit/scheduler.py picks one at import
 (``CHORUS_IMPL=python|c``); tests/unit/test_impl_scheduler.py checks with Hypothesis that both
 dispatch the same runs in the same order for the same sequences of registrations, commits,
 replays and failed attempts. This module imports no other module of Chorus.
@@ -14,7 +14,7 @@ cdef enum:
 
 
 cdef class _KeyState:
-    """The pending holders of one key (scheduler.py's _KeyState)."""
+    """The pending holders of one key (commit/scheduler.py's _KeyState)."""
     cdef readonly long long holders, last_exclusive, last_update
     cdef readonly list since_exclusive
 

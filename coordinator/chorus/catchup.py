@@ -14,12 +14,12 @@ import time
 import uuid
 from typing import Any, Awaitable, Callable, Coroutine, Optional
 
-from chorus import busproto as bp
+from chorus.bus import proto as bp
 from chorus import recovery as rc
 from chorus import wire
 from chorus.catchupplan import (CATCHUP_WINDOW, Abandoned, Act, AskLogs, CatchUpPlan, Fetch, Steps, Wait,
                                 WaitCommitted)
-from chorus.pipeline import CommitPipeline, Pending
+from chorus.commit.pipeline import CommitPipeline, Pending
 from chorus.replicator import Action, CatchUp, Replicator
 from chorus.spool import Spool
 from chorus.wslog import FLAG_DDL_SKIPPED, LogFeeder, LogRecord

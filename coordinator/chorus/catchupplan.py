@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Optional, Protocol, Sequence, Union
 
-from chorus import busproto as bp
+from chorus.bus import proto as bp
 from chorus import wire
-from chorus.commitbook import RunBatcher
+from chorus.commit.book import RunBatcher
 from chorus.recoveryproto import RecoveryError
 from chorus.replicator import Action, Apply, CatchUp, DdlOutcome, Phase, Replicator
 from chorus.spool import SPOOL_AT

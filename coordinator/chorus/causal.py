@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from chorus import backendproto as bpf
-from chorus import busproto as bp
+from chorus.commit import backendproto as bpf
+from chorus.bus import proto as bp
 from chorus.replicator import SyncReached
 
 
 class Reader(Protocol):
-    """A backend waiting for its answer (backends.py)."""
+    """A backend waiting for its answer (commit/backends.py)."""
     closed: bool
 
     def send(self, frame: bytes) -> None: ...

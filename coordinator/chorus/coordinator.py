@@ -5,9 +5,9 @@ the parts and wires them, feeds bus events to the :class:`~chorus.replicator.Rep
 carries out the actions it returns, ticks, answers the admin socket and stops. The parts, each
 in its own module, know one another only through what they are given here:
 
-- nodedb.py: the coordinator's database connection; bussender.py: sending on the bus;
-- backends.py: the backends' socket; causal.py: causal-read markers;
-- pipeline.py: certified writesets from admission to commit (the apply pool);
+- nodedb.py: the coordinator's database connection; bus/sender.py: sending on the bus;
+- commit/backends.py: the backends' socket; causal.py: causal-read markers;
+- commit/pipeline.py: certified writesets from admission to commit (the apply pool);
 - voting.py: inconsistency voting; lockwatch.py: aborting local sessions in an applier's way;
 - catchup.py: partial recovery; nodestatus.py: what the node reports.
 
@@ -28,15 +28,17 @@ from typing import Any, Awaitable, Callable, Coroutine, Optional
 import psycopg
 
 from chorus import admin
-from chorus import busproto as bp
 from chorus import recovery as rc
-from chorus import certifier, outcomes, scheduler, wire
-from chorus.backends import BackendServer
+from chorus import certifier, outcomes, wire
+from chorus.bus import proto as bp
 from chorus.bus import Bus, BusError, View
-from chorus.bussender import BusSender
+from chorus.bus.sender import BusSender
 from chorus.catchup import CatchUpRunner
 from chorus.causal import CausalReads
-from chorus.commitbook import FlowControl
+from chorus.commit import scheduler
+from chorus.commit.backends import BackendServer
+from chorus.commit.book import FlowControl
+from chorus.commit.pipeline import CommitPipeline, Hooks, Pending, raw
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.config import NodeConfig
 from chorus.endpoints import Endpoints
@@ -44,7 +46,6 @@ from chorus.lockwatch import watch_blockers
 from chorus.nodedb import DB_RETRY_S, DatabaseFatal, NodeDatabase, NodeStart
 from chorus import nodestatus
 from chorus.nodestatus import Counters, NodeStatus
-from chorus.pipeline import CommitPipeline, Hooks, Pending, raw
 from chorus.replicator import (Action, Apply, CatchUp, DdlOutcome, Holding, Joined, LocalVerdict, LogOffered,
                                LogQueried, Pause, Phase, PhaseChange, Remember, Replicator, Send, SyncReached,
                                VoteDecided, VoteOpened)
@@ -488,7 +489,7 @@ class Coordinator:
         self.replicator.expect_local(ticket, writeset)
 
     def _lost(self, tickets: list[int]) -> None:
-        """Local writesets whose messages the bus lost at a view change (bussender.OwnMessages):
+        """Local writesets whose messages the bus lost at a view change (bus.sender.OwnMessages):
         the primary component may have committed them; their backends hear that the outcome is
         unknown (SQLSTATE 08007), as when the node leaves the primary component."""
         for ticket in tickets:

@@ -14,7 +14,7 @@ from chorus.blockers import Blocking, BlockerWatch
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodedb import NodeDatabase
 from chorus.nodestatus import Counters
-from chorus.pipeline import CommitPipeline
+from chorus.commit.pipeline import CommitPipeline
 
 log = logging.getLogger("chorus.coordinator")
 

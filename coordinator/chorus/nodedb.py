@@ -1,6 +1,6 @@
 """The coordinator's own connection to its PostgreSQL: the node's committed and durable GIDs,
 the writes switch, and the start of a coordinator (``chorus.node_init``). Apply sessions have
-connections of their own (applier.py)."""
+connections of their own (commit/applier.py)."""
 
 from __future__ import annotations
 

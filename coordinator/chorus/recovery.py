@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional, Sequence
 
-from chorus import busproto as bp
+from chorus.bus import proto as bp
 from chorus import recoveryproto as proto
 from chorus.catchupplan import Progress as Progress, choose_partners as choose_partners
 from chorus.recoveryproto import RangeUnavailable as RangeUnavailable, RecoveryError as RecoveryError

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from chorus import busproto as bp
+from chorus.bus import proto as bp
 from chorus import history, wire
 from chorus.bus import Delivery, View, Votes, bus_node
 from chorus.history import Decision, Epoch, MemberRecord

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional
 
-from chorus import busproto as bp
+from chorus.bus import proto as bp
 from chorus.replicator import VoteDecided
 
 log = logging.getLogger("chorus.coordinator")

@@ -1,5 +1,5 @@
 """How a PostgreSQL program (pg_dump, pg_dumpall, psql) is given connection parameters without
-showing their secrets: shared by the coordinator (chorus.totalconn) and the diff's executors
+showing their secrets: shared by the coordinator (chorus.total.conn) and the diff's executors
 (merkle), which import only ``chorus_spark``."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ against any master:
 
     spark-submit spark/submit_job.py PLAN.json
 
-The plan (JSON, written by ``chorus.total`` into a directory only its user can read: it holds
+The plan (JSON, written by ``chorus.total.recover`` into a directory only its user can read: it holds
 the connection strings) lists the tasks: the table, its cut into leaves, the leaf intervals,
 both sides' connection strings and snapshots, and for recovery the joiner's staging table. Each
 task opens its own libpq sessions from the executor (the donor's importing the exported

@@ -3,8 +3,8 @@
 One process, one seeded random generator, one simulated clock. Every host runs the real pure
 core of a Chorus node: the replicator (membership, certification, uniform commit, re-forming),
 the commit book and the scheduler, the catch-up plan (catchupplan.py) and the log feeder. Around
-it, a twin of the coordinator's I/O shell (``Coord``, mirroring coordinator.py, pipeline.py,
-catchup.py and backends.py step for step) drives it with simulated parts:
+it, a twin of the coordinator's I/O shell (``Coord``, mirroring coordinator.py, commit/pipeline.py,
+catchup.py and commit/backends.py step for step) drives it with simulated parts:
 
 - ``SimBus``: Corosync CPG as DESIGN.md and bus/__init__.py promise it and no more: one agreed
   order per component, self-delivery, views in that order; at a membership change each new
@@ -30,19 +30,19 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from chorus import busproto as bp
+from chorus.bus import proto as bp
 from chorus import wire
 from chorus.bus import Delivery, View, Votes, bus_node
-from chorus.bussender import OwnMessages
+from chorus.bus.sender import OwnMessages
 from chorus.catchupplan import (CATCHUP_WINDOW, Abandoned, Act, AskLogs, CatchUpPlan, Fetch, Steps, Wait,
                                 WaitCommitted)
-from chorus.commitbook import CommitBook
-from chorus.pipeline import Pending, order_keys, reschedule
+from chorus.commit.book import CommitBook
+from chorus.commit.pipeline import Pending, order_keys, reschedule
 from chorus.recoveryproto import RecoveryError
 from chorus.replicator import (Action, Apply, CatchUp, DdlOutcome, Holding, Joined, LocalVerdict, LogOffered,
                                LogQueried, Pause, Phase, PhaseChange, Remember, Replicator, Send, SyncReached,
                                VoteDecided, VoteOpened)
-from chorus.scheduler import Scheduler
+from chorus.commit.scheduler import Scheduler
 from chorus.state import NodeState
 from chorus.voting import InconsistencyVoting
 from chorus.wslog import LogFeeder, LogRecord, starts_again
@@ -485,7 +485,7 @@ class Coord:
         self.tickets: dict[int, Txn] = {}
         self.backends: dict[int, tuple[Txn, _Backend]] = {}  # gid -> its waiting local backend
         self.offers: dict[str, list[bp.LogInfo]] = {}
-        self.own = OwnMessages()  # bussender.BusSender's
+        self.own = OwnMessages()  # bus.sender.BusSender's
         self.lock_tokens: set[int] = set()  # its apply transactions holding row locks
         self.outbox: list[tuple[int, bytes]] = []  # local writesets waiting for the pump
         self.socket: list[tuple[Txn, list[int]]] = []  # backends' COMMITs sent while it is frozen
@@ -683,7 +683,7 @@ class Coord:
         self.db_ok = True
         self.dispatch()
 
-    # -- local transactions (backends.py)
+    # -- local transactions (commit/backends.py)
 
     def refusal(self) -> Optional[str]:
         if not self.alive:
@@ -694,7 +694,7 @@ class Coord:
 
     def submit(self, txn: Txn, keys: list[int], defer: bool = False) -> None:
         """A backend's writeset, taken (it was accepting writes): it leaves with the next pump
-        (bussender.BusSender.queue_writeset), so a freeze in between holds it until the thaw;
+        (bus.sender.BusSender.queue_writeset), so a freeze in between holds it until the thaw;
         ``defer``: not before the end of the bus batch being read."""
         ticket = next(self._ticket)
         payload = make_writeset(txn.xid, self.host.db.last, keys)
@@ -718,7 +718,7 @@ class Coord:
 
     def pump(self) -> None:
         """Send the queued local writesets as one message, if no writeset message of this node is
-        on the bus (bussender.BusSender.pump: one in flight; another leaves once it comes back or
+        on the bus (bus.sender.BusSender.pump: one in flight; another leaves once it comes back or
         a view changes, so after a freeze they leave after the node's GID request)."""
         self._pump_scheduled = False
         if not self.alive or self.frozen or self.in_flight or not self.outbox:
@@ -776,7 +776,7 @@ class Coord:
         self.sim.checker.ack(txn)
         self.local_done(gid)
 
-    # -- the commit pipeline (pipeline.py)
+    # -- the commit pipeline (commit/pipeline.py)
 
     def _admit(self, p: Pending, local: bool, logged: bool = False) -> None:
         try:

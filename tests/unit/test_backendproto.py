@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chorus import backendproto as bpf
+from chorus.commit import backendproto as bpf
 
 
 def _frames() -> list[bytes]:

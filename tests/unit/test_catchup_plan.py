@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from chorus import busproto as bp
+from chorus.bus import proto as bp
 from chorus import wire
 from chorus.catchupplan import AskLogs, CatchUpPlan, Fetch, Steps, Wait, Act, WaitCommitted
 from chorus.recoveryproto import RecoveryError

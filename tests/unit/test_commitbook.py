@@ -1,4 +1,4 @@
-"""The commit bookkeeping (chorus/commitbook.py) against a simple reference model: random
+"""The commit bookkeeping (chorus/commit/book.py) against a simple reference model: random
 admissions, commits, flushes and PostgreSQL restarts."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chorus.commitbook import CommitBook, FlowControl, RunBatcher
+from chorus.commit.book import CommitBook, FlowControl, RunBatcher
 
 
 @dataclass

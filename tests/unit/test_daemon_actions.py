@@ -10,7 +10,7 @@ from chorus import wire
 from chorus.catchup import CatchUpRunner
 from chorus.config import NodeConfig
 from chorus.coordinator import Coordinator
-from chorus.pipeline import Pending
+from chorus.commit.pipeline import Pending
 from chorus.replicator import Apply, CatchUp, Phase, PhaseChange, Replicator
 
 

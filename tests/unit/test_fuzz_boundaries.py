@@ -16,8 +16,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chorus import backendproto as bpf
-from chorus import busproto as bp
+from chorus.commit import backendproto as bpf
+from chorus.bus import proto as bp
 from chorus import wire
 from chorus.admin import serve
 from test_replicator import NAMES, form, writeset

@@ -1,6 +1,6 @@
 """The compiled codecs of the commit path (chorus/_cproto.pyx) against their pure-Python
-references: the backend frame parser and the verdict frame (backendproto.py), and the bus
-messages that carry writesets (busproto.py). On any bytes, fed in any pieces, both give the same
+references: the backend frame parser and the verdict frame (commit/backendproto.py), and the bus
+messages that carry writesets (bus/proto.py). On any bytes, fed in any pieces, both give the same
 frames and messages or both refuse."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chorus import backendproto as bpf
-from chorus import busproto as bp
+from chorus.commit import backendproto as bpf
+from chorus.bus import proto as bp
 
 SCALE = int(os.environ.get("CHORUS_FUZZ_SCALE", "1"))
 

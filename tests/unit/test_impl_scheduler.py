@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chorus import scheduler
+from chorus.commit import scheduler
 from chorus.wire import KeyMode
 
 SCALE = int(os.environ.get("CHORUS_FUZZ_SCALE", "1"))

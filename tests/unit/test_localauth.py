@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from chorus import localauth
-from chorus.totalconn import match_passfile, parse_dsn
+from chorus.total.conn import match_passfile, parse_dsn
 
 # what initdb --auth=trust wrote for clusters made before (PostgreSQL 15's pg_hba.conf, comments cut)
 INITDB_TRUST = """# TYPE  DATABASE        USER            ADDRESS                 METHOD

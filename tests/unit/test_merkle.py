@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from chorus.testkit.localcluster import PlainPostgres, temporary_postgres
-from chorus.total import STAGE_SCHEMA, make_stages, merge
+from chorus.total.recover import STAGE_SCHEMA, make_stages, merge
 from chorus_spark import merkle
 from chorus_spark.merkle import Cut, intervals, unescape
 

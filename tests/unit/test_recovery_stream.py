@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from chorus import busproto as bp
+from chorus.bus import proto as bp
 from chorus import recovery as rc
 from chorus import recoveryproto as proto
 from chorus.wslog import FLAG_DDL_SKIPPED, LogFeeder, LogRecord, PiecedPayload, WritesetLog

@@ -10,7 +10,7 @@ import random
 from collections import deque
 from typing import Callable
 
-from chorus import busproto as bp
+from chorus.bus import proto as bp
 from chorus import wire
 from chorus.bus import Delivery, View
 from chorus.history import Epoch, MemberRecord

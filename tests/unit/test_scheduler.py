@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chorus.scheduler import PyScheduler, Scheduler
+from chorus.commit.scheduler import PyScheduler, Scheduler
 from chorus.wire import KeyMode
 
 

@@ -1,5 +1,5 @@
 """The coordinator's parts that decide without a database: causal-read markers (causal.py),
-inconsistency voting (voting.py) and the bus sender's batching (bussender.py), each built alone
+inconsistency voting (voting.py) and the bus sender's batching (bus/sender.py), each built alone
 with what the daemon would give it (issue 20: no part reaches another through a shared self)."""
 
 from __future__ import annotations
@@ -7,18 +7,18 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from chorus import backendproto as bpf
+from chorus.commit import backendproto as bpf
 from chorus import wire
-from chorus import busproto as bp
+from chorus.bus import proto as bp
 from chorus.bus import BusError
-from chorus.bussender import BATCH_BYTES, BusSender, OwnMessages
-from chorus.commitbook import CommitBook
+from chorus.bus.sender import BATCH_BYTES, BusSender, OwnMessages
+from chorus.commit.book import CommitBook
 from chorus.causal import CausalReads
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
-from chorus.pipeline import CommitPipeline, Hooks, Pending, reschedule
+from chorus.commit.pipeline import CommitPipeline, Hooks, Pending, reschedule
 from chorus.replicator import SyncReached, VoteDecided
-from chorus.scheduler import Scheduler
+from chorus.commit.scheduler import Scheduler
 from chorus.voting import InconsistencyVoting
 from chorus.wslog import LogFeeder, WritesetLog
 
@@ -202,7 +202,7 @@ def test_own_messages_a_message_not_posted_loses_nothing() -> None:
 
 
 def test_a_catch_up_run_is_scheduled_by_the_keys_of_all_its_writesets(tmp_path: Path) -> None:
-    """A catch-up run (commitbook.RunBatcher) is admitted as one pending entry holding every
+    """A catch-up run (commit.book.RunBatcher) is admitted as one pending entry holding every
     writeset of it, scanned, not merged: what comes after waits for it if it shares a key with
     any of them, and its apply hands all of them, in order, to the apply function."""
     table = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
@@ -260,7 +260,7 @@ def test_a_catch_up_run_partly_committed_here_applies_the_rest(tmp_path: Path) -
     """Local backends of a coordinator that stopped commit their certified GIDs while the next
     one catches up: a run whose first GIDs they committed (SQLSTATE CH002) goes again with the
     rest, after the last one committed, instead of stopping the node."""
-    from chorus.applier import PartlyCommitted
+    from chorus.commit.applier import PartlyCommitted
     table = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
 
     def ws(key: bytes) -> wire.Writeset:
@@ -309,7 +309,7 @@ def test_an_apply_that_fails_after_postgres_restarted_leaves_the_restarted_pipel
     """An apply in flight when PostgreSQL restarts ends (failed) after the restart rebuilt the
     idle sessions and the scheduler: it must not hand its session back a second time (two applies
     would share one connection), re-dispatch its GID, or report the lost connection again."""
-    from chorus.applier import ApplyConnectionLost
+    from chorus.commit.applier import ApplyConnectionLost
     table = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
     ws = wire.scan(wire.encode(wire.Writeset(1, 1, 0, (table,), (wire.Row("I", 0, (), (b"1",)),),
                                              (wire.Key(wire.KeyMode.UPDATE, (b"public", b"t", b"id", b"1")),))))

@@ -1,4 +1,4 @@
-"""How ``chorus`` runs the diff job with spark-submit (chorus.total.run_job): the command and
+"""How ``chorus`` runs the diff job with spark-submit (chorus.total.recover.run_job): the command and
 environment a cluster needs, the job's progress passed on as it comes, and a failing job's exit
 status and last lines in the error. A stand-in spark-submit records what it was given; the real
 thing, on a standalone master and worker, is tests/integration/test_spark_cluster.py."""
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from chorus.total import TotalRecoveryError, run_job, submit_command
+from chorus.total.recover import TotalRecoveryError, run_job, submit_command
 from chorus_spark import launch
 
 FAKE = """#!/bin/sh

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chorus import backendproto as bpf
-from chorus import busproto as bp
+from chorus.commit import backendproto as bpf
+from chorus.bus import proto as bp
 from chorus import wire
-from chorus.backends import BackendConnection
+from chorus.commit.backends import BackendConnection
 from chorus.bus.fragment import FragmentError, Reassembler, fragments
 from chorus.spool import Concat, Spool, SpooledBuffer
 
@@ -190,7 +190,7 @@ class _Transport:
 def _receive(sizes: list[int], cuts: list[int], d: str) -> tuple[list[bytes], list[tuple[bytes, bytes, bool]]]:
     """Writeset frames of these sizes, each followed by a C frame, fed to a BackendConnection cut
     at ``cuts`` (a spool threshold of 20,000 bytes): the payloads and the frames it handed over."""
-    import chorus.backends as backends
+    import chorus.commit.backends as backends
     server = _Server(Spool(d))
     conn = BackendConnection(server)  # type: ignore[arg-type]
     conn.connection_made(_Transport())  # type: ignore[arg-type]

@@ -1,5 +1,5 @@
-"""Total recovery's connection settings (chorus.totalconn) and schema comparison
-(chorus.totalschema), without a server: a libpq connection string, with libpq's environment and
+"""Total recovery's connection settings (chorus.total.conn) and schema comparison
+(chorus.total.schema), without a server: a libpq connection string, with libpq's environment and
 password file, reaches psycopg and the PostgreSQL programs whole, and secrets never reach a
 command line (docs/RECOVERY.md, "Authentication and TLS")."""
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from chorus.totalconn import (ConnectionSettingsError, Endpoint, match_passfile, parse_dsn, passfile_password,
+from chorus.total.conn import (ConnectionSettingsError, Endpoint, match_passfile, parse_dsn, passfile_password,
                               program_args, redact, with_environment, write_private)
 from chorus_spark.merkle import _psql_dsn
-from chorus.totalschema import differences, normalise, restorable, role_statements, table_entries
+from chorus.total.schema import differences, normalise, restorable, role_statements, table_entries
 
 TLS_DSN = ("host=db1.example port=6432 dbname=app user=alice password='p w\\'d' sslmode=verify-full "
            "sslrootcert=/etc/ca.crt sslcert=/etc/c.crt sslkey=/etc/c.key application_name=x connect_timeout=5")
@@ -199,7 +199,7 @@ def test_only_missing_roles_are_created() -> None:
 def test_a_failure_mid_way_ends_as_one_total_recovery_error() -> None:
     import psycopg
 
-    from chorus.total import TotalRecoveryError, _one_line_errors
+    from chorus.total.recover import TotalRecoveryError, _one_line_errors
     from chorus_spark import merkle
 
     @_one_line_errors

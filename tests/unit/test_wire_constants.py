@@ -1,5 +1,5 @@
 """The C and Python owners of the wire formats agree (extension/chorus_wire.h against
-chorus/wire.py and chorus/backendproto.py): every constant is read from the header and compared,
+chorus/wire.py and chorus/commit/backendproto.py): every constant is read from the header and compared,
 so neither side can change one alone."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import re
 import struct
 from pathlib import Path
 
-from chorus import applier
-from chorus import backendproto as bpf
+from chorus.commit import applier
+from chorus.commit import backendproto as bpf
 from chorus import wire
 
 HEADER = Path(__file__).resolve().parents[2] / "extension" / "chorus_wire.h"

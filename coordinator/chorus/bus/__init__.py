@@ -13,6 +13,9 @@ Guarantees every implementation gives (the seed's GCS requirements, section 11):
 * **Whole messages.** ``send`` accepts payloads of any size up to ``MAX_MESSAGE``; larger ones
   are fragmented below this interface and delivered once, whole, at the position of their
   last fragment. A partly received message of a member that leaves is dropped.
+
+What travels on it is :mod:`chorus.bus.proto` (the message types, each encoded and decoded side by
+side); :mod:`chorus.bus.sender` is a node's outbox.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Total recovery (``chorus node join --total``: a node of a local cluster with ``--dir DIR NAME``,
 any node with ``--config FILE --donor-dsn DSN``) and ``chorus verify`` (a local cluster): both run
-the Spark snapshot diff (chorus.total, spark/chorus_spark)."""
+the Spark snapshot diff (chorus.total.recover, spark/chorus_spark)."""
 
 from __future__ import annotations
 
@@ -45,9 +45,9 @@ def _local(directory: str) -> tuple[Any, Any]:
 def _endpoint(c: Any, meta: Any, n: Any) -> Any:
     """A local node's database over TCP (the diff's tasks reach it so), with the password from
     the cluster's password file; what the DSN leaves out (TLS) from the libpq environment
-    (totalconn.Endpoint)."""
+    (total.conn.Endpoint)."""
     from chorus.localauth import tcp_dsn
-    from chorus.total import Endpoint
+    from chorus.total.recover import Endpoint
 
     return Endpoint.from_dsn(n.name, tcp_dsn(n.port, c.passfile))
 
@@ -98,8 +98,8 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
     done)."""
     from chorus.testkit.localcluster import SERVICE_USER, LocalClusterError
     from chorus.state import load_state, save_state
-    from chorus.total import TotalRecoveryError, total_recover
-    from chorus.totalconn import ConnectionSettingsError
+    from chorus.total.recover import TotalRecoveryError, total_recover
+    from chorus.total.conn import ConnectionSettingsError
 
     try:
         c, meta = _local(directory)
@@ -150,8 +150,8 @@ def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster
 
     from chorus.admin import admin_request
     from chorus.state import load_state, save_state
-    from chorus.total import Endpoint, TotalRecoveryError, total_recover
-    from chorus.totalconn import ConnectionSettingsError
+    from chorus.total.recover import Endpoint, TotalRecoveryError, total_recover
+    from chorus.total.conn import ConnectionSettingsError
 
     try:
         admin_request(cfg.admin_socket, timeout=2)
@@ -192,8 +192,8 @@ def verify(directory: str, spark_master: str, spark_submit: Optional[str], range
     """Compare every online node with the first, at one snapshot GID, table by table; list the
     rows that differ. Exit status 1 if anything differs."""
     from chorus.testkit.localcluster import LocalClusterError
-    from chorus.total import TotalRecoveryError, verify as run_verify
-    from chorus.totalconn import ConnectionSettingsError
+    from chorus.total.recover import TotalRecoveryError, verify as run_verify
+    from chorus.total.conn import ConnectionSettingsError
 
     try:
         c, meta = _local(directory)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Iterator
 
-from chorus.totalschema import Entry
+from chorus.total.schema import Entry
 
 # a plain dump's entry header (its object, or its data)
 _HEADER = re.compile(r"^-- (?:Data for )?Name: (?P<name>.*); Type: (?P<type>.*); Schema: (?P<schema>.*); "

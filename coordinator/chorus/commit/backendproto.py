@@ -31,7 +31,7 @@ VERDICT_UNDONE = 5  # a schema change another node failed to apply: undone every
 
 
 class FrameType(bytes, enum.Enum):
-    """A frame's type byte. (Bus messages have type bytes of their own: busproto.py.)"""
+    """A frame's type byte. (Bus messages have type bytes of their own: bus/proto.py.)"""
     WRITESET = b"W"  # backend: its writeset, for certification
     COMMITTED = b"C"  # backend: it committed certified GID gid (u64 gid, u32 xid)
     ABORTED = b"A"  # backend: it ended without committing certified GID gid (u64 gid, u32 xid)

@@ -2,7 +2,7 @@
 COMMIT and waits for the verdict; it then reports its commit (or abort) of the certified GID,
 asks for causal-read markers, and returns the content of a schema change it ran.
 
-A backend's writeset gets a ticket and goes to the bus (bussender.py); the verdict comes back
+A backend's writeset gets a ticket and goes to the bus (bus/sender.py); the verdict comes back
 from the replicator by ticket. A certified local writeset enters the commit pipeline
 (pipeline.py) with its backend, which commits it; if the backend goes away first, the pipeline
 replays it.
@@ -18,15 +18,15 @@ from typing import Any, Callable, Coroutine, Optional, cast
 
 import psycopg
 
-from chorus import backendproto as bpf
-from chorus import busproto as bp
+from chorus.commit import backendproto as bpf
+from chorus.bus import proto as bp
 from chorus import wire
 from chorus.bus import BusError
-from chorus.bussender import BusSender
+from chorus.bus.sender import BusSender
 from chorus.causal import CausalReads
 from chorus.nodedb import NodeDatabase
 from chorus.nodestatus import Counters
-from chorus.pipeline import CommitPipeline, Pending, Waiter
+from chorus.commit.pipeline import CommitPipeline, Pending, Waiter
 from chorus.replicator import LocalVerdict
 from chorus.spool import SPOOL_AT, Spool, SpoolWriter
 

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 import psycopg
 from psycopg import sql
 
-from chorus.totalconn import Endpoint
+from chorus.total.conn import Endpoint
 
 PGBIN = Path("/usr/lib/postgresql/15/bin")
 OFF = "-c chorus.capture=off -c chorus.replicate_ddl=off -c chorus.replicate_roles=off"

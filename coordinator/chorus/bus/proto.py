@@ -41,7 +41,7 @@ VERSION = 3  # 3: re-forming without a synced member (epochs, member records, Le
 
 class MessageType(bytes, enum.Enum):
     """A bus message's type byte (the table above). Backend frames and recovery-stream frames
-    have type bytes of their own, some the same letters: backendproto.py, recoveryproto.py."""
+    have type bytes of their own, some the same letters: commit/backendproto.py, recoveryproto.py."""
     WRITESET = b"W"
     WRITESET_BATCH = b"M"
     GID_REQUEST = b"Q"

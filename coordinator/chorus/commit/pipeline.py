@@ -1,7 +1,7 @@
 """The node's commit pipeline: certified writesets from admission to their commit here.
 
 Every certified writeset, local or remote, is admitted in GID order: into the writeset log, the
-commit book (pending set, watermark, lanes: commitbook.py) and the dependency scheduler
+commit book (pending set, watermark, lanes: book.py) and the dependency scheduler
 (scheduler.py). Remote ones are applied by a pool of apply sessions (applier.py), in parallel
 where independent and as runs of consecutive writesets where they are not; a local one is
 committed by its backend, or replayed by the replay session if its backend gave up. After a
@@ -20,14 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, Optional, Protocol
 
-from chorus import busproto as bp
+from chorus.bus import proto as bp
 from chorus import wire
-from chorus.applier import ApplyConnectionLost, ApplyError, ApplySession, PartlyCommitted, TransientApplyError
-from chorus.commitbook import CommitBook
+from chorus.commit.applier import ApplyConnectionLost, ApplyError, ApplySession, PartlyCommitted, TransientApplyError
+from chorus.commit.book import CommitBook
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
 from chorus.replicator import DdlOutcome
-from chorus.scheduler import ApplyScheduler, Scheduler
+from chorus.commit.scheduler import ApplyScheduler, Scheduler
 from chorus.spool import Spool
 from chorus.wslog import LogFeeder
 
@@ -123,7 +123,7 @@ class CommitPipeline:
         self._send = send
         self._spawn = spawn
         self.hooks = hooks
-        # pending certified writesets, the watermark, commit lanes, unflushed commits (commitbook.py):
+        # pending certified writesets, the watermark, commit lanes, unflushed commits (book.py):
         # applied commits are not flushed one by one (applier.py), and a local one may be counted
         # before its backend flushed it; they are re-applied if PostgreSQL crashes before
         # chorus.durable_gid() passes them

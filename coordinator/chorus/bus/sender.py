@@ -14,7 +14,7 @@ import logging
 from collections import deque
 from typing import Any, Callable, Coroutine, Optional, Union
 
-from chorus import busproto as bp
+from chorus.bus import proto as bp
 from chorus.bus import Bus, BusError
 from chorus.spool import SpooledBuffer
 

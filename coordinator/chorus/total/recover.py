@@ -4,7 +4,7 @@ Total recovery of a joiner whose coordinator is stopped:
 1. the donor exports a snapshot in a REPEATABLE READ transaction and reports its GID
    (``chorus.snapshot_gid()``: commits happen in GID order, so the snapshot holds exactly the
    GIDs up to it); the transaction stays open until the diff has read what it needs;
-2. the joiner's schema, roles and extensions are made the donor's (``chorus.totalschema``:
+2. the joiner's schema, roles and extensions are made the donor's (``chorus.total.schema``:
    ``pg_dump --schema-only --snapshot`` with owners and privileges, compared with the joiner's);
 3. the Spark job (``chorus_spark.job``) diffs every replicated table and COPYs the delta into
    unlogged staging tables on the joiner;
@@ -36,8 +36,8 @@ from typing import Any, Callable, Optional
 import psycopg
 from psycopg import sql
 
-from chorus import totalschema
-from chorus.totalconn import Endpoint, make_private_dir, redact, write_private
+from chorus.total import schema as total_schema
+from chorus.total.conn import Endpoint, make_private_dir, redact, write_private
 from chorus_spark import merkle
 
 __all__ = ["Endpoint", "TotalRecoveryError", "total_recover", "verify"]
@@ -59,7 +59,7 @@ def _one_line_errors(f: Callable[..., dict[str, Any]]) -> Callable[..., dict[str
     def run(*args: Any, **kw: Any) -> dict[str, Any]:
         try:
             return f(*args, **kw)
-        except (merkle.DiffError, totalschema.SchemaSyncError) as e:
+        except (merkle.DiffError, total_schema.SchemaSyncError) as e:
             raise TotalRecoveryError(str(e)) from e
         except psycopg.Error as e:
             raise TotalRecoveryError(f"a database failed mid-way: {str(e).strip()}") from e
@@ -404,9 +404,9 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
         with psycopg.connect(joiner.dsn, options=OFF, autocommit=True) as conn:
             dtables = describe_tables(snap.conn)
             dkeyless = describe_tables(snap.conn, keyed=False)
-            for line in totalschema.sync_schema(donor, snap.name, joiner, conn):
+            for line in total_schema.sync_schema(donor, snap.name, joiner, conn):
                 progress("schema", line)
-            for line in totalschema.sync_capture(snap.conn, conn):
+            for line in total_schema.sync_capture(snap.conn, conn):
                 progress("schema", line)
             table_sizes(snap.conn, dtables)
             table_sizes(snap.conn, dkeyless)
@@ -434,7 +434,7 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
                     copied.append(c)
                     progress("copy", f"{c['table']}: copied {c['copied']} rows ({_mb(c['bytes_donor'])} read)", **c)
             moved_seq = move_sequences(snap, conn)
-            mviews = totalschema.populated_matviews(snap.conn)
+            mviews = total_schema.populated_matviews(snap.conn)
             snap.close()
             per_table: dict[str, dict[str, Any]] = {}
             for r in results:
@@ -446,7 +446,7 @@ def total_recover(donor: Endpoint, joiner: Endpoint, say: Say, range_rows: int =
                 label = f"{t['schema']}.{t['name']}"
                 n = merge(conn, t, i)
                 progress("merge", f"merged {label}: {n} rows written", table=label, rows=n)
-            for line in totalschema.refresh_matviews(conn, mviews):
+            for line in total_schema.refresh_matviews(conn, mviews):
                 progress("merge", line)
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(STAGE_SCHEMA)))
             conn.execute("SELECT chorus.adopt_gid(%s)", (snap.gid,))
