@@ -20,7 +20,8 @@ from chorus import wire
 from chorus.catchupplan import (CATCHUP_WINDOW, Abandoned, Act, AskLogs, CatchUpPlan, Fetch, Steps, Wait,
                                 WaitCommitted)
 from chorus.commit.pipeline import CommitPipeline, Pending
-from chorus.replicator import Action, CatchUp, Replicator
+from chorus.actions import Action, CatchUp
+from chorus.replicator import Replicator
 from chorus.spool import Spool
 from chorus.wslog import FLAG_DDL_SKIPPED, LogFeeder, LogRecord
 

@@ -31,7 +31,8 @@ from chorus.bus import proto as bp
 from chorus import wire
 from chorus.commit.book import RunBatcher
 from chorus.recoveryproto import RecoveryError
-from chorus.replicator import Action, Apply, CatchUp, DdlOutcome, Phase, Replicator
+from chorus.actions import Action, Apply, CatchUp, DdlOutcome, Phase
+from chorus.replicator import Replicator
 from chorus.spool import SPOOL_AT
 from chorus.wslog import LogRecord
 

@@ -9,7 +9,7 @@ from typing import Callable, Protocol
 
 from chorus.commit import backendproto as bpf
 from chorus.bus import proto as bp
-from chorus.replicator import SyncReached
+from chorus.actions import SyncReached
 
 
 class Reader(Protocol):

@@ -46,9 +46,9 @@ from chorus.lockwatch import watch_blockers
 from chorus.nodedb import DB_RETRY_S, DatabaseFatal, NodeDatabase, NodeStart
 from chorus import nodestatus
 from chorus.nodestatus import Counters, NodeStatus
-from chorus.replicator import (Action, Apply, CatchUp, DdlOutcome, Holding, Joined, LocalVerdict, LogOffered,
-                               LogQueried, Pause, Phase, PhaseChange, Remember, Replicator, Send, SyncReached,
-                               VoteDecided, VoteOpened)
+from chorus.actions import (Action, Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried, Pause,
+                            Phase, PhaseChange, Remember, Send, SyncReached, VoteDecided, VoteOpened)
+from chorus.replicator import Holding, Replicator
 from chorus.spool import Spool
 from chorus.state import NodeState, load_state, save_state
 from chorus.voting import InconsistencyVoting

@@ -9,7 +9,7 @@ import logging
 from typing import Callable, Optional
 
 from chorus.bus import proto as bp
-from chorus.replicator import VoteDecided
+from chorus.actions import VoteDecided
 
 log = logging.getLogger("chorus.coordinator")
 

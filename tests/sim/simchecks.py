@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chorus.replicator import Phase, PhaseChange
+from chorus.actions import Phase, PhaseChange
 
 if TYPE_CHECKING:
     from simworld import Coord, Host, Sim, Txn

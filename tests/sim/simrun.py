@@ -22,7 +22,7 @@ from typing import Callable, Optional
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from chorus import history  # noqa: E402
-from chorus.replicator import Phase  # noqa: E402
+from chorus.actions import Phase  # noqa: E402
 from chorus.state import NodeState  # noqa: E402
 from simworld import (MERGE_S, PROCESS_CHANGE_S, TOKEN_TIMEOUT_S, Host, Sim, Stuck, Violation)  # noqa: E402
 

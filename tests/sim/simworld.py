@@ -39,9 +39,9 @@ from chorus.catchupplan import (CATCHUP_WINDOW, Abandoned, Act, AskLogs, CatchUp
 from chorus.commit.book import CommitBook
 from chorus.commit.pipeline import Pending, order_keys, reschedule
 from chorus.recoveryproto import RecoveryError
-from chorus.replicator import (Action, Apply, CatchUp, DdlOutcome, Holding, Joined, LocalVerdict, LogOffered,
-                               LogQueried, Pause, Phase, PhaseChange, Remember, Replicator, Send, SyncReached,
-                               VoteDecided, VoteOpened)
+from chorus.actions import (Action, Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried, Pause,
+                            Phase, PhaseChange, Remember, Send, SyncReached, VoteDecided, VoteOpened)
+from chorus.replicator import Holding, Replicator
 from chorus.commit.scheduler import Scheduler
 from chorus.state import NodeState
 from chorus.voting import InconsistencyVoting

@@ -9,7 +9,8 @@ from chorus.bus import proto as bp
 from chorus import wire
 from chorus.catchupplan import AskLogs, CatchUpPlan, Fetch, Steps, Wait, Act, WaitCommitted
 from chorus.recoveryproto import RecoveryError
-from chorus.replicator import Apply, CatchUp, Phase, PhaseChange, Replicator, Send
+from chorus.actions import Apply, CatchUp, Phase, PhaseChange, Send
+from chorus.replicator import Replicator
 from chorus.wslog import LogRecord
 
 

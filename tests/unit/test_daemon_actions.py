@@ -11,7 +11,8 @@ from chorus.catchup import CatchUpRunner
 from chorus.config import NodeConfig
 from chorus.coordinator import Coordinator
 from chorus.commit.pipeline import Pending
-from chorus.replicator import Apply, CatchUp, Phase, PhaseChange, Replicator
+from chorus.actions import Apply, CatchUp, Phase, PhaseChange
+from chorus.replicator import Replicator
 
 
 def _writeset(key: bytes) -> wire.Writeset:

@@ -104,3 +104,11 @@ def test_the_daemon_never_imports_test_or_lab_tooling() -> None:
 
 def _in(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
+
+
+def test_the_parts_that_carry_out_actions_take_values_not_the_replicator() -> None:
+    """The replicator's decisions are values (chorus.actions); the commit path, voting and causal
+    reads use them without the state machine that makes them."""
+    graph = _imports()
+    for part in ("chorus.commit.pipeline", "chorus.commit.backends", "chorus.voting", "chorus.causal"):
+        assert "chorus.replicator" not in _reach(graph, part), part

@@ -14,8 +14,9 @@ from chorus.bus import proto as bp
 from chorus import wire
 from chorus.bus import Delivery, View
 from chorus.history import Epoch, MemberRecord
-from chorus.replicator import (Apply, CatchUp, DdlOutcome, Holding, LocalVerdict, LogOffered, LogQueried, Pause,
-                               Phase, PhaseChange, Replicator, Send, VoteDecided, VoteOpened)
+from chorus.actions import (Apply, CatchUp, DdlOutcome, LocalVerdict, LogOffered, LogQueried, Pause, Phase, PhaseChange,
+                            Send, VoteDecided, VoteOpened)
+from chorus.replicator import Holding, Replicator
 from chorus.wire import Key, KeyMode, Row, Table, Writeset
 
 NAMES = ["n1", "n2", "n3"]

@@ -17,7 +17,7 @@ from chorus.causal import CausalReads
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
 from chorus.commit.pipeline import CommitPipeline, Hooks, Pending, reschedule
-from chorus.replicator import SyncReached, VoteDecided
+from chorus.actions import SyncReached, VoteDecided
 from chorus.commit.scheduler import Scheduler
 from chorus.voting import InconsistencyVoting
 from chorus.wslog import LogFeeder, WritesetLog

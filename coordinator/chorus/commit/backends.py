@@ -27,7 +27,7 @@ from chorus.causal import CausalReads
 from chorus.nodedb import NodeDatabase
 from chorus.nodestatus import Counters
 from chorus.commit.pipeline import CommitPipeline, Pending, Waiter
-from chorus.replicator import LocalVerdict
+from chorus.actions import LocalVerdict
 from chorus.spool import SPOOL_AT, Spool, SpoolWriter
 
 log = logging.getLogger("chorus.coordinator")

@@ -26,7 +26,7 @@ from chorus.commit.applier import ApplyConnectionLost, ApplyError, ApplySession,
 from chorus.commit.book import CommitBook
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
-from chorus.replicator import DdlOutcome
+from chorus.actions import DdlOutcome
 from chorus.commit.scheduler import ApplyScheduler, Scheduler
 from chorus.spool import Spool
 from chorus.wslog import LogFeeder
