@@ -3,7 +3,7 @@
  *		Owns the abort slots in shared memory, one per PGPROC: how the
  *		coordinator (chorus.abort_local()) aborts a local transaction holding a
  *		lock that a certified remote writeset needs (local loses to remote,
- *		DESIGN.md invariant 6), and how the backend learns of it, reports it
+ *		docs/ARCHITECTURE.md invariant 6), and how the backend learns of it, reports it
  *		with SQLSTATE 40001, or protects its transaction once its writeset is
  *		with the cluster.
  */
@@ -26,7 +26,7 @@
 /*
  * Per PGPROC slot: set by chorus.abort_local() when the coordinator aborts the
  * backend's transaction (by local transaction id, lxid) because the certified remote writeset gid needs a
- * lock it holds (DESIGN.md invariant 6). gid 0: no request. The backend sets
+ * lock it holds (docs/ARCHITECTURE.md invariant 6). gid 0: no request. The backend sets
  * CHORUS_ABORT_PROTECTED (by compare-and-swap, so exactly one of the two wins)
  * before it sends its writeset: from then on the transaction may be certified
  * and nothing but the cluster's verdict decides its fate.

@@ -48,7 +48,7 @@
 #define CHORUS_VAL_UNCHANGED 'u'	/* an UPDATE's new value that is the old one, not sent: an
 									 * unchanged out-of-line (TOAST) value; the applier keeps its own */
 
-/* certification key modes (DESIGN.md invariant 2) */
+/* certification key modes (docs/ARCHITECTURE.md invariant 2) */
 #define CHORUS_KEY_REFERENCE 1
 #define CHORUS_KEY_UPDATE 2
 #define CHORUS_KEY_EXCLUSIVE 3

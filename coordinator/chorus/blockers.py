@@ -1,4 +1,4 @@
-"""Local loses to remote (DESIGN.md invariant 6): which local sessions to abort, and how, when they
+"""Local loses to remote (docs/ARCHITECTURE.md invariant 6): which local sessions to abort, and how, when they
 hold a lock that a certified writeset waits for.
 
 The policy is here, without I/O: the coordinator's blocker loop asks PostgreSQL what blocks the

@@ -1,4 +1,4 @@
-"""Deterministic certification (DESIGN.md invariant 2; seed section 6).
+"""Deterministic certification (docs/ARCHITECTURE.md invariant 2; seed section 6).
 
 A writeset W with snapshot watermark ``last_seen`` fails iff some certified W' with
 ``last_seen < GID(W') < GID(W)``, from another node, holds a key of W in a conflicting mode.
@@ -141,7 +141,7 @@ class PyCertifier:
         schema change runs in total order and never fails certification; instead, writesets from
         other nodes that did not see it and touch what it touched fail. On its own node
         PostgreSQL's locks order it with the node's other sessions, as on a single server, so its
-        keys count against other nodes' writesets only (DESIGN.md invariant 2). Recorded once its
+        keys count against other nodes' writesets only (docs/ARCHITECTURE.md invariant 2). Recorded once its
         outcome is known (it ran), before any writeset ordered after it is certified
         (replicator.py)."""
         keys = list(keys)
@@ -195,10 +195,6 @@ class PyCertifier:
             c._by_gid.append((int(gid), [bytes.fromhex(h) for h in hashes]))
         c._schema = {int(g) for g in obj.get("schema", ())}
         return c
-
-
-def describe_verdict(v: Verdict) -> Optional[str]:
-    return None if v.ok else v.reason
 
 
 _ccert = impl.compiled("_ccert")

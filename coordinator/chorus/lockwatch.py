@@ -1,4 +1,4 @@
-"""Local loses to remote (DESIGN.md invariant 6): the loop that finds the local sessions whose
+"""Local loses to remote (docs/ARCHITECTURE.md invariant 6): the loop that finds the local sessions whose
 locks block the commit of a certified writeset, and aborts them. What to abort and how is the
 policy in blockers.py; this module only asks PostgreSQL and acts."""
 

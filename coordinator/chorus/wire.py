@@ -32,7 +32,7 @@ class WireError(ValueError):
 
 
 class KeyMode(IntEnum):
-    """Certification key modes, weakest first (DESIGN.md invariant 2)."""
+    """Certification key modes, weakest first (docs/ARCHITECTURE.md invariant 2)."""
 
     REFERENCE = 1
     UPDATE = 2

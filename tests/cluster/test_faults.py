@@ -1,4 +1,4 @@
-"""Membership under faults on a 3-host lab (DESIGN.md invariants 7 and 8; seed 8.3, 8.4, 14).
+"""Membership under faults on a 3-host lab (docs/ARCHITECTURE.md invariants 7 and 8; seed 8.3, 8.4, 14).
 
 Each scenario runs the bank and set workloads on every host while it breaks something, puts it
 right, and then holds the cluster to what the clients were told: every acknowledged insert is

@@ -4,7 +4,7 @@ two minutes; then everything is healed and the cluster must come back by itself 
 recovery timeout and be held to what clients were told: the append history has no anomaly
 snapshot isolation forbids and no lost acknowledged append, the bank total is intact, every
 acknowledged set insert is there and no failed one is, and every table is identical on every
-host (issue 23 and 34; DESIGN.md invariants 7, 8 and 9). chorus/testkit/lab/campaign.py runs a seed.
+host (issue 23 and 34; docs/ARCHITECTURE.md invariants 7, 8 and 9). chorus/testkit/lab/campaign.py runs a seed.
 
 CHORUS_NEMESIS_SECONDS and CHORUS_NEMESIS_SEEDS (A..B, or one seed) change the run (the schedule
 follows the seed); ``chorus lab nemesis --seeds A..B`` runs long campaigns by hand (docs/LAB.md).

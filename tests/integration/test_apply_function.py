@@ -300,7 +300,7 @@ def test_constraints(db: psycopg.Connection[Any], executor: bool) -> None:
     with pytest.raises(psycopg.errors.NotNullViolation):
         a.apply(writeset([t], [wire.Row("U", 0, (b"1",), (b"1", b"1", b"1", None, None))]))
     # foreign keys are the origin's to check (replica mode), as in logical replication; so are
-    # CHECK constraints (DESIGN.md invariant 10, docs/SECURITY.md): a check that reads the node's
+    # CHECK constraints (docs/ARCHITECTURE.md invariant 10, docs/SECURITY.md): a check that reads the node's
     # settings or the clock would otherwise let its author pick the node that fails
     a.apply(writeset([t], [wire.Row("I", 0, (), (b"4", b"4", b"4", b"d", b"99"))]))
     a.apply(writeset([t], [wire.Row("I", 0, (), (b"3", b"3", b"0", b"a", None))]))
@@ -624,7 +624,7 @@ def test_a_table_without_a_key_takes_inserts_through_the_executor_and_triggers_k
         "INSERT a", "UPDATE b", "INSERT c", "DELETE c", "INSERT d"]
 
 
-# ---- whose rights an apply runs with (DESIGN.md invariant 10, docs/SECURITY.md) ------------------
+# ---- whose rights an apply runs with (docs/ARCHITECTURE.md invariant 10, docs/SECURITY.md) ------------------
 
 def _owned_table(db: psycopg.Connection[Any], name: str, key: bool) -> None:
     """A table owned by an ordinary role, with what a hostile owner could arrange: a CHECK and

@@ -1,7 +1,7 @@
 """Commit lanes: the option that relaxes commit order for independent writesets (issue: parallel
 apply; docs/APPLY.md). With n lanes GID g commits after the previous certified GID of lane g % n
 only; each lane's origin records its last GID, so a crash loses nothing and re-applies nothing
-twice (DESIGN.md invariants 5 and 8), and snapshots used by verify are still at one GID."""
+twice (docs/ARCHITECTURE.md invariants 5 and 8), and snapshots used by verify are still at one GID."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A hostile tenant (DESIGN.md invariant 10; docs/SECURITY.md): an ordinary LOGIN role with its
+"""A hostile tenant (docs/ARCHITECTURE.md invariant 10; docs/SECURITY.md): an ordinary LOGIN role with its
 own schema tries, on the origin and through every path that runs code on the other nodes, to gain
 a privilege, to read what it may not, or to make one node diverge or leave. After each attempt
 every node has the same roles with the same attributes, every node is online, and the nodes hold

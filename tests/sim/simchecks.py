@@ -1,4 +1,4 @@
-"""The invariants the simulation holds the cluster to, after every step (DESIGN.md 1, 3, 5, 8, 9;
+"""The invariants the simulation holds the cluster to, after every step (docs/ARCHITECTURE.md invariants 1, 3, 5, 8, 9;
 docs/RECOVERY.md, "Invariants").
 
 - **One order, identical committed prefixes.** A GID committed anywhere has one chain value

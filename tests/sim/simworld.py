@@ -6,7 +6,7 @@ the commit book and the scheduler, the catch-up plan (catchupplan.py) and the lo
 it, a twin of the coordinator's I/O shell (``Coord``, mirroring coordinator.py, commit/pipeline.py,
 catchup.py and commit/backends.py step for step) drives it with simulated parts:
 
-- ``SimBus``: Corosync CPG as DESIGN.md and bus/__init__.py promise it and no more: one agreed
+- ``SimBus``: Corosync CPG as bus/__init__.py promises it and no more: one agreed
   order per component, self-delivery, views in that order; at a membership change each new
   component delivers its own prefix of what was ordered (non-uniform delivery: a side may
   deliver what the other never gets), messages not yet ordered go out in the sender's next

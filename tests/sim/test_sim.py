@@ -1,4 +1,4 @@
-"""The deterministic simulation of the coordinator's core (tests/sim/README.md; DESIGN.md
+"""The deterministic simulation of the coordinator's core (tests/sim/README.md; docs/ARCHITECTURE.md
 invariants 1, 3, 5, 8 and 9; docs/RECOVERY.md, "The cluster comes back by itself").
 
 CI runs CHORUS_SIM_SEEDS random fault schedules (default 2000, from CHORUS_SIM_FIRST_SEED, on

@@ -1,4 +1,4 @@
-"""Certification (DESIGN.md invariant 2) against a direct reference model of the rule."""
+"""Certification (docs/ARCHITECTURE.md invariant 2) against a direct reference model of the rule."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def _table(name: bytes, mode: KeyMode = KeyMode.EXCLUSIVE) -> Key:
 
 
 def test_schema_change_fails_other_nodes_writers_that_did_not_see_it() -> None:
-    """DESIGN.md invariant 2: only writesets from other nodes count, schema changes included
+    """docs/ARCHITECTURE.md invariant 2: only writesets from other nodes count, schema changes included
     (issue 35: on its own node PostgreSQL's locks order a schema change with the node's other
     sessions, so certification must not fail them against each other)."""
     c = Certifier()

@@ -1,5 +1,5 @@
 """Which node holds what of the one history (chorus/history.py; docs/RECOVERY.md, "The cluster
-comes back by itself"; DESIGN.md invariants 8 and 9)."""
+comes back by itself"; docs/ARCHITECTURE.md invariants 8 and 9)."""
 
 from __future__ import annotations
 

@@ -876,7 +876,7 @@ def test_a_joiners_own_writesets_delivered_before_its_answer_get_no_gid_anywhere
                                                                   for m in g.members)
 
 
-# ---- schema changes settled by every node's report (DESIGN.md invariant 10, docs/SECURITY.md) ----
+# ---- schema changes settled by every node's report (docs/ARCHITECTURE.md invariant 10, docs/SECURITY.md) ----
 
 def _schema_in_block(last_seen: int = 0) -> bytes:
     """A transaction that made a schema change (certified at commit like any writeset)."""

@@ -1,5 +1,5 @@
 """The commit bookkeeping of one node, without I/O: which certified writesets are not committed
-here yet (the pending set), how far the node has committed (the watermark, DESIGN.md invariant
+here yet (the pending set), how far the node has committed (the watermark, docs/ARCHITECTURE.md invariant
 5), what each commit waits for (commit lanes, docs/APPLY.md), and which committed ones are not
 flushed yet (kept to apply again if PostgreSQL loses them in a crash, docs/RECOVERY.md).
 

@@ -1,4 +1,4 @@
-"""Dependency tracking for apply (seed streams-parallel-apply 4.5; DESIGN.md invariant 4).
+"""Dependency tracking for apply (seed streams-parallel-apply 4.5; docs/ARCHITECTURE.md invariant 4).
 
 Every certified writeset, local or remote, is registered in GID order with its hashed keys. A
 writeset depends on every earlier uncommitted one that shares a key in a conflicting mode. Remote

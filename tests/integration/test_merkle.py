@@ -17,6 +17,8 @@ from chorus.total.recover import STAGE_SCHEMA, make_stages, merge
 from chorus_spark import merkle
 from chorus_spark.merkle import Cut, intervals, unescape
 
+pytestmark = pytest.mark.integration
+
 PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 97
 
 
