@@ -111,7 +111,7 @@ class Coordinator:
             commit_skipped=self._commit_skipped,
             leave=self._leave)
         self.pipeline = CommitPipeline(
-            cfg.name, cfg.dsn, cfg.apply_workers, cfg.apply_run, self.concurrent, self.feeder, self.db.ok,
+            cfg.name, cfg.dsn, cfg.apply_workers, cfg.apply_run, self.concurrent, self.feeder, self.db,
             self.counters, send, self._spawn,
             Hooks(committed_here=self.voting.committed_here, apply_failed=self.voting.apply_failed,
                   tell_backend=lambda p, ok, failure: BackendServer.settled(p, ok, failure),
@@ -120,7 +120,7 @@ class Coordinator:
         self.causal = CausalReads(cfg.name, send)
         self.backends = BackendServer(
             cfg.name, self.wslog.max_payload(cfg.name), self.counters, self.pipeline, self.sender, self.causal,
-            self.db, refusal=self._refusal, expect=self._expect_local, spawn=self._spawn)
+            refusal=self._refusal, expect=self._expect_local)
         self.catchup: Optional[CatchUpRunner] = None  # once the replicator exists
         self.endpoints: Optional[Endpoints] = None  # [metrics] listen
 

@@ -15,6 +15,11 @@ log = logging.getLogger("chorus.coordinator")
 
 DB_RETRY_S = 0.5
 
+# The status of a 32-bit xid of this epoch's recent past (pg_xact_status wants the full xid8).
+_XACT_STATUS = ("SELECT pg_xact_status((CASE WHEN f > c THEN f - 4294967296 ELSE f END)::text::xid8)"
+                " FROM (SELECT c, (c >> 32 << 32) + %s AS f"
+                " FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS c) s) t")
+
 
 class DatabaseFatal(Exception):
     """The database cannot serve this node (no extension, wrong state): the daemon stops."""
@@ -116,6 +121,15 @@ class NodeDatabase:
 
     async def durable_gid(self) -> int:
         return int(await self.q("SELECT chorus.durable_gid()"))
+
+    async def local_xact_ended(self, xid: int, pid: int) -> bool:
+        """Whether the local transaction ``xid`` of backend ``pid`` has ended: the commit log
+        says it aborted; a schema change (no ``xid``: it runs as one statement) ended when its
+        session is no longer active."""
+        if xid:
+            return bool(await self.q(_XACT_STATUS, (xid,)) == "aborted")
+        return not await self.q("SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND state = 'active'",
+                                (pid,))
 
     async def set_online(self, online: bool, reason: str = "") -> None:
         if self.conn is None or self.conn.closed:

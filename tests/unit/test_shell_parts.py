@@ -1,11 +1,14 @@
 """The coordinator's parts that decide without a database: causal-read markers (causal.py),
-inconsistency voting (voting.py) and the bus sender's batching (bus/sender.py), each built alone
-with what the daemon would give it (issue 20: no part reaches another through a shared self)."""
+inconsistency voting (voting.py), the bus sender's batching (bus/sender.py) and the commit
+pipeline's admission (commit/pipeline.py), each built alone with what the daemon would give it
+(issue 20: no part reaches another through a shared self)."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Coroutine
 
 from chorus.commit import backendproto as bpf
 from chorus import wire
@@ -17,7 +20,7 @@ from chorus.causal import CausalReads
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
 from chorus.commit.pipeline import CommitPipeline, Hooks, Pending, reschedule
-from chorus.actions import SyncReached, VoteDecided
+from chorus.actions import LocalVerdict, SyncReached, VoteDecided
 from chorus.commit.scheduler import Scheduler
 from chorus.voting import InconsistencyVoting
 from chorus.wslog import LogFeeder, WritesetLog
@@ -217,7 +220,7 @@ def test_a_catch_up_run_is_scheduled_by_the_keys_of_all_its_writesets(tmp_path: 
         hooks = Hooks(committed_here=lambda g: None, apply_failed=_never, connection_lost=_never,
                       fatal=lambda why: None, backlog_changed=lambda: None)
         p = CommitPipeline("n1", "dbname=none", 1, 8, ConcurrentSchemaChanges("dbname=none", "n1"), LogFeeder(log),
-                           asyncio.Event(), Counters(), lambda m: None, asyncio.create_task, hooks)
+                           Db(ok=False), Counters(), lambda m: None, asyncio.create_task, hooks)
         a, b = ws(b"1"), ws(b"2")
         run = Pending(2, 0, "n2", b, before=(a,))
         assert run.run() == (a, b)
@@ -232,6 +235,107 @@ def test_a_catch_up_run_is_scheduled_by_the_keys_of_all_its_writesets(tmp_path: 
 
 async def _never(*args: object) -> None:
     raise AssertionError("not called")
+
+
+class Db:
+    """The node's database as the pipeline asks it (pipeline.NodeDb), answering what a test sets."""
+
+    def __init__(self, ok: bool = True, committed: int = 0, ended: bool = False) -> None:
+        self.ok = asyncio.Event()
+        if ok:
+            self.ok.set()
+        self.committed = committed
+        self.ended = ended
+        self.asked: list[tuple[int, int]] = []
+
+    async def committed_gid(self) -> int:
+        return self.committed
+
+    async def local_xact_ended(self, xid: int, pid: int) -> bool:
+        self.asked.append((xid, pid))
+        return self.ended
+
+
+@dataclass
+class Backend:
+    """A local backend as the pipeline sees it (pipeline.BackendRef)."""
+    pid: int
+    certified: set[int] = field(default_factory=set)
+    closed: bool = False
+
+
+def _local_ws(key: bytes) -> wire.Writeset:
+    table = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
+    return wire.scan(wire.encode(wire.Writeset(7, 4242, 0, (table,), (wire.Row("I", 0, (), (key,)),),
+                                               (wire.Key(wire.KeyMode.UPDATE, (b"public", b"t", b"id", key)),))))
+
+
+def _ddl_ws() -> wire.Writeset:
+    """A schema change's request for its place in the order (its content comes later)."""
+    statement = wire.Schema((("search_path", "public"),), "postgres", b"ALTER TABLE t ADD COLUMN c int")
+    return wire.scan(wire.encode(wire.Writeset(0, 4242, 0, (), (statement,),
+                                               (wire.Key(wire.KeyMode.EXCLUSIVE, (b"public", b"t")),),
+                                               flags=wire.FLAG_TOI)))
+
+
+def _pipeline(tmp_path: Path, db: Db, spawn: Any = asyncio.create_task) -> tuple[CommitPipeline, WritesetLog]:
+    log = WritesetLog(str(tmp_path / "log"), segment_bytes=1 << 16, total_bytes=4 << 16)
+    log.open()
+    hooks = Hooks(committed_here=lambda g: None, apply_failed=_never, connection_lost=_never,
+                  fatal=lambda why: None, backlog_changed=lambda: None)
+    return CommitPipeline("n1", "dbname=none", 1, 8, ConcurrentSchemaChanges("dbname=none", "n1"), LogFeeder(log),
+                          db, Counters(), lambda m: None, spawn, hooks), log
+
+
+def test_the_pipeline_decides_what_becomes_of_a_certified_local_writeset(tmp_path: Path) -> None:
+    """Admission has one owner: a certified local writeset whose backend waits is handed back for
+    the COMMIT verdict and left to that backend; one whose backend is gone (closed, or no longer
+    known) is replayed; a schema change's backend is watched for lock blockers; one that commits
+    once every node has reported is not answered yet."""
+    async def scenario() -> None:
+        p, log = _pipeline(tmp_path, Db(ok=False))  # (nothing is applied: no PostgreSQL here)
+        live, closed = Backend(100), Backend(101, closed=True)
+        got = p.admit_local(LocalVerdict(1, True, 1, 0, "", _local_ws(b"1")), live)
+        assert got is not None and (got.gid, got.prev, got.wait_for, got.backend) == (1, 0, 0, live)
+        assert live.certified == {1} and p.describe(1)["replay"] is False
+        assert p.admit_local(LocalVerdict(2, True, 2, 1, "", _local_ws(b"2")), closed) is None
+        assert closed.certified == set() and p.describe(2)["backend_pid"] is None and p.describe(2)["replay"]
+        assert p.admit_local(LocalVerdict(3, True, 3, 2, "", _local_ws(b"3")), None) is None
+        assert p.describe(3)["replay"]
+        ddl = p.admit_local(LocalVerdict(4, True, 4, 3, "", _ddl_ws()), live)
+        assert ddl is not None and p.waiters[4].pid() == 100  # it runs now: blockers in its way lose
+        ddl.backend = None
+        assert p.waiters[4].pid() == 0
+        settled = p.admit_local(LocalVerdict(5, True, 5, 4, "", _local_ws(b"5"), settle=True), live)
+        assert settled is None and live.certified == {1, 4, 5}  # its backend hears once the nodes reported
+        assert sorted(p.pending) == [1, 2, 3, 4, 5]
+        log.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_backend_gone_with_a_certified_gid_is_followed_until_it_commits_or_ends(tmp_path: Path) -> None:
+    """A backend that closed its socket holding a certified GID: its transaction is done when the
+    database's committed GID passes it, and replayed when the database says it ended without
+    committing; the socket server only reports the backend gone."""
+    async def scenario(db: Db) -> tuple[dict[str, Any], int, list[tuple[int, int]]]:
+        spawned: list[Coroutine[Any, Any, Any]] = []
+        p, log = _pipeline(tmp_path / str(id(db)), db, spawn=spawned.append)
+        b = Backend(100)
+        assert p.admit_local(LocalVerdict(1, True, 1, 0, "", _local_ws(b"1")), b) is not None
+        b.closed = True
+        p.backend_gone(b)
+        watch = spawned.pop()
+        await watch
+        for c in spawned:  # a replay's apply (no PostgreSQL here)
+            c.close()
+        log.close()
+        return p.describe(1) if 1 in p.pending else {}, p.counters.local_commits, db.asked
+
+    described, commits, asked = asyncio.run(scenario(Db(committed=1)))
+    assert (described, commits, asked) == ({}, 1, [])  # committed: done, nothing asked
+    described, commits, asked = asyncio.run(scenario(Db(committed=0, ended=True)))
+    assert commits == 0 and described["backend_pid"] is None and described["replay"] and asked == [(7, 100)]
 
 
 def test_after_postgresql_lost_a_catch_up_run_it_is_ordered_again_by_all_its_keys() -> None:
@@ -290,7 +394,7 @@ def test_a_catch_up_run_partly_committed_here_applies_the_rest(tmp_path: Path) -
         hooks = Hooks(committed_here=lambda g: None, apply_failed=apply_failed, connection_lost=_never,
                       fatal=lambda why: None, backlog_changed=lambda: None)
         p = CommitPipeline("n1", "dbname=none", 1, 8, ConcurrentSchemaChanges("dbname=none", "n1"), LogFeeder(log),
-                           asyncio.Event(), Counters(), lambda m: None, asyncio.create_task, hooks)
+                           Db(ok=False), Counters(), lambda m: None, asyncio.create_task, hooks)
         w = [ws(b"%d" % i) for i in range(11, 15)]
         p.admit_run(Pending(14, 10, "n2", w[3], before=tuple(w[:3]), before_gids=(11, 12, 13)))
         s = Session()
@@ -324,15 +428,14 @@ def test_an_apply_that_fails_after_postgres_restarted_leaves_the_restarted_pipel
             raise ApplyConnectionLost("server closed the connection unexpectedly")
         hooks = Hooks(committed_here=lambda g: None, apply_failed=_never, connection_lost=_never,
                       fatal=lambda why: None, backlog_changed=lambda: None)
-        db_ok = asyncio.Event()
-        db_ok.set()
+        db = Db()
         spawned: list[object] = []
 
         def spawn(coro: Any) -> "asyncio.Task[Any]":
             spawned.append(coro)
             return asyncio.create_task(coro)
         p = CommitPipeline("n1", "dbname=none", 2, 8, ConcurrentSchemaChanges("dbname=none", "n1"), LogFeeder(log),
-                           db_ok, Counters(), lambda m: None, spawn, hooks)
+                           db, Counters(), lambda m: None, spawn, hooks)
         p.admit(Pending(1, 0, "n2", ws), local=False)
         session = p.idle.pop()
         session.apply_run = apply_run  # type: ignore[method-assign]
@@ -347,7 +450,7 @@ def test_an_apply_that_fails_after_postgres_restarted_leaves_the_restarted_pipel
         await p.restart(1, 0)  # PostgreSQL came back: every session idle, GID 1 to apply again
         assert spawned == [], "dispatched while the sessions were being closed"
         assert sorted(map(id, p.idle)) == sorted(map(id, p.workers))
-        db_ok.clear()  # no new applies from here on: only the one in flight is watched
+        db.ok.clear()  # no new applies from here on: only the one in flight is watched
         gone.set()
         await in_flight
         assert sorted(map(id, p.idle)) == sorted(map(id, p.workers)), "a session handed back twice"

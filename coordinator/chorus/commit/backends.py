@@ -5,37 +5,28 @@ asks for causal-read markers, and returns the content of a schema change it ran.
 A backend's writeset gets a ticket and goes to the bus (bus/sender.py); the verdict comes back
 from the replicator by ticket. A certified local writeset enters the commit pipeline
 (pipeline.py) with its backend, which commits it; if the backend goes away first, the pipeline
-replays it.
+replays it. What becomes of a certified writeset is the pipeline's decision
+(``CommitPipeline.admit_local``, ``backend_gone``): this module sends the frames.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Coroutine, Optional, cast
-
-import psycopg
+from typing import Callable, Optional, cast
 
 from chorus.commit import backendproto as bpf
-from chorus.bus import proto as bp
 from chorus import wire
 from chorus.bus import BusError
 from chorus.bus.sender import BusSender
 from chorus.causal import CausalReads
-from chorus.nodedb import NodeDatabase
 from chorus.nodestatus import Counters
-from chorus.commit.pipeline import CommitPipeline, Pending, Waiter
+from chorus.commit.pipeline import CommitPipeline, Pending
 from chorus.actions import LocalVerdict
 from chorus.spool import SPOOL_AT, Spool, SpoolWriter
 
 log = logging.getLogger("chorus.coordinator")
-
-# The status of a 32-bit xid of this epoch's recent past (pg_xact_status wants the full xid8).
-_XACT_STATUS = ("SELECT pg_xact_status((CASE WHEN f > c THEN f - 4294967296 ELSE f END)::text::xid8)"
-                " FROM (SELECT c, (c >> 32 << 32) + %s AS f"
-                " FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS c) s) t")
 
 
 @dataclass
@@ -120,19 +111,16 @@ class BackendServer:
     will be about, so it is not parsed again when it comes back from the bus."""
 
     def __init__(self, node: str, max_writeset: int, counters: Counters, pipeline: CommitPipeline,
-                 sender: BusSender, causal: CausalReads, db: NodeDatabase,
-                 refusal: Callable[[], Optional[str]], expect: Callable[[int, wire.Writeset], None],
-                 spawn: Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]) -> None:
+                 sender: BusSender, causal: CausalReads,
+                 refusal: Callable[[], Optional[str]], expect: Callable[[int, wire.Writeset], None]) -> None:
         self.node = node
         self.max_writeset = max_writeset  # what the writeset log holds: larger local writesets are refused
         self.counters = counters
         self.pipeline = pipeline
         self.sender = sender
         self.causal = causal
-        self.db = db
         self._refusal = refusal
         self._expect = expect
-        self._spawn = spawn
         self.spool: Optional[Spool] = None  # where large writesets from backends go (set by the coordinator)
         self.info: Optional[Callable[[str], str]] = None  # the extension's views (nodestatus.info; set likewise)
         self.tickets: dict[int, Backend] = {}
@@ -155,9 +143,7 @@ class BackendServer:
         elif t == bpf.FrameType.DDL_RAN:
             gid, _, content = bpf.parse_ran(frame.payload)
             wire.scan(content)  # checked before it reaches the bus
-            p = self.pipeline.pending.get(gid)
-            if p is not None and p.writeset.toi and p.backend is b:
-                self.sender.send(bp.DdlResult(self.node, gid, True, "", content))
+            self.pipeline.ddl_ran(gid, b, content)
         else:  # FrameType.ABORTED
             gid, xid = bpf.parse_done(frame.payload)
             log.info("backend %d aborted certified GID %d (xid %d): replaying it", b.pid, gid, xid)
@@ -167,8 +153,7 @@ class BackendServer:
         b.closed = True
         if b.ticket:
             self.tickets.pop(b.ticket, None)
-        for gid in list(b.certified):
-            self._spawn(self._orphaned(b, gid))
+        self.pipeline.backend_gone(b)
 
     def _writeset(self, b: Backend, payload: bytes) -> None:
         ws = wire.scan(payload)  # checked before it reaches the bus
@@ -235,19 +220,9 @@ class BackendServer:
                         else bpf.VERDICT_REFUSED)
                 b.send(bpf.verdict_frame(kind, v.gid, 0, v.reason))
             return
-        assert v.writeset is not None
-        p = Pending(v.gid, v.prev, self.node, v.writeset, b, settle=v.settle)
-        self.pipeline.admit(p, local=True)
-        if b is None or b.closed:
-            log.info("backend of certified GID %d is gone: replaying it", v.gid)
-            self.pipeline.replay(v.gid)
-            return
-        b.certified.add(v.gid)
-        if p.settle and p.settle_ok is None:
-            return  # a schema change: the backend hears once every node has applied it (settled)
-        b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, p.wait_for, "", prev=v.prev))
-        if v.writeset.toi:  # it runs now: local transactions in its way lose
-            self.pipeline.waiters[v.gid] = Waiter(lambda: b.pid if p.backend is b else 0, time.monotonic())
+        p = self.pipeline.admit_local(v, b)
+        if p is not None and b is not None:  # its backend commits it now
+            b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, p.wait_for, "", prev=v.prev))
 
     @staticmethod
     def settled(p: Pending, ok: bool, failure: str) -> None:
@@ -273,29 +248,3 @@ class BackendServer:
         b = p.backend
         if isinstance(b, Backend) and not b.closed:
             b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT if ok else bpf.VERDICT_REFUSED, p.gid, p.prev, error))
-
-    async def _orphaned(self, b: Backend, gid: int) -> None:
-        """A backend closed its socket holding a certified GID: wait until its transaction
-        committed (the watermark passes the GID) or ended without committing (replay). The
-        session itself may live on: a backend whose wait was interrupted rolls back and goes on
-        with its next transaction."""
-        p = self.pipeline.pending.get(gid)
-        xid = p.writeset.xid if p is not None else 0
-        while (p := self.pipeline.pending.get(gid)) is not None and p.backend is b:
-            if not self.db.ok.is_set():
-                return  # the restart path re-applies everything above the durable GID
-            try:
-                if await self.db.committed_gid() >= gid:
-                    self.pipeline.local_done(gid)
-                    return
-                if xid:  # the commit log knows: committed, aborted or in progress
-                    ended = await self.db.q(_XACT_STATUS, (xid,)) == "aborted"
-                else:  # a schema change runs as one statement: it ended when the session is idle
-                    ended = not await self.db.q("SELECT count(*) FROM pg_stat_activity"
-                                                " WHERE pid = %s AND state = 'active'", (b.pid,))
-                if ended and await self.db.committed_gid() < gid:
-                    self.pipeline.replay(gid)
-                    return
-            except psycopg.Error:
-                return
-            await asyncio.sleep(0.05)

@@ -7,8 +7,13 @@ where independent and as runs of consecutive writesets where they are not; a loc
 committed by its backend, or replayed by the replay session if its backend gave up. After a
 PostgreSQL restart the pipeline applies again what the database lost.
 
-It talks to the rest of the node through what it is given: ``send`` puts a message on the bus,
-``spawn`` starts a background task, and :class:`Hooks` hear of commits, failures and fatal bugs.
+It owns admission: what becomes of a certified local writeset (its backend commits it, or the
+replay session does), and of one whose backend closed its socket, is decided here; the backends'
+socket (backends.py) only sends the frames.
+
+It talks to the rest of the node through what it is given: ``db`` is the node's own database
+connection (nodedb.py), ``send`` puts a message on the bus, ``spawn`` starts a background task,
+and :class:`Hooks` hear of commits, failures and fatal bugs.
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, Optional, Protocol
 
+import psycopg
+
 from chorus.bus import proto as bp
 from chorus import wire
 from chorus.commit.applier import ApplyConnectionLost, ApplyError, ApplySession, PartlyCommitted, TransientApplyError
 from chorus.commit.book import CommitBook
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
-from chorus.actions import DdlOutcome
+from chorus.actions import DdlOutcome, LocalVerdict
 from chorus.commit.scheduler import ApplyScheduler, Scheduler
 from chorus.spool import Spool
 from chorus.wslog import LogFeeder
@@ -39,7 +46,18 @@ RUN_BYTES = 4 << 20  # a run of live remote writesets applied as one transaction
 class BackendRef(Protocol):
     """The local backend committing a certified writeset (backends.py)."""
     pid: int
-    certified: set[int]
+    certified: set[int]  # its certified GIDs not yet committed
+    closed: bool  # its socket is closed
+
+
+class NodeDb(Protocol):
+    """What the pipeline asks of the node's own database connection (nodedb.py:NodeDatabase).
+    The queries raise ``psycopg.Error`` when the database fails."""
+    ok: asyncio.Event  # connected and initialised
+
+    async def committed_gid(self) -> int: ...
+
+    async def local_xact_ended(self, xid: int, pid: int) -> bool: ...
 
 
 @dataclass
@@ -110,7 +128,7 @@ class Hooks:
 
 class CommitPipeline:
     def __init__(self, name: str, dsn: str, workers: int, max_run: int, concurrent: ConcurrentSchemaChanges,
-                 feeder: LogFeeder, db_ok: asyncio.Event, counters: Counters,
+                 feeder: LogFeeder, db: NodeDb, counters: Counters,
                  send: Callable[[bp.Message], None],
                  spawn: Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"], hooks: Hooks,
                  spool: Optional[Spool] = None) -> None:
@@ -118,7 +136,7 @@ class CommitPipeline:
         self.dsn = dsn
         self.max_run = max_run
         self.feeder = feeder
-        self.db_ok = db_ok
+        self.db = db
         self.counters = counters
         self._send = send
         self._spawn = spawn
@@ -199,6 +217,63 @@ class CommitPipeline:
             log.error("%s; stopping", e)
             self.hooks.fatal(str(e))
             return False
+
+    # ---- local writesets and their backends ----------------------------------------------
+
+    def admit_local(self, v: LocalVerdict, backend: Optional[BackendRef]) -> Optional[Pending]:
+        """The cluster certified local writeset ``v`` of ``backend`` (None if it went away before
+        the verdict): admitted like any other. Returns it when its backend is to commit it now
+        (the socket server sends the COMMIT verdict); None when it is replayed (its backend is
+        gone) or when its backend hears later (a schema change that commits once every node has
+        reported: :meth:`settled`, ``Hooks.tell_backend``)."""
+        assert v.ok and v.writeset is not None
+        p = Pending(v.gid, v.prev, self.name, v.writeset, backend, settle=v.settle)
+        self.admit(p, local=True)
+        if backend is None or backend.closed:
+            log.info("backend of certified GID %d is gone: replaying it", v.gid)
+            self.replay(v.gid)
+            return None
+        backend.certified.add(v.gid)
+        if p.settle and p.settle_ok is None:
+            return None
+        if v.writeset.toi:  # it runs now: local transactions in its way lose (lockwatch.py)
+            b = backend
+            self.waiters[v.gid] = Waiter(lambda: b.pid if p.backend is b else 0, time.monotonic())
+        return p
+
+    def ddl_ran(self, gid: int, backend: BackendRef, content: bytes) -> None:
+        """The origin's backend ran schema change ``gid``: its content (checked) goes to the
+        cluster, unless the backend no longer holds it (then the replay told the cluster)."""
+        p = self.pending.get(gid)
+        if p is not None and p.writeset.toi and p.backend is backend:
+            self._send(bp.DdlResult(self.name, gid, True, "", content))
+
+    def backend_gone(self, backend: BackendRef) -> None:
+        """``backend`` closed its socket: each certified GID it holds is watched until it
+        commits or is replayed (:meth:`_orphaned`)."""
+        for gid in list(backend.certified):
+            self._spawn(self._orphaned(backend, gid))
+
+    async def _orphaned(self, backend: BackendRef, gid: int) -> None:
+        """A backend closed its socket holding certified GID ``gid``: wait until its transaction
+        committed (the committed GID passes it) or ended without committing (replay). The
+        session itself may live on: a backend whose wait was interrupted rolls back and goes on
+        with its next transaction."""
+        p = self.pending.get(gid)
+        xid = p.writeset.xid if p is not None else 0
+        while (p := self.pending.get(gid)) is not None and p.backend is backend:
+            if not self.db.ok.is_set():
+                return  # the restart path re-applies everything above the durable GID
+            try:
+                if await self.db.committed_gid() >= gid:
+                    self.local_done(gid)
+                    return
+                if await self.db.local_xact_ended(xid, backend.pid) and await self.db.committed_gid() < gid:
+                    self.replay(gid)
+                    return
+            except psycopg.Error:
+                return
+            await asyncio.sleep(0.05)
 
     def local_done(self, gid: int) -> None:
         """The backend of local GID ``gid`` (or an earlier coordinator's) committed it."""
@@ -352,7 +427,7 @@ class CommitPipeline:
         """Hand what is ready to idle sessions."""
         self._dispatch_scheduled = False
         self.hooks.backlog_changed()
-        if not self.db_ok.is_set() or self._restarting:
+        if not self.db.ok.is_set() or self._restarting:
             return
         if not self.replay_busy:
             gid = self.scheduler.next_replay()
