@@ -48,7 +48,8 @@ from chorus import nodestatus
 from chorus.nodestatus import Counters, NodeStatus
 from chorus.actions import (Action, Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried, Pause,
                             Phase, PhaseChange, Remember, Send, SyncReached, VoteDecided, VoteOpened)
-from chorus.replicator import Holding, Replicator
+from chorus.membership import Holding
+from chorus.replicator import Replicator
 from chorus.spool import Spool
 from chorus.state import NodeState, load_state, save_state
 from chorus.voting import InconsistencyVoting

@@ -1,11 +1,17 @@
 """The replication core: bus events in, decisions out (no I/O).
 
-It assigns GIDs in delivery order (seed 7.1), certifies (seed 6), runs the join handshake
-(seed 8.1: a joiner multicasts a GID request and the lowest synced member answers with the GID at
-the request's own position plus the certification index there), bootstraps when told (seed 8.2),
-tracks which nodes are members of the primary component (synced, or recovering) and whether this
-node is in it (seed 8.4), re-forms it when a quorate view has no synced member (history.py,
-docs/RECOVERY.md), and purges the certification index below the cluster-wide committed minimum.
+It assigns GIDs in delivery order (seed 7.1), certifies (seed 6), holds certified writesets until
+a quorum of bus nodes has delivered them (uniform commit), defers what follows a schema change
+until its outcome is known, counts inconsistency votes, runs the join handshake (seed 8.1: a
+joiner multicasts a GID request and the lowest synced member answers with the GID at the
+request's own position plus the certification index there), bootstraps when told (seed 8.2),
+tracks whether this node is in the primary component (seed 8.4), re-forms it when a quorate view
+has no synced member (history.py, docs/RECOVERY.md), and purges the certification index below the
+cluster-wide committed minimum.
+
+Membership and the join handshake's decisions are :class:`chorus.membership.Membership`'s (which
+nodes are members, what a request says, the answer, whether an answer counts, who re-forms); this
+module changes the node's phase and the total order's state and returns the actions.
 
 The coordinator feeds it :meth:`on_view`, :meth:`on_delivery` and :meth:`tick`, and carries out
 the returned actions. Every node that sees the same event stream makes the same decisions.
@@ -20,13 +26,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from chorus import history, wire
+from chorus import wire
 from chorus.actions import (Action, Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried,
                             Pause, Phase, PhaseChange, Remember, Send, SyncReached, VoteDecided, VoteOpened)
 from chorus.bus import proto as bp
 from chorus.bus import Delivery, View, Votes, bus_node
 from chorus.history import Decision, Epoch, MemberRecord
 from chorus.certifier import OK, CertificationIndex, Certifier, Verdict
+from chorus.membership import Holding as Holding  # (its home is membership.py)
+from chorus.membership import Membership, Place, view_quorum
 from chorus.outcomes import Outcome, OutcomeIndex
 
 log = logging.getLogger("chorus.replicator")
@@ -44,15 +52,6 @@ class _Ballot:
     voters: frozenset[str]  # the nodes online when the vote opened
     votes: dict[str, tuple[bool, str]] = field(default_factory=dict)
     schema: bool = False  # a schema change's reports: every voter must have applied it
-
-
-@dataclass(frozen=True)
-class Holding:
-    """What this node's disk holds, for a GID request (the coordinator's ``holding``): the GID its
-    database holds or will once what it admitted commits, and its writeset log's range."""
-    gid: int
-    log_after: int = 0
-    log_high: int = 0
 
 
 @dataclass
@@ -111,101 +110,131 @@ class Conflict:
                 "winner_gid": self.winner_gid, "winner_node": self.winner_node, "reason": self.reason}
 
 
-@dataclass
 class Replicator:
-    node: str
-    cluster_uuid: str  # "" until the node has joined a cluster
-    last_gid: int  # durable committed GID of the local database at start
-    # the highest GID the database has committed: above last_gid only with several commit lanes,
-    # where a crash can leave commits above the watermark (docs/APPLY.md)
-    max_committed: int = 0
-    bootstrap: bool = False  # told to start a new cluster if none answers
-    # The database's encoding and PostgreSQL major version: a node whose data would be read
-    # differently (another encoding, another binary format) does not join.
-    compat: str = ""
-    # Coordinators sharing one bus node (a local cluster): votes count them, not bus nodes, so
-    # no node goes on alone after the others stopped. 0: one vote per bus node.
-    member_votes: int = 0
-    phase: Phase = Phase.CONNECTING
-    gid: int = 0
-    last_certified: int = 0
-    quorate: bool = False
-    local_member: str = ""
-    certifier: CertificationIndex = field(default_factory=Certifier)
-    # certification history kept below the cluster-wide committed minimum, in GIDs: a
-    # transaction whose snapshot is older than this fails as "snapshot too old"
-    history: int = 20000
-    ddl_open: dict[int, str] = field(default_factory=dict)  # schema change GID -> origin node
-    # Writesets delivered while a schema change's outcome is open: certified once it is known
-    # (its content's keys recorded first), in GID order. Every node defers alike.
-    _deferred: list[tuple[int, bp.WritesetMsg, wire.Writeset]] = field(default_factory=list)
-    # inconsistency voting: open ballots by GID, and the outcomes decided (the last ones)
-    ballots: dict[int, _Ballot] = field(default_factory=dict)
-    decided: dict[int, bool] = field(default_factory=dict)
-    # schema changes settled by every node's report (the last ones): committed, or undone
-    settled: dict[int, bool] = field(default_factory=dict)
-    online: dict[str, str] = field(default_factory=dict)  # node name -> bus member id
-    progress: dict[str, int] = field(default_factory=dict)
-    members: tuple[str, ...] = ()
-    stats: Stats = field(default_factory=Stats)
-    _request_id: str = ""
-    _request_seen: bool = False
-    _request_at: float = 0.0
-    _joining_since: float = 0.0
-    _buffer: list[Delivery] = field(default_factory=list)
-    _requesters: dict[str, str] = field(default_factory=dict)  # GID request id -> bus member
-    # local writesets the coordinator scanned (validated) when the backend sent them, by ticket
-    _local_scanned: dict[int, wire.Writeset] = field(default_factory=dict)
-    paused_by: set[str] = field(default_factory=set)  # nodes that asked the cluster to slow down
-    _paused: bool = False  # the last Pause returned
-    # Uniform commit. Corosync delivers in agreed order, not uniformly: a node may deliver a
-    # message that no other node receives before a partition cuts it off. So a certified
-    # writeset is released (to be committed, logged, or answered to its backend) only once bus
-    # nodes with a quorum of votes have delivered it; any later primary component then holds
-    # it. A node alone on its bus node (the local cluster: quorum 1) releases at once.
-    votes: Votes = field(default_factory=Votes)
-    released: int = 0  # the last GID released
-    # the last certification failures, oldest first (chorus.conflicts; every node keeps the same
-    # ones, but the time each saw them); ``clock`` gives their time
-    conflicts: deque[Conflict] = field(default_factory=lambda: deque(maxlen=CONFLICT_HISTORY))
-    # the outcome of each writeset certified here, for chorus.commit_outcome (outcomes.py)
-    outcomes: OutcomeIndex = field(default_factory=OutcomeIndex)
-    clock: Callable[[], float] = time.time
-    received: dict[str, int] = field(default_factory=dict)  # bus node -> GID it reported delivered
-    _unstable: list[tuple[int, Action]] = field(default_factory=list)  # certified, not yet released
-    _reported: int = 0
-    _report_on_bus: bool = False
-    _report_last_tick: int = -1  # the report that was on the bus at the previous tick
-    # re-forming a primary component that no member has: the GID requests of this view
-    _requests: dict[str, bp.GidRequest] = field(default_factory=dict)  # bus member -> its latest request
-    # A node that asked to join at GID g never delivered the GIDs up to g: until it is online
-    # (caught up, it sends Progress) its reports vouch only for GIDs after g.
-    # (the answer to its request says from which GID: the answering node gives it the writesets
-    # it has not released yet, so it delivered every GID after the answerer's ``released``)
-    _joined_at: dict[str, int] = field(default_factory=dict)  # bus node -> GID it vouches after
-    _reform_sent: bool = False
-    _reform_at: float = 0.0
-    # The members of the primary component (``online``) that are synced: the others are catching
-    # up. A quorate view whose members include none has no primary component (it re-forms).
-    synced: set[str] = field(default_factory=set)
-    # What the node knows of the history (history.py; its state file): the epochs it followed
-    # and, for each node it was in the primary component with, whether it was a member or left.
-    epochs: tuple[Epoch, ...] = ()
-    records: dict[str, MemberRecord] = field(default_factory=dict)
-    # what the node's disk holds, for its GID requests (the coordinator's; None: ``last_gid``)
-    holding: Optional[Callable[[], Holding]] = None
-    reform: Optional[Decision] = None  # the last re-form decision that named no winner (status)
-    _request_join: bool = True  # the last request asks to join (else: stays out, takes part in a re-form)
-    _requests_by_id: dict[str, bp.GidRequest] = field(default_factory=dict)  # this view's requests, by id
-    # every node's latest GID request (request id, bus member): an answer to an earlier one is
-    # stale (the node asked again meanwhile), and every node ignores it alike
-    _latest_request: dict[str, tuple[str, str]] = field(default_factory=dict)
-    _sync_sent: bool = False  # caught up: its Progress saying so is on the bus
-    # Live writesets after a catch-up's range are held by the coordinator until the range is
-    # applied; released ones are admitted (and so will be held by the database) only after that.
-    _catching_up: bool = False
-    _will_hold: int = 0  # the last GID released to be admitted when the node left the primary component
-    _now: float = 0.0
+    def __init__(self, node: str, cluster_uuid: str, last_gid: int, max_committed: int = 0, bootstrap: bool = False,
+                 compat: str = "", member_votes: int = 0, *, epochs: tuple[Epoch, ...] = (),
+                 records: Optional[dict[str, MemberRecord]] = None, holding: Optional[Callable[[], Holding]] = None,
+                 history: int = 20000, clock: Callable[[], float] = time.time) -> None:
+        self.node = node
+        self.cluster_uuid = cluster_uuid  # "" until the node has joined a cluster
+        self.last_gid = last_gid  # durable committed GID of the local database at start
+        # the highest GID the database has committed: above last_gid only with several commit lanes,
+        # where a crash can leave commits above the watermark (docs/APPLY.md)
+        self.max_committed = max_committed
+        self.bootstrap = bootstrap  # told to start a new cluster if none answers
+        # The database's encoding and PostgreSQL major version: a node whose data would be read
+        # differently (another encoding, another binary format) does not join.
+        self.compat = compat
+        # Coordinators sharing one bus node (a local cluster): votes count them, not bus nodes, so
+        # no node goes on alone after the others stopped. 0: one vote per bus node.
+        self.member_votes = member_votes
+        # The primary component's members, what the node remembers of the history (its epochs and
+        # member records: history.py, its state file) and the join handshake (membership.py).
+        self.membership = Membership(node, epochs, dict(records or {}))
+        # what the node's disk holds, for its GID requests (the coordinator's; None: ``last_gid``)
+        self.holding = holding
+        self.phase = Phase.CONNECTING
+        self.gid = 0
+        self.last_certified = 0
+        self.quorate = False
+        self.local_member = ""
+        self.members: tuple[str, ...] = ()
+        self.certifier: CertificationIndex = Certifier()
+        # certification history kept below the cluster-wide committed minimum, in GIDs: a
+        # transaction whose snapshot is older than this fails as "snapshot too old"
+        self.history = history
+        self.ddl_open: dict[int, str] = {}  # schema change GID -> origin node
+        # Writesets delivered while a schema change's outcome is open: certified once it is known
+        # (its content's keys recorded first), in GID order. Every node defers alike.
+        self._deferred: list[tuple[int, bp.WritesetMsg, wire.Writeset]] = []
+        # inconsistency voting: open ballots by GID, and the outcomes decided (the last ones)
+        self.ballots: dict[int, _Ballot] = {}
+        self.decided: dict[int, bool] = {}
+        # schema changes settled by every node's report (the last ones): committed, or undone
+        self.settled: dict[int, bool] = {}
+        self.stats = Stats()
+        self._buffer: list[Delivery] = []  # delivered after this node's request was, until its answer
+        # local writesets the coordinator scanned (validated) when the backend sent them, by ticket
+        self._local_scanned: dict[int, wire.Writeset] = {}
+        self.paused_by: set[str] = set()  # nodes that asked the cluster to slow down
+        self._paused = False  # the last Pause returned
+        # Uniform commit. Corosync delivers in agreed order, not uniformly: a node may deliver a
+        # message that no other node receives before a partition cuts it off. So a certified
+        # writeset is released (to be committed, logged, or answered to its backend) only once bus
+        # nodes with a quorum of votes have delivered it; any later primary component then holds
+        # it. A node alone on its bus node (the local cluster: quorum 1) releases at once.
+        self.votes = Votes()
+        self.released = 0  # the last GID released
+        # the last certification failures, oldest first (chorus.conflicts; every node keeps the same
+        # ones, but the time each saw them); ``clock`` gives their time
+        self.conflicts: deque[Conflict] = deque(maxlen=CONFLICT_HISTORY)
+        # the outcome of each writeset certified here, for chorus.commit_outcome (outcomes.py)
+        self.outcomes = OutcomeIndex()
+        self.clock = clock
+        self.received: dict[str, int] = {}  # bus node -> GID it reported delivered
+        self._unstable: list[tuple[int, Action]] = []  # certified, not yet released
+        self._reported = 0
+        self._report_on_bus = False
+        self._report_last_tick = -1  # the report that was on the bus at the previous tick
+        self._sync_sent = False  # caught up: its Progress saying so is on the bus
+        # Live writesets after a catch-up's range are held by the coordinator until the range is
+        # applied; released ones are admitted (and so will be held by the database) only after that.
+        self._catching_up = False
+        self._will_hold = 0  # the last GID released to be admitted when the node left the primary component
+        self._now = 0.0
+
+    # ---- the members (membership.py) ---------------------------------------------------------
+
+    @property
+    def online(self) -> dict[str, str]:
+        """The members of the primary component: node name -> bus member id."""
+        return self.membership.online
+
+    @online.setter
+    def online(self, online: dict[str, str]) -> None:
+        self.membership.online = online
+
+    @property
+    def synced(self) -> set[str]:
+        """The members that are synced (the others catch up)."""
+        return self.membership.synced
+
+    @synced.setter
+    def synced(self, synced: set[str]) -> None:
+        self.membership.synced = synced
+
+    @property
+    def progress(self) -> dict[str, int]:
+        return self.membership.progress
+
+    @property
+    def epochs(self) -> tuple[Epoch, ...]:
+        return self.membership.epochs
+
+    @property
+    def records(self) -> dict[str, MemberRecord]:
+        return self.membership.records
+
+    @property
+    def reform(self) -> Optional[Decision]:
+        return self.membership.reform
+
+    # this node's latest GID request (tests stand a node at a request)
+    @property
+    def _request_id(self) -> str:
+        return self.membership.request_id
+
+    @_request_id.setter
+    def _request_id(self, request_id: str) -> None:
+        self.membership.request_id = request_id
+
+    @property
+    def _request_seen(self) -> bool:
+        return self.membership.request_seen
+
+    @_request_seen.setter
+    def _request_seen(self, seen: bool) -> None:
+        self.membership.request_seen = seen
 
     # ---- inputs ------------------------------------------------------------------------
 
@@ -220,53 +249,28 @@ class Replicator:
 
     def on_view(self, view: View, now: float) -> list[Action]:
         out: list[Action] = []
+        m = self.membership
         previous = set(self.members)
         self.members = view.members
         self.local_member = view.local
-        nodes = {bus_node(m) for m in view.members}
-        if self.member_votes:
-            quorate = 2 * len(view.members) > self.member_votes
-        elif view.expected:
-            # The configured votes are known: decide from the view alone. Every member delivers
-            # it at the same place in the total order, so all decide alike; votequorum's flag is
-            # read asynchronously and can differ between nodes for a moment (a node that left
-            # on a lagging flag while the others stayed was seen to stall the group).
-            quorate = view.votes.holds(nodes)
-        else:
-            quorate = view.quorate and view.votes.holds(nodes)
+        quorate, cut_off = view_quorum(view, previous, self.member_votes)
         was_quorate, self.quorate = self.quorate, quorate
-        # The members that come with this node from its previous view. If they are not a
-        # quorum, this node was cut off (or frozen) and the others may have gone on without it,
-        # even when the merged view is quorate again: it must leave and rejoin.
-        carried = {bus_node(m) for m in view.members if m in previous and m not in view.joined}
-        cut_off = bool(previous) and not view.votes.holds(carried)
-        if self.member_votes:
-            came = [m for m in view.members if m in previous and m not in view.joined]
-            cut_off = bool(previous) and 2 * len(came) <= self.member_votes
         self.votes = view.votes
         self._now = now
         # reports count within one view: every following node reports afresh
         self.received.clear()
-        self._requests.clear()
-        self._requests_by_id.clear()
-        self._reform_sent = False
+        m.view_changed(view.members)
         self._reported, self._report_on_bus = 0, False
-        for rid, member in list(self._requesters.items()):
-            if member not in view.members:
-                del self._requesters[rid]
-        for name, (rid, member) in list(self._latest_request.items()):
-            if member not in view.members:
-                del self._latest_request[name]
         # Members that left the view left the primary component here. Only a node that stays in
         # it records so: one that leaves it too cannot tell whether they went on elsewhere.
         stays = self.phase in _FOLLOWING and quorate and not cut_off
-        out += self._forget([name for name, member in self.online.items() if member not in view.members], stays)
+        out += self._forget([name for name, member in m.online.items() if member not in view.members], stays)
         if self.phase == Phase.CONNECTING:
-            self._joining_since = now
+            m.joining_since = now
             if self.bootstrap and view.members == (view.local,) and quorate:
                 out.append(Send(self._bootstrap_message()))
                 self.phase = Phase.JOINING
-                self._request_at = now
+                m.request_at = now
             else:
                 out += self._request(now)
         elif self.phase in _FOLLOWING and not quorate:
@@ -279,7 +283,7 @@ class Replicator:
             out += self._dissolve_if_unsynced() or self._release()
         elif quorate and self.phase in (Phase.NON_PRIMARY, Phase.JOINING):
             if self.phase == Phase.JOINING and not was_quorate:
-                self._joining_since = now  # a bootstrap waits as long again for an answer from a quorum
+                m.joining_since = now  # a bootstrap waits as long again for an answer from a quorum
             # In every quorate view a node outside the primary component asks (again): members
             # that can answer may have arrived, and if none can, the nodes re-form it only once
             # every member of this view has asked in it.
@@ -295,12 +299,9 @@ class Replicator:
             log.warning("dropping malformed bus message from %s: %s", d.sender, e)
             return []
         if isinstance(msg, bp.GidRequest) and d.sender in self.members:
-            # every node keeps this view's requests, whatever its phase: they decide a re-form
-            self._requests[d.sender] = msg
-            self._requests_by_id[msg.request_id] = msg
-            self._latest_request[msg.node] = (msg.request_id, d.sender)
+            self.membership.requested(d.sender, msg)  # every node keeps them, whatever its phase
         if isinstance(msg, bp.Bootstrap):
-            self._requests.clear()  # a primary component exists from here: the requests before it are answered by it
+            self.membership.forget_requests()  # a primary component exists from here
             if self.phase not in _FOLLOWING:
                 return self._pause_changed(self._bootstrap_seen(d, msg))
         if self.phase == Phase.JOINING:
@@ -329,21 +330,22 @@ class Replicator:
             self._report_last_tick = self._reported if self._report_on_bus else -1
             return self._release()
         self._now = now
-        if self._reform_sent and now - self._reform_at >= 5 * REQUEST_RETRY_S:
-            self._reform_sent = False  # its bootstrap never came back (a send that failed): decide again
+        m = self.membership
+        if m.reform_sent and now - m.reform_at >= 5 * REQUEST_RETRY_S:
+            m.reform_sent = False  # its bootstrap never came back (a send that failed): decide again
         if self.phase == Phase.NEEDS_RECOVERY:
-            if self.quorate and self.cluster_uuid and now - self._request_at >= 5 * REQUEST_RETRY_S:
+            if self.quorate and self.cluster_uuid and now - m.request_at >= 5 * REQUEST_RETRY_S:
                 return self._request(now, join=False)
             return []
         if self.phase != Phase.JOINING:
             return []
         # only with a quorum: a node that bootstrapped alone would count itself cut off when the
         # others arrive, and they would have no cluster to join (invariant 7)
-        if self.bootstrap and self.quorate and now - self._joining_since >= BOOTSTRAP_WAIT_S:
-            self._joining_since = now
+        if self.bootstrap and self.quorate and now - m.joining_since >= BOOTSTRAP_WAIT_S:
+            m.joining_since = now
             return [Send(self._bootstrap_message())]
-        retry = REQUEST_RETRY_S if not self._request_seen else 5 * REQUEST_RETRY_S
-        if now - self._request_at >= retry:
+        retry = REQUEST_RETRY_S if not m.request_seen else 5 * REQUEST_RETRY_S
+        if now - m.request_at >= retry:
             return self._request(now)
         return []
 
@@ -393,13 +395,10 @@ class Replicator:
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _epoch_number(self) -> int:
-        return self.epochs[-1].number if self.epochs else 0
-
     def _bootstrap_message(self) -> bp.Bootstrap:
         """``chorus bootstrap``: start the cluster (again) at this node's GID, in a new epoch."""
         gid = self._holding().gid
-        return bp.Bootstrap(self.node, self.cluster_uuid or str(uuid.uuid4()), gid, self._epoch_number() + 1)
+        return self.membership.bootstrap_message(self.cluster_uuid or str(uuid.uuid4()), gid)
 
     def _holding(self) -> Holding:
         """What this node holds now (its disk, and what it will admit of what it released)."""
@@ -407,40 +406,27 @@ class Replicator:
         return Holding(max(h.gid, self._will_hold), h.log_after, h.log_high)
 
     def _remember(self) -> Remember:
-        return Remember(self.epochs, tuple(sorted(self.records.items())))
+        return self.membership.remember()
 
     def _request(self, now: float, join: bool = True) -> list[Action]:
         """Ask to join (or, with ``join`` false, only take part in a re-form), saying what this
         node holds: the GID it announces is the most its database will hold until it is answered."""
         if join:
             self.phase = Phase.JOINING
-        self._request_join = join
-        self._request_id = uuid.uuid4().hex
-        self._request_seen = False
-        self._request_at = now
+        request_id = uuid.uuid4().hex
         out = self._drop_buffer()
         h = self._holding()
         self.last_gid = h.gid
-        return out + [Send(bp.GidRequest(
-            self.node, self._request_id, self.cluster_uuid, h.gid, join,
-            tuple((e.number, e.start, e.node) for e in self.epochs), h.log_after, h.log_high,
-            tuple((n, r.epoch, r.gid, r.member) for n, r in sorted(self.records.items()))))]
+        return out + [Send(self.membership.request(request_id, self.cluster_uuid, h, join, now))]
 
     def _forget(self, names: list[str], record: bool = True) -> list[Action]:
         """Nodes that are no longer members of the primary component (``record``: this node stays
         in it and remembers where they left); a schema change of theirs whose outcome they did
         not report is skipped everywhere."""
         out: list[Action] = []
-        recorded = False
         for name in names:
-            self.online.pop(name, None)
-            self.progress.pop(name, None)
             self.paused_by.discard(name)
-            self.synced.discard(name)
-            if record and name != self.node:
-                self.records[name] = MemberRecord(self._epoch_number(), self.gid, False)
-                recorded = True
-        if recorded:
+        if self.membership.forget(names, self.gid if record else None):
             out.append(self._remember())
         for gid, origin in sorted(self.ddl_open.items()):
             if origin != self.node and origin not in self.online:
@@ -454,7 +440,7 @@ class Replicator:
         """A quorate view in which no member of the primary component is synced has no primary
         component: nobody can answer a GID request or vouch for the history. Every node leaves
         it and asks to re-form it (history.decide)."""
-        if self.phase not in _FOLLOWING or not self.quorate or self.synced & set(self.online):
+        if self.phase not in _FOLLOWING or not self.quorate or self.membership.has_synced_member:
             return []
         out = self._leave_primary(f"no member of the primary component is synced any more (members left: "
                                   f"{', '.join(sorted(self.online)) or 'none'}): the nodes re-form it from the one "
@@ -468,10 +454,8 @@ class Replicator:
         self._catching_up = False
         self._sync_sent = False
         self.phase = phase
-        self.online.clear()
-        self.synced.clear()
+        self.membership.leave()
         self.paused_by.clear()
-        self.progress.clear()
         out: list[Action] = [PhaseChange(phase, reason)]
         # Writesets not yet known to a quorum: the primary component may or may not have them.
         # None commits here; the node learns their fate when it rejoins (partial recovery
@@ -501,7 +485,8 @@ class Replicator:
     def _covered(self, gid: int) -> bool:
         """Whether a quorum of bus nodes is known to have delivered GID ``gid``."""
         own = bus_node(self.local_member)
-        nodes = {node for node, g in self.received.items() if g >= gid and self._joined_at.get(node, 0) < gid}
+        joined_at = self.membership.joined_at
+        nodes = {node for node, g in self.received.items() if g >= gid and joined_at.get(node, 0) < gid}
         if self.gid >= gid:
             nodes.add(own)
         return self.votes.holds(nodes)
@@ -560,63 +545,29 @@ class Replicator:
         return out
 
     def _joining(self, d: Delivery, msg: bp.Message) -> list[Action]:
-        if isinstance(msg, bp.GidRequest) and msg.request_id == self._request_id:
-            self._request_seen = True
+        m = self.membership
+        if isinstance(msg, bp.GidRequest) and msg.request_id == m.request_id:
+            m.request_seen = True
             return self._drop_buffer()
-        if not self._request_seen:
+        if not m.request_seen:
             return self._refuse_own(msg)
-        if isinstance(msg, bp.GidReply) and msg.node == self.node and msg.request_id == self._request_id:
+        if isinstance(msg, bp.GidReply) and msg.node == self.node and msg.request_id == m.request_id:
             return self._joined(d, msg)
         self._buffer.append(d)
         return []
 
     def _reform(self) -> list[Action]:
-        """Re-form the primary component when no member has it: a quorate view in which every
-        member has asked (none is in a primary component: a partition that left no quorate side
-        healed, a majority restarted at once, or the last synced member left while the others
-        caught up). Every node decides alike from the same requests (history.decide): the one
-        that holds the most starts a new epoch at its GID once every node that may hold an
-        acknowledged writeset the others lack is back; the others join it and catch up.
-
-        Every acknowledged transaction committed on its origin before the client heard of it;
-        the origin is here, or it left the primary component at a GID that the winner holds."""
-        if self._reform_sent or not self.quorate or max(self.votes.expected, self.member_votes) < 2:
-            return []
-        if set(self._requests) != set(self.members):
-            return []
-        cands = [history.Candidate(r.node, r.cluster_uuid, r.last_gid, tuple(Epoch(*e) for e in r.epochs),
-                                   r.log_after, r.log_high,
-                                   {n: MemberRecord(e, g, m) for n, e, g, m in r.records})
-                 for r in self._requests.values()]
-        d = history.decide(cands)
-        if d.winner is not None and not any(r.records for r in self._requests.values()):
-            # nobody here remembers the members (state files from before records were kept): wait
-            # for every configured node, as a missing one might hold the only copy of a commit
-            nodes = {bus_node(m) for m in self.members}
-            if (len(self.members) < self.member_votes if self.member_votes
-                    else len(nodes) != len(self.members) or len(nodes) < self.votes.expected):
-                d = Decision(None, cluster_uuid=d.cluster_uuid,
-                                     reason="no member is synced; re-forming waits for every configured node "
-                                            "(no node here remembers the primary component's members)")
-        if d.winner is None:
-            if self.reform is None or self.reform.reason != d.reason:
-                log.warning("%s", d.reason)
-            self.reform = d
-            return []
-        self.reform = None
-        if d.winner != self.node:
-            return []
-        assert d.epoch is not None
-        self._reform_sent, self._reform_at = True, self._now
-        log.warning("%s", d.reason)
-        return [Send(bp.Bootstrap(self.node, d.cluster_uuid, d.gid, d.epoch.number))]
+        """Re-form the primary component when no member has it (Membership.reform_decision): if
+        this node is the one that holds the most, it starts a new epoch."""
+        b = self.membership.reform_decision(self.quorate, self.members, self.votes, self.member_votes, self._now)
+        return [Send(b)] if b is not None else []
 
     def _bootstrap_seen(self, d: Delivery, msg: bp.Bootstrap) -> list[Action]:
         """A Bootstrap delivered while this node is not in the primary component."""
         if msg.node == self.node and d.sender == self.local_member:
             if not self.quorate:
                 # decided in a quorate view, delivered after a view change took the quorum away
-                self._reform_sent = False
+                self.membership.reform_sent = False
                 log.warning("this node's bootstrap came back in a view that is not quorate: not started")
                 return []
             return self._bootstrapped(d.sender, msg)
@@ -646,14 +597,9 @@ class Replicator:
         self._deferred.clear()
         self.ddl_open.clear()
         self.certifier = Certifier(msg.gid)
-        self.online = {self.node: sender}
-        self.synced = {self.node}
-        self.progress = {self.node: msg.gid}
-        self.epochs = history.add_epoch(self.epochs, Epoch(msg.epoch, msg.gid, self.node))
-        self.records[self.node] = MemberRecord(msg.epoch, msg.gid, True)
+        self.membership.bootstrapped(sender, msg)
         self.phase = Phase.ONLINE
         self.bootstrap = False
-        self.reform = None
         # what it delivered after its request, before the bootstrap, no node took (no primary
         # component there); its own writesets among it fail
         return [*undone, *self._drop_buffer(), self._remember(), Joined(self.cluster_uuid, self.gid, True),
@@ -670,18 +616,11 @@ class Replicator:
         return out
 
     def _joined(self, d: Delivery, msg: bp.GidReply) -> list[Action]:
+        m = self.membership
         admitted = self.node in dict(msg.online)
-        if self.compat and msg.compat and self.compat != msg.compat:
-            return self._stay_out(f"this node's database ({self.compat}) differs from the cluster's ({msg.compat}): "
-                                  "its values would be read differently; create its database with the cluster's "
-                                  "encoding, on the same PostgreSQL major version, then join it by total recovery",
-                                  admitted)
-        if self.cluster_uuid and self.cluster_uuid != msg.cluster_uuid:
-            return self._stay_out(f"this node belongs to cluster {self.cluster_uuid}, the group runs "
-                                  f"cluster {msg.cluster_uuid}: total recovery is needed", admitted)
-        cluster_epochs = tuple(Epoch(*e) for e in msg.epochs)
-        problem = history.prefix_problem(self.node, max(self.last_gid, self.max_committed), self.epochs,
-                                         cluster_epochs, msg.certified)
+        refusal = m.refusal(msg, self.cluster_uuid, self.compat)
+        if refusal is not None:
+            return self._stay_out(refusal, admitted)
         try:
             unstable: list[tuple[int, Action]] = [(g, Apply(g, prev, origin, wire.scan(ws)))
                                                   for g, prev, origin, ws in msg.unstable if g > self.last_gid]
@@ -689,11 +628,9 @@ class Replicator:
             self.stats.malformed += 1
             return self._stay_out(f"the answer to this node's GID request holds a malformed writeset ({e}): "
                                   "it asks again", admitted) + self._request(self._now)
-        if problem is not None:
-            return self._stay_out(
-                f"this node's data is not a prefix of cluster {msg.cluster_uuid}'s history: {problem}. It stays out "
-                "and keeps them. If they must be kept, stop the cluster and restart it from this node (chorus "
-                "bootstrap --force); to drop them, rebuild this node (chorus node join --total --force)", admitted)
+        refusal = m.history_refusal(msg, max(self.last_gid, self.max_committed))
+        if refusal is not None:
+            return self._stay_out(refusal, admitted)
         # it catches up to what the answer's node had released; the writesets certified after
         # that came with the answer: it holds them until a quorum has them, as every member does
         released = max(msg.released, self.last_gid)
@@ -707,21 +644,9 @@ class Replicator:
         self._deferred.clear()
         self.ddl_open.clear()
         self.certifier = Certifier.restore(msg.certifier)
-        # The state at the request's place: this node is not a member there (the answer admits it
-        # at its own place, further on); what was delivered in between is replayed from there. Its
-        # own writesets among it, which the members dropped, must not count here either (a lab run
-        # diverged so: a node thawed from a freeze sent writesets after its request, counted them
-        # here, and gave every later GID to another writeset than the others did).
-        self.online = {n: m for n, m in msg.online if n != self.node}
-        self.synced = set(msg.synced) - {self.node}
-        self._latest_request = {n: (rid, m) for n, rid, m in msg.requests}
-        self.progress = dict(msg.progress)
+        m.joined(msg)  # the members at the request's place (what was delivered since is replayed)
         self.paused_by = set(msg.paused)
-        self.epochs = cluster_epochs or self.epochs
-        self.records = history.merge(self.records, {n: MemberRecord(e, g, m) for n, e, g, m in msg.records})
-        self.records[self.node] = MemberRecord(self._epoch_number(), msg.gid, True)
         self._sync_sent = False
-        self.reform = None
         out: list[Action] = [*undone, self._remember(), Joined(self.cluster_uuid, self.gid, False)]
         if behind:
             # partial recovery: certify the live stream from here on (the coordinator holds what
@@ -736,10 +661,10 @@ class Replicator:
             self.phase = Phase.ONLINE
         buffered, self._buffer = self._buffer, []
         for b in buffered:
-            m = bp.decode(b.payload)
-            if isinstance(m, bp.GidRequest) and b.sender in self.members:
-                self._latest_request[m.node] = (m.request_id, b.sender)  # after the answer's state
-            out += self._handle(b.sender, m)
+            bm = bp.decode(b.payload)
+            if isinstance(bm, bp.GidRequest) and b.sender in self.members:
+                m.latest(b.sender, bm)  # after the answer's state
+            out += self._handle(b.sender, bm)
         out += self._handle(d.sender, msg)
         if not behind and self.phase == Phase.ONLINE:
             out.append(PhaseChange(Phase.ONLINE, f"joined cluster {self.cluster_uuid} at GID {msg.gid}"))
@@ -777,20 +702,16 @@ class Replicator:
             return []
         if isinstance(msg, bp.Progress):
             out = []
-            if msg.node != self.node:
-                self._joined_at.pop(bus_node(sender), None)  # online: it holds everything up to its GID
+            # a recovering member that caught up is synced from here, for every node
+            if self.membership.progressed(sender, msg) and msg.node == self.node and self.phase == Phase.RECOVERING:
+                self.phase = Phase.ONLINE
+                self._sync_sent = False
+                out.append(PhaseChange(Phase.ONLINE, f"caught up with cluster {self.cluster_uuid} at "
+                                                     f"GID {msg.committed_gid}"))
             if msg.node in self.online:
-                if msg.node not in self.synced and self.online[msg.node] == sender:
-                    # a recovering member caught up: it is synced from here, for every node
-                    self.synced.add(msg.node)
-                    if msg.node == self.node and self.phase == Phase.RECOVERING:
-                        self.phase = Phase.ONLINE
-                        self._sync_sent = False
-                        out.append(PhaseChange(Phase.ONLINE, f"caught up with cluster {self.cluster_uuid} at "
-                                                             f"GID {msg.committed_gid}"))
-                self.progress[msg.node] = max(self.progress.get(msg.node, 0), msg.committed_gid)
-                if all(n in self.progress for n in self.online):
-                    self.certifier.purge(min(self.progress[n] for n in self.online) - self.history)
+                low = self.membership.committed_by_all()
+                if low is not None:
+                    self.certifier.purge(low - self.history)
             return out
         if isinstance(msg, bp.DdlResult):
             if self.ddl_open.get(msg.gid) == msg.node:
@@ -822,7 +743,8 @@ class Replicator:
     def _gid_request(self, sender: str, msg: bp.GidRequest) -> list[Action]:
         """A node outside the primary component asks to join (or, ``join`` false, only says what
         it holds, for a re-form); the lowest synced member answers."""
-        if msg.node == self.node and msg.request_id != self._request_id:
+        m = self.membership
+        if msg.node == self.node and msg.request_id != m.request_id:
             # A GID request in this node's name that it did not make (a member's bug, or
             # worse): every other node forgets this node here, so this node must leave too,
             # or it would go on certifying writesets the others drop. It asks to join again.
@@ -835,52 +757,21 @@ class Replicator:
             out = self._forget([msg.node]) + self._dissolve_if_unsynced()
             if self.phase not in _FOLLOWING:
                 return out
-        if msg.node != self.node and msg.join:
-            self._joined_at[bus_node(sender)] = self.gid
-        self._requesters[msg.request_id] = sender
+        m.asked(sender, msg, self.gid)
         # While a schema change's outcome is open, the state at this point is not final (the
         # writesets after it are not certified yet): the joiner asks again later.
-        if msg.join and self.phase == Phase.ONLINE and self.synced and min(self.synced) == self.node \
-                and not self.ddl_open and not self.settling:
-            online, synced = dict(self.online), set(self.synced)
-            records = dict(self.records)
-            # admitted unless its data cannot follow this history (it refuses the answer alike)
-            if msg.cluster_uuid in ("", self.cluster_uuid) and history.prefix_problem(
-                    msg.node, msg.last_gid, tuple(Epoch(*e) for e in msg.epochs), self.epochs,
-                    self.last_certified) is None:
-                online[msg.node] = sender
-                records[msg.node] = MemberRecord(self._epoch_number(), self.gid, True)
-                if self.released <= msg.last_gid <= self.last_certified:
-                    synced.add(msg.node)
-            out.append(Send(bp.GidReply(
-                msg.node, msg.request_id, sender, self.cluster_uuid, self.gid, self.last_certified,
-                tuple(sorted(online.items())), tuple(sorted(self.progress.items())),
-                self.certifier.snapshot(), tuple(sorted(self.paused_by)), self.compat, tuple(sorted(synced)),
-                tuple((e.number, e.start, e.node) for e in self.epochs),
-                tuple((n, r.epoch, r.gid, r.member) for n, r in sorted(records.items())),
-                self.released, tuple(_unstable_entry(self.node, g, a) for g, a in self._unstable),
-                tuple((n, rid, m) for n, (rid, m) in sorted(self._latest_request.items())))))
+        if msg.join and self.phase == Phase.ONLINE and m.answers and not self.ddl_open and not self.settling:
+            place = Place(self.cluster_uuid, self.gid, self.last_certified, self.released, self.certifier.snapshot(),
+                          tuple(sorted(self.paused_by)), self.compat,
+                          tuple(_unstable_entry(self.node, g, a) for g, a in self._unstable))
+            out.append(Send(m.answer(sender, msg, place)))
         return out
 
     def _gid_reply(self, msg: bp.GidReply) -> list[Action]:
         """A member answered a GID request: the joiner is a member from here (synced, or catching
         up), as the answer says, for every node."""
-        self._requesters.pop(msg.request_id, None)
-        if msg.cluster_uuid != self.cluster_uuid or msg.gid > self.gid or msg.member not in self.members:
+        if not self.membership.answered(msg, self.members, self.cluster_uuid, self.gid):
             return []
-        if self._latest_request.get(msg.node, ("", ""))[0] != msg.request_id:
-            return []  # it asked again since: the answer to its latest request counts
-        if dict(msg.online).get(msg.node) != msg.member:
-            return []  # the answer counts it out: its data cannot follow this history
-        self.online[msg.node] = msg.member
-        self.progress[msg.node] = msg.gid
-        if msg.node in msg.synced:
-            self.synced.add(msg.node)
-        # it delivered everything after what the answering node had released (the rest came
-        # with the answer): its reports vouch for those GIDs
-        self._joined_at[bus_node(msg.member)] = msg.released
-        self._requests.pop(msg.member, None)
-        self.records[msg.node] = MemberRecord(self._epoch_number(), msg.gid, True)
         return [self._remember()]
 
     def _writeset(self, msg: bp.WritesetMsg) -> list[Action]:
@@ -1043,7 +934,7 @@ class Replicator:
         if losers and self.phase in _FOLLOWING:
             out += self._forget(losers, record=False)  # (its view change comes later)
             for n in losers:
-                self.records[n] = MemberRecord(self._epoch_number(), gid - 1 if outcome else self.gid, False)
+                self.membership.record_left(n, gid - 1 if outcome else self.gid)
             out.append(self._remember())
             out += self._dissolve_if_unsynced()
         return out

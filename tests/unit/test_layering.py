@@ -112,3 +112,13 @@ def test_the_parts_that_carry_out_actions_take_values_not_the_replicator() -> No
     graph = _imports()
     for part in ("chorus.commit.pipeline", "chorus.commit.backends", "chorus.voting", "chorus.causal"):
         assert "chorus.replicator" not in _reach(graph, part), part
+
+
+def test_membership_is_a_part_below_the_replicator() -> None:
+    """Membership and the join handshake (chorus.membership) are a part of their own, which the
+    replicator asks: it knows neither that state machine nor certification nor the commit path."""
+    graph = _imports()
+    assert "chorus.membership" in graph["chorus.replicator"]
+    reach = _reach(graph, "chorus.membership")
+    for part in ("chorus.replicator", "chorus.certifier", "chorus.commit", "chorus.coordinator"):
+        assert not any(_in(m, part) for m in reach), part
