@@ -7,7 +7,10 @@ at import (``CHORUS_IMPL=python|c``). tests/unit/test_impl_proto.py checks with 
 both give the same frames and messages and refuse the same bytes.
 
 It raises the modules' own exceptions and makes their own objects, which they hand it
-(:func:`bind_backend`, :func:`bind_bus`): this module imports no other module of Chorus.
+(:func:`bind_backend`, :func:`bind_bus`): this module imports no other module of Chorus. Their
+constants come the same way, into C variables (no Python object on the hot path): the frame types,
+sizes and versions. Only the verdict frame's field offsets are compiled in (a ``cdef enum``), and
+tests/unit/test_wire_rules.py checks them against backendproto's struct.
 """
 
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
@@ -16,20 +19,32 @@ from libc.string cimport memcpy
 
 cdef object Frame, FrameError, TYPES, FIXED
 cdef uint32_t MAX_FRAME
+cdef Py_ssize_t RAN_HEAD  # a DDL_RAN frame's fixed part (backendproto._RAN_HEAD)
+cdef Py_ssize_t VERDICT_HEAD  # a verdict frame before its message (backendproto._VERDICT.size)
+cdef uint8_t FRAME_WRITESET, FRAME_VERDICT  # type bytes (backendproto.FrameType)
 cdef object BusProtoError
 cdef int BUS_VERSION
 cdef uint8_t T_WRITESET, T_BATCH
 
+# The verdict frame's fields (backendproto._VERDICT: length, type, verdict, gid, wait_for, prev,
+# the message's length; the message follows at VERDICT_HEAD), as offsets from its start.
 cdef enum:
-    RAN_HEAD = 12  # backendproto._RAN_HEAD
-    VERDICT_HEAD = 32  # backendproto._VERDICT.size
+    V_TYPE = 4
+    V_VERDICT = 5
+    V_GID = 6
+    V_WAIT_FOR = 14
+    V_PREV = 22
+    V_MSGLEN = 30
 
 
 def bind_backend(backendproto) -> None:
     """Take backendproto's classes and constants (once, at its import)."""
-    global Frame, FrameError, TYPES, FIXED, MAX_FRAME
+    global Frame, FrameError, TYPES, FIXED, MAX_FRAME, RAN_HEAD, VERDICT_HEAD, FRAME_WRITESET, FRAME_VERDICT
     Frame, FrameError = backendproto.Frame, backendproto.FrameError
     TYPES, FIXED, MAX_FRAME = backendproto._TYPES, backendproto._FIXED, backendproto.MAX_FRAME
+    RAN_HEAD, VERDICT_HEAD = backendproto._RAN_HEAD, backendproto._VERDICT.size
+    FRAME_WRITESET = backendproto.FrameType.WRITESET.value[0]
+    FRAME_VERDICT = backendproto.FrameType.VERDICT.value[0]
 
 
 def bind_bus(proto) -> None:
@@ -106,7 +121,7 @@ cdef class FrameParser:
         if len(buf) < 5:
             return None
         p = <const uint8_t *><char *>buf
-        if p[4] != 0x57:  # "W"
+        if p[4] != FRAME_WRITESET:
             return None
         length = be32(p)
         if <Py_ssize_t>length - 1 <= threshold:
@@ -126,15 +141,15 @@ def verdict_frame(int verdict, uint64_t gid, uint64_t wait_for, str message, pre
     if verdict < 0 or verdict > 255:
         raise OverflowError("verdict out of range")
     put32(p, <uint32_t>(VERDICT_HEAD - 4 + m))
-    p[4] = b"V"[0]
-    p[5] = <uint8_t>verdict
-    put64(p + 6, gid)
-    put64(p + 14, wait_for)
-    put64(p + 22, before)
-    p[30] = <uint8_t>(m >> 8)
-    p[31] = <uint8_t>m
+    p[V_TYPE] = FRAME_VERDICT
+    p[V_VERDICT] = <uint8_t>verdict
+    put64(p + V_GID, gid)
+    put64(p + V_WAIT_FOR, wait_for)
+    put64(p + V_PREV, before)
+    p[V_MSGLEN] = <uint8_t>(m >> 8)
+    p[V_MSGLEN + 1] = <uint8_t>m
     if m:
-        memcpy(p + 32, PyBytes_AS_STRING(msg), m)
+        memcpy(p + VERDICT_HEAD, PyBytes_AS_STRING(msg), m)
     return out
 
 

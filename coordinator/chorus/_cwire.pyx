@@ -16,12 +16,23 @@ cdef uint8_t FLAGS_KNOWN, COL_FLAGS_KNOWN, TABLE_FLAGS_KNOWN, TRUNCATE_FLAGS_KNO
 cdef uint8_t FLAG_DDL, FLAG_TOI, FLAG_CONCURRENT, TABLE_FULL_IDENTITY
 cdef bint bound = False
 
+# The format's constants the reading is compiled with (the rest comes from wire.py: bind).
+# tests/unit/test_wire_rules.py reads this block and compares it with wire.LIMITS.
 cdef enum:
-    HEAD = 32  # the header's size (wire.HEAD_SIZE)
-    VAL_NULL = 0x6E  # value kinds (wire.VAL_NULL, VAL_TEXT, VAL_BINARY, VAL_UNCHANGED)
+    HEAD = 32  # the header's size (HEAD_SIZE)
+    MAGIC_0 = 0x43  # the first two bytes, "CW" (MAGIC)
+    MAGIC_1 = 0x57
+    VAL_NULL = 0x6E  # value kinds (VALUE_KINDS)
     VAL_TEXT = 0x74
     VAL_BINARY = 0x62
     VAL_UNCHANGED = 0x75
+    OP_INSERT = 0x49  # item ops, "IUDTS" (OPS)
+    OP_UPDATE = 0x55
+    OP_DELETE = 0x44
+    OP_TRUNCATE = 0x54
+    OP_SCHEMA = 0x53
+    KEY_MODE_FIRST = 1  # key modes (KEY_MODES)
+    KEY_MODE_LAST = 3
 
 
 def bind(wire) -> None:
@@ -32,7 +43,7 @@ def bind(wire) -> None:
     Table, Column, Row, Schema, Key = wire.Table, wire.Column, wire.Row, wire.Schema, wire.Key
     Writeset, Binary, WireError, TABLES = wire.Writeset, wire.Binary, wire.WireError, wire._TABLES
     UNCHANGED = wire.UNCHANGED
-    MODES = {1: wire.KeyMode.REFERENCE, 2: wire.KeyMode.UPDATE, 3: wire.KeyMode.EXCLUSIVE}
+    MODES = {int(m): m for m in wire.KeyMode}
     import hashlib
     blake2b = hashlib.blake2b
     MAX_PARTS, VERSION = wire.MAX_PARTS, wire.VERSION
@@ -190,8 +201,8 @@ def read(object buf, bint full):
         r.p = &r.view[0] if r.n else <const uint8_t *>b""
     cdef Py_ssize_t n = r.n, pos, i, nset, s, ti, start
     cdef const uint8_t *p = r.p
-    if n < HEAD or p[0] != 0x43 or p[1] != 0x57:  # "CW"
-        raise WireError("not a writeset (bad magic)" if n < 2 or p[0] != 0x43 or p[1] != 0x57
+    if n < HEAD or p[0] != MAGIC_0 or p[1] != MAGIC_1:
+        raise WireError("not a writeset (bad magic)" if n < 2 or p[0] != MAGIC_0 or p[1] != MAGIC_1
                         else "writeset truncated in header")
     cdef uint8_t version = p[2], flags = p[3], op, tflags, mode
     cdef uint32_t xid = u32(p + 4), pid = u32(p + 8)
@@ -212,7 +223,7 @@ def read(object buf, bint full):
     for i in range(nrows):
         r.need(pos, 1, "a row")
         op = p[pos]
-        if op == 0x53:  # S
+        if op == OP_SCHEMA:
             nschema += 1
             r.need(pos + 1, 2, "a schema change")
             nset = u16(p + pos + 1)
@@ -226,7 +237,7 @@ def read(object buf, bint full):
             statement = r.blob(&pos, "a schema change statement")
             rows.append(Schema(tuple(settings), role, statement))
             continue
-        if op != 0x49 and op != 0x55 and op != 0x44 and op != 0x54:  # I U D T
+        if op != OP_INSERT and op != OP_UPDATE and op != OP_DELETE and op != OP_TRUNCATE:
             raise WireError(f"unknown row op {chr(op)!r}")
         r.need(pos + 1, 2, "a row")
         ti = u16(p + pos + 1)
@@ -234,7 +245,7 @@ def read(object buf, bint full):
         if ti >= ntab:
             raise WireError(f"row refers to table {ti} of {ntab}")
         t = tables[ti]
-        if op == 0x54:
+        if op == OP_TRUNCATE:
             r.need(pos, 1, "a TRUNCATE")
             tflags = p[pos]
             pos += 1
@@ -246,10 +257,10 @@ def read(object buf, bint full):
             continue
         old = ()
         new = ()
-        if op == 0x55 or op == 0x44:
+        if op == OP_UPDATE or op == OP_DELETE:
             old = r.values(&pos, len(t.identity), "old tuple", full)
             changes.add(ti)
-        if op == 0x49 or op == 0x55:
+        if op == OP_INSERT or op == OP_UPDATE:
             new = r.values(&pos, len(t.columns), "new tuple", full)
         if full:
             rows.append(Row(chr(op), ti, old, new))
@@ -259,7 +270,7 @@ def read(object buf, bint full):
         mode = p[pos]
         nparts = u16(p + pos + 1)
         pos += 3
-        if mode < 1 or mode > 3:
+        if mode < KEY_MODE_FIRST or mode > KEY_MODE_LAST:
             raise WireError(f"unknown key mode {mode}")
         if nparts == 0 or nparts > MAX_PARTS:
             raise WireError(f"key with {nparts} parts")

@@ -73,6 +73,80 @@ VAL_UNCHANGED = 0x75  # 'u': an UPDATE's new value that is the old one (an uncha
 
 HEAD_SIZE = 32
 
+# What the rules below refer to, by name: the extension's header states each as CHORUS_WS_*,
+# CHORUS_*_FLAGS_KNOWN, CHORUS_OP_*, CHORUS_VAL_*, CHORUS_KEY_* (extension/chorus_wire.h), the
+# compiled reader in its ``cdef enum`` (chorus/_cwire.pyx); tests/unit/test_wire_rules.py reads
+# both sources and compares them with this table.
+LIMITS: dict[str, Any] = {
+    "MAGIC": MAGIC,  # the first two bytes
+    "VERSION": VERSION,  # the one version read
+    "HEAD_SIZE": HEAD_SIZE,  # the header's size
+    "FLAGS_KNOWN": FLAGS_KNOWN,  # the header's flags
+    "COL_FLAGS_KNOWN": COL_FLAGS_KNOWN,  # a column's flags
+    "TABLE_FLAGS_KNOWN": TABLE_FLAGS_KNOWN,  # a table's flags
+    "TRUNCATE_FLAGS_KNOWN": TRUNCATE_FLAGS_KNOWN,  # a TRUNCATE's flags
+    "OPS": OPS,  # an item's op: INSERT, UPDATE, DELETE, TRUNCATE, SCHEMA
+    "VALUE_KINDS": (VAL_NULL, VAL_TEXT, VAL_BINARY, VAL_UNCHANGED),
+    "KEY_MODES": tuple(int(m) for m in KeyMode),  # REFERENCE, UPDATE, EXCLUSIVE
+    "MAX_PARTS": MAX_PARTS,  # a key has 1 to MAX_PARTS parts
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of the writeset's validity, which every reader enforces: this module's
+    :func:`read_python`, the compiled ``chorus/_cwire.pyx`` and the extension's
+    ``extension/chorus_wsread.c``. A writeset that breaks it is refused: by the Python readers with
+    a :class:`WireError` whose message matches ``says``, by the C reader with the failure
+    ``CHORUS_WSR_<name>`` (extension/chorus_wsread.h), which ``chorus_wsr_error_text`` words as
+    ``c_says``. tests/unit/test_wire_rules.py breaks each rule and asks the three readers."""
+    name: str
+    rule: str  # in words, naming LIMITS
+    says: str  # a regular expression
+    c_says: str
+
+
+# The rules, in the order the readers check them (docs/PROTOCOL.md section 2).
+RULES: tuple[Rule, ...] = (
+    Rule("TRUNCATED", "every field lies within the writeset", r"^writeset truncated", "writeset truncated"),
+    Rule("BAD_MAGIC", "it begins with MAGIC", r"^not a writeset \(bad magic\)$", "not a writeset (bad magic)"),
+    Rule("BAD_VERSION", "its header's version is VERSION", r"^unsupported writeset version \d+ ",
+         "unsupported writeset version"),
+    Rule("UNKNOWN_FLAGS", "its header's flags are among FLAGS_KNOWN", r"^unknown writeset flags 0x",
+         "unknown writeset flags"),
+    Rule("COUNTS", "no count in its header exceeds its length", r"^writeset counts exceed its length$",
+         "writeset counts exceed its length"),
+    Rule("COLUMN_FLAGS", "a column's flags are among COL_FLAGS_KNOWN", r"^column .* has unknown flags 0x",
+         "column with unknown flags"),
+    Rule("IDENTITY_RANGE", "a table's identity columns are among its columns",
+         r"^identity column index out of range in table ", "identity column out of range"),
+    Rule("TABLE_FLAGS", "a table's flags are among TABLE_FLAGS_KNOWN", r"^table .* has unknown flags 0x",
+         "table with unknown flags"),
+    Rule("UNKNOWN_OP", "an item's op is one of OPS", r"^unknown row op ", "unknown row op"),
+    Rule("TABLE_RANGE", "a row's table is one of the writeset's tables", r"^row refers to table \d+ of \d+$",
+         "row refers to a table out of range"),
+    Rule("TRUNCATE_FLAGS", "a TRUNCATE's flags are among TRUNCATE_FLAGS_KNOWN", r"^TRUNCATE with unknown flags 0x",
+         "TRUNCATE with unknown flags"),
+    Rule("WIDTH", "a row's new image has a value per column, its old image one per identity column",
+         r"^(new|old) tuple has \d+ values, expected \d+$", "row image of the wrong width"),
+    Rule("VALUE_KIND", "a value's kind is one of VALUE_KINDS", r"^(new|old) tuple has unknown value kind 0x",
+         "value of unknown kind"),
+    Rule("KEY_MODE", "a key's mode is one of KEY_MODES", r"^unknown key mode \d+$", "unknown key mode"),
+    Rule("KEY_PARTS", "a key has 1 to MAX_PARTS parts", r"^key with \d+ parts$",
+         "key with a wrong number of parts"),
+    Rule("TOI_SHAPE", "an ordering request (FLAG_TOI) is one schema change item and nothing else",
+         r"^a schema change's ordering request holds exactly one schema change item$",
+         "a schema change's ordering request holds exactly one schema change item"),
+    Rule("CONCURRENT_SHAPE", "a concurrent index change (FLAG_CONCURRENT) is one schema change item, flagged DDL, "
+         "not TOI", r"^a concurrent index change holds exactly one schema change item$",
+         "a concurrent index change holds exactly one schema change item"),
+    Rule("DDL_FLAG", "FLAG_DDL is set exactly when it holds schema change items",
+         r"^the DDL flag does not match the schema change items$",
+         "the DDL flag does not match the schema change items"),
+    Rule("TRAILING", "no byte follows its keys", r"^\d+ trailing bytes after writeset$",
+         "trailing bytes after writeset"),
+)
+
 # PostgreSQL's encoding numbers (pg_wchar.h) of the encodings a database can have, for messages.
 ENCODINGS = {0: "SQL_ASCII", 1: "EUC_JP", 2: "EUC_CN", 3: "EUC_KR", 4: "EUC_TW", 5: "EUC_JIS_2004",
              6: "UTF8", 7: "MULE_INTERNAL", 8: "LATIN1", 9: "LATIN2", 10: "LATIN3", 11: "LATIN4",

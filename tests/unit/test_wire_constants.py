@@ -6,29 +6,12 @@ from __future__ import annotations
 
 import re
 import struct
-from pathlib import Path
 
 from chorus.commit import applier
 from chorus.commit import backendproto as bpf
 from chorus import wire
 
-HEADER = Path(__file__).resolve().parents[2] / "extension" / "chorus_wire.h"
-
-
-def _defines() -> dict[str, object]:
-    out: dict[str, object] = {}
-    for name, value in re.findall(r"^#define[ \t]+(CHORUS_\w+)[ \t]+([^\n]+?)[ \t]*(?:/\*[^\n]*)?$",
-                                  HEADER.read_text(), re.M):
-        value = value.strip()
-        if value.startswith('"'):
-            out[name] = value.strip('"').encode()
-        elif value.startswith("'"):
-            out[name] = value.strip("'")
-        else:
-            expr = re.sub(r"CHORUS_\w+", lambda m: repr(out[m.group(0)]), value)
-            out[name] = eval(expr, {})  # noqa: S307 - integer arithmetic from our own header
-    return out
-
+from wire_sources import HEADER, header_defines as _defines
 
 def test_writeset_constants_match() -> None:
     d = _defines()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -26,20 +25,7 @@ from hypothesis import strategies as st
 from chorus import wire
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTENSION = ROOT / "extension"
 GOLDEN = ROOT / "tests" / "golden"
-
-
-@pytest.fixture(scope="module")
-def wsdump(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler (cc, gcc or clang) to build extension/tools/wsdump.c")
-    out = tmp_path_factory.mktemp("wsdump") / "wsdump"
-    subprocess.run([cc, "-std=c99", "-O1", "-Wall", "-Wextra", "-o", str(out),
-                    str(EXTENSION / "tools" / "wsdump.c"), str(EXTENSION / "chorus_wsread.c")],
-                   check=True, capture_output=True, text=True)
-    return out
 
 
 def _hex(s: str) -> str:
