@@ -16,7 +16,7 @@ from typing import Callable, Optional, Protocol, Sequence
 from chorus import wire
 from chorus.link.clock import LinkWindow
 from chorus.link.events import RemoteTransaction, SiteId, Stamp, Version, row_key
-from chorus.link.policy import Decision, Outcome, Policy
+from chorus.link.policy import Decision, DeltaApply, Outcome, Policy, delta_values
 
 
 class Detection(enum.Enum):
@@ -47,8 +47,9 @@ class LocalRows(Protocol):
 class RowDecision:
     """One row change of an incoming transaction: its key's hash, the stamp found, whether and
     why it is in conflict, the policy's decision (None: not decided by a policy: applied as it
-    comes, or rejected with its transaction), whether the change is applied, the stamp the row
-    has afterwards, and whether this site, the arbiter, realigns the row."""
+    comes, or rejected with its transaction), whether the change is applied and the row it
+    leaves (None: absent; delta columns already added up), the stamp the row has afterwards,
+    and whether this site, the arbiter, realigns the row."""
 
     item: int  # index in the writeset's rows
     key: bytes
@@ -56,6 +57,7 @@ class RowDecision:
     reason: Optional[Reason]
     decision: Optional[Decision]
     applied: bool
+    values: Optional[tuple[wire.Value, ...]]
     stamp_after: Optional[Stamp]
     realign: bool
 
@@ -172,10 +174,7 @@ def settle(window: LinkWindow, batch: Sequence[RemoteTransaction], rows: LocalRo
             elif window.in_conflict(st):
                 assert st is not None
                 mine = Version(st.site, st.clock, st.commit_time, rows.values(table, key))
-                theirs = Version(txn.site, txn.clock, txn.commit_time,
-                                 None if row.op == wire.OP_DELETE else row.new,
-                                 row.old if len(row.old) == len(table.columns) else None)
-                decided.append((Reason.ROW, policy_for(table).decide(table, mine, theirs)))
+                decided.append((Reason.ROW, policy_for(table).decide(table, mine, _version(txn, table, row))))
             else:
                 decided.append((None, None))
         reject = depends_on is not None or (
@@ -187,17 +186,39 @@ def settle(window: LinkWindow, batch: Sequence[RemoteTransaction], rows: LocalRo
         for (i, table, row, key, h, st), (reason, dec) in zip(found, decided):
             if reject and reason is None:
                 reason = Reason.TRANSACTION
+            values: Optional[tuple[wire.Value, ...]] = None
             if reject:
                 applied, after = False, st
             elif dec is None:
                 applied, after = True, remote_stamp
+                values = _plain(rows, policy_for(table), txn, table, row, key)
             elif dec.outcome == Outcome.KEEP_LOCAL:
                 applied, after = False, st
             else:
                 w = dec.winner
-                applied, after = True, Stamp(w.site, w.clock, w.commit_time)
+                applied, after, values = True, Stamp(w.site, w.clock, w.commit_time), dec.values
             realign = arbiter == local and reason is not None
             overlay[h] = after
-            row_out.append(RowDecision(i, h, st, reason, dec, applied, after, realign))
+            row_out.append(RowDecision(i, h, st, reason, dec, applied, values, after, realign))
         out.append(TransactionDecision(txn, tuple(row_out), reject, depends_on))
     return out
+
+
+def _version(txn: RemoteTransaction, table: wire.Table, row: wire.Row) -> Version:
+    """The incoming change as a version: its new image (None for a DELETE) and its old image
+    when the whole row was captured (a table keyed by its whole row; delta columns later)."""
+    return Version(txn.site, txn.clock, txn.commit_time, None if row.op == wire.OP_DELETE else row.new,
+                   row.old if len(row.old) == len(table.columns) else None)
+
+
+def _plain(rows: LocalRows, policy: Policy, txn: RemoteTransaction, table: wire.Table, row: wire.Row,
+           key: wire.Key) -> Optional[tuple[wire.Value, ...]]:
+    """The row an incoming change not in conflict leaves: its new image, with the delta policy's
+    columns added to the local values (pgEdge Spock applies deltas always, not only in conflict)."""
+    if row.op == wire.OP_DELETE:
+        return None
+    if isinstance(policy, DeltaApply):
+        local = rows.values(table, key)
+        if local is not None:
+            return delta_values(table, policy.columns, row.new, local, _version(txn, table, row))
+    return row.new

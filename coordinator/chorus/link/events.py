@@ -80,8 +80,12 @@ def row_key(table: wire.Table, row: wire.Row, new: bool = False) -> wire.Key:
         if not row.new:
             raise ValueError(f"a {row.op} row has no new image")
         values = [row.new[i] for i in table.identity]
-    else:
+    elif len(row.old) == len(table.identity):
         values = list(row.old)
+    elif len(row.old) == len(table.columns):  # a whole old image (captured for delta columns)
+        values = [row.old[i] for i in table.identity]
+    else:
+        raise ValueError(f"an old image of {len(row.old)} values for {table.qualified}")
     parts = [wire.name_bytes(table.nspname), wire.name_bytes(table.relname), wire.name_bytes(",".join(names))]
     parts += [b"\x00null" if v is None else bytes(v) for v in values]
     mode = wire.KeyMode.UPDATE if row.op == wire.OP_UPDATE else wire.KeyMode.EXCLUSIVE
