@@ -52,13 +52,19 @@ def _endpoint(c: Any, meta: Any, n: Any) -> Any:
     return Endpoint.from_dsn(n.name, tcp_dsn(n.port, c.passfile))
 
 
-def database_gid(dsn: str) -> int:
+def database_gid(dsn: str, whose: str) -> int:
     """The GID a node's database holds: its durable GID, or the committed one if its coordinator
-    ran since PostgreSQL started (a commit not flushed yet is still there to lose)."""
+    ran since PostgreSQL started (a commit not flushed yet is still there to lose). ``whose``
+    names the database in the error ("the donor n1", "the joiner n2")."""
     import psycopg
 
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-        row = conn.execute("SELECT greatest(chorus.durable_gid(), chorus.committed_gid())").fetchone()
+    from chorus.totalconn import redact
+
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute("SELECT greatest(chorus.durable_gid(), chorus.committed_gid())").fetchone()
+    except psycopg.OperationalError as e:
+        raise ChorusCliError(f"cannot connect to {whose} ({redact(dsn)}): {str(e).strip()}") from e
     return int(row[0]) if row else 0
 
 
@@ -111,7 +117,9 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
             raise ChorusCliError(f"no online donor among {', '.join(candidates) or 'no other nodes'}")
         # an online donor commits everything it released: the one that released most holds most
         dname, dstatus = max(donors, key=lambda ds: (int(ds[1].get("released_gid") or 0), -candidates.index(ds[0])))
-        check_donor(name, database_gid(c.config(meta, n).dsn), dname, int(dstatus.get("released_gid") or 0), force)
+        c._start_postgres(n)  # (it runs, unless the node is stopped: its GID is read from it)
+        check_donor(name, database_gid(c.config(meta, n).dsn, f"the joiner {name}"), dname,
+                    int(dstatus.get("released_gid") or 0), force)
         _say(f"{name}: stopping its coordinator for total recovery from {dname}")
         c._stop_coordinator(n)
         c._start_postgres(n)
@@ -164,7 +172,8 @@ def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster
     try:
         donor = Endpoint.from_dsn("donor", donor_dsn)
         joiner = Endpoint.from_dsn(cfg.name, cfg.dsn)
-        check_donor(cfg.name, database_gid(joiner.dsn), "the donor", database_gid(donor.dsn), force)
+        check_donor(cfg.name, database_gid(joiner.dsn, f"the joiner {cfg.name}"), "the donor",
+                    database_gid(donor.dsn, "the donor"), force)
         result = total_recover(donor, joiner, _say, range_rows=range_rows, small_bytes=copy_under_mb << 20,
                                master=spark_master,
                                spark_submit=spark_submit)

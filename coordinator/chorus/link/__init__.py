@@ -1,0 +1,11 @@
+"""Links between sites (docs/LINKS.md, issue 38): two Chorus clusters replicating both ways,
+asynchronously, with conflicts detected by logical-clock windows (NDB$EPOCH, NDB$EPOCH_TRANS)
+and settled by per-table policies; rules, filters and transformations on the way (Oracle
+Streams).
+
+This package is the decision core, without I/O: ``events`` (what a link's stream carries),
+``clock`` (each site's clock and the conflict window of one link direction), ``conflict``
+(detection per row and per transaction), ``policy`` (how a conflict is settled) and ``rules``
+(what a link carries and how it is reshaped). The stream, the apply through the receiving site's
+total order and the SQL objects come later.
+"""

@@ -1,0 +1,92 @@
+"""What a link's stream carries (docs/LINKS.md sections 2 and 4), and what is known about a row.
+
+A site's stream is its writeset log in its own order, reduced to two kinds of items: the site's
+own transactions (:class:`RemoteTransaction`, as the receiving side sees them) and clock events
+(:class:`ClockEvent`). Rows stay in the writeset format (``chorus.wire``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from chorus import wire
+
+SiteId = str  # a site's cluster UUID (any string in tests); sites compare by it where a tie must be broken
+
+
+@dataclass(frozen=True)
+class ClockEvent:
+    """``site``'s clock reached ``value``: every change of ``site`` stamped below ``value``
+    precedes this point of the stream ([epoch] "ClockVal_A = 40"). In a site's own stream it is
+    the site's tick; in the other site's stream it is that tick passed through (a reflection)."""
+
+    site: SiteId
+    value: int
+
+
+@dataclass(frozen=True)
+class RemoteTransaction:
+    """One transaction of the sending site, as the stream carries it: its origin site, the
+    origin's clock value for its changes (its GID with the GID clock), its origin commit time
+    (microseconds since the Unix epoch, the origin's wall clock) and its writeset, decoded."""
+
+    site: SiteId
+    clock: int
+    commit_time: int
+    writeset: wire.Writeset
+    realign: bool = False  # an arbiter's realignment (docs/LINKS.md section 7)
+
+
+StreamItem = Union[ClockEvent, RemoteTransaction]
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What the receiving site knows of a row's last change (one row of ``chorus.link_stamp``):
+    the site whose change it was, that site's clock value for it and its commit time."""
+
+    site: SiteId
+    clock: int
+    commit_time: int
+
+
+@dataclass(frozen=True)
+class Version:
+    """One side's version of a row in a conflict: whose change made it (site, clock, commit
+    time), the row's values in the table's column order (None: the row is absent, deleted or
+    never inserted) and, for an incoming change, the old values it replaced where they were
+    captured (the delta policy needs them; None otherwise)."""
+
+    site: SiteId
+    clock: int
+    commit_time: int
+    values: Optional[tuple[wire.Value, ...]]
+    old: Optional[tuple[wire.Value, ...]] = None
+
+    @property
+    def order(self) -> tuple[int, SiteId, int]:
+        """The total order latest-commit-wins uses: commit time, then site, then clock."""
+        return (self.commit_time, self.site, self.clock)
+
+
+def row_key(table: wire.Table, row: wire.Row, new: bool = False) -> wire.Key:
+    """The key of the row ``row`` changes, as the certification key of its identity:
+    (schema, table, identity column names joined by commas, values). ``new``: the key after an
+    UPDATE (its new image's identity), else the key it had (an UPDATE's or DELETE's old image,
+    an INSERT's new image). A table without a primary key is keyed by its whole row image."""
+    names = [table.columns[i].name for i in table.identity]
+    if row.op == wire.OP_INSERT or new:
+        if not row.new:
+            raise ValueError(f"a {row.op} row has no new image")
+        values = [row.new[i] for i in table.identity]
+    elif len(row.old) == len(table.identity):
+        values = list(row.old)
+    elif len(row.old) == len(table.columns):  # a whole old image (captured for delta columns)
+        values = [row.old[i] for i in table.identity]
+    else:
+        raise ValueError(f"an old image of {len(row.old)} values for {table.qualified}")
+    parts = [wire.name_bytes(table.nspname), wire.name_bytes(table.relname), wire.name_bytes(",".join(names))]
+    parts += [b"\x00null" if v is None else bytes(v) for v in values]
+    mode = wire.KeyMode.UPDATE if row.op == wire.OP_UPDATE else wire.KeyMode.EXCLUSIVE
+    return wire.Key(mode, tuple(parts))
