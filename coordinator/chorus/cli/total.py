@@ -58,7 +58,7 @@ def database_gid(dsn: str, whose: str) -> int:
     names the database in the error ("the donor n1", "the joiner n2")."""
     import psycopg
 
-    from chorus.totalconn import redact
+    from chorus.total.conn import redact
 
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
