@@ -409,6 +409,48 @@ def test_a_catch_up_run_partly_committed_here_applies_the_rest(tmp_path: Path) -
     assert calls[1][2] == [w[2], w[3]]
 
 
+def test_several_catch_up_runs_applied_as_one_and_partly_committed_go_again_one_by_one(tmp_path: Path) -> None:
+    """Two catch-up runs dispatched as one apply, the first committed here whole already (by the
+    previous coordinator's backends, or an earlier attempt): the extension says the run is partly
+    committed. Each goes again alone, so the committed one is found committed and the other
+    applies its rest; a lab node was voted out when the failure went to the vote instead."""
+    from chorus.applier import PartlyCommitted
+    table = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
+
+    def ws(key: bytes) -> wire.Writeset:
+        return wire.scan(wire.encode(wire.Writeset(1, 1, 0, (table,), (wire.Row("I", 0, (), (key,)),),
+                                                   (wire.Key(wire.KeyMode.UPDATE, (b"public", b"t", b"id", key)),))))
+
+    class Session:
+        pid = 0
+
+        async def apply_run(self, gid: int, wait_for: int, writesets: list[wire.Writeset], ddl_ok: bool = True,
+                            prev: int = -1) -> bool:
+            raise PartlyCommitted(gid, 12)
+
+    async def scenario() -> tuple[list[int], list[list[int]]]:
+        log = WritesetLog(str(tmp_path / "log"), segment_bytes=1 << 16, total_bytes=4 << 16)
+        log.open()
+        failed: list[int] = []
+        hooks = Hooks(committed_here=lambda g: None, apply_failed=lambda g, why: failed.append(g),
+                      connection_lost=_never, fatal=lambda why: None, backlog_changed=lambda: None)
+        p = CommitPipeline("n1", "dbname=none", 1, 8, ConcurrentSchemaChanges("dbname=none", "n1"), LogFeeder(log),
+                           asyncio.Event(), Counters(), lambda m: None, asyncio.create_task, hooks)
+        w = [ws(b"%d" % i) for i in range(11, 15)]
+        p.admit_run(Pending(12, 10, "n2", w[1], before=(w[0],), before_gids=(11,)))
+        p.admit_run(Pending(14, 12, "n2", w[3], before=(w[2],), before_gids=(13,)))
+        (run,) = p.scheduler.ready_runs(10, 8)
+        assert run == [12, 14]
+        await p._apply(Session(), run, replay=False, pooled=False)  # type: ignore[arg-type]
+        runs = p.scheduler.ready_runs(10, 8)
+        log.close()
+        return failed, runs
+
+    failed, runs = asyncio.run(scenario())
+    assert failed == []  # no vote
+    assert runs == [[12], [14]]  # each alone now
+
+
 def test_an_apply_that_fails_after_postgres_restarted_leaves_the_restarted_pipeline_alone(tmp_path: Path) -> None:
     """An apply in flight when PostgreSQL restarts ends (failed) after the restart rebuilt the
     idle sessions and the scheduler: it must not hand its session back a second time (two applies

@@ -560,7 +560,14 @@ class CommitPipeline:
             # local backends of the previous coordinator committed the run's first GIDs meanwhile:
             # the rest of the run goes again, after them
             p = self.pending.get(gid)
-            if len(run) != 1 or p is None or len(p.before_gids) != len(p.before) or e.committed >= gid:
+            if len(run) > 1:
+                # several catch-up runs applied as one: each goes again alone (the scheduler's
+                # redispatch); one committed whole is then found committed, the one the committed
+                # GIDs end in applies its rest (a lab node was voted out for this)
+                log.info("GIDs %d..%d: %s; applying them one by one", run[0], gid, e)
+                for g in run:
+                    self.scheduler.redispatch(g)
+            elif p is None or len(p.before_gids) != len(p.before) or e.committed >= gid:
                 self.hooks.apply_failed(gid, str(e))
             else:
                 keep = [(g, ws) for g, ws in zip(p.before_gids, p.before) if g > e.committed]
