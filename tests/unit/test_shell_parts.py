@@ -414,7 +414,7 @@ def test_several_catch_up_runs_applied_as_one_and_partly_committed_go_again_one_
     previous coordinator's backends, or an earlier attempt): the extension says the run is partly
     committed. Each goes again alone, so the committed one is found committed and the other
     applies its rest; a lab node was voted out when the failure went to the vote instead."""
-    from chorus.applier import PartlyCommitted
+    from chorus.commit.applier import PartlyCommitted
     table = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
 
     def ws(key: bytes) -> wire.Writeset:
@@ -435,7 +435,7 @@ def test_several_catch_up_runs_applied_as_one_and_partly_committed_go_again_one_
         hooks = Hooks(committed_here=lambda g: None, apply_failed=lambda g, why: failed.append(g),
                       connection_lost=_never, fatal=lambda why: None, backlog_changed=lambda: None)
         p = CommitPipeline("n1", "dbname=none", 1, 8, ConcurrentSchemaChanges("dbname=none", "n1"), LogFeeder(log),
-                           asyncio.Event(), Counters(), lambda m: None, asyncio.create_task, hooks)
+                           Db(ok=False), Counters(), lambda m: None, asyncio.create_task, hooks)
         w = [ws(b"%d" % i) for i in range(11, 15)]
         p.admit_run(Pending(12, 10, "n2", w[1], before=(w[0],), before_gids=(11,)))
         p.admit_run(Pending(14, 12, "n2", w[3], before=(w[2],), before_gids=(13,)))
