@@ -58,7 +58,10 @@ def _private_files_problems(directory: str) -> list[str]:
         for name in [".", *dirs, *files]:
             path = os.path.join(root, name)
             rel = os.path.normpath(os.path.relpath(path, directory))
-            st = os.lstat(path)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue  # removed since it was listed (the cluster runs: a dropped table's files)
             if stat.S_ISLNK(st.st_mode):
                 continue  # a link's own mode means nothing; what it points at is checked where it is
             mode = stat.S_IMODE(st.st_mode)

@@ -145,14 +145,18 @@ def test_metrics_and_views_show_the_cluster_and_its_conflicts(cluster: Cluster) 
 def _watch(port: int, stop: threading.Event, seen: list[tuple[int, int, str, str]]) -> None:
     """Ask /health and /ready every 20 ms, noting each (health status, ready status, phase, why)
     that differs from the last: the phase as /ready saw it (the node may go online between the
-    two requests), why as /health said."""
-    while not stop.is_set():
+    two requests), why as /health said. One last look after ``stop``, so that the last entry is
+    never older than what made the caller stop."""
+    while True:
+        last = stop.is_set()
         code, doc = get(port, "/health", timeout=1)
         ready, ready_doc = get(port, "/ready", timeout=1)
         phase = ready_doc.get("phase", "") if isinstance(ready_doc, dict) else ""
         entry = (code, ready, phase, doc.get("why", "") if isinstance(doc, dict) else "")
         if not seen or seen[-1] != entry:
             seen.append(entry)
+        if last:
+            return
         time.sleep(0.02)
 
 

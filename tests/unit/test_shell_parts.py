@@ -360,16 +360,19 @@ def test_after_postgresql_lost_a_catch_up_run_it_is_ordered_again_by_all_its_key
     assert scheduler.ready_runs(10, 1) == [[2]]  # GID 3 waits for the run
 
 
+def _keyed_insert(key: bytes) -> wire.Writeset:
+    """A one-row insert into public.t, keyed by ``key``."""
+    table = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
+    return wire.scan(wire.encode(wire.Writeset(1, 1, 0, (table,), (wire.Row("I", 0, (), (key,)),),
+                                               (wire.Key(wire.KeyMode.UPDATE, (b"public", b"t", b"id", key)),))))
+
+
 def test_a_catch_up_run_partly_committed_here_applies_the_rest(tmp_path: Path) -> None:
     """Local backends of a coordinator that stopped commit their certified GIDs while the next
     one catches up: a run whose first GIDs they committed (SQLSTATE CH002) goes again with the
     rest, after the last one committed, instead of stopping the node."""
     from chorus.commit.applier import PartlyCommitted
-    table = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
-
-    def ws(key: bytes) -> wire.Writeset:
-        return wire.scan(wire.encode(wire.Writeset(1, 1, 0, (table,), (wire.Row("I", 0, (), (key,)),),
-                                                   (wire.Key(wire.KeyMode.UPDATE, (b"public", b"t", b"id", key)),))))
+    ws = _keyed_insert
 
     class Session:
         pid = 0
@@ -415,11 +418,7 @@ def test_several_catch_up_runs_applied_as_one_and_partly_committed_go_again_one_
     committed. Each goes again alone, so the committed one is found committed and the other
     applies its rest; a lab node was voted out when the failure went to the vote instead."""
     from chorus.commit.applier import PartlyCommitted
-    table = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
-
-    def ws(key: bytes) -> wire.Writeset:
-        return wire.scan(wire.encode(wire.Writeset(1, 1, 0, (table,), (wire.Row("I", 0, (), (key,)),),
-                                                   (wire.Key(wire.KeyMode.UPDATE, (b"public", b"t", b"id", key)),))))
+    ws = _keyed_insert
 
     class Session:
         pid = 0
