@@ -24,6 +24,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from chorus.client import CommitOutcomeUnknown, FailedTransaction, RetryStats, run_transaction
 from chorus.client.sqlalchemy import enable_causal_reads, run_in_session, run_in_transaction, sqlstate_of
 from chorus.localauth import new_password
+from chorus.testkit.fakeclock import Clock
 from chorus.testkit.localcluster import PlainPostgres, temporary_postgres
 
 pytestmark = pytest.mark.integration

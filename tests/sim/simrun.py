@@ -370,6 +370,7 @@ class Run:
         if h.coord is not None:
             h.coord.crash(PROCESS_CHANGE_S)
         old = list(h.db.order)
+        h.db_generation += 1  # a new data directory: the old one's backends are gone
         h.db.replace_with(donor.db)
         sim.checker.replaced(h, old)
         h.log.reset(h.db.last)

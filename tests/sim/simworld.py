@@ -37,7 +37,7 @@ from chorus.bus.sender import OwnMessages
 from chorus.catchupplan import (CATCHUP_WINDOW, Abandoned, Act, AskLogs, CatchUpPlan, Fetch, Steps, Wait,
                                 WaitCommitted)
 from chorus.commit.book import CommitBook
-from chorus.commit.pipeline import Pending, order_keys, reschedule
+from chorus.commit.pipeline import Pending, order_keys, partly_committed, reschedule
 from chorus.recoveryproto import RecoveryError
 from chorus.actions import (Action, Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried, Pause,
                             Phase, PhaseChange, Remember, Send, SyncReached, VoteDecided, VoteOpened)
@@ -158,6 +158,7 @@ class SimDB:
     def replace_with(self, other: "SimDB") -> list[int]:
         """Total recovery: this database becomes ``other``'s snapshot. Returns the GIDs it lost."""
         lost = [g for g in self.order[1:] if other.chain.get(g) != self.chain[g]]
+        self.locks.clear()  # the old data directory's transactions are gone
         self.chain, self.ident = dict(other.chain), dict(other.ident)
         self.order = list(other.order)
         self.last = self.flushed = other.last
@@ -464,6 +465,7 @@ class Coord:
         # previous coordinator's applies, not flushed one by one), then the committed GID is read
         db.flush()
         durable = db.last
+        host.node_epoch += 1  # chorus.node_init(): backends still waiting for a turn fail
         self.book: CommitBook[Pending] = CommitBook()
         self.book.start(1, durable)
         self.scheduler = Scheduler()
@@ -655,8 +657,13 @@ class Coord:
             self.host.db.release(token)
         for t in [*self.tickets.values(), *(t for t, _ in self.socket)]:
             t.state = "unknown"  # their backends lose the connection (08006)
-        for t, _ in self.backends.values():
-            if t.state == "certified":
+        for gid, (t, _) in self.backends.items():
+            p = self.book.pending.get(gid)
+            if t.state == "certified" and p is not None:
+                # a certified backend needs its coordinator no more: it commits at its turn
+                # (chorus_wait_own_turn), holding its rows meanwhile
+                self.host.orphan(t, [k.hashed() for k in p.writeset.keys if len(k.parts) == 4])
+            elif t.state == "certified":
                 t.state = "unknown"
         self.sim.bus.drop(self.member, detect)
 
@@ -885,10 +892,25 @@ class Coord:
             assert p is not None
             for g, ws in zip((*p.before_gids, p.gid), p.run()):
                 gids.append((g, ws.xid))
+        if first.wait_for < db.last < gids[-1][0]:
+            # chorus_apply_run: ERRCODE_CHORUS_PARTLY_COMMITTED (a backend of the previous
+            # coordinator committed the first GIDs); pipeline._apply_failed decides
+            if db.last not in [g for g, _ in gids]:
+                raise Violation(f"{self.name}: GIDs {[g for g, _ in gids]} would commit after GID {db.last}, "
+                                f"past their turn (they wait for {first.wait_for})")
+            db.release(token)
+            self.lock_tokens.discard(token)
+            self.sim.trace(self.name, f"GIDs {run[0]}..{run[-1]}: partly committed here (up to GID {db.last})")
+            why = partly_committed(run, ps[-1], db.last)
+            if why is not None:
+                self.voting.apply_failed(run[-1], why)
+            else:
+                for g in run:
+                    self.scheduler.redispatch(g)
+            self._apply_done(replay, epoch)
+            return
+        # committed whole already: ERRCODE_CHORUS_ALREADY_COMMITTED, nothing to do
         todo = [x for x in gids if x[0] > db.last]
-        if todo and db.last != first.wait_for and db.last not in [g for g, _ in gids]:
-            raise Violation(f"{self.name}: GIDs {[g for g, _ in gids]} would commit after GID {db.last}, "
-                            f"past their turn (they wait for {first.wait_for})")
         db.release(token)
         self.lock_tokens.discard(token)
         if todo:
@@ -1038,6 +1060,8 @@ class Host:
         self.log = SimLog(log_capacity)
         self.state = NodeState(self.name)
         self.coord: Optional[Coord] = None
+        self.rows: dict[int, Txn] = {}  # row -> the last local transaction that wrote it
+        self.node_epoch = 0  # chorus.node_init() calls: each coordinator's start
         self.bus_up = True  # its Corosync
         self.powered = True
         self.frozen = False  # its processes are SIGSTOPped (those running when it froze)
@@ -1052,6 +1076,45 @@ class Host:
             return  # it waits for its database (started again with PostgreSQL)
         self.coord = Coord(self, f"{self.index}:{next(self._incarnation)}")
         self.sim.trace(self.name, f"coordinator started at GID {self.db.last} as {self.coord.member}")
+
+    def rows_busy(self, txn: Txn, keys: list[int]) -> bool:
+        """Whether another open transaction of this node wrote one of ``keys``."""
+        return any((t := self.rows.get(k)) is not None and t is not txn and t.state in ("sent", "certified")
+                   for k in keys)
+
+    def take_rows(self, txn: Txn, keys: list[int]) -> None:
+        for k in keys:
+            self.rows[k] = txn
+
+    def orphan(self, txn: Txn, rows: list[bytes]) -> None:
+        """A certified local transaction whose coordinator ended: its backend holds its rows and
+        commits at its turn, acknowledged, unless PostgreSQL goes first, or the next coordinator
+        starts before its turn came (chorus.node_init() changes the epoch: chorus_wait_done fails
+        with 08006). One whose turn had come when PostgreSQL stalled commits when it resumes."""
+        token = next(self.sim.tokens)
+        self.db.lock(token, rows)  # it held them since it wrote them
+        self.sim.trace(self.name, f"GID {txn.gid}: its backend commits without its coordinator")
+        self._orphan_commit(txn, token, self.db_generation, self.node_epoch, False)
+
+    def _orphan_commit(self, txn: Txn, token: int, generation: int, epoch: int, turn: bool) -> None:
+        db = self.db
+        if generation != self.db_generation or not db.up or (not turn and epoch != self.node_epoch):
+            txn.state = "unknown"  # its connection died with PostgreSQL, or the node was reset
+            db.release(token)
+            return
+        turn = turn or db.last >= txn.wait_for
+        if db.frozen or not turn:
+            self.sim.clock.after(0.002, self._orphan_commit, txn, token, generation, epoch, turn)
+            return
+        db.release(token)
+        if db.last != txn.wait_for:
+            raise Violation(f"{self.name}: GID {txn.gid} of a backend holding its rows found GID {db.last} "
+                            f"committed at its turn (it waits for {txn.wait_for})")
+        db.commit([(txn.gid, txn.xid)])
+        db.flush()
+        self.sim.checker.committed(self, [txn.gid])
+        txn.state = "committed"
+        self.sim.checker.ack(txn)
 
     @property
     def phase(self) -> str:
@@ -1112,11 +1175,26 @@ class Sim:
         keys = self.rnd.sample(range(KEYS), self.rnd.choice((1, 1, 2)))
         if c.frozen:
             # its PostgreSQL is stopped too: only a COMMIT sent just before the freeze is waiting
-            if len(c.socket) < 3:
+            if len(c.socket) < 3 and not host.rows_busy(txn, keys):
                 self.txns.append(txn)
+                host.take_rows(txn, keys)
                 c.socket.append((txn, keys))
             return
         self.txns.append(txn)
+        self._when_rows_free(host, txn, keys)
+
+    def _when_rows_free(self, host: Host, txn: Txn, keys: list[int]) -> None:
+        """PostgreSQL's row locks between a node's own sessions: a transaction writing a row that
+        another one of the node has written and not yet committed waits for it, and then sees its
+        commit (writesets of one node do not conflict in certification: these locks order them)."""
+        if host.rows_busy(txn, keys):
+            self.clock.after(0.002, self._when_rows_free, host, txn, keys)
+            return
+        c = host.coord
+        if c is None or c.refusal() is not None:
+            txn.state = "refused"
+            return
+        host.take_rows(txn, keys)
         c.submit(txn, keys)
 
 

@@ -137,3 +137,19 @@ def test_a_node_gone_for_good_that_left_earlier_does_not_hold_the_others_back() 
     r = simrun.run(3, script=script, n=3, seconds=30.0, rate=20.0, capacity=5000, keep_trace=4000, dead=("n3",))
     assert r.ok, report([r])
     assert [line for line in _trace(r, "phase online: bootstrapped") if "epoch 2" in line], report([r])
+
+
+@pytest.mark.parametrize("seed", [5, 8, 9, 10, 13])
+def test_backends_of_a_killed_coordinator_commit_while_the_next_one_catches_up(seed: int) -> None:
+    """Found by the lab (nemesis campaign seed 4): a certified local transaction whose commit turn
+    had come needs its coordinator no more. PostgreSQL stalls, the coordinator is killed, the
+    next one starts and catches up; when PostgreSQL resumes, such a backend commits its GID
+    while the catch-up applies it, holding its rows meanwhile: the apply finds its run partly
+    committed and applies the rest (commit/pipeline.py: partly_committed; several runs applied
+    as one each go again alone: tests/unit/test_shell_parts.py). Backends still waiting for their
+    turn fail when the next coordinator starts (chorus.node_init())."""
+    script = [(2.0, "stall-postgres", "n2", 3.0), (3.0 + (seed % 5) * 0.3, "kill-coordinator", "n2", 0.5)]
+    r = simrun.run(seed, script=script, n=3, seconds=12.0, rate=80.0, capacity=5000, keep_trace=100000)
+    assert r.ok, report([r])
+    assert _trace(r, "its backend commits without its coordinator"), report([r])
+    assert _trace(r, "partly committed here"), report([r])

@@ -11,6 +11,7 @@ from typing import Optional
 import pytest
 
 from chorus.client import Backoff, CommitOutcomeUnknown, RetryStats, commit_in_doubt, retryable, run_attempts
+from chorus.testkit.fakeclock import Clock
 
 class FakeError(Exception):
     def __init__(self, sqlstate: Optional[str]) -> None:
@@ -21,16 +22,6 @@ class FakeError(Exception):
 def _fake_sqlstate(e: BaseException) -> Optional[str]:
     s = getattr(e, "sqlstate", None)
     return s if retryable(s) else None
-
-
-class Clock:
-    """Stands in for time.sleep: records the waits."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    def sleep(self, seconds: float) -> None:
-        self.waits.append(seconds)
 
 
 def test_backoff_doubles_up_to_its_cap_and_jitters_below_it() -> None:

@@ -557,24 +557,13 @@ class CommitPipeline:
         failure hooks."""
         gid = run[-1]
         if isinstance(e, PartlyCommitted):
-            # local backends of the previous coordinator committed the run's first GIDs meanwhile:
-            # the rest of the run goes again, after them
-            p = self.pending.get(gid)
-            if len(run) > 1:
-                # several catch-up runs applied as one: each goes again alone (the scheduler's
-                # redispatch); one committed whole is then found committed, the one the committed
-                # GIDs end in applies its rest (a lab node was voted out for this)
-                log.info("GIDs %d..%d: %s; applying them one by one", run[0], gid, e)
+            why = partly_committed(run, self.pending.get(gid), e.committed)
+            if why is not None:
+                self.hooks.apply_failed(gid, f"{e}: {why}")
+            else:
+                log.info("GIDs %d..%d: %s; applying the rest", run[0], gid, e)
                 for g in run:
                     self.scheduler.redispatch(g)
-            elif p is None or len(p.before_gids) != len(p.before) or e.committed >= gid:
-                self.hooks.apply_failed(gid, str(e))
-            else:
-                keep = [(g, ws) for g, ws in zip(p.before_gids, p.before) if g > e.committed]
-                p.before, p.before_gids = tuple(ws for _, ws in keep), tuple(g for g, _ in keep)
-                p.prev = p.wait_for = e.committed
-                log.info("GID %d: %s; applying the rest", gid, e)
-                self.scheduler.redispatch(gid)
         elif isinstance(e, TransientApplyError):
             self.counters.apply_retries += 1
             log.info("retrying GID %s: %s", gid if len(run) == 1 else f"{run[0]}..{gid}", e)
@@ -606,6 +595,27 @@ class CommitPipeline:
             return 0.0
         oldest = min(p.delivered_at for p in self.pending.values())
         return round((time.monotonic() - oldest) * 1000, 1)
+
+
+def partly_committed(run: list[int], last: Optional[Pending], committed: int) -> Optional[str]:
+    """An apply of ``run`` (its last GID's writeset ``last``) found the GIDs up to ``committed``
+    committed here already: local backends of the previous coordinator committed their certified
+    GIDs while this one caught up. The run goes again, each GID in it alone if there are several
+    (one committed whole is then found committed; the one the committed GIDs end in applies its
+    rest: a lab node was voted out when this went to the vote); alone, without the GIDs
+    committed (``last`` is trimmed to them and waits for ``committed``). Returns None when the
+    run's GIDs are to be dispatched again, else why it cannot be applied here."""
+    if len(run) > 1:
+        return None
+    gid = run[-1]
+    if last is None or len(last.before_gids) != len(last.before) or committed >= gid:
+        return "the committed GIDs are not the first of its run"
+    if committed not in last.before_gids:
+        return f"GID {committed} is not in its run"
+    keep = [(g, ws) for g, ws in zip(last.before_gids, last.before) if g > committed]
+    last.before, last.before_gids = tuple(ws for _, ws in keep), tuple(g for g, _ in keep)
+    last.prev = last.wait_for = committed
+    return None
 
 
 def reschedule(book: CommitBook[Pending], scheduler: ApplyScheduler, node: str, lanes: int,
