@@ -21,11 +21,43 @@ from typing import Any, Callable, Iterator
 import psycopg
 import pytest
 
+from psycopg import sql
+
 from chorus import recovery as rc
+from chorus.localauth import new_password
 from chorus.testkit.check import NodeRef, compare, node_refs, wait_quiescent
 from chorus.config import load_config
+from chorus.testkit.localcluster import PlainPostgres, temporary_postgres
 from chorus.testkit.procmem import PeakMemory
 from chorus.wslog import LogRecord
+
+
+PLAIN_PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 80
+PLAIN_PASSWORD = new_password()  # its postgres role's (for clients that take a password, pytest-postgresql's)
+
+
+@pytest.fixture(scope="session")
+def plain() -> Iterator[PlainPostgres]:
+    """The one plain PostgreSQL (no Chorus) of the integration tests: the reference a test holds a
+    node to, a dump's source or target, the database of the client helpers' tests. Each test
+    takes databases of its own (:func:`plain_database`)."""
+    with temporary_postgres("chorus-plain-", PLAIN_PORT, password=PLAIN_PASSWORD) as pg:
+        yield pg
+
+
+@contextlib.contextmanager
+def plain_database(pg: PlainPostgres, name: str) -> Iterator[str]:
+    """A new database ``name`` on ``pg`` (one a failed run left is dropped first) and its DSN;
+    dropped at the end."""
+    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    with psycopg.connect(pg.dsn, autocommit=True) as c:
+        c.execute(drop)
+        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield psycopg.conninfo.make_conninfo(pg.dsn, dbname=name)
+    finally:
+        with psycopg.connect(pg.dsn, autocommit=True) as c:
+            c.execute(drop)
 
 
 def peak_anon_growth_kb(pid: int, during: Callable[[], object]) -> int:

@@ -5,13 +5,12 @@ or aborted read, and every node ends with the same lists. (Faults come with the 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 
 from chorus.testkit import appendload, elle
-from chorus.testkit.localcluster import temporary_postgres
-from conftest import Cluster
+from chorus.testkit.localcluster import PlainPostgres
+from conftest import Cluster, plain_database
 
 pytestmark = pytest.mark.integration
 
@@ -40,11 +39,11 @@ def test_list_append_on_every_node_is_snapshot_isolated_and_loses_nothing(cluste
     assert not broken.valid
 
 
-def test_a_single_plain_postgresql_gives_a_valid_history() -> None:
+def test_a_single_plain_postgresql_gives_a_valid_history(plain: PlainPostgres) -> None:
     """The checker's reference: one plain PostgreSQL (no Chorus) at REPEATABLE READ, the same
     workload from six clients. It must find nothing forbidden (write skew, G2, it may list)."""
-    with temporary_postgres("chorus-plain-", int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 80) as pg:
-        nodes = [("plain", pg.dsn)]
+    with plain_database(plain, "append_reference") as dsn:
+        nodes = [("plain", dsn)]
         h = appendload.run(nodes, seconds=8, clients_per_node=6, seed=4)
         appendload.read_final(nodes, h)
         report = appendload.check(h)

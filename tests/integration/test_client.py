@@ -8,7 +8,6 @@ connection lost at COMMIT is a backend terminated before it.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from contextlib import contextmanager
@@ -23,24 +22,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 from chorus.client import CommitOutcomeUnknown, FailedTransaction, RetryStats, run_transaction
 from chorus.client.sqlalchemy import enable_causal_reads, run_in_session, run_in_transaction, sqlstate_of
-from chorus.localauth import new_password
 from chorus.testkit.fakeclock import Clock
-from chorus.testkit.localcluster import PlainPostgres, temporary_postgres
+from chorus.testkit.localcluster import PlainPostgres
+from conftest import PLAIN_PASSWORD, PLAIN_PORT
 
 pytestmark = pytest.mark.integration
-
-PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 95
-PASSWORD = new_password()  # the plain server's postgres role's (it takes SCRAM passwords over TCP)
-
-
-# --- one plain PostgreSQL ---
-
-@pytest.fixture(scope="session")
-def plain_server() -> Iterator[PlainPostgres]:
-    """One plain PostgreSQL, for the tests below that need a database."""
-    with temporary_postgres("chorus-client-", PORT, password=PASSWORD) as pg:
-        yield pg
-
 
 SCHEMA = """
 CREATE TABLE accounts (id integer PRIMARY KEY, balance integer NOT NULL);
@@ -70,15 +56,16 @@ def _load(host: str, port: int, user: str, dbname: str, password: Optional[str] 
         c.execute(SCHEMA)
 
 
-client_noproc = factories.postgresql_noproc(host="127.0.0.1", port=PORT, user="postgres", password=PASSWORD,
+# a database of its own per test on the integration tests' plain PostgreSQL (conftest.plain)
+client_noproc = factories.postgresql_noproc(host="127.0.0.1", port=PLAIN_PORT, user="postgres", password=PLAIN_PASSWORD,
                                             dbname="chorus_client", load=[_load])
 postgresql = factories.postgresql("client_noproc")
 
 
 @pytest.fixture
-def dsn(plain_server: PlainPostgres, postgresql: psycopg.Connection[Any]) -> str:
+def dsn(plain: PlainPostgres, postgresql: psycopg.Connection[Any]) -> str:
     """The test database's DSN."""
-    return psycopg.conninfo.make_conninfo(postgresql.info.dsn, password=PASSWORD)
+    return psycopg.conninfo.make_conninfo(postgresql.info.dsn, password=PLAIN_PASSWORD)
 
 
 @pytest.fixture
@@ -381,7 +368,7 @@ class Item(Base):
 @pytest.fixture
 def engine(dsn: str, postgresql: psycopg.Connection[Any]) -> Iterator[sa.Engine]:
     i = postgresql.info
-    e = sa.create_engine(f"postgresql+psycopg://{i.user}:{PASSWORD}@{i.host}:{i.port}/{i.dbname}",
+    e = sa.create_engine(f"postgresql+psycopg://{i.user}:{PLAIN_PASSWORD}@{i.host}:{i.port}/{i.dbname}",
                          isolation_level="REPEATABLE READ")
     try:
         yield e

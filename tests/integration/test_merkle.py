@@ -6,20 +6,19 @@ and the copy path (TRUNCATE and COPY FREEZE, or DELETE when a foreign key points
 
 from __future__ import annotations
 
-import os
 from typing import Any, Iterator
 
 import psycopg
 import pytest
 
-from chorus.testkit.localcluster import PlainPostgres, temporary_postgres
+from chorus.testkit.localcluster import PlainPostgres
 from chorus.total.recover import STAGE_SCHEMA, make_stages, merge
 from chorus_spark import merkle
 from chorus_spark.merkle import Cut, intervals, unescape
+from conftest import plain_database
 
 pytestmark = pytest.mark.integration
 
-PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 97
 
 
 def test_leaf_runs_and_their_key_intervals() -> None:
@@ -39,21 +38,11 @@ def test_copy_text_escapes_are_undone() -> None:
     assert unescape("a\\tb\\nc\\\\d\\re") == "a\tb\nc\\d\re"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[PlainPostgres]:
-    with temporary_postgres("chorus-merkle-", PORT) as pg:
-        yield pg
-
-
 @pytest.fixture
-def dbs(server: PlainPostgres) -> Iterator[tuple[str, str]]:
+def dbs(plain: PlainPostgres) -> Iterator[tuple[str, str]]:
     """A donor and a joiner database."""
-    with psycopg.connect(server.dsn, autocommit=True) as c:
-        for db in ("merkle_donor", "merkle_joiner"):
-            c.execute(f"DROP DATABASE IF EXISTS {db}")
-            c.execute(f"CREATE DATABASE {db}")
-    yield (server.dsn.replace("dbname=postgres", "dbname=merkle_donor"),
-           server.dsn.replace("dbname=postgres", "dbname=merkle_joiner"))
+    with plain_database(plain, "merkle_donor") as donor, plain_database(plain, "merkle_joiner") as joiner:
+        yield donor, joiner
 
 
 def _both(dbs: tuple[str, str], ddl: str) -> None:

@@ -24,12 +24,11 @@ from typing import Iterator
 import psycopg
 import pytest
 
-from chorus.testkit.localcluster import PGBIN, temporary_postgres
-from conftest import Cluster, chorus, extra_cluster
+from chorus.testkit.localcluster import PGBIN, PlainPostgres
+from conftest import Cluster, chorus, extra_cluster, plain_database
 
 pytestmark = pytest.mark.integration
 
-BASE = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433"))
 
 ROLES = """
 DO $$ BEGIN
@@ -116,16 +115,17 @@ def _psql(dsn: str, script: str, options: str = "") -> subprocess.CompletedProce
 
 
 @pytest.fixture(scope="module")
-def source() -> Iterator[tuple[Path, list[tuple[str, str]]]]:
+def source(plain: PlainPostgres, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[Path, list[tuple[str, str]]]]:
     """A custom-format dump of a whole application database made on a plain PostgreSQL, and its
     content."""
-    with temporary_postgres("chorus-migsrc-", BASE + 96) as pg:
-        r = _psql(pg.dsn, ROLES + SOURCE)
+    with plain_database(plain, "migration_source") as dsn:
+        r = _psql(dsn, ROLES + SOURCE)
         assert r.returncode == 0, r.stderr
-        path = pg.dir / "app.dump"
-        subprocess.run([str(PGBIN / "pg_dump"), "-Fc", "-f", str(path), pg.dsn], check=True, capture_output=True,
+        path = tmp_path_factory.mktemp("migration") / "app.dump"
+        subprocess.run([str(PGBIN / "pg_dump"), "-Fc", "-f", str(path), dsn], check=True, capture_output=True,
                        timeout=300)
-        yield path, _content(pg.dsn)
+        yield path, _content(dsn)
 
 
 def _writes_everywhere(c: Cluster) -> None:
@@ -192,7 +192,7 @@ def test_fast_load_through_one_node_and_total_recovery(loaded: Cluster) -> None:
     assert all(loaded.status(i)["state"] == "online" for i in range(3))
 
 
-def test_a_node_dump_restores_into_plain_postgresql(loaded: Cluster, tmp_path: Path) -> None:
+def test_a_node_dump_restores_into_plain_postgresql(loaded: Cluster, plain: PlainPostgres, tmp_path: Path) -> None:
     node = _content(loaded.dsn(1))
     sql_file = tmp_path / "node.sql"
     r = chorus("dump", "--dir", loaded.dir, "--node", "n2", "-f", str(sql_file))
@@ -205,18 +205,17 @@ def test_a_node_dump_restores_into_plain_postgresql(loaded: Cluster, tmp_path: P
     listing = tmp_path / "node.list"
     r = chorus("dump", "--list", str(archive), "-f", str(listing))
     assert r.returncode == 0, r.stderr
-    with temporary_postgres("chorus-migplain-", BASE + 97) as pg:
-        r = _psql(pg.dsn, ROLES + "CREATE DATABASE fromsql; CREATE DATABASE fromarchive;")
+    with plain_database(plain, "from_sql") as fromsql, plain_database(plain, "from_archive") as fromarchive, \
+            plain_database(plain, "from_raw_archive") as raw_target:
+        r = _psql(plain.dsn, ROLES)
         assert r.returncode == 0, r.stderr
-        fromsql = pg.dsn.replace("dbname=postgres", "dbname=fromsql")
-        fromarchive = pg.dsn.replace("dbname=postgres", "dbname=fromarchive")
         r = _psql(fromsql, text)
         assert r.returncode == 0 and "ERROR" not in r.stderr, r.stderr
         r = subprocess.run([str(PGBIN / "pg_restore"), "--exit-on-error", "-L", str(listing), "-d", fromarchive,
                             str(archive)], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         # an unfiltered archive does not restore: the one entry chorus dump leaves out
-        raw = subprocess.run([str(PGBIN / "pg_restore"), "--exit-on-error", "-d", pg.dsn, str(archive)],
+        raw = subprocess.run([str(PGBIN / "pg_restore"), "--exit-on-error", "-d", raw_target, str(archive)],
                              capture_output=True, text=True, timeout=300)
         assert raw.returncode != 0 and "CREATE EXTENSION IF NOT EXISTS chorus" in raw.stderr, raw.stderr
         for dsn in (fromsql, fromarchive):

@@ -6,7 +6,6 @@ restore is one large writeset with its schema changes."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -15,8 +14,8 @@ import psycopg
 import pytest
 
 from chorus import wire
-from chorus.testkit.localcluster import PGBIN, temporary_postgres
-from conftest import Cluster
+from chorus.testkit.localcluster import PGBIN, PlainPostgres
+from conftest import Cluster, plain_database
 
 pytestmark = pytest.mark.integration
 
@@ -92,16 +91,16 @@ def _content(dsn: str) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def dump() -> Iterator[tuple[Path, list[tuple[str, str]]]]:
+def dump(plain: PlainPostgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[tuple[str, str]]]]:
     """A custom-format dump of schema rs, made on a plain PostgreSQL, and its source's content."""
-    with temporary_postgres("chorus-restore-", int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 85) as pg:
-        with psycopg.connect(pg.dsn, autocommit=True) as c:
+    with plain_database(plain, "restore_source") as dsn:
+        with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(SOURCE_SCHEMA)
             c.execute(SOURCE_ROWS)
-        path = pg.dir / "rs.dump"
-        subprocess.run([str(PGBIN / "pg_dump"), "-Fc", "-n", "rs", "-f", str(path), pg.dsn], check=True,
+        path = tmp_path_factory.mktemp("restore") / "rs.dump"
+        subprocess.run([str(PGBIN / "pg_dump"), "-Fc", "-n", "rs", "-f", str(path), dsn], check=True,
                        capture_output=True, timeout=120)
-        yield path, _content(pg.dsn)
+        yield path, _content(dsn)
 
 
 @pytest.mark.parametrize("single", [False, True], ids=["per-object", "single-transaction"])
