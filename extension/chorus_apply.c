@@ -459,11 +459,12 @@ apply_schema(ChorusWsReader *r, int nsettings, int64 gid)
 /*
  * chorus_apply_rows
  *		Apply every row of one writeset (buf, len) in the current transaction,
- *		which has called chorus.apply_begin(). gid names the commit in errors.
- *		Returns the number of rows applied.
+ *		which has called chorus.apply_begin() (chorus_apply_begin_commit: a
+ *		schema change waits for the previous certified GID it recorded). gid
+ *		names the commit in errors. Returns the number of rows applied.
  */
 static int64
-chorus_apply_rows(const char *buf, size_t len, int64 gid, uint64 prev)
+chorus_apply_rows(const char *buf, size_t len, int64 gid)
 {
 	ChorusWsReader r;
 	ChorusWsHeader h;
@@ -507,7 +508,7 @@ chorus_apply_rows(const char *buf, size_t len, int64 gid, uint64 prev)
 	nrows = h.nrows;			/* the keys are for certification only: not read */
 	/* a schema change runs after everything before it has committed here, whatever the lanes */
 	if (flags & CHORUS_WS_FLAG_DDL)
-		chorus_wait_for_turn(prev);
+		chorus_wait_for_turn(chorus_commit_state()->prev);
 
 	cxt = AllocSetContextCreate(CurrentMemoryContext, "chorus apply", ALLOCSET_DEFAULT_SIZES);
 	/* what one row applied through SPI needs (its datums): freed after each row */
@@ -684,8 +685,7 @@ chorus_apply_writeset(PG_FUNCTION_ARGS)
 	int64		prev = PG_NARGS() > 3 ? PG_GETARG_INT64(3) : -1;
 
 	chorus_apply_begin_commit(chorus_commit_state(), chorus_capture_state()->nrows > 0, gid, wait_for, prev);
-	PG_RETURN_INT64(chorus_apply_rows(VARDATA_ANY(ws), VARSIZE_ANY_EXHDR(ws), gid,
-									  (uint64) (prev >= 0 ? prev : wait_for)));
+	PG_RETURN_INT64(chorus_apply_rows(VARDATA_ANY(ws), VARSIZE_ANY_EXHDR(ws), gid));
 }
 
 /*
@@ -745,7 +745,7 @@ chorus_apply_writeset_file(PG_FUNCTION_ARGS)
 	{
 		/* the file is checked first: a file the server cannot use leaves nothing begun */
 		chorus_apply_begin_commit(chorus_commit_state(), chorus_capture_state()->nrows > 0, gid, wait_for, prev);
-		applied = chorus_apply_rows((const char *) map + off, (size_t) len, gid, (uint64) (prev >= 0 ? prev : wait_for));
+		applied = chorus_apply_rows((const char *) map + off, (size_t) len, gid);
 	}
 	PG_FINALLY();
 	{
@@ -792,7 +792,7 @@ chorus_apply_run(PG_FUNCTION_ARGS)
 						errhint("The coordinator applies the rest of the run.")));
 	chorus_wsr_run_open(&r, VARDATA_ANY(run), VARSIZE_ANY_EXHDR(run));
 	while ((more = chorus_wsr_run_next(&r, &ws, &len)) > 0)
-		applied += chorus_apply_rows(ws, len, gid, (uint64) wait_for);
+		applied += chorus_apply_rows(ws, len, gid);
 	if (more < 0)
 		apply_refuse(&r, NULL, NULL);
 	PG_RETURN_INT64(applied);
