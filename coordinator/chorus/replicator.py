@@ -219,23 +219,6 @@ class Replicator:
     def reform(self) -> Optional[Decision]:
         return self.membership.reform
 
-    # this node's latest GID request (tests stand a node at a request)
-    @property
-    def _request_id(self) -> str:
-        return self.membership.request_id
-
-    @_request_id.setter
-    def _request_id(self, request_id: str) -> None:
-        self.membership.request_id = request_id
-
-    @property
-    def _request_seen(self) -> bool:
-        return self.membership.request_seen
-
-    @_request_seen.setter
-    def _request_seen(self, seen: bool) -> None:
-        self.membership.request_seen = seen
-
     # ---- inputs ------------------------------------------------------------------------
 
     def expect_local(self, ticket: int, writeset: wire.Writeset) -> None:

@@ -980,7 +980,7 @@ def test_no_schema_change_is_settled_outside_the_primary_component() -> None:
     acts = r3.on_delivery(Delivery("n3", bp.encode(bp.Vote("n3", gid, False, "XX000 boom"))))
     assert not [a for a in acts if isinstance(a, VoteDecided)] and gid in r3.ballots
     # it joins a cluster that certified only up to before the change: undone here
-    r3._request_id, r3._request_seen, r3.phase = "rq", True, Phase.JOINING
+    r3.membership.request_id, r3.membership.request_seen, r3.phase = "rq", True, Phase.JOINING
     reply = bp.GidReply("n3", "rq", "n3", r3.cluster_uuid, gid - 1, gid - 1, (("n1", "n1"), ("n3", "n3")),
                         (("n1", gid - 1),), c.nodes["n1"].certifier.snapshot())
     acts = r3.on_delivery(Delivery("n1", bp.encode(reply)))
