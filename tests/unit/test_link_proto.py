@@ -34,7 +34,7 @@ def read(data: bytes) -> proto.Frame:
     return proto.decode(kind, data[5:])
 
 
-HELLO = proto.Hello("eu-us", "site-b", "site-a", 41, b"n" * 16)
+HELLO = proto.Hello("eu-us", "site-b", "site-a", proto.Position(41, 45), b"n" * 16)
 
 
 def test_every_frame_reads_back_as_written() -> None:
@@ -78,7 +78,7 @@ def test_names_are_bounded_and_plain() -> None:
     """Link and site names join the proof with ``|``: ones that could move a field boundary are refused."""
     for bad in ("a|b", "", "x" * 65, "é"):
         with pytest.raises(ValueError):
-            proto.write_hello(proto.Hello(bad, "site-b", "site-a", 0, b"n" * 16))
+            proto.write_hello(proto.Hello(bad, "site-b", "site-a", proto.Position(0), b"n" * 16))
     body = bytearray(proto.write_clock(ClockEvent("ab", 1))[5:])
     body[1:3] = b"a|"
     with pytest.raises(LinkProtocolError, match="not a valid"):
@@ -101,7 +101,9 @@ def test_the_proof_binds_the_role_the_link_both_sites_and_both_nonces() -> None:
 
 
 def test_a_broken_link_travels_as_an_error_frame() -> None:
-    e = proto.error(read(proto.write_error(proto.broken(proto.LinkBroken(6, 90)))))  # type: ignore[arg-type]
+    frame = read(proto.write_error(proto.broken(proto.LinkBroken(6, 90))))
+    assert isinstance(frame, proto.Error)
+    e = proto.error(frame)
     assert isinstance(e, proto.LinkBroken) and (e.first, e.last) == (6, 90)
     assert str(e) == "link broken: GIDs 6..90 are gone from the log"
     assert type(proto.error(proto.Error("busy"))) is LinkError

@@ -13,6 +13,7 @@ from chorus import wire
 from chorus.link import proto
 from chorus.link.events import ClockEvent
 from chorus.link.rules import RuleSet, TableRule
+from chorus.link.proto import Position
 from chorus.link.sender import Outbound, Provenance, retained
 from chorus.wslog import FLAG_DDL_SKIPPED, LogRecord
 
@@ -50,8 +51,8 @@ def facts(r: LogRecord) -> Provenance:
     return Provenance(r.gid * 10)
 
 
-def outbound(after: int = 0, rules: RuleSet = RuleSet(), interval: float = 1.0) -> Outbound:
-    return Outbound("A", "B", after, rules, Regions(), facts, clock_interval=interval)
+def outbound(after: int = 0, rules: RuleSet = RuleSet(), interval: float = 1.0, clock: int = 0) -> Outbound:
+    return Outbound("A", "B", Position(after, clock), rules, Regions(), facts, clock_interval=interval)
 
 
 def sent(frames: list[proto.Record | ClockEvent]) -> list[object]:
@@ -113,10 +114,16 @@ def test_the_own_clock_goes_out_when_idle_or_filtering_every_interval() -> None:
     assert o.idle(bound=16, now=104.0) == []
 
 
-def test_the_clock_never_goes_below_the_receivers_position() -> None:
-    """A receiver that got further from another node of the site than this node committed:
-    this node's clock events must not take the receiver's view of the clock back."""
+def test_the_clock_never_goes_below_what_the_receiver_saw() -> None:
+    """A receiver resuming after a reconnect, or from another node of the site that had got
+    further than this one committed: the clock events sent must not take its view of this
+    site's clock back (clock.LinkWindow refuses that)."""
     assert outbound(after=50).idle(bound=20, now=0.0) == [ClockEvent("A", 51)]
+    # it had seen clock 90 after GID 50 (records 51..89 filtered): passing them again says 90
+    o = outbound(after=50, clock=90, interval=0.0)
+    assert o.take(LogRecord(60, "link:B:3", 0, ws((1, "eu"))), now=0.0) == [ClockEvent("B", 3), ClockEvent("A", 90)]
+    assert o.idle(bound=70, now=1.0) == [ClockEvent("A", 90)]
+    assert o.idle(bound=95, now=2.0) == [ClockEvent("A", 96)]
 
 
 def test_a_resume_position_the_log_no_longer_holds_breaks_the_link() -> None:

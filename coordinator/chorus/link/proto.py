@@ -5,8 +5,9 @@ receiver are sender.py and receiver.py). Each frame has a ``write_X`` beside its
 Inside TLS (each site verifies the other's certificate), frames ``u8 kind, u32 length, body``,
 kinds in :class:`FrameKind`, integers big-endian, names as ``u8 length, UTF-8``:
 
-- receiver: HELLO ``u16 version, link, receiver site, sender site, u64 after, nonce[16]``:
-  stream the sender site's transactions after GID ``after`` (the last one applied);
+- receiver: HELLO ``u16 version, link, receiver site, sender site, u64 applied GID, u64 peer
+  clock, nonce[16]``: stream the sender site's transactions after the last one applied here,
+  never sending a clock value below the one last seen (a :class:`Position`);
 - sender: PROOF ``nonce[16], mac[32]`` or ERROR; receiver: PROOF ``nonce[16], mac[32]``
   repeating its HELLO nonce. A mac is HMAC-SHA256 with the link secret over the role, the link
   name, both site UUIDs and both nonces (:func:`proof`), so a stream can be neither replayed
@@ -80,7 +81,7 @@ class FrameKind(bytes, enum.Enum):
 
 _RECORD_HEAD = 8 + 1 + 2 + MAX_NAME  # recovery's record head with a site as origin
 MAX_BODY = {
-    FrameKind.HELLO: 2 + 3 * (1 + MAX_NAME) + 8 + NONCE_BYTES,
+    FrameKind.HELLO: 2 + 3 * (1 + MAX_NAME) + 16 + NONCE_BYTES,
     FrameKind.PROOF: NONCE_BYTES + MAC_BYTES,
     FrameKind.RECORD: _RECORD_HEAD + rp.PART_BYTES,
     FrameKind.PART: _RECORD_HEAD + 16 + rp.PART_BYTES,
@@ -96,11 +97,21 @@ _PART = struct.Struct(">QQ")
 
 
 @dataclass(frozen=True)
+class Position:
+    """Where a receiver resumes (``chorus.link_position``, docs/LINKS.md section 3): the last
+    GID of the sending site it applied, and the sending site's clock value it last saw
+    (clock.WindowState.peer_clock: a CLOCK frame may have taken it past that GID)."""
+
+    applied_gid: int
+    peer_clock: int = 0
+
+
+@dataclass(frozen=True)
 class Hello:
     link: str
     receiver: SiteId
     sender: SiteId
-    after: int  # the last GID of the sender's site that the receiving site applied
+    position: Position
     nonce: bytes
     version: int = PROTOCOL
 
@@ -212,7 +223,7 @@ def write_hello(h: Hello) -> bytes:
     if len(h.nonce) != NONCE_BYTES:
         raise ValueError(f"a nonce has {NONCE_BYTES} bytes")
     return _frame(FrameKind.HELLO, _U16.pack(h.version) + _name(h.link) + _name(h.receiver) + _name(h.sender)
-                  + _U64.pack(h.after) + h.nonce)
+                  + _U64.pack(h.position.applied_gid) + _U64.pack(h.position.peer_clock) + h.nonce)
 
 
 def write_proof(p: Proof) -> bytes:
@@ -304,7 +315,7 @@ def decode(kind: FrameKind, body: bytes) -> Frame:
         if version not in PROTOCOLS:  # a later version may lay out the rest differently
             raise LinkProtocolError(f"link protocol version {version} is not spoken here (this site speaks "
                                     f"{', '.join(map(str, PROTOCOLS))})")
-        frame = Hello(b.name(), b.name(), b.name(), b.u64(), b.take(NONCE_BYTES), version)
+        frame = Hello(b.name(), b.name(), b.name(), Position(b.u64(), b.u64()), b.take(NONCE_BYTES), version)
     elif kind == FrameKind.PROOF:
         frame = Proof(b.take(NONCE_BYTES), b.take(MAC_BYTES))
     elif kind == FrameKind.RECORD:

@@ -20,7 +20,7 @@ from typing import Awaitable, Callable, Optional, Sequence
 
 from chorus.link import proto
 from chorus.link.events import ClockEvent, StreamItem
-from chorus.link.proto import LinkBroken, LinkEnd, LinkError, LinkProtocolError, Record
+from chorus.link.proto import LinkBroken, LinkEnd, LinkError, LinkProtocolError, Position, Record
 from chorus.recovery import split_address
 from chorus.spool import Spool
 
@@ -35,11 +35,12 @@ BACKOFF_S = (0.1, 10.0)  # the wait after a round of the peer's addresses that g
 class LinkReceiver:
     """Receives one link's stream from the peer site, whose senders are at ``addresses``.
 
-    ``position`` returns the last peer GID this site applied (durably); ``sink`` takes each item
-    of the stream, in order, and returns once it has taken it (the next frame is read then).
+    ``position`` returns what this site durably applied of the stream (the last peer GID, the
+    peer clock last seen); ``sink`` takes each item of the stream, in order, and returns once it
+    has taken it (the next frame is read then).
     """
 
-    def __init__(self, end: LinkEnd, addresses: Sequence[str], position: Callable[[], Awaitable[int]],
+    def __init__(self, end: LinkEnd, addresses: Sequence[str], position: Callable[[], Awaitable[Position]],
                  sink: Callable[[StreamItem], Awaitable[None]], spool: Optional[Spool] = None,
                  frame_timeout: float = FRAME_TIMEOUT_S, backoff: tuple[float, float] = BACKOFF_S) -> None:
         if not addresses:
@@ -131,9 +132,9 @@ class LinkReceiver:
         position; that position."""
         end = self.end
         secret = end.keys.secret()
-        after = await self.position()
+        position = await self.position()
         nonce = secrets.token_bytes(proto.NONCE_BYTES)
-        writer.write(proto.write_hello(proto.Hello(end.link, end.site, end.peer, after, nonce)))
+        writer.write(proto.write_hello(proto.Hello(end.link, end.site, end.peer, position, nonce)))
         answer = await asyncio.wait_for(proto.read_frame(reader), proto.HANDSHAKE_TIMEOUT_S)
         if isinstance(answer, proto.Error):
             raise proto.error(answer)
@@ -142,7 +143,7 @@ class LinkReceiver:
             raise LinkError("the sender failed authentication")
         writer.write(proto.write_proof(proto.Proof(
             nonce, proto.proof(secret, b"receiver", end.link, end.peer, end.site, answer.nonce, nonce))))
-        return after
+        return position.applied_gid
 
     async def _hand(self, item: StreamItem) -> None:
         await self.sink(item)

@@ -24,8 +24,8 @@ from typing import Callable, Optional, Union
 from chorus import wire
 from chorus.link import proto
 from chorus.link.events import ClockEvent, SiteId
-from chorus.link.proto import LinkBroken, LinkEnd, LinkError, LinkProtocolError, Record
-from chorus.link.rules import RuleSet, SqlEvaluator, route
+from chorus.link.proto import LinkBroken, LinkEnd, LinkError, LinkProtocolError, Position, Record
+from chorus.link.rules import RuleError, RuleSet, SqlEvaluator, route
 from chorus.recovery import CHUNK_BYTES, split_address
 from chorus.wslog import FLAG_DDL_SKIPPED, LogRangeUnavailable, LogRecord, WritesetLog
 
@@ -58,7 +58,7 @@ def retained(after: int, base_gid: int) -> None:
 
 
 class Outbound:
-    """What one link sends from a site's log, given the receiver's resume position ``after``.
+    """What one link sends from a site's log, given where the receiver resumes.
 
     Records come in GID order (:meth:`take`); the site's own transactions go through the link's
     rules and are sent if anything is left of them; a record the link applied from the peer is
@@ -67,10 +67,12 @@ class Outbound:
     site's clock goes out with every record sent (its GID), and in an explicit CLOCK frame
     ``(site, next GID)`` when records were filtered or the log is idle and ``clock_interval``
     seconds have passed since it last went out (the receiver's positions and lag advance, and it
-    hears from a quiet sender). Times are the caller's (monotonic seconds).
+    hears from a quiet sender). A clock value never goes below one the receiver saw: after a
+    reconnect, the records filtered before that point are passed again. Times are the caller's
+    (monotonic seconds).
     """
 
-    def __init__(self, site: SiteId, peer: SiteId, after: int, rules: RuleSet, evaluator: SqlEvaluator,
+    def __init__(self, site: SiteId, peer: SiteId, resume: Position, rules: RuleSet, evaluator: SqlEvaluator,
                  provenance: Callable[[LogRecord], Provenance], clock_interval: float = CLOCK_INTERVAL_S) -> None:
         self.site = site
         self.peer = peer
@@ -78,7 +80,8 @@ class Outbound:
         self.evaluator = evaluator
         self.provenance = provenance
         self.clock_interval = clock_interval
-        self.position = after  # the last GID passed: sent, or filtered out
+        self.position = resume.applied_gid  # the last GID passed: sent, or filtered out
+        self.clock = resume.peer_clock  # the highest value of this site's clock the receiver has
         self.sent = 0
         self.filtered = 0
         self._clock_at: Optional[float] = None  # when this site's clock last went out
@@ -97,6 +100,7 @@ class Outbound:
                 routed = route(self.rules, ws, self.evaluator)
                 if routed is not None:
                     self.sent += 1
+                    self.clock = max(self.clock, record.gid + 1)
                     self._clock_at = now
                     return [Record(record.gid, self.site, facts.commit_time,
                                          raw if routed == ws else wire.encode(routed))]
@@ -114,7 +118,8 @@ class Outbound:
         if self._clock_at is not None and now - self._clock_at < self.clock_interval:
             return []
         self._clock_at = now
-        return [ClockEvent(self.site, value)]
+        self.clock = max(self.clock, value)
+        return [ClockEvent(self.site, self.clock)]
 
 
 class LinkServer:
@@ -161,9 +166,9 @@ class LinkServer:
         self.streams.add(task)
         peer = writer.get_extra_info("peername")
         try:
-            after = await self._handshake(reader, writer)
-            log.info("link %s: streaming to %s after GID %d", self.end.link, peer, after)
-            await self._stream(reader, writer, after)
+            resume = await self._handshake(reader, writer)
+            log.info("link %s: streaming to %s after GID %d", self.end.link, peer, resume.applied_gid)
+            await self._stream(reader, writer, resume)
         except LinkBroken as e:
             log.error("link %s to %s: %s", self.end.link, peer, e)
             with contextlib.suppress(ConnectionError):
@@ -175,7 +180,7 @@ class LinkServer:
             self.streams.discard(task)
             writer.close()
 
-    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Position:
         """The receiver's resume position, once it proved it holds the link's keys."""
         end = self.end
         secret = end.keys.secret()
@@ -196,34 +201,42 @@ class LinkServer:
         if not isinstance(answer, proto.Proof) or answer.nonce != hello.nonce or not hmac.compare_digest(
                 answer.mac, proto.proof(secret, b"receiver", end.link, end.site, end.peer, nonce, hello.nonce)):
             raise LinkError("the receiver failed authentication")
-        return hello.after
+        return hello.position
 
-    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, after: int) -> None:
-        """Follow the log from ``after`` until the receiver goes away or the server closes (then
+    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, resume: Position) -> None:
+        """Follow the log from ``resume`` until the receiver goes away or the server closes (then
         END). Raises :class:`LinkBroken` when the log no longer holds what comes next."""
-        out = Outbound(self.end.site, self.end.peer, after, self.rules, self.evaluator, self.provenance,
+        out = Outbound(self.end.site, self.end.peer, resume, self.rules, self.evaluator, self.provenance,
                        self.clock_interval)
-        retained(after, self.log.base_gid)
-        rd = self.log.reader(after)
+        retained(resume.applied_gid, self.log.base_gid)
+        rd = self.log.reader(resume.applied_gid)
         gone = asyncio.ensure_future(reader.read(1))  # the receiver sends nothing more: this ends when it closes
         try:
             while not gone.done() and not self._stopping:
                 bound = min(self.committed(), self.log.end_gid)
                 try:
                     records = rd.read(bound, CHUNK_BYTES)
-                    now = time.monotonic()
-                    frames = [f for r in records for f in out.take(r, now)] if records else out.idle(bound, now)
+                    if not records:
+                        await self._send(writer, out.idle(bound, time.monotonic()))
+                        await asyncio.sleep(self.poll_s)
+                    for r in records:
+                        await self._send(writer, out.take(r, time.monotonic()))
                 except LogRangeUnavailable:  # the ring reused a segment the link had not sent yet
                     raise LinkBroken(out.position + 1, max(self.log.base_gid, out.position + 1)) from None
-                for f in frames:
-                    for data in (proto.write_record(f) if isinstance(f, Record) else [proto.write_clock(f)]):
-                        writer.write(data)
-                        await writer.drain()
-                if not records:
-                    await asyncio.sleep(self.poll_s)
+                except (wire.WireError, RuleError) as e:  # the link stops at a record it cannot carry, visibly
+                    text = f"GID {out.position} cannot be sent: {e}"
+                    writer.write(proto.write_error(proto.Error(text)))
+                    raise LinkError(text) from e
             if self._stopping:
                 writer.write(proto.write_end(proto.End(out.position)))
                 await writer.drain()
         finally:
             rd.close()
             gone.cancel()
+
+    @staticmethod
+    async def _send(writer: asyncio.StreamWriter, frames: list[Outgoing]) -> None:
+        for f in frames:
+            for data in (proto.write_record(f) if isinstance(f, Record) else [proto.write_clock(f)]):
+                writer.write(data)
+                await writer.drain()
