@@ -49,11 +49,16 @@ class ClusterKeys:
     secret_file: str
 
     def secret(self) -> bytes:
-        with open(self.secret_file, "rb") as f:
-            data = f.read().strip()
-        if len(data) < 32:
-            raise RecoveryError(f"cluster secret {self.secret_file} is too short (at least 32 bytes)")
-        return data
+        return read_secret(self.secret_file)
+
+
+def read_secret(path: str) -> bytes:
+    """A shared secret (the cluster's, or a link's) from its file: at least 32 bytes."""
+    with open(path, "rb") as f:
+        data = f.read().strip()
+    if len(data) < 32:
+        raise RecoveryError(f"secret {path} is too short (at least 32 bytes)")
+    return data
 
 
 def generate_keys(directory: str) -> ClusterKeys:
@@ -81,13 +86,20 @@ def generate_keys(directory: str) -> ClusterKeys:
 
 
 def _context(keys: ClusterKeys, server: bool) -> ssl.SSLContext:
+    return tls_context(keys.cert, keys.key, keys.cert, server)
+
+
+def tls_context(cert: str, key: str, trust: str, server: bool) -> ssl.SSLContext:
+    """TLS that presents ``cert`` and accepts only a peer presenting a certificate ``trust``
+    verifies (the cluster's own, for recovery; the peer site's, for a link), on both sides.
+    Peers are identified by that certificate, not by host name."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(keys.cert, keys.key)
-    ctx.load_verify_locations(keys.cert)
+    ctx.load_cert_chain(cert, key)
+    ctx.load_verify_locations(trust)
     ctx.verify_mode = ssl.CERT_REQUIRED
     if not server:
-        ctx.check_hostname = False  # nodes are identified by the cluster certificate, not by name
+        ctx.check_hostname = False
     return ctx
 
 
@@ -109,7 +121,7 @@ class RecoveryServer:
         self.active = 0
 
     async def start(self, listen: str) -> None:
-        host, port = _split(listen)
+        host, port = split_address(listen)
         self.server = await asyncio.start_server(self._serve, host, port, ssl=_context(self.keys, True),
                                                  ssl_handshake_timeout=proto.HANDSHAKE_TIMEOUT_S)
 
@@ -175,7 +187,8 @@ class RecoveryServer:
         log.info("served GIDs %d..%d to %s", after + 1, stop, hello.get("node"))
 
 
-def _split(address: str) -> tuple[str, int]:
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (an IPv6 host in brackets) as host and port."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise RecoveryError(f"bad address {address!r} (want host:port)")
@@ -195,7 +208,7 @@ async def fetch(address: str, keys: ClusterKeys, cluster: str, node: str, after:
     """One request: stream ``(after, upto]`` from the partner at ``address``, handing each record
     to ``on_record`` in order (a large one, with a ``spool``, as a spooled payload). Returns the
     safe stop the partner reached (``<= upto``)."""
-    host, port = _split(address)
+    host, port = split_address(address)
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, ssl=_context(keys, False), limit=1 << 20), proto.HANDSHAKE_TIMEOUT_S)

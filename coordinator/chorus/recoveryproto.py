@@ -58,8 +58,10 @@ _END = struct.Struct(">Q")
 _PART = struct.Struct(">QQ")
 
 
-def proof(secret: bytes, role: bytes, cluster: str, first: str, second: str) -> str:
-    msg = b"|".join([b"chorus-recovery", role, cluster.encode(), first.encode(), second.encode()])
+def proof(secret: bytes, role: bytes, *fields: str, protocol: bytes = b"chorus-recovery") -> str:
+    """HMAC-SHA256 with ``secret`` over the protocol's name, the role proving and ``fields``
+    (recovery's: the cluster and both nonces), joined by ``|``: fields must not contain one."""
+    msg = b"|".join([protocol, role, *(f.encode() for f in fields)])
     return hmac.new(secret, msg, hashlib.sha256).hexdigest()
 
 

@@ -3,9 +3,10 @@ asynchronously, with conflicts detected by logical-clock windows (NDB$EPOCH, NDB
 and settled by per-table policies; rules, filters and transformations on the way (Oracle
 Streams).
 
-This package is the decision core, without I/O: ``events`` (what a link's stream carries),
-``clock`` (each site's clock and the conflict window of one link direction), ``conflict``
-(detection per row and per transaction), ``policy`` (how a conflict is settled) and ``rules``
-(what a link carries and how it is reshaped). The stream, the apply through the receiving site's
-total order and the SQL objects come later.
+The decision core, without I/O: ``events`` (what a link's stream carries), ``clock`` (each
+site's clock and the conflict window of one link direction), ``conflict`` (detection per row
+and per transaction), ``policy`` (how a conflict is settled) and ``rules`` (what a link carries
+and how it is reshaped). The stream: ``proto`` (its frames), ``sender`` (what goes out of a
+site's log, and the server) and ``receiver``. The apply through the receiving site's total order
+and the SQL objects come later.
 """

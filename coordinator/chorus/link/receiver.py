@@ -1,0 +1,150 @@
+"""A link's receiver (docs/LINKS.md sections 2 and 3): connects to the peer site's sender,
+proves it holds the link's keys, asks for the peer's transactions after the last one applied
+here, and hands the stream's items in order to a sink: each :class:`RemoteTransaction` (a
+writeset sent in parts is gathered in bounded memory first) and each :class:`ClockEvent`.
+
+The receiver keeps no position of its own: each connection starts from the sink's durable
+position (what the apply committed), so after an outage nothing is lost and nothing is handed
+twice. What the sink does with the items (the apply through this site's total order) is not
+the receiver's business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+import ssl
+from typing import Awaitable, Callable, Optional, Sequence
+
+from chorus.link import proto
+from chorus.link.events import ClockEvent, StreamItem
+from chorus.link.proto import LinkBroken, LinkEnd, LinkError, LinkProtocolError, Position, Record
+from chorus.recovery import split_address
+from chorus.spool import Spool
+
+log = logging.getLogger("chorus.link.receiver")
+
+# A sender sends this site's clock at least every clock interval (1 s) even when idle: one that
+# sends nothing for this long is frozen or cut off with the connection left open.
+FRAME_TIMEOUT_S = 30.0
+BACKOFF_S = (0.1, 10.0)  # the wait after a round of the peer's addresses that got nothing: doubling, bounded
+
+
+class LinkReceiver:
+    """Receives one link's stream from the peer site, whose senders are at ``addresses``.
+
+    ``position`` returns what this site durably applied of the stream (the last peer GID, the
+    peer clock last seen); ``sink`` takes each item of the stream, in order, and returns once it
+    has taken it (the next frame is read then).
+    """
+
+    def __init__(self, end: LinkEnd, addresses: Sequence[str], position: Callable[[], Awaitable[Position]],
+                 sink: Callable[[StreamItem], Awaitable[None]], spool: Optional[Spool] = None,
+                 frame_timeout: float = FRAME_TIMEOUT_S, backoff: tuple[float, float] = BACKOFF_S) -> None:
+        if not addresses:
+            raise ValueError(f"link {end.link}: no address of site {end.peer}")
+        self.end = end
+        self.addresses = list(addresses)
+        self.position = position
+        self.sink = sink
+        self.spool = spool
+        self.frame_timeout = frame_timeout
+        self.backoff = backoff
+        self.received = 0  # items handed to the sink
+        self.connected: Optional[str] = None  # the address streaming now
+
+    async def run(self) -> None:
+        """Stream until cancelled: connect to the peer's addresses in turn, each time from the
+        sink's position; after a round in which none streamed anything, wait (doubling the wait
+        up to its bound). Raises :class:`LinkBroken` when every address says the link is broken."""
+        wait = self.backoff[0]
+        while True:
+            before = self.received
+            broken: list[LinkBroken] = []
+            for address in self.addresses:
+                try:
+                    await self.stream(address)
+                except LinkBroken as e:
+                    log.error("link %s from %s: %s", self.end.link, address, e)
+                    broken.append(e)
+                except LinkError as e:
+                    log.warning("link %s from %s: %s", self.end.link, address, e)
+            if len(broken) == len(self.addresses):
+                raise broken[-1]
+            if self.received > before:
+                wait = self.backoff[0]
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, self.backoff[1])
+
+    async def stream(self, address: str) -> None:
+        """One connection to the sender at ``address``, until it ends (END: the sender stopped
+        serving). Raises :class:`LinkError` when it fails."""
+        host, port = split_address(address)
+        end = self.end
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, ssl=end.keys.context(False), limit=1 << 20),
+                proto.HANDSHAKE_TIMEOUT_S)
+        except (OSError, ssl.SSLError, asyncio.TimeoutError) as e:
+            raise LinkError(f"cannot connect to {address}: {e}") from e
+        parts = proto.Reassembler(self.spool)
+        self.connected = address
+        try:
+            last = await self._handshake(reader, writer)
+            while True:
+                try:
+                    frame = await asyncio.wait_for(proto.read_frame(reader), self.frame_timeout)
+                except asyncio.TimeoutError:
+                    raise LinkError(f"{address} sent nothing for {self.frame_timeout:.0f} s after GID {last}") from None
+                if parts.open and not isinstance(frame, (proto.Part, proto.Error)):
+                    raise LinkProtocolError(f"a {type(frame).__name__} frame inside a transaction sent in parts")
+                record = parts.add(frame) if isinstance(frame, proto.Part) else frame
+                if record is None:
+                    continue
+                if isinstance(record, Record):
+                    if record.site != end.peer or record.gid <= last:
+                        raise LinkProtocolError(f"a transaction of site {record.site} at GID {record.gid} "
+                                                f"after GID {last} of site {end.peer}")
+                    last = record.gid
+                    await self._hand(proto.transaction(record))
+                elif isinstance(record, ClockEvent):
+                    if record.site not in (end.site, end.peer):
+                        raise LinkProtocolError(f"a clock event of site {record.site} on link {end.link}")
+                    await self._hand(record)
+                elif isinstance(record, proto.End):
+                    log.info("link %s: %s stopped serving at GID %d", end.link, address, record.gid)
+                    return
+                elif isinstance(record, proto.Error):
+                    raise proto.error(record)
+                else:
+                    raise LinkProtocolError(f"a {type(record).__name__} frame mid-stream")
+        except (ConnectionError, ssl.SSLError, asyncio.TimeoutError) as e:
+            raise LinkError(f"the stream from {address} broke: {e!r}") from e
+        finally:
+            self.connected = None
+            parts.discard()
+            writer.close()
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
+        """Prove both ends hold the link's keys and ask for the transactions after the sink's
+        position; that position."""
+        end = self.end
+        secret = end.keys.secret()
+        position = await self.position()
+        nonce = secrets.token_bytes(proto.NONCE_BYTES)
+        writer.write(proto.write_hello(proto.Hello(end.link, end.site, end.peer, position, nonce)))
+        answer = await asyncio.wait_for(proto.read_frame(reader), proto.HANDSHAKE_TIMEOUT_S)
+        if isinstance(answer, proto.Error):
+            raise proto.error(answer)
+        if not isinstance(answer, proto.Proof) or not hmac.compare_digest(
+                answer.mac, proto.proof(secret, b"sender", end.link, end.peer, end.site, nonce, answer.nonce)):
+            raise LinkError("the sender failed authentication")
+        writer.write(proto.write_proof(proto.Proof(
+            nonce, proto.proof(secret, b"receiver", end.link, end.peer, end.site, answer.nonce, nonce))))
+        return position.applied_gid
+
+    async def _hand(self, item: StreamItem) -> None:
+        await self.sink(item)
+        self.received += 1

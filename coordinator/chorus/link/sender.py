@@ -1,0 +1,242 @@
+"""A link's sender (docs/LINKS.md sections 2 and 4): serves this site's writeset log to the
+peer site's receiver, from the receiver's resume position, in GID order, for as long as the
+connection lasts.
+
+:class:`Outbound` decides what goes out, without I/O: it takes the log's records in order and
+returns frames (a transaction the link's rules carry, reshaped; the peer's clock passed through
+where a record came from the peer; this site's clock after filtered records or when idle).
+:class:`LinkServer` is the thin asyncio shell around it: TLS, the proof (link/proto.py), a log
+reader that follows the log as it grows and never passes the committed GID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import secrets
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+from chorus import wire
+from chorus.link import proto
+from chorus.link.events import ClockEvent, SiteId
+from chorus.link.proto import LinkBroken, LinkEnd, LinkError, LinkProtocolError, Position, Record
+from chorus.link.rules import RuleError, RuleSet, SqlEvaluator, route
+from chorus.recovery import CHUNK_BYTES, split_address
+from chorus.wslog import FLAG_DDL_SKIPPED, LogRangeUnavailable, LogRecord, WritesetLog
+
+log = logging.getLogger("chorus.link.sender")
+
+CLOCK_INTERVAL_S = 1.0  # link.clock_interval
+POLL_S = 0.05  # how often a sender that is caught up looks at the log again
+STOP_S = 1.0  # how long closing waits for the streams to end with an END frame
+
+Outgoing = Union[Record, ClockEvent]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What the log does not say of a record by itself: its origin commit time (µs since the
+    Unix epoch) and, for a record a link applied here, the site it came from and the clock event
+    passed through with it (None where there was none, as with a coarse clock between ticks).
+    How the apply path marks link-applied records is its own (a later step); the sender asks."""
+
+    commit_time: int
+    applied_from: Optional[SiteId] = None
+    reflection: Optional[ClockEvent] = None
+
+
+def retained(after: int, base_gid: int) -> None:
+    """Check that the log, which holds every GID after ``base_gid``, holds what a receiver that
+    applied up to ``after`` needs; else the link is broken (never skipped)."""
+    if after < base_gid:
+        raise LinkBroken(after + 1, base_gid)
+
+
+class Outbound:
+    """What one link sends from a site's log, given where the receiver resumes.
+
+    Records come in GID order (:meth:`take`); the site's own transactions go through the link's
+    rules and are sent if anything is left of them; a record the link applied from the peer is
+    not sent back, only the clock event passed through with it (the reflection that closes the
+    peer's windows, [epoch]); a record from a third site is not sent (chains come later). This
+    site's clock goes out with every record sent (its GID), and in an explicit CLOCK frame
+    ``(site, next GID)`` when records were filtered or the log is idle and ``clock_interval``
+    seconds have passed since it last went out (the receiver's positions and lag advance, and it
+    hears from a quiet sender). A clock value never goes below one the receiver saw: after a
+    reconnect, the records filtered before that point are passed again. Times are the caller's
+    (monotonic seconds).
+    """
+
+    def __init__(self, site: SiteId, peer: SiteId, resume: Position, rules: RuleSet, evaluator: SqlEvaluator,
+                 provenance: Callable[[LogRecord], Provenance], clock_interval: float = CLOCK_INTERVAL_S) -> None:
+        self.site = site
+        self.peer = peer
+        self.rules = rules
+        self.evaluator = evaluator
+        self.provenance = provenance
+        self.clock_interval = clock_interval
+        self.position = resume.applied_gid  # the last GID passed: sent, or filtered out
+        self.clock = resume.peer_clock  # the highest value of this site's clock the receiver has
+        self.sent = 0
+        self.filtered = 0
+        self._clock_at: Optional[float] = None  # when this site's clock last went out
+
+    def take(self, record: LogRecord, now: float) -> list[Outgoing]:
+        """The frames for the next record of the log."""
+        if record.gid <= self.position:
+            raise ValueError(f"GID {record.gid} after GID {self.position}: the log is read in GID order")
+        self.position = record.gid
+        out: list[Outgoing] = []
+        if not record.flags & FLAG_DDL_SKIPPED:  # else a schema change that failed: nothing to carry
+            facts = self.provenance(record)
+            if facts.applied_from is None:
+                raw = bytes(record.payload)
+                ws = wire.decode(raw)
+                routed = route(self.rules, ws, self.evaluator)
+                if routed is not None:
+                    self.sent += 1
+                    self.clock = max(self.clock, record.gid + 1)
+                    self._clock_at = now
+                    return [Record(record.gid, self.site, facts.commit_time,
+                                         raw if routed == ws else wire.encode(routed))]
+            elif facts.applied_from == self.peer and facts.reflection is not None:
+                out.append(facts.reflection)
+        self.filtered += 1
+        return out + self._tick(record.gid + 1, now)
+
+    def idle(self, bound: int, now: float) -> list[Outgoing]:
+        """The frames to send when the log holds nothing more up to ``bound`` (the committed GID
+        the sender may not pass)."""
+        return self._tick(max(bound, self.position) + 1, now)
+
+    def _tick(self, value: int, now: float) -> list[Outgoing]:
+        if self._clock_at is not None and now - self._clock_at < self.clock_interval:
+            return []
+        self._clock_at = now
+        self.clock = max(self.clock, value)
+        return [ClockEvent(self.site, self.clock)]
+
+
+class LinkServer:
+    """Serves one link from this node's writeset log to authenticated receivers of the peer
+    site. ``committed`` is the last GID this node committed: nothing past it is sent (schema
+    change outcomes known, as recovery's safe stop)."""
+
+    def __init__(self, wslog: WritesetLog, end: LinkEnd, committed: Callable[[], int], rules: RuleSet,
+                 evaluator: SqlEvaluator, provenance: Callable[[LogRecord], Provenance],
+                 clock_interval: float = CLOCK_INTERVAL_S, poll_s: float = POLL_S) -> None:
+        self.log = wslog
+        self.end = end
+        self.committed = committed
+        self.rules = rules
+        self.evaluator = evaluator
+        self.provenance = provenance
+        self.clock_interval = clock_interval
+        self.poll_s = poll_s
+        self.server: Optional[asyncio.base_events.Server] = None
+        self.streams: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    async def start(self, listen: str) -> None:
+        host, port = split_address(listen)
+        self.server = await asyncio.start_server(self._serve, host, port, ssl=self.end.keys.context(True),
+                                                 ssl_handshake_timeout=proto.HANDSHAKE_TIMEOUT_S)
+
+    async def close(self) -> None:
+        """Stop listening and end every stream: with an END frame saying where it got to (the
+        receiver resumes elsewhere), or cut if it does not end within STOP_S."""
+        self._stopping = True
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+        if self.streams:
+            await asyncio.wait(self.streams, timeout=STOP_S)
+        for task in list(self.streams):
+            task.cancel()
+        await asyncio.gather(*self.streams, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.streams.add(task)
+        peer = writer.get_extra_info("peername")
+        try:
+            resume = await self._handshake(reader, writer)
+            log.info("link %s: streaming to %s after GID %d", self.end.link, peer, resume.applied_gid)
+            await self._stream(reader, writer, resume)
+        except LinkBroken as e:
+            log.error("link %s to %s: %s", self.end.link, peer, e)
+            with contextlib.suppress(ConnectionError):
+                writer.write(proto.write_error(proto.broken(e)))
+                await writer.drain()
+        except (LinkError, ConnectionError, asyncio.TimeoutError, ssl.SSLError) as e:
+            log.warning("link %s: stream to %s ended: %s", self.end.link, peer, e)
+        finally:
+            self.streams.discard(task)
+            writer.close()
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Position:
+        """The receiver's resume position, once it proved it holds the link's keys."""
+        end = self.end
+        secret = end.keys.secret()
+        try:
+            hello = await asyncio.wait_for(proto.read_frame(reader), proto.HANDSHAKE_TIMEOUT_S)
+        except LinkProtocolError as e:  # an unknown version among them: say why
+            writer.write(proto.write_error(proto.Error(str(e))))
+            raise
+        if not isinstance(hello, proto.Hello):
+            raise LinkProtocolError(f"expected HELLO, got {type(hello).__name__}")
+        if (hello.link, hello.sender, hello.receiver) != (end.link, end.site, end.peer):
+            writer.write(proto.write_error(proto.Error(f"this is link {end.link} from site {end.site} to site {end.peer}")))
+            raise LinkError(f"a receiver asked for link {hello.link} from site {hello.sender} to site {hello.receiver}")
+        nonce = secrets.token_bytes(proto.NONCE_BYTES)
+        writer.write(proto.write_proof(proto.Proof(
+            nonce, proto.proof(secret, b"sender", end.link, end.site, end.peer, hello.nonce, nonce))))
+        answer = await asyncio.wait_for(proto.read_frame(reader), proto.HANDSHAKE_TIMEOUT_S)
+        if not isinstance(answer, proto.Proof) or answer.nonce != hello.nonce or not hmac.compare_digest(
+                answer.mac, proto.proof(secret, b"receiver", end.link, end.site, end.peer, nonce, hello.nonce)):
+            raise LinkError("the receiver failed authentication")
+        return hello.position
+
+    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, resume: Position) -> None:
+        """Follow the log from ``resume`` until the receiver goes away or the server closes (then
+        END). Raises :class:`LinkBroken` when the log no longer holds what comes next."""
+        out = Outbound(self.end.site, self.end.peer, resume, self.rules, self.evaluator, self.provenance,
+                       self.clock_interval)
+        retained(resume.applied_gid, self.log.base_gid)
+        rd = self.log.reader(resume.applied_gid)
+        gone = asyncio.ensure_future(reader.read(1))  # the receiver sends nothing more: this ends when it closes
+        try:
+            while not gone.done() and not self._stopping:
+                bound = min(self.committed(), self.log.end_gid)
+                try:
+                    records = rd.read(bound, CHUNK_BYTES)
+                    if not records:
+                        await self._send(writer, out.idle(bound, time.monotonic()))
+                        await asyncio.sleep(self.poll_s)
+                    for r in records:
+                        await self._send(writer, out.take(r, time.monotonic()))
+                except LogRangeUnavailable:  # the ring reused a segment the link had not sent yet
+                    raise LinkBroken(out.position + 1, max(self.log.base_gid, out.position + 1)) from None
+                except (wire.WireError, RuleError) as e:  # the link stops at a record it cannot carry, visibly
+                    text = f"GID {out.position} cannot be sent: {e}"
+                    writer.write(proto.write_error(proto.Error(text)))
+                    raise LinkError(text) from e
+            if self._stopping:
+                writer.write(proto.write_end(proto.End(out.position)))
+                await writer.drain()
+        finally:
+            rd.close()
+            gone.cancel()
+
+    @staticmethod
+    async def _send(writer: asyncio.StreamWriter, frames: list[Outgoing]) -> None:
+        for f in frames:
+            for data in (proto.write_record(f) if isinstance(f, Record) else [proto.write_clock(f)]):
+                writer.write(data)
+                await writer.drain()

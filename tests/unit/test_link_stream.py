@@ -1,0 +1,359 @@
+"""A link's stream for real (docs/LINKS.md sections 2-4): a sender serving a writeset log written
+in a temporary directory, a receiver handing what it gets to a list, TLS over loopback with each
+site's own certificate. It follows the log up to the committed GID, resumes after a cut from the
+sink's position (nothing lost, nothing twice), refuses whoever lacks the link's keys or names
+another link or site, carries a large writeset in parts, and says when the link is broken."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import ssl
+from pathlib import Path
+from typing import Callable, Coroutine, Optional
+
+import pytest
+
+from chorus import recovery as rc
+from chorus import recoveryproto as rp
+from chorus import wire
+from chorus.link import proto
+from chorus.link.events import ClockEvent, RemoteTransaction, StreamItem
+from chorus.link.proto import LinkBroken, LinkEnd, LinkError, LinkKeys, Position
+from chorus.link.receiver import LinkReceiver
+from chorus.link.rules import RuleSet
+from chorus.link.sender import LinkServer, Provenance
+from chorus.spool import Spool
+from chorus.wslog import LogRecord, WritesetLog
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+
+TABLE = wire.Table("public", "t", (wire.Column("id", "int4"), wire.Column("v", "text")), (0,))
+WAIT_S = 20.0  # generous: only a broken stream takes this long
+
+
+def writeset(gid: int, size: int = 1000) -> bytes:
+    row = wire.Row(wire.OP_INSERT, 0, (), (str(gid).encode(), b"v" * size))
+    key = wire.Key(wire.KeyMode.EXCLUSIVE, (b"public", b"t", b"id", str(gid).encode()))
+    return wire.encode(wire.Writeset(gid, 1, 0, (TABLE,), (row,), (key,)))
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LinkKeys]:
+    """Keys of sites a and b for their link, and of a site c that is not part of it."""
+    base = tmp_path_factory.mktemp("keys")
+    sites = {s: rc.generate_keys(str(base / s)) for s in "abc"}
+    secret = base / "link.secret"
+    secret.write_text(os.urandom(32).hex())
+    other = base / "other.secret"
+    other.write_text(os.urandom(32).hex())
+    return {"a": LinkKeys(sites["a"].cert, sites["a"].key, sites["b"].cert, str(secret)),
+            "b": LinkKeys(sites["b"].cert, sites["b"].key, sites["a"].cert, str(secret)),
+            "b-other-secret": LinkKeys(sites["b"].cert, sites["b"].key, sites["a"].cert, str(other)),
+            "c": LinkKeys(sites["c"].cert, sites["c"].key, sites["a"].cert, str(secret))}
+
+
+class Unused:
+    """The rules here have no SQL parts."""
+
+    def predicate(self, table: wire.Table, values: tuple[wire.Value, ...], predicate: str) -> bool:
+        raise AssertionError(predicate)
+
+    def expression(self, table: wire.Table, values: tuple[wire.Value, ...], expression: str) -> wire.Value:
+        raise AssertionError(expression)
+
+    def row_function(self, table: wire.Table, values: tuple[wire.Value, ...],
+                     function: str) -> Optional[tuple[wire.Value, ...]]:
+        raise AssertionError(function)
+
+
+def facts(r: LogRecord) -> Provenance:
+    """This test's marking of records a link applied: origin ``link:<site>:<clock value>``."""
+    if r.origin.startswith("link:"):
+        _, site, value = r.origin.split(":")
+        return Provenance(0, site, ClockEvent(site, int(value)))
+    return Provenance(1_000_000 * r.gid)
+
+
+class SiteA:
+    """The sending site: a node's log, its committed GID and a link server on loopback."""
+
+    def __init__(self, tmp: Path, keys: LinkKeys, link: str = "a-b", total_bytes: int = 4 << 20) -> None:
+        self.log = WritesetLog(str(tmp / "wslog"), segment_bytes=64 << 10, total_bytes=total_bytes)
+        self.log.open()
+        self.committed = 0
+        self.server = LinkServer(self.log, LinkEnd(link, "site-a", "site-b", keys), lambda: self.committed,
+                                 RuleSet(), Unused(), facts, clock_interval=0.05, poll_s=0.01)
+
+    def commit(self, gid: int, payload: Optional[bytes] = None, origin: str = "n1") -> None:
+        self.log.append(gid, origin, payload if payload is not None else writeset(gid))
+        self.committed = gid
+
+    async def start(self) -> str:
+        await self.server.start("127.0.0.1:0")
+        assert self.server.server is not None
+        return f"127.0.0.1:{self.server.server.sockets[0].getsockname()[1]}"
+
+
+class SiteB:
+    """The receiving site's sink: a list, and the position it would have made durable."""
+
+    def __init__(self, after: int = 0) -> None:
+        self.items: list[StreamItem] = []
+        self.after = after
+        self.clock = 0  # of site a, as seen
+
+    async def take(self, item: StreamItem) -> None:
+        self.items.append(item)
+        if isinstance(item, RemoteTransaction):
+            self.after = item.clock
+            self.clock = max(self.clock, item.clock + 1)
+        elif item.site == "site-a":
+            assert item.value >= self.clock, f"site a's clock went back from {self.clock} to {item.value}"
+            self.clock = item.value
+
+    async def position(self) -> Position:
+        return Position(self.after, self.clock)
+
+    @property
+    def gids(self) -> list[int]:
+        return [i.clock for i in self.items if isinstance(i, RemoteTransaction)]
+
+    def receiver(self, addresses: list[str], keys: LinkKeys, link: str = "a-b", site: str = "site-b",
+                 spool: Optional[Spool] = None) -> LinkReceiver:
+        return LinkReceiver(LinkEnd(link, site, "site-a", keys), addresses, self.position, self.take, spool,
+                            backoff=(0.01, 0.1))
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    async def wait() -> None:
+        while not check():
+            await asyncio.sleep(0.01)
+    try:
+        await asyncio.wait_for(wait(), WAIT_S)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"not within {WAIT_S} s: {what}") from None
+
+
+def run(main: Callable[[], Coroutine[None, None, None]]) -> None:
+    asyncio.run(main())
+
+
+def test_the_stream_follows_the_log_up_to_the_committed_gid(tmp_path: Path, keys: dict[str, LinkKeys]) -> None:
+    async def main() -> None:
+        a = SiteA(tmp_path, keys["a"])
+        for g in range(1, 30, 2):  # odd GIDs certified; even ones failed certification
+            a.commit(g)
+        a.commit(30, origin="link:site-b:7")  # site b's change, applied here: only its clock goes back
+        a.log.append(31, "n1", writeset(31))  # certified, not committed yet
+        address = await a.start()
+        b = SiteB(after=4)
+        task = asyncio.ensure_future(b.receiver([address], keys["b"]).stream(address))
+        await until(lambda: ClockEvent("site-a", 31) in b.items, "the sender's clock at the committed GID")
+        assert b.gids == list(range(5, 30, 2))
+        assert all(i.commit_time == 1_000_000 * i.clock for i in b.items if isinstance(i, RemoteTransaction))
+        assert [i for i in b.items if isinstance(i, ClockEvent) and i.site == "site-b"] == [ClockEvent("site-b", 7)]
+        assert b.items.index(ClockEvent("site-b", 7)) > b.items.index(next(
+            i for i in b.items if isinstance(i, RemoteTransaction) and i.clock == 29))
+        # the log grows: the sender follows it
+        a.committed = 31
+        for g in range(32, 60):
+            a.commit(g)
+        await until(lambda: b.gids[-1:] == [59], "the records appended later")
+        assert b.gids == list(range(5, 30, 2)) + list(range(31, 60))
+        txn = b.items[-1]
+        assert isinstance(txn, RemoteTransaction) and txn.site == "site-a"
+        assert txn.writeset.rows == (wire.Row(wire.OP_INSERT, 0, (), (b"59", b"v" * 1000)),)
+        # the sender stops serving: it ends the stream where it got to
+        await a.server.close()
+        await asyncio.wait_for(task, WAIT_S)
+        a.log.close()
+
+    run(main)
+
+
+class Relay:
+    """A loopback TCP relay to the sender that cuts its first connection once ``cut_after``
+    bytes came from the sender: the receiver sees the stream break mid-frame. ``progress`` is
+    noted as each connection starts."""
+
+    def __init__(self, target: str, cut_after: int, progress: Callable[[], int]) -> None:
+        self.host, self.port = rc.split_address(target)
+        self.cut_after = cut_after
+        self.progress = progress
+        self.at_connection: list[int] = []
+        self.server: Optional[asyncio.base_events.Server] = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.at_connection.append(self.progress())
+        limit = self.cut_after if len(self.at_connection) == 1 else None
+        server_r, server_w = await asyncio.open_connection(self.host, self.port)
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, limit: Optional[int]) -> None:
+            n = 0
+            while data := await r.read(1 << 16):
+                if limit is not None and n + len(data) >= limit:
+                    w.write(data[:limit - n])
+                    break
+                w.write(data)
+                await w.drain()
+                n += len(data)
+
+        try:
+            await asyncio.wait([asyncio.ensure_future(pipe(client_r, server_w, None)),
+                                asyncio.ensure_future(pipe(server_r, client_w, limit))],
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            client_w.close()
+            server_w.close()
+
+    async def close(self) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+def test_a_receiver_cut_off_mid_stream_resumes_from_its_position(tmp_path: Path, keys: dict[str, LinkKeys]) -> None:
+    """Section 3's resume position: after the cut the receiver asks again from what the sink
+    took, trying the peer's addresses in turn (the first is dead): every transaction once, in order,
+    and site a's clock never going back although what was filtered is passed again."""
+    async def main() -> None:
+        a = SiteA(tmp_path, keys["a"])
+        for g in range(1, 101):
+            a.commit(g, origin=f"link:site-b:{g}" if g % 10 == 0 else "n1")
+        b = SiteB()
+        relay = Relay(await a.start(), cut_after=40_000, progress=lambda: len(b.gids))
+        dead = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        dead_address = f"127.0.0.1:{dead.sockets[0].getsockname()[1]}"
+        dead.close()
+        await dead.wait_closed()
+        receiver = b.receiver([dead_address, await relay.start()], keys["b"])
+        task = asyncio.ensure_future(receiver.run())
+        await until(lambda: b.gids[-1:] == [99], "all 90 transactions")
+        assert len(relay.at_connection) == 2 and 0 < relay.at_connection[1] < 90  # cut mid-stream, once
+        assert b.gids == [g for g in range(1, 100) if g % 10]
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await relay.close()
+        await a.server.close()
+        a.log.close()
+
+    run(main)
+
+
+@pytest.mark.parametrize("who, expected", [
+    ("b-other-secret", "the sender failed authentication"),
+    ("wrong-link", "the peer says: this is link a-b from site site-a to site site-b"),
+    ("wrong-site", "the peer says: this is link a-b from site site-a to site site-b"),
+    ("c", "cannot connect|broke|closed"),  # a certificate site a does not trust
+])
+def test_a_receiver_without_the_links_keys_or_names_is_refused(tmp_path: Path, keys: dict[str, LinkKeys],
+                                                               who: str, expected: str) -> None:
+    async def main() -> None:
+        a = SiteA(tmp_path, keys["a"])
+        a.commit(1)
+        address = await a.start()
+        b = SiteB()
+        if who == "wrong-link":
+            receiver = b.receiver([address], keys["b"], link="a-c")
+        elif who == "wrong-site":
+            receiver = b.receiver([address], keys["b"], site="site-c")
+        else:
+            receiver = b.receiver([address], keys[who])
+        with pytest.raises(LinkError, match=expected):
+            await receiver.stream(address)
+        assert b.items == []
+        await a.server.close()
+        a.log.close()
+
+    run(main)
+
+
+def test_a_receiver_speaking_another_version_is_told_so(tmp_path: Path, keys: dict[str, LinkKeys]) -> None:
+    async def main() -> None:
+        a = SiteA(tmp_path, keys["a"])
+        host, port = rc.split_address(await a.start())
+        reader, writer = await asyncio.open_connection(host, port, ssl=keys["b"].context(False))
+        writer.write(proto.write_hello(proto.Hello("a-b", "site-b", "site-a", Position(0), b"n" * 16, version=2)))
+        answer = await asyncio.wait_for(proto.read_frame(reader), WAIT_S)
+        assert answer == proto.Error("link protocol version 2 is not spoken here (this site speaks 1)")
+        writer.close()
+        await a.server.close()
+        a.log.close()
+
+    run(main)
+
+
+def test_a_large_writeset_travels_in_parts_and_is_gathered_in_a_spool_file(
+        tmp_path: Path, keys: dict[str, LinkKeys], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rp, "PART_BYTES", 10_000)
+    monkeypatch.setattr(rp, "SPOOL_AT", 50_000)
+    kinds: list[str] = []
+    read_frame = proto.read_frame
+
+    async def spy(reader: asyncio.StreamReader) -> proto.Frame:
+        frame = await read_frame(reader)
+        kinds.append(type(frame).__name__)
+        return frame
+    monkeypatch.setattr(proto, "read_frame", spy)
+    spool = Spool(str(tmp_path / "spool"))
+    spool.open()
+
+    async def main() -> None:
+        a = SiteA(tmp_path, keys["a"])
+        a.commit(1)
+        a.commit(2, writeset(2, size=300_000))  # larger than a log segment, too: logged in pieces
+        a.commit(3)
+        address = await a.start()
+        b = SiteB()
+        task = asyncio.ensure_future(b.receiver([address], keys["b"], spool=spool).stream(address))
+        await until(lambda: b.gids == [1, 2, 3], "the three transactions")
+        big = b.items[[i for i, x in enumerate(b.items) if isinstance(x, RemoteTransaction)][1]]
+        assert isinstance(big, RemoteTransaction)
+        assert big.writeset.rows == (wire.Row(wire.OP_INSERT, 0, (), (b"2", b"v" * 300_000)),)
+        assert kinds.count("Part") == 31 and spool.files == 1
+        await a.server.close()
+        await asyncio.wait_for(task, WAIT_S)
+        a.log.close()
+
+    run(main)
+
+
+def test_a_link_whose_position_the_log_no_longer_holds_is_broken(tmp_path: Path, keys: dict[str, LinkKeys]) -> None:
+    """Section 2: the ring reused what the link had not sent; the receiver is told which GIDs are
+    gone and stops (the link must be instantiated again), never skipping them."""
+    async def main() -> None:
+        a = SiteA(tmp_path, keys["a"], total_bytes=1 << 20)
+        for g in range(1, 3000):  # ~3 MB through a 1 MiB ring
+            a.commit(g, writeset(g, size=1000))
+        gone = a.log.base_gid
+        assert gone > 10
+        address = await a.start()
+        b = SiteB(after=10)
+        with pytest.raises(LinkBroken, match=f"link broken: GIDs 11..{gone} are gone from the log"):
+            await b.receiver([address], keys["b"]).run()
+        assert b.gids == []
+        await a.server.close()
+        a.log.close()
+
+    run(main)
+
+
+def test_a_record_the_link_cannot_carry_stops_it_there_visibly(tmp_path: Path, keys: dict[str, LinkKeys]) -> None:
+    async def main() -> None:
+        a = SiteA(tmp_path, keys["a"])
+        a.commit(1)
+        a.commit(2, b"not a writeset")
+        address = await a.start()
+        b = SiteB()
+        with pytest.raises(LinkError, match="the peer says: GID 2 cannot be sent: "):
+            await b.receiver([address], keys["b"]).stream(address)
+        assert b.gids == [1]
+        await a.server.close()
+        a.log.close()
+
+    run(main)
