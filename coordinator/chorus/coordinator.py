@@ -6,7 +6,7 @@ carries out the actions it returns, ticks, answers the admin socket and stops. T
 in its own module, know one another only through what they are given here:
 
 - nodedb.py: the coordinator's database connection; bus/sender.py: sending on the bus;
-- commit/backends.py: the backends' socket; causal.py: causal-read markers;
+- commit/backends.py: the backends' socket; commit/causal.py: causal-read markers;
 - commit/pipeline.py: certified writesets from admission to commit (the apply pool);
 - voting.py: inconsistency voting; lockwatch.py: aborting local sessions in an applier's way;
 - catchup.py: partial recovery; nodestatus.py: what the node reports.
@@ -34,7 +34,7 @@ from chorus.bus import proto as bp
 from chorus.bus import Bus, BusError, View
 from chorus.bus.sender import BusSender
 from chorus.catchup import CatchUpRunner
-from chorus.causal import CausalReads
+from chorus.commit.causal import CausalReads
 from chorus.commit import scheduler
 from chorus.commit.backends import BackendServer
 from chorus.commit.book import FlowControl

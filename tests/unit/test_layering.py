@@ -110,7 +110,7 @@ def test_the_parts_that_carry_out_actions_take_values_not_the_replicator() -> No
     """The replicator's decisions are values (chorus.actions); the commit path, voting and causal
     reads use them without the state machine that makes them."""
     graph = _imports()
-    for part in ("chorus.commit.pipeline", "chorus.commit.backends", "chorus.voting", "chorus.causal"):
+    for part in ("chorus.commit.pipeline", "chorus.commit.backends", "chorus.voting", "chorus.commit.causal"):
         assert "chorus.replicator" not in _reach(graph, part), part
 
 

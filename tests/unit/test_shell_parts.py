@@ -1,4 +1,4 @@
-"""The coordinator's parts that decide without a database: causal-read markers (causal.py),
+"""The coordinator's parts that decide without a database: causal-read markers (commit/causal.py),
 inconsistency voting (voting.py), the bus sender's batching (bus/sender.py) and the commit
 pipeline's admission (commit/pipeline.py), each built alone with what the daemon would give it
 (issue 20: no part reaches another through a shared self)."""
@@ -16,7 +16,7 @@ from chorus.bus import proto as bp
 from chorus.bus import BusError
 from chorus.bus.sender import BATCH_BYTES, BusSender, OwnMessages
 from chorus.commit.book import CommitBook
-from chorus.causal import CausalReads
+from chorus.commit.causal import CausalReads
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
 from chorus.commit.pipeline import CommitPipeline, Hooks, Pending, reschedule

@@ -95,8 +95,15 @@ def load(directory: str, node: Optional[str], jobs: int, fast: bool, spark_maste
         meta = c.load()
         name = node or meta.nodes[0].name
         if fast:
-            result = loading.through_one_node(directory, archive, name, say, jobs, list(pg_restore_args),
-                                              spark_master)
+            from chorus.cli.node import watch_until_online
+            from chorus.cli.total import total_join_local
+
+            def rebuild(joiner: str, donor: str) -> None:
+                total_join_local(directory, joiner, donor, spark_master, None, 1000, any_donor=True)
+
+            result = loading.through_one_node(directory, archive, name, say, rebuild,
+                                              lambda socket: watch_until_online(socket, 3600), jobs,
+                                              list(pg_restore_args))
         else:
             result = loading.replicated(c.config(meta, c._node(meta, name)).dsn, archive, jobs,
                                         list(pg_restore_args))

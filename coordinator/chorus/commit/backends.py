@@ -20,7 +20,7 @@ from chorus.commit import backendproto as bpf
 from chorus import wire
 from chorus.bus import BusError
 from chorus.bus.sender import BusSender
-from chorus.causal import CausalReads
+from chorus.commit.causal import CausalReads
 from chorus.nodestatus import Counters
 from chorus.commit.pipeline import CommitPipeline, Pending
 from chorus.actions import LocalVerdict

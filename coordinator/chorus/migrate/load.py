@@ -56,14 +56,14 @@ def replicated(dsn: str, dump: str, jobs: int = 4, extra: Optional[list[str]] = 
     return {"mode": "replicated", "restore_s": round(pg_restore(dsn, dump, jobs, extra=extra), 2)}
 
 
-def through_one_node(directory: str, dump: str, node: str, say: Say, jobs: int = 4,
-                     extra: Optional[list[str]] = None, spark_master: str = "auto",
-                     timeout: float = 3600) -> dict[str, Any]:
+def through_one_node(directory: str, dump: str, node: str, say: Say, rebuild: Callable[[str, str], None],
+                     wait_online: Callable[[str], dict[str, Any]], jobs: int = 4,
+                     extra: Optional[list[str]] = None) -> dict[str, Any]:
     """The fast way on a local cluster: the others leave, ``dump`` is restored into ``node``
-    alone, each other node is rebuilt from it by total recovery and rejoins. Returns the
-    seconds of each step."""
-    from chorus.cli.node import watch_until_online
-    from chorus.cli.total import total_join_local
+    alone, each other node is rebuilt from it by total recovery and rejoins. The CLI's
+    operations do the rebuilding (``rebuild(node, donor)``: ``chorus node join --total``) and
+    the waiting (``wait_online(admin_socket)``: a node's status once online or out of time).
+    Returns the seconds of each step."""
     from chorus.testkit.localcluster import LocalCluster
 
     c = LocalCluster(directory, log=say)
@@ -84,11 +84,11 @@ def through_one_node(directory: str, dump: str, node: str, say: Say, jobs: int =
         say(f"{name}: rebuilt from {node} by total recovery")
         # it starts, and waits: no member is online until every configured node is back, at
         # the same GID, and the cluster re-forms (docs/RECOVERY.md, bootstrap safety)
-        total_join_local(directory, name, node, spark_master, None, 1000, any_donor=True)
+        rebuild(name, node)
         out["total_recovery_s"][name] = round(time.monotonic() - t1, 2)
     t1 = time.monotonic()
     for n in meta.nodes:
-        st = watch_until_online(c.config(meta, n).admin_socket, timeout)
+        st = wait_online(c.config(meta, n).admin_socket)
         if st.get("state") != "online":
             raise LoadError(f"{n.name} did not come back online: {st.get('state')}")
     out["reform_s"] = round(time.monotonic() - t1, 2)
