@@ -48,7 +48,7 @@ def use(module: ModuleType) -> None:
     if _mod is module:
         return
 
-    @module.ffi.def_extern(name="ch_py_fits")  # type: ignore[misc]
+    @module.ffi.def_extern(name="ch_py_fits")  # type: ignore[untyped-decorator]
     def _fits(arg: Any, run: Any, n: int) -> int:
         call: _Fits = module.ffi.from_handle(arg)
         try:
