@@ -65,6 +65,13 @@ def available() -> bool:
     return _mod is not None
 
 
+def module() -> Any:
+    """The bound cffi module (its ``ffi`` and ``lib``), for a caller that packs its own
+    arguments, as bench/dataplane_micro.py does to time the C core without this module's
+    classes."""
+    return _lib()
+
+
 def _lib() -> Any:
     if _mod is None:
         raise ImportError("the data plane's native core is not built (python coordinator/chorus/dataplane/build.py)")
