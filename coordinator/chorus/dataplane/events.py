@@ -26,6 +26,7 @@ that is not exactly one body of the record's code.
 from __future__ import annotations
 
 import enum
+import re
 import struct
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, ClassVar, Union
@@ -411,7 +412,7 @@ EVENTS: tuple[type[Record], ...] = (Start, ViewEv, Deliver, Flush, WritesetEv, C
                                     AdmitRun, AdmitOne, LogRec, Call, Dispatch, Stopped, Random)
 ACTIONS: tuple[type[Record], ...] = (Verdict, BusSend, LogAppend, LogReset, ApplyRun, Handoff, Notify)
 BY_CODE: dict[int, type[Record]] = {cls.CODE: cls for cls in (*EVENTS, *ACTIONS)}
-_NAMES = {cls.CODE: cls.__name__.removesuffix("Ev").upper() for cls in BY_CODE.values()}
+_NAMES = {cls.CODE: re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__.removesuffix("Ev")).upper() for cls in BY_CODE.values()}
 assert len(BY_CODE) == len(EVENTS) + len(ACTIONS)
 assert all(c.CODE < 0x40 for c in EVENTS) and all(0x80 < c.CODE < 0xC0 for c in ACTIONS)
 
@@ -569,12 +570,16 @@ def decode_body(code: int, buf: bytes, pos: int, end: int, depth: int, seq: int,
     return cls(*values, depth=depth, seq=seq, mono=mono, wall=wall)
 
 
+def _short(v: Any) -> str:
+    if isinstance(v, bytes) and len(v) > 16:
+        return f"<{len(v)} bytes {v[:12].hex()}…>"
+    if isinstance(v, tuple):
+        return "(" + ", ".join(_short(x) for x in v) + ("," if len(v) == 1 else "") + ")"
+    return repr(v)
+
+
 def describe(rec: Record, width: int = 160) -> str:
     """One line for a person: the header and the body, long bytes shortened."""
-    parts = []
-    for name, _ in rec.SPEC:
-        v = getattr(rec, name)
-        text = f"<{len(v)} bytes {v[:12].hex()}…>" if isinstance(v, bytes) and len(v) > 16 else repr(v)
-        parts.append(f"{name}={text}")
+    parts = [f"{name}={_short(getattr(rec, name))}" for name, _ in rec.SPEC]
     line = f"{'  ' * rec.depth}{rec.name}#{rec.seq} @{rec.mono:.6f} " + " ".join(parts)
     return line if len(line) <= width else line[:width - 1] + "…"
