@@ -503,57 +503,57 @@ class _Reader:
         self.pos += n
         return b
 
-    def int(self, st: struct.Struct) -> int:
+    def num(self, st: struct.Struct) -> int:
         v: int = st.unpack(self.take(st.size))[0]
         return v
 
-    def bool(self) -> bool:
-        b = self.int(_U8)
+    def flag(self) -> bool:
+        b = self.num(_U8)
         if b > 1:
             raise TraceError(f"boolean byte {b}: expected 0 or 1")
         return b == 1
 
-    def str(self) -> str:
-        raw = self.take(self.int(_U16))
+    def text(self) -> str:
+        raw = self.take(self.num(_U16))
         try:
             return raw.decode("utf-8", "surrogateescape")
         except UnicodeDecodeError as e:  # pragma: no cover - surrogateescape decodes any bytes
             raise TraceError(f"string not UTF-8: {e}") from None
 
     def blob(self) -> bytes:
-        n = self.int(_U32)
+        n = self.num(_U32)
         if n > MAX_BLOB:
             raise TraceError(f"blob of {n} bytes: at most {MAX_BLOB}")
         return self.take(n)
 
     def count(self, smallest: int) -> int:
-        n = self.int(_U32)
+        n = self.num(_U32)
         if n > MAX_ITEMS or n * smallest > self.end - self.pos:
             raise TraceError(f"list of {n} items does not fit the {self.end - self.pos} bytes left")
         return n
 
     def field(self, kind: str) -> Field:
         if kind == "u8":
-            return self.int(_U8)
+            return self.num(_U8)
         if kind == "bool":
-            return self.bool()
+            return self.flag()
         if kind == "u32":
-            return self.int(_U32)
+            return self.num(_U32)
         if kind == "u64":
-            return self.int(_U64)
+            return self.num(_U64)
         if kind == "str":
-            return self.str()
+            return self.text()
         if kind == "blob":
             return self.blob()
         if kind == "u64s":
-            return tuple(self.int(_U64) for _ in range(self.count(8)))
+            return tuple(self.num(_U64) for _ in range(self.count(8)))
         if kind == "strs":
-            return tuple(self.str() for _ in range(self.count(2)))
+            return tuple(self.text() for _ in range(self.count(2)))
         if kind == "applies":
-            return tuple((self.int(_U64), self.int(_U64), self.str(), self.bool(), self.blob())
+            return tuple((self.num(_U64), self.num(_U64), self.text(), self.flag(), self.blob())
                          for _ in range(self.count(23)))
         if kind == "logrecs":
-            return tuple((self.int(_U64), self.str(), self.int(_U8), self.blob()) for _ in range(self.count(15)))
+            return tuple((self.num(_U64), self.text(), self.num(_U8), self.blob()) for _ in range(self.count(15)))
         raise AssertionError(kind)  # pragma: no cover
 
 

@@ -52,6 +52,7 @@ class BackendRef:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.certified: set[int] = set()
+        self.closed = False
 
 
 class MemoryLog:
@@ -155,7 +156,7 @@ class RefCore:
         self.run_max: int = cfg["run"]
         self._depth = 0
         self._seq = 0
-        self._cur = start  # the event being processed (its header stamps the actions)
+        self._cur: Record = start  # the event being processed (its header stamps the actions)
         self._mono, self._wall = mono, wall
         if tap is not None:
             tap(self._stamp(start, mono, wall))
