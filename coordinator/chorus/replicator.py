@@ -32,7 +32,7 @@ from chorus.actions import (Action, Apply, CatchUp, DdlOutcome, Joined, LocalVer
 from chorus.bus import proto as bp
 from chorus.bus import Delivery, View, Votes, bus_node
 from chorus.history import Decision, Epoch, MemberRecord
-from chorus.certifier import OK, CertificationIndex, Certifier, Verdict
+from chorus.certifier import OK, CertificationIndex, Certifier, CertifierClass, Verdict
 from chorus.membership import Holding as Holding  # (its home is membership.py)
 from chorus.membership import Membership, Place, view_quorum
 from chorus.outcomes import Outcome, OutcomeIndex
@@ -110,11 +110,16 @@ class Conflict:
                 "winner_gid": self.winner_gid, "winner_node": self.winner_node, "reason": self.reason}
 
 
+def _uuid4() -> uuid.UUID:
+    return uuid.uuid4()  # looked up at each call: the simulation draws them from its seed
+
+
 class Replicator:
     def __init__(self, node: str, cluster_uuid: str, last_gid: int, max_committed: int = 0, bootstrap: bool = False,
                  compat: str = "", member_votes: int = 0, *, epochs: tuple[Epoch, ...] = (),
                  records: Optional[dict[str, MemberRecord]] = None, holding: Optional[Callable[[], Holding]] = None,
-                 history: int = 20000, clock: Callable[[], float] = time.time) -> None:
+                 history: int = 20000, clock: Callable[[], float] = time.time,
+                 certifiers: Optional[CertifierClass] = None) -> None:
         self.node = node
         self.cluster_uuid = cluster_uuid  # "" until the node has joined a cluster
         self.last_gid = last_gid  # durable committed GID of the local database at start
@@ -139,7 +144,11 @@ class Replicator:
         self.quorate = False
         self.local_member = ""
         self.members: tuple[str, ...] = ()
-        self.certifier: CertificationIndex = Certifier()
+        # the certifier implementation (certifier.Certifier unless told: the differential tests)
+        self.certifiers: CertifierClass = certifiers if certifiers is not None else Certifier
+        self.certifier: CertificationIndex = self.certifiers()
+        # request ids and a new cluster's UUID (a replayed trace gives the recorded ones)
+        self.new_id: Callable[[], uuid.UUID] = _uuid4
         # certification history kept below the cluster-wide committed minimum, in GIDs: a
         # transaction whose snapshot is older than this fails as "snapshot too old"
         self.history = history
@@ -381,7 +390,7 @@ class Replicator:
     def _bootstrap_message(self) -> bp.Bootstrap:
         """``chorus bootstrap``: start the cluster (again) at this node's GID, in a new epoch."""
         gid = self._holding().gid
-        return self.membership.bootstrap_message(self.cluster_uuid or str(uuid.uuid4()), gid)
+        return self.membership.bootstrap_message(self.cluster_uuid or str(self.new_id()), gid)
 
     def _holding(self) -> Holding:
         """What this node holds now (its disk, and what it will admit of what it released)."""
@@ -396,7 +405,7 @@ class Replicator:
         node holds: the GID it announces is the most its database will hold until it is answered."""
         if join:
             self.phase = Phase.JOINING
-        request_id = uuid.uuid4().hex
+        request_id = self.new_id().hex
         out = self._drop_buffer()
         h = self._holding()
         self.last_gid = h.gid
@@ -579,7 +588,7 @@ class Replicator:
         self._unstable.clear()
         self._deferred.clear()
         self.ddl_open.clear()
-        self.certifier = Certifier(msg.gid)
+        self.certifier = self.certifiers(msg.gid)
         self.membership.bootstrapped(sender, msg)
         self.phase = Phase.ONLINE
         self.bootstrap = False
@@ -626,7 +635,7 @@ class Replicator:
         self._unstable = unstable
         self._deferred.clear()
         self.ddl_open.clear()
-        self.certifier = Certifier.restore(msg.certifier)
+        self.certifier = self.certifiers.restore(msg.certifier)
         m.joined(msg)  # the members at the request's place (what was delivered since is replayed)
         self.paused_by = set(msg.paused)
         self._sync_sent = False

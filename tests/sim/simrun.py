@@ -47,6 +47,7 @@ class Result:
     total_recoveries: int = 0
     recovered_in: float = 0.0  # simulated seconds from the heal to every node online and settled
     trace: list[str] = field(default_factory=list)
+    traces: dict[str, bytes] = field(default_factory=dict)  # with ``record``: each coordinator's core trace
 
     def line(self) -> str:
         faults = ", ".join(f"{k} x{v}" for k, v in sorted(self.faults.items()))
@@ -66,7 +67,7 @@ class Run:
 
     def __init__(self, seed: int, trace: bool = False, script: Optional[Script] = None, n: int = 0,
                  seconds: float = 0.0, rate: float = 0.0, capacity: int = 0, keep_trace: int = 400,
-                 dead: tuple[str, ...] = ()) -> None:
+                 dead: tuple[str, ...] = (), record: bool = False) -> None:
         self.seed = seed
         self.script = script
         self.dead = set(dead)  # hosts of a scenario that never come back
@@ -80,7 +81,7 @@ class Run:
         tamper = random.Random(seed * 104729 + 3)
         self.tamper = ((tamper.uniform(1.0, self.seconds), f"n{tamper.randint(1, self.n)}", tamper.randrange(12))
                        if script is None and tamper.random() < 1 / 6 else None)
-        self.sim = sim = Sim(seed, n=self.n, log_capacity=capacity, trace=trace, keep_trace=keep_trace)
+        self.sim = sim = Sim(seed, n=self.n, log_capacity=capacity, trace=trace, keep_trace=keep_trace, record=record)
         self.rnd = sim.rnd
         self.faults: Counter[str] = Counter()
         self.stalled: set[str] = set()
@@ -133,6 +134,7 @@ class Run:
         res.acked = len(sim.checker.acked)
         res.total_recoveries = self.total_recoveries
         res.trace = list(sim.lines)
+        res.traces = {name: w.getvalue() for name, w in sim.traces.items()}
         return res
 
     def _until(self, done: Callable[[], bool], within: float, what: str, operator: bool = False) -> None:
@@ -425,6 +427,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seed", type=int, help="one seed")
     ap.add_argument("--trace", action="store_true", help="print every step")
     ap.add_argument("--quiet", action="store_true", help="only failures and the summary")
+    ap.add_argument("--record", metavar="DIR", help="write each coordinator's core trace to DIR/<seed>-<node>-<n>.trace "
+                    "(chorus/dataplane/trace.py; replay with chorus.dataplane.replay)")
     args = ap.parse_args(argv)
     seeds = range(args.seed, args.seed + 1) if args.seed is not None else parse_seeds(args.seeds)
     t0 = time.monotonic()
@@ -432,7 +436,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     kinds: Counter[str] = Counter()
     slowest = 0.0
     for s in seeds:
-        r = run(s, trace=args.trace)
+        r = run(s, trace=args.trace, record=bool(args.record))
+        if args.record:
+            os.makedirs(args.record, exist_ok=True)
+            for name, data in r.traces.items():
+                with open(os.path.join(args.record, f"{s}-{name}.trace"), "wb") as f:
+                    f.write(data)
         if not r.ok:
             failed.append(r)
             print(r.line(), flush=True)

@@ -33,19 +33,21 @@ from typing import Any, Callable, Optional
 from chorus.bus import proto as bp
 from chorus import wire
 from chorus.bus import Delivery, View, Votes, bus_node
-from chorus.bus.sender import OwnMessages
 from chorus.catchupplan import (CATCHUP_WINDOW, Abandoned, Act, AskLogs, CatchUpPlan, Fetch, Steps, Wait,
                                 WaitCommitted)
 from chorus.commit.book import CommitBook
-from chorus.commit.pipeline import Pending, order_keys, partly_committed, reschedule
+from chorus.commit.pipeline import Pending
+from chorus.dataplane import events as ev
+from chorus.dataplane.events import ApplyOutcome
+from chorus.dataplane.refcore import BackendRef, RefCore, start_config
+from chorus.dataplane.trace import TraceWriter
 from chorus.recoveryproto import RecoveryError
-from chorus.actions import (Action, Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried, Pause,
-                            Phase, PhaseChange, Remember, Send, SyncReached, VoteDecided, VoteOpened)
-from chorus.replicator import Holding, Replicator
-from chorus.commit.scheduler import Scheduler
+from chorus.actions import (Action, Apply, CatchUp, DdlOutcome, Joined, LogOffered, LogQueried, Pause, Phase,
+                            PhaseChange, Remember, SyncReached, VoteDecided, VoteOpened)
+from chorus.replicator import Replicator
 from chorus.state import NodeState
 from chorus.voting import InconsistencyVoting
-from chorus.wslog import LogFeeder, LogRecord, starts_again
+from chorus.wslog import LogRecord, starts_again
 
 # the coordinator's timers (coordinator.py, catchup.py, recovery.py)
 TICK_S = 0.2
@@ -320,12 +322,12 @@ class SimBus:
         if not box or member in self.frozen:
             return
         while box and member in self.handler and member not in self.frozen:
-            ev = box.popleft()
+            item = box.popleft()
             handler = self.handler[member]
-            if ev[0] == "msg":
-                handler(Delivery(ev[3], ev[4]))
+            if item[0] == "msg":
+                handler(Delivery(item[3], item[4]))
             else:
-                handler(ev[1])
+                handler(item[1])
         handler = self.handler.get(member)
         if handler is not None:
             handler(None)
@@ -438,19 +440,45 @@ class Txn:
     wait_for: int = 0
 
 
-class _Backend:
-    """pipeline.BackendRef: the local backend committing a certified writeset."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.certified: set[int] = set()
-
-
 # ---- the coordinator's twin ------------------------------------------------------------------
 
 
+class _PlanOrder:
+    """The replicator as the catch-up plan sees it: reads go to it, its calls into the order core
+    go through the core as CALL events (so a trace holds them where they happened); their actions
+    are carried out there and then, and the plan gets none back to carry out."""
+
+    def __init__(self, coord: "Coord") -> None:
+        self.c = coord
+
+    @property
+    def phase(self) -> Phase:
+        return self.c.r.phase
+
+    @property
+    def online(self) -> Any:
+        return self.c.r.online
+
+    @property
+    def synced(self) -> Any:
+        return self.c.r.synced
+
+    def held_released(self) -> None:
+        self.c.feed(ev.Call("held_released", 0, ""))
+
+    def recovered(self, committed_gid: int) -> list[Action]:
+        self.c.feed(ev.Call("recovered", committed_gid, ""))
+        return []
+
+    def recovery_failed(self, reason: str) -> list[Action]:
+        self.c.feed(ev.Call("recovery_failed", 0, reason))
+        return []
+
+
 class Coord:
-    """One coordinator process: the real core, wired as coordinator.py wires it."""
+    """One coordinator process: the real core (dataplane/refcore.py: the replicator, the commit
+    book, the scheduler, the certifier, the log feeder, wired as coordinator.py wires them) fed
+    events by this shell, which carries out its actions on the simulated world."""
 
     def __init__(self, host: "Host", member: str) -> None:
         self.host = host
@@ -466,39 +494,85 @@ class Coord:
         db.flush()
         durable = db.last
         host.node_epoch += 1  # chorus.node_init(): backends still waiting for a turn fail
-        self.book: CommitBook[Pending] = CommitBook()
-        self.book.start(1, durable)
-        self.scheduler = Scheduler()
         host.log.open(durable)
-        self.feeder = LogFeeder(host.log)  # type: ignore[arg-type]
-        self.r = Replicator(node=self.name, cluster_uuid=st.cluster_uuid, last_gid=durable,
-                            bootstrap=st.bootstrap, epochs=st.epochs, records=dict(st.records),
-                            holding=self._holding)
-        self.r.clock = lambda: self.sim.clock.now
-        self.plan = CatchUpPlan(self.name, self.r, self, (), CATCHUP_BATCH, True, clock=lambda: self.sim.clock.now)
+        start = start_config(self.name, member, st.cluster_uuid, durable, st.bootstrap, st.epochs, dict(st.records),
+                             APPLY_WORKERS, APPLY_RUN, host.log.capacity, host.log.base,
+                             [r.gid for r in host.log.records])
+        self.trace = self.sim.recorder(self) if self.sim.recorder is not None else None
+        self.core = RefCore(start, self._carry_out, log=host.log, tap=self.trace, observe=self._observed,
+                            new_id=_replicator_uuid4, mono=self.sim.clock.now, wall=self.sim.clock.now,
+                            fault=Violation)
+        self.plan = CatchUpPlan(self.name, _PlanOrder(self), self, (), CATCHUP_BATCH, True,  # type: ignore[arg-type]
+                                clock=lambda: self.sim.clock.now)
         self.voting = InconsistencyVoting(self.name, self.send, self.r.decided.get, lambda: self.book.watermark,
                                           self._commit_skipped, self._leave_by_vote)
-        self.db_ok = True
-        self.restarting = False
-        self.epoch = 0  # PostgreSQL restarts seen
-        self.idle = APPLY_WORKERS
-        self.replay_busy = False
         self.phase_reason = "starting"
         self.tickets: dict[int, Txn] = {}
-        self.backends: dict[int, tuple[Txn, _Backend]] = {}  # gid -> its waiting local backend
+        self.backends: dict[int, tuple[Txn, BackendRef]] = {}  # gid -> its waiting local backend
         self.offers: dict[str, list[bp.LogInfo]] = {}
-        self.own = OwnMessages()  # bus.sender.BusSender's
         self.lock_tokens: set[int] = set()  # its apply transactions holding row locks
-        self.outbox: list[tuple[int, bytes]] = []  # local writesets waiting for the pump
         self.socket: list[tuple[Txn, list[int]]] = []  # backends' COMMITs sent while it is frozen
         self._pump_scheduled = False
-        self.in_flight = 0
         self._reform_seen: Optional[object] = None
         self.catchup_token = 0
         self.last_progress = 0.0
-        self._ticket = itertools.count(1)
         self.sim.bus.join(member, self._bus_event)
         self.sim.clock.after(TICK_S, self._tick)
+
+    # -- the core, and what the shell reads of it
+
+    @property
+    def r(self) -> Replicator:
+        return self.core.r
+
+    @property
+    def book(self) -> CommitBook[Pending]:
+        return self.core.book
+
+    @property
+    def scheduler(self) -> Any:
+        return self.core.scheduler
+
+    @property
+    def db_ok(self) -> bool:
+        return self.core.db_ok
+
+    @property
+    def epoch(self) -> int:
+        return self.core.epoch
+
+    def feed(self, e: ev.Record) -> Any:
+        return self.core.feed(e, self.sim.clock.now)
+
+    def _observed(self) -> tuple[bool, bool, bool]:
+        return self.alive, self.host.db.up, self.plan.held is not None
+
+    def _carry_out(self, a: ev.Record) -> None:
+        """The core's actions, on the simulated world (coordinator._act, pipeline, backends)."""
+        if isinstance(a, ev.BusSend):
+            self.sim.bus.send(self.member, a.payload)
+        elif isinstance(a, ev.Verdict):
+            self._verdict(a)
+        elif isinstance(a, ev.ApplyRun):
+            self._start_apply(list(a.run), a.replay, a.epoch)
+        elif isinstance(a, (ev.LogAppend, ev.LogReset)):
+            pass  # the core's log is this host's: the feeder wrote it
+        elif isinstance(a, ev.Notify):
+            if a.kind == "COMMITTED":
+                self.voting.committed_here(a.gid)
+            elif a.kind == "DISPATCH_SOON":
+                self.sim.clock.after(0, self.dispatch)
+            elif a.kind == "APPLY_FAILED":
+                self.voting.apply_failed(a.gid, a.text)
+            elif a.kind == "HELD":
+                held = self.plan.hold(a.obj)
+                assert held, "the core holds live writesets only while a catch-up does"
+            else:
+                raise Violation(f"unknown notification {a!r}")
+        elif isinstance(a, ev.Handoff):
+            self._handoff(a.obj)
+        else:
+            raise Violation(f"unknown action {a!r}")
 
     # -- the Admission port of the catch-up plan (catchup.PipelineAdmission)
 
@@ -515,108 +589,75 @@ class Coord:
         return 1
 
     def log(self, rec: LogRecord) -> None:
-        self.feeder.certified(rec.gid, rec.origin, rec.payload, False)
+        self.feed(ev.LogRec(((rec.gid, rec.origin, rec.flags, rec.payload),)))
 
     def admit_run(self, run: list[LogRecord], prev: int) -> None:
-        self.feeder.flush()
-        scanned = tuple(wire.scan(rec.payload) for rec in run)
-        self._admit(Pending(run[-1].gid, prev, run[-1].origin, scanned[-1], before=scanned[:-1],
-                            before_gids=tuple(r.gid for r in run[:-1])), local=False, logged=True)
-        self.dispatch()
+        self.feed(ev.AdmitRun(prev, tuple((r.gid, r.origin, r.flags, r.payload) for r in run)))
 
     def settle(self, rec: LogRecord) -> None:
         pass  # the simulated clients make no schema changes: nothing waits for every node's report
 
     def admit_one(self, rec: LogRecord, prev: int) -> None:
-        self._admit(Pending(rec.gid, prev, rec.origin, wire.scan(rec.payload)), local=False)
-        self.feeder.flush()
-        self.dispatch()
-
-    def _holding(self) -> Holding:
-        return Holding(max(self.book.watermark, self.book.admitted), self.host.log.base_gid, self.host.log.end_gid)
+        self.feed(ev.AdmitOne(prev, ((rec.gid, rec.origin, rec.flags, rec.payload),)))
 
     # -- the daemon loop (coordinator.py)
 
-    def _bus_event(self, ev: Any) -> None:
+    def _bus_event(self, event: Any) -> None:
         if not self.alive:
             return
-        if ev is None:  # the end of a batch read from the bus
+        if event is None:  # the end of a batch read from the bus
             self.pump()
             return
         assert not self.frozen, "the bus delivers nothing to a frozen member"
-        if isinstance(ev, View):
-            self.sim.trace(self.name, f"view {','.join(ev.members)} quorate={self.r.votes.holds({bus_node(m) for m in ev.members}) if ev.expected else ev.quorate}")
-            actions = self.r.on_view(ev, self.sim.clock.now)
-            self.in_flight = 0  # BusSender.view_changed
+        if isinstance(event, View):
+            self.sim.trace(self.name, f"view {','.join(event.members)} quorate={self.r.votes.holds({bus_node(m) for m in event.members}) if event.expected else event.quorate}")
+            self.feed(ev.ViewEv(event.view_id, tuple(event.members), tuple(event.joined), tuple(event.left),
+                                event.local, event.quorate, event.quorum, event.expected, event.tie_breaker))
         else:
-            actions = self.r.on_delivery(ev)
-            if ev.sender == self.member:  # coordinator._bus_loop, _lost; BusSender.delivered_own
-                if bp.carries_writesets(ev.payload):
-                    self.in_flight = 0
-                lost = self.own.delivered(ev.payload)
-                if lost:
-                    self.in_flight = 0
-                for ticket in lost:
-                    self.r.forget_local(ticket)
-                    actions.insert(0, LocalVerdict(ticket, False, 0, 0, "lost at a view change", None, unknown=True))
-        self._act(actions)
-        self.feeder.flush()
+            self.feed(ev.Deliver(event.sender, bytes(event.payload)))
         if self.r.reform is not self._reform_seen:
             self._reform_seen = self.r.reform
             if self.r.reform is not None:
                 self.sim.trace(self.name, f"re-form: {self.r.reform.reason}")
 
-    def _act(self, actions: list[Action]) -> None:
-        for a in actions:
-            if not self.alive:
-                return
-            if isinstance(a, Pause):
-                pass  # flow control is not simulated
-            elif isinstance(a, LocalVerdict):
-                self._verdict(a)
-            elif isinstance(a, (Apply, DdlOutcome)) and self.plan.hold(a):
-                pass
-            elif isinstance(a, Apply):
-                self._admit(Pending(a.gid, a.prev, a.origin, a.writeset), local=False)
-                self.sim.clock.after(0, self.dispatch)
-            elif isinstance(a, DdlOutcome):
-                raise Violation("the simulation makes no schema changes")
-            elif isinstance(a, CatchUp):
-                self._start_catchup(a)
-            elif isinstance(a, LogQueried):
-                if a.node != self.name:
-                    self.send(bp.LogInfo(a.node, a.request_id, self.name, f"sim:{self.name}",
-                                         self.host.log.base_gid, self.host.log.end_gid, self.book.watermark,
-                                         len(self.book.pending)))
-            elif isinstance(a, LogOffered):
-                if a.info.request_id in self.offers:
-                    self.offers[a.info.request_id].append(a.info)
-            elif isinstance(a, VoteOpened):
-                self.voting.opened(a.gid)
-            elif isinstance(a, VoteDecided):
-                self.sim.trace(self.name, f"vote on GID {a.gid}: {'applied' if a.ok else 'failed'} ({a.detail})")
-                self.voting.decided(a)
-            elif isinstance(a, SyncReached):
-                pass
-            elif isinstance(a, Send):
-                self.send(a.message)
-            elif isinstance(a, PhaseChange):
-                self.phase_reason = a.reason
-                self.sim.trace(self.name, f"phase {a.phase.value}: {a.reason}")
-                self.sim.checker.phase_changed(self.host, a)
-            elif isinstance(a, Remember):
-                self.host.state = self.host.state.with_(epochs=a.epochs, records=dict(a.records))
-            elif isinstance(a, Joined):
-                self.host.state = self.host.state.with_(cluster_uuid=a.cluster_uuid, bootstrap=False,
-                                                        safe_to_bootstrap=False, last_gid=a.gid)
-            else:
-                raise Violation(f"unknown action {a!r}")
+    def _handoff(self, a: Action) -> None:
+        if isinstance(a, Pause):
+            pass  # flow control is not simulated
+        elif isinstance(a, DdlOutcome):
+            raise Violation("the simulation makes no schema changes")
+        elif isinstance(a, CatchUp):
+            self._start_catchup(a)
+        elif isinstance(a, LogQueried):
+            if a.node != self.name:
+                self.send(bp.LogInfo(a.node, a.request_id, self.name, f"sim:{self.name}",
+                                     self.host.log.base_gid, self.host.log.end_gid, self.book.watermark,
+                                     len(self.book.pending)))
+        elif isinstance(a, LogOffered):
+            if a.info.request_id in self.offers:
+                self.offers[a.info.request_id].append(a.info)
+        elif isinstance(a, VoteOpened):
+            self.voting.opened(a.gid)
+        elif isinstance(a, VoteDecided):
+            self.sim.trace(self.name, f"vote on GID {a.gid}: {'applied' if a.ok else 'failed'} ({a.detail})")
+            self.voting.decided(a)
+        elif isinstance(a, SyncReached):
+            pass
+        elif isinstance(a, PhaseChange):
+            self.phase_reason = a.reason
+            self.sim.trace(self.name, f"phase {a.phase.value}: {a.reason}")
+            self.sim.checker.phase_changed(self.host, a)
+        elif isinstance(a, Remember):
+            self.host.state = self.host.state.with_(epochs=a.epochs, records=dict(a.records))
+        elif isinstance(a, Joined):
+            self.host.state = self.host.state.with_(cluster_uuid=a.cluster_uuid, bootstrap=False,
+                                                    safe_to_bootstrap=False, last_gid=a.gid)
+        else:
+            raise Violation(f"unknown action {a!r}")
 
-    def send(self, m: bp.Message, tickets: Optional[list[int]] = None) -> None:
+    def send(self, m: bp.Message) -> None:
+        """A message of the control plane (voting, catch-up): through the core's sender."""
         if self.alive:
-            payload = bp.encode(m)
-            self.own.posted(payload, tickets or [])
-            self.sim.bus.send(self.member, payload)
+            self.feed(ev.Send(bp.encode(m)))
 
     def _tick(self) -> None:
         if not self.alive:
@@ -625,25 +666,20 @@ class Coord:
         if self.frozen:
             return
         now = self.sim.clock.now
-        self._act(self.r.tick(now))
-        self.feeder.flush()
+        self.feed(ev.Tick())
         db = self.host.db
         if not self.db_ok:
             return
         if not db.up:
             self._database_lost()
             return
-        self.book.advance(db.last)
-        for g in [g for g, p in self.book.pending.items() if g <= db.last and p.backend is not None]:
-            self.local_done(g)
+        self.feed(ev.DbCommitted(db.last))
         self.voting.check_due()
         db.flush()  # chorus.durable_gid() flushes
-        self.book.flushed(db.flushed)
+        self.feed(ev.DbDurable(db.flushed))
         if now - self.last_progress >= PROGRESS_EVERY_S:
             self.last_progress = now
-            msg = self.r.progress_message(self.book.watermark)
-            if msg is not None:
-                self._act([msg])
+            self.feed(ev.Call("progress", 0, ""))
         self.sim.checker.tick(self)
 
     def crash(self, detect: float = PROCESS_CHANGE_S) -> None:
@@ -672,7 +708,7 @@ class Coord:
     def _database_lost(self) -> None:
         if not self.db_ok:
             return
-        self.db_ok = False
+        self.feed(ev.DbLost())
         self.sim.trace(self.name, "lost PostgreSQL; reconnecting")
         self._wait_database()
 
@@ -683,12 +719,8 @@ class Coord:
         if not db.up or db.frozen:
             self.sim.clock.after(0.5, self._wait_database)
             return
-        self.epoch += 1
         db.flush()  # nodedb.start_node, as at the coordinator's start
-        self.scheduler = reschedule(self.book, self.scheduler, self.name, 1, db.last)
-        self.idle, self.replay_busy = APPLY_WORKERS, False
-        self.db_ok = True
-        self.dispatch()
+        self.feed(ev.DbBack(db.last))
 
     # -- local transactions (commit/backends.py)
 
@@ -703,11 +735,9 @@ class Coord:
         """A backend's writeset, taken (it was accepting writes): it leaves with the next pump
         (bus.sender.BusSender.queue_writeset), so a freeze in between holds it until the thaw;
         ``defer``: not before the end of the bus batch being read."""
-        ticket = next(self._ticket)
         payload = make_writeset(txn.xid, self.host.db.last, keys)
-        self.r.expect_local(ticket, wire.scan(payload))
+        ticket = self.feed(ev.WritesetEv(payload))
         self.tickets[ticket] = txn
-        self.outbox.append((ticket, payload))
         if not self._pump_scheduled and not defer:
             self._pump_scheduled = True
             self.sim.clock.after(self.sim.rnd.random() * 0.001, self.pump)
@@ -728,31 +758,19 @@ class Coord:
         on the bus (bus.sender.BusSender.pump: one in flight; another leaves once it comes back or
         a view changes, so after a freeze they leave after the node's GID request)."""
         self._pump_scheduled = False
-        if not self.alive or self.frozen or self.in_flight or not self.outbox:
+        if not self.alive or self.frozen:
             return
-        out, self.outbox = self.outbox, []
-        self.in_flight = 1
-        msg: bp.Message = (bp.WritesetMsg(self.name, *out[0]) if len(out) == 1
-                           else bp.WritesetBatch(self.name, tuple(out)))
-        self.send(msg, [t for t, _ in out])
+        self.feed(ev.Flush())
 
-    def _verdict(self, v: LocalVerdict) -> None:
+    def _verdict(self, v: ev.Verdict) -> None:
         txn = self.tickets.pop(v.ticket, None)
         if not v.ok:
             if txn is not None:
                 txn.state = "unknown" if v.unknown else "failed"
             return
-        assert v.writeset is not None
-        b = _Backend(v.ticket) if txn is not None else None
-        p = Pending(v.gid, v.prev, self.name, v.writeset, b)
-        self._admit(p, local=True)
-        if b is None:
-            self.replay(v.gid)
-            return
         assert txn is not None
-        b.certified.add(v.gid)
-        txn.state, txn.gid, txn.wait_for = "certified", v.gid, p.wait_for
-        self.backends[v.gid] = (txn, b)
+        txn.state, txn.gid, txn.wait_for = "certified", v.gid, v.wait_for
+        self.backends[v.gid] = (txn, v.obj)
         self.sim.clock.after(0.0005, self._backend_commit, v.gid, self.host.db_generation)
 
     def _backend_commit(self, gid: int, generation: int) -> None:
@@ -783,37 +801,17 @@ class Coord:
         self.sim.checker.ack(txn)
         self.local_done(gid)
 
-    # -- the commit pipeline (commit/pipeline.py)
-
-    def _admit(self, p: Pending, local: bool, logged: bool = False) -> None:
-        try:
-            self.book.admit(p)
-        except ValueError as e:
-            raise Violation(f"{self.name}: {e}") from e
-        if not logged:
-            self.feeder.certified(p.gid, p.origin, p.writeset.raw or wire.encode(p.writeset), p.writeset.toi)
-        keys = [k for ws in p.run() for k in order_keys(ws)]
-        self.scheduler.add(p.gid, keys, local=local, barrier=p.writeset.has_schema)
+    # -- the commit pipeline (commit/pipeline.py): its decisions are the core's
 
     def local_done(self, gid: int) -> None:
-        p = self.book.committed(gid)
-        if p is None:
-            return
-        if p.backend is not None:
-            p.backend.certified.discard(gid)
-        self.scheduler.committed(gid)
-        self.voting.committed_here(gid)
-        self.dispatch()
+        self.feed(ev.Committed(gid))
 
     # -- inconsistency voting (voting.py; coordinator._leave, pipeline.commit_skipped)
 
     def _commit_skipped(self, gid: int) -> None:
-        p = self.book.pending.get(gid)
-        if p is not None:
+        if self.book.pending.get(gid) is not None:
             self.sim.trace(self.name, f"GID {gid}: the majority could not apply it either; it commits empty here")
-            p.skip = True
-            self.scheduler.redispatch(gid)
-            self.dispatch()
+            self.feed(ev.Skip(gid))
 
     def _leave_by_vote(self, why: str) -> None:
         if not self.alive:
@@ -828,30 +826,19 @@ class Coord:
         return bool(tampered) and p.origin != self.name and not p.skip and any(
             len(k.parts) == 4 and int(k.parts[3]) in tampered for ws in p.run() for k in ws.keys)
 
-    def replay(self, gid: int) -> None:
-        p = self.book.pending.get(gid)
-        if p is None:
-            return
-        p.backend = None
-        self.scheduler.replay(gid)
-        self.dispatch()
-
     def dispatch(self) -> None:
-        if not self.alive or not self.db_ok or not self.host.db.up:
-            return
-        if not self.replay_busy:
-            gid = self.scheduler.next_replay()
-            if gid is not None:
-                self.replay_busy = True
-                self._start_apply([gid], True)
-        for run in self.scheduler.ready_runs(self.idle, APPLY_RUN):
-            self.idle -= 1
-            self._start_apply(run, False)
+        """CommitPipeline.dispatch_soon came due."""
+        if self.alive:
+            self.feed(ev.Dispatch())
 
-    def _start_apply(self, run: list[int], replay: bool) -> None:
+    def _start_apply(self, run: list[int], replay: bool, epoch: int) -> None:
         token = next(self.sim.tokens)
         self.lock_tokens.add(token)
-        self.sim.clock.after(0.001 + self.sim.rnd.random() * 0.004, self._try_apply, run, replay, self.epoch, token)
+        self.sim.clock.after(0.001 + self.sim.rnd.random() * 0.004, self._try_apply, run, replay, epoch, token)
+
+    def _result(self, outcome: ApplyOutcome, run: list[int], replay: bool, epoch: int, committed: int = 0,
+                error: str = "") -> None:
+        self.feed(ev.ApplyResult(outcome, replay, epoch, tuple(run), committed, error))
 
     def _try_apply(self, run: list[int], replay: bool, epoch: int, token: int = 0) -> None:
         if not self.alive or epoch != self.epoch:
@@ -859,15 +846,13 @@ class Coord:
             return
         db = self.host.db
         if not db.up:
-            for g in run:
-                self.scheduler.redispatch(g)
-            self._apply_done(replay, epoch)
+            self._result(ApplyOutcome.DB_DOWN, run, replay, epoch)
             self._database_lost()
             return
         ps = [self.book.pending.get(g) for g in run]
         if any(p is None for p in ps):
             db.release(token)
-            self._apply_done(replay, epoch)
+            self._result(ApplyOutcome.GONE, run, replay, epoch)
             return
         first = ps[0]
         assert first is not None
@@ -880,12 +865,7 @@ class Coord:
             # pipeline._apply_failed, before the session is idle again: a run is tried GID by
             # GID (back at the queue's head, first again); a GID alone goes to the vote
             db.release(token)
-            if len(run) > 1:
-                for g in run:
-                    self.scheduler.redispatch(g)
-            else:
-                self.voting.apply_failed(run[0], "a row it changes is not as its origin had it")
-            self._apply_done(replay, epoch)
+            self._result(ApplyOutcome.FAILED, run, replay, epoch, error="a row it changes is not as its origin had it")
             return
         gids: list[tuple[int, int]] = []
         for p in ps:
@@ -901,13 +881,7 @@ class Coord:
             db.release(token)
             self.lock_tokens.discard(token)
             self.sim.trace(self.name, f"GIDs {run[0]}..{run[-1]}: partly committed here (up to GID {db.last})")
-            why = partly_committed(run, ps[-1], db.last)
-            if why is not None:
-                self.voting.apply_failed(run[-1], why)
-            else:
-                for g in run:
-                    self.scheduler.redispatch(g)
-            self._apply_done(replay, epoch)
+            self._result(ApplyOutcome.PARTLY, run, replay, epoch, committed=db.last)
             return
         # committed whole already: ERRCODE_CHORUS_ALREADY_COMMITTED, nothing to do
         todo = [x for x in gids if x[0] > db.last]
@@ -916,27 +890,21 @@ class Coord:
         if todo:
             db.commit(todo)
             self.sim.checker.committed(self.host, [g for g, _ in todo])
-        for g in run:
-            done = self.book.committed(g)
-            self.scheduler.committed(g)
-            if done is None or not done.skip:
-                self.voting.committed_here(g)
-        self.book.advance(run[-1])
-        self._apply_done(replay, epoch)
-
-    def _apply_done(self, replay: bool, epoch: int) -> None:
-        if epoch == self.epoch:
-            if replay:
-                self.replay_busy = False
-            else:
-                self.idle += 1
-        self.dispatch()
+        self._result(ApplyOutcome.OK, run, replay, epoch)
 
     # -- catch-up (catchup.py), its partner side (recovery.RecoveryServer)
 
     def _start_catchup(self, c: CatchUp) -> None:
         self.catchup_token += 1
         self._advance(self.plan.start(c), self.catchup_token, None, None)
+
+    def _admit_held(self, actions: list[Action]) -> None:
+        applies = []
+        for a in actions:
+            if not isinstance(a, Apply):
+                raise Violation("the simulation makes no schema changes")
+            applies.append((a.gid, a.prev, a.origin, a.settle, a.writeset.raw or wire.encode(a.writeset)))
+        self.feed(ev.AdmitHeld(tuple(applies), obj=actions))
 
     def _advance(self, steps: Steps, token: int, result: Any, error: Optional[BaseException]) -> None:
         while True:
@@ -952,7 +920,8 @@ class Coord:
                 return
             result, error = None, None
             if isinstance(step, Act):
-                self._act(step.actions)
+                if step.actions:  # the live writesets held; the order core's calls acted already
+                    self._admit_held(step.actions)
                 continue
             if isinstance(step, Wait):
                 self.sim.clock.after(step.seconds, self._advance, steps, token, None, None)
@@ -982,6 +951,8 @@ class Coord:
             self._advance(steps, token, got, None)
         else:
             self.sim.clock.after(0.02, self._collect, steps, token, rid, members, deadline)
+
+
 
 
 class Streams:
@@ -1128,8 +1099,12 @@ class Host:
 
 class Sim:
     def __init__(self, seed: int, n: int = 3, log_capacity: int = 400, trace: bool = False,
-                 keep_trace: int = 400) -> None:
+                 keep_trace: int = 400, record: bool = False) -> None:
         self.seed = seed
+        # ``record``: every coordinator's core input and output goes to a trace (dataplane/trace.py),
+        # one per coordinator started, in ``traces`` by "n<host>-<incarnation>"
+        self.traces: dict[str, TraceWriter] = {}
+        self.recorder: Optional[Callable[[Coord], TraceWriter]] = self._record if record else None
         self.rnd = random.Random(seed)
         self.clock = Clock()
         self.tracing = trace
@@ -1144,6 +1119,15 @@ class Sim:
         self.tokens = itertools.count(1)
         self.txns: list[Txn] = []
         _deterministic_uuids(self.rnd)
+
+    def _record(self, c: Coord) -> TraceWriter:
+        from chorus.certifier import IMPL as certifier_impl
+        from chorus.commit.scheduler import IMPL as scheduler_impl
+        w = TraceWriter({"node": c.name, "member": c.member, "source": "tests/sim", "seed": self.seed,
+                         "at": self.clock.now, "certifier": certifier_impl, "scheduler": scheduler_impl,
+                         "bus_version": bp.VERSION, "writeset_version": wire.VERSION})
+        self.traces[f"{c.name}-{c.member.partition(':')[2]}"] = w
+        return w
 
     def trace(self, who: str, what: str) -> None:
         self.lines.append(f"{self.clock.now:9.3f} {who:>4} {what}")
@@ -1196,6 +1180,12 @@ class Sim:
             return
         host.take_rows(txn, keys)
         c.submit(txn, keys)
+
+
+def _replicator_uuid4() -> uuid.UUID:
+    """What the replicator draws its ids from (chorus.replicator._uuid4: the seed's, below)."""
+    import chorus.replicator as replicator_module
+    return replicator_module.uuid.uuid4()
 
 
 def _deterministic_uuids(rnd: random.Random) -> None:

@@ -619,17 +619,18 @@ def partly_committed(run: list[int], last: Optional[Pending], committed: int) ->
 
 
 def reschedule(book: CommitBook[Pending], scheduler: ApplyScheduler, node: str, lanes: int,
-               durable: int) -> ApplyScheduler:
+               durable: int, new: Optional[Callable[[], ApplyScheduler]] = None) -> ApplyScheduler:
     """The commit book and the scheduler as PostgreSQL came back at GID ``durable`` with ``lanes``
     commit lanes: GIDs it lost (committed, not flushed) pending again and first, everything after
-    ``durable`` to be applied again (``node``'s own by replay). Returns the scheduler to use."""
+    ``durable`` to be applied again (``node``'s own by replay). Returns the scheduler to use
+    (a new one from ``new``, by default ``Scheduler``, when GIDs were lost)."""
     book.start(lanes, durable)
     lost = book.restart(durable)  # pending again, the lanes starting at the durable GID
     if lost:
         log.info("PostgreSQL lost GIDs %d..%d it had committed but not flushed: applying them again",
                  lost[0].gid, lost[-1].gid)
         again = {p.gid for p in lost}
-        scheduler = Scheduler()
+        scheduler = (new or Scheduler)()
         for p in [*lost, *(p for g, p in book.pending.items() if g not in again)]:
             if p.gid in again:
                 p.backend = None
