@@ -139,6 +139,22 @@ def test_a_record_in_pieces_is_read_where_it_lies_a_chunk_at_a_time(tmp_path: Pa
     wl.close()
 
 
+def test_a_segment_ending_a_few_bytes_short_of_a_record_header_reads_and_verifies(tmp_path: Path) -> None:
+    """Found by the property test below: the last record of a reused segment file ended 10 bytes
+    before the segment's end; the writer ended it with END_MARK (8 zero bytes) and the file's
+    old bytes followed. The reader took those 10 bytes for a torn record, so the directory did
+    not verify (and a restart would have found the tail damaged)."""
+    wl = make(tmp_path, segments=4)
+    for gid, size in enumerate([0, 0, 0, 0, 1500, SEG, SEG, 2 * SEG + 7, 2 * SEG + 7, 1500], start=1):
+        wl.append(gid, "n", os.urandom(size))
+    wl.close()
+    report = verify_directory(str(tmp_path))
+    assert report["ok"], report["problems"]
+    wl = make(tmp_path, segments=4)
+    assert [r.gid for r in read_all(wl, wl.base_gid)] == [9, 10]
+    wl.close()
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 4), st.sampled_from([0, 50, 1500, SEG - 100, SEG, 2 * SEG + 7, 5 * SEG])),
                 min_size=1, max_size=40), st.integers(3, 8), st.data())

@@ -184,12 +184,12 @@ def parse_record(mv: memoryview, off: int, limit: int, seq: int, after_gid: int,
     room = limit - off
     if room <= 0:
         return None
-    if room < RECORD_HEADER_SIZE:
-        if mv[off:limit] == bytes(room):
-            return None
-        raise BadRecord("torn", f"{room} bytes at the end of the segment are neither zero nor a record")
-    if mv[off:off + 8] == END_MARK:
+    # the writer ends the records with END_MARK, or as much of it as the segment has room for;
+    # what follows it may be a reused file's old bytes (a record never starts with zeros)
+    if mv[off:off + min(room, len(END_MARK))] == END_MARK[:room]:
         return None
+    if room < RECORD_HEADER_SIZE:
+        raise BadRecord("torn", f"{room} bytes at the end of the segment are neither zero nor a record")
     crc, magic, flags, origin_len, payload_len, gid, rec_seq = RECORD.unpack_from(mv, off)
     if magic != RECORD_MAGIC:
         raise BadRecord("garbage", "no record here (bad record magic)")
