@@ -9,6 +9,7 @@ run form, as a live run is.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -137,7 +138,8 @@ class CatchUpRunner:
                     assert self.keys is not None  # the plan gives up without them
                     try:
                         result = await rc.fetch(step.partner.address, self.keys, self.r.cluster_uuid, self.node,
-                                                step.after, step.upto, self._take, self.spool)
+                                                step.after, step.upto, functools.partial(self._take, run=step.run),
+                                                self.spool)
                     except rc.RecoveryError as e:
                         error = e
                 elif isinstance(step, Wait):
@@ -152,8 +154,8 @@ class CatchUpRunner:
         finally:
             steps.close()
 
-    async def _take(self, rec: LogRecord) -> None:
-        self.plan.take(rec)
+    async def _take(self, rec: LogRecord, run: object) -> None:
+        self.plan.take(rec, run)
         while len(self.pipeline.pending) > CATCHUP_WINDOW and not self._failed():
             await asyncio.sleep(0.005)
 

@@ -56,10 +56,12 @@ class AskLogs:
 @dataclass(frozen=True)
 class Fetch:
     """Stream ``(after, upto]`` from ``partner``'s recovery server, each record to
-    :meth:`CatchUpPlan.take`; the result is the partner's safe stop, or RecoveryError is thrown."""
+    :meth:`CatchUpPlan.take` with ``run`` (the catch-up asking); the result is the partner's safe
+    stop, or RecoveryError is thrown."""
     partner: bp.LogInfo
     after: int
     upto: int
+    run: object = None
 
 
 @dataclass(frozen=True)
@@ -221,10 +223,17 @@ class CatchUpPlan:
         run = run or self.current
         return run is not None and run is self.current and self.r.phase == Phase.RECOVERING
 
-    def take(self, rec: LogRecord) -> None:
+    def take(self, rec: LogRecord, run: object = None) -> None:
         """A record from the partner, in GID order: admit it (in a run when it can be), or skip
-        it if it is committed or admitted here already. Abandoned once the catch-up is over."""
-        run = self.current
+        it if it is committed or admitted here already. ``run``: the catch-up whose Fetch brought
+        it (default: the current one). Abandoned once that catch-up is over: the stream of one
+        that a newer catch-up replaced goes on until a record it hands over is refused, and its
+        records, in another order than the newer stream's, must not enter the newer one's runs
+        (the lab's seed 17: a GID applied twice in one run, the node voted out)."""
+        current = self.current
+        if run is not None and run is not current:
+            raise Abandoned(f"catch-up abandoned at GID {rec.gid} (a newer one began)")
+        run = current
         if run is None or not self.live(run):
             raise Abandoned(f"catch-up abandoned at GID {rec.gid}")
         prog, a = run.progress, self.admission
@@ -264,7 +273,8 @@ class CatchUpPlan:
                         return
                     before = prog.position
                     ok = yield from self._round(run, target)
-                    self._flush(run)  # what this round brought, before waiting for more
+                    if self.live(run):  # (what an abandoned one holds comes again in the next one)
+                        self._flush(run)  # what this round brought, before waiting for more
                     if not ok:
                         return
                     if prog.position == before:
@@ -336,7 +346,7 @@ class CatchUpPlan:
             prog.partner, prog.state = o.partner, "streaming"
             start = prog.position
             try:
-                stop = yield Fetch(o, prog.position, upto)
+                stop = yield Fetch(o, prog.position, upto, run)
             except RecoveryError as e:
                 log.warning("catch-up from %s (%s) failed at GID %d: %s", o.partner, o.address, prog.position, e)
                 continue

@@ -981,13 +981,15 @@ class Streams:
         except RecoveryError as e:
             fail(str(e), 0.002)
             return
-        self.sim.clock.after(0.002, self._next, joiner, p, steps, token, recs, 0, stop, self.sim.clock.now)
+        self.sim.clock.after(0.002, self._next, joiner, p, steps, token, recs, 0, stop, self.sim.clock.now, step.run)
 
     def _next(self, joiner: Coord, partner: Coord, steps: Steps, token: int, recs: list[LogRecord], i: int,
-              stop: int, last_frame: float) -> None:
-        if not joiner.alive or token != joiner.catchup_token:
+              stop: int, last_frame: float, run: object) -> None:
+        if not joiner.alive:
             steps.close()
             return
+        # a stream goes on when a newer catch-up began (catchup.py's fetch of the older one runs
+        # until a record it hands over is refused); its records must not enter the newer one
         now = self.sim.clock.now
         if not partner.alive:
             joiner._advance(steps, token, None, RecoveryError(f"stream from {partner.name} broke"))
@@ -996,24 +998,24 @@ class Streams:
             if now - last_frame >= FRAME_TIMEOUT_S:
                 joiner._advance(steps, token, None, RecoveryError(f"{partner.name} sent nothing for 30 s"))
             else:
-                self.sim.clock.after(0.5, self._next, joiner, partner, steps, token, recs, i, stop, last_frame)
+                self.sim.clock.after(0.5, self._next, joiner, partner, steps, token, recs, i, stop, last_frame, run)
             return
         if i >= len(recs):
             joiner._advance(steps, token, stop, None)
             return
         if len(joiner.book.pending) > CATCHUP_WINDOW:
-            self.sim.clock.after(0.005, self._next, joiner, partner, steps, token, recs, i, stop, now)
+            self.sim.clock.after(0.005, self._next, joiner, partner, steps, token, recs, i, stop, now, run)
             return
         rec = recs[i]
         if partner.host.log.base >= rec.gid:  # the ring reused the segment under the reader
             joiner._advance(steps, token, None, RecoveryError("range unavailable: the partner's log moved on"))
             return
         try:
-            joiner.plan.take(rec)
+            joiner.plan.take(rec, run)
         except Abandoned:
             steps.close()
             return
-        self.sim.clock.after(0.0003, self._next, joiner, partner, steps, token, recs, i + 1, stop, now)
+        self.sim.clock.after(0.0003, self._next, joiner, partner, steps, token, recs, i + 1, stop, now, run)
 
 
 # ---- hosts ------------------------------------------------------------------------------------

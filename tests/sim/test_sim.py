@@ -153,3 +153,19 @@ def test_backends_of_a_killed_coordinator_commit_while_the_next_one_catches_up(s
     assert r.ok, report([r])
     assert _trace(r, "its backend commits without its coordinator"), report([r])
     assert _trace(r, "partly committed here"), report([r])
+
+
+@pytest.mark.parametrize("seed", [3, 4, 8, 9, 13])
+def test_a_catch_up_replaced_by_a_newer_one_feeds_it_nothing(seed: int) -> None:
+    """Found by the lab (nemesis campaign seed 17): n3 catches up a long range, its database
+    stalled, while a partition puts it out of the primary component and back; it joins again and
+    a newer catch-up begins while the older one's stream goes on (the simulation's streams, as
+    the coordinator's fetch, run until a record they hand over is refused). The older stream's
+    records entered the newer catch-up's runs: a GID twice in a run, runs out of their turn
+    (catchupplan.take refuses a record of a replaced catch-up since)."""
+    d = (seed % 5) * 0.2
+    script = [(2.0, "kill-coordinator", "n3", 14.0), (15.9, "stall-postgres", "n3", 9.0),
+              (16.2 + d, "isolate-one", "n3", 4.0)]
+    r = simrun.run(seed, script=script, n=3, seconds=28.0, rate=120.0, capacity=20000, keep_trace=100000)
+    assert r.ok, report([r])
+    assert len([line for line in _trace(r, "n3 phase recovering")]) >= 2, report([r])

@@ -139,3 +139,38 @@ def test_a_partner_that_fails_is_replaced_by_the_next_and_nothing_is_admitted_af
     except Exception as e:
         assert type(e).__name__ == "Abandoned"
     assert adm.runs == [] and adm.logged == []
+
+
+def test_the_stream_of_a_replaced_catch_up_feeds_nothing_into_the_next() -> None:
+    """Found by the lab (nemesis seed 17): the node left the primary component and joined again
+    while its catch-up's stream went on; the next catch-up began, and the older stream's records
+    entered its runs beside its own stream's, so a run held a GID twice and its apply failed on
+    a duplicate key (the node was voted out). A record is taken only for the catch-up whose
+    Fetch brought it; what the older one held but had not admitted is not admitted either."""
+    r = recovering({"n1": True})
+    adm = Admission(10)
+    plan = CatchUpPlan("n9", r, adm, (), 8, True, clock=lambda: 0.0)
+    older = plan.start(CatchUp(10, 40))
+    step(older)
+    first = step(older, [offer("n1", 0, 40, 40)])
+    assert isinstance(first, Fetch)
+    for g in (11, 12, 13):
+        plan.take(record(g), first.run)  # batched, not admitted yet
+    newer = plan.start(CatchUp(10, 40))  # joined again: the same range, from what it holds
+    step(newer)
+    second = step(newer, [offer("n1", 0, 40, 40)])
+    assert isinstance(second, Fetch) and second.run is not first.run
+    try:
+        plan.take(record(14), first.run)
+        raise AssertionError("the older stream's record was taken")
+    except Exception as e:
+        assert type(e).__name__ == "Abandoned"
+    try:
+        step(older, 13)  # its fetch ends: what it held goes nowhere
+    except StopIteration:
+        pass
+    assert adm.runs == []
+    for g in range(11, 21):
+        plan.take(record(g), second.run)
+    step(newer, 20)
+    assert adm.runs == [[11, 12, 13, 14, 15, 16, 17, 18], [19, 20]]
