@@ -50,9 +50,9 @@ fi
 stamp=.venv/.chorus-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  say "installing the Python package, its test tools and pyspark into .venv"
+  say "installing the Python package, its test and benchmark tools and pyspark into .venv"
   .venv/bin/pip install -q --upgrade pip >/dev/null
-  .venv/bin/pip install -q -e '.[test,spark,build]'
+  .venv/bin/pip install -q -e '.[test,spark,build,bench]'
   echo "$want" > "$stamp"
 fi
 
