@@ -50,7 +50,7 @@ SEGMENTS: tuple[tuple[str, str, Optional[str]], ...] = (
     ("(a)+(g) backend frames", "wire.py", None),
     ("(b) bus send", "bus/sender.py", None),
     ("(b) bus send", "bus/proto.py", r"^(encode|_encode|write_)"),
-    ("(b) bus send", "bus/corosync.py", r"^(send|_mcast|whole_frame|_send)"),
+    ("(b) bus send", "bus/corosync.py", r"^(send|send_nowait|_mcast|whole_frame|_send)$"),
     ("(c) delivery", "bus/corosync.py", None),
     ("(c) delivery", "bus/fragment.py", None),
     ("(d) order and certification", "bus/proto.py", None),
@@ -91,8 +91,9 @@ def segment(stack: Iterable[str]) -> str:
         func, file = (m.group("func"), m.group("file")) if m else (frame, "")
         if "psycopg" in file:
             return "(i) apply"
+        method = func.rsplit(".", 1)[-1]  # "CorosyncBus._mcast" -> "_mcast"
         for name, where, funcs in SEGMENTS:
-            if where in file and (funcs is None or re.search(funcs, func)):
+            if where in file and (funcs is None or re.search(funcs, method)):
                 return name
     return LOOP
 

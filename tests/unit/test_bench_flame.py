@@ -18,6 +18,10 @@ def test_a_sample_belongs_to_its_innermost_chorus_frame():
     assert flame.segment(stack) == "(b) bus send"
     stack = [*LOOP.split(";"), "Replicator.on_delivery (chorus/replicator.py:500)", "decode (chorus/bus/proto.py:90)"]
     assert flame.segment(stack) == "(d) order and certification"
+    stack = [*LOOP.split(";"), "BusSender.pump (chorus/bus/sender.py:1)", "CorosyncBus._mcast (chorus/bus/corosync.py:2)"]
+    assert flame.segment(stack) == "(b) bus send"
+    stack = [*LOOP.split(";"), "CorosyncBus._dispatch (chorus/bus/corosync.py:3)"]
+    assert flame.segment(stack) == "(c) delivery"
 
 
 def test_psycopg_is_apply_and_a_stack_without_chorus_is_the_loop():
