@@ -24,24 +24,24 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from chorus import wire
-from chorus.actions import (Action, Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried,
-                            Pause, Phase, PhaseChange, Remember, Send, SyncReached, VoteDecided, VoteOpened)
+from chorus.actions import (Action, Apply, CatchUp, Joined, LogOffered, LogQueried, Pause, Phase, PhaseChange,
+                            Remember, Send, SyncReached, VoteDecided, VoteOpened)
 from chorus.bus import proto as bp
-from chorus.bus import Delivery, View, Votes, bus_node
+from chorus.bus import Delivery, View, Votes
+from chorus.certifier import CertificationIndex, Certifier, CertifierClass
+from chorus.dataplane.order import Conflict, OrderCore, Stats
 from chorus.history import Decision, Epoch, MemberRecord
-from chorus.certifier import OK, CertificationIndex, Certifier, CertifierClass, Verdict
 from chorus.membership import Holding as Holding  # (its home is membership.py)
 from chorus.membership import Membership, Place, view_quorum
-from chorus.outcomes import Outcome, OutcomeIndex
+from chorus.outcomes import OutcomeIndex
 
 log = logging.getLogger("chorus.replicator")
 
 REQUEST_RETRY_S = 2.0
 BOOTSTRAP_WAIT_S = 3.0
-CONFLICT_HISTORY = 1000  # certification failures kept (chorus.conflicts)
 
 # phases in which the node follows the total order (certifies every writeset)
 _FOLLOWING = (Phase.ONLINE, Phase.RECOVERING)
@@ -52,62 +52,6 @@ class _Ballot:
     voters: frozenset[str]  # the nodes online when the vote opened
     votes: dict[str, tuple[bool, str]] = field(default_factory=dict)
     schema: bool = False  # a schema change's reports: every voter must have applied it
-
-
-@dataclass
-class Stats:
-    delivered: int = 0
-    certified: int = 0
-    cert_failures: int = 0
-    local_certified: int = 0
-    local_failed: int = 0
-    remote_certified: int = 0
-    malformed: int = 0
-    # certification failures by the table of the key they conflicted on ("schema.table"; ""
-    # for a snapshot too old)
-    failures_by_table: dict[str, int] = field(default_factory=dict)
-
-
-def _unstable_entry(node: str, gid: int, a: Action) -> tuple[int, int, str, bytes]:
-    """A held writeset as a GID answer carries it: (GID, the GID before it, origin, writeset);
-    ``node`` is the answering node, the origin of its local ones."""
-    if isinstance(a, LocalVerdict):
-        assert a.writeset is not None
-        return gid, a.prev, node, a.writeset.raw or wire.encode(a.writeset)
-    assert isinstance(a, Apply)
-    return gid, a.prev, a.origin, a.writeset.raw or wire.encode(a.writeset)
-
-
-@dataclass(frozen=True)
-class Conflict:
-    """One certification failure, as every node saw it (they certify alike)."""
-    at: float  # wall-clock time this node certified it
-    gid: int  # the losing writeset's place in the total order
-    loser_node: str
-    loser_xid: int  # its transaction on its origin node
-    loser_pid: int  # its origin backend's process
-    schema: str  # the key's table ("" for a snapshot too old)
-    table: str
-    key: str  # the key's columns and values, "(id)=(5)", or "(table)" for a table key
-    winner_gid: int  # the writeset that wrote it first (0 for a snapshot too old)
-    winner_node: str  # its origin ("" for a schema change)
-    reason: str
-
-    @staticmethod
-    def of(at: float, gid: int, origin: str, ws: wire.Writeset, v: Verdict) -> "Conflict":
-        parts = [p.decode("utf-8", "replace") for p in v.key.parts] if v.key is not None else []
-        if len(parts) >= 3:
-            key = f"({parts[2]})=({', '.join(parts[3:])})"
-        else:
-            key = "(table)" if len(parts) == 2 else ""
-        schema, table = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
-        return Conflict(at, gid, origin, ws.xid, ws.pid, schema, table, key, v.conflict_gid, v.conflict_origin,
-                        v.reason)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"at": self.at, "gid": self.gid, "loser_node": self.loser_node, "loser_xid": self.loser_xid,
-                "loser_pid": self.loser_pid, "schema": self.schema, "table": self.table, "key": self.key,
-                "winner_gid": self.winner_gid, "winner_node": self.winner_node, "reason": self.reason}
 
 
 def _uuid4() -> uuid.UUID:
@@ -138,59 +82,117 @@ class Replicator:
         self.membership = Membership(node, epochs, dict(records or {}))
         # what the node's disk holds, for its GID requests (the coordinator's; None: ``last_gid``)
         self.holding = holding
+        # the certifier implementation (certifier.Certifier unless told: the differential tests)
+        self.certifiers: CertifierClass = certifiers if certifiers is not None else Certifier
+        # The total order's state and what every writeset goes through (dataplane/order.py): this
+        # class decides the rest, and tells the order core what it decided.
+        self.order = OrderCore(node, self.membership, self.certifiers(), self._open_round, clock)
         self.phase = Phase.CONNECTING
-        self.gid = 0
-        self.last_certified = 0
         self.quorate = False
         self.local_member = ""
         self.members: tuple[str, ...] = ()
-        # the certifier implementation (certifier.Certifier unless told: the differential tests)
-        self.certifiers: CertifierClass = certifiers if certifiers is not None else Certifier
-        self.certifier: CertificationIndex = self.certifiers()
         # request ids and a new cluster's UUID (a replayed trace gives the recorded ones)
         self.new_id: Callable[[], uuid.UUID] = _uuid4
         # certification history kept below the cluster-wide committed minimum, in GIDs: a
         # transaction whose snapshot is older than this fails as "snapshot too old"
         self.history = history
-        self.ddl_open: dict[int, str] = {}  # schema change GID -> origin node
-        # Writesets delivered while a schema change's outcome is open: certified once it is known
-        # (its content's keys recorded first), in GID order. Every node defers alike.
-        self._deferred: list[tuple[int, bp.WritesetMsg, wire.Writeset]] = []
         # inconsistency voting: open ballots by GID, and the outcomes decided (the last ones)
         self.ballots: dict[int, _Ballot] = {}
         self.decided: dict[int, bool] = {}
         # schema changes settled by every node's report (the last ones): committed, or undone
         self.settled: dict[int, bool] = {}
-        self.stats = Stats()
         self._buffer: list[Delivery] = []  # delivered after this node's request was, until its answer
-        # local writesets the coordinator scanned (validated) when the backend sent them, by ticket
-        self._local_scanned: dict[int, wire.Writeset] = {}
         self.paused_by: set[str] = set()  # nodes that asked the cluster to slow down
         self._paused = False  # the last Pause returned
-        # Uniform commit. Corosync delivers in agreed order, not uniformly: a node may deliver a
-        # message that no other node receives before a partition cuts it off. So a certified
-        # writeset is released (to be committed, logged, or answered to its backend) only once bus
-        # nodes with a quorum of votes have delivered it; any later primary component then holds
-        # it. A node alone on its bus node (the local cluster: quorum 1) releases at once.
-        self.votes = Votes()
-        self.released = 0  # the last GID released
-        # the last certification failures, oldest first (chorus.conflicts; every node keeps the same
-        # ones, but the time each saw them); ``clock`` gives their time
-        self.conflicts: deque[Conflict] = deque(maxlen=CONFLICT_HISTORY)
-        # the outcome of each writeset certified here, for chorus.commit_outcome (outcomes.py)
-        self.outcomes = OutcomeIndex()
-        self.clock = clock
-        self.received: dict[str, int] = {}  # bus node -> GID it reported delivered
-        self._unstable: list[tuple[int, Action]] = []  # certified, not yet released
-        self._reported = 0
-        self._report_on_bus = False
-        self._report_last_tick = -1  # the report that was on the bus at the previous tick
         self._sync_sent = False  # caught up: its Progress saying so is on the bus
-        # Live writesets after a catch-up's range are held by the coordinator until the range is
-        # applied; released ones are admitted (and so will be held by the database) only after that.
-        self._catching_up = False
-        self._will_hold = 0  # the last GID released to be admitted when the node left the primary component
         self._now = 0.0
+
+    # ---- what the order core reads, and reads through to it ----------------------------------
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @phase.setter
+    def phase(self, phase: Phase) -> None:
+        self._phase = phase
+        self.order.following = phase in _FOLLOWING
+
+    @property
+    def quorate(self) -> bool:
+        return self.order.quorate
+
+    @quorate.setter
+    def quorate(self, quorate: bool) -> None:
+        self.order.quorate = quorate
+
+    @property
+    def local_member(self) -> str:
+        return self.order.local_member
+
+    @local_member.setter
+    def local_member(self, member: str) -> None:
+        self.order.local_member = member
+
+    @property
+    def gid(self) -> int:
+        """The last GID given (the order core's)."""
+        return self.order.gid
+
+    @property
+    def last_certified(self) -> int:
+        return self.order.last_certified
+
+    @property
+    def released(self) -> int:
+        return self.order.released
+
+    @property
+    def votes(self) -> Votes:
+        return self.order.votes
+
+    @property
+    def certifier(self) -> CertificationIndex:
+        return self.order.certifier
+
+    @property
+    def ddl_open(self) -> dict[int, str]:
+        return self.order.ddl_open
+
+    @property
+    def stats(self) -> Stats:
+        return self.order.stats
+
+    @property
+    def conflicts(self) -> deque[Conflict]:
+        return self.order.conflicts
+
+    @property
+    def outcomes(self) -> OutcomeIndex:
+        return self.order.outcomes
+
+    @property
+    def held_count(self) -> int:
+        """Certified writesets waiting until a quorum of bus nodes is known to have them."""
+        return self.order.held_count
+
+    @property
+    def deferred_count(self) -> int:
+        """Writesets waiting for a schema change's outcome before they are certified."""
+        return self.order.deferred_count
+
+    def expect_local(self, ticket: int, writeset: wire.Writeset) -> None:
+        """A local backend's writeset, scanned, goes to the bus with ``ticket``: when it is
+        delivered back it is not parsed again."""
+        self.order.expect_local(ticket, writeset)
+
+    def forget_local(self, ticket: int) -> None:
+        """The writeset of ``ticket`` never reached the bus."""
+        self.order.forget_local(ticket)
+
+    def local_in_flight(self) -> list[wire.Writeset]:
+        """This node's writesets sent for ordering and not delivered back yet."""
+        return self.order.local_in_flight()
 
     # ---- the members (membership.py) ---------------------------------------------------------
 
@@ -230,15 +232,6 @@ class Replicator:
 
     # ---- inputs ------------------------------------------------------------------------
 
-    def expect_local(self, ticket: int, writeset: wire.Writeset) -> None:
-        """A local backend's writeset, scanned, goes to the bus with ``ticket``: when it is
-        delivered back it is not parsed again."""
-        self._local_scanned[ticket] = writeset
-
-    def forget_local(self, ticket: int) -> None:
-        """The writeset of ``ticket`` never reached the bus."""
-        self._local_scanned.pop(ticket, None)
-
     def on_view(self, view: View, now: float) -> list[Action]:
         out: list[Action] = []
         m = self.membership
@@ -247,12 +240,9 @@ class Replicator:
         self.local_member = view.local
         quorate, cut_off = view_quorum(view, previous, self.member_votes)
         was_quorate, self.quorate = self.quorate, quorate
-        self.votes = view.votes
         self._now = now
-        # reports count within one view: every following node reports afresh
-        self.received.clear()
+        self.order.view_changed(view.votes)
         m.view_changed(view.members)
-        self._reported, self._report_on_bus = 0, False
         # Members that left the view left the primary component here. Only a node that stays in
         # it records so: one that leaves it too cannot tell whether they went on elsewhere.
         stays = self.phase in _FOLLOWING and quorate and not cut_off
@@ -272,7 +262,7 @@ class Replicator:
                                        "with fewer than a quorum of the nodes it was with)")
             out += self._request(now)
         elif self.phase in _FOLLOWING:
-            out += self._dissolve_if_unsynced() or self._release()
+            out += self._dissolve_if_unsynced() or self.order.release()
         elif quorate and self.phase in (Phase.NON_PRIMARY, Phase.JOINING):
             if self.phase == Phase.JOINING and not was_quorate:
                 m.joining_since = now  # a bootstrap waits as long again for an answer from a quorum
@@ -315,12 +305,7 @@ class Replicator:
         """Timers: re-ask for the GID; bootstrap if told to and nobody answered; report again
         what this node delivered if its last report has not come back (a send that failed)."""
         if self.phase in _FOLLOWING:
-            if self._report_on_bus and self._reported == self._report_last_tick:
-                # on the bus since the last tick at least: the send may have failed (a view
-                # change resets this too); duplicates are harmless, reports only raise a maximum
-                self._report_on_bus, self._reported = False, 0
-            self._report_last_tick = self._reported if self._report_on_bus else -1
-            return self._release()
+            return self.order.tick()
         self._now = now
         m = self.membership
         if m.reform_sent and now - m.reform_at >= 5 * REQUEST_RETRY_S:
@@ -354,14 +339,14 @@ class Replicator:
 
     def held_released(self) -> None:
         """The coordinator applied a catch-up's range and admits the live stream from now on."""
-        self._catching_up = False
+        self.order.catching_up = False
 
     def recovered(self, committed_gid: int) -> list[Action]:
         """The coordinator caught up (committed everything up to the CatchUp's ``upto``, and
         ``committed_gid`` in all): it tells the members, and is online once that is delivered."""
         if self.phase != Phase.RECOVERING:
             return []
-        self._catching_up = False
+        self.order.catching_up = False
         self._sync_sent = True
         return [Send(bp.Progress(self.node, committed_gid))]
 
@@ -395,7 +380,7 @@ class Replicator:
     def _holding(self) -> Holding:
         """What this node holds now (its disk, and what it will admit of what it released)."""
         h = self.holding() if self.holding is not None else Holding(self.last_gid)
-        return Holding(max(h.gid, self._will_hold), h.log_after, h.log_high)
+        return Holding(max(h.gid, self.order.will_hold), h.log_after, h.log_high)
 
     def _remember(self) -> Remember:
         return self.membership.remember()
@@ -440,90 +425,11 @@ class Replicator:
         return out + self._request(self._now)
 
     def _leave_primary(self, reason: str, phase: Phase = Phase.NON_PRIMARY) -> list[Action]:
-        # what it released and admits (all of it, unless a catch-up holds the live stream) will
-        # commit here: its requests announce at least that
-        self._will_hold = self.released if not self._catching_up else 0
-        self._catching_up = False
         self._sync_sent = False
         self.phase = phase
         self.membership.leave()
         self.paused_by.clear()
-        out: list[Action] = [PhaseChange(phase, reason)]
-        # Writesets not yet known to a quorum: the primary component may or may not have them.
-        # None commits here; the node learns their fate when it rejoins (partial recovery
-        # brings those the primary has). Their clients hear that the outcome is unknown.
-        held, self._unstable = self._unstable, []
-        held += [(gid, LocalVerdict(m.ticket, True, gid, 0, "", ws)) for gid, m, ws in self._deferred
-                 if m.origin == self.node]
-        self._deferred.clear()
-        self.ddl_open.clear()
-        for gid, a in held:
-            if isinstance(a, LocalVerdict):
-                self._local_scanned.pop(a.ticket, None)
-                out.append(LocalVerdict(a.ticket, False, gid, 0,
-                                        f"this node left the primary component before GID {gid} was known to a "
-                                        "quorum of nodes: whether it committed will be known when the node rejoins",
-                                        None, unknown=True))
-        self.gid = self.last_certified = self.released
-        return out
-
-    # ---- uniform commit ---------------------------------------------------------------------
-
-    @property
-    def held_count(self) -> int:
-        """Certified writesets waiting until a quorum of bus nodes is known to have them."""
-        return len(self._unstable)
-
-    def _covered(self, gid: int) -> bool:
-        """Whether a quorum of bus nodes is known to have delivered GID ``gid``."""
-        own = bus_node(self.local_member)
-        joined_at = self.membership.joined_at
-        nodes = {node for node, g in self.received.items() if g >= gid and joined_at.get(node, 0) < gid}
-        if self.gid >= gid:
-            nodes.add(own)
-        return self.votes.holds(nodes)
-
-    def _hold(self, gid: int, action: Action) -> list[Action]:
-        if self.votes.quorum <= 1 and not self._unstable and not self.votes.tie_breaker:
-            # this bus node alone is a quorum (one Corosync for all nodes): it has delivered it
-            self.released = gid
-            return [action]
-        self._unstable.append((gid, action))
-        return self._release()
-
-    def _release(self) -> list[Action]:
-        out: list[Action] = []
-        if self.votes.quorum > 1 and self.phase in _FOLLOWING and not self._report_on_bus and self.gid > self._reported:
-            self._reported, self._report_on_bus = self.gid, True
-            out.append(Send(bp.Received(self.node, self.gid)))
-        if not self._unstable:
-            self.released = max(self.released, self.last_certified)
-            return out
-        n = 0
-        while n < len(self._unstable) and self._covered(self._unstable[n][0]):
-            out.append(self._unstable[n][1])
-            n += 1
-        if n:
-            self.released = self._unstable[n - 1][0]
-            del self._unstable[:n]
-        return out
-
-    def _received(self, sender: str, msg: bp.Received) -> list[Action]:
-        if msg.node == self.node and sender == self.local_member:
-            self._report_on_bus = False
-        if sender in self.members:
-            node = bus_node(sender)
-            self.received[node] = max(self.received.get(node, 0), msg.gid)
-        return self._release() if self.phase in _FOLLOWING else []
-
-    def _refuse_own(self, msg: bp.Message) -> list[Action]:
-        """This node's writesets in ``msg``, delivered where it was not a member: refused."""
-        own = [msg] if isinstance(msg, bp.WritesetMsg) else (
-            msg.messages() if isinstance(msg, bp.WritesetBatch) else [])
-        mine = [m for m in own if m.origin == self.node]
-        for m in mine:
-            self._local_scanned.pop(m.ticket, None)
-        return [LocalVerdict(m.ticket, False, 0, 0, "this node is not online", None) for m in mine]
+        return [PhaseChange(phase, reason), *self.order.leave()]
 
     def _drop_buffer(self) -> list[Action]:
         """Forget what was delivered after a request that will not be answered (the node asks
@@ -532,7 +438,7 @@ class Replicator:
         simulation: a writeset left after a freeze, buffered, then dropped with the buffer)."""
         out: list[Action] = []
         for b in self._buffer:
-            out += self._refuse_own(bp.decode(b.payload))
+            out += self.order.refuse_own(bp.decode(b.payload))
         self._buffer.clear()
         return out
 
@@ -542,7 +448,7 @@ class Replicator:
             m.request_seen = True
             return self._drop_buffer()
         if not m.request_seen:
-            return self._refuse_own(msg)
+            return self.order.refuse_own(msg)
         if isinstance(msg, bp.GidReply) and msg.node == self.node and msg.request_id == m.request_id:
             return self._joined(d, msg)
         self._buffer.append(d)
@@ -584,11 +490,7 @@ class Replicator:
     def _bootstrapped(self, sender: str, msg: bp.Bootstrap) -> list[Action]:
         undone = self._drop_rounds(msg.gid, "the cluster started again from this node, which had not committed it")
         self.cluster_uuid = msg.cluster_uuid
-        self.gid = self.last_certified = self.released = msg.gid
-        self._unstable.clear()
-        self._deferred.clear()
-        self.ddl_open.clear()
-        self.certifier = self.certifiers(msg.gid)
+        self.order.install(msg.gid, msg.gid, msg.gid, [], self.certifiers(msg.gid))
         self.membership.bootstrapped(sender, msg)
         self.phase = Phase.ONLINE
         self.bootstrap = False
@@ -629,13 +531,7 @@ class Replicator:
         behind = self.last_gid < released
         undone = self._drop_rounds(msg.certified, "the cluster this node joined did not certify it")
         self.cluster_uuid = msg.cluster_uuid
-        self.gid = msg.gid
-        self.last_certified = msg.certified
-        self.released = released
-        self._unstable = unstable
-        self._deferred.clear()
-        self.ddl_open.clear()
-        self.certifier = self.certifiers.restore(msg.certifier)
+        self.order.install(msg.gid, msg.certified, released, unstable, self.certifiers.restore(msg.certifier))
         m.joined(msg)  # the members at the request's place (what was delivered since is replayed)
         self.paused_by = set(msg.paused)
         self._sync_sent = False
@@ -644,7 +540,7 @@ class Replicator:
             # partial recovery: certify the live stream from here on (the coordinator holds what
             # it must apply) while the missing range comes from a member's writeset log
             self.phase = Phase.RECOVERING
-            self._catching_up = True
+            self.order.catching_up = True
             out.append(CatchUp(self.last_gid, released))
             out.append(PhaseChange(Phase.RECOVERING,
                                    f"joined cluster {self.cluster_uuid} at GID {msg.gid}; catching up "
@@ -664,11 +560,11 @@ class Replicator:
 
     def _handle(self, sender: str, msg: bp.Message) -> list[Action]:
         if isinstance(msg, bp.WritesetMsg):
-            return self._writeset(msg)
+            return self.order.writeset(msg)
         if isinstance(msg, bp.WritesetBatch):
             out: list[Action] = []
             for m in msg.messages():
-                out += self._writeset(m)
+                out += self.order.writeset(m)
             return out
         if isinstance(msg, bp.SyncMarker):
             if msg.node != self.node:
@@ -677,7 +573,7 @@ class Replicator:
         if isinstance(msg, bp.LogInfo):
             return [LogOffered(msg)] if msg.node == self.node else []
         if isinstance(msg, bp.Received):
-            return self._received(sender, msg)
+            return self.order.received_report(sender, msg, sender in self.members)
         if self.phase not in _FOLLOWING:
             return []
         if isinstance(msg, bp.LogQuery):
@@ -703,7 +599,7 @@ class Replicator:
             if msg.node in self.online:
                 low = self.membership.committed_by_all()
                 if low is not None:
-                    self.certifier.purge(low - self.history)
+                    self.order.purge(low, self.history)
             return out
         if isinstance(msg, bp.DdlResult):
             if self.ddl_open.get(msg.gid) == msg.node:
@@ -755,7 +651,7 @@ class Replicator:
         if msg.join and self.phase == Phase.ONLINE and m.answers and not self.ddl_open and not self.settling:
             place = Place(self.cluster_uuid, self.gid, self.last_certified, self.released, self.certifier.snapshot(),
                           tuple(sorted(self.paused_by)), self.compat,
-                          tuple(_unstable_entry(self.node, g, a) for g, a in self._unstable))
+                          self.order.unstable_entries())
             out.append(Send(m.answer(sender, msg, place)))
         return out
 
@@ -766,87 +662,11 @@ class Replicator:
             return []
         return [self._remember()]
 
-    def _writeset(self, msg: bp.WritesetMsg) -> list[Action]:
-        local = msg.origin == self.node
-        # A writeset counts only if its origin is online at its position in the total order,
-        # a fact every node agrees on. A node cut off and back (frozen, say) may send one before
-        # it learns it was out: the others drop it exactly as the origin refuses it.
-        if self.phase not in _FOLLOWING or not self.quorate or msg.origin not in self.online:
-            if local:
-                self._local_scanned.pop(msg.ticket, None)
-                return [LocalVerdict(msg.ticket, False, 0, 0, "this node left the primary component", None)]
-            return []
-        self.gid += 1
-        gid = self.gid
-        self.stats.delivered += 1
-        self.outcomes.seen(gid)
-        try:
-            cached = self._local_scanned.pop(msg.ticket, None) if local else None
-            ws = cached if cached is not None else wire.scan(msg.writeset)
-        except wire.WireError as e:
-            self.stats.malformed += 1
-            self.stats.cert_failures += 1
-            return [LocalVerdict(msg.ticket, False, gid, 0, f"malformed writeset: {e}", None)] if local else []
-        if self.ddl_open or self._deferred:
-            # A schema change before it has not reported its outcome: what it touched is not
-            # known yet, so nothing after it can be certified yet (it could not commit before the
-            # schema change anyway).
-            self._deferred.append((gid, msg, ws))
-            return []
-        return self._certify(gid, msg, ws)
-
-    def local_in_flight(self) -> list[wire.Writeset]:
-        """This node's writesets sent for ordering and not delivered back yet."""
-        return list(self._local_scanned.values())
-
-    def _certify(self, gid: int, msg: bp.WritesetMsg, ws: wire.Writeset) -> list[Action]:
-        local = msg.origin == self.node
-        if ws.toi:
-            # total order isolation: never fails, runs after all before it; its keys are
-            # recorded with its content, once its origin reports it
-            self.ddl_open[gid] = msg.origin
-            v = OK
-        else:
-            v = self.certifier.certify(gid, msg.origin, ws.last_seen, ws.keys)
-            self.outcomes.record(msg.origin, ws.xid, Outcome(gid, v.ok, v.reason))
-        if not v.ok:
-            self.stats.cert_failures += 1
-            c = Conflict.of(self.clock(), gid, msg.origin, ws, v)
-            self.conflicts.append(c)
-            where = f"{c.schema}.{c.table}" if c.table else ""
-            self.stats.failures_by_table[where] = self.stats.failures_by_table.get(where, 0) + 1
-            if local:
-                self.stats.local_failed += 1
-                return [LocalVerdict(msg.ticket, False, gid, 0, v.reason, ws)]
-            return []
-        prev, self.last_certified = self.last_certified, gid
-        self.stats.certified += 1
-        settle = not ws.toi and ws.has_schema and not ws.concurrent and self._open_round(gid, msg.origin)
-        if local:
-            self.stats.local_certified += 1
-            return self._hold(gid, LocalVerdict(msg.ticket, True, gid, prev, "", ws, settle=settle))
-        self.stats.remote_certified += 1
-        return self._hold(gid, Apply(gid, prev, msg.origin, ws, settle=settle))
-
     def _ddl_settled(self, gid: int, ok: bool, error: str,
                      content: Optional[wire.Writeset] = None) -> list[Action]:
-        """Schema change ``gid``'s outcome is known: record what it touched (if it ran), then
-        certify the writesets deferred behind it, up to the next open schema change."""
-        origin = self.ddl_open.pop(gid)
-        settle = False
-        if ok and content is not None:
-            self.certifier.record(gid, origin, content.keys)
-            settle = self._open_round(gid, origin)
-        out: list[Action] = [DdlOutcome(gid, ok, error, content if ok else None, settle)]
-        while self._deferred and not self.ddl_open:
-            g, m, ws = self._deferred.pop(0)
-            out += self._certify(g, m, ws)
-        return out
-
-    @property
-    def deferred_count(self) -> int:
-        """Writesets waiting for a schema change's outcome before they are certified."""
-        return len(self._deferred)
+        """Schema change ``gid``'s outcome is known (the order core records what it touched and
+        certifies the writesets deferred behind it)."""
+        return self.order.ddl_settled(gid, ok, error, content)
 
     # ---- inconsistency voting (Galera 4) ---------------------------------------------------
 

@@ -454,7 +454,7 @@ def test_primary_component_re_forms_when_every_node_is_back() -> None:
         r = c.nodes[n]
         c.act(n, r.on_view(View(2, (n,), (), tuple(m for m in NAMES if m != n), n, False, 2, 3), c.now))
         assert r.phase == Phase.NON_PRIMARY
-    c.nodes["n1"].released = 1  # n1 had not seen GID 2 released before it was cut off
+    c.nodes["n1"].order.released = 1  # n1 had not seen GID 2 released before it was cut off
     c.order.clear()
     c.view(NAMES, quorum=2, expected=3)  # healed: everyone asks, nobody is online to answer
     c.drain()

@@ -173,7 +173,7 @@ class RefCore:
                             epochs=tuple(Epoch(int(n), int(g), str(x)) for n, g, x in cfg["epochs"]),
                             records={k: MemberRecord(int(e), int(g), bool(m)) for k, (e, g, m) in cfg["records"].items()},
                             holding=self._holding, certifiers=certifiers)
-        self.r.clock = lambda: self._wall
+        self.r.order.clock = lambda: self._wall
         self.r.new_id = self._draw
         self.own = OwnMessages()
         self.alive = True

@@ -1,0 +1,358 @@
+"""The order core: the part of the replicator every writeset goes through (docs/NATIVE.md 2.6).
+
+It numbers the writesets delivered in total order (GIDs, seed 7.1), certifies them (seed 6),
+defers those behind a schema change whose outcome is open, and holds the certified ones until a
+quorum of bus nodes has delivered them (uniform commit), then releases them as
+:class:`LocalVerdict` and :class:`Apply` actions. It keeps the certification index, the
+outcome index, the conflicts and the counters.
+
+It reads what the control plane (:class:`chorus.replicator.Replicator`) decided, and only that:
+whether the node follows the total order and is quorate, its bus member, the members of the
+primary component (the :class:`Membership` it is given), the votes of the current view. The
+replicator sets those as it decides them (``SET_STATE`` in NATIVE.md 2.5), and calls the
+primitives below where its decisions change the order's state: a view (``view_changed``), a
+join or bootstrap (``install``), leaving the primary component (``leave``), a schema change's
+outcome (``ddl_settled``), the members' progress (``purge``). This is the boundary the C order
+core (step 1) implements; no I/O, no clock but the one given.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from chorus import wire
+from chorus.actions import Action, Apply, DdlOutcome, LocalVerdict, Send
+from chorus.bus import Votes, bus_node
+from chorus.bus import proto as bp
+from chorus.certifier import OK, CertificationIndex, Verdict
+from chorus.membership import Membership
+from chorus.outcomes import Outcome, OutcomeIndex
+
+CONFLICT_HISTORY = 1000  # certification failures kept (chorus.conflicts)
+
+
+@dataclass
+class Stats:
+    delivered: int = 0
+    certified: int = 0
+    cert_failures: int = 0
+    local_certified: int = 0
+    local_failed: int = 0
+    remote_certified: int = 0
+    malformed: int = 0
+    # certification failures by the table of the key they conflicted on ("schema.table"; ""
+    # for a snapshot too old)
+    failures_by_table: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One certification failure, as every node saw it (they certify alike)."""
+    at: float  # wall-clock time this node certified it
+    gid: int  # the losing writeset's place in the total order
+    loser_node: str
+    loser_xid: int  # its transaction on its origin node
+    loser_pid: int  # its origin backend's process
+    schema: str  # the key's table ("" for a snapshot too old)
+    table: str
+    key: str  # the key's columns and values, "(id)=(5)", or "(table)" for a table key
+    winner_gid: int  # the writeset that wrote it first (0 for a snapshot too old)
+    winner_node: str  # its origin ("" for a schema change)
+    reason: str
+
+    @staticmethod
+    def of(at: float, gid: int, origin: str, ws: wire.Writeset, v: Verdict) -> "Conflict":
+        parts = [p.decode("utf-8", "replace") for p in v.key.parts] if v.key is not None else []
+        if len(parts) >= 3:
+            key = f"({parts[2]})=({', '.join(parts[3:])})"
+        else:
+            key = "(table)" if len(parts) == 2 else ""
+        schema, table = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
+        return Conflict(at, gid, origin, ws.xid, ws.pid, schema, table, key, v.conflict_gid, v.conflict_origin,
+                        v.reason)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "gid": self.gid, "loser_node": self.loser_node, "loser_xid": self.loser_xid,
+                "loser_pid": self.loser_pid, "schema": self.schema, "table": self.table, "key": self.key,
+                "winner_gid": self.winner_gid, "winner_node": self.winner_node, "reason": self.reason}
+
+
+# A schema change's report round: opened by the control plane for schema changes that every node
+# must apply before any commits them (Replicator._open_round); False when nobody else is there.
+OpenRound = Callable[[int, str], bool]
+
+
+class OrderCore:
+    def __init__(self, node: str, membership: Membership, certifier: CertificationIndex, open_round: OpenRound,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.node = node
+        self.membership = membership  # read only: the members online and where each joined
+        self.open_round = open_round
+        self.clock = clock  # the time a conflict is recorded with
+        # what the control plane decided (it sets these as it decides them)
+        self.following = False  # the node follows the total order (online, or recovering)
+        self.quorate = False
+        self.local_member = ""
+        self.votes = Votes()
+        self.gid = 0  # the last GID given
+        self.last_certified = 0
+        self.released = 0  # the last GID released
+        self.certifier = certifier
+        self.ddl_open: dict[int, str] = {}  # schema change GID -> origin node
+        # Writesets delivered while a schema change's outcome is open: certified once it is known
+        # (its content's keys recorded first), in GID order. Every node defers alike.
+        self._deferred: list[tuple[int, bp.WritesetMsg, wire.Writeset]] = []
+        # local writesets the coordinator scanned (validated) when the backend sent them, by ticket
+        self._local_scanned: dict[int, wire.Writeset] = {}
+        self.stats = Stats()
+        # the last certification failures, oldest first (chorus.conflicts; every node keeps the same
+        # ones, but the time each saw them)
+        self.conflicts: deque[Conflict] = deque(maxlen=CONFLICT_HISTORY)
+        # the outcome of each writeset certified here, for chorus.commit_outcome (outcomes.py)
+        self.outcomes = OutcomeIndex()
+        # Uniform commit. Corosync delivers in agreed order, not uniformly: a node may deliver a
+        # message that no other node receives before a partition cuts it off. So a certified
+        # writeset is released (to be committed, logged, or answered to its backend) only once bus
+        # nodes with a quorum of votes have delivered it; any later primary component then holds
+        # it. A node alone on its bus node (the local cluster: quorum 1) releases at once.
+        self.received: dict[str, int] = {}  # bus node -> GID it reported delivered
+        self._unstable: list[tuple[int, Action]] = []  # certified, not yet released
+        self._reported = 0
+        self._report_on_bus = False
+        self._report_last_tick = -1  # the report that was on the bus at the previous tick
+        # Live writesets after a catch-up's range are held by the coordinator until the range is
+        # applied; released ones are admitted (and so will be held by the database) only after that.
+        self.catching_up = False
+        self.will_hold = 0  # the last GID released to be admitted when the node left the primary component
+
+    # ---- local writesets ---------------------------------------------------------------------
+
+    def expect_local(self, ticket: int, writeset: wire.Writeset) -> None:
+        """A local backend's writeset, scanned, goes to the bus with ``ticket``: when it is
+        delivered back it is not parsed again."""
+        self._local_scanned[ticket] = writeset
+
+    def forget_local(self, ticket: int) -> None:
+        """The writeset of ``ticket`` never reached the bus."""
+        self._local_scanned.pop(ticket, None)
+
+    def local_in_flight(self) -> list[wire.Writeset]:
+        """This node's writesets sent for ordering and not delivered back yet."""
+        return list(self._local_scanned.values())
+
+    def refuse_own(self, msg: bp.Message) -> list[Action]:
+        """This node's writesets in ``msg``, delivered where it was not a member: refused."""
+        own = [msg] if isinstance(msg, bp.WritesetMsg) else (
+            msg.messages() if isinstance(msg, bp.WritesetBatch) else [])
+        mine = [m for m in own if m.origin == self.node]
+        for m in mine:
+            self._local_scanned.pop(m.ticket, None)
+        return [LocalVerdict(m.ticket, False, 0, 0, "this node is not online", None) for m in mine]
+
+    # ---- the total order -----------------------------------------------------------------------
+
+    def writeset(self, msg: bp.WritesetMsg) -> list[Action]:
+        """A writeset delivered in total order: its GID, then certified (or deferred)."""
+        local = msg.origin == self.node
+        # A writeset counts only if its origin is online at its position in the total order,
+        # a fact every node agrees on. A node cut off and back (frozen, say) may send one before
+        # it learns it was out: the others drop it exactly as the origin refuses it.
+        if not self.following or not self.quorate or msg.origin not in self.membership.online:
+            if local:
+                self._local_scanned.pop(msg.ticket, None)
+                return [LocalVerdict(msg.ticket, False, 0, 0, "this node left the primary component", None)]
+            return []
+        self.gid += 1
+        gid = self.gid
+        self.stats.delivered += 1
+        self.outcomes.seen(gid)
+        try:
+            cached = self._local_scanned.pop(msg.ticket, None) if local else None
+            ws = cached if cached is not None else wire.scan(msg.writeset)
+        except wire.WireError as e:
+            self.stats.malformed += 1
+            self.stats.cert_failures += 1
+            return [LocalVerdict(msg.ticket, False, gid, 0, f"malformed writeset: {e}", None)] if local else []
+        if self.ddl_open or self._deferred:
+            # A schema change before it has not reported its outcome: what it touched is not
+            # known yet, so nothing after it can be certified yet (it could not commit before the
+            # schema change anyway).
+            self._deferred.append((gid, msg, ws))
+            return []
+        return self._certify(gid, msg, ws)
+
+    def _certify(self, gid: int, msg: bp.WritesetMsg, ws: wire.Writeset) -> list[Action]:
+        local = msg.origin == self.node
+        if ws.toi:
+            # total order isolation: never fails, runs after all before it; its keys are
+            # recorded with its content, once its origin reports it
+            self.ddl_open[gid] = msg.origin
+            v = OK
+        else:
+            v = self.certifier.certify(gid, msg.origin, ws.last_seen, ws.keys)
+            self.outcomes.record(msg.origin, ws.xid, Outcome(gid, v.ok, v.reason))
+        if not v.ok:
+            self.stats.cert_failures += 1
+            c = Conflict.of(self.clock(), gid, msg.origin, ws, v)
+            self.conflicts.append(c)
+            where = f"{c.schema}.{c.table}" if c.table else ""
+            self.stats.failures_by_table[where] = self.stats.failures_by_table.get(where, 0) + 1
+            if local:
+                self.stats.local_failed += 1
+                return [LocalVerdict(msg.ticket, False, gid, 0, v.reason, ws)]
+            return []
+        prev, self.last_certified = self.last_certified, gid
+        self.stats.certified += 1
+        settle = not ws.toi and ws.has_schema and not ws.concurrent and self.open_round(gid, msg.origin)
+        if local:
+            self.stats.local_certified += 1
+            return self._hold(gid, LocalVerdict(msg.ticket, True, gid, prev, "", ws, settle=settle))
+        self.stats.remote_certified += 1
+        return self._hold(gid, Apply(gid, prev, msg.origin, ws, settle=settle))
+
+    def ddl_settled(self, gid: int, ok: bool, error: str, content: Optional[wire.Writeset] = None) -> list[Action]:
+        """Schema change ``gid``'s outcome is known: record what it touched (if it ran), then
+        certify the writesets deferred behind it, up to the next open schema change."""
+        origin = self.ddl_open.pop(gid)
+        settle = False
+        if ok and content is not None:
+            self.certifier.record(gid, origin, content.keys)
+            settle = self.open_round(gid, origin)
+        out: list[Action] = [DdlOutcome(gid, ok, error, content if ok else None, settle)]
+        while self._deferred and not self.ddl_open:
+            g, m, ws = self._deferred.pop(0)
+            out += self._certify(g, m, ws)
+        return out
+
+    @property
+    def deferred_count(self) -> int:
+        """Writesets waiting for a schema change's outcome before they are certified."""
+        return len(self._deferred)
+
+    def purge(self, low: int, history: int) -> None:
+        """Every member committed up to ``low``: keep ``history`` GIDs of certification below it."""
+        self.certifier.purge(low - history)
+
+    # ---- uniform commit ---------------------------------------------------------------------
+
+    @property
+    def held_count(self) -> int:
+        """Certified writesets waiting until a quorum of bus nodes is known to have them."""
+        return len(self._unstable)
+
+    def _covered(self, gid: int) -> bool:
+        """Whether a quorum of bus nodes is known to have delivered GID ``gid``."""
+        own = bus_node(self.local_member)
+        joined_at = self.membership.joined_at
+        nodes = {node for node, g in self.received.items() if g >= gid and joined_at.get(node, 0) < gid}
+        if self.gid >= gid:
+            nodes.add(own)
+        return self.votes.holds(nodes)
+
+    def _hold(self, gid: int, action: Action) -> list[Action]:
+        if self.votes.quorum <= 1 and not self._unstable and not self.votes.tie_breaker:
+            # this bus node alone is a quorum (one Corosync for all nodes): it has delivered it
+            self.released = gid
+            return [action]
+        self._unstable.append((gid, action))
+        return self.release()
+
+    def release(self) -> list[Action]:
+        """Report what this node delivered (once per report on the bus), and release the held
+        writesets a quorum is now known to have."""
+        out: list[Action] = []
+        if self.votes.quorum > 1 and self.following and not self._report_on_bus and self.gid > self._reported:
+            self._reported, self._report_on_bus = self.gid, True
+            out.append(Send(bp.Received(self.node, self.gid)))
+        if not self._unstable:
+            self.released = max(self.released, self.last_certified)
+            return out
+        n = 0
+        while n < len(self._unstable) and self._covered(self._unstable[n][0]):
+            out.append(self._unstable[n][1])
+            n += 1
+        if n:
+            self.released = self._unstable[n - 1][0]
+            del self._unstable[:n]
+        return out
+
+    def received_report(self, sender: str, msg: bp.Received, in_view: bool) -> list[Action]:
+        """A bus node's report of what it delivered (``in_view``: its sender is in the view)."""
+        if msg.node == self.node and sender == self.local_member:
+            self._report_on_bus = False
+        if in_view:
+            node = bus_node(sender)
+            self.received[node] = max(self.received.get(node, 0), msg.gid)
+        return self.release() if self.following else []
+
+    def tick(self) -> list[Action]:
+        """The timer, while following: a report on the bus since the last tick at least may have
+        failed to send (a view change resets this too); report again. Duplicates are harmless:
+        reports only raise a maximum."""
+        if self._report_on_bus and self._reported == self._report_last_tick:
+            self._report_on_bus, self._reported = False, 0
+        self._report_last_tick = self._reported if self._report_on_bus else -1
+        return self.release()
+
+    def view_changed(self, votes: Votes) -> None:
+        """A new view: its votes; reports count within one view (every following node reports
+        afresh)."""
+        self.votes = votes
+        self.received.clear()
+        self._reported, self._report_on_bus = 0, False
+
+    # ---- the control plane's primitives -----------------------------------------------------
+
+    def install(self, gid: int, certified: int, released: int, unstable: list[tuple[int, Action]],
+                certifier: CertificationIndex) -> None:
+        """The node joins (or bootstraps) the primary component at ``gid``, with what was
+        certified and released there, the certified writesets not yet released, and the
+        certification index there."""
+        self.gid = gid
+        self.last_certified = certified
+        self.released = released
+        self._unstable = unstable
+        self._deferred.clear()
+        self.ddl_open.clear()
+        self.certifier = certifier
+
+    def unstable_entries(self) -> tuple[tuple[int, int, str, bytes], ...]:
+        """The held writesets as a GID answer carries them: (GID, the GID before it, origin,
+        writeset); this node is the origin of its local ones."""
+        out = []
+        for gid, a in self._unstable:
+            if isinstance(a, LocalVerdict):
+                assert a.writeset is not None
+                out.append((gid, a.prev, self.node, a.writeset.raw or wire.encode(a.writeset)))
+            else:
+                assert isinstance(a, Apply)
+                out.append((gid, a.prev, a.origin, a.writeset.raw or wire.encode(a.writeset)))
+        return tuple(out)
+
+    def leave(self) -> list[Action]:
+        """The node leaves the primary component. Writesets not yet known to a quorum: the
+        primary component may or may not have them. None commits here; the node learns their
+        fate when it rejoins (partial recovery brings those the primary has). Their clients hear
+        that the outcome is unknown."""
+        # what it released and admits (all of it, unless a catch-up holds the live stream) will
+        # commit here: its requests announce at least that
+        self.will_hold = self.released if not self.catching_up else 0
+        self.catching_up = False
+        out: list[Action] = []
+        held, self._unstable = self._unstable, []
+        held += [(gid, LocalVerdict(m.ticket, True, gid, 0, "", ws)) for gid, m, ws in self._deferred
+                 if m.origin == self.node]
+        self._deferred.clear()
+        self.ddl_open.clear()
+        for gid, a in held:
+            if isinstance(a, LocalVerdict):
+                self._local_scanned.pop(a.ticket, None)
+                out.append(LocalVerdict(a.ticket, False, gid, 0,
+                                        f"this node left the primary component before GID {gid} was known to a "
+                                        "quorum of nodes: whether it committed will be known when the node rejoins",
+                                        None, unknown=True))
+        self.gid = self.last_certified = self.released
+        return out
