@@ -387,7 +387,7 @@ chorus_capture_start(ChorusCapture *cap, bool applying, Relation rel)
 		return false;
 	/* once a transaction: a node that stops taking writes later refuses the writeset at commit */
 	if (!cap->writable_checked)
-		chorus_check_writable();
+		cap->write_epoch = chorus_check_writable();
 	chorus_capture_begin(cap);
 	cap->writable_checked = true;
 	chorus_note_snapshot(cap);

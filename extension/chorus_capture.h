@@ -43,6 +43,7 @@ typedef struct ChorusCapture
 	TransactionId noted_xmin;
 	TransactionId noted_xmax;
 	bool		writable_checked;	/* the node took writes at its first capture */
+	uint64		write_epoch;	/* the coordinator's epoch then (chorus_check_lost) */
 	bool		has_schema;		/* holds schema change items (CHORUS_WS_FLAG_DDL) */
 	bool		schema_key_done;	/* the cluster-wide schema change key is in keys */
 	bool		concurrent;		/* CREATE/DROP INDEX CONCURRENTLY's first step (CHORUS_WS_FLAG_CONCURRENT) */

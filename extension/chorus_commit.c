@@ -84,7 +84,7 @@ chorus_certify(ChorusCommitState *cs, const ChorusFrameBody *ws)
 {
 	ChorusVerdict v;
 
-	chorus_coord_ask_parts(CHORUS_FRAME_WRITESET, ws, &v);
+	chorus_coord_certify(ws, &v);
 	if (v.verdict == CHORUS_VERDICT_CONFLICT)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),

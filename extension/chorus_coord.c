@@ -9,6 +9,7 @@
 #include "postgres.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -18,10 +19,12 @@
 #include "port/pg_bswap.h"
 #include "storage/latch.h"
 #include "utils/memutils.h"
+#include "utils/timestamp.h"
 #include "utils/wait_event.h"
 
 #include "chorus_coord.h"
 #include "chorus_settings.h"
+#include "chorus_shmem.h"
 #include "chorus_wire.h"
 #include "chorus_wswrite.h"
 
@@ -33,6 +36,16 @@
  */
 static pgsocket chorus_sock = PGINVALID_SOCKET;
 static WaitEventSet *chorus_wait_set = NULL;
+
+/*
+ * While a plain writeset waits for its verdict: bytes of the reply read so
+ * far (chorus_salvage_verdict needs a reply not yet begun).
+ */
+static bool chorus_awaiting_certification = false;
+static size_t chorus_reply_read = 0;
+
+/* how long an interrupted wait still waits for the verdict (ms) */
+#define CHORUS_SALVAGE_MS 10000
 
 static void
 chorus_disconnect(void)
@@ -129,6 +142,7 @@ chorus_recv_exact(char *buf, size_t len)
 		{
 			buf += n;
 			len -= n;
+			chorus_reply_read += n;
 			continue;
 		}
 		if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
@@ -211,6 +225,68 @@ chorus_send_frame(char type, const ChorusFrameBody *b)
 }
 
 /*
+ * chorus_salvage_verdict
+ *		The wait for a plain writeset's verdict was interrupted (the session is
+ *		terminated): before the transaction aborts and releases its row locks,
+ *		learn whether it was certified, waiting a bounded time without
+ *		interrupts. Certified: it is applied from its writeset, so it is noted
+ *		as lost (chorus_note_lost), and a local transaction that takes its rows
+ *		next is refused at commit. The coordinator gone: nothing, its successor
+ *		applies it before the node takes writes again. Not known: noted as
+ *		unknown.
+ */
+static void
+chorus_salvage_verdict(void)
+{
+	char		frame[CHORUS_FRAME_LENGTH_SIZE + 1 + CHORUS_VERDICT_BODY_SIZE];
+	size_t		got = 0;
+	TimestampTz deadline = GetCurrentTimestamp() + CHORUS_SALVAGE_MS * INT64CONST(1000);
+
+	if (chorus_reply_read > 0 || chorus_sock == PGINVALID_SOCKET)
+	{
+		chorus_note_lost(0, true);
+		return;
+	}
+	while (got < sizeof(frame) - 1)
+	{
+		struct pollfd pfd = {.fd = chorus_sock, .events = POLLIN};
+		long		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+		ssize_t		n;
+
+		if (left <= 0 || (poll(&pfd, 1, (int) left) < 0 && errno != EINTR))
+		{
+			chorus_note_lost(0, true);
+			return;
+		}
+		n = recv(chorus_sock, frame + got, sizeof(frame) - 1 - got, MSG_DONTWAIT);
+		if (n == 0)
+			return;				/* the coordinator is gone */
+		if (n < 0)
+		{
+			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+				continue;
+			return;
+		}
+		got += n;
+	}
+	/* length, type, then the body after its first byte (as chorus_read_verdict reads it) */
+	if (frame[CHORUS_FRAME_LENGTH_SIZE] != CHORUS_FRAME_VERDICT)
+	{
+		chorus_note_lost(0, true);
+		return;
+	}
+	{
+		const char *body = frame + CHORUS_FRAME_LENGTH_SIZE;
+		uint64		gid;
+
+		if ((uint8) body[CHORUS_VERDICT_OFF_VERDICT] != CHORUS_VERDICT_COMMIT)
+			return;
+		memcpy(&gid, body + CHORUS_VERDICT_OFF_GID, 8);
+		chorus_note_lost(pg_ntoh64(gid), false);
+	}
+}
+
+/*
  * chorus_read_verdict
  *		Wait for a verdict frame ('V'). If the wait is interrupted the
  *		connection is closed, so the coordinator knows nobody waits for this
@@ -224,6 +300,7 @@ chorus_read_verdict(uint64 *gid, uint64 *wait_for, uint64 *prev, char **msg)
 	uint32		len;
 	uint16		msglen;
 
+	chorus_reply_read = 0;
 	PG_TRY();
 	{
 		chorus_recv_exact(head, sizeof(head));
@@ -246,10 +323,14 @@ chorus_read_verdict(uint64 *gid, uint64 *wait_for, uint64 *prev, char **msg)
 	}
 	PG_CATCH();
 	{
+		if (chorus_awaiting_certification)
+			chorus_salvage_verdict();
+		chorus_awaiting_certification = false;
 		chorus_disconnect();
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
+	chorus_awaiting_certification = false;
 	memcpy(gid, body + CHORUS_VERDICT_OFF_GID, 8);
 	memcpy(wait_for, body + CHORUS_VERDICT_OFF_WAIT_FOR, 8);
 	memcpy(prev, body + CHORUS_VERDICT_OFF_PREV, 8);
@@ -282,6 +363,19 @@ void
 chorus_coord_ask_parts(char type, const ChorusFrameBody *body, ChorusVerdict *v)
 {
 	chorus_send_frame(type, body);
+	v->verdict = chorus_read_verdict(&v->gid, &v->wait_for, &v->prev, &v->msg);
+}
+
+/*
+ * chorus_coord_certify
+ *		Send a plain writeset and wait for its verdict; a wait interrupted
+ *		then salvages the verdict (chorus_salvage_verdict).
+ */
+void
+chorus_coord_certify(const ChorusFrameBody *ws, ChorusVerdict *v)
+{
+	chorus_send_frame(CHORUS_FRAME_WRITESET, ws);
+	chorus_awaiting_certification = true;
 	v->verdict = chorus_read_verdict(&v->gid, &v->wait_for, &v->prev, &v->msg);
 }
 

@@ -57,13 +57,15 @@ chorus_shmem_init(void)
 /*
  * chorus_check_writable
  *		Called at the first captured change of a transaction: refuse the write
- *		right away when this node cannot commit it.
+ *		right away when this node cannot commit it. Returns the coordinator's
+ *		epoch (bumped by each node_init) the transaction began writing in.
  */
-void
+uint64
 chorus_check_writable(void)
 {
 	bool		ready,
 				online;
+	uint64		epoch;
 	char		reason[sizeof(chorus_shared->offline_reason)];
 
 	if (chorus_socket_path == NULL || chorus_socket_path[0] == '\0')
@@ -74,6 +76,7 @@ chorus_check_writable(void)
 	LWLockAcquire(chorus_shared->lock, LW_SHARED);
 	ready = chorus_shared->ready;
 	online = chorus_shared->online;
+	epoch = chorus_shared->epoch;
 	memcpy(reason, chorus_shared->offline_reason, sizeof(reason));
 	LWLockRelease(chorus_shared->lock);
 	reason[sizeof(reason) - 1] = '\0';
@@ -90,6 +93,61 @@ chorus_check_writable(void)
 				 reason[0] ? errdetail("%s.", reason) :
 				 errdetail("The node is not online in the primary component of its cluster (joining, recovering, or partitioned away)."),
 				 errhint("See \"chorus status\"; reads keep working.")));
+	return epoch;
+}
+
+/*
+ * chorus_note_lost
+ *		This session's certified transaction, GID gid, ends without committing
+ *		(unknown: it ended before it learnt its verdict). Called at its abort,
+ *		before its row locks are released: a transaction that then takes
+ *		them checks at its commit, later.
+ */
+void
+chorus_note_lost(uint64 gid, bool unknown)
+{
+	LWLockAcquire(chorus_shared->lock, LW_EXCLUSIVE);
+	if (gid > chorus_shared->lost_gid)
+		chorus_shared->lost_gid = gid;
+	if (unknown)
+		chorus_shared->lost_unknown = true;
+	LWLockRelease(chorus_shared->lock);
+}
+
+/*
+ * chorus_check_lost
+ *		Refuse to commit a local transaction that may have changed rows of a
+ *		lost transaction (chorus_note_lost) as they were before it: one whose
+ *		snapshots (last_seen) did not all see the newest lost GID, or that
+ *		began writing (write_epoch) before a node_init that followed a session
+ *		whose verdict is not known. Serialization failure: a retry sees them.
+ */
+void
+chorus_check_lost(uint64 last_seen, uint64 write_epoch)
+{
+	uint64		lost;
+	bool		unknown;
+	uint64		epoch;
+
+	LWLockAcquire(chorus_shared->lock, LW_SHARED);
+	lost = chorus_shared->lost_gid;
+	unknown = chorus_shared->lost_unknown;
+	epoch = chorus_shared->lost_epoch;
+	LWLockRelease(chorus_shared->lock);
+	if (lost > last_seen)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("chorus: could not serialize access: certified transaction GID %llu of this node did not commit in its session and is applied from its writeset",
+						(unsigned long long) lost),
+				 errdetail("This transaction did not see it (it saw GID %llu) and may have changed its rows as they were before it.",
+						   (unsigned long long) last_seen),
+				 errhint("Retry the transaction.")));
+	if (unknown || write_epoch < epoch)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("chorus: could not serialize access: a certified transaction of this node may have ended without committing in its session"),
+				 errdetail("A session ended before it learnt its verdict; until this node's coordinator starts again, transactions that began writing before are refused."),
+				 errhint("Retry the transaction.")));
 }
 
 /*

@@ -45,6 +45,22 @@ typedef struct ChorusShared
 	uint64		base_gid;		/* watermark at node_init; the ring starts after it */
 	uint64		ring_count;		/* entries ever appended since node_init */
 	uint64		hold_above;		/* commits of GIDs above this wait (0: no hold) */
+
+	/*
+	 * Certified local transactions whose session ended without committing
+	 * them (terminated, or ended by the coordinator): each is applied from
+	 * its writeset instead, but its row locks were released uncommitted, so
+	 * another local transaction may have changed its rows as they were
+	 * before it. Certification does not compare writesets of one node (their
+	 * sessions order them by row locks), so that transaction is refused at
+	 * commit instead (chorus_check_lost): lost_gid is the newest such GID,
+	 * lost_unknown says a session ended before it could learn its verdict
+	 * (refused until the next node_init), lost_epoch refuses, after it, the
+	 * transactions that began writing before that node_init.
+	 */
+	uint64		lost_gid;
+	bool		lost_unknown;
+	uint64		lost_epoch;
 	TimestampTz hold_until;		/* ... until then at the latest */
 	char		offline_reason[256];	/* why writes are refused (set with online) */
 
@@ -75,7 +91,9 @@ extern ChorusShared *chorus_shared;
 
 extern Size chorus_shmem_size(void);
 extern void chorus_shmem_init(void);
-extern void chorus_check_writable(void);
+extern uint64 chorus_check_writable(void);
+extern void chorus_note_lost(uint64 gid, bool unknown);
+extern void chorus_check_lost(uint64 last_seen, uint64 write_epoch);
 extern uint64 chorus_visible_gid(void);
 extern uint64 chorus_visible_gid_clean(bool *clean);
 extern int	chorus_lane_of(uint64 gid);

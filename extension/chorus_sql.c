@@ -225,6 +225,17 @@ chorus_node_init(PG_FUNCTION_ARGS)
 	if (!chorus_shared->ready || chorus_shared->claimed_gid < (uint64) gid)
 		chorus_shared->claimed_gid = (uint64) gid;
 	chorus_shared->epoch++;
+	/*
+	 * A session ended before it learnt whether its transaction was certified
+	 * (chorus_check_lost): this coordinator applies it if it was before the
+	 * node takes writes again, but transactions that began writing before
+	 * now may have changed its rows as they were.
+	 */
+	if (chorus_shared->lost_unknown)
+	{
+		chorus_shared->lost_unknown = false;
+		chorus_shared->lost_epoch = chorus_shared->epoch;
+	}
 	chorus_shared->base_gid = (uint64) gid;
 	chorus_shared->ring_count = 0;
 	chorus_shared->online = false;

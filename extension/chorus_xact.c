@@ -133,6 +133,8 @@ chorus_xact_callback(XactEvent event, void *arg)
 				 * commits the writeset itself if certified).
 				 */
 				chorus_hold_cancel();
+				chorus_check_lost(cap->last_seen,
+								  cap->writable_checked ? cap->write_epoch : PG_UINT64_MAX);
 				chorus_request_verdict(cap, cs);
 				chorus_wait_own_turn(cs->gid, cs->wait_for);
 				chorus_claim_turn(cs->gid, &cs->claimed);
@@ -165,6 +167,11 @@ chorus_xact_callback(XactEvent event, void *arg)
 			}
 			chorus_restore_sync_commit(cs);
 			chorus_release_origin(cs);
+			if (cs->certified && !cs->ddl && !cs->applying)
+			{
+				/* before its row locks go: chorus_check_lost */
+				chorus_note_lost(cs->gid, false);
+			}
 			if (cs->certified)
 				chorus_send_done(CHORUS_FRAME_ABORTED, cs->gid, cs->xid);
 			chorus_xact_end(cap, cs);

@@ -58,6 +58,7 @@ from chorus.wslog import LogError, LogFeeder, WritesetLog, starts_again
 log = logging.getLogger("chorus.coordinator")
 
 TICK_S = 0.2
+REAPPLY_POLL_S = 0.02  # how often writes waiting for a restarted PostgreSQL to re-apply look again
 PROGRESS_EVERY_S = 1.0
 
 
@@ -350,9 +351,31 @@ class Coordinator:
         else:
             return
         await self.pipeline.restart(start.lanes, start.committed)
-        if self.replicator is not None and self.replicator.accepts_writes:
-            await self.db.set_online(True)
         self.pipeline.dispatch()
+        if self.replicator is not None and self.replicator.accepts_writes:
+            await self._reapplied()
+            if self.replicator.accepts_writes and self.db.ok.is_set():
+                await self.db.set_online(True)
+
+    async def _reapplied(self) -> None:
+        """Wait until PostgreSQL, back after a restart, has committed again every certified GID
+        (this node's own ones too, whose sessions died with it: they are applied from their
+        writesets) and this node's writesets still on the bus are settled. Writes stay refused
+        until then: a local transaction that ran meanwhile could change their rows as they were
+        before them, and certification does not compare writesets of one node (their sessions
+        order them by row locks) — found by the lab (a bank transfer's debit lost after a
+        PostgreSQL kill, seed 20)."""
+        r = self.replicator
+        assert r is not None
+        said = False
+        while not self.stopping.is_set() and r.accepts_writes and self.db.ok.is_set():
+            if self.pipeline.book.watermark >= r.last_certified and not r.local_in_flight():
+                return
+            if not said:
+                log.info("writes wait until the certified writesets up to GID %d are committed again",
+                         r.last_certified)
+                said = True
+            await asyncio.sleep(REAPPLY_POLL_S)
 
     # ---- the bus and the replicator's actions ---------------------------------------------
 

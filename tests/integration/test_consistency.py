@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Optional
 
 import psycopg
 import pytest
@@ -256,3 +256,76 @@ def test_certified_transaction_whose_backend_dies_is_replayed(cluster: Cluster) 
         with cluster.connect(i) as c:
             assert c.execute("SELECT v FROM replay_t ORDER BY id").fetchall() == [("remote",), ("replayed",)]
     assert cluster.status(0)["replayed"] >= 1
+
+
+def test_a_local_transaction_that_changed_a_replayed_transactions_rows_is_refused(cluster: Cluster) -> None:
+    """A local transaction certified, then terminated while it waits for its commit turn, releases
+    its row locks uncommitted; another session of the same node that was waiting for one of them
+    changes the row as it was before it. Certification does not compare writesets of one node, so
+    that transaction is refused at its commit (40001), or the replayed one's change would be lost
+    (found by the lab: a bank transfer's debit lost after a PostgreSQL kill, nemesis seed 20)."""
+    with cluster.connect(0) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS lost_acct (id integer PRIMARY KEY, balance integer NOT NULL)")
+        c.execute("INSERT INTO lost_acct VALUES (1, 0), (2, 100) ON CONFLICT (id) DO UPDATE SET balance = excluded.balance")
+    cluster.quiesce()
+    # hold node 0's applier: an idle transaction there holds row 1 (ended after the grace period)
+    holder = cluster.connect(0, autocommit=False)
+    holder.execute("UPDATE lost_acct SET balance = -1 WHERE id = 1")
+    with cluster.connect(1) as c:
+        c.execute("UPDATE lost_acct SET balance = 1 WHERE id = 1")  # certified; waits on node 0
+    # a local debit on node 0, certified after it, waits for its commit turn
+    victim = cluster.connect(0, autocommit=False)
+    pid = victim.execute("SELECT pg_backend_pid()").fetchone()[0]
+    victim.execute("UPDATE lost_acct SET balance = balance - 10 WHERE id = 2")
+    # a local credit on node 0 waits for the debit's row lock
+    other = cluster.connect(0, autocommit=False)
+    other_pid = other.execute("SELECT pg_backend_pid()").fetchone()[0]
+    outcome: dict[str, Any] = {}
+
+    def commit(name: str, conn: psycopg.Connection[Any], statement: Optional[str]) -> None:
+        try:
+            if statement:
+                conn.execute(statement)
+            conn.commit()
+            outcome[name] = "committed"
+        except psycopg.Error as e:
+            outcome[name] = e
+
+    threads = [threading.Thread(target=commit, args=("victim", victim, None)),
+               threading.Thread(target=commit, args=("other", other,
+                                                     "UPDATE lost_acct SET balance = balance + 5 WHERE id = 2"))]
+    threads[0].start()
+
+    def waits(c: psycopg.Connection[Any], who: int, event: str) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            state = c.execute("SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s",
+                              (who,)).fetchone()
+            if state and event in state:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"backend {who} never waited on {event}: {state}")
+
+    with cluster.connect(0) as c:
+        waits(c, pid, "Extension")  # certified, waiting for its turn
+        threads[1].start()
+        waits(c, other_pid, "Lock")  # waiting for the debit's row
+        c.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    for t in threads:
+        t.join(20)
+    holder.close()
+    assert isinstance(outcome.get("victim"), psycopg.Error), outcome
+    refused = outcome.get("other")
+    assert isinstance(refused, psycopg.Error) and refused.sqlstate == "40001", outcome
+    assert "applied from its writeset" in str(refused)
+    cluster.quiesce()
+    cluster.assert_identical()
+    for i in range(3):
+        with cluster.connect(i) as c:
+            assert c.execute("SELECT balance FROM lost_acct WHERE id = 2").fetchone() == (90,)
+    # once the debit is committed here, a retry sees it
+    with cluster.connect(0) as c:
+        c.execute("UPDATE lost_acct SET balance = balance + 5 WHERE id = 2")
+    cluster.quiesce()
+    with cluster.connect(2) as c:
+        assert c.execute("SELECT balance FROM lost_acct WHERE id = 2").fetchone() == (95,)

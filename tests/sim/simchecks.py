@@ -35,6 +35,7 @@ class Checker:
 
     def committed(self, host: "Host", gids: list[int]) -> None:
         for g in gids:
+            self._no_lost_update(host, g)
             c = host.db.chain[g]
             have = self.canon.get(g)
             if have is None:
@@ -45,6 +46,18 @@ class Checker:
                                 f"differs from what {holders} hold")
             else:
                 have[1].add(host.name)
+
+    def _no_lost_update(self, host: "Host", g: int) -> None:
+        """GID ``g`` changed each of its rows as the GID before it in the order left it (snapshot
+        isolation's first-committer-wins): its origin's client read the row at that version. A
+        change written over a version it never saw loses that version's change (the lab's seed
+        20: a transfer's debit lost)."""
+        db = host.db
+        read = self.sim.reads.get(db.ident[g], {})
+        for k, before in db.before.get(g, {}).items():
+            if k in read and read[k] < before:
+                raise Violation(f"lost update: GID {g} ({db.ident[g]}) on {host.name} changed row {k} as GID "
+                                f"{read[k]} left it, over GID {before}'s change it never saw")
 
     def lost(self, host: "Host", gids: list[int]) -> None:
         """``host``'s database no longer holds ``gids``."""

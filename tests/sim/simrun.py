@@ -276,6 +276,7 @@ class Run:
         lost = db.lose_unflushed(keep=min(keep, len(db.order) - 1 - db.order.index(db.flushed)))
         db.up = False
         h.db_generation += 1
+        h.lost_gid = 0  # the extension's shared memory starts again
         self.sim.trace(h.name, f"PostgreSQL crashed at GID {db.last}, lost {lost}")
         self.sim.checker.lost(h, lost)
 
@@ -373,6 +374,7 @@ class Run:
             h.coord.crash(PROCESS_CHANGE_S)
         old = list(h.db.order)
         h.db_generation += 1  # a new data directory: the old one's backends are gone
+        h.lost_gid = 0
         h.db.replace_with(donor.db)
         sim.checker.replaced(h, old)
         h.log.reset(h.db.last)

@@ -104,9 +104,13 @@ class SimDB:
     """A node's database: the GIDs it committed, in order, each with the writeset's identity
     (its xid, unique in a run) and a chain value (equal chain values at a GID: equal histories up to it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keys_of: Optional[dict[int, list[int]]] = None) -> None:
         self.up = True
         self.frozen = False
+        # what each writeset wrote (its xid -> its row keys: the simulation's clients')
+        self.keys_of: dict[int, list[int]] = keys_of if keys_of is not None else {}
+        self.writer: dict[int, int] = {}  # row key -> the GID of its last committed change here
+        self.before: dict[int, dict[int, int]] = {}  # GID -> what its rows' writers were before it
         self.last = 0  # the committed watermark
         self.flushed = 0  # committed and durable
         self.tampered: set[int] = set()  # keys someone changed behind Chorus's back: applies touching them fail
@@ -140,6 +144,20 @@ class SimDB:
             self.ident[gid] = ident
             self.order.append(gid)
             self.last = gid
+            self._wrote(gid, ident)
+
+    def _wrote(self, gid: int, ident: int) -> None:
+        keys = self.keys_of.get(ident, ())
+        self.before[gid] = {k: self.writer.get(k, 0) for k in keys}
+        for k in keys:
+            self.writer[k] = gid
+
+    def _rows_again(self) -> None:
+        """The rows' writers as the committed GIDs say (after commits were lost or replaced)."""
+        self.writer.clear()
+        self.before.clear()
+        for g in self.order[1:]:
+            self._wrote(g, self.ident[g])
 
     def flush(self) -> None:
         self.flushed = self.last
@@ -155,6 +173,8 @@ class SimDB:
         del self.order[i:]
         self.last = self.order[-1]
         self.flushed = self.last
+        if lost:
+            self._rows_again()
         return lost
 
     def replace_with(self, other: "SimDB") -> list[int]:
@@ -165,6 +185,7 @@ class SimDB:
         self.order = list(other.order)
         self.last = self.flushed = other.last
         self.tampered = set(other.tampered)
+        self._rows_again()
         return lost
 
 
@@ -250,6 +271,7 @@ class SimBus:
         self._ids = itertools.count(1)
         self._regroup_at: Optional[float] = None
         self.extra_latency = 0.0  # netem
+        self._last_send: dict[str, float] = {}  # member -> when its last message reaches the ring
 
     def host(self, member: str) -> int:
         return int(bus_node(member))
@@ -286,7 +308,14 @@ class SimBus:
     # -- sending and delivering
 
     def send(self, member: str, payload: bytes) -> None:
-        self.sim.clock.after(0.0005 + self.sim.rnd.random() * 0.0015 + self.extra_latency, self._order, member, payload)
+        """``member`` multicasts ``payload``: it reaches the ring after a while, after the member's
+        earlier messages (Corosync keeps one sender's messages in the order sent; a simulated bus
+        that reordered them made the sender count an earlier writeset lost, OwnMessages, and then
+        certify it: its session, told the outcome was unknown, had ended meanwhile)."""
+        at = self.sim.clock.now + 0.0005 + self.sim.rnd.random() * 0.0015 + self.extra_latency
+        at = max(at, self._last_send.get(member, 0.0) + 1e-7)
+        self._last_send[member] = at
+        self.sim.clock.at(at, self._order, member, payload)
 
     def _order(self, member: str, payload: bytes) -> None:
         comp = self.comps.get(member)
@@ -438,6 +467,7 @@ class Txn:
     state: str = "sent"  # sent, certified, committed, failed, unknown, refused
     gid: int = 0
     wait_for: int = 0
+    last_seen: int = 0  # the node's watermark when it wrote its rows (its snapshot)
 
 
 # ---- the coordinator's twin ------------------------------------------------------------------
@@ -509,6 +539,7 @@ class Coord:
         self.phase_reason = "starting"
         self.tickets: dict[int, Txn] = {}
         self.backends: dict[int, tuple[Txn, BackendRef]] = {}  # gid -> its waiting local backend
+        self.reapplying = False  # PostgreSQL came back: writes wait until it has every certified GID again
         self.offers: dict[str, list[bp.LogInfo]] = {}
         self.lock_tokens: set[int] = set()  # its apply transactions holding row locks
         self.socket: list[tuple[Txn, list[int]]] = []  # backends' COMMITs sent while it is frozen
@@ -709,6 +740,7 @@ class Coord:
         if not self.db_ok:
             return
         self.feed(ev.DbLost())
+        self.reapplying = True
         self.sim.trace(self.name, "lost PostgreSQL; reconnecting")
         self._wait_database()
 
@@ -729,13 +761,22 @@ class Coord:
             return "no coordinator"
         if not self.r.accepts_writes or not self.db_ok or not self.host.db.up:
             return self.phase_reason
+        if self.reapplying:
+            # coordinator._reapplied: writes wait until PostgreSQL, back, has every certified GID
+            # again and this node's writesets on the bus are settled
+            if self.book.watermark < self.r.last_certified or self.r.local_in_flight():
+                return "re-applying the certified writesets PostgreSQL lost"
+            self.reapplying = False
         return None
 
     def submit(self, txn: Txn, keys: list[int], defer: bool = False) -> None:
         """A backend's writeset, taken (it was accepting writes): it leaves with the next pump
         (bus.sender.BusSender.queue_writeset), so a freeze in between holds it until the thaw;
         ``defer``: not before the end of the bus batch being read."""
-        payload = make_writeset(txn.xid, self.host.db.last, keys)
+        if self.host.lost_gid > txn.last_seen:
+            txn.state = "refused"  # chorus_check_lost at its commit: 40001
+            return
+        payload = make_writeset(txn.xid, txn.last_seen, keys)
         ticket = self.feed(ev.WritesetEv(payload))
         self.tickets[ticket] = txn
         if not self._pump_scheduled and not defer:
@@ -793,6 +834,7 @@ class Coord:
         p = self.book.pending.get(gid)
         if p is None or p.backend is not b:
             txn.state = "unknown"
+            self.host.lost(txn)
             return
         db.commit([(gid, txn.xid)])
         db.flush()
@@ -1028,8 +1070,11 @@ class Host:
         self.sim = sim
         self.index = index
         self.name = f"n{index}"
-        self.db = SimDB()
+        self.db = SimDB(sim.writes)
         self.db_generation = 0  # PostgreSQL restarts: a backend of an older one is gone
+        # the extension's lost GID (chorus_note_lost): the newest certified local GID whose session
+        # ended uncommitted; it is in shared memory, so a PostgreSQL restart clears it
+        self.lost_gid = 0
         self.log = SimLog(log_capacity)
         self.state = NodeState(self.name)
         self.coord: Optional[Coord] = None
@@ -1056,8 +1101,16 @@ class Host:
                    for k in keys)
 
     def take_rows(self, txn: Txn, keys: list[int]) -> None:
+        """``txn`` writes ``keys`` now: it read each row as this node's database has it."""
+        txn.last_seen = self.db.last
+        self.sim.reads[txn.xid] = {k: self.db.writer.get(k, 0) for k in keys}
         for k in keys:
             self.rows[k] = txn
+
+    def lost(self, txn: Txn) -> None:
+        """A certified local transaction's session ends without committing it (chorus_note_lost:
+        its row locks are released uncommitted; it is applied from its writeset)."""
+        self.lost_gid = max(self.lost_gid, txn.gid)
 
     def orphan(self, txn: Txn, rows: list[bytes]) -> None:
         """A certified local transaction whose coordinator ended: its backend holds its rows and
@@ -1073,6 +1126,8 @@ class Host:
         db = self.db
         if generation != self.db_generation or not db.up or (not turn and epoch != self.node_epoch):
             txn.state = "unknown"  # its connection died with PostgreSQL, or the node was reset
+            if generation == self.db_generation and db.up:
+                self.lost(txn)  # its session ends at the epoch's change, before its row locks go
             db.release(token)
             return
         turn = turn or db.last >= txn.wait_for
@@ -1109,6 +1164,8 @@ class Sim:
         self.recorder: Optional[Callable[[Coord], TraceWriter]] = self._record if record else None
         self.rnd = random.Random(seed)
         self.clock = Clock()
+        self.writes: dict[int, list[int]] = {}  # each client transaction's xid -> the rows it writes
+        self.reads: dict[int, dict[int, int]] = {}  # xid -> the GID of each row's version it changed
         self.tracing = trace
         self.lines: deque[str] = deque(maxlen=None if trace else keep_trace)
         self.hosts: dict[str, Host] = {f"n{i}": Host(self, i, log_capacity) for i in range(1, n + 1)}
@@ -1159,6 +1216,7 @@ class Sim:
             txn.state = "refused"
             return
         keys = self.rnd.sample(range(KEYS), self.rnd.choice((1, 1, 2)))
+        self.writes[txn.xid] = keys
         if c.frozen:
             # its PostgreSQL is stopped too: only a COMMIT sent just before the freeze is waiting
             if len(c.socket) < 3 and not host.rows_busy(txn, keys):

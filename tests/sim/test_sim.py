@@ -14,6 +14,7 @@ import os
 import pytest
 
 import simrun
+from simworld import Sim, Violation
 
 SEEDS = int(os.environ.get("CHORUS_SIM_SEEDS", "2000"))
 FIRST = int(os.environ.get("CHORUS_SIM_FIRST_SEED", "1"))
@@ -169,3 +170,21 @@ def test_a_catch_up_replaced_by_a_newer_one_feeds_it_nothing(seed: int) -> None:
     r = simrun.run(seed, script=script, n=3, seconds=28.0, rate=120.0, capacity=20000, keep_trace=100000)
     assert r.ok, report([r])
     assert len([line for line in _trace(r, "n3 phase recovering")]) >= 2, report([r])
+
+
+
+def test_the_checker_finds_a_change_written_over_a_version_it_never_saw() -> None:
+    """The lab's seed 20 (a bank transfer's debit lost on every node): GID 123152 changed a row as
+    it was before GID 123084, which changed it first in the order. Every commit of the simulation
+    is checked for it (simchecks.Checker._no_lost_update); a model of the fix is in simworld
+    (Host.lost, Coord.refusal while re-applying)."""
+    sim = Sim(1, n=1)
+    host = sim.hosts["n1"]
+    sim.writes.update({11: [5], 12: [5, 6], 13: [5]})
+    sim.reads.update({11: {5: 0}, 12: {5: 1, 6: 0}, 13: {5: 1}})
+    for gid, xid in ((1, 11), (2, 12)):
+        host.db.commit([(gid, xid)])
+        sim.checker.committed(host, [gid])
+    host.db.commit([(3, 13)])
+    with pytest.raises(Violation, match="lost update: GID 3 .* row 5 as GID 1 left it, over GID 2"):
+        sim.checker.committed(host, [3])
