@@ -25,6 +25,8 @@ MAINTAINER="Chorus maintainers <maintainers@users.noreply.a-seed-a3a1e2d1.exampl
 say() { printf 'build-debs: %s\n' "$*"; }
 die() { printf 'build-debs: %s\n' "$*" >&2; exit 1; }
 umask 022
+# the environment is checked as it is: nothing of the caller's Python may reach it
+unset PYTHONPATH PYTHONHOME PYTHONSTARTUP VIRTUAL_ENV
 
 for tool in dpkg-deb make cc; do
   command -v "$tool" >/dev/null || die "$tool not found (scripts/setup.sh installs what is needed)"
