@@ -73,7 +73,7 @@ copy_sources() {  # DEST
       | while IFS= read -r -d '' f; do [ -f "$REPO/$f" ] && printf '%s\0' "$f"; done \
       | tar -C "$REPO" --null -T - -cf - | tar -C "$1" -xf -
   else
-    tar -C "$REPO" --exclude=__pycache__ --exclude='*.so' --exclude='*.c' -cf - \
+    tar -C "$REPO" --exclude=__pycache__ --exclude='*.so' --exclude='*.egg-info' --exclude='coordinator/chorus/_c*.c' -cf - \
         pyproject.toml setup.py coordinator spark/chorus_spark | tar -C "$1" -xf -
   fi
 }
