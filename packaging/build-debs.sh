@@ -10,14 +10,12 @@
 # python3-venv and python3-dev) and PyPI, or pip's cache, for the coordinator's dependencies.
 # Root is not needed: the packages' files are owned by root all the same (--root-owner-group).
 #
-# The coordinator's wheel is built once per content of its sources and kept in build/cache/wheels;
-# pip's own cache keeps the dependencies. PIP_CONSTRAINT=FILE pins them, as pip reads it.
+# The coordinator's wheel is built once per content of its sources (packaging/build-wheel.sh, kept
+# in build/cache/wheels); pip's own cache keeps the dependencies. PIP_CONSTRAINT=FILE pins them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REPO=$(pwd)
 OUT=$(realpath -m "${1:-build/debs}")
 WORK=$OUT/.work
-WHEELS=$REPO/build/cache/wheels
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 PYTHON=/usr/bin/python3          # Debian's: the package's environment runs on it
 VENV=/opt/chorus/venv            # where the coordinator's environment is installed
@@ -37,7 +35,7 @@ VERSION=$(packaging/version.sh)
 ARCH=$(dpkg --print-architecture)
 say "version $VERSION, $ARCH, into $OUT"
 rm -rf "$WORK"
-mkdir -p "$WORK" "$OUT" "$WHEELS"
+mkdir -p "$WORK" "$OUT"
 
 # DEBIAN/control from the package's template, sized by what the package holds
 write_control() {  # PACKAGE ROOT
@@ -64,20 +62,6 @@ build_extension() {
 }
 
 # ---- chorus: the coordinator's environment, made in the package's root and moved by nothing -----
-# The wheel is built from the tree's files as git lists them (no build directory, in-place module
-# or cache of a run gets in); without git (a container build's copy), from the directories it needs.
-copy_sources() {  # DEST
-  mkdir -p "$1"
-  if git -C "$REPO" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-    git -C "$REPO" ls-files -co --exclude-standard -z -- pyproject.toml setup.py coordinator spark/chorus_spark \
-      | while IFS= read -r -d '' f; do [ -f "$REPO/$f" ] && printf '%s\0' "$f"; done \
-      | tar -C "$REPO" --null -T - -cf - | tar -C "$1" -xf -
-  else
-    tar -C "$REPO" --exclude=__pycache__ --exclude='*.so' --exclude='*.egg-info' --exclude='coordinator/chorus/_c*.c' -cf - \
-        pyproject.toml setup.py coordinator spark/chorus_spark | tar -C "$1" -xf -
-  fi
-}
-
 # A console script that runs the environment's python beside it, wherever the environment is:
 # installed (/opt/chorus/venv) or unpacked elsewhere (a test's root). pip writes the same
 # sh/python preamble for paths too long for a #! line.
@@ -93,22 +77,12 @@ relocatable_script() {  # FILE
 }
 
 build_coordinator() {
-  local root=$WORK/chorus src=$WORK/src key wheel venv
+  local root=$WORK/chorus wheel venv
   venv=$root$VENV
-  copy_sources "$src"
-  key=$(cd "$src" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
-  wheel=$(ls "$WHEELS/$key"/pgchorus-"$VERSION"-*.whl 2>/dev/null | head -1 || true)
-
   say "making the coordinator's environment ($VENV)"
   "$PYTHON" -m venv "$venv"
-  if [ -z "$wheel" ]; then
-    say "building the wheel (the compiled hot path: Cython)"
-    "$venv/bin/python" -m pip wheel -q --no-deps -w "$WORK/wheel" "$src"
-    mkdir -p "$WHEELS/$key.tmp"
-    mv "$WORK"/wheel/pgchorus-"$VERSION"-*.whl "$WHEELS/$key.tmp/"
-    rm -rf "$WHEELS/$key"; mv "$WHEELS/$key.tmp" "$WHEELS/$key"
-    wheel=$(ls "$WHEELS/$key"/pgchorus-"$VERSION"-*.whl)
-  fi
+  wheel=$(packaging/build-wheel.sh "$venv/bin/python")
+  [ "$(basename "$wheel" | cut -d- -f2)" = "$VERSION" ] || die "$wheel is not version $VERSION"
   say "installing $(basename "$wheel") and its dependencies"
   "$venv/bin/python" -m pip install -q --no-compile --disable-pip-version-check "$wheel"
   CHORUS_IMPL=c "$venv/bin/python" -c 'import chorus.wire, chorus.certifier, chorus.commit.scheduler, chorus.commit.backendproto, chorus.bus.proto' \
