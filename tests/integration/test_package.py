@@ -5,13 +5,14 @@ that works from it, without the source tree."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+
+import chorus
 
 pytestmark = pytest.mark.integration
 
@@ -20,18 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(900)
 def test_a_wheel_built_from_the_tree_installs_a_working_cli(tmp_path: Path) -> None:
-    dist, site, src = tmp_path / "dist", tmp_path / "site", tmp_path / "src"
-    # the tree's files as git knows them (no build directory or in-place module left by a run)
-    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard", "-z"],
-                           capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, files):
-        if (ROOT / name).is_file():
-            (src / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, src / name)
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)],
+    site = tmp_path / "site"
+    # built as the Debian package builds it: from the tree's files as git knows them (no build
+    # directory or in-place module left by a run), once per content (packaging/build-wheel.sh)
+    r = subprocess.run(["bash", str(ROOT / "packaging/build-wheel.sh"), sys.executable],
                        capture_output=True, text=True, timeout=800)
     assert r.returncode == 0, r.stderr[-3000:]
-    (wheel,) = dist.glob("pgchorus-*.whl")
+    wheel = Path(r.stdout.strip())
+    assert wheel.name.startswith(f"pgchorus-{chorus.__version__}-"), wheel
     names = zipfile.ZipFile(wheel).namelist()
     for module in ("_cwire", "_ccert", "_csched", "_cproto"):
         assert any(n.startswith(f"chorus/{module}.") and n.endswith(".so") for n in names), module

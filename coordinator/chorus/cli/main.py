@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+import chorus
 from chorus.cli import check as check_cmds
 from chorus.cli import demo as demo_cmds
 from chorus.cli import lab as lab_cmds
@@ -14,7 +15,7 @@ from chorus.cli import node as node_cmds
 
 
 @click.group()
-@click.version_option(package_name="pgchorus")
+@click.version_option(version=chorus.__version__, prog_name="chorus")
 def cli() -> None:
     """Chorus: synchronous multi-master replication for PostgreSQL."""
 
