@@ -35,6 +35,7 @@ from chorus.history import Decision, Epoch, MemberRecord
 from chorus.certifier import OK, CertificationIndex, Certifier, CertifierClass, Verdict
 from chorus.membership import Holding as Holding  # (its home is membership.py)
 from chorus.membership import Membership, Place, view_quorum
+from chorus.link import position as link_position
 from chorus.outcomes import Outcome, OutcomeIndex
 
 log = logging.getLogger("chorus.replicator")
@@ -75,7 +76,22 @@ def _unstable_entry(node: str, gid: int, a: Action) -> tuple[int, int, str, byte
         assert a.writeset is not None
         return gid, a.prev, node, a.writeset.raw or wire.encode(a.writeset)
     assert isinstance(a, Apply)
+    if a.link is not None:  # a link writeset travels as its message (its origin says so)
+        return gid, a.prev, a.origin, bp.encode(a.link)
     return gid, a.prev, a.origin, a.writeset.raw or wire.encode(a.writeset)
+
+
+def _unstable_action(gid: int, prev: int, origin: str, data: bytes) -> Action:
+    """An entry of a GID answer's ``unstable`` as the joiner applies it (_unstable_entry's inverse)."""
+    if link_position.is_link_origin(origin):
+        try:
+            m = bp.decode(data)
+        except bp.BusProtoError as e:
+            raise wire.WireError(f"link writeset of GID {gid}: {e}") from None
+        if not isinstance(m, bp.LinkWriteset):
+            raise wire.WireError(f"GID {gid} of origin {origin} is not a link writeset")
+        return Apply(gid, prev, origin, wire.scan(m.writeset), link=m)
+    return Apply(gid, prev, origin, wire.scan(data))
 
 
 @dataclass(frozen=True)
@@ -155,7 +171,7 @@ class Replicator:
         self.ddl_open: dict[int, str] = {}  # schema change GID -> origin node
         # Writesets delivered while a schema change's outcome is open: certified once it is known
         # (its content's keys recorded first), in GID order. Every node defers alike.
-        self._deferred: list[tuple[int, bp.WritesetMsg, wire.Writeset]] = []
+        self._deferred: list[tuple[int, bp.WritesetMsg | bp.LinkWriteset, wire.Writeset]] = []
         # inconsistency voting: open ballots by GID, and the outcomes decided (the last ones)
         self.ballots: dict[int, _Ballot] = {}
         self.decided: dict[int, bool] = {}
@@ -454,7 +470,7 @@ class Replicator:
         # brings those the primary has). Their clients hear that the outcome is unknown.
         held, self._unstable = self._unstable, []
         held += [(gid, LocalVerdict(m.ticket, True, gid, 0, "", ws)) for gid, m, ws in self._deferred
-                 if m.origin == self.node]
+                 if isinstance(m, bp.WritesetMsg) and m.origin == self.node]
         self._deferred.clear()
         self.ddl_open.clear()
         for gid, a in held:
@@ -614,7 +630,7 @@ class Replicator:
         if refusal is not None:
             return self._stay_out(refusal, admitted)
         try:
-            unstable: list[tuple[int, Action]] = [(g, Apply(g, prev, origin, wire.scan(ws)))
+            unstable: list[tuple[int, Action]] = [(g, _unstable_action(g, prev, origin, ws))
                                                   for g, prev, origin, ws in msg.unstable if g > self.last_gid]
         except wire.WireError as e:
             self.stats.malformed += 1
@@ -670,6 +686,8 @@ class Replicator:
             for m in msg.messages():
                 out += self._writeset(m)
             return out
+        if isinstance(msg, bp.LinkWriteset):
+            return self._link_writeset(msg)
         if isinstance(msg, bp.SyncMarker):
             if msg.node != self.node:
                 return []
@@ -795,11 +813,56 @@ class Replicator:
             return []
         return self._certify(gid, msg, ws)
 
+    def _link_writeset(self, msg: bp.LinkWriteset) -> list[Action]:
+        """A transaction of a peer site, sent on by this site's receiver of ``msg.link``
+        (docs/LINKS.md section 3): it takes a GID like any writeset, if its sender is a member
+        at this place; malformed, or with a schema change (links do not carry them yet), it
+        fails here as everywhere, and its receiver, which waits for it, sends it again from the
+        link's durable position."""
+        if self.phase not in _FOLLOWING or not self.quorate or msg.node not in self.online:
+            return []
+        self.gid += 1
+        gid = self.gid
+        self.stats.delivered += 1
+        self.outcomes.seen(gid)
+        try:
+            ws = wire.scan(msg.writeset)
+            if ws.has_schema:
+                raise wire.WireError("a link writeset carries no schema change")
+        except wire.WireError as e:
+            log.warning("link writeset of link %s (peer GID %d) from %s refused: %s", msg.link, msg.peer_gid,
+                        msg.node, e)
+            self.stats.malformed += 1
+            self.stats.cert_failures += 1
+            return []
+        if self.ddl_open or self._deferred:
+            self._deferred.append((gid, msg, ws))
+            return []
+        return self._certify(gid, msg, ws)
+
+    def _certify_link(self, gid: int, msg: bp.LinkWriteset, ws: wire.Writeset) -> list[Action]:
+        """Certify a link writeset by the same rule as any writeset (invariant 2), under its
+        link's origin and as a blind write ordered at its GID: it saw everything before it (it
+        read nothing of this site), so it never fails, while a local transaction that overlaps
+        it and is certified after it without having seen it fails (40001), on every node."""
+        origin = link_position.origin(msg.link)
+        v = self.certifier.certify(gid, origin, gid - 1, ws.keys)
+        if not v.ok:  # nothing certified lies between gid - 1 and gid: only a bug gets here
+            log.error("link writeset GID %d of link %s failed certification: %s", gid, msg.link, v.reason)
+            self.stats.cert_failures += 1
+            return []
+        prev, self.last_certified = self.last_certified, gid
+        self.stats.certified += 1
+        self.stats.remote_certified += 1
+        return self._hold(gid, Apply(gid, prev, origin, ws, link=msg))
+
     def local_in_flight(self) -> list[wire.Writeset]:
         """This node's writesets sent for ordering and not delivered back yet."""
         return list(self._local_scanned.values())
 
-    def _certify(self, gid: int, msg: bp.WritesetMsg, ws: wire.Writeset) -> list[Action]:
+    def _certify(self, gid: int, msg: "bp.WritesetMsg | bp.LinkWriteset", ws: wire.Writeset) -> list[Action]:
+        if isinstance(msg, bp.LinkWriteset):
+            return self._certify_link(gid, msg, ws)
         local = msg.origin == self.node
         if ws.toi:
             # total order isolation: never fails, runs after all before it; its keys are
