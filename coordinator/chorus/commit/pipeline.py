@@ -501,6 +501,7 @@ class CommitPipeline:
                 if p.link is not None and len(run) == 1:
                     link, final = p.link, functools.partial(self._link_final, p)
                     done = await session.apply_link(gid, p.wait_for, p.prev, link.link, final, skip=p.skip)
+                    self._log_link(p)
                 else:
                     done = await session.apply_run(gid, first.wait_for, writesets,
                                                    ddl_ok=p.ddl_ok is not False and not p.skip, prev=first.prev)
@@ -589,8 +590,16 @@ class CommitPipeline:
                 log.info("GID %d: link %s, peer GID %d after %d, commits empty (%s; the link is at peer GID %s)",
                          p.gid, p.link.link, p.link.peer_gid, p.link.after, decision.value,
                          current.applied_gid if current is not None else "none")
-            self.feeder.outcome(p.gid, True, p.link_final)
         return p.link_final
+
+    def _log_link(self, p: Pending) -> None:
+        """Link writeset ``p`` committed here: its log record is what it committed (the record
+        waited for this since its admission), empty if voting made it commit empty."""
+        if p.skip or p.link_final is None:
+            if p.link_final is not None and p.link_decision == link_position.Decision.APPLY:
+                p.link_decision = None  # decided, but voting had it commit empty
+            p.link_final = wire.empty(p.writeset.encoding)
+        self.feeder.outcome(p.gid, True, p.link_final)
 
     def _apply_failed(self, run: list[int], e: Exception) -> None:
         """What a failed apply of ``run`` leads to: the run again, whole or in parts, or the
