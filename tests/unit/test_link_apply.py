@@ -363,3 +363,39 @@ def test_a_link_that_cannot_work_is_refused(tmp_path: Any, change: tuple[str, st
 def test_two_links_of_one_name_are_refused(tmp_path: Any) -> None:
     with pytest.raises(ChorusConfigError, match="two links named"):
         _load(tmp_path, LINK_TOML + LINK_TOML)
+
+
+# ---- the pipeline: decided once, logged as committed -------------------------------------------
+
+def test_the_pipeline_decides_once_and_logs_what_committed(tmp_path: Any) -> None:
+    """A link writeset's record waits in the log until it committed here, and is then what it
+    committed: the peer's rows and the position, decided at the first attempt and kept (a retry
+    that reads a moved row applies the same bytes); empty when voting had it commit empty."""
+    from chorus.commit.pipeline import Pending
+    from test_shell_parts import Db, _pipeline
+
+    async def go() -> None:
+        p, log = _pipeline(tmp_path, Db(ok=False))
+        m = step(after=0, peer_gid=5)
+        first = Pending(1, 0, lp.origin(m.link), wire.scan(m.writeset), link=m)
+        p.admit(first, local=False)
+        m2 = step(after=5, peer_gid=9, ticket=2)
+        second = Pending(2, 1, lp.origin(m2.link), wire.scan(m2.writeset), link=m2)
+        p.admit(second, local=False)
+        # one after the other (the link's row), and never in a run
+        assert p.scheduler.ready_runs(4, 8, p._run_fits) == [[1]]
+        p.feeder.flush()
+        assert log.end_gid == 0  # the records wait for what they commit
+        final = p._link_final(first, None)
+        assert p._link_final(first, ("east-west", "east", 5, 6, 0, 0)) == final  # kept
+        assert first.link_decision == lp.Decision.APPLY
+        p._log_link(first)
+        second.skip = True  # voting: it commits empty
+        p._log_link(second)
+        p.feeder.flush()
+        records = log.reader(0).read(10)
+        assert [(r.gid, r.origin) for r in records] == [(1, "link:east-west"), (2, "link:east-west")]
+        assert bytes(records[0].payload) == final
+        assert wire.decode(bytes(records[0].payload)).tables[-1] == lp.POSITION_TABLE
+        assert bytes(records[1].payload) == wire.empty()
+    asyncio.run(go())
