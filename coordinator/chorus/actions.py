@@ -56,6 +56,10 @@ class Apply:
     origin: str
     writeset: wire.Writeset
     settle: bool = False
+    # a link writeset (docs/LINKS.md section 3): the message, whose writeset is ``writeset``;
+    # ``origin`` is then the link's (link.position.origin), and every node applies it, its
+    # receiving node too
+    link: Optional[bp.LinkWriteset] = None
 
 
 @dataclass(frozen=True)

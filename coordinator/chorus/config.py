@@ -32,12 +32,26 @@ partners = ["n2"]            # preferred recovery partners, in order (default: l
 auto_total = false           # `chorus node join`: total recovery when no member's log holds the gap
 [metrics]                    # HTTP: /metrics (Prometheus), /health, /writable, /ready (docs/OPERATIONS.md)
 listen = "127.0.0.1:9433"    # default: none
+[[link]]                     # a link to another site (docs/LINKS.md); one table per link
+name = "east-west"           # the same on both sites
+site = "east"                # this site's name, and the peer's ([A-Za-z0-9_.:-], at most 64)
+peer_site = "west"
+listen = "0.0.0.0:7533"      # serve this site's changes to the peer (its receiver connects here)
+peers = ["west1:7533", "west2:7533"]  # receive the peer's changes from these senders, in turn
+nodes = ["n1", "n2"]         # the nodes that may run the receiver (default: any member): the
+                             # lowest-named synced member among them does
+window = 64                  # received transactions in flight on the bus at most
+tls_cert = "/d/keys/cluster.crt"       # the certificate this site presents, and its key
+tls_key = "/d/keys/cluster.key"
+peer_cert = "/d/keys/west.crt"         # the only certificate accepted from the peer
+secret_file = "/d/keys/east-west.secret"  # the link's shared secret (at least 32 bytes)
 ```
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +59,71 @@ from typing import Any
 
 class ChorusConfigError(Exception):
     """The configuration file is missing, unreadable or invalid."""
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    """One ``[[link]]`` table: a link to another site as this node takes part in it."""
+
+    name: str
+    site: str
+    peer_site: str
+    tls_cert: str
+    tls_key: str
+    peer_cert: str
+    secret_file: str
+    listen: str = ""  # host:port of this node's sender; "" = this node serves no sender
+    peers: tuple[str, ...] = ()  # the peer's senders; () = this site does not receive on this link
+    nodes: tuple[str, ...] = ()  # the nodes that may run the receiver; () = any member
+    window: int = 64
+
+
+_LINK_KEYS: dict[str, tuple[type, bool]] = {
+    "name": (str, True), "site": (str, True), "peer_site": (str, True), "tls_cert": (str, True),
+    "tls_key": (str, True), "peer_cert": (str, True), "secret_file": (str, True), "listen": (str, False),
+    "peers": (list, False), "nodes": (list, False), "window": (int, False)}
+_LINK_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
+
+
+def _links(path: str, raw: Any) -> tuple[LinkConfig, ...]:
+    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
+        raise ChorusConfigError(f"{path}: [[link]] must be tables, one per link")
+    out: list[LinkConfig] = []
+    for t in raw:
+        values: dict[str, Any] = {}
+        for key, value in t.items():
+            if key not in _LINK_KEYS:
+                raise ChorusConfigError(f"{path}: unknown key link.{key}")
+            typ, _ = _LINK_KEYS[key]
+            if not isinstance(value, typ) or isinstance(value, bool) and typ is int:
+                raise ChorusConfigError(f"{path}: link.{key} must be a {typ.__name__}")
+            if isinstance(value, list):
+                if not all(isinstance(v, str) for v in value):
+                    raise ChorusConfigError(f"{path}: link.{key} must be a list of strings")
+                value = tuple(value)
+            values[key] = value
+        for key, (_, required) in _LINK_KEYS.items():
+            if required and key not in values:
+                raise ChorusConfigError(f"{path}: missing link.{key}" + (f" in link {values['name']}" if "name" in values else ""))
+        link = LinkConfig(**values)
+        for what in ("name", "site", "peer_site"):
+            if not _LINK_NAME.match(getattr(link, what)):
+                raise ChorusConfigError(f"{path}: link.{what} {getattr(link, what)!r} must be 1 to 64 of "
+                                        "[A-Za-z0-9_.:-]")
+        if link.site == link.peer_site:
+            raise ChorusConfigError(f"{path}: link {link.name} joins site {link.site} to itself")
+        if not link.listen and not link.peers:
+            raise ChorusConfigError(f"{path}: link {link.name} has neither listen (a sender) nor peers (a receiver)")
+        if link.window < 1:
+            raise ChorusConfigError(f"{path}: link.window must be at least 1")
+        for address in (link.listen, *link.peers):
+            host, _, port = address.rpartition(":")
+            if address and not (host and port.isdigit() and 0 < int(port) < 65536):
+                raise ChorusConfigError(f"{path}: link {link.name}: {address!r} is not host:port")
+        if link.name in {x.name for x in out}:
+            raise ChorusConfigError(f"{path}: two links named {link.name}")
+        out.append(link)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -80,6 +159,7 @@ class NodeConfig:
     # deployment, one Corosync per node).
     bus_members: int = 0
     metrics_listen: str = ""  # host:port of the HTTP endpoints (endpoints.py); "" = none
+    links: tuple[LinkConfig, ...] = ()  # [[link]]: links to other sites (docs/LINKS.md)
 
     @property
     def wslog_dir(self) -> str:
@@ -135,6 +215,9 @@ def load_config(path: str) -> NodeConfig:
         raise ChorusConfigError(f"{path}: {e}") from e
     values: dict[str, Any] = {}
     for section, body in raw.items():
+        if section == "link":
+            values["links"] = _links(path, body)
+            continue
         if section not in _SCHEMA:
             raise ChorusConfigError(f"{path}: unknown section [{section}]")
         if not isinstance(body, dict):
@@ -184,6 +267,16 @@ def _toml_str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _link_toml(link: LinkConfig) -> str:
+    def strs(xs: tuple[str, ...]) -> str:
+        return "[" + ", ".join(_toml_str(x) for x in xs) + "]"
+    return ("[[link]]\n" + "".join(f"{k} = {_toml_str(v)}\n" for k, v in (
+        ("name", link.name), ("site", link.site), ("peer_site", link.peer_site), ("listen", link.listen),
+        ("tls_cert", link.tls_cert), ("tls_key", link.tls_key), ("peer_cert", link.peer_cert),
+        ("secret_file", link.secret_file)) if v)
+        + f"peers = {strs(link.peers)}\nnodes = {strs(link.nodes)}\nwindow = {link.window}\n")
+
+
 def write_config(cfg: NodeConfig, path: str) -> None:
     text = (
         "[node]\n"
@@ -218,6 +311,7 @@ def write_config(cfg: NodeConfig, path: str) -> None:
         + f"partners = [{', '.join(_toml_str(p) for p in cfg.recovery_partners)}]\n"
         + f"auto_total = {'true' if cfg.auto_total else 'false'}\n"
         + (f"[metrics]\nlisten = {_toml_str(cfg.metrics_listen)}\n" if cfg.metrics_listen else "")
+        + "".join(_link_toml(link) for link in cfg.links)
     )
     # never through a link: `chorus local up` (root) writes it in the service user's directory
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)

@@ -42,6 +42,8 @@ from chorus.commit.pipeline import CommitPipeline, Hooks, Pending, raw
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.config import NodeConfig
 from chorus.endpoints import Endpoints
+from chorus.link.proto import LinkError
+from chorus.link.site import SiteLinks
 from chorus.lockwatch import watch_blockers
 from chorus.nodedb import DB_RETRY_S, DatabaseFatal, NodeDatabase, NodeStart
 from chorus import nodestatus
@@ -117,13 +119,17 @@ class Coordinator:
             self.counters, send, self._spawn,
             Hooks(committed_here=self.voting.committed_here, apply_failed=self.voting.apply_failed,
                   tell_backend=lambda p, ok, failure: BackendServer.settled(p, ok, failure),
-                  connection_lost=self._check_database, fatal=self._fail, backlog_changed=self._flow_check),
+                  connection_lost=self._check_database, fatal=self._fail, backlog_changed=self._flow_check,
+                  link_committed=self._link_committed),
             self.spool)
         self.causal = CausalReads(cfg.name, send)
         self.backends = BackendServer(
             cfg.name, self.wslog.max_payload(cfg.name), self.counters, self.pipeline, self.sender, self.causal,
             refusal=self._refusal, expect=self._expect_local)
         self.catchup: Optional[CatchUpRunner] = None  # once the replicator exists
+        # [[link]]: this node's part in its site's links to other sites (docs/LINKS.md)
+        self.links = (SiteLinks(cfg.name, cfg.links, self.wslog, lambda: self.pipeline.watermark, send,
+                                self.db.q_all, self.spool) if cfg.links else None)
         self.endpoints: Optional[Endpoints] = None  # [metrics] listen
 
     # ---- start and stop -----------------------------------------------------------------
@@ -180,6 +186,11 @@ class Coordinator:
                                                      lambda: self.pipeline.watermark)
             await self.recovery_server.start(self.cfg.recovery_listen)
             log.info("recovery server listening on %s", self.cfg.recovery_listen)
+        if self.links is not None:
+            try:
+                await self.links.start()
+            except (OSError, LinkError) as e:
+                raise FatalError(f"cannot serve a link: {e}") from e
         self.bus = self.bus_factory()
         self.bus.use_spool(self.spool)
         self.backends.spool = self.spool
@@ -231,6 +242,8 @@ class Coordinator:
             save_state(self.cfg.state_file, self.state)
         for t in self._tasks:
             t.cancel()
+        if self.links is not None:
+            await self.links.close()
         if self.recovery_server is not None:
             await self.recovery_server.close()
         try:
@@ -421,7 +434,8 @@ class Coordinator:
                     # applies it only once caught up, and reports now (docs/SECURITY.md)
                     self.sender.send(bp.Vote(self.cfg.name, a.gid, True, "catching up: applies it later"))
             elif isinstance(a, Apply):
-                self.pipeline.admit(Pending(a.gid, a.prev, a.origin, a.writeset, settle=a.settle), local=False)
+                self.pipeline.admit(Pending(a.gid, a.prev, a.origin, a.writeset, settle=a.settle, link=a.link),
+                                    local=False)
                 self.pipeline.dispatch_soon()
             elif isinstance(a, DdlOutcome):
                 if not a.settle:  # (a settled one is logged once every node has reported)
@@ -481,6 +495,9 @@ class Coordinator:
             except psycopg.Error as e:
                 self._spawn(self._database_lost(str(e).strip()))
                 continue
+            if self.links is not None:
+                r = self.replicator
+                self.links.membership(r.synced & set(r.online), r.phase == Phase.ONLINE and r.accepts_writes)
             if now - last_progress >= PROGRESS_EVERY_S:
                 last_progress = now
                 msg = self.replicator.progress_message(self.pipeline.watermark)
@@ -498,6 +515,11 @@ class Coordinator:
         if r is None:
             return None
         return r.decided.get(gid, r.settled.get(gid))
+
+    def _link_committed(self, p: Pending) -> None:
+        """A link writeset committed here: this node's receiver of its link waits for it."""
+        if self.links is not None and p.link is not None:
+            self.links.committed(p.link, p.link_decision)
 
     def _refusal(self) -> Optional[str]:
         """Why this node takes no writes now, or None if it does."""

@@ -34,6 +34,7 @@ from chorus.bus import Delivery, View, Votes
 from chorus.certifier import CertificationIndex, Certifier, CertifierClass
 from chorus.dataplane.order import Conflict, OrderCore, Stats
 from chorus.history import Decision, Epoch, MemberRecord
+from chorus.link import position as link_position
 from chorus.membership import Holding as Holding  # (its home is membership.py)
 from chorus.membership import Membership, Place, view_quorum
 from chorus.outcomes import OutcomeIndex
@@ -52,6 +53,20 @@ class _Ballot:
     voters: frozenset[str]  # the nodes online when the vote opened
     votes: dict[str, tuple[bool, str]] = field(default_factory=dict)
     schema: bool = False  # a schema change's reports: every voter must have applied it
+
+
+def _unstable_action(gid: int, prev: int, origin: str, data: bytes) -> Action:
+    """An entry of a GID answer's ``unstable`` as the joiner applies it (OrderCore.unstable_entries'
+    inverse)."""
+    if link_position.is_link_origin(origin):
+        try:
+            m = bp.decode(data)
+        except bp.BusProtoError as e:
+            raise wire.WireError(f"link writeset of GID {gid}: {e}") from None
+        if not isinstance(m, bp.LinkWriteset):
+            raise wire.WireError(f"GID {gid} of origin {origin} is not a link writeset")
+        return Apply(gid, prev, origin, wire.scan(m.writeset), link=m)
+    return Apply(gid, prev, origin, wire.scan(data))
 
 
 def _uuid4() -> uuid.UUID:
@@ -516,7 +531,7 @@ class Replicator:
         if refusal is not None:
             return self._stay_out(refusal, admitted)
         try:
-            unstable: list[tuple[int, Action]] = [(g, Apply(g, prev, origin, wire.scan(ws)))
+            unstable: list[tuple[int, Action]] = [(g, _unstable_action(g, prev, origin, ws))
                                                   for g, prev, origin, ws in msg.unstable if g > self.last_gid]
         except wire.WireError as e:
             self.stats.malformed += 1
@@ -566,6 +581,8 @@ class Replicator:
             for m in msg.messages():
                 out += self.order.writeset(m)
             return out
+        if isinstance(msg, bp.LinkWriteset):
+            return self.order.link_writeset(msg)
         if isinstance(msg, bp.SyncMarker):
             if msg.node != self.node:
                 return []

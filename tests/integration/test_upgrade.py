@@ -41,6 +41,15 @@ SELECT pg_describe_object(classid, objid, objsubid) FROM pg_depend
    AND deptype = 'e' ORDER BY 1
 """
 SCHEMA = "SELECT nspacl::text FROM pg_namespace WHERE nspname = 'chorus'"
+TABLES = """
+SELECT c.relname, c.relacl::text, c.relowner::regrole::text,
+       array_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+                 ORDER BY a.attnum),
+       (SELECT array_agg(pg_get_constraintdef(k.oid) ORDER BY k.conname) FROM pg_constraint k WHERE k.conrelid = c.oid),
+       (SELECT array_agg(x.extcondition) FROM pg_extension x WHERE x.extname = 'chorus' AND c.oid = ANY(x.extconfig))
+  FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+ WHERE c.relnamespace = 'chorus'::regnamespace AND c.relkind = 'r' GROUP BY c.oid, c.relname ORDER BY 1
+"""
 TRIGGERS = """
 SELECT tgrelid::regclass::text, tgfoid::regproc::text, tgisinternal, tgenabled, tgtype FROM pg_trigger
  WHERE tgfoid IN ('chorus.capture()'::regprocedure, 'chorus.capture_truncate()'::regprocedure)
@@ -78,7 +87,8 @@ def _session(dsn: str) -> psycopg.Connection[Any]:
 def _state(c: psycopg.Connection[Any]) -> dict[str, Any]:
     return {name: c.execute(q).fetchall()
             for name, q in (("functions", FUNCTIONS), ("views", VIEWS), ("event triggers", EVENT_TRIGGERS),
-                            ("members", MEMBERS), ("schema", SCHEMA), ("triggers", TRIGGERS))}
+                            ("members", MEMBERS), ("schema", SCHEMA), ("triggers", TRIGGERS),
+                            ("tables", TABLES))}
 
 
 # What version 0.1's library made for each table it attached (extension/chorus_ddl.c at 0.1): two
@@ -117,7 +127,7 @@ def test_update_from_0_1_equals_a_fresh_0_2(server: PlainPostgres) -> None:
         # 0.1: visible triggers named chorus_capture, as pg_dump and \d show them
         assert {(r[0], r[2]) for r in before} == {("app.accounts", False), ("app.audit", False)}
         assert old.execute("SELECT extversion FROM pg_extension WHERE extname = 'chorus'").fetchone() == ("0.1",)
-        old.execute("ALTER EXTENSION chorus UPDATE")
+        old.execute("ALTER EXTENSION chorus UPDATE TO '0.2'")
         assert old.execute("SELECT extversion FROM pg_extension WHERE extname = 'chorus'").fetchone() == ("0.2",)
         got, want = _state(old), _state(fresh)
         for part in want:
@@ -128,6 +138,24 @@ def test_update_from_0_1_equals_a_fresh_0_2(server: PlainPostgres) -> None:
         for row in got["functions"]:
             if row[1] in ("sql", "plpgsql"):
                 assert row[4] is not None and any(s.startswith("search_path=pg_catalog, pg_temp") for s in row[4]), row
+
+
+def test_update_from_0_2_equals_a_fresh_0_3(server: PlainPostgres) -> None:
+    """0.3 adds chorus.link_position (docs/LINKS.md section 3), owned by the extension, readable by
+    pg_read_all_stats only; a 0.1 node goes through 0.2 to it."""
+    with _made(_db(server, "up02"), "0.2") as old, _made(_db(server, "up01c"), "0.1") as older, \
+            _made(_db(server, "fresh03"), "0.3") as fresh:
+        for c in (old, older):
+            c.execute("ALTER EXTENSION chorus UPDATE")
+            assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'chorus'").fetchone() == ("0.3",)
+        want = _state(fresh)
+        assert [r[0] for r in want["tables"]] == ["link_position"]
+        assert "pg_read_all_stats=r/" in want["tables"][0][1] and "=r/" not in want["tables"][0][1].replace(
+            "pg_read_all_stats=r/", "")
+        for c in (old, older):
+            got = _state(c)
+            for part in want:
+                assert got[part] == want[part], part
 
 
 def test_the_upgraded_capture_fires_and_is_invisible(server: PlainPostgres) -> None:

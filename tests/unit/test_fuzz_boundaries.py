@@ -39,7 +39,8 @@ SAMPLES = [bp.encode(m) for m in (
     bp.WritesetMsg("n2", 7, writeset(0, 5)), bp.WritesetBatch("n2", ((1, writeset(0, 1)), (2, writeset(0, 2)))),
     bp.GidRequest("n2", "r1", "c", 3), bp.Progress("n2", 9), bp.FlowControl("n2", True),
     bp.DdlResult("n2", 4, True, "", writeset(0, 3)), bp.SyncMarker("n2", 2), bp.Vote("n2", 3, False, "x"),
-    bp.LogQuery("n2", "q"), bp.LogInfo("n1", "q", "n2", "h:1", 0, 5, 5, 0), bp.Received("n2", 4))]
+    bp.LogQuery("n2", "q"), bp.LogInfo("n1", "q", "n2", "h:1", 0, 5, 5, 0), bp.Received("n2", 4),
+    bp.LinkWriteset("n2", 1, "east-west", "east", 0, 5, 6, 0, 1, 2, writeset(0, 4)))]
 
 
 @settings(max_examples=500 * SCALE)

@@ -19,6 +19,7 @@ types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32
 | ``I`` | :class:`LogInfo` | every member (synced or recovering), answering an ``L``: its log's range, what it committed, load and recovery address |
 | ``O`` | :class:`Vote` | a node that failed to apply a certified writeset, then every node: its outcome for that GID (inconsistency voting) |
 | ``R`` | :class:`Received` | a following node whose Corosync is one of several: it has delivered every GID up to this one (uniform commit) |
+| ``K`` | :class:`LinkWriteset` | the node running a link's receiver: a transaction of the peer site, applied through this site's order (docs/LINKS.md section 3); consumes a GID |
 
 The messages that carry writesets (``W`` and ``M``) have a compiled codec beside the pure-Python
 reference (``py_encode_writesets``, ``py_decode_writesets``; ``chorus/_cproto.pyx``), chosen by
@@ -36,7 +37,10 @@ from typing import Callable, Iterable, Union
 from chorus import impl
 from chorus.spool import Concat, SpooledBuffer
 
-VERSION = 3  # 3: re-forming without a synced member (epochs, member records, Leave)
+# 3: re-forming without a synced member (epochs, member records, Leave). LinkWriteset (K) came
+# later within 3: a coordinator of an earlier release refuses it as an unknown type, and releases
+# never run together in one cluster (docs/DEPLOY.md section 8), so the version did not change.
+VERSION = 3
 
 
 class MessageType(bytes, enum.Enum):
@@ -56,6 +60,7 @@ class MessageType(bytes, enum.Enum):
     LOG_QUERY = b"L"
     LOG_INFO = b"I"
     LEAVE = b"X"
+    LINK_WRITESET = b"K"
 
 
 class BusProtoError(ValueError):
@@ -79,6 +84,32 @@ class WritesetBatch:
 
     def messages(self) -> list[WritesetMsg]:
         return [WritesetMsg(self.origin, t, w) for t, w in self.items]
+
+
+@dataclass(frozen=True)
+class LinkWriteset:
+    """A transaction of a peer site, received over link ``link`` by ``node`` (which must be a
+    member of the primary component at its place in the order): every node of the site gives it
+    a GID, certifies it and applies it, moving ``chorus.link_position`` in the same transaction
+    (docs/LINKS.md section 3). It is the peer's transaction ``peer_gid``; ``after`` is the peer
+    GID the receiver passed just before it on this link (or resumed from), so the peer GIDs in
+    (after, peer_gid] are this one and records the peer's sender filtered out. ``peer_clock`` and
+    ``max_replicated`` are the link's window as the receiver saw it with this transaction;
+    ``commit_time`` the peer's commit time and ``sent_at`` the receiver's wall clock when it sent
+    it on (both µs since the Unix epoch; ``sent_at`` is what ``link_position.updated_at`` says,
+    the same on every node). ``ticket`` is the receiver's own, to recognize it when delivered."""
+
+    node: str
+    ticket: int
+    link: str
+    peer_site: str
+    after: int
+    peer_gid: int
+    peer_clock: int
+    max_replicated: int
+    commit_time: int
+    sent_at: int
+    writeset: bytes
 
 
 EpochT = tuple[int, int, str]  # history.Epoch: number, start GID, the node that opened it
@@ -207,7 +238,10 @@ class LogInfo:
 
 
 Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress, FlowControl,
-                DdlResult, SyncMarker, LogQuery, LogInfo, Received, Vote, Leave]
+                DdlResult, SyncMarker, LogQuery, LogInfo, Received, Vote, Leave, LinkWriteset]
+
+_LINK_NUMBERS = struct.Struct(">QQQQQQQ")  # ticket, after, peer GID, peer clock, max replicated, commit time, sent at
+MAX_LINK_NAME = 64  # link and site names (link/proto.py's bound)
 
 
 class _R:
@@ -332,6 +366,14 @@ def encode(m: Message) -> bytes:
     if isinstance(m, LogInfo):
         return (head + MessageType.LOG_INFO.value + _s(m.node) + _s(m.request_id) + _s(m.partner) + _s(m.address)
                 + struct.pack(">QQQQ", m.after_min, m.high, m.committed, m.load))
+    if isinstance(m, LinkWriteset):
+        if not 0 <= m.after < m.peer_gid:
+            raise BusProtoError(f"link writeset of peer GID {m.peer_gid} after {m.after}: not a range")
+        if not (m.link and m.peer_site) or len(m.link) > MAX_LINK_NAME or len(m.peer_site) > MAX_LINK_NAME:
+            raise BusProtoError("a link writeset names its link and peer site, each at most 64 characters")
+        return (head + MessageType.LINK_WRITESET.value + _s(m.node) + _s(m.link) + _s(m.peer_site)
+                + _LINK_NUMBERS.pack(m.ticket, m.after, m.peer_gid, m.peer_clock, m.max_replicated, m.commit_time,
+                                     m.sent_at) + _blob(m.writeset))
     raise TypeError(f"not a bus message: {m!r}")
 
 
@@ -362,6 +404,18 @@ def py_decode_writesets(b: bytes) -> tuple[str, list[tuple[int, bytes]]]:
     items = [(r.u64(), r.blob()) for _ in range(n)]
     r.end()
     return origin, items
+
+
+def _read_link(r: "_R") -> LinkWriteset:
+    node, link, site = r.s(), r.s(), r.s()
+    if not (link and site) or len(link) > MAX_LINK_NAME or len(site) > MAX_LINK_NAME:
+        raise BusProtoError("a link writeset names its link and peer site, each at most 64 characters")
+    ticket, after, peer_gid, peer_clock, max_replicated, commit_time, sent_at = _LINK_NUMBERS.unpack(
+        r.take(_LINK_NUMBERS.size))
+    if after >= peer_gid:
+        raise BusProtoError(f"link writeset of peer GID {peer_gid} after {after}: not a range")
+    return LinkWriteset(node, ticket, link, site, after, peer_gid, peer_clock, max_replicated, commit_time, sent_at,
+                        r.blob())
 
 
 def _decode_spooled(b: SpooledBuffer) -> Message:
@@ -443,6 +497,8 @@ def decode(b: Union[bytes, SpooledBuffer]) -> Message:
         m = LogQuery(r.s(), r.s())
     elif t == MessageType.LOG_INFO:
         m = LogInfo(r.s(), r.s(), r.s(), r.s(), r.u64(), r.u64(), r.u64(), r.u64())
+    elif t == MessageType.LINK_WRITESET:
+        m = _read_link(r)
     else:
         raise BusProtoError(f"unknown bus message type {t!r}")
     r.end()

@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import psycopg
 from psycopg import pq
 
 from chorus import wire
 from chorus.concurrent import ConcurrentSchemaChanges
+from chorus.link import position as link_position
 from chorus.nodedb import PIN_SEARCH_PATH
 from chorus.spool import SPOOL_AT, Spool
 
@@ -163,6 +164,40 @@ class ApplySession:
             return True
         except AlreadyCommitted:
             return False
+
+    async def apply_link(self, gid: int, wait_for: int, prev: int, link: str,
+                         final: Callable[[Optional[tuple[object, ...]]], bytes], skip: bool = False) -> bool:
+        """Apply link writeset ``gid`` of link ``link`` (docs/LINKS.md section 3) in one
+        transaction: read the link's row of ``chorus.link_position``, ask ``final`` what to
+        commit given that row (link/position.py: the peer's rows and the row moved, or nothing),
+        apply it with ``chorus.apply_writeset`` and commit as ``gid`` in its turn. The row is the
+        one every node reads at this GID: the link's writesets are applied one after another
+        (the pipeline orders them by the row's key). ``skip``: voting decided it commits empty.
+        Raises as :meth:`apply_run`; False if ``gid`` was committed here already."""
+        try:
+            if self.conn is None or self.conn.closed:
+                await self.connect()
+        except psycopg.Error as e:
+            await self._reset()
+            raise ApplyConnectionLost(f"GID {gid}: connecting the apply session: {e}") from e
+        conn = self.conn
+        assert conn is not None
+        self._stop_reading()
+        try:
+            await conn.execute(b"BEGIN")
+            if skip:
+                data = wire.empty()
+            else:
+                cur = await conn.execute(link_position.READ_SQL, (link,))
+                data = final(await cur.fetchone())
+            await conn.execute("SELECT chorus.apply_writeset(%s, %s, %s, %s)", (gid, wait_for, data, prev))
+            await conn.execute(b"COMMIT")
+            return True
+        except psycopg.Error as e:
+            failure = await self._failure(gid, e, f"link {link}: ")
+            if isinstance(failure, AlreadyCommitted):
+                return False
+            raise failure from e
 
     async def apply_held(self, gid: int, wait_for: int, writeset: wire.Writeset, prev: int = -1) -> bool:
         """Apply schema change ``gid`` in a transaction left open: it commits (:meth:`finish_held`)

@@ -35,6 +35,7 @@ from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
 from chorus.actions import DdlOutcome, LocalVerdict
 from chorus.commit.scheduler import ApplyScheduler, Scheduler
+from chorus.link import position as link_position
 from chorus.spool import Spool
 from chorus.wslog import LogFeeder
 
@@ -94,6 +95,11 @@ class Pending:
     # run, and their GIDs
     before: tuple[wire.Writeset, ...] = ()
     before_gids: tuple[int, ...] = ()
+    # a link writeset (docs/LINKS.md section 3): its message; once decided (the first attempt
+    # to apply it read the link's position), what it commits, and why
+    link: Optional[bp.LinkWriteset] = None
+    link_final: Optional[bytes] = None
+    link_decision: Optional[link_position.Decision] = None
 
     def run(self) -> tuple[wire.Writeset, ...]:
         """The writesets its commit applies, in GID order."""
@@ -124,6 +130,8 @@ class Hooks:
     backlog_changed: Callable[[], None]  # the pending set may have grown or shrunk
     # a schema change of this node's settled: tell its waiting backend (ok, or why it was undone)
     tell_backend: Callable[[Pending, bool, str], None] = lambda p, ok, failure: None
+    # a link writeset committed here (applied, or empty: p.link_decision says which)
+    link_committed: Callable[[Pending], None] = lambda p: None
 
 
 class CommitPipeline:
@@ -195,10 +203,15 @@ class CommitPipeline:
         early = self._early.pop(p.gid, None)
         if p.settle and early is not None:
             self._settle(p, *early)
-        self.feeder.certified(p.gid, p.origin, raw(p.writeset), p.writeset.toi or p.settle)
+        # a link writeset's record waits, as a schema change's does, for what it commits (its
+        # apply decides: link/position.py), and is logged as that
+        self.feeder.certified(p.gid, p.origin, raw(p.writeset), p.writeset.toi or p.settle or p.link is not None)
         if p.settle and p.settle_ok is not None:
             self._log_outcome(p)
-        self.scheduler.add(p.gid, order_keys(p.writeset), local=local, barrier=p.writeset.has_schema)
+        keys = order_keys(p.writeset)
+        if p.link is not None:  # one link's writesets one after another: each reads where the last left it
+            keys.append((link_position.position_key(p.link.link).hashed(), wire.KeyMode.EXCLUSIVE))
+        self.scheduler.add(p.gid, keys, local=local, barrier=p.writeset.has_schema)
 
     def admit_run(self, p: Pending) -> None:
         """A run of catch-up writesets (``p.before`` and ``p.writeset``), committed as one at
@@ -445,6 +458,8 @@ class CommitPipeline:
             self.counters.max_workers_busy = self.busy
 
     def _run_fits(self, run: list[int]) -> bool:
+        if any(self.pending[g].link is not None for g in run):
+            return False  # a link writeset is applied alone (applier.apply_link)
         return sum(len(raw(ws)) for g in run for ws in self.pending[g].run()) <= RUN_BYTES
 
     async def commit_skipped(self, gid: int) -> None:
@@ -483,8 +498,13 @@ class CommitPipeline:
             try:
                 first = ps[0]
                 assert first is not None
-                done = await session.apply_run(gid, first.wait_for, writesets,
-                                               ddl_ok=p.ddl_ok is not False and not p.skip, prev=first.prev)
+                if p.link is not None and len(run) == 1:
+                    link, final = p.link, functools.partial(self._link_final, p)
+                    done = await session.apply_link(gid, p.wait_for, p.prev, link.link, final, skip=p.skip)
+                    self._log_link(p)
+                else:
+                    done = await session.apply_run(gid, first.wait_for, writesets,
+                                                   ddl_ok=p.ddl_ok is not False and not p.skip, prev=first.prev)
             finally:
                 self.waiters.pop(gid, None)
             self.last_apply_ms = (time.monotonic() - t0) * 1000
@@ -500,6 +520,8 @@ class CommitPipeline:
                 self.scheduler.committed(g)
                 if done_p is None or not done_p.skip:
                     self.hooks.committed_here(g)
+                if done_p is not None and done_p.link is not None:
+                    self.hooks.link_committed(done_p)
             self.book.advance(gid)
         except Exception as e:
             if epoch == self.epoch:
@@ -551,6 +573,33 @@ class CommitPipeline:
         if p.settle_ok:
             self.hooks.committed_here(gid)
         self.book.advance(gid)
+
+    def _link_final(self, p: Pending, row: Optional[tuple[object, ...]]) -> bytes:
+        """What link writeset ``p`` commits, given the link's row of ``chorus.link_position``
+        before it (read in the apply's transaction): decided at the first attempt and kept, then
+        logged as the GID's record (link/position.py). A later attempt (after a failure that may
+        have committed, or a PostgreSQL restart that lost the commit) applies the same bytes."""
+        if p.link_final is None:
+            assert p.link is not None
+            current = link_position.PositionRow.of(row)
+            decision = link_position.decide(p.link, current)
+            remote = wire.decode(bytes(raw(p.writeset))) if decision == link_position.Decision.APPLY else None
+            p.link_final = link_position.final_writeset(p.link, remote, current, decision, p.writeset.encoding)
+            p.link_decision = decision
+            if decision != link_position.Decision.APPLY:
+                log.info("GID %d: link %s, peer GID %d after %d, commits empty (%s; the link is at peer GID %s)",
+                         p.gid, p.link.link, p.link.peer_gid, p.link.after, decision.value,
+                         current.applied_gid if current is not None else "none")
+        return p.link_final
+
+    def _log_link(self, p: Pending) -> None:
+        """Link writeset ``p`` committed here: its log record is what it committed (the record
+        waited for this since its admission), empty if voting made it commit empty."""
+        if p.skip or p.link_final is None:
+            if p.link_final is not None and p.link_decision == link_position.Decision.APPLY:
+                p.link_decision = None  # decided, but voting had it commit empty
+            p.link_final = wire.empty(p.writeset.encoding)
+        self.feeder.outcome(p.gid, True, p.link_final)
 
     def _apply_failed(self, run: list[int], e: Exception) -> None:
         """What a failed apply of ``run`` leads to: the run again, whole or in parts, or the

@@ -18,6 +18,7 @@ core (step 1) implements; no I/O, no clock but the one given.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,8 +29,11 @@ from chorus.actions import Action, Apply, DdlOutcome, LocalVerdict, Send
 from chorus.bus import Votes, bus_node
 from chorus.bus import proto as bp
 from chorus.certifier import OK, CertificationIndex, Verdict
+from chorus.link import position as link_position
 from chorus.membership import Membership
 from chorus.outcomes import Outcome, OutcomeIndex
+
+log = logging.getLogger("chorus.replicator")
 
 CONFLICT_HISTORY = 1000  # certification failures kept (chorus.conflicts)
 
@@ -104,7 +108,7 @@ class OrderCore:
         self.ddl_open: dict[int, str] = {}  # schema change GID -> origin node
         # Writesets delivered while a schema change's outcome is open: certified once it is known
         # (its content's keys recorded first), in GID order. Every node defers alike.
-        self._deferred: list[tuple[int, bp.WritesetMsg, wire.Writeset]] = []
+        self._deferred: list[tuple[int, bp.WritesetMsg | bp.LinkWriteset, wire.Writeset]] = []
         # local writesets the coordinator scanned (validated) when the backend sent them, by ticket
         self._local_scanned: dict[int, wire.Writeset] = {}
         self.stats = Stats()
@@ -184,7 +188,52 @@ class OrderCore:
             return []
         return self._certify(gid, msg, ws)
 
-    def _certify(self, gid: int, msg: bp.WritesetMsg, ws: wire.Writeset) -> list[Action]:
+    def link_writeset(self, msg: bp.LinkWriteset) -> list[Action]:
+        """A transaction of a peer site, sent on by this site's receiver of ``msg.link``
+        (docs/LINKS.md section 3): it takes a GID like any writeset, if its sender is a member
+        at this place; malformed, or with a schema change (links do not carry them yet), it
+        fails here as everywhere, and its receiver, which waits for it, sends it again from the
+        link's durable position."""
+        if not self.following or not self.quorate or msg.node not in self.membership.online:
+            return []
+        self.gid += 1
+        gid = self.gid
+        self.stats.delivered += 1
+        self.outcomes.seen(gid)
+        try:
+            ws = wire.scan(msg.writeset)
+            if ws.has_schema:
+                raise wire.WireError("a link writeset carries no schema change")
+        except wire.WireError as e:
+            log.warning("link writeset of link %s (peer GID %d) from %s refused: %s", msg.link, msg.peer_gid,
+                        msg.node, e)
+            self.stats.malformed += 1
+            self.stats.cert_failures += 1
+            return []
+        if self.ddl_open or self._deferred:
+            self._deferred.append((gid, msg, ws))
+            return []
+        return self._certify(gid, msg, ws)
+
+    def _certify_link(self, gid: int, msg: bp.LinkWriteset, ws: wire.Writeset) -> list[Action]:
+        """Certify a link writeset by the same rule as any writeset (invariant 2), under its
+        link's origin and as a blind write ordered at its GID: it saw everything before it (it
+        read nothing of this site), so it never fails, while a local transaction that overlaps
+        it and is certified after it without having seen it fails (40001), on every node."""
+        origin = link_position.origin(msg.link)
+        v = self.certifier.certify(gid, origin, gid - 1, ws.keys)
+        if not v.ok:  # nothing certified lies between gid - 1 and gid: only a bug gets here
+            log.error("link writeset GID %d of link %s failed certification: %s", gid, msg.link, v.reason)
+            self.stats.cert_failures += 1
+            return []
+        prev, self.last_certified = self.last_certified, gid
+        self.stats.certified += 1
+        self.stats.remote_certified += 1
+        return self._hold(gid, Apply(gid, prev, origin, ws, link=msg))
+
+    def _certify(self, gid: int, msg: "bp.WritesetMsg | bp.LinkWriteset", ws: wire.Writeset) -> list[Action]:
+        if isinstance(msg, bp.LinkWriteset):
+            return self._certify_link(gid, msg, ws)
         local = msg.origin == self.node
         if ws.toi:
             # total order isolation: never fails, runs after all before it; its keys are
@@ -327,6 +376,8 @@ class OrderCore:
             if isinstance(a, LocalVerdict):
                 assert a.writeset is not None
                 out.append((gid, a.prev, self.node, a.writeset.raw or wire.encode(a.writeset)))
+            elif isinstance(a, Apply) and a.link is not None:  # a link writeset travels as its message
+                out.append((gid, a.prev, a.origin, bp.encode(a.link)))
             else:
                 assert isinstance(a, Apply)
                 out.append((gid, a.prev, a.origin, a.writeset.raw or wire.encode(a.writeset)))
@@ -344,7 +395,7 @@ class OrderCore:
         out: list[Action] = []
         held, self._unstable = self._unstable, []
         held += [(gid, LocalVerdict(m.ticket, True, gid, 0, "", ws)) for gid, m, ws in self._deferred
-                 if m.origin == self.node]
+                 if isinstance(m, bp.WritesetMsg) and m.origin == self.node]
         self._deferred.clear()
         self.ddl_open.clear()
         for gid, a in held:

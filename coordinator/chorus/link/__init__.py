@@ -7,6 +7,7 @@ The decision core, without I/O: ``events`` (what a link's stream carries), ``clo
 site's clock and the conflict window of one link direction), ``conflict`` (detection per row
 and per transaction), ``policy`` (how a conflict is settled) and ``rules`` (what a link carries
 and how it is reshaped). The stream: ``proto`` (its frames), ``sender`` (what goes out of a
-site's log, and the server) and ``receiver``. The apply through the receiving site's total order
-and the SQL objects come later.
+site's log, and the server) and ``receiver``. The apply through the receiving site's total
+order: ``position`` (the apply's decision and what it commits, pure) and ``site`` (the
+receiver's sink and position, a node's senders and receivers: I/O).
 """

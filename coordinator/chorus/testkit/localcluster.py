@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from chorus import localauth
-from chorus.config import NodeConfig, write_config
+from chorus.config import LinkConfig, NodeConfig, write_config
 from chorus.recovery import generate_keys
 from chorus.state import load_state, save_state
 
@@ -78,6 +78,9 @@ class Meta:
     log_total_mb: int = 2048
     commit_lanes: int = 1
     encoding: str = "UTF8"  # the databases' encoding (initdb -E)
+    # [[link]] tables every node's configuration holds (config.LinkConfig's fields); a node's
+    # sender listens on 127.0.0.1 at its port plus "listen_offset" (none without it)
+    links: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _alive(pid: int, needle: str) -> bool:
@@ -119,7 +122,7 @@ class LocalCluster:
             raise LocalClusterError(f"no local cluster in {self.dir} (run `chorus local up`)") from e
         return Meta(raw["group"], [NodeMeta(**n) for n in raw["nodes"]], raw.get("corosync_pid", 0),
                     raw.get("corosync_ours", False), raw.get("log_segment_mb", 32), raw.get("log_total_mb", 512),
-                    raw.get("commit_lanes", 1), raw.get("encoding", "UTF8"))
+                    raw.get("commit_lanes", 1), raw.get("encoding", "UTF8"), raw.get("links", []))
 
     def save(self, meta: Meta) -> None:
         localauth.write_private(self.meta_path, json.dumps(asdict(meta), indent=2))
@@ -162,7 +165,8 @@ class LocalCluster:
             recovery_listen=listen, recovery_advertise=listen,
             tls_cert=str(keys / "cluster.crt"), tls_key=str(keys / "cluster.key"),
             secret_file=str(keys / "cluster.secret"),
-            metrics_listen=f"127.0.0.1:{n.port + 1000}")
+            metrics_listen=f"127.0.0.1:{n.port + 1000}",
+            links=tuple(_link(link, n.port) for link in meta.links))
 
     def describe(self, meta: Meta) -> list[dict[str, Any]]:
         """Each node: ``dsn`` (over TCP, naming the password file), ``socket_dsn`` (the
@@ -398,10 +402,11 @@ class LocalCluster:
     # ---- commands -----------------------------------------------------------------------
 
     def up(self, nodes: int, port_base: int, log_segment_mb: int = 32, log_total_mb: int = 2048,
-           commit_lanes: Optional[int] = None, encoding: str = "UTF8") -> list[dict[str, Any]]:
+           commit_lanes: Optional[int] = None, encoding: str = "UTF8",
+           links: Optional[list[dict[str, Any]]] = None) -> list[dict[str, Any]]:
         """Create or restart the cluster. ``commit_lanes`` (kept for later restarts) sets
         apply.commit_lanes on every node (docs/APPLY.md); ``encoding`` is the databases' (when
-        creating)."""
+        creating); ``links`` (kept too) the [[link]] tables of every node (Meta.links)."""
         fresh = not self.meta_path.exists()
         if fresh:
             if len(str(self.dir)) > 70:
@@ -415,6 +420,9 @@ class LocalCluster:
             meta = self.load()
         if commit_lanes is not None:
             meta.commit_lanes = commit_lanes
+            self.save(meta)
+        if links is not None:
+            meta.links = links
             self.save(meta)
         self._secure(meta)
         self._start_bus(meta)
@@ -501,6 +509,18 @@ class LocalCluster:
                 if _alive(n.pg_pid, "postgres"):
                     os.kill(n.pg_pid, signal.SIGKILL)
         n.pg_pid = 0
+
+
+def _link(table: dict[str, Any], port: int) -> LinkConfig:
+    """A link of Meta.links as the node on ``port`` has it."""
+    t = dict(table)
+    offset = t.pop("listen_offset", 0)
+    if offset:
+        t["listen"] = f"127.0.0.1:{port + offset}"
+    for k in ("peers", "nodes"):
+        if k in t:
+            t[k] = tuple(t[k])
+    return LinkConfig(**t)
 
 
 def _wait_gone(pid: int, needle: str, timeout: float) -> bool:

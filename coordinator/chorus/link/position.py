@@ -1,0 +1,140 @@
+"""The apply of a link writeset on the receiving site, decided without I/O (docs/LINKS.md section 3).
+
+A transaction received over a link enters the receiving site's total order as a link writeset
+(``bus.proto.LinkWriteset``). Every node applies it at its GID in one transaction that reads the
+link's row of ``chorus.link_position`` and writes, in the same transaction, either
+
+- the peer's rows and the link's row moved to the peer GID (:data:`Decision.APPLY`), when the
+  link writeset follows the position exactly: its ``after`` is the position's ``applied_gid``;
+- nothing (its GID commits empty), when its peer GID is at or below the position
+  (:data:`Decision.DUPLICATE`: the same range sent again after a reconnect or by two receivers
+  after a failover), when it does not follow the position (:data:`Decision.GAP`: an earlier one
+  was not applied, so the receiver resumes from the position and sends this one again), or when
+  the position belongs to another peer site (:data:`Decision.WRONG_PEER`, a misconfiguration).
+
+The decision depends only on the link writeset and the row as of the GID before it, which every
+node has alike (link writesets of one link are applied one after another, in GID order), so every
+node decides alike without a vote. What is applied is one writeset (:func:`final_writeset`): the
+peer's tables and rows plus the position's row, the same bytes on every node, and the bytes the
+writeset log keeps for that GID, so a node that catches up from a log applies exactly that.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+from dataclasses import dataclass
+from typing import Optional
+
+from chorus import wire
+from chorus.bus.proto import LinkWriteset
+
+ORIGIN_PREFIX = "link:"
+
+POSITION_TABLE = wire.Table(
+    "chorus", "link_position",
+    (wire.Column("link", "text"), wire.Column("peer_site", "text"), wire.Column("applied_gid", "int8"),
+     wire.Column("peer_clock", "int8"), wire.Column("max_replicated", "int8"),
+     wire.Column("updated_at", "timestamptz")),
+    (0,))
+
+# what the apply reads of the link's row (the columns of PositionRow, updated_at in µs)
+READ_SQL = ("SELECT link, peer_site, applied_gid, peer_clock, max_replicated, "
+            "(extract(epoch FROM updated_at) * 1000000)::bigint FROM chorus.link_position "
+            "WHERE link OPERATOR(pg_catalog.=) %s")
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def origin(link: str) -> str:
+    """The origin a link writeset is certified and logged under: not a node's name, so it
+    conflicts with every node's local transactions (a local one that overlaps it and is
+    certified after it, without having seen it, fails with 40001, as against a remote node's)."""
+    return ORIGIN_PREFIX + link
+
+
+def is_link_origin(name: str) -> bool:
+    return name.startswith(ORIGIN_PREFIX)
+
+
+class Decision(str, enum.Enum):
+    APPLY = "apply"
+    DUPLICATE = "duplicate"
+    GAP = "gap"
+    WRONG_PEER = "wrong-peer"
+
+
+@dataclass(frozen=True)
+class PositionRow:
+    """One row of ``chorus.link_position``; ``updated_at`` in µs since the Unix epoch."""
+
+    link: str
+    peer_site: str
+    applied_gid: int
+    peer_clock: int
+    max_replicated: int
+    updated_at: int
+
+    @staticmethod
+    def of(row: Optional[tuple[object, ...]]) -> Optional["PositionRow"]:
+        """The row as :data:`READ_SQL` returns it (None: the link has no row yet)."""
+        if row is None:
+            return None
+        link, site, applied, clock, mr, at = row
+        return PositionRow(str(link), str(site), int(applied), int(clock), int(mr), int(at))  # type: ignore[call-overload]
+
+
+def decide(step: LinkWriteset, current: Optional[PositionRow]) -> Decision:
+    """What the apply of link writeset ``step`` does, given the link's row before it."""
+    if current is not None and current.peer_site != step.peer_site:
+        return Decision.WRONG_PEER
+    applied = current.applied_gid if current is not None else 0
+    if step.peer_gid <= applied:
+        return Decision.DUPLICATE
+    if step.after != applied:
+        return Decision.GAP
+    return Decision.APPLY
+
+
+def advanced(current: Optional[PositionRow], step: LinkWriteset) -> PositionRow:
+    """The link's row once ``step`` is applied: at its peer GID; the clock values only grow."""
+    clock = max(step.peer_clock, current.peer_clock if current is not None else 0)
+    mr = max(step.max_replicated, current.max_replicated if current is not None else 0)
+    return PositionRow(step.link, step.peer_site, step.peer_gid, clock, mr, step.sent_at)
+
+
+def position_key(link: str) -> wire.Key:
+    """The certification key of the link's row (as ``link.events.row_key`` makes it): the link
+    writesets of one link hold it, so they are applied one after another."""
+    return wire.Key(wire.KeyMode.EXCLUSIVE, (b"chorus", b"link_position", b"link", link.encode("ascii")))
+
+
+def timestamp_text(us: int) -> bytes:
+    """A timestamptz value as text, read under the apply's fixed settings (UTC, ISO)."""
+    t = _EPOCH + datetime.timedelta(microseconds=us)
+    return t.strftime("%Y-%m-%d %H:%M:%S.%f+00").encode("ascii")
+
+
+def row_values(row: PositionRow) -> tuple[wire.Value, ...]:
+    return (row.link.encode("ascii"), row.peer_site.encode("ascii"), b"%d" % row.applied_gid,
+            b"%d" % row.peer_clock, b"%d" % row.max_replicated, timestamp_text(row.updated_at))
+
+
+def final_writeset(step: LinkWriteset, remote: Optional[wire.Writeset], current: Optional[PositionRow],
+                   decision: Decision, encoding: int = wire.UTF8) -> bytes:
+    """The writeset every node applies at the link writeset's GID: for :data:`Decision.APPLY`
+    ``remote`` (the peer's writeset, decoded in full) with the link's row written after its rows
+    (inserted the first time, else updated), else an empty one (the GID commits, nothing changes)."""
+    if decision != Decision.APPLY:
+        return wire.empty(remote.encoding if remote is not None else encoding)
+    if remote is None or remote.scanned:
+        raise ValueError("the peer's writeset is needed decoded in full")
+    if remote.has_schema:
+        raise ValueError("a link writeset carries no schema change")
+    new = row_values(advanced(current, step))
+    t = len(remote.tables)
+    item = (wire.Row(wire.OP_INSERT, t, (), new) if current is None
+            else wire.Row(wire.OP_UPDATE, t, (step.link.encode("ascii"),), new))
+    return wire.encode(wire.Writeset(remote.xid, remote.pid, remote.last_seen, (*remote.tables, POSITION_TABLE),
+                                     (*remote.rows, item), (*remote.keys, position_key(step.link)),
+                                     flags=remote.flags, encoding=remote.encoding))

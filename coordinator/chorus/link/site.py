@@ -1,0 +1,303 @@
+"""A node's part in its site's links (docs/LINKS.md sections 3 and 10): the thin I/O shell the
+coordinator runs for the ``[[link]]`` tables of its configuration.
+
+- **Senders**: every node with a link's ``listen`` serves this site's writeset log to the peer's
+  receiver (link/sender.py's :class:`LinkServer`), from the position the receiver asks for.
+- **The receiver**: of the nodes that may run it (``nodes``, or any member), the lowest-named
+  synced member of the primary component runs it (:func:`receiver_node`); every node decides so
+  from the membership it sees, and starts or stops its receiver when that changes (a failover:
+  the next node resumes from ``chorus.link_position``; an old and a new receiver sending the same
+  range for a moment is harmless, the apply commits the second copy empty).
+- :class:`Inbound` is the receiver's sink and position: each received transaction goes on this
+  site's bus as a link writeset (bus/proto.py ``LinkWriteset``), which every node applies at its
+  GID (link/position.py); the position is the link's committed row.
+
+Why a window rather than one transaction at a time: a link writeset waits for its GID's commit
+here (a bus round trip, then its turn), and the stream is one site's commits in order; with up to
+``window`` of them on the bus at once the link keeps up with a busy peer. Nothing is lost by it:
+each link writeset names the peer GID it follows (``after``), and the apply takes it only where
+the link's position is exactly that (link/position.py), so if one is not applied (its message
+lost with a membership change, or refused), every later one commits empty too, and the receiver,
+which waits for each outcome, starts the stream again from the position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Optional
+
+from chorus import wire
+from chorus.bus import proto as bp
+from chorus.config import LinkConfig
+from chorus.link import position as lp
+from chorus.link.events import ClockEvent, RemoteTransaction, StreamItem
+from chorus.link.proto import LinkEnd, LinkError, LinkKeys, Position
+from chorus.link.receiver import LinkReceiver
+from chorus.link.rules import RuleError, RuleSet
+from chorus.link.sender import LinkServer, Provenance
+from chorus.spool import Spool
+from chorus.wslog import LogRecord, WritesetLog
+
+log = logging.getLogger("chorus.link")
+
+OUTCOME_TIMEOUT_S = 60.0  # a link writeset not committed here by then is taken as lost: resume from the position
+DRAIN_TIMEOUT_S = 30.0  # how long a reconnect waits for the outcomes of what is in flight
+
+
+def receiver_node(link: LinkConfig, synced: Iterable[str]) -> Optional[str]:
+    """The node that runs ``link``'s receiver: the lowest-named synced member of the primary
+    component among those that may (docs/LINKS.md section 10); None if no such member."""
+    allowed = set(synced) & set(link.nodes) if link.nodes else set(synced)
+    return min(allowed) if allowed else None
+
+
+class NoSql:
+    """The rules evaluator of a link whose rules have no SQL part (no row filter, no computed
+    column): configuring those is a later step, so asking for one is an error."""
+
+    def predicate(self, table: wire.Table, values: tuple[wire.Value, ...], predicate: str) -> bool:
+        raise RuleError("row filters are not configurable yet")
+
+    def expression(self, table: wire.Table, values: tuple[wire.Value, ...], expression: str) -> wire.Value:
+        raise RuleError("computed columns are not configurable yet")
+
+    def row_function(self, table: wire.Table, values: tuple[wire.Value, ...],
+                     function: str) -> Optional[tuple[wire.Value, ...]]:
+        raise RuleError("row functions are not configurable yet")
+
+
+def provenance(link: LinkConfig) -> Callable[[LogRecord], Provenance]:
+    """What the sender of ``link`` knows of a record: one a link applied here has its link's
+    origin (link/position.py), and is not sent back (its reflection, the clock event passed
+    through, is a later step). Commit times are not in the log: 0 (later)."""
+    own = lp.origin(link.name)
+
+    def facts(record: LogRecord) -> Provenance:
+        if record.origin == own:
+            return Provenance(0, applied_from=link.peer_site)
+        if lp.is_link_origin(record.origin):
+            return Provenance(0, applied_from=record.origin)  # another link's: a third site (chains: later)
+        return Provenance(0)
+    return facts
+
+
+@dataclass
+class _Flight:
+    msg: bp.LinkWriteset
+    sent: float
+    done: "asyncio.Future[Optional[lp.Decision]]" = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Inbound:
+    """The sink and position of this node's receiver of one link.
+
+    :meth:`sink` sends each :class:`RemoteTransaction` on as a link writeset and returns once
+    fewer than ``window`` are waiting for their outcome here; a clock event of the peer moves
+    the peer clock, one of this site passed back moves ``max_replicated`` (both go with the next
+    link writeset). :meth:`committed` hears each outcome. An outcome other than "applied" (or a
+    duplicate of what is applied), or none within ``outcome_timeout``, makes the next
+    :meth:`sink` call raise :class:`LinkError`: the receiver then connects again and
+    :meth:`position` (after waiting for what is still in flight) reads where the link is.
+    """
+
+    def __init__(self, node: str, link: LinkConfig, send: Callable[[bp.Message], None],
+                 read: Callable[[], Awaitable[Optional[lp.PositionRow]]], window: int = 64,
+                 outcome_timeout: float = OUTCOME_TIMEOUT_S, drain_timeout: float = DRAIN_TIMEOUT_S,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.node = node
+        self.link = link
+        self.send = send
+        self.read = read
+        self.window = window
+        self.outcome_timeout = outcome_timeout
+        self.drain_timeout = drain_timeout
+        self.wall = wall
+        self.after = 0  # the peer GID the next link writeset follows
+        self.peer_clock = 0
+        self.max_replicated = 0
+        self.failed: Optional[str] = None
+        self.flights: OrderedDict[int, _Flight] = OrderedDict()
+        self._ticket = secrets.randbits(62)  # tickets of an earlier run of this node are not taken for these
+        self.sent = 0
+        self.applied = 0
+
+    async def position(self) -> Position:
+        """Where the link resumes: its committed row, once what is in flight has an outcome."""
+        await self._drain()
+        row = await self.read()
+        self.after = row.applied_gid if row is not None else 0
+        self.peer_clock = row.peer_clock if row is not None else 0
+        self.max_replicated = row.max_replicated if row is not None else 0
+        self.failed = None
+        return Position(self.after, self.peer_clock)
+
+    async def sink(self, item: StreamItem) -> None:
+        self._check()
+        if isinstance(item, ClockEvent):
+            if item.site == self.link.peer_site:
+                self.peer_clock = max(self.peer_clock, item.value)
+            else:
+                self.max_replicated = max(self.max_replicated, item.value)
+            return
+        assert isinstance(item, RemoteTransaction)
+        ws = item.writeset
+        if ws.has_schema:
+            raise LinkError(f"link {self.link.name}: peer GID {item.clock} holds a schema change, which links do not "
+                            "carry yet")
+        while len(self.flights) >= self.window:
+            await self._wait_oldest()
+            self._check()
+        self._ticket += 1
+        self.peer_clock = max(self.peer_clock, item.clock + 1)
+        msg = bp.LinkWriteset(self.node, self._ticket, self.link.name, self.link.peer_site, self.after, item.clock,
+                              self.peer_clock, self.max_replicated, item.commit_time, int(self.wall() * 1e6),
+                              ws.raw or wire.encode(ws))
+        self.after = item.clock
+        self.flights[msg.ticket] = _Flight(msg, time.monotonic())
+        self.sent += 1
+        self.send(msg)
+
+    def committed(self, ticket: int, decision: Optional[lp.Decision]) -> None:
+        """Link writeset ``ticket`` of this node committed here, as ``decision`` decided."""
+        f = self.flights.pop(ticket, None)
+        if f is None:
+            return
+        if decision == lp.Decision.APPLY:
+            self.applied += 1
+        elif decision != lp.Decision.DUPLICATE and self.failed is None:
+            self.failed = (f"link {self.link.name}: peer GID {f.msg.peer_gid} after {f.msg.after} committed empty "
+                           f"({decision.value if decision else 'skipped'}): resuming from the link's position")
+        if not f.done.done():
+            f.done.set_result(decision)
+
+    def _check(self) -> None:
+        now = time.monotonic()
+        for f in self.flights.values():
+            if now - f.sent > self.outcome_timeout and self.failed is None:
+                self.failed = (f"link {self.link.name}: peer GID {f.msg.peer_gid} not committed here after "
+                               f"{self.outcome_timeout:.0f} s: resuming from the link's position")
+            break  # the oldest decides
+        if self.failed is not None:
+            raise LinkError(self.failed)
+
+    async def _wait_oldest(self) -> None:
+        f = next(iter(self.flights.values()))
+        left = max(0.0, self.outcome_timeout - (time.monotonic() - f.sent))
+        try:
+            await asyncio.wait_for(asyncio.shield(f.done), left + 0.01)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _drain(self) -> None:
+        """Wait (at most ``drain_timeout``) for the outcomes of what is in flight; forget them."""
+        if self.flights:
+            waits = [asyncio.shield(f.done) for f in self.flights.values()]
+            await asyncio.wait(waits, timeout=self.drain_timeout)
+        self.flights.clear()
+
+
+class SiteLinks:
+    """This node's links: their senders, and the receivers it runs (docs/LINKS.md section 10).
+
+    ``committed`` is this node's committed GID (a sender serves nothing past it); ``send`` puts
+    a message on this site's bus; ``query`` reads from this node's database (rows)."""
+
+    def __init__(self, node: str, links: tuple[LinkConfig, ...], wslog: WritesetLog, committed: Callable[[], int],
+                 send: Callable[[bp.Message], None],
+                 query: Callable[[str, tuple[Any, ...]], Awaitable[list[tuple[Any, ...]]]],
+                 spool: Optional[Spool] = None) -> None:
+        self.node = node
+        self.links = links
+        self.wslog = wslog
+        self.committed_gid = committed
+        self.send = send
+        self.query = query
+        self.spool = spool
+        self.servers: list[LinkServer] = []
+        self.inbound: dict[str, Inbound] = {}
+        self.receivers: dict[str, "asyncio.Task[None]"] = {}
+
+    async def start(self) -> None:
+        """Start the senders this node serves."""
+        for link in self.links:
+            if not link.listen:
+                continue
+            end = LinkEnd(link.name, link.site, link.peer_site, _keys(link))
+            server = LinkServer(self.wslog, end, self.committed_gid, RuleSet(), NoSql(), provenance(link))
+            await server.start(link.listen)
+            self.servers.append(server)
+            log.info("link %s: serving site %s's changes to site %s on %s", link.name, link.site, link.peer_site,
+                     link.listen)
+
+    def membership(self, synced: Iterable[str], online: bool) -> None:
+        """The primary component's synced members now (``online``: this node is one of them and
+        takes writes): start the receivers this node is to run, stop the others."""
+        synced = set(synced)
+        for link in self.links:
+            if not link.peers:
+                continue
+            runs = online and receiver_node(link, synced) == self.node
+            task = self.receivers.get(link.name)
+            if runs and (task is None or task.done()):
+                self._start_receiver(link)
+            elif not runs and task is not None and not task.done():
+                log.info("link %s: this node no longer runs the receiver", link.name)
+                task.cancel()
+
+    def committed(self, msg: bp.LinkWriteset, decision: Optional[lp.Decision]) -> None:
+        """A link writeset committed here (any node's: only this node's receiver waits)."""
+        if msg.node != self.node:
+            return
+        inbound = self.inbound.get(msg.link)
+        if inbound is not None:
+            inbound.committed(msg.ticket, decision)
+
+    def _start_receiver(self, link: LinkConfig) -> None:
+        inbound = self.inbound[link.name] = Inbound(self.node, link, self.send, self._reader(link), link.window)
+        end = LinkEnd(link.name, link.site, link.peer_site, _keys(link))
+        receiver = LinkReceiver(end, link.peers, inbound.position, inbound.sink, self.spool)
+        log.info("link %s: this node runs the receiver of site %s's changes (from %s)", link.name, link.peer_site,
+                 ", ".join(link.peers))
+        self.receivers[link.name] = asyncio.get_running_loop().create_task(self._receive(link, receiver),
+                                                                           name=f"link {link.name}")
+
+    async def _receive(self, link: LinkConfig, receiver: LinkReceiver) -> None:
+        try:
+            await receiver.run()
+        except LinkError as e:  # broken: every sender said the log lost what the link needs
+            log.error("link %s is broken and stops: %s", link.name, e)
+
+    def _reader(self, link: LinkConfig) -> Callable[[], Awaitable[Optional[lp.PositionRow]]]:
+        async def read() -> Optional[lp.PositionRow]:
+            rows = await self.query(lp.READ_SQL, (link.name,))
+            return lp.PositionRow.of(rows[0]) if rows else None
+        return read
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for link in self.links:
+            inbound = self.inbound.get(link.name)
+            task = self.receivers.get(link.name)
+            out[link.name] = {
+                "site": link.site, "peer_site": link.peer_site, "sender": link.listen or None,
+                "receiving_here": task is not None and not task.done(),
+                "sent_on": inbound.sent if inbound else 0, "applied": inbound.applied if inbound else 0,
+                "in_flight": len(inbound.flights) if inbound else 0, "after": inbound.after if inbound else None}
+        return out
+
+    async def close(self) -> None:
+        tasks = [t for t in self.receivers.values() if not t.done()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for s in self.servers:
+            await s.close()
+
+
+def _keys(link: LinkConfig) -> LinkKeys:
+    return LinkKeys(link.tls_cert, link.tls_key, link.peer_cert, link.secret_file)

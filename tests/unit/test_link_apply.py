@@ -1,0 +1,401 @@
+"""A transaction received over a link, applied through the receiving site's total order
+(docs/LINKS.md section 3): the bus message, the apply's decision and the writeset it commits, the
+replicator's handling on every node, the receiver's sink and position, the configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, Optional
+
+import pytest
+
+from chorus import wire
+from chorus.actions import Apply
+from chorus.bus import Delivery
+from chorus.bus import proto as bp
+from chorus.config import ChorusConfigError, LinkConfig, load_config
+from chorus.link import position as lp
+from chorus.link.events import ClockEvent, RemoteTransaction
+from chorus.link.proto import LinkError
+from chorus.link.site import Inbound, provenance, receiver_node
+from chorus.wire import Key, KeyMode, Row, Table, Writeset
+from chorus.wslog import LogRecord
+
+from test_replicator import NAMES, form, writeset
+
+T = Table("app", "items", (wire.Column("id", "int4"), wire.Column("v", "text")), (0,))
+
+
+def remote(key: int = 1) -> Writeset:
+    return Writeset(7, 8, 3, (T,), (Row("I", 0, (), (str(key).encode(), b"x")),),
+                    (Key(KeyMode.EXCLUSIVE, (b"app", b"items", b"id", str(key).encode())),))
+
+
+def step(after: int = 0, peer_gid: int = 5, **kw: Any) -> bp.LinkWriteset:
+    values: dict[str, Any] = dict(node="n1", ticket=1, link="east-west", peer_site="east", after=after,
+                                  peer_gid=peer_gid, peer_clock=peer_gid + 1, max_replicated=0,
+                                  commit_time=1_700_000_000_000_000, sent_at=1_700_000_000_123_456,
+                                  writeset=wire.encode(remote()))
+    values.update(kw)
+    return bp.LinkWriteset(**values)
+
+
+# ---- the bus message ------------------------------------------------------------------------
+
+def test_link_writeset_message_round_trip() -> None:
+    m = step(after=4, peer_gid=9, max_replicated=3)
+    assert bp.decode(bp.encode(m)) == m
+    assert bp.encode(m)[:2] == bytes([bp.VERSION]) + b"K"
+
+
+@pytest.mark.parametrize("bad, says", [
+    (dict(after=5, peer_gid=5), "not a range"),
+    (dict(after=6, peer_gid=5), "not a range"),
+    (dict(link=""), "names its link"),
+    (dict(peer_site="x" * 65), "at most 64"),
+])
+def test_link_writeset_that_is_not_one_is_not_written(bad: dict[str, Any], says: str) -> None:
+    with pytest.raises(bp.BusProtoError, match=says):
+        bp.encode(step(**bad))
+
+
+def test_malformed_link_writeset_is_refused_with_a_clear_error() -> None:
+    good = bp.encode(step())
+    with pytest.raises(bp.BusProtoError, match="truncated"):
+        bp.decode(good[:-1])
+    with pytest.raises(bp.BusProtoError, match="trailing bytes"):
+        bp.decode(good + b"\x00")
+    with pytest.raises(bp.BusProtoError, match="unsupported bus message version 4"):
+        bp.decode(bytes([4]) + good[1:])
+    with pytest.raises(bp.BusProtoError, match="unknown bus message type"):
+        bp.decode(good[:1] + b"k" + good[2:])
+    # a range the other way round, written by hand: after = peer GID
+    m = step(after=0, peer_gid=5)
+    raw = bytearray(bp.encode(m))
+    head = 2 + 2 + len(m.node) + 2 + len(m.link) + 2 + len(m.peer_site)
+    raw[head + 8:head + 16] = (5).to_bytes(8, "big")
+    with pytest.raises(bp.BusProtoError, match="not a range"):
+        bp.decode(bytes(raw))
+    # every truncation is refused, never taken for a shorter message
+    for n in range(len(good)):
+        with pytest.raises(bp.BusProtoError):
+            bp.decode(good[:n])
+
+
+# ---- the apply's decision ---------------------------------------------------------------------
+
+def row(applied: int, site: str = "east", clock: int = 0, mr: int = 0) -> lp.PositionRow:
+    return lp.PositionRow("east-west", site, applied, clock, mr, 0)
+
+
+def test_the_first_link_writeset_applies_from_no_position() -> None:
+    assert lp.decide(step(after=0, peer_gid=5), None) == lp.Decision.APPLY
+
+
+def test_the_next_link_writeset_applies_where_the_position_is() -> None:
+    assert lp.decide(step(after=5, peer_gid=9), row(5)) == lp.Decision.APPLY
+
+
+@pytest.mark.parametrize("after, peer_gid, applied", [(0, 5, 5), (0, 5, 9), (5, 9, 9), (3, 4, 9)])
+def test_a_peer_gid_at_or_below_the_position_is_a_duplicate(after: int, peer_gid: int, applied: int) -> None:
+    """Sent again after a reconnect, or by an old and a new receiver after a failover: the GID
+    commits empty on every node (docs/LINKS.md section 3)."""
+    assert lp.decide(step(after=after, peer_gid=peer_gid), row(applied)) == lp.Decision.DUPLICATE
+
+
+@pytest.mark.parametrize("after, peer_gid, applied", [(7, 9, 5), (3, 9, 5), (2, 9, None)])
+def test_a_link_writeset_that_does_not_follow_the_position_is_a_gap(after: int, peer_gid: int,
+                                                                    applied: Optional[int]) -> None:
+    """An earlier one was not applied (its message lost): this one commits empty, and the
+    receiver resumes from the position."""
+    current = row(applied) if applied is not None else None
+    assert lp.decide(step(after=after, peer_gid=peer_gid), current) == lp.Decision.GAP
+
+
+def test_a_position_of_another_peer_site_is_not_moved() -> None:
+    assert lp.decide(step(after=5, peer_gid=9), row(5, site="north")) == lp.Decision.WRONG_PEER
+
+
+def test_the_writeset_applied_holds_the_peers_rows_and_the_position() -> None:
+    s = step(after=0, peer_gid=5, peer_clock=6, max_replicated=2)
+    first = wire.decode(lp.final_writeset(s, remote(), None, lp.Decision.APPLY))
+    assert first.tables == (T, lp.POSITION_TABLE)
+    assert first.rows[0] == remote().rows[0]
+    assert first.rows[1] == Row("I", 1, (), (b"east-west", b"east", b"5", b"6", b"2",
+                                            b"2023-11-14 22:13:20.123456+00"))
+    assert first.keys == (*remote().keys, lp.position_key("east-west"))
+    # the next one updates the row; clock values never go back
+    s2 = step(after=5, peer_gid=9, peer_clock=4, max_replicated=7)
+    second = wire.decode(lp.final_writeset(s2, remote(2), row(5, clock=6, mr=2), lp.Decision.APPLY))
+    assert second.rows[1] == Row("U", 1, (b"east-west",), (b"east-west", b"east", b"9", b"6", b"7",
+                                                          b"2023-11-14 22:13:20.123456+00"))
+
+
+@pytest.mark.parametrize("decision", [lp.Decision.DUPLICATE, lp.Decision.GAP, lp.Decision.WRONG_PEER])
+def test_a_link_writeset_not_applied_commits_an_empty_writeset(decision: lp.Decision) -> None:
+    assert lp.final_writeset(step(), remote(), row(9), decision) == wire.empty()
+
+
+def test_the_position_key_is_the_rows_certification_key() -> None:
+    from chorus.link.events import row_key
+    new = lp.row_values(lp.advanced(None, step()))
+    assert row_key(lp.POSITION_TABLE, Row("I", 0, (), new)).parts == lp.position_key("east-west").parts
+
+
+def test_a_scanned_writeset_or_a_schema_change_is_not_made_into_an_apply() -> None:
+    with pytest.raises(ValueError, match="decoded in full"):
+        lp.final_writeset(step(), wire.scan(wire.encode(remote())), None, lp.Decision.APPLY)
+    ddl = dataclasses.replace(remote(), rows=(wire.Schema((), "postgres", b"CREATE TABLE x ()"),), flags=wire.FLAG_DDL)
+    with pytest.raises(ValueError, match="no schema change"):
+        lp.final_writeset(step(), ddl, None, lp.Decision.APPLY)
+
+
+# ---- every node of the site (the replicator) ---------------------------------------------------
+
+def test_a_link_writeset_gets_a_gid_and_is_applied_on_every_node_its_receiver_too() -> None:
+    c = form()
+    m = step(node="n2", writeset=wire.encode(remote(1)))
+    c.order.append(("n2", bp.encode(m)))
+    c.drain()
+    gids = {n: r.gid for n, r in c.nodes.items()}
+    assert len(set(gids.values())) == 1
+    for n, r in c.nodes.items():
+        assert c.applied[n] == [r.gid]  # n2 applies it too: no backend ran it
+    # the Apply carries the message, under the link's origin
+    r = c.nodes["n1"]
+    acts = r.on_delivery(Delivery("n2", bp.encode(dataclasses.replace(m, ticket=2))))
+    assert [type(a) for a in acts] == [Apply]
+    a = acts[0]
+    assert isinstance(a, Apply) and a.link == dataclasses.replace(m, ticket=2) and a.origin == "link:east-west"
+
+
+def test_a_local_transaction_that_overlaps_a_link_writeset_and_did_not_see_it_fails_everywhere() -> None:
+    """Invariant 2 with the link's origin: the link writeset never fails (it is a blind write at
+    its GID), the local transaction certified after it with an older snapshot does (40001), on
+    the link's receiving node as on the others."""
+    c = form()
+    seen = c.nodes["n1"].gid
+    key_ws = Writeset(1, 1, 0, (T,), (Row("U", 0, (b"1",), (b"1", b"y")),),
+                      (Key(KeyMode.UPDATE, (b"app", b"items", b"id", b"1")),))
+    c.order.append(("n2", bp.encode(step(node="n2", writeset=wire.encode(remote(1))))))
+    for node in ("n1", "n2"):  # from the receiving node itself, and from another
+        c.ticket += 1
+        ws = wire.encode(dataclasses.replace(key_ws, last_seen=seen))
+        c.order.append((node, bp.encode(bp.WritesetMsg(node, c.ticket, ws))))
+    c.drain()
+    link_gid = seen + 1
+    for n in NAMES:
+        assert (link_gid, True) in c.log[n] and link_gid in c.applied[n]
+    assert c.log["n1"][-1] == (link_gid + 1, False)
+    assert c.log["n2"][-1] == (link_gid + 2, False)
+    assert all(r.stats.cert_failures == 2 for r in c.nodes.values())
+
+
+def test_a_link_writeset_from_a_node_that_is_not_a_member_is_dropped_everywhere() -> None:
+    c = form()
+    before = {n: r.gid for n, r in c.nodes.items()}
+    c.order.append(("n9", bp.encode(step(node="n9"))))
+    c.drain()
+    assert {n: r.gid for n, r in c.nodes.items()} == before
+
+
+def test_a_malformed_link_writeset_takes_its_gid_and_is_applied_nowhere() -> None:
+    c = form()
+    before = c.nodes["n1"].gid
+    c.order.append(("n1", bp.encode(step(writeset=b"CW\x02garbage"))))
+    ddl = dataclasses.replace(remote(), rows=(wire.Schema((), "postgres", b"CREATE TABLE x ()"),), flags=wire.FLAG_DDL)
+    c.order.append(("n1", bp.encode(step(writeset=wire.encode(ddl)))))
+    c.drain()
+    assert all(r.gid == before + 2 for r in c.nodes.values())
+    assert all(c.applied[n] == [] for n in NAMES)
+    assert all(r.stats.malformed == 2 for r in c.nodes.values())
+
+
+def test_an_unstable_link_writeset_reaches_a_joiner_as_a_link_writeset() -> None:
+    from chorus.replicator import _unstable_action, _unstable_entry
+    m = step()
+    a = Apply(12, 11, "link:east-west", wire.scan(m.writeset), link=m)
+    entry = _unstable_entry("n1", 12, a)
+    back = _unstable_action(*entry)
+    assert isinstance(back, Apply) and back.link == m and back.origin == a.origin
+    plain = _unstable_action(3, 2, "n2", writeset(0, 1))
+    assert isinstance(plain, Apply) and plain.link is None
+    with pytest.raises(wire.WireError):
+        _unstable_action(12, 11, "link:east-west", b"\x03garbage")
+
+
+# ---- the receiver's sink and position -----------------------------------------------------------
+
+LINK = LinkConfig("east-west", "west", "east", "c", "k", "pc", "s", peers=("h:1",))
+
+
+def tx(gid: int) -> RemoteTransaction:
+    return RemoteTransaction("east", gid, 0, wire.decode(wire.encode(remote(gid))))
+
+
+class Site:
+    def __init__(self, position: Optional[lp.PositionRow] = None) -> None:
+        self.sent: list[bp.LinkWriteset] = []
+        self.position = position
+
+    def send(self, m: bp.Message) -> None:
+        assert isinstance(m, bp.LinkWriteset)
+        self.sent.append(m)
+
+    async def read(self) -> Optional[lp.PositionRow]:
+        return self.position
+
+
+def test_the_sink_chains_each_transaction_to_the_one_before_within_a_window() -> None:
+    async def go() -> None:
+        site = Site(lp.PositionRow("east-west", "east", 4, 5, 0, 0))
+        inbound = Inbound("n1", LINK, site.send, site.read, window=2, wall=lambda: 1.5)
+        assert (await inbound.position()).applied_gid == 4
+        await inbound.sink(tx(6))
+        await inbound.sink(ClockEvent("east", 9))  # the peer's clock
+        await inbound.sink(ClockEvent("west", 3))  # this site's, passed back
+        await inbound.sink(tx(10))
+        assert [(m.after, m.peer_gid) for m in site.sent] == [(4, 6), (6, 10)]
+        assert (site.sent[1].peer_clock, site.sent[1].max_replicated, site.sent[1].sent_at) == (11, 3, 1_500_000)
+        third = asyncio.ensure_future(inbound.sink(tx(12)))  # the window is full: it waits
+        await asyncio.sleep(0.01)
+        assert not third.done()
+        inbound.committed(site.sent[0].ticket, lp.Decision.APPLY)
+        await asyncio.wait_for(third, 1)
+        assert [m.peer_gid for m in site.sent] == [6, 10, 12]
+    asyncio.run(go())
+
+
+def test_a_link_writeset_not_applied_makes_the_receiver_resume_from_the_position() -> None:
+    async def go() -> None:
+        site = Site()
+        inbound = Inbound("n1", LINK, site.send, site.read, window=8, drain_timeout=0.05)
+        await inbound.position()
+        await inbound.sink(tx(1))
+        await inbound.sink(tx(2))
+        inbound.committed(site.sent[0].ticket, lp.Decision.DUPLICATE)  # fine: it is applied
+        inbound.committed(site.sent[1].ticket, lp.Decision.GAP)
+        with pytest.raises(LinkError, match="committed empty"):
+            await inbound.sink(tx(3))
+        site.position = lp.PositionRow("east-west", "east", 1, 2, 0, 0)
+        assert (await inbound.position()).applied_gid == 1
+        await inbound.sink(tx(2))
+        assert (site.sent[-1].after, site.sent[-1].peer_gid) == (1, 2)
+    asyncio.run(go())
+
+
+def test_a_link_writeset_with_no_outcome_in_time_is_taken_as_lost() -> None:
+    async def go() -> None:
+        site = Site()
+        inbound = Inbound("n1", LINK, site.send, site.read, window=1, outcome_timeout=0.05, drain_timeout=0.01)
+        await inbound.position()
+        await inbound.sink(tx(1))
+        with pytest.raises(LinkError, match="not committed here"):
+            await inbound.sink(tx(2))
+    asyncio.run(go())
+
+
+def test_the_receiver_runs_on_the_lowest_named_synced_member_that_may() -> None:
+    assert receiver_node(LINK, {"n3", "n2"}) == "n2"
+    assert receiver_node(dataclasses.replace(LINK, nodes=("n3", "n4")), {"n1", "n2", "n3"}) == "n3"
+    assert receiver_node(dataclasses.replace(LINK, nodes=("n4",)), {"n1"}) is None
+
+
+def test_the_sender_does_not_send_back_what_a_link_applied() -> None:
+    facts = provenance(dataclasses.replace(LINK, site="east", peer_site="west"))
+    own = facts(LogRecord(3, "n1", b"", 0))
+    back = facts(LogRecord(4, "link:east-west", b"", 0))
+    third = facts(LogRecord(5, "link:north-east", b"", 0))
+    assert own.applied_from is None and back.applied_from == "west" and third.applied_from not in (None, "west")
+
+
+# ---- configuration ---------------------------------------------------------------------------------
+
+BASE = """
+[node]
+name = "n1"
+data_dir = "/d"
+state_file = "/d/s"
+socket_path = "/d/c.sock"
+admin_socket = "/d/a.sock"
+[postgres]
+dsn = "x"
+"""
+LINK_TOML = """
+[[link]]
+name = "east-west"
+site = "west"
+peer_site = "east"
+peers = ["10.0.0.1:7533"]
+tls_cert = "c"
+tls_key = "k"
+peer_cert = "p"
+secret_file = "s"
+"""
+
+
+def _load(tmp_path: Any, text: str) -> Any:
+    p = tmp_path / "chorus.toml"
+    p.write_text(BASE + text)
+    return load_config(str(p))
+
+
+def test_a_link_is_configured(tmp_path: Any) -> None:
+    cfg = _load(tmp_path, LINK_TOML)
+    assert cfg.links == (LinkConfig("east-west", "west", "east", "c", "k", "p", "s", peers=("10.0.0.1:7533",)),)
+
+
+@pytest.mark.parametrize("change, says", [
+    (("peers = [\"10.0.0.1:7533\"]", ""), "neither listen"),
+    (("site = \"west\"", "site = \"east\""), "to itself"),
+    (("name = \"east-west\"", "name = \"east west\""), "must be 1 to 64"),
+    (("peers = [\"10.0.0.1:7533\"]", "peers = [\"nowhere\"]"), "is not host:port"),
+    (("tls_cert = \"c\"", ""), "missing link.tls_cert"),
+    (("secret_file = \"s\"", "secret_file = \"s\"\nwindow = 0"), "window must be at least 1"),
+    (("secret_file = \"s\"", "secret_file = \"s\"\ncolour = 1"), "unknown key link.colour"),
+])
+def test_a_link_that_cannot_work_is_refused(tmp_path: Any, change: tuple[str, str], says: str) -> None:
+    with pytest.raises(ChorusConfigError, match=says):
+        _load(tmp_path, LINK_TOML.replace(*change))
+
+
+def test_two_links_of_one_name_are_refused(tmp_path: Any) -> None:
+    with pytest.raises(ChorusConfigError, match="two links named"):
+        _load(tmp_path, LINK_TOML + LINK_TOML)
+
+
+# ---- the pipeline: decided once, logged as committed -------------------------------------------
+
+def test_the_pipeline_decides_once_and_logs_what_committed(tmp_path: Any) -> None:
+    """A link writeset's record waits in the log until it committed here, and is then what it
+    committed: the peer's rows and the position, decided at the first attempt and kept (a retry
+    that reads a moved row applies the same bytes); empty when voting had it commit empty."""
+    from chorus.commit.pipeline import Pending
+    from test_shell_parts import Db, _pipeline
+
+    async def go() -> None:
+        p, log = _pipeline(tmp_path, Db(ok=False))
+        m = step(after=0, peer_gid=5)
+        first = Pending(1, 0, lp.origin(m.link), wire.scan(m.writeset), link=m)
+        p.admit(first, local=False)
+        m2 = step(after=5, peer_gid=9, ticket=2)
+        second = Pending(2, 1, lp.origin(m2.link), wire.scan(m2.writeset), link=m2)
+        p.admit(second, local=False)
+        # one after the other (the link's row), and never in a run
+        assert p.scheduler.ready_runs(4, 8, p._run_fits) == [[1]]
+        p.feeder.flush()
+        assert log.end_gid == 0  # the records wait for what they commit
+        final = p._link_final(first, None)
+        assert p._link_final(first, ("east-west", "east", 5, 6, 0, 0)) == final  # kept
+        assert first.link_decision == lp.Decision.APPLY
+        p._log_link(first)
+        second.skip = True  # voting: it commits empty
+        p._log_link(second)
+        p.feeder.flush()
+        records = log.reader(0).read(10)
+        assert [(r.gid, r.origin) for r in records] == [(1, "link:east-west"), (2, "link:east-west")]
+        assert bytes(records[0].payload) == final
+        assert wire.decode(bytes(records[0].payload)).tables[-1] == lp.POSITION_TABLE
+        assert bytes(records[1].payload) == wire.empty()
+    asyncio.run(go())
