@@ -213,10 +213,11 @@ def test_a_malformed_link_writeset_takes_its_gid_and_is_applied_nowhere() -> Non
 
 
 def test_an_unstable_link_writeset_reaches_a_joiner_as_a_link_writeset() -> None:
-    from chorus.replicator import _unstable_action, _unstable_entry
+    from chorus.dataplane.order import unstable_entry
+    from chorus.replicator import _unstable_action
     m = step()
     a = Apply(12, 11, "link:east-west", wire.scan(m.writeset), link=m)
-    entry = _unstable_entry("n1", 12, a)
+    entry = unstable_entry("n1", 12, a)
     back = _unstable_action(*entry)
     assert isinstance(back, Apply) and back.link == m and back.origin == a.origin
     plain = _unstable_action(3, 2, "n2", writeset(0, 1))

@@ -84,6 +84,19 @@ class Conflict:
                 "winner_gid": self.winner_gid, "winner_node": self.winner_node, "reason": self.reason}
 
 
+def unstable_entry(node: str, gid: int, a: Action) -> tuple[int, int, str, bytes]:
+    """A held writeset as a GID answer carries it: (GID, the GID before it, origin, writeset);
+    ``node`` is the answering node, the origin of its local ones; a link writeset travels as its
+    message (its origin says so)."""
+    if isinstance(a, LocalVerdict):
+        assert a.writeset is not None
+        return gid, a.prev, node, a.writeset.raw or wire.encode(a.writeset)
+    assert isinstance(a, Apply)
+    if a.link is not None:
+        return gid, a.prev, a.origin, bp.encode(a.link)
+    return gid, a.prev, a.origin, a.writeset.raw or wire.encode(a.writeset)
+
+
 # A schema change's report round: opened by the control plane for schema changes that every node
 # must apply before any commits them (Replicator._open_round); False when nobody else is there.
 OpenRound = Callable[[int, str], bool]
@@ -369,19 +382,8 @@ class OrderCore:
         self.certifier = certifier
 
     def unstable_entries(self) -> tuple[tuple[int, int, str, bytes], ...]:
-        """The held writesets as a GID answer carries them: (GID, the GID before it, origin,
-        writeset); this node is the origin of its local ones."""
-        out = []
-        for gid, a in self._unstable:
-            if isinstance(a, LocalVerdict):
-                assert a.writeset is not None
-                out.append((gid, a.prev, self.node, a.writeset.raw or wire.encode(a.writeset)))
-            elif isinstance(a, Apply) and a.link is not None:  # a link writeset travels as its message
-                out.append((gid, a.prev, a.origin, bp.encode(a.link)))
-            else:
-                assert isinstance(a, Apply)
-                out.append((gid, a.prev, a.origin, a.writeset.raw or wire.encode(a.writeset)))
-        return tuple(out)
+        """The held writesets as a GID answer carries them (:func:`unstable_entry`)."""
+        return tuple(unstable_entry(self.node, gid, a) for gid, a in self._unstable)
 
     def leave(self) -> list[Action]:
         """The node leaves the primary component. Writesets not yet known to a quorum: the
