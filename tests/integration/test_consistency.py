@@ -214,6 +214,19 @@ def test_write_skew_behaves_as_snapshot_isolation(cluster: Cluster) -> None:
         assert c.execute("SELECT count(*) FROM iso_oncall WHERE on_call").fetchone() == (0,)
 
 
+def _waits(c: psycopg.Connection[Any], pid: int, event: str) -> None:
+    """Until backend ``pid`` waits on ``event`` (a wait event or its type), 10 s at most."""
+    deadline = time.monotonic() + 10
+    state = None
+    while time.monotonic() < deadline:
+        state = c.execute("SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s",
+                          (pid,)).fetchone()
+        if state and event in state:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"backend {pid} never waited on {event}: {state}")
+
+
 def test_certified_transaction_whose_backend_dies_is_replayed(cluster: Cluster) -> None:
     """A backend killed after its transaction was certified, while it waits for its commit turn:
     the coordinator commits it from its writeset, on its own node as on the others."""
@@ -240,13 +253,8 @@ def test_certified_transaction_whose_backend_dies_is_replayed(cluster: Cluster) 
 
     t = threading.Thread(target=commit)
     t.start()
-    deadline = time.monotonic() + 10
     with cluster.connect(0) as c:
-        while time.monotonic() < deadline:
-            state = c.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
-            if state and state[0] == "Extension":
-                break
-            time.sleep(0.02)
+        _waits(c, pid, "Extension")  # certified, waiting for its turn
         c.execute("SELECT pg_terminate_backend(%s)", (pid,))
     t.join(10)
     assert errors, "the killed backend's client should see its connection end"
@@ -295,21 +303,10 @@ def test_a_local_transaction_that_changed_a_replayed_transactions_rows_is_refuse
                threading.Thread(target=commit, args=("other", other,
                                                      "UPDATE lost_acct SET balance = balance + 5 WHERE id = 2"))]
     threads[0].start()
-
-    def waits(c: psycopg.Connection[Any], who: int, event: str) -> None:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            state = c.execute("SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s",
-                              (who,)).fetchone()
-            if state and event in state:
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"backend {who} never waited on {event}: {state}")
-
     with cluster.connect(0) as c:
-        waits(c, pid, "Extension")  # certified, waiting for its turn
+        _waits(c, pid, "Extension")  # certified, waiting for its turn
         threads[1].start()
-        waits(c, other_pid, "Lock")  # waiting for the debit's row
+        _waits(c, other_pid, "Lock")  # waiting for the debit's row
         c.execute("SELECT pg_terminate_backend(%s)", (pid,))
     for t in threads:
         t.join(20)

@@ -171,6 +171,22 @@ class OrderCore:
 
     # ---- the total order -----------------------------------------------------------------------
 
+    def _next_gid(self) -> int:
+        """The next GID, for a writeset every node takes at this place."""
+        self.gid += 1
+        self.stats.delivered += 1
+        self.outcomes.seen(self.gid)
+        return self.gid
+
+    def _defer_or_certify(self, gid: int, msg: "bp.WritesetMsg | bp.LinkWriteset", ws: wire.Writeset) -> list[Action]:
+        if self.ddl_open or self._deferred:
+            # A schema change before it has not reported its outcome: what it touched is not
+            # known yet, so nothing after it can be certified yet (it could not commit before the
+            # schema change anyway).
+            self._deferred.append((gid, msg, ws))
+            return []
+        return self._certify(gid, msg, ws)
+
     def writeset(self, msg: bp.WritesetMsg) -> list[Action]:
         """A writeset delivered in total order: its GID, then certified (or deferred)."""
         local = msg.origin == self.node
@@ -182,10 +198,7 @@ class OrderCore:
                 self._local_scanned.pop(msg.ticket, None)
                 return [LocalVerdict(msg.ticket, False, 0, 0, "this node left the primary component", None)]
             return []
-        self.gid += 1
-        gid = self.gid
-        self.stats.delivered += 1
-        self.outcomes.seen(gid)
+        gid = self._next_gid()
         try:
             cached = self._local_scanned.pop(msg.ticket, None) if local else None
             ws = cached if cached is not None else wire.scan(msg.writeset)
@@ -193,13 +206,7 @@ class OrderCore:
             self.stats.malformed += 1
             self.stats.cert_failures += 1
             return [LocalVerdict(msg.ticket, False, gid, 0, f"malformed writeset: {e}", None)] if local else []
-        if self.ddl_open or self._deferred:
-            # A schema change before it has not reported its outcome: what it touched is not
-            # known yet, so nothing after it can be certified yet (it could not commit before the
-            # schema change anyway).
-            self._deferred.append((gid, msg, ws))
-            return []
-        return self._certify(gid, msg, ws)
+        return self._defer_or_certify(gid, msg, ws)
 
     def link_writeset(self, msg: bp.LinkWriteset) -> list[Action]:
         """A transaction of a peer site, sent on by this site's receiver of ``msg.link``
@@ -209,10 +216,7 @@ class OrderCore:
         link's durable position."""
         if not self.following or not self.quorate or msg.node not in self.membership.online:
             return []
-        self.gid += 1
-        gid = self.gid
-        self.stats.delivered += 1
-        self.outcomes.seen(gid)
+        gid = self._next_gid()
         try:
             ws = wire.scan(msg.writeset)
             if ws.has_schema:
@@ -223,10 +227,7 @@ class OrderCore:
             self.stats.malformed += 1
             self.stats.cert_failures += 1
             return []
-        if self.ddl_open or self._deferred:
-            self._deferred.append((gid, msg, ws))
-            return []
-        return self._certify(gid, msg, ws)
+        return self._defer_or_certify(gid, msg, ws)
 
     def _certify_link(self, gid: int, msg: bp.LinkWriteset, ws: wire.Writeset) -> list[Action]:
         """Certify a link writeset by the same rule as any writeset (invariant 2), under its
