@@ -226,14 +226,17 @@ chorus_send_frame(char type, const ChorusFrameBody *b)
 
 /*
  * chorus_salvage_verdict
- *		The wait for a plain writeset's verdict was interrupted (the session is
- *		terminated): before the transaction aborts and releases its row locks,
+ *		The wait for a plain writeset's verdict was interrupted (an error, or
+ *		the session is terminated: a FATAL error reaches no PG_CATCH, only the
+ *		abort): at the transaction's abort, before it releases its row locks,
  *		learn whether it was certified, waiting a bounded time without
  *		interrupts. Certified: it is applied from its writeset, so it is noted
  *		as lost (chorus_note_lost), and a local transaction that takes its rows
- *		next is refused at commit. The coordinator gone: nothing, its successor
- *		applies it before the node takes writes again. Not known: noted as
- *		unknown.
+ *		next is refused at commit. Not known (the coordinator gone, no answer
+ *		in time, a reply begun): noted as unknown, so commits are refused until
+ *		the next coordinator's node_init and, after it, those of transactions
+ *		that began writing before (its successor applies the writeset if it was
+ *		certified, before the node takes writes again).
  */
 static void
 chorus_salvage_verdict(void)
@@ -259,12 +262,11 @@ chorus_salvage_verdict(void)
 			return;
 		}
 		n = recv(chorus_sock, frame + got, sizeof(frame) - 1 - got, MSG_DONTWAIT);
-		if (n == 0)
-			return;				/* the coordinator is gone */
-		if (n < 0)
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+			continue;
+		if (n <= 0)
 		{
-			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-				continue;
+			chorus_note_lost(0, true);	/* the coordinator is gone */
 			return;
 		}
 		got += n;
@@ -323,10 +325,9 @@ chorus_read_verdict(uint64 *gid, uint64 *wait_for, uint64 *prev, char **msg)
 	}
 	PG_CATCH();
 	{
-		if (chorus_awaiting_certification)
-			chorus_salvage_verdict();
-		chorus_awaiting_certification = false;
-		chorus_disconnect();
+		/* a writeset's verdict is salvaged at the abort (chorus_certification_ended) */
+		if (!chorus_awaiting_certification)
+			chorus_disconnect();
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
@@ -364,6 +365,23 @@ chorus_coord_ask_parts(char type, const ChorusFrameBody *body, ChorusVerdict *v)
 {
 	chorus_send_frame(type, body);
 	v->verdict = chorus_read_verdict(&v->gid, &v->wait_for, &v->prev, &v->msg);
+}
+
+/*
+ * chorus_certification_ended
+ *		At a transaction's abort: if it was waiting for its writeset's verdict,
+ *		salvage the verdict (chorus_salvage_verdict) and close the connection, so
+ *		the coordinator knows nobody waits for that writeset any more (it
+ *		replays it if certified).
+ */
+void
+chorus_certification_ended(void)
+{
+	if (!chorus_awaiting_certification)
+		return;
+	chorus_awaiting_certification = false;
+	chorus_salvage_verdict();
+	chorus_disconnect();
 }
 
 /*

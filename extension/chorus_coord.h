@@ -35,6 +35,7 @@ typedef struct ChorusFrameBody
 extern void chorus_coord_ask(char type, const char *body, int len, ChorusVerdict *v);
 extern void chorus_coord_ask_parts(char type, const ChorusFrameBody *body, ChorusVerdict *v);
 extern void chorus_coord_certify(const ChorusFrameBody *ws, ChorusVerdict *v);
+extern void chorus_certification_ended(void);
 extern void chorus_refuse_unless_commit(const ChorusVerdict *v);
 extern void chorus_send_done(char kind, uint64 gid, TransactionId xid);
 

@@ -167,6 +167,8 @@ chorus_xact_callback(XactEvent event, void *arg)
 			}
 			chorus_restore_sync_commit(cs);
 			chorus_release_origin(cs);
+			/* ended while it waited for its verdict: learn it, before the row locks go */
+			chorus_certification_ended();
 			if (cs->certified && !cs->ddl && !cs->applying)
 			{
 				/* before its row locks go: chorus_check_lost */

@@ -8,6 +8,7 @@ what the clients were told. Each check names what differs (node, table, key).
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -326,3 +327,55 @@ def test_a_local_transaction_that_changed_a_replayed_transactions_rows_is_refuse
     cluster.quiesce()
     with cluster.connect(2) as c:
         assert c.execute("SELECT balance FROM lost_acct WHERE id = 2").fetchone() == (95,)
+
+
+def test_a_session_terminated_while_it_waits_for_its_verdict_learns_it_before_its_rows_go(cluster: Cluster) -> None:
+    """The same with the debit's session terminated before its verdict came (its coordinator
+    frozen meanwhile): the session's abort reads the verdict before it releases its row locks,
+    so the credit waiting for the row is refused at its commit; the debit is committed from its
+    writeset everywhere."""
+    with cluster.connect(0) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS lost_acct2 (id integer PRIMARY KEY, balance integer NOT NULL)")
+        c.execute("INSERT INTO lost_acct2 VALUES (1, 100) ON CONFLICT (id) DO UPDATE SET balance = excluded.balance")
+    cluster.quiesce()
+    victim = cluster.connect(0, autocommit=False)
+    pid = victim.execute("SELECT pg_backend_pid()").fetchone()[0]
+    victim.execute("UPDATE lost_acct2 SET balance = balance - 10 WHERE id = 1")
+    other = cluster.connect(0, autocommit=False)
+    other_pid = other.execute("SELECT pg_backend_pid()").fetchone()[0]
+    outcome: dict[str, Any] = {}
+
+    def commit(name: str, conn: psycopg.Connection[Any], statement: Optional[str]) -> None:
+        try:
+            if statement:
+                conn.execute(statement)
+            conn.commit()
+            outcome[name] = "committed"
+        except psycopg.Error as e:
+            outcome[name] = e
+
+    coordinator = int(cluster.info["nodes"][0]["coordinator_pid"])
+    os.kill(coordinator, signal.SIGSTOP)  # the debit's verdict waits
+    try:
+        threads = [threading.Thread(target=commit, args=("victim", victim, None)),
+                   threading.Thread(target=commit, args=("other", other,
+                                                         "UPDATE lost_acct2 SET balance = balance + 5 WHERE id = 1"))]
+        threads[0].start()
+        with cluster.connect(0) as c:
+            _waits(c, pid, "Extension")  # waiting for its verdict
+            threads[1].start()
+            _waits(c, other_pid, "Lock")  # waiting for the debit's row
+            c.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            time.sleep(0.5)  # the victim's abort waits for the verdict, holding its rows
+    finally:
+        os.kill(coordinator, signal.SIGCONT)
+    for t in threads:
+        t.join(30)
+    assert isinstance(outcome.get("victim"), psycopg.Error), outcome
+    refused = outcome.get("other")
+    assert isinstance(refused, psycopg.Error) and refused.sqlstate == "40001", outcome
+    cluster.quiesce()
+    cluster.assert_identical()
+    for i in range(3):
+        with cluster.connect(i) as c:
+            assert c.execute("SELECT balance FROM lost_acct2 WHERE id = 1").fetchone() == (90,)
