@@ -7,6 +7,7 @@ what the clients were told. Each check names what differs (node, table, key).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -18,7 +19,7 @@ import psycopg
 import pytest
 
 from chorus.testkit import workload as wl
-from conftest import Cluster, commit_all
+from conftest import Cluster, chorus, commit_all
 
 pytestmark = pytest.mark.integration
 
@@ -354,7 +355,9 @@ def test_a_session_terminated_while_it_waits_for_its_verdict_learns_it_before_it
         except psycopg.Error as e:
             outcome[name] = e
 
-    coordinator = int(cluster.info["nodes"][0]["coordinator_pid"])
+    # the coordinator running now (an earlier test may have started it again)
+    r = chorus("local", "status", "--dir", cluster.dir, "--json")
+    coordinator = int(json.loads(r.stdout)["nodes"][0]["coordinator_pid"])
     os.kill(coordinator, signal.SIGSTOP)  # the debit's verdict waits
     try:
         threads = [threading.Thread(target=commit, args=("victim", victim, None)),
