@@ -380,14 +380,17 @@ class Coordinator:
         PostgreSQL kill, seed 20)."""
         r = self.replicator
         assert r is not None
-        said = False
+        # Once none of this node's writesets is on the bus (it takes none while writes are
+        # refused), the GIDs certified so far hold all of its own: the others' GIDs certified
+        # later are certified against local transactions as always, so the target stays put
+        # (under the others' load the watermark never catches up with a moving one).
+        target: Optional[int] = None
         while not self.stopping.is_set() and r.accepts_writes and self.db.ok.is_set():
-            if self.pipeline.book.watermark >= r.last_certified and not r.local_in_flight():
+            if target is None and not r.local_in_flight():
+                target = r.last_certified
+                log.info("writes wait until the certified writesets up to GID %d are committed again", target)
+            if target is not None and self.pipeline.book.watermark >= target:
                 return
-            if not said:
-                log.info("writes wait until the certified writesets up to GID %d are committed again",
-                         r.last_certified)
-                said = True
             await asyncio.sleep(REAPPLY_POLL_S)
 
     # ---- the bus and the replicator's actions ---------------------------------------------

@@ -540,6 +540,7 @@ class Coord:
         self.tickets: dict[int, Txn] = {}
         self.backends: dict[int, tuple[Txn, BackendRef]] = {}  # gid -> its waiting local backend
         self.reapplying = False  # PostgreSQL came back: writes wait until it has every certified GID again
+        self.reapply_target: Optional[int] = None
         self.offers: dict[str, list[bp.LogInfo]] = {}
         self.lock_tokens: set[int] = set()  # its apply transactions holding row locks
         self.socket: list[tuple[Txn, list[int]]] = []  # backends' COMMITs sent while it is frozen
@@ -740,7 +741,7 @@ class Coord:
         if not self.db_ok:
             return
         self.feed(ev.DbLost())
-        self.reapplying = True
+        self.reapplying, self.reapply_target = True, None
         self.sim.trace(self.name, "lost PostgreSQL; reconnecting")
         self._wait_database()
 
@@ -762,11 +763,13 @@ class Coord:
         if not self.r.accepts_writes or not self.db_ok or not self.host.db.up:
             return self.phase_reason
         if self.reapplying:
-            # coordinator._reapplied: writes wait until PostgreSQL, back, has every certified GID
-            # again and this node's writesets on the bus are settled
-            if self.book.watermark < self.r.last_certified or self.r.local_in_flight():
+            # coordinator._reapplied: writes wait until this node's writesets on the bus are settled
+            # and PostgreSQL, back, has every GID certified by then again
+            if self.reapply_target is None and not self.r.local_in_flight():
+                self.reapply_target = self.r.last_certified
+            if self.reapply_target is None or self.book.watermark < self.reapply_target:
                 return "re-applying the certified writesets PostgreSQL lost"
-            self.reapplying = False
+            self.reapplying, self.reapply_target = False, None
         return None
 
     def submit(self, txn: Txn, keys: list[int], defer: bool = False) -> None:
