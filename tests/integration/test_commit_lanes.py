@@ -67,6 +67,9 @@ def test_relaxed_order_loses_nothing_through_a_postgres_crash(lanes_cluster: Clu
         time.sleep(2)
         # verify takes snapshots of every node at one GID while the others keep committing out of order
         v = chorus("verify", "--dir", c.dir, "--json", timeout=600)
+        if v.returncode != 0 and "at one GID in time" in v.stderr:
+            # a busy machine: every node did not settle within verify's minute under the load; once more
+            v = chorus("verify", "--dir", c.dir, "--json", timeout=600)
         assert v.returncode == 0, v.stdout + v.stderr
         assert json.loads(v.stdout)["identical"], v.stdout
     finally:
