@@ -7,6 +7,7 @@ what the clients were told. Each check names what differs (node, table, key).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -216,6 +217,17 @@ def test_write_skew_behaves_as_snapshot_isolation(cluster: Cluster) -> None:
         assert c.execute("SELECT count(*) FROM iso_oncall WHERE on_call").fetchone() == (0,)
 
 
+def _commit_into(outcome: dict[str, Any], name: str, conn: psycopg.Connection[Any], statement: Optional[str]) -> None:
+    """Run ``statement`` (if any) and COMMIT on ``conn``; ``outcome[name]``: "committed" or the error."""
+    try:
+        if statement:
+            conn.execute(statement)
+        conn.commit()
+        outcome[name] = "committed"
+    except psycopg.Error as e:
+        outcome[name] = e
+
+
 def _waits(c: psycopg.Connection[Any], pid: int, event: str) -> None:
     """Until backend ``pid`` waits on ``event`` (a wait event or its type), 10 s at most."""
     deadline = time.monotonic() + 10
@@ -291,15 +303,7 @@ def test_a_local_transaction_that_changed_a_replayed_transactions_rows_is_refuse
     other = cluster.connect(0, autocommit=False)
     other_pid = other.execute("SELECT pg_backend_pid()").fetchone()[0]
     outcome: dict[str, Any] = {}
-
-    def commit(name: str, conn: psycopg.Connection[Any], statement: Optional[str]) -> None:
-        try:
-            if statement:
-                conn.execute(statement)
-            conn.commit()
-            outcome[name] = "committed"
-        except psycopg.Error as e:
-            outcome[name] = e
+    commit = functools.partial(_commit_into, outcome)
 
     threads = [threading.Thread(target=commit, args=("victim", victim, None)),
                threading.Thread(target=commit, args=("other", other,
@@ -345,15 +349,7 @@ def test_a_session_terminated_while_it_waits_for_its_verdict_learns_it_before_it
     other = cluster.connect(0, autocommit=False)
     other_pid = other.execute("SELECT pg_backend_pid()").fetchone()[0]
     outcome: dict[str, Any] = {}
-
-    def commit(name: str, conn: psycopg.Connection[Any], statement: Optional[str]) -> None:
-        try:
-            if statement:
-                conn.execute(statement)
-            conn.commit()
-            outcome[name] = "committed"
-        except psycopg.Error as e:
-            outcome[name] = e
+    commit = functools.partial(_commit_into, outcome)
 
     # the coordinator running now (an earlier test may have started it again)
     r = chorus("local", "status", "--dir", cluster.dir, "--json")
