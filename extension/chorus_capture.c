@@ -58,6 +58,7 @@ chorus_capture_reset(ChorusCapture *cap)
 	if (cap->cxt != NULL)
 		MemoryContextDelete(cap->cxt);
 	memset(cap, 0, sizeof(*cap));
+	chorus_table_cache_release();	/* descriptions dropped while it held them */
 }
 
 /*
@@ -217,8 +218,9 @@ chorus_subxact_commit(ChorusCapture *cap, SubTransactionId subid)
 
 /*
  * chorus_table_for
- *		The capture's description of relation rel, made at its first capture in
- *		this transaction (chorus_table.c) and after each schema change.
+ *		The capture's description of relation rel: the one kept across
+ *		transactions (chorus_table.c), or, after a schema change in this
+ *		transaction, made anew for the transaction after each one.
  */
 static ChorusTable *
 chorus_table_for(ChorusCapture *cap, Relation rel)
@@ -236,7 +238,11 @@ chorus_table_for(ChorusCapture *cap, Relation rel)
 		ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 						errmsg("chorus: a transaction may write at most %d tables", PG_UINT16_MAX)));
 
-	t = chorus_describe_table(rel, cap->cxt, cap->table_epoch);
+	if (cap->table_epoch == 0 && !cap->has_schema)
+		t = chorus_table_cached(rel);
+	else
+		t = chorus_describe_table(rel, cap->cxt, cap->table_epoch);
+	t->truncate_key_done = false;
 	if (cap->ntables == cap->maxtables)
 	{
 		cap->maxtables *= 2;

@@ -4,7 +4,8 @@
  *		again after a schema change): its columns and their flags, its identity
  *		(primary key, replica identity index, or the whole row), its unique keys
  *		and foreign keys for certification, and how each column's values travel
- *		(chorus_values.c).
+ *		(chorus_values.c). Descriptions are kept across transactions
+ *		(chorus_table_cached) until an invalidation says the table changed.
  */
 #include "postgres.h"
 
@@ -14,6 +15,8 @@
 #include "catalog/pg_constraint.h"
 #include "catalog/pg_index.h"
 #include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
@@ -241,4 +244,143 @@ chorus_describe_table(Relation rel, MemoryContext cxt, int epoch)
 	}
 	MemoryContextSwitchTo(old);
 	return t;
+}
+
+/*
+ * The descriptions kept across transactions, one per table, each in its own
+ * memory context under CacheMemoryContext. Describing a table costs catalog
+ * lookups, index opens and function lookups per column: kept, a transaction
+ * that writes a known table pays none of them.
+ *
+ * An invalidation retires descriptions instead of freeing them: the current
+ * transaction's capture may hold one (cap->tables). Retired contexts are freed
+ * when the capture is forgotten at the end of the transaction
+ * (chorus_table_cache_release). What drops a description:
+ *	- a relcache invalidation of the table (columns, indexes, constraints,
+ *	  replica identity, name, schema, a foreign key made or dropped: each
+ *	  invalidates the table's relcache entry), or of every table;
+ *	- any relcache invalidation, for the tables with foreign keys: the parent's
+ *	  name and key columns are part of their description;
+ *	- a change of any schema's or type's catalog row (a schema renamed, a type
+ *	  renamed or given other I/O functions): every description is dropped.
+ * A description made while an invalidation arrived is used by that
+ * transaction only.
+ */
+typedef struct ChorusTableCacheEntry
+{
+	Oid			relid;			/* the hash key */
+	MemoryContext cxt;
+	ChorusTable *table;
+} ChorusTableCacheEntry;
+
+static HTAB *chorus_table_cache = NULL;
+static List *chorus_table_retired = NIL;	/* contexts, in CacheMemoryContext */
+static uint64 chorus_table_invals = 0;
+
+static void
+chorus_table_retire(ChorusTableCacheEntry *e)
+{
+	MemoryContext old = MemoryContextSwitchTo(CacheMemoryContext);
+
+	chorus_table_retired = lappend(chorus_table_retired, e->cxt);
+	MemoryContextSwitchTo(old);
+	(void) hash_search(chorus_table_cache, &e->relid, HASH_REMOVE, NULL);
+}
+
+static void
+chorus_table_relcache_inval(Datum arg, Oid relid)
+{
+	HASH_SEQ_STATUS seq;
+	ChorusTableCacheEntry *e;
+
+	chorus_table_invals++;
+	hash_seq_init(&seq, chorus_table_cache);
+	while ((e = hash_seq_search(&seq)) != NULL)
+		if (!OidIsValid(relid) || e->relid == relid || e->table->nfkeys > 0)
+			chorus_table_retire(e);	/* (removing the current entry is allowed) */
+}
+
+static void
+chorus_table_syscache_inval(Datum arg, int cacheid, uint32 hashvalue)
+{
+	chorus_table_relcache_inval(arg, InvalidOid);
+}
+
+/*
+ * chorus_table_cached
+ *		rel's description with epoch 0, kept across transactions. Only for a
+ *		transaction that made no schema change before (its catalog rows are its
+ *		own until it commits: chorus_table_for describes tables anew then).
+ */
+ChorusTable *
+chorus_table_cached(Relation rel)
+{
+	Oid			relid = RelationGetRelid(rel);
+	ChorusTableCacheEntry *e;
+	MemoryContext cxt;
+	ChorusTable *t;
+	uint64		invals;
+	bool		found;
+
+	if (chorus_table_cache == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(Oid);
+		ctl.entrysize = sizeof(ChorusTableCacheEntry);
+		ctl.hcxt = CacheMemoryContext;
+		chorus_table_cache = hash_create("chorus table descriptions", 64, &ctl,
+										 HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+		CacheRegisterRelcacheCallback(chorus_table_relcache_inval, (Datum) 0);
+		CacheRegisterSyscacheCallback(NAMESPACEOID, chorus_table_syscache_inval, (Datum) 0);
+		CacheRegisterSyscacheCallback(TYPEOID, chorus_table_syscache_inval, (Datum) 0);
+	}
+	e = hash_search(chorus_table_cache, &relid, HASH_FIND, NULL);
+	if (e != NULL)
+		return e->table;
+
+	cxt = AllocSetContextCreate(CacheMemoryContext, "chorus table description", ALLOCSET_SMALL_SIZES);
+	invals = chorus_table_invals;
+	PG_TRY();
+	{
+		t = chorus_describe_table(rel, cxt, 0);
+	}
+	PG_CATCH();
+	{
+		MemoryContextDelete(cxt);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	if (invals != chorus_table_invals)
+	{
+		/* the catalog moved while it was read: this transaction's only */
+		MemoryContext old = MemoryContextSwitchTo(CacheMemoryContext);
+
+		chorus_table_retired = lappend(chorus_table_retired, cxt);
+		MemoryContextSwitchTo(old);
+		return t;
+	}
+	e = hash_search(chorus_table_cache, &relid, HASH_ENTER, &found);
+	Assert(!found);
+	e->cxt = cxt;
+	e->table = t;
+	return t;
+}
+
+/*
+ * chorus_table_cache_release
+ *		Free the retired descriptions: no capture holds them any more (the end
+ *		of a transaction).
+ */
+void
+chorus_table_cache_release(void)
+{
+	ListCell   *lc;
+
+	if (chorus_table_retired == NIL)
+		return;
+	foreach(lc, chorus_table_retired)
+		MemoryContextDelete((MemoryContext) lfirst(lc));
+	list_free(chorus_table_retired);
+	chorus_table_retired = NIL;
 }

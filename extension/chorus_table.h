@@ -30,7 +30,7 @@ typedef struct ChorusForeignKey
 typedef struct ChorusTable
 {
 	Oid			relid;
-	int			index;			/* position in the writeset's table list */
+	int			index;			/* position in the current writeset's table list */
 	char	   *nspname;
 	char	   *relname;
 	int			ncols;
@@ -59,5 +59,7 @@ typedef struct ChorusTable
 } ChorusTable;
 
 extern ChorusTable *chorus_describe_table(Relation rel, MemoryContext cxt, int epoch);
+extern ChorusTable *chorus_table_cached(Relation rel);
+extern void chorus_table_cache_release(void);
 
 #endif							/* CHORUS_TABLE_H */

@@ -135,6 +135,35 @@ def test_schema_change_inside_a_transaction_block_replicates_with_it(cluster: Cl
         assert c.execute("SELECT (SELECT id FROM ddl_in_block), (SELECT id FROM ddl_in_do)").fetchone() == (1, 2)
 
 
+def test_a_session_captures_a_table_as_other_sessions_changed_it(cluster: Cluster) -> None:
+    """A backend keeps each table's description across its transactions (chorus_table.c); a
+    column added or renamed, or its schema renamed, by another session is in the next row it
+    captures: kept stale, the other nodes would get the added column's default, or fail to
+    apply the row."""
+    with cluster.connect(0) as a, cluster.connect(0) as b:
+        a.execute("CREATE SCHEMA ddl_shape_s")
+        a.execute("CREATE TABLE ddl_shape_s.t (k integer PRIMARY KEY, v text)")
+        a.execute("CREATE TABLE ddl_shape_p (k integer PRIMARY KEY)")
+        a.execute("CREATE TABLE ddl_shape_c (k integer PRIMARY KEY, p integer REFERENCES ddl_shape_p)")
+        a.execute("INSERT INTO ddl_shape_p VALUES (1), (2)")
+        a.execute("INSERT INTO ddl_shape_c VALUES (1, 1)")
+        a.execute("INSERT INTO ddl_shape_s.t VALUES (1, 'a')")  # described and kept by a's backend
+        b.execute("ALTER TABLE ddl_shape_s.t ADD COLUMN w integer DEFAULT 7")
+        a.execute("INSERT INTO ddl_shape_s.t VALUES (2, 'b', 8)")
+        b.execute("ALTER TABLE ddl_shape_s.t RENAME COLUMN v TO v2")
+        a.execute("INSERT INTO ddl_shape_s.t VALUES (3, 'c', 9)")
+        b.execute("ALTER SCHEMA ddl_shape_s RENAME TO ddl_shape_s2")
+        a.execute("UPDATE ddl_shape_s2.t SET w = w + 100 WHERE k = 3")
+        b.execute("ALTER TABLE ddl_shape_p RENAME TO ddl_shape_p2")  # the child's key names its parent
+        a.execute("INSERT INTO ddl_shape_c VALUES (2, 2)")
+    cluster.assert_identical()
+    for i in range(3):
+        with cluster.connect(i) as c:
+            assert c.execute("SELECT k, v2, w FROM ddl_shape_s2.t ORDER BY k").fetchall() == \
+                [(1, "a", 7), (2, "b", 8), (3, "c", 109)]
+            assert c.execute("SELECT k, p FROM ddl_shape_c ORDER BY k").fetchall() == [(1, 1), (2, 2)]
+
+
 def test_local_statements_stay_local(cluster: Cluster) -> None:
     with cluster.connect(2) as c:
         gid = c.execute("SELECT chorus.committed_gid()").fetchone()
