@@ -174,6 +174,7 @@ class Coordinator:
             records=dict(self.state.records),
             holding=self._holding,
         )
+        self.sender.version = lambda: r.send_version
         self.catchup = CatchUpRunner(self.cfg.name, r, self.pipeline, self.feeder, self.keys,
                                      self.cfg.recovery_partners, self.cfg.catchup_batch, self.sender.send,
                                      self._act, self.stopping, lambda: self.fatal is not None, self.spool)
@@ -461,7 +462,7 @@ class Coordinator:
             elif isinstance(a, VoteDecided):
                 self.voting.decided(a)
             elif isinstance(a, Send):
-                self.sender.send(a.message)
+                self.sender.send(a.message, a.version)
             elif isinstance(a, PhaseChange):
                 self.phase_reason = a.reason
                 log.info("phase %s: %s", a.phase.value, a.reason)
