@@ -55,12 +55,12 @@ class _Ballot:
     schema: bool = False  # a schema change's reports: every voter must have applied it
 
 
-def _unstable_action(gid: int, prev: int, origin: str, data: bytes) -> Action:
+def _unstable_action(gid: int, prev: int, origin: str, data: bytes, speaks: bp.RangeT = bp.SPEAKS) -> Action:
     """An entry of a GID answer's ``unstable`` as the joiner applies it (OrderCore.unstable_entries'
     inverse)."""
     if link_position.is_link_origin(origin):
         try:
-            m = bp.decode(data)
+            m = bp.decode(data, speaks)
         except bp.BusProtoError as e:
             raise wire.WireError(f"link writeset of GID {gid}: {e}") from None
         if not isinstance(m, bp.LinkWriteset):
@@ -542,7 +542,7 @@ class Replicator:
         if refusal is not None:
             return self._stay_out(refusal, admitted)
         try:
-            unstable: list[tuple[int, Action]] = [(g, _unstable_action(g, prev, origin, ws))
+            unstable: list[tuple[int, Action]] = [(g, _unstable_action(g, prev, origin, ws, m.own))
                                                   for g, prev, origin, ws in msg.unstable if g > self.last_gid]
         except wire.WireError as e:
             self.stats.malformed += 1
@@ -683,7 +683,7 @@ class Replicator:
         if msg.join and self.phase == Phase.ONLINE and m.answers and not self.ddl_open and not self.settling:
             place = Place(self.cluster_uuid, self.gid, self.last_certified, self.released, self.certifier.snapshot(),
                           tuple(sorted(self.paused_by)), self.compat,
-                          self.order.unstable_entries())
+                          self.order.unstable_entries(self.send_version))
             reply = m.answer(sender, msg, place)
             readable = min(msg.speaks[1], bp.VERSION)
             if msg.speaks[0] <= m.version <= msg.speaks[1] or readable < max(msg.speaks[0], bp.MIN_VERSION):
