@@ -340,6 +340,18 @@ class Membership:
             tuple((n, rid, m) for n, (rid, m) in sorted(self.latest_request.items())),
             self.version, tuple((n, lo, hi) for n, (lo, hi) in sorted(speaks.items())))
 
+    def version_refusal(self, msg: bp.GidReply) -> Optional[str]:
+        """Why the node an answer admits cannot be admitted here after all: the answer was made at
+        its request's place, and the cluster version moved up since (another member was admitted
+        or left in between) to one it does not speak. Every node decides so alike (None: it
+        can). An answer of a release before version 4 says nothing of versions: its cluster
+        runs at 3, which every node speaks."""
+        if not msg.speaks or not self.version:
+            return None
+        speaks = next(((lo, hi) for n, lo, hi in msg.speaks if n == msg.node), bp.LEGACY)
+        return versions.refusal(msg.node, speaks, self.version,
+                                {n: self.speaks.get(n, bp.LEGACY) for n in self.online if n != msg.node})
+
     def answered(self, msg: bp.GidReply, members: tuple[str, ...], cluster_uuid: str, gid: int) -> bool:
         """A member answered a GID request: the joiner is a member from here (synced, or catching
         up), as the answer says, for every node. False if the answer does not count: another
@@ -350,6 +362,8 @@ class Membership:
         if self.latest_request.get(msg.node, ("", ""))[0] != msg.request_id:
             return False
         if dict(msg.online).get(msg.node) != msg.member:
+            return False
+        if self.version_refusal(msg) is not None:
             return False
         self.online[msg.node] = msg.member
         if msg.speaks:

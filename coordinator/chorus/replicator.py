@@ -700,6 +700,11 @@ class Replicator:
         up), as the answer says, for every node."""
         m = self.membership
         if not m.answered(msg, self.members, self.cluster_uuid, self.gid):
+            why = m.version_refusal(msg) if msg.node == self.node else None
+            if why is not None:
+                # this node's own answer, made when the cluster ran a version it speaks; the
+                # others do not count it in here (Membership.answered): it stays out as they have it
+                return self._leave_primary(why, Phase.NEEDS_RECOVERY)
             return []
         if not msg.speaks and m.own != bp.LEGACY:
             # answered by a node of a release before version 4: every node forgot the members'

@@ -10,6 +10,8 @@ replicator on simulated nodes fed one total order, each writing at its own send 
 from __future__ import annotations
 
 import dataclasses
+import os
+import random
 
 import pytest
 
@@ -286,3 +288,63 @@ def test_a_re_form_opens_at_the_version_every_node_that_asked_speaks() -> None:
     assert all(r.phase in (Phase.ONLINE, Phase.RECOVERING) for r in c.nodes.values()), \
         {n: (r.phase, c.refused.get(n)) for n, r in c.nodes.items()}
     assert c.versions(["n2", "n3"]) == {3}
+
+
+def test_a_node_restarted_while_an_old_member_is_there_joins_at_the_clusters_version() -> None:
+    """Nothing is stored: a restarted node of the new release takes the version from the answer
+    (3 while n1, of the release before, is a member), not the highest it speaks."""
+    c = mixed({"n1": OLD, "n2": (3, 4), "n3": (3, 4)})
+    del c.nodes["n3"]
+    c.view(["n1", "n2"])
+    c.settle()
+    c.nodes["n3"] = Replicator("n3", c.nodes["n1"].cluster_uuid, c.nodes["n1"].last_certified)
+    c.log["n3"], c.applied["n3"] = [], []
+    c.view(["n1", "n2", "n3"])
+    c.settle()
+    assert c.nodes["n3"].phase == Phase.ONLINE and c.versions(["n1", "n2", "n3"]) == {3}
+    assert {v for s, v, t in c.wire if s == "n3" and t != b"Q"} == {3}
+
+
+@pytest.mark.parametrize("seed", range(int(os.environ.get("CHORUS_UPGRADE_SEEDS", "12"))))
+def test_every_node_decides_the_same_version_through_random_restarts_and_upgrades(seed: int) -> None:
+    """Nodes stop and come back, each coming back on the new release or (until it was upgraded
+    once) the old one. After every step the members agree on the cluster version, every
+    one of them speaks it, it is the highest they all speak, and a node that cannot speak it
+    stays out."""
+    rnd = random.Random(seed)
+    names = ["n1", "n2", "n3", "n4"]
+    speaks: dict[str, bp.RangeT] = {n: rnd.choice([OLD, (3, 4)]) for n in names}
+    c = mixed(speaks)
+    live = list(names)
+    for step in range(25):
+        n = rnd.choice(names)
+        if n in live and len(live) > 2 and any(c.nodes[m].phase == Phase.ONLINE for m in live if m != n):
+            live.remove(n)
+            del c.nodes[n]
+        elif n not in live:
+            if speaks[n] == OLD and rnd.random() < 0.6:
+                speaks[n] = (3, 4)  # upgraded while it was down; never back
+            anchor = next(c.nodes[m] for m in live if c.nodes[m].phase == Phase.ONLINE)
+            c.nodes[n] = Replicator(n, anchor.cluster_uuid, anchor.last_certified, speaks=speaks[n])
+            c.log[n], c.applied[n] = [], []
+            live.append(n)
+        live.sort()
+        c.view(live)
+        c.settle()
+        writers = [m for m in live if c.nodes[m].phase == Phase.ONLINE]
+        if writers and rnd.random() < 0.5:
+            writer = rnd.choice(writers)
+            c.submit(writer, c.nodes[writer].gid, step)
+            c.settle()
+        online = [m for m in live if c.nodes[m].phase in (Phase.ONLINE, Phase.RECOVERING)]  # the members
+        assert online, {m: c.nodes[m].phase for m in live}
+        ranges = {m: speaks[m] for m in online}
+        versions_seen = c.versions(online)
+        assert len(versions_seen) == 1, (step, {m: c.nodes[m].cluster_version for m in online})
+        v = versions_seen.pop()
+        assert all(lo <= v <= hi for lo, hi in ranges.values()), (step, v, ranges, {m: (c.nodes[m].phase, sorted(c.nodes[m].online), c.nodes[m].membership.speaks) for m in live})
+        assert v == versions.agreed(ranges.values()), (step, v, ranges)
+        for m in live:
+            if m not in online:
+                assert not speaks[m][0] <= v <= speaks[m][1], (m, speaks[m], v, c.nodes[m].phase, c.refused.get(m), step)
+        assert len({c.nodes[m].gid for m in online}) == 1
