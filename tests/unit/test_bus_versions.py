@@ -34,8 +34,9 @@ class Mixed(Cluster):
     ``wire`` keeps every (sender, version byte, message type) delivered.
 
     A node that speaks 3 only stands for the release before: what it sends says nothing of
-    versions (its GID requests and answers as that release writes them), and it is delivered
-    only what that release's reader (proto_v3_release) reads; the rest it drops."""
+    versions (its GID requests and answers as that release writes them, echoing request ids as
+    that release's reader, proto_v3_release, read them), and it is delivered only what that
+    reader reads; the rest it drops."""
 
     def __init__(self, speaks: dict[str, bp.RangeT], bootstrap: str = "n1") -> None:
         super().__init__(bootstrap, list(speaks))
@@ -43,6 +44,7 @@ class Mixed(Cluster):
         self.wire: list[tuple[str, int, bytes]] = []
         self.refused: dict[str, str] = {}
         self.dropped: dict[str, list[bytes]] = {n: [] for n in speaks}
+        self.raw_ids: dict[str, str] = {}  # request id -> as the release before read it
 
     def act(self, node: str, actions: list) -> None:  # type: ignore[type-arg]
         for a in actions:
@@ -51,7 +53,9 @@ class Mixed(Cluster):
                 if self.nodes[node].membership.own == OLD and isinstance(m, bp.GidRequest):
                     m = dataclasses.replace(m, speaks=bp.LEGACY)
                 elif self.nodes[node].membership.own == OLD and isinstance(m, bp.GidReply):
-                    m = dataclasses.replace(m, version=3, speaks=())
+                    # that release echoes request ids as it read them: with what rode in them
+                    m = dataclasses.replace(m, version=3, speaks=(), request_id=self.raw_ids.get(m.request_id, m.request_id),
+                                            requests=tuple((n, self.raw_ids.get(r, r), b) for n, r, b in m.requests))
                 self.order.append((node, bp.encode(m, a.version or self.nodes[node].send_version)))
             elif isinstance(a, PhaseChange) and a.phase == Phase.NEEDS_RECOVERY:
                 self.refused[node] = a.reason
@@ -61,6 +65,10 @@ class Mixed(Cluster):
         while self.order:
             sender, payload = self.order.popleft()
             self.wire.append((sender, payload[0], payload[1:2]))
+            if payload[:2] == b"\x03Q":
+                raw = old.decode(payload)
+                assert isinstance(raw, old.GidRequest)
+                self.raw_ids[raw.request_id.partition("~")[0]] = raw.request_id
             for n, r in self.nodes.items():
                 if r.membership.own == OLD:
                     try:

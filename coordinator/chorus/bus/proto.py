@@ -376,13 +376,16 @@ def _fold(m: Union[GidRequest, GidReply]) -> Union[GidRequest, GidReply]:
 
 def _unfold(m: Message) -> Message:
     """A version-3 message with version-4 fields folded in (:func:`_fold`), unfolded; a message of
-    a version-3 node (nothing folded) as it is."""
+    a version-3 node as it is, but for the request ids its answers echo (folded, as it read them)."""
     if isinstance(m, GidRequest):
         f = _RID_FOLD.search(m.request_id)
         if f is None:
             return m
         return dataclasses.replace(m, request_id=m.request_id[:f.start()], speaks=_range(int(f[1]), int(f[2])))
     if isinstance(m, GidReply):
+        # a node of version 3 echoes the request ids it read, with what rode in them
+        m = dataclasses.replace(m, request_id=_RID_FOLD.sub("", m.request_id),
+                                requests=tuple((n, _RID_FOLD.sub("", rid), member) for n, rid, member in m.requests))
         g = _COMPAT_FOLD.search(m.compat)
         if g is None:
             return m
