@@ -316,7 +316,7 @@ class Membership:
         records = dict(self.records)
         speaks = {n: self.speaks.get(n, bp.LEGACY) for n in online}
         compat = place.compat
-        why = versions.refusal(msg.node, msg.speaks, self.version, speaks)
+        why = versions.refusal(msg.node, msg.speaks, self.version, speaks) if self.version else None
         if why is not None:
             # not admitted, for every node (Membership.answered); a node of a release before
             # version 4 reads no version in the answer, but refuses one whose ``compat`` differs
