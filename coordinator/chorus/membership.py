@@ -204,7 +204,11 @@ class Membership:
 
     def request(self, request_id: str, cluster_uuid: str, h: Holding, join: bool, now: float) -> bp.GidRequest:
         """This node asks to join (or, with ``join`` false, only takes part in a re-form), saying
-        what it holds (``h``), its epochs and its records."""
+        what it holds (``h``), its epochs and its records. The request id carries the versions it
+        speaks (bus/proto.py): every node, of whatever release, then reads, keeps and echoes the
+        same id."""
+        if self.own != bp.LEGACY:
+            request_id = f"{request_id}~v{self.own[0]}-{self.own[1]}"
         self.request_id, self.request_seen, self.request_at = request_id, False, now
         return bp.GidRequest(
             self.node, request_id, cluster_uuid, h.gid, join,

@@ -363,8 +363,8 @@ def _fold(m: Union[GidRequest, GidReply]) -> Union[GidRequest, GidReply]:
     an answer's ``compat``, which only the requester reads, and only a requester of version 4
     is sent a folded one). :func:`_unfold` reads them back."""
     if isinstance(m, GidRequest):
-        if m.speaks == LEGACY:
-            return m
+        if m.speaks == LEGACY or _RID_FOLD.search(m.request_id):
+            return m  # (Membership.request makes its ids with the versions in them)
         return dataclasses.replace(m, request_id=f"{m.request_id}~v{m.speaks[0]}-{m.speaks[1]}", speaks=LEGACY)
     if not m.speaks:
         if m.version != 3:
@@ -375,17 +375,15 @@ def _fold(m: Union[GidRequest, GidReply]) -> Union[GidRequest, GidReply]:
 
 
 def _unfold(m: Message) -> Message:
-    """A version-3 message with version-4 fields folded in (:func:`_fold`), unfolded; a message of
-    a version-3 node as it is, but for the request ids its answers echo (folded, as it read them)."""
+    """A version-3 message with version-4 fields folded in (:func:`_fold`), unfolded (a request id
+    keeps its suffix); a message of a version-3 node as it is."""
     if isinstance(m, GidRequest):
+        # the id stays as every node read it: nodes of version 3 compare and echo it whole
         f = _RID_FOLD.search(m.request_id)
         if f is None:
             return m
-        return dataclasses.replace(m, request_id=m.request_id[:f.start()], speaks=_range(int(f[1]), int(f[2])))
+        return dataclasses.replace(m, speaks=_range(int(f[1]), int(f[2])))
     if isinstance(m, GidReply):
-        # a node of version 3 echoes the request ids it read, with what rode in them
-        m = dataclasses.replace(m, request_id=_RID_FOLD.sub("", m.request_id),
-                                requests=tuple((n, _RID_FOLD.sub("", rid), member) for n, rid, member in m.requests))
         g = _COMPAT_FOLD.search(m.compat)
         if g is None:
             return m
