@@ -45,6 +45,7 @@ class Mixed(Cluster):
         self.refused: dict[str, str] = {}
         self.dropped: dict[str, list[bytes]] = {n: [] for n in speaks}
         self.raw_ids: dict[str, str] = {}  # request id -> as the release before read it
+        self.payloads: list[bytes] = []
 
     def act(self, node: str, actions: list) -> None:  # type: ignore[type-arg]
         for a in actions:
@@ -65,6 +66,7 @@ class Mixed(Cluster):
         while self.order:
             sender, payload = self.order.popleft()
             self.wire.append((sender, payload[0], payload[1:2]))
+            self.payloads.append(payload)
             if payload[:2] == b"\x03Q":
                 raw = old.decode(payload)
                 assert isinstance(raw, old.GidRequest)
@@ -211,6 +213,10 @@ def test_a_new_node_joins_an_old_cluster_which_moves_up_when_its_last_old_node_l
     assert c.versions(["n1", "n2", "n3"]) == {3}
     assert all(r.send_version == 3 for r in c.nodes.values())
     assert set(c.dropped["n1"]) == {b"\x03Y"}  # the Speaks after each of its answers, which it drops
+    # the release before counts a joiner in only if the answer echoes the id it read in the request
+    asked = {old.decode(p).request_id for p in c.payloads if p[:2] == b"\x03Q"}
+    answers = [old.decode(p) for p in c.payloads if p[:2] == b"\x03G"]
+    assert answers and all(a.request_id in asked for a in answers)
     for k in range(20):
         c.submit(["n1", "n2", "n3"][k % 3], max(0, c.nodes["n1"].gid - 1), k % 4)
     c.settle()
