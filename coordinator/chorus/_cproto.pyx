@@ -23,7 +23,7 @@ cdef Py_ssize_t RAN_HEAD  # a DDL_RAN frame's fixed part (backendproto._RAN_HEAD
 cdef Py_ssize_t VERDICT_HEAD  # a verdict frame before its message (backendproto._VERDICT.size)
 cdef uint8_t FRAME_WRITESET, FRAME_VERDICT  # type bytes (backendproto.FrameType)
 cdef object BusProtoError
-cdef int BUS_VERSION
+cdef int BUS_VERSION, BUS_MIN
 cdef uint8_t T_WRITESET, T_BATCH
 
 # The verdict frame's fields (backendproto._VERDICT: length, type, verdict, gid, wait_for, prev,
@@ -49,8 +49,8 @@ def bind_backend(backendproto) -> None:
 
 def bind_bus(proto) -> None:
     """Take bus/proto.py's exception and constants (once, at its import)."""
-    global BusProtoError, BUS_VERSION, T_WRITESET, T_BATCH
-    BusProtoError, BUS_VERSION = proto.BusProtoError, proto.VERSION
+    global BusProtoError, BUS_VERSION, BUS_MIN, T_WRITESET, T_BATCH
+    BusProtoError, BUS_VERSION, BUS_MIN = proto.BusProtoError, proto.VERSION, proto.MIN_VERSION
     T_WRITESET = proto.MessageType.WRITESET.value[0]
     T_BATCH = proto.MessageType.WRITESET_BATCH.value[0]
 
@@ -160,9 +160,15 @@ cdef bytes origin_bytes(str origin):
     return b
 
 
-def encode_writesets(str origin, items):
+def encode_writesets(str origin, items, int version=-1):
     """A WritesetBatch message (bus.proto.py_encode_writesets, compiled): origin, count, and each
-    (ticket, writeset)."""
+    (ticket, writeset), at bus protocol ``version`` (the layout is the same in every version it
+    writes; -1: the highest)."""
+    if version == -1:
+        version = BUS_VERSION
+    if version < BUS_MIN or version > BUS_VERSION:
+        raise BusProtoError(f"cannot write bus protocol version {version}: this node speaks "
+                            f"{BUS_MIN}..{BUS_VERSION}")
     cdef bytes o = origin_bytes(origin)
     cdef Py_ssize_t size = 2 + 2 + len(o) + 4, pos, olen = len(o), wlen
     cdef list ws = []
@@ -173,7 +179,7 @@ def encode_writesets(str origin, items):
         size += 12 + len(w)
     out = PyBytes_FromStringAndSize(NULL, size)
     p = <uint8_t *>PyBytes_AS_STRING(out)
-    p[0] = <uint8_t>BUS_VERSION
+    p[0] = <uint8_t>version
     p[1] = T_BATCH
     p[2] = <uint8_t>(olen >> 8)
     p[3] = <uint8_t>olen
@@ -192,7 +198,7 @@ def encode_writesets(str origin, items):
     return out
 
 
-def decode_writesets(bytes b):
+def decode_writesets(bytes b, tuple speaks=None):
     """(origin, [(ticket, writeset)]) of a WritesetMsg or WritesetBatch message
     (bus.proto.py_decode_writesets, compiled); BusProtoError for anything else or malformed."""
     cdef Py_ssize_t n = len(b), pos, olen, count, i
@@ -202,8 +208,9 @@ def decode_writesets(bytes b):
     cdef list items = []
     if n < 1:
         raise BusProtoError("bus message truncated")
-    if p[0] != BUS_VERSION:
-        raise BusProtoError(f"unsupported bus message version {p[0]}")
+    lo, hi = (BUS_MIN, BUS_VERSION) if speaks is None else speaks
+    if p[0] < lo or p[0] > hi:
+        raise BusProtoError(f"unsupported bus message version {p[0]}: this node reads versions {lo}..{hi}")
     if n < 4:
         raise BusProtoError("bus message truncated")
     if p[1] != T_WRITESET and p[1] != T_BATCH:

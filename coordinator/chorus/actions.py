@@ -28,6 +28,7 @@ class Phase(enum.Enum):
 @dataclass(frozen=True)
 class Send:
     message: bp.Message
+    version: int = 0  # the bus protocol version to write it at (0: the node's, Replicator.send_version)
 
 
 @dataclass(frozen=True)

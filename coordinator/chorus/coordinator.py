@@ -174,6 +174,7 @@ class Coordinator:
             records=dict(self.state.records),
             holding=self._holding,
         )
+        self.sender.version = lambda: r.send_version
         self.catchup = CatchUpRunner(self.cfg.name, r, self.pipeline, self.feeder, self.keys,
                                      self.cfg.recovery_partners, self.cfg.catchup_batch, self.sender.send,
                                      self._act, self.stopping, lambda: self.fatal is not None, self.spool)
@@ -461,7 +462,7 @@ class Coordinator:
             elif isinstance(a, VoteDecided):
                 self.voting.decided(a)
             elif isinstance(a, Send):
-                self.sender.send(a.message)
+                self.sender.send(a.message, a.version)
             elif isinstance(a, PhaseChange):
                 self.phase_reason = a.reason
                 log.info("phase %s: %s", a.phase.value, a.reason)
@@ -603,6 +604,9 @@ class Coordinator:
             members=sorted(r.online) if r else [],
             member_committed_gid={n: r.progress[n] for n in sorted(r.online) if n in r.progress} if r else {},
             bus_members=list(r.members) if r else [],
+            bus_version=r.cluster_version if r else 0,
+            bus_versions=list(r.membership.own) if r else list(bp.SPEAKS),
+            member_bus_versions={n: list(r.membership.speaks.get(n, bp.LEGACY)) for n in sorted(r.online)} if r else {},
             quorate=bool(r and r.quorate),
             quorum_votes=r.votes.quorum if r else 0,
             tie_breaker=r.votes.tie_breaker if r else "",

@@ -24,6 +24,7 @@ from chorus import history
 from chorus.actions import Remember
 from chorus.bus import View, Votes, bus_node
 from chorus.bus import proto as bp
+from chorus.bus import versions
 from chorus.history import Decision, Epoch, MemberRecord
 
 log = logging.getLogger("chorus.replicator")
@@ -107,6 +108,27 @@ class Membership:
     joined_at: dict[str, int] = field(default_factory=dict)  # bus node -> GID it vouches after
     reform_sent: bool = False
     reform_at: float = 0.0
+    # Bus protocol versions (bus/versions.py): what this node speaks, what each member of the
+    # primary component speaks, and the cluster version (0: not in a primary component).
+    own: bp.RangeT = bp.SPEAKS
+    speaks: dict[str, bp.RangeT] = field(default_factory=dict)
+    version: int = 0
+    opening: int = 0  # the version a bootstrap this node sent opens at
+
+    def spoke(self, name: str, speaks: bp.RangeT) -> None:
+        """Member ``name`` says which versions it speaks (a Speaks message)."""
+        self.speaks[name] = speaks
+        self._versions_changed()
+
+    def _versions_changed(self) -> None:
+        """The members changed: the cluster version may move up (bus/versions.py)."""
+        if not self.version:
+            return
+        v = versions.moved(self.version, {n: self.speaks.get(n, bp.LEGACY) for n in self.online})
+        if v != self.version:
+            log.warning("the cluster's bus protocol version moves from %d to %d (members: %s)", self.version, v,
+                        versions.describe({n: self.speaks.get(n, bp.LEGACY) for n in self.online}))
+            self.version = v
 
     # ---- what the node remembers --------------------------------------------------------
 
@@ -140,9 +162,11 @@ class Membership:
             self.online.pop(name, None)
             self.progress.pop(name, None)
             self.synced.discard(name)
+            self.speaks.pop(name, None)
             if at_gid is not None and name != self.node:
                 self.records[name] = MemberRecord(self.epoch_number, at_gid, False)
                 recorded = True
+        self._versions_changed()
         return recorded
 
     def leave(self) -> None:
@@ -150,6 +174,8 @@ class Membership:
         self.online.clear()
         self.synced.clear()
         self.progress.clear()
+        self.speaks.clear()
+        self.version = 0
 
     @property
     def has_synced_member(self) -> bool:
@@ -178,20 +204,38 @@ class Membership:
 
     def request(self, request_id: str, cluster_uuid: str, h: Holding, join: bool, now: float) -> bp.GidRequest:
         """This node asks to join (or, with ``join`` false, only takes part in a re-form), saying
-        what it holds (``h``), its epochs and its records."""
+        what it holds (``h``), its epochs and its records. The request id carries the versions it
+        speaks (bus/proto.py): every node, of whatever release, then reads, keeps and echoes the
+        same id."""
+        if self.own != bp.LEGACY:
+            request_id = f"{request_id}~v{self.own[0]}-{self.own[1]}"
         self.request_id, self.request_seen, self.request_at = request_id, False, now
         return bp.GidRequest(
             self.node, request_id, cluster_uuid, h.gid, join,
             tuple((e.number, e.start, e.node) for e in self.epochs), h.log_after, h.log_high,
-            tuple((n, r.epoch, r.gid, r.member) for n, r in sorted(self.records.items())))
+            tuple((n, r.epoch, r.gid, r.member) for n, r in sorted(self.records.items())), self.own)
+
+    def _opens(self) -> None:
+        """Decide the bus protocol version a cluster this node starts opens at (kept until its
+        Bootstrap comes back, by when the requests are forgotten): the highest every node that
+        asked in this view speaks, this one too (so the nodes of an older release among them can
+        join it); the highest it speaks if nothing is common."""
+        common = versions.agreed([self.own] + [r.speaks for r in self.requests.values()])
+        self.opening = common if common is not None else self.own[1]
 
     def bootstrap_message(self, cluster_uuid: str, gid: int) -> bp.Bootstrap:
         """``chorus bootstrap``: start the cluster (again) at GID ``gid``, in a new epoch."""
+        self._opens()
         return bp.Bootstrap(self.node, cluster_uuid, gid, self.epoch_number + 1)
 
     def refusal(self, msg: bp.GidReply, cluster_uuid: str, compat: str) -> Optional[str]:
-        """Why this node cannot take the answer to its request: its database reads values
-        differently, or it belongs to another cluster (None: it can, as far as these go)."""
+        """Why this node cannot take the answer to its request: it does not speak the cluster's
+        bus protocol version, its database reads values differently, or it belongs to another
+        cluster (None: it can, as far as these go)."""
+        why = versions.refusal(self.node, self.own, msg.version,
+                               {n: (lo, hi) for n, lo, hi in msg.speaks if n != self.node})
+        if why is not None:
+            return why
         if compat and msg.compat and compat != msg.compat:
             return (f"this node's database ({compat}) differs from the cluster's ({msg.compat}): "
                     "its values would be read differently; create its database with the cluster's "
@@ -220,6 +264,8 @@ class Membership:
         thawed from a freeze sent writesets after its request, counted them here, and gave every
         later GID to another writeset than the others did)."""
         self.online = {n: m for n, m in msg.online if n != self.node}
+        self.speaks = {n: (lo, hi) for n, lo, hi in msg.speaks if n in self.online}
+        self.version = msg.version
         self.synced = set(msg.synced) - {self.node}
         self.latest_request = {n: (rid, m) for n, rid, m in msg.requests}
         self.progress = dict(msg.progress)
@@ -232,6 +278,8 @@ class Membership:
         """This node's bootstrap came back (``sender``: its bus member): it alone is the primary
         component, in a new epoch."""
         self.online = {self.node: sender}
+        self.speaks = {self.node: self.own}
+        self.version = self.opening or self.own[1]
         self.synced = {self.node}
         self.progress = {self.node: msg.gid}
         self.epochs = history.add_epoch(self.epochs, Epoch(msg.epoch, msg.gid, self.node))
@@ -270,21 +318,43 @@ class Membership:
         alike), synced if it holds every GID released there."""
         online, synced = dict(self.online), set(self.synced)
         records = dict(self.records)
-        if msg.cluster_uuid in ("", place.cluster_uuid) and history.prefix_problem(
+        speaks = {n: self.speaks.get(n, bp.LEGACY) for n in online}
+        compat = place.compat
+        why = versions.refusal(msg.node, msg.speaks, self.version, speaks) if self.version else None
+        if why is not None:
+            # not admitted, for every node (Membership.answered); a node of a release before
+            # version 4 reads no version in the answer, but refuses one whose ``compat`` differs
+            log.warning("%s", why)
+            compat = f"{compat} (bus protocol: {why})"
+        elif msg.cluster_uuid in ("", place.cluster_uuid) and history.prefix_problem(
                 msg.node, msg.last_gid, tuple(Epoch(*e) for e in msg.epochs), self.epochs,
                 place.certified) is None:
             online[msg.node] = sender
+            speaks[msg.node] = msg.speaks
             records[msg.node] = MemberRecord(self.epoch_number, place.gid, True)
             if place.released <= msg.last_gid <= place.certified:
                 synced.add(msg.node)
         return bp.GidReply(
             msg.node, msg.request_id, sender, place.cluster_uuid, place.gid, place.certified,
             tuple(sorted(online.items())), tuple(sorted(self.progress.items())),
-            place.certifier, place.paused, place.compat, tuple(sorted(synced)),
+            place.certifier, place.paused, compat, tuple(sorted(synced)),
             tuple((e.number, e.start, e.node) for e in self.epochs),
             tuple((n, r.epoch, r.gid, r.member) for n, r in sorted(records.items())),
             place.released, place.unstable,
-            tuple((n, rid, m) for n, (rid, m) in sorted(self.latest_request.items())))
+            tuple((n, rid, m) for n, (rid, m) in sorted(self.latest_request.items())),
+            self.version, tuple((n, lo, hi) for n, (lo, hi) in sorted(speaks.items())))
+
+    def version_refusal(self, msg: bp.GidReply) -> Optional[str]:
+        """Why the node an answer admits cannot be admitted here after all: the answer was made at
+        its request's place, and the cluster version moved up since (another member was admitted
+        or left in between) to one it does not speak. Every node decides so alike (None: it
+        can). An answer of a release before version 4 says nothing of versions: its cluster
+        runs at 3, which every node speaks."""
+        if not msg.speaks or not self.version:
+            return None
+        speaks = next(((lo, hi) for n, lo, hi in msg.speaks if n == msg.node), bp.LEGACY)
+        return versions.refusal(msg.node, speaks, self.version,
+                                {n: self.speaks.get(n, bp.LEGACY) for n in self.online if n != msg.node})
 
     def answered(self, msg: bp.GidReply, members: tuple[str, ...], cluster_uuid: str, gid: int) -> bool:
         """A member answered a GID request: the joiner is a member from here (synced, or catching
@@ -297,7 +367,17 @@ class Membership:
             return False
         if dict(msg.online).get(msg.node) != msg.member:
             return False
+        if self.version_refusal(msg) is not None:
+            return False
         self.online[msg.node] = msg.member
+        if msg.speaks:
+            self.speaks[msg.node] = next(((lo, hi) for n, lo, hi in msg.speaks if n == msg.node), bp.LEGACY)
+        else:
+            # a node of a release before version 4 answered: it says nothing of versions, so
+            # every node forgets what the members speak here and learns it again from their
+            # Speaks messages (the joiner could not know what the others knew)
+            self.speaks.clear()
+        self._versions_changed()
         self.progress[msg.node] = msg.gid
         if msg.node in msg.synced:
             self.synced.add(msg.node)
@@ -350,5 +430,6 @@ class Membership:
             return None
         assert d.epoch is not None
         self.reform_sent, self.reform_at = True, now
+        self._opens()
         log.warning("%s", d.reason)
         return bp.Bootstrap(self.node, d.cluster_uuid, d.gid, d.epoch.number)

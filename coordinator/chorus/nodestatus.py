@@ -39,6 +39,11 @@ class NodeStatus:
     # the online members' committed GIDs, as each last reported it (about once a second)
     member_committed_gid: dict[str, int]
     bus_members: list[str]
+    # rolling upgrades (bus/versions.py): the cluster's bus protocol version (0 outside a primary
+    # component), the versions this node speaks, and what each member speaks
+    bus_version: int
+    bus_versions: list[int]
+    member_bus_versions: dict[str, list[int]]
     quorate: bool
     quorum_votes: int
     tie_breaker: str

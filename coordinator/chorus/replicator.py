@@ -55,12 +55,12 @@ class _Ballot:
     schema: bool = False  # a schema change's reports: every voter must have applied it
 
 
-def _unstable_action(gid: int, prev: int, origin: str, data: bytes) -> Action:
+def _unstable_action(gid: int, prev: int, origin: str, data: bytes, speaks: bp.RangeT = bp.SPEAKS) -> Action:
     """An entry of a GID answer's ``unstable`` as the joiner applies it (OrderCore.unstable_entries'
     inverse)."""
     if link_position.is_link_origin(origin):
         try:
-            m = bp.decode(data)
+            m = bp.decode(data, speaks)
         except bp.BusProtoError as e:
             raise wire.WireError(f"link writeset of GID {gid}: {e}") from None
         if not isinstance(m, bp.LinkWriteset):
@@ -78,7 +78,7 @@ class Replicator:
                  compat: str = "", member_votes: int = 0, *, epochs: tuple[Epoch, ...] = (),
                  records: Optional[dict[str, MemberRecord]] = None, holding: Optional[Callable[[], Holding]] = None,
                  history: int = 20000, clock: Callable[[], float] = time.time,
-                 certifiers: Optional[CertifierClass] = None) -> None:
+                 certifiers: Optional[CertifierClass] = None, speaks: bp.RangeT = bp.SPEAKS) -> None:
         self.node = node
         self.cluster_uuid = cluster_uuid  # "" until the node has joined a cluster
         self.last_gid = last_gid  # durable committed GID of the local database at start
@@ -94,7 +94,7 @@ class Replicator:
         self.member_votes = member_votes
         # The primary component's members, what the node remembers of the history (its epochs and
         # member records: history.py, its state file) and the join handshake (membership.py).
-        self.membership = Membership(node, epochs, dict(records or {}))
+        self.membership = Membership(node, epochs, dict(records or {}), own=speaks)
         # what the node's disk holds, for its GID requests (the coordinator's; None: ``last_gid``)
         self.holding = holding
         # the certifier implementation (certifier.Certifier unless told: the differential tests)
@@ -291,7 +291,7 @@ class Replicator:
 
     def on_delivery(self, d: Delivery) -> list[Action]:
         try:
-            msg = bp.decode(d.payload)
+            msg = bp.decode(d.payload, self.membership.own)
         except bp.BusProtoError as e:
             log.warning("dropping malformed bus message from %s: %s", d.sender, e)
             return []
@@ -347,6 +347,17 @@ class Replicator:
         if self.phase != Phase.ONLINE and not (self.phase == Phase.RECOVERING and self._sync_sent):
             return None
         return Send(bp.Progress(self.node, committed_gid))
+
+    @property
+    def send_version(self) -> int:
+        """The bus protocol version this node writes: the cluster's (bus/versions.py), or, outside
+        a primary component, the lowest it speaks, which every node that could answer reads."""
+        return self.membership.version or self.membership.own[0]
+
+    @property
+    def cluster_version(self) -> int:
+        """The cluster's bus protocol version (0: not in a primary component)."""
+        return self.membership.version
 
     @property
     def accepts_writes(self) -> bool:
@@ -453,7 +464,7 @@ class Replicator:
         simulation: a writeset left after a freeze, buffered, then dropped with the buffer)."""
         out: list[Action] = []
         for b in self._buffer:
-            out += self.order.refuse_own(bp.decode(b.payload))
+            out += self.order.refuse_own(bp.decode(b.payload, self.membership.own))
         self._buffer.clear()
         return out
 
@@ -531,7 +542,7 @@ class Replicator:
         if refusal is not None:
             return self._stay_out(refusal, admitted)
         try:
-            unstable: list[tuple[int, Action]] = [(g, _unstable_action(g, prev, origin, ws))
+            unstable: list[tuple[int, Action]] = [(g, _unstable_action(g, prev, origin, ws, m.own))
                                                   for g, prev, origin, ws in msg.unstable if g > self.last_gid]
         except wire.WireError as e:
             self.stats.malformed += 1
@@ -564,7 +575,7 @@ class Replicator:
             self.phase = Phase.ONLINE
         buffered, self._buffer = self._buffer, []
         for b in buffered:
-            bm = bp.decode(b.payload)
+            bm = bp.decode(b.payload, self.membership.own)
             if isinstance(bm, bp.GidRequest) and b.sender in self.members:
                 m.latest(b.sender, bm)  # after the answer's state
             out += self._handle(b.sender, bm)
@@ -634,6 +645,10 @@ class Replicator:
             return []
         if isinstance(msg, bp.Vote):
             return self._vote(msg)
+        if isinstance(msg, bp.Speaks):
+            if self.online.get(msg.node) == sender:
+                self.membership.spoke(msg.node, msg.speaks)
+            return []
         if isinstance(msg, bp.FlowControl):
             if msg.pause and msg.node in self.online:
                 self.paused_by.add(msg.node)
@@ -668,15 +683,33 @@ class Replicator:
         if msg.join and self.phase == Phase.ONLINE and m.answers and not self.ddl_open and not self.settling:
             place = Place(self.cluster_uuid, self.gid, self.last_certified, self.released, self.certifier.snapshot(),
                           tuple(sorted(self.paused_by)), self.compat,
-                          self.order.unstable_entries())
-            out.append(Send(m.answer(sender, msg, place)))
+                          self.order.unstable_entries(self.send_version))
+            reply = m.answer(sender, msg, place)
+            readable = min(msg.speaks[1], bp.VERSION)
+            if msg.speaks[0] <= m.version <= msg.speaks[1] or readable < max(msg.speaks[0], bp.MIN_VERSION):
+                out.append(Send(reply))
+            else:
+                # refused for its protocol: written at a version it reads, so that it can say why
+                # it stays out (a node of a release before 4 reads it in the answer's ``compat``);
+                # members that cannot read it lose nothing (it admits no one)
+                out.append(Send(reply, readable))
         return out
 
     def _gid_reply(self, msg: bp.GidReply) -> list[Action]:
         """A member answered a GID request: the joiner is a member from here (synced, or catching
         up), as the answer says, for every node."""
-        if not self.membership.answered(msg, self.members, self.cluster_uuid, self.gid):
+        m = self.membership
+        if not m.answered(msg, self.members, self.cluster_uuid, self.gid):
+            why = m.version_refusal(msg) if msg.node == self.node else None
+            if why is not None:
+                # this node's own answer, made when the cluster ran a version it speaks; the
+                # others do not count it in here (Membership.answered): it stays out as they have it
+                return self._leave_primary(why, Phase.NEEDS_RECOVERY)
             return []
+        if not msg.speaks and m.own != bp.LEGACY:
+            # answered by a node of a release before version 4: every node forgot the members'
+            # versions there (Membership.answered); this one says its own again
+            return [self._remember(), Send(bp.Speaks(self.node, m.own))]
         return [self._remember()]
 
     def _ddl_settled(self, gid: int, ok: bool, error: str,

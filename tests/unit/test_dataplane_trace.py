@@ -4,7 +4,7 @@ coordinator's core input and output), and their replay through a fresh core
 (dataplane/refcore.py, replay.py) with each implementation of the certifier and the scheduler.
 
 The golden traces (tests/golden/traces/) were recorded with ``tests/sim/simrun.py --seed N
---record DIR`` (seeds 17 and 18): a node catching up (held live writesets, runs from a log,
+--record DIR`` (seeds 36 and 18): a node catching up (held live writesets, runs from a log,
 certification conflicts), a node bootstrapping a cluster that then votes on a GID it could not
 apply, and a node whose PostgreSQL restarts. A deliberate change of the core's behaviour makes
 them differ: record them again then, and say why in the commit.

@@ -29,7 +29,8 @@ def status(**changes: Any) -> NodeStatus:
     base: dict[str, Any] = {
         "node": "n1", "state": "online", "reason": "joined", "accepts_writes": True, "cluster_uuid": "u-1",
         "bus_member": "1:1", "members": ["n1", "n2", "n3"], "member_committed_gid": {"n1": 40, "n2": 38, "n3": 40},
-        "bus_members": ["1:1", "1:2", "1:3"], "quorate": True, "quorum_votes": 2, "tie_breaker": "",
+        "bus_members": ["1:1", "1:2", "1:3"], "bus_version": 4, "bus_versions": [3, 4],
+        "member_bus_versions": {"n1": [3, 4], "n2": [3, 4], "n3": [3, 4]}, "quorate": True, "quorum_votes": 2, "tie_breaker": "",
         "released_gid": 41, "held_for_quorum": 0, "committed_gid": 40, "delivered_gid": 44, "certified_gid": 41,
         "lag_gids": 1, "lag_ms": 2.5, "local_commits": 30, "certification_failures": 3,
         "local_certification_failures": 1, "certification_failures_by_table": {"public.acc": 2, "": 1},

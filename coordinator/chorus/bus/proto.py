@@ -1,7 +1,17 @@
-"""Messages coordinators exchange over the bus, version 3.
+"""Messages coordinators exchange over the bus, versions 3 and 4.
 
-Every message starts with ``u8 version`` and ``u8 type``; readers reject unknown versions and
-types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32``-length.
+Every message starts with ``u8 version`` and ``u8 type``; readers reject versions outside the
+range they speak and unknown types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8,
+blobs ``u32``-length.
+
+Versions (rolling upgrades, docs/PROTOCOL.md section 5): this code speaks :data:`MIN_VERSION` to
+:data:`VERSION`; it reads every version in that range and writes the one it is told (the
+cluster's, bus/versions.py). Version 4 adds the protocol negotiation to the join handshake:
+``GidRequest.speaks`` (the requester's range) and ``GidReply.version`` / ``GidReply.speaks`` (the
+cluster's version and every member's range at the request's place). Version 3 has no place for
+them: written at version 3 they ride in the two strings a version-3 reader carries without
+reading them (:func:`_fold`), so a node of this code joins a cluster of the release before and
+the cluster moves to 4 once its last version-3 node is gone.
 
 | type | message | who sends it |
 | --- | --- | --- |
@@ -20,6 +30,7 @@ types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32
 | ``O`` | :class:`Vote` | a node that failed to apply a certified writeset, then every node: its outcome for that GID (inconsistency voting) |
 | ``R`` | :class:`Received` | a following node whose Corosync is one of several: it has delivered every GID up to this one (uniform commit) |
 | ``K`` | :class:`LinkWriteset` | the node running a link's receiver: a transaction of the peer site, applied through this site's order (docs/LINKS.md section 3); consumes a GID |
+| ``Y`` | :class:`Speaks` | every member of version 4 or later, after a member of a release before admitted a node without saying the members' versions: the versions it speaks (bus/versions.py) |
 
 The messages that carry writesets (``W`` and ``M``) have a compiled codec beside the pure-Python
 reference (``py_encode_writesets``, ``py_decode_writesets``; ``chorus/_cproto.pyx``), chosen by
@@ -28,7 +39,9 @@ reference (``py_encode_writesets``, ``py_decode_writesets``; ``chorus/_cproto.py
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import re
 import struct
 import sys
 from dataclasses import dataclass
@@ -38,9 +51,13 @@ from chorus import impl
 from chorus.spool import Concat, SpooledBuffer
 
 # 3: re-forming without a synced member (epochs, member records, Leave). LinkWriteset (K) came
-# later within 3: a coordinator of an earlier release refuses it as an unknown type, and releases
-# never run together in one cluster (docs/DEPLOY.md section 8), so the version did not change.
-VERSION = 3
+# later within 3: a coordinator of an earlier release refuses it as an unknown type.
+# 4: the join handshake carries the protocol versions each node speaks (module docstring).
+MIN_VERSION = 3  # the lowest version this code reads and writes
+VERSION = 4  # the highest
+SPEAKS = (MIN_VERSION, VERSION)
+RangeT = tuple[int, int]  # (lowest, highest) bus protocol version a node speaks
+LEGACY = (3, 3)  # what a node that says nothing of its versions speaks (a release before 4)
 
 
 class MessageType(bytes, enum.Enum):
@@ -61,6 +78,7 @@ class MessageType(bytes, enum.Enum):
     LOG_INFO = b"I"
     LEAVE = b"X"
     LINK_WRITESET = b"K"
+    SPEAKS = b"Y"
 
 
 class BusProtoError(ValueError):
@@ -112,6 +130,17 @@ class LinkWriteset:
     writeset: bytes
 
 
+@dataclass(frozen=True)
+class Speaks:
+    """The bus protocol versions ``node`` speaks (bus/versions.py). Sent by every member of
+    version 4 or later when an answer that carried no versions (written by a node of a release
+    before 4) admitted a node: there every node forgets what its members speak, and learns it
+    again from these, so all know the same. A node of a release before 4 drops it as a message
+    of an unknown type (and logs so); it knows no versions."""
+    node: str
+    speaks: RangeT
+
+
 EpochT = tuple[int, int, str]  # history.Epoch: number, start GID, the node that opened it
 RecordT = tuple[str, int, int, bool]  # history.MemberRecord of a node: name, epoch, GID, member
 
@@ -127,6 +156,7 @@ class GidRequest:
     log_after: int = 0  # its writeset log holds every GID after this one ...
     log_high: int = 0  # ... up to this one
     records: tuple[RecordT, ...] = ()  # what it remembers of the primary component's members
+    speaks: RangeT = LEGACY  # the bus protocol versions it speaks (version 4)
 
 
 @dataclass(frozen=True)
@@ -154,6 +184,10 @@ class GidReply:
     # every node's latest GID request at that position, (node, request id, bus member): an answer
     # to an earlier one than a node's latest is stale, and every node ignores it
     requests: tuple[tuple[str, str, str], ...] = ()
+    # the cluster's protocol version at that position and every member's range, the requester's
+    # too (version 4; bus/versions.py). A requester that cannot speak ``version`` is not admitted.
+    version: int = 3
+    speaks: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -238,7 +272,7 @@ class LogInfo:
 
 
 Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress, FlowControl,
-                DdlResult, SyncMarker, LogQuery, LogInfo, Received, Vote, Leave, LinkWriteset]
+                DdlResult, SyncMarker, LogQuery, LogInfo, Received, Vote, Leave, LinkWriteset, Speaks]
 
 _LINK_NUMBERS = struct.Struct(">QQQQQQQ")  # ticket, after, peer GID, peer clock, max replicated, commit time, sent at
 MAX_LINK_NAME = 64  # link and site names (link/proto.py's bound)
@@ -313,19 +347,81 @@ def _read_records(r: "_R") -> tuple[RecordT, ...]:
     return tuple(out)
 
 
-def encode(m: Message) -> bytes:
-    head = bytes([VERSION])
+_RID_FOLD = re.compile(r"~v([0-9]{1,3})-([0-9]{1,3})$")
+_COMPAT_FOLD = re.compile(r"~v([0-9]{1,3})((?:;[0-9]{1,3}-[0-9]{1,3}:(?:[0-9a-f]{2})*)*)$")
+
+
+def _range(lo: int, hi: int) -> RangeT:
+    if not 1 <= lo <= hi <= 255:
+        raise BusProtoError(f"protocol version range {lo}..{hi} is not a range of versions 1 to 255")
+    return lo, hi
+
+
+def _fold(m: Union[GidRequest, GidReply]) -> Union[GidRequest, GidReply]:
+    """``m`` as version 3 carries it: its version-4 fields folded into the string a version-3
+    reader carries without reading it (a GID request's id, which readers only compare and echo;
+    an answer's ``compat``, which only the requester reads, and only a requester of version 4
+    is sent a folded one). :func:`_unfold` reads them back."""
+    if isinstance(m, GidRequest):
+        if m.speaks == LEGACY or _RID_FOLD.search(m.request_id):
+            return m  # (Membership.request makes its ids with the versions in them)
+        return dataclasses.replace(m, request_id=f"{m.request_id}~v{m.speaks[0]}-{m.speaks[1]}", speaks=LEGACY)
+    if not m.speaks:
+        if m.version != 3:
+            raise BusProtoError(f"an answer at cluster version {m.version} cannot be written at version 3")
+        return m
+    table = "".join(f";{lo}-{hi}:{name.encode().hex()}" for name, lo, hi in m.speaks)
+    return dataclasses.replace(m, compat=f"{m.compat}~v{m.version}{table}", version=3, speaks=())
+
+
+def _unfold(m: Message) -> Message:
+    """A version-3 message with version-4 fields folded in (:func:`_fold`), unfolded (a request id
+    keeps its suffix); a message of a version-3 node as it is."""
+    if isinstance(m, GidRequest):
+        # the id stays as every node read it: nodes of version 3 compare and echo it whole
+        f = _RID_FOLD.search(m.request_id)
+        if f is None:
+            return m
+        return dataclasses.replace(m, speaks=_range(int(f[1]), int(f[2])))
+    if isinstance(m, GidReply):
+        g = _COMPAT_FOLD.search(m.compat)
+        if g is None:
+            return m
+        speaks = []
+        for entry in g[2].split(";")[1:]:
+            rng, name = entry.split(":")
+            lo, hi = rng.split("-")
+            try:
+                speaks.append((bytes.fromhex(name).decode("utf-8"), *_range(int(lo), int(hi))))
+            except UnicodeDecodeError as e:
+                raise BusProtoError("folded member name is not UTF-8") from e
+        return dataclasses.replace(m, compat=m.compat[:g.start()], version=int(g[1]), speaks=tuple(speaks))
+    return m
+
+
+def _version(version: int) -> int:
+    if not MIN_VERSION <= version <= VERSION:
+        raise BusProtoError(f"cannot write bus protocol version {version}: this node speaks "
+                            f"{MIN_VERSION}..{VERSION}")
+    return version
+
+
+def encode(m: Message, version: int = VERSION) -> bytes:
+    """``m`` at bus protocol ``version`` (one this code speaks; the cluster's, bus/versions.py)."""
+    head = bytes([_version(version)])
+    if version == 3 and isinstance(m, (GidRequest, GidReply)):
+        m = _fold(m)
     if isinstance(m, WritesetMsg):
         prefix = head + MessageType.WRITESET.value + _s(m.origin) + struct.pack(">Q", m.ticket)
         if isinstance(m.writeset, SpooledBuffer):  # a large writeset: the bus slices it from its file
             return Concat(prefix, m.writeset)  # sliced like bytes by the bus
         return prefix + m.writeset
     if isinstance(m, WritesetBatch):
-        return _encode_writesets(m.origin, m.items)
+        return _encode_writesets(m.origin, m.items, version)
     if isinstance(m, GidRequest):
         return (head + MessageType.GID_REQUEST.value + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid)
                 + struct.pack(">QBQQ", m.last_gid, 1 if m.join else 0, m.log_after, m.log_high) + _epochs(m.epochs)
-                + _records(m.records))
+                + _records(m.records) + (bytes(m.speaks) if version >= 4 else b""))
     if isinstance(m, GidReply):
         out = [head, MessageType.GID_REPLY.value, _s(m.node), _s(m.request_id), _s(m.member), _s(m.cluster_uuid), struct.pack(">QQH", m.gid, m.certified, len(m.online))]
         out += [_s(n) + _s(mid) for n, mid in m.online]
@@ -343,6 +439,9 @@ def encode(m: Message) -> bytes:
         out += [struct.pack(">QQ", g, prev) + _s(origin) + _blob(ws) for g, prev, origin, ws in m.unstable]
         out.append(struct.pack(">H", len(m.requests)))
         out += [_s(n) + _s(rid) + _s(member) for n, rid, member in m.requests]
+        if version >= 4:
+            out.append(struct.pack(">BH", m.version, len(m.speaks)))
+            out += [_s(n) + bytes([lo, hi]) for n, lo, hi in m.speaks]
         return b"".join(out)
     if isinstance(m, Bootstrap):
         return head + MessageType.BOOTSTRAP.value + _s(m.node) + _s(m.cluster_uuid) + struct.pack(">QQ", m.gid, m.epoch)
@@ -366,6 +465,8 @@ def encode(m: Message) -> bytes:
     if isinstance(m, LogInfo):
         return (head + MessageType.LOG_INFO.value + _s(m.node) + _s(m.request_id) + _s(m.partner) + _s(m.address)
                 + struct.pack(">QQQQ", m.after_min, m.high, m.committed, m.load))
+    if isinstance(m, Speaks):
+        return head + MessageType.SPEAKS.value + _s(m.node) + bytes(_range(*m.speaks))
     if isinstance(m, LinkWriteset):
         if not 0 <= m.after < m.peer_gid:
             raise BusProtoError(f"link writeset of peer GID {m.peer_gid} after {m.after}: not a range")
@@ -377,20 +478,19 @@ def encode(m: Message) -> bytes:
     raise TypeError(f"not a bus message: {m!r}")
 
 
-def py_encode_writesets(origin: str, items: Iterable[tuple[int, bytes]]) -> bytes:
-    """A WritesetBatch message: the origin, the count, and each (ticket, writeset)."""
+def py_encode_writesets(origin: str, items: Iterable[tuple[int, bytes]], version: int = VERSION) -> bytes:
+    """A WritesetBatch message: the origin, the count, and each (ticket, writeset). Its layout is
+    the same in versions 3 and 4."""
     items = list(items)
-    out = [bytes([VERSION]), MessageType.WRITESET_BATCH.value, _s(origin), struct.pack(">I", len(items))]
+    out = [bytes([_version(version)]), MessageType.WRITESET_BATCH.value, _s(origin), struct.pack(">I", len(items))]
     out += [struct.pack(">Q", t) + _blob(w) for t, w in items]
     return b"".join(out)
 
 
-def py_decode_writesets(b: bytes) -> tuple[str, list[tuple[int, bytes]]]:
+def py_decode_writesets(b: bytes, speaks: RangeT = SPEAKS) -> tuple[str, list[tuple[int, bytes]]]:
     """(origin, [(ticket, writeset)]) of a WritesetMsg or a WritesetBatch message."""
     r = _R(b)
-    version = r.take(1)[0]
-    if version != VERSION:
-        raise BusProtoError(f"unsupported bus message version {version}")
+    _check_version(r.take(1)[0], speaks)
     t = r.take(1)
     if t not in (MessageType.WRITESET.value, MessageType.WRITESET_BATCH.value):
         raise BusProtoError(f"not a writeset message: type {t!r}")
@@ -418,12 +518,19 @@ def _read_link(r: "_R") -> LinkWriteset:
                         r.blob())
 
 
-def _decode_spooled(b: SpooledBuffer) -> Message:
+def _check_version(version: int, speaks: RangeT) -> None:
+    if not speaks[0] <= version <= speaks[1]:
+        raise BusProtoError(f"unsupported bus message version {version}: this node reads versions "
+                            f"{speaks[0]}..{speaks[1]}")
+
+
+def _decode_spooled(b: SpooledBuffer, speaks: RangeT) -> Message:
     """A large message the bus gathered in a spool file: a writeset message reads its head only
     and keeps the writeset where it is; another kind (never this large in practice) is read."""
     r = _R(b[:4 + 0xFFFF + 8])
-    if r.take(1)[0] != VERSION or r.take(1) != MessageType.WRITESET.value:
-        return decode(b[:])
+    _check_version(r.take(1)[0], speaks)
+    if r.take(1) != MessageType.WRITESET.value:
+        return decode(b[:], speaks)
     origin, ticket = r.s(), r.u64()
     return WritesetMsg(origin, ticket, b.sub(r.p))  # type: ignore[arg-type]
 
@@ -433,28 +540,30 @@ def carries_writesets(b: Union[bytes, SpooledBuffer]) -> bool:
     return b[1:2] in (MessageType.WRITESET.value, MessageType.WRITESET_BATCH.value)
 
 
-def decode(b: Union[bytes, SpooledBuffer]) -> Message:
+def decode(b: Union[bytes, SpooledBuffer], speaks: RangeT = SPEAKS) -> Message:
+    """The message ``b``, of any version in ``speaks`` (a range within this code's: a node
+    simulating an older release reads less)."""
     if isinstance(b, SpooledBuffer):
-        return _decode_spooled(b)
+        return _decode_spooled(b, speaks)
     r = _R(b)
     version = r.take(1)[0]
-    if version != VERSION:
-        raise BusProtoError(f"unsupported bus message version {version}")
+    _check_version(version, speaks)
     t = r.take(1)
     m: Message
     if t == MessageType.WRITESET:
-        origin, items = _decode_writesets(b)
+        origin, items = _decode_writesets(b, speaks)
         return WritesetMsg(origin, *items[0])
     if t == MessageType.WRITESET_BATCH:
-        origin, items = _decode_writesets(b)
+        origin, items = _decode_writesets(b, speaks)
         return WritesetBatch(origin, tuple(items))
     if t == MessageType.GID_REQUEST:
         node, rid, uuid, last_gid, join = r.s(), r.s(), r.s(), r.u64(), r.take(1)
         if join not in (b"\x00", b"\x01"):
             raise BusProtoError("GID request join flag is neither 0 nor 1")
         log_after, log_high = r.u64(), r.u64()
-        m = GidRequest(node, rid, uuid, last_gid, join == b"\x01", _read_epochs(r), log_after, log_high,
-                       _read_records(r))
+        epochs, records = _read_epochs(r), _read_records(r)
+        rng = _range(*r.take(2)) if version >= 4 else LEGACY
+        m = GidRequest(node, rid, uuid, last_gid, join == b"\x01", epochs, log_after, log_high, records, rng)
     elif t == MessageType.GID_REPLY:
         node, rid, member, uuid = r.s(), r.s(), r.s(), r.s()
         gid = r.u64()
@@ -471,8 +580,15 @@ def decode(b: Union[bytes, SpooledBuffer]) -> Message:
             raise BusProtoError("unstable writeset count exceeds the message length")
         unstable = tuple((r.u64(), r.u64(), r.s(), r.blob()) for _ in range(n))
         requests = tuple((r.s(), r.s(), r.s()) for _ in range(r.u16()))
+        cluster_version = 3
+        speaking: tuple[tuple[str, int, int], ...] = ()
+        if version >= 4:
+            cluster_version = r.take(1)[0]
+            speaking = tuple((r.s(), *_range(*r.take(2))) for _ in range(r.u16()))
+            if not 1 <= cluster_version <= 255:
+                raise BusProtoError(f"cluster protocol version {cluster_version} is not a version")
         m = GidReply(node, rid, member, uuid, gid, certified, online, progress, cert, paused, compat, synced,
-                     epochs, records, released, unstable, requests)
+                     epochs, records, released, unstable, requests, cluster_version, speaking)
     elif t == MessageType.BOOTSTRAP:
         m = Bootstrap(r.s(), r.s(), r.u64(), r.u64())
     elif t == MessageType.LEAVE:
@@ -499,17 +615,19 @@ def decode(b: Union[bytes, SpooledBuffer]) -> Message:
         m = LogInfo(r.s(), r.s(), r.s(), r.s(), r.u64(), r.u64(), r.u64(), r.u64())
     elif t == MessageType.LINK_WRITESET:
         m = _read_link(r)
+    elif t == MessageType.SPEAKS:
+        m = Speaks(r.s(), _range(*r.take(2)))
     else:
         raise BusProtoError(f"unknown bus message type {t!r}")
     r.end()
-    return m
+    return _unfold(m) if version == 3 else m
 
 
 _cproto = impl.compiled("_cproto")
 if _cproto is not None:
     _cproto.bind_bus(sys.modules[__name__])
 IMPL = impl.chosen(_cproto)
-_encode_writesets: Callable[[str, Iterable[tuple[int, bytes]]], bytes] = py_encode_writesets
-_decode_writesets: Callable[[bytes], tuple[str, list[tuple[int, bytes]]]] = py_decode_writesets
+_encode_writesets: Callable[[str, Iterable[tuple[int, bytes]], int], bytes] = py_encode_writesets
+_decode_writesets: Callable[[bytes, RangeT], tuple[str, list[tuple[int, bytes]]]] = py_decode_writesets
 if IMPL == "c" and _cproto is not None:
     _encode_writesets, _decode_writesets = _cproto.encode_writesets, _cproto.decode_writesets

@@ -90,15 +90,18 @@ class BusSender:
         self._waiting = 0  # messages handed to a task because the bus could not take them at once
         self._pump_scheduled = False
         self.own = OwnMessages()
+        # the bus protocol version to write (the replicator's send_version: bus/versions.py)
+        self.version: Callable[[], int] = lambda: bp.VERSION
 
     def attach(self, bus: Bus, loop: asyncio.AbstractEventLoop) -> None:
         """Send on ``bus`` from ``loop`` (kept: asyncio.get_running_loop costs a getpid() system
         call per call in Python 3.11, and this runs for every local writeset)."""
         self.bus, self._loop = bus, loop
 
-    def send(self, msg: bp.Message) -> None:
-        """Multicast a message (logged if it cannot be sent)."""
-        self._post(bp.encode(msg), lambda e: log.error("cannot send %s: %s", type(msg).__name__, e), [])
+    def send(self, msg: bp.Message, version: int = 0) -> None:
+        """Multicast a message at bus protocol ``version`` (0: the node's; logged if it cannot be
+        sent)."""
+        self._post(bp.encode(msg, version or self.version()), lambda e: log.error("cannot send %s: %s", type(msg).__name__, e), [])
 
     def queue_writeset(self, ticket: int, payload: bytes) -> None:
         """A local writeset for certification: it leaves with the next batch."""
@@ -142,7 +145,7 @@ class BusSender:
             self.writesets += n
             self._in_flight += 1
             tickets = [t for t, _ in batch]
-            self._post(bp.encode(msg), functools.partial(self._batch_failed, tickets), tickets)
+            self._post(bp.encode(msg, self.version()), functools.partial(self._batch_failed, tickets), tickets)
 
     def _batch_failed(self, tickets: list[int], e: BusError) -> None:
         self._in_flight -= 1

@@ -84,16 +84,16 @@ class Conflict:
                 "winner_gid": self.winner_gid, "winner_node": self.winner_node, "reason": self.reason}
 
 
-def unstable_entry(node: str, gid: int, a: Action) -> tuple[int, int, str, bytes]:
+def unstable_entry(node: str, gid: int, a: Action, version: int = bp.VERSION) -> tuple[int, int, str, bytes]:
     """A held writeset as a GID answer carries it: (GID, the GID before it, origin, writeset);
     ``node`` is the answering node, the origin of its local ones; a link writeset travels as its
-    message (its origin says so)."""
+    message (its origin says so), written at bus protocol ``version`` (the answer's)."""
     if isinstance(a, LocalVerdict):
         assert a.writeset is not None
         return gid, a.prev, node, a.writeset.raw or wire.encode(a.writeset)
     assert isinstance(a, Apply)
     if a.link is not None:
-        return gid, a.prev, a.origin, bp.encode(a.link)
+        return gid, a.prev, a.origin, bp.encode(a.link, version)
     return gid, a.prev, a.origin, a.writeset.raw or wire.encode(a.writeset)
 
 
@@ -382,9 +382,10 @@ class OrderCore:
         self.ddl_open.clear()
         self.certifier = certifier
 
-    def unstable_entries(self) -> tuple[tuple[int, int, str, bytes], ...]:
-        """The held writesets as a GID answer carries them (:func:`unstable_entry`)."""
-        return tuple(unstable_entry(self.node, gid, a) for gid, a in self._unstable)
+    def unstable_entries(self, version: int = bp.VERSION) -> tuple[tuple[int, int, str, bytes], ...]:
+        """The held writesets as a GID answer at bus protocol ``version`` carries them
+        (:func:`unstable_entry`)."""
+        return tuple(unstable_entry(self.node, gid, a, version) for gid, a in self._unstable)
 
     def leave(self) -> list[Action]:
         """The node leaves the primary component. Writesets not yet known to a quorum: the

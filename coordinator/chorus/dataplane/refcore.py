@@ -366,7 +366,7 @@ class RefCore:
                 self._admit(Pending(a.gid, a.prev, a.origin, a.writeset), local=False)
                 self._emit(ev.Notify("DISPATCH_SOON", a.gid, ""))
             elif isinstance(a, Send):
-                self._send(bp.encode(a.message), [])
+                self._send(bp.encode(a.message, a.version or self.r.send_version), [])
             else:
                 self._emit(ev.Handoff(type(a).__name__, repr(a), obj=a))
 
@@ -387,7 +387,7 @@ class RefCore:
         self.in_flight = 1
         msg: bp.Message = (bp.WritesetMsg(self.node, *out[0]) if len(out) == 1
                            else bp.WritesetBatch(self.node, tuple(out)))
-        self._send(bp.encode(msg), [t for t, _ in out])
+        self._send(bp.encode(msg, self.r.send_version), [t for t, _ in out])
 
     def _send(self, payload: bytes, tickets: list[int]) -> None:
         if self.alive:

@@ -1,0 +1,484 @@
+"""Fixture: bus/proto.py as the release before version 4 had it (commit b2fa3c9), verbatim but for
+this docstring and the compiled codec's binding (which would rebind the compiled module the current
+code uses): what a coordinator of that release reads and writes. tests/unit/test_bus_versions.py
+runs it against the current code."""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Callable, Iterable, Union
+
+from chorus.spool import Concat, SpooledBuffer
+
+# 3: re-forming without a synced member (epochs, member records, Leave). LinkWriteset (K) came
+# later within 3: a coordinator of an earlier release refuses it as an unknown type, and releases
+# never run together in one cluster (docs/DEPLOY.md section 8), so the version did not change.
+VERSION = 3
+
+
+class MessageType(bytes, enum.Enum):
+    """A bus message's type byte (the table above). Backend frames and recovery-stream frames
+    have type bytes of their own, some the same letters: commit/backendproto.py, recoveryproto.py."""
+    WRITESET = b"W"
+    WRITESET_BATCH = b"M"
+    GID_REQUEST = b"Q"
+    GID_REPLY = b"G"
+    BOOTSTRAP = b"B"
+    PROGRESS = b"P"
+    RECEIVED = b"R"
+    FLOW_CONTROL = b"F"
+    DDL_RESULT = b"D"
+    SYNC_MARKER = b"S"
+    VOTE = b"O"
+    LOG_QUERY = b"L"
+    LOG_INFO = b"I"
+    LEAVE = b"X"
+    LINK_WRITESET = b"K"
+
+
+class BusProtoError(ValueError):
+    """A malformed or unsupported bus message."""
+
+
+@dataclass(frozen=True)
+class WritesetMsg:
+    origin: str  # node name
+    ticket: int  # origin-local id matching the waiting backend
+    writeset: bytes
+
+
+@dataclass(frozen=True)
+class WritesetBatch:
+    """Writesets a coordinator collected while its previous send was in flight: one bus
+    message, so the bus's per-message cost is shared (they take consecutive positions)."""
+
+    origin: str
+    items: tuple[tuple[int, bytes], ...]  # (ticket, writeset)
+
+    def messages(self) -> list[WritesetMsg]:
+        return [WritesetMsg(self.origin, t, w) for t, w in self.items]
+
+
+@dataclass(frozen=True)
+class LinkWriteset:
+    """A transaction of a peer site, received over link ``link`` by ``node`` (which must be a
+    member of the primary component at its place in the order): every node of the site gives it
+    a GID, certifies it and applies it, moving ``chorus.link_position`` in the same transaction
+    (docs/LINKS.md section 3). It is the peer's transaction ``peer_gid``; ``after`` is the peer
+    GID the receiver passed just before it on this link (or resumed from), so the peer GIDs in
+    (after, peer_gid] are this one and records the peer's sender filtered out. ``peer_clock`` and
+    ``max_replicated`` are the link's window as the receiver saw it with this transaction;
+    ``commit_time`` the peer's commit time and ``sent_at`` the receiver's wall clock when it sent
+    it on (both µs since the Unix epoch; ``sent_at`` is what ``link_position.updated_at`` says,
+    the same on every node). ``ticket`` is the receiver's own, to recognize it when delivered."""
+
+    node: str
+    ticket: int
+    link: str
+    peer_site: str
+    after: int
+    peer_gid: int
+    peer_clock: int
+    max_replicated: int
+    commit_time: int
+    sent_at: int
+    writeset: bytes
+
+
+EpochT = tuple[int, int, str]  # history.Epoch: number, start GID, the node that opened it
+RecordT = tuple[str, int, int, bool]  # history.MemberRecord of a node: name, epoch, GID, member
+
+
+@dataclass(frozen=True)
+class GidRequest:
+    node: str
+    request_id: str
+    cluster_uuid: str  # "" for a node that never joined a cluster
+    last_gid: int  # the GID its database holds (or will, once what it admitted commits)
+    join: bool = True  # False: it stays out (needs recovery) and only takes part in a re-form
+    epochs: tuple[EpochT, ...] = ()  # the epochs its data followed (history.py)
+    log_after: int = 0  # its writeset log holds every GID after this one ...
+    log_high: int = 0  # ... up to this one
+    records: tuple[RecordT, ...] = ()  # what it remembers of the primary component's members
+
+
+@dataclass(frozen=True)
+class GidReply:
+    node: str  # the requester
+    request_id: str
+    member: str  # the requester's bus member id
+    cluster_uuid: str
+    gid: int  # GID counter at the request's position in the order
+    certified: int  # the last certified GID at that position (what a synced node has committed)
+    online: tuple[tuple[str, str], ...]  # (node name, bus member id) online at that position
+    progress: tuple[tuple[str, int], ...]  # reported committed GIDs at that position
+    certifier: bytes  # certification index at that position
+    paused: tuple[str, ...] = ()  # nodes holding flow control at that position
+    compat: str = ""  # the answering node's database encoding and PostgreSQL major version
+    synced: tuple[str, ...] = ()  # the members of ``online`` that are synced (the others catch up)
+    epochs: tuple[EpochT, ...] = ()  # the cluster's epochs
+    records: tuple[RecordT, ...] = ()  # the members' records at that position
+    # Uniform commit: the answering node released every GID up to ``released``; the writesets
+    # it certified after that and has not released yet come with the answer, (GID, the GID
+    # certified before it, origin, writeset), so the joiner delivers them here and can vouch
+    # for them (docs/MEMBERSHIP.md)
+    released: int = 0
+    unstable: tuple[tuple[int, int, str, bytes], ...] = ()
+    # every node's latest GID request at that position, (node, request id, bus member): an answer
+    # to an earlier one than a node's latest is stale, and every node ignores it
+    requests: tuple[tuple[str, str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    node: str
+    cluster_uuid: str
+    gid: int
+    epoch: int = 1  # the epoch it opens at ``gid``
+
+
+@dataclass(frozen=True)
+class Leave:
+    """A member leaves the primary component by itself (it cannot catch up): every node drops it
+    at this place of the order (docs/RECOVERY.md)."""
+    node: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    node: str
+    committed_gid: int
+
+
+@dataclass(frozen=True)
+class Received:
+    """The sender delivered every message up to GID ``gid``. A writeset commits (anywhere)
+    only once Corosync nodes with a quorum of votes have delivered it (docs/MEMBERSHIP.md)."""
+    node: str
+    gid: int
+
+
+@dataclass(frozen=True)
+class FlowControl:
+    node: str
+    pause: bool
+
+
+@dataclass(frozen=True)
+class DdlResult:
+    node: str
+    gid: int
+    ok: bool
+    error: str = ""
+    content: bytes = b""  # when it ran: the writeset every node applies at GID gid
+
+
+@dataclass(frozen=True)
+class Vote:
+    """Inconsistency voting (Galera 4): the sender's outcome for certified writeset ``gid``.
+    A node that fails to apply it sends one; then every node does, and the majority's outcome
+    stands (docs/MEMBERSHIP.md)."""
+    node: str
+    gid: int
+    ok: bool  # applied (or committed as its origin)
+    reason: str = ""  # why it failed
+
+
+@dataclass(frozen=True)
+class SyncMarker:
+    """Causal reads: its position in the total order tells the sender how far to catch up."""
+    node: str
+    token: int
+
+
+@dataclass(frozen=True)
+class LogQuery:
+    node: str  # the recovering node
+    request_id: str
+
+
+@dataclass(frozen=True)
+class LogInfo:
+    node: str  # the recovering node that asked
+    request_id: str
+    partner: str  # the answering node
+    address: str  # host:port of its recovery server
+    after_min: int  # it can stream every certified GID after this one ...
+    high: int  # ... up to this one (the last in its log)
+    committed: int  # its committed GID
+    load: int  # writesets it has certified and not yet committed (how busy it is)
+
+
+Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress, FlowControl,
+                DdlResult, SyncMarker, LogQuery, LogInfo, Received, Vote, Leave, LinkWriteset]
+
+_LINK_NUMBERS = struct.Struct(">QQQQQQQ")  # ticket, after, peer GID, peer clock, max replicated, commit time, sent at
+MAX_LINK_NAME = 64  # link and site names (link/proto.py's bound)
+
+
+class _R:
+    def __init__(self, b: bytes) -> None:
+        self.b = b
+        self.p = 0
+
+    def take(self, n: int) -> bytes:
+        if self.p + n > len(self.b):
+            raise BusProtoError("bus message truncated")
+        out = self.b[self.p:self.p + n]
+        self.p += n
+        return out
+
+    def u16(self) -> int:
+        return int(struct.unpack(">H", self.take(2))[0])
+
+    def u32(self) -> int:
+        return int(struct.unpack(">I", self.take(4))[0])
+
+    def u64(self) -> int:
+        return int(struct.unpack(">Q", self.take(8))[0])
+
+    def s(self) -> str:
+        try:
+            return self.take(self.u16()).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BusProtoError("bus message string is not UTF-8") from e
+
+    def blob(self) -> bytes:
+        return self.take(self.u32())
+
+    def end(self) -> None:
+        if self.p != len(self.b):
+            raise BusProtoError("trailing bytes in bus message")
+
+
+def _s(x: str) -> bytes:
+    b = x.encode("utf-8")
+    if len(b) > 0xFFFF:
+        raise BusProtoError("string too long for a bus message")
+    return struct.pack(">H", len(b)) + b
+
+
+def _blob(x: bytes) -> bytes:
+    return struct.pack(">I", len(x)) + x
+
+
+def _epochs(epochs: tuple[EpochT, ...]) -> bytes:
+    return struct.pack(">H", len(epochs)) + b"".join(struct.pack(">QQ", n, g) + _s(node) for n, g, node in epochs)
+
+
+def _records(records: tuple[RecordT, ...]) -> bytes:
+    return struct.pack(">H", len(records)) + b"".join(
+        _s(name) + struct.pack(">QQB", e, g, 1 if member else 0) for name, e, g, member in records)
+
+
+def _read_epochs(r: "_R") -> tuple[EpochT, ...]:
+    return tuple((r.u64(), r.u64(), r.s()) for _ in range(r.u16()))
+
+
+def _read_records(r: "_R") -> tuple[RecordT, ...]:
+    out = []
+    for _ in range(r.u16()):
+        name, e, g, member = r.s(), r.u64(), r.u64(), r.take(1)
+        if member not in (b"\x00", b"\x01"):
+            raise BusProtoError("member record flag is neither 0 nor 1")
+        out.append((name, e, g, member == b"\x01"))
+    return tuple(out)
+
+
+def encode(m: Message) -> bytes:
+    head = bytes([VERSION])
+    if isinstance(m, WritesetMsg):
+        prefix = head + MessageType.WRITESET.value + _s(m.origin) + struct.pack(">Q", m.ticket)
+        if isinstance(m.writeset, SpooledBuffer):  # a large writeset: the bus slices it from its file
+            return Concat(prefix, m.writeset)  # sliced like bytes by the bus
+        return prefix + m.writeset
+    if isinstance(m, WritesetBatch):
+        return _encode_writesets(m.origin, m.items)
+    if isinstance(m, GidRequest):
+        return (head + MessageType.GID_REQUEST.value + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid)
+                + struct.pack(">QBQQ", m.last_gid, 1 if m.join else 0, m.log_after, m.log_high) + _epochs(m.epochs)
+                + _records(m.records))
+    if isinstance(m, GidReply):
+        out = [head, MessageType.GID_REPLY.value, _s(m.node), _s(m.request_id), _s(m.member), _s(m.cluster_uuid), struct.pack(">QQH", m.gid, m.certified, len(m.online))]
+        out += [_s(n) + _s(mid) for n, mid in m.online]
+        out.append(struct.pack(">H", len(m.progress)))
+        out += [_s(n) + struct.pack(">Q", g) for n, g in m.progress]
+        out.append(_blob(m.certifier))
+        out.append(struct.pack(">H", len(m.paused)))
+        out += [_s(n) for n in m.paused]
+        out.append(_s(m.compat))
+        out.append(struct.pack(">H", len(m.synced)))
+        out += [_s(n) for n in m.synced]
+        out.append(_epochs(m.epochs))
+        out.append(_records(m.records))
+        out.append(struct.pack(">QI", m.released, len(m.unstable)))
+        out += [struct.pack(">QQ", g, prev) + _s(origin) + _blob(ws) for g, prev, origin, ws in m.unstable]
+        out.append(struct.pack(">H", len(m.requests)))
+        out += [_s(n) + _s(rid) + _s(member) for n, rid, member in m.requests]
+        return b"".join(out)
+    if isinstance(m, Bootstrap):
+        return head + MessageType.BOOTSTRAP.value + _s(m.node) + _s(m.cluster_uuid) + struct.pack(">QQ", m.gid, m.epoch)
+    if isinstance(m, Leave):
+        return head + MessageType.LEAVE.value + _s(m.node) + _s(m.reason[:4000])
+    if isinstance(m, Progress):
+        return head + MessageType.PROGRESS.value + _s(m.node) + struct.pack(">Q", m.committed_gid)
+    if isinstance(m, Received):
+        return head + MessageType.RECEIVED.value + _s(m.node) + struct.pack(">Q", m.gid)
+    if isinstance(m, FlowControl):
+        return head + MessageType.FLOW_CONTROL.value + _s(m.node) + bytes([1 if m.pause else 0])
+    if isinstance(m, DdlResult):
+        return (head + MessageType.DDL_RESULT.value + _s(m.node) + struct.pack(">QB", m.gid, 1 if m.ok else 0)
+                + _s(m.error[:4000]) + _blob(m.content))
+    if isinstance(m, SyncMarker):
+        return head + MessageType.SYNC_MARKER.value + _s(m.node) + struct.pack(">Q", m.token)
+    if isinstance(m, Vote):
+        return head + MessageType.VOTE.value + _s(m.node) + struct.pack(">QB", m.gid, 1 if m.ok else 0) + _s(m.reason[:4000])
+    if isinstance(m, LogQuery):
+        return head + MessageType.LOG_QUERY.value + _s(m.node) + _s(m.request_id)
+    if isinstance(m, LogInfo):
+        return (head + MessageType.LOG_INFO.value + _s(m.node) + _s(m.request_id) + _s(m.partner) + _s(m.address)
+                + struct.pack(">QQQQ", m.after_min, m.high, m.committed, m.load))
+    if isinstance(m, LinkWriteset):
+        if not 0 <= m.after < m.peer_gid:
+            raise BusProtoError(f"link writeset of peer GID {m.peer_gid} after {m.after}: not a range")
+        if not (m.link and m.peer_site) or len(m.link) > MAX_LINK_NAME or len(m.peer_site) > MAX_LINK_NAME:
+            raise BusProtoError("a link writeset names its link and peer site, each at most 64 characters")
+        return (head + MessageType.LINK_WRITESET.value + _s(m.node) + _s(m.link) + _s(m.peer_site)
+                + _LINK_NUMBERS.pack(m.ticket, m.after, m.peer_gid, m.peer_clock, m.max_replicated, m.commit_time,
+                                     m.sent_at) + _blob(m.writeset))
+    raise TypeError(f"not a bus message: {m!r}")
+
+
+def py_encode_writesets(origin: str, items: Iterable[tuple[int, bytes]]) -> bytes:
+    """A WritesetBatch message: the origin, the count, and each (ticket, writeset)."""
+    items = list(items)
+    out = [bytes([VERSION]), MessageType.WRITESET_BATCH.value, _s(origin), struct.pack(">I", len(items))]
+    out += [struct.pack(">Q", t) + _blob(w) for t, w in items]
+    return b"".join(out)
+
+
+def py_decode_writesets(b: bytes) -> tuple[str, list[tuple[int, bytes]]]:
+    """(origin, [(ticket, writeset)]) of a WritesetMsg or a WritesetBatch message."""
+    r = _R(b)
+    version = r.take(1)[0]
+    if version != VERSION:
+        raise BusProtoError(f"unsupported bus message version {version}")
+    t = r.take(1)
+    if t not in (MessageType.WRITESET.value, MessageType.WRITESET_BATCH.value):
+        raise BusProtoError(f"not a writeset message: type {t!r}")
+    origin = r.s()
+    if t == MessageType.WRITESET.value:
+        ticket = r.u64()
+        return origin, [(ticket, b[r.p:])]
+    n = r.u32()
+    if n > len(b):
+        raise BusProtoError("batch count exceeds the message length")
+    items = [(r.u64(), r.blob()) for _ in range(n)]
+    r.end()
+    return origin, items
+
+
+def _read_link(r: "_R") -> LinkWriteset:
+    node, link, site = r.s(), r.s(), r.s()
+    if not (link and site) or len(link) > MAX_LINK_NAME or len(site) > MAX_LINK_NAME:
+        raise BusProtoError("a link writeset names its link and peer site, each at most 64 characters")
+    ticket, after, peer_gid, peer_clock, max_replicated, commit_time, sent_at = _LINK_NUMBERS.unpack(
+        r.take(_LINK_NUMBERS.size))
+    if after >= peer_gid:
+        raise BusProtoError(f"link writeset of peer GID {peer_gid} after {after}: not a range")
+    return LinkWriteset(node, ticket, link, site, after, peer_gid, peer_clock, max_replicated, commit_time, sent_at,
+                        r.blob())
+
+
+def _decode_spooled(b: SpooledBuffer) -> Message:
+    """A large message the bus gathered in a spool file: a writeset message reads its head only
+    and keeps the writeset where it is; another kind (never this large in practice) is read."""
+    r = _R(b[:4 + 0xFFFF + 8])
+    if r.take(1)[0] != VERSION or r.take(1) != MessageType.WRITESET.value:
+        return decode(b[:])
+    origin, ticket = r.s(), r.u64()
+    return WritesetMsg(origin, ticket, b.sub(r.p))  # type: ignore[arg-type]
+
+
+def carries_writesets(b: Union[bytes, SpooledBuffer]) -> bool:
+    """Whether an encoded message is a WritesetMsg or WritesetBatch (its type byte), unread."""
+    return b[1:2] in (MessageType.WRITESET.value, MessageType.WRITESET_BATCH.value)
+
+
+def decode(b: Union[bytes, SpooledBuffer]) -> Message:
+    if isinstance(b, SpooledBuffer):
+        return _decode_spooled(b)
+    r = _R(b)
+    version = r.take(1)[0]
+    if version != VERSION:
+        raise BusProtoError(f"unsupported bus message version {version}")
+    t = r.take(1)
+    m: Message
+    if t == MessageType.WRITESET:
+        origin, items = _decode_writesets(b)
+        return WritesetMsg(origin, *items[0])
+    if t == MessageType.WRITESET_BATCH:
+        origin, items = _decode_writesets(b)
+        return WritesetBatch(origin, tuple(items))
+    if t == MessageType.GID_REQUEST:
+        node, rid, uuid, last_gid, join = r.s(), r.s(), r.s(), r.u64(), r.take(1)
+        if join not in (b"\x00", b"\x01"):
+            raise BusProtoError("GID request join flag is neither 0 nor 1")
+        log_after, log_high = r.u64(), r.u64()
+        m = GidRequest(node, rid, uuid, last_gid, join == b"\x01", _read_epochs(r), log_after, log_high,
+                       _read_records(r))
+    elif t == MessageType.GID_REPLY:
+        node, rid, member, uuid = r.s(), r.s(), r.s(), r.s()
+        gid = r.u64()
+        certified = r.u64()
+        online = tuple((r.s(), r.s()) for _ in range(r.u16()))
+        progress = tuple((r.s(), r.u64()) for _ in range(r.u16()))
+        cert = r.blob()
+        paused = tuple(r.s() for _ in range(r.u16()))
+        compat = r.s()
+        synced = tuple(r.s() for _ in range(r.u16()))
+        epochs, records = _read_epochs(r), _read_records(r)
+        released, n = r.u64(), r.u32()
+        if n > len(b):
+            raise BusProtoError("unstable writeset count exceeds the message length")
+        unstable = tuple((r.u64(), r.u64(), r.s(), r.blob()) for _ in range(n))
+        requests = tuple((r.s(), r.s(), r.s()) for _ in range(r.u16()))
+        m = GidReply(node, rid, member, uuid, gid, certified, online, progress, cert, paused, compat, synced,
+                     epochs, records, released, unstable, requests)
+    elif t == MessageType.BOOTSTRAP:
+        m = Bootstrap(r.s(), r.s(), r.u64(), r.u64())
+    elif t == MessageType.LEAVE:
+        m = Leave(r.s(), r.s())
+    elif t == MessageType.PROGRESS:
+        m = Progress(r.s(), r.u64())
+    elif t == MessageType.RECEIVED:
+        m = Received(r.s(), r.u64())
+    elif t == MessageType.FLOW_CONTROL:
+        m = FlowControl(r.s(), r.take(1) == b"\x01")
+    elif t == MessageType.DDL_RESULT:
+        node, gid, ok = r.s(), r.u64(), r.take(1) == b"\x01"
+        m = DdlResult(node, gid, ok, r.s(), r.blob())
+    elif t == MessageType.SYNC_MARKER:
+        m = SyncMarker(r.s(), r.u64())
+    elif t == MessageType.VOTE:
+        voter, voted, outcome = r.s(), r.u64(), r.take(1)
+        if outcome not in (b"\x00", b"\x01"):
+            raise BusProtoError("vote outcome is neither 0 nor 1")
+        m = Vote(voter, voted, outcome == b"\x01", r.s())
+    elif t == MessageType.LOG_QUERY:
+        m = LogQuery(r.s(), r.s())
+    elif t == MessageType.LOG_INFO:
+        m = LogInfo(r.s(), r.s(), r.s(), r.s(), r.u64(), r.u64(), r.u64(), r.u64())
+    elif t == MessageType.LINK_WRITESET:
+        m = _read_link(r)
+    else:
+        raise BusProtoError(f"unknown bus message type {t!r}")
+    r.end()
+    return m
+
+
+_encode_writesets: Callable[[str, Iterable[tuple[int, bytes]]], bytes] = py_encode_writesets
+_decode_writesets: Callable[[bytes], tuple[str, list[tuple[int, bytes]]]] = py_decode_writesets
