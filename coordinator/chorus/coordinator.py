@@ -40,7 +40,7 @@ from chorus.commit.backends import BackendServer
 from chorus.commit.book import FlowControl
 from chorus.commit.pipeline import CommitPipeline, Hooks, Pending, raw
 from chorus.concurrent import ConcurrentSchemaChanges
-from chorus.config import NodeConfig
+from chorus.config import NodeConfig, link_settings
 from chorus.endpoints import Endpoints
 from chorus.link.proto import LinkError
 from chorus.link.site import SiteLinks
@@ -122,6 +122,7 @@ class Coordinator:
                   connection_lost=self._check_database, fatal=self._fail, backlog_changed=self._flow_check,
                   link_committed=self._link_committed),
             self.spool)
+        self.pipeline.link_settings = {link.name: link_settings(link) for link in cfg.links}
         self.causal = CausalReads(cfg.name, send)
         self.backends = BackendServer(
             cfg.name, self.wslog.max_payload(cfg.name), self.counters, self.pipeline, self.sender, self.causal,

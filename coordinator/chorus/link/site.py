@@ -73,13 +73,18 @@ class NoSql:
 
 def provenance(link: LinkConfig) -> Callable[[LogRecord], Provenance]:
     """What the sender of ``link`` knows of a record: one a link applied here has its link's
-    origin (link/position.py), and is not sent back (its reflection, the clock event passed
-    through, is a later step). Commit times are not in the log: 0 (later)."""
+    origin (link/position.py) and is not sent back; one of this link carries its reflection, the
+    peer's clock value this site had applied when it committed (the link's row it wrote), which
+    the sender passes back so the peer's ``max_replicated`` moves. Commit times are not in the
+    log: 0 (later)."""
     own = lp.origin(link.name)
 
     def facts(record: LogRecord) -> Provenance:
         if record.origin == own:
-            return Provenance(0, applied_from=link.peer_site)
+            row = lp.reflected(bytes(record.payload))
+            if row is None or row.link != link.name:  # committed empty: nothing applied, nothing to reflect
+                return Provenance(0, applied_from=link.peer_site)
+            return Provenance(0, applied_from=link.peer_site, reflection=ClockEvent(link.peer_site, row.peer_clock))
         if lp.is_link_origin(record.origin):
             return Provenance(0, applied_from=record.origin)  # another link's: a third site (chains: later)
         return Provenance(0)
