@@ -378,9 +378,9 @@ CREATE TABLE chorus.link_exceptions (
     link text NOT NULL,
     table_name text NOT NULL,  -- schema.table, quoted as needed
     row_key text NOT NULL,  -- the row's identity, as a person reads it
-    local_site text NOT NULL,
-    local_clock bigint NOT NULL,
-    local_commit_time timestamptz NOT NULL,
+    local_site text,  -- whose change the local version was (NULL: no stamp, a row rejected with its transaction)
+    local_clock bigint,
+    local_commit_time timestamptz,
     local_row jsonb,  -- the local version (NULL: absent); values in their text form
     remote_site text NOT NULL,
     remote_clock bigint NOT NULL,

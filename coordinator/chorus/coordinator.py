@@ -123,6 +123,10 @@ class Coordinator:
                   link_committed=self._link_committed),
             self.spool)
         self.pipeline.link_settings = {link.name: link_settings(link) for link in cfg.links}
+        if any(link.peers for link in cfg.links):
+            # a site that receives a link stamps its rows, each with its own GID (extension/chorus_stamp.c):
+            # one writeset per apply transaction
+            self.pipeline.max_run = 1
         self.causal = CausalReads(cfg.name, send)
         self.backends = BackendServer(
             cfg.name, self.wslog.max_payload(cfg.name), self.counters, self.pipeline, self.sender, self.causal,

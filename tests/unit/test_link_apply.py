@@ -18,7 +18,7 @@ from chorus.config import ChorusConfigError, LinkConfig, load_config
 from chorus.link import position as lp
 from chorus.link.events import ClockEvent, RemoteTransaction
 from chorus.link.proto import LinkError
-from chorus.link.settle import STAMP_SQL, Settings
+from chorus.link.settle import SITE_SQL, STAMP_SQL, Settings
 from chorus.link.site import Inbound, provenance, receiver_node
 from chorus.wire import Key, KeyMode, Row, Table, Writeset
 from chorus.wslog import LogRecord
@@ -401,11 +401,11 @@ def test_the_pipeline_decides_once_and_logs_what_committed(tmp_path: Any) -> Non
 
         async def query(sql: str, params: Any) -> list[tuple[Any, ...]]:
             asked.append(sql)
-            return []  # no stamps: nothing in conflict
+            return [("west",)] if sql == SITE_SQL else []  # no stamps: nothing in conflict
         final = await p._link_final(first, None, query)
-        assert asked == [STAMP_SQL]
+        assert asked == [SITE_SQL, STAMP_SQL]
         assert await p._link_final(first, ("east-west", "east", 5, 6, 0, 0), query) == final  # kept
-        assert asked == [STAMP_SQL]
+        assert asked == [SITE_SQL, STAMP_SQL]
         assert first.link_decision == lp.Decision.APPLY
         p._log_link(first)
         second.skip = True  # voting: it commits empty

@@ -37,7 +37,7 @@ from chorus.nodestatus import Counters
 from chorus.actions import DdlOutcome, LocalVerdict
 from chorus.commit.scheduler import ApplyScheduler, Scheduler
 from chorus.link import position as link_position
-from chorus.link.settle import STAMP_SQL, Settings, Settlement, row_sql
+from chorus.link.settle import SITE_SQL, STAMP_SQL, Settings, Settlement, row_sql
 from chorus.spool import Spool
 from chorus.wslog import LogFeeder
 
@@ -594,6 +594,11 @@ class CommitPipeline:
                 if settings is None:
                     raise ValueError(f"this node has no [[link]] {p.link.link}: every node of the site needs it, "
                                      "with the same conflict settings, to apply the link's writesets")
+                here = await query(SITE_SQL, ())
+                if not here or here[0][0] != settings.site:
+                    raise ValueError(f"chorus.link_site is {here[0][0] if here else None!r} on this node, but link "
+                                     f"{p.link.link} receives for site {settings.site!r}: its local changes are not "
+                                     "stamped as the link's conflict windows need (docs/LINKS.md section 5)")
                 plan = Settlement(p.link, wire.decode(bytes(raw(p.writeset))), current, p.gid, settings)
                 stamps = await query(STAMP_SQL, (plan.stamp_keys(),))
                 values: dict[bytes, Optional[tuple[wire.Value, ...]]] = {}

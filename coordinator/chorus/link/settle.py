@@ -23,7 +23,9 @@ reads is said by :meth:`Settlement.stamp_keys` and :meth:`Settlement.wanted` (th
 
 from __future__ import annotations
 
+import hashlib
 import json
+import struct
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
@@ -55,7 +57,29 @@ EXCEPTIONS_TABLE = wire.Table(
 STAMP_SQL = ("SELECT key, site, clock, (extract(epoch FROM commit_time) * 1000000)::bigint "
              "FROM chorus.link_stamp WHERE key OPERATOR(pg_catalog.=) ANY(%s)")
 
+# the site this node stamps its rows for (extension/chorus_stamp.c), which must be the link's
+SITE_SQL = "SELECT pg_catalog.current_setting('chorus.link_site', true)"
+
 POLICIES = ("latest-commit-wins", "primary-wins")
+STAMP_KEY_BYTES = 16
+_U32 = struct.Struct(">I")
+
+
+def stamp_hash(parts: Sequence[bytes]) -> bytes:
+    """The key of a row's stamp in ``chorus.link_stamp``: the first 16 bytes of the SHA-256 of
+    its certification key's parts, each as u32 length and bytes (as the extension computes it
+    from a writeset's keys, extension/chorus_stamp.c)."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(_U32.pack(len(p)))
+        h.update(p)
+    return h.digest()[:STAMP_KEY_BYTES]
+
+
+def table_stamp_key(table: wire.Table) -> bytes:
+    """The stamp of a whole table (a writeset past chorus.max_row_keys_per_table, or a TRUNCATE,
+    certifies the table instead of its rows, and so stamps it)."""
+    return stamp_hash((wire.name_bytes(table.nspname), wire.name_bytes(table.relname)))
 
 
 class SettleError(ValueError):
@@ -130,10 +154,11 @@ def row_json(table: wire.Table, values: Optional[Sequence[wire.Value]]) -> wire.
 
 
 class _Rows:
-    """conflict.LocalRows over what the shell read."""
+    """conflict.LocalRows over what the shell read: a row's stamp is its own, or its table's
+    when that one is later (a table stamped as a whole)."""
 
     def __init__(self, stamps: Mapping[bytes, Stamp], values: Mapping[bytes, Optional[tuple[wire.Value, ...]]]) -> None:
-        self.stamps = stamps
+        self.stamps = stamps  # by certification key hash (Key.hashed)
         self.rows = values
 
     def stamp(self, key: bytes) -> Optional[Stamp]:
@@ -168,17 +193,33 @@ class Settlement:
         self.window = LinkWindow(settings.site, settings.peer, mr, 0)
         self.txn = RemoteTransaction(step.peer_site, step.peer_gid, step.commit_time, remote)
         self.changes = row_changes(remote)
+        # each row key's stamp key, and its table's
+        self.stamp_of_key = {k.hashed(): (stamp_hash(k.parts), table_stamp_key(t)) for _i, t, _r, k in self.changes}
         self.decisions: Optional[TransactionDecision] = None
         self.local: dict[bytes, Optional[tuple[wire.Value, ...]]] = {}
 
     def stamp_keys(self) -> list[bytes]:
-        """The key hashes whose stamps the decision needs (read with :data:`STAMP_SQL`)."""
-        return sorted({k.hashed() for _i, _t, _r, k in self.changes})
+        """The stamp keys the decision needs (read with :data:`STAMP_SQL`): each row's and its
+        table's."""
+        return sorted({s for pair in self.stamp_of_key.values() for s in pair})
+
+    def _stamps(self, rows: Sequence[Sequence[object]]) -> dict[bytes, Stamp]:
+        """The stamps read, by certification key hash: a row's own or its table's; of two, the
+        later of this site's (clocks of two sites do not compare: this site's counts, erring
+        towards a conflict)."""
+        read = dict(_stamp_of(r) for r in rows)
+        out: dict[bytes, Stamp] = {}
+        for h, (row_key, table_key) in self.stamp_of_key.items():
+            found = [s for s in (read.get(row_key), read.get(table_key)) if s is not None]
+            local = [s for s in found if s.site == self.settings.site]
+            if local or found:
+                out[h] = max(local, key=lambda s: s.clock) if local else found[0]
+        return out
 
     def wanted(self, stamps: Sequence[Sequence[object]]) -> list[tuple[wire.Table, wire.Key, list[str]]]:
         """Given the stamps read, the rows whose current values the decision needs (those in
         conflict): table, key and the parameters of :func:`row_sql`."""
-        found = dict(_stamp_of(r) for r in stamps)
+        found = self._stamps(stamps)
         out: dict[bytes, tuple[wire.Table, wire.Key, list[str]]] = {}
         for _i, table, _row, key in self.changes:
             h = key.hashed()
@@ -191,7 +232,7 @@ class Settlement:
               values: Mapping[bytes, Optional[tuple[wire.Value, ...]]]) -> bytes:
         """The writeset every node commits at ``gid`` (module docstring). ``values``: the rows
         :meth:`wanted` asked for, by key hash (None: absent)."""
-        found = dict(_stamp_of(r) for r in stamps)
+        found = self._stamps(stamps)
         self.local = dict(values)
         (d,) = settle(self.window, [self.txn], _Rows(found, values), self.settings.policy_for,
                       self.settings.detection, self.settings.arbiter)
@@ -211,13 +252,21 @@ class Settlement:
                 continue  # the local version stands, or its transaction is rejected
             out_rows += self._settled(item, ds[0])
         keys = list(self.remote.keys)
+        own = {k for k, _s in (_stamp_of(x) for x in stamps)}
+        stamped: set[bytes] = set()
         for r in d.rows:
             before, after = found.get(r.key), r.stamp_after
             if before is None or after is None or after == before:
                 continue  # no stamp is as good as the peer's; a kept local version keeps its stamp
             st = _table_index(tables, STAMP_TABLE)
-            out_rows.append(wire.Row(wire.OP_UPDATE, st, (_bytea(r.key),), _stamp_values(r.key, after)))
-            keys.append(wire.Key(wire.KeyMode.UPDATE, (b"chorus", b"link_stamp", b"key", _bytea(r.key))))
+            sk = self.stamp_of_key[r.key][0]
+            if sk in stamped:
+                continue
+            stamped.add(sk)
+            # the row's own stamp: updated if it has one, else written (its table's was found)
+            op, old = (wire.OP_UPDATE, (_bytea(sk),)) if sk in own else (wire.OP_INSERT, ())
+            out_rows.append(wire.Row(op, st, old, _stamp_values(sk, after)))
+            keys.append(wire.Key(wire.KeyMode.UPDATE, (b"chorus", b"link_stamp", b"key", _bytea(sk))))
         n = 0
         for r in d.rows:
             if r.in_conflict:
@@ -258,8 +307,9 @@ class Settlement:
         """Row ``n`` of ``chorus.link_exceptions`` for conflict ``r``: both versions, the window,
         why it is in conflict, the policy and the decision, the row left."""
         i, table, row, key = next(c for c in self.changes if c[3].hashed() == r.key)
-        assert r.stamp is not None and r.reason is not None
+        assert r.reason is not None
         mine = self.local.get(r.key)
+        st = r.stamp
         if r.decision is not None:
             decision, policy_name = r.decision.outcome.value, self.settings.policy_for(table).name
         else:
@@ -267,7 +317,8 @@ class Settlement:
         result = r.values if r.applied else mine
         return (b"%d" % self.gid, b"%d" % n, self.step.link.encode("ascii"), table.qualified.encode("utf-8"),
                 key.describe().encode("utf-8"),
-                r.stamp.site.encode("utf-8"), b"%d" % r.stamp.clock, lp.timestamp_text(r.stamp.commit_time),
+                None if st is None else st.site.encode("utf-8"), None if st is None else b"%d" % st.clock,
+                None if st is None else lp.timestamp_text(st.commit_time),
                 row_json(table, mine),
                 self.txn.site.encode("utf-8"), b"%d" % self.txn.clock, lp.timestamp_text(self.txn.commit_time),
                 row_json(table, None if row.op == wire.OP_DELETE else row.new),
