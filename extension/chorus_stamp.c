@@ -24,6 +24,7 @@
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
+#include "utils/snapmgr.h"
 
 #include "chorus_settings.h"
 #include "chorus_stamp.h"
@@ -148,7 +149,14 @@ chorus_stamp_keys(ChorusWsReader *r, uint32 nkeys, uint64 gid)
 	PG_TRY();
 	{
 		Datum		site = CStringGetTextDatum(chorus_link_site);
+		bool		pushed = false;
 
+		/* at PRE_COMMIT on the origin no statement holds a snapshot: take the transaction's */
+		if (!ActiveSnapshotSet())
+		{
+			PushActiveSnapshot(GetTransactionSnapshot());
+			pushed = true;
+		}
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "chorus: SPI_connect failed");
 		if (chorus_stamp_plan == NULL)
@@ -175,6 +183,8 @@ chorus_stamp_keys(ChorusWsReader *r, uint32 nkeys, uint64 gid)
 				elog(ERROR, "chorus: writing a row stamp failed: %s", SPI_result_code_string(rc));
 		}
 		SPI_finish();
+		if (pushed)
+			PopActiveSnapshot();	/* (after an error, the abort drops it) */
 	}
 	PG_FINALLY();
 	{

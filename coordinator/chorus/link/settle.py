@@ -34,7 +34,7 @@ from chorus.bus.proto import LinkWriteset
 from chorus.link import position as lp
 from chorus.link.clock import LinkWindow
 from chorus.link.conflict import Detection, Reason, RowDecision, TransactionDecision, row_changes, settle
-from chorus.link.events import RemoteTransaction, SiteId, Stamp
+from chorus.link.events import RemoteTransaction, SiteId, Stamp, key_text
 from chorus.link.policy import LatestCommitWins, Policy, PrimaryWins
 
 STAMP_TABLE = wire.Table(
@@ -135,13 +135,16 @@ def _stamp_of(row: Sequence[object]) -> tuple[bytes, Stamp]:
     return bytes(key), Stamp(str(site), int(clock), int(at))  # type: ignore[call-overload]
 
 
-def _text(v: wire.Value) -> Optional[str]:
+def _text(c: wire.Column, v: wire.Value) -> Optional[str]:
     if v is None:
         return None
     if isinstance(v, wire.Unchanged):
         return "(unchanged)"
     if isinstance(v, wire.Binary):
-        return "\\x" + bytes(v).hex()
+        try:
+            return key_text(c, v).decode("ascii")
+        except ValueError:  # a binary form without a text of ours here: its bytes
+            return "\\x" + bytes(v).hex()
     return bytes(v).decode("utf-8", "replace")
 
 
@@ -149,7 +152,7 @@ def row_json(table: wire.Table, values: Optional[Sequence[wire.Value]]) -> wire.
     """A row as a jsonb value (text form): column name to the value's text, or NULL."""
     if values is None:
         return None
-    return json.dumps({c.name: _text(v) for c, v in zip(table.columns, values)}, ensure_ascii=False,
+    return json.dumps({c.name: _text(c, v) for c, v in zip(table.columns, values)}, ensure_ascii=False,
                       separators=(",", ":")).encode("utf-8")
 
 
