@@ -338,8 +338,8 @@ def test_a_table_policy_overrides_the_links() -> None:
 def test_binary_key_values_meet_their_text_stamps() -> None:
     """An int4 key travels in its binary send form in the rows and as text in the keys (and so
     in the stamps the extension writes): the apply matches them."""
-    tb = wire.Table("app", "items", (wire.Column("id", "int4"), wire.Column("v", "text"), wire.Column("n", "int4")),
-                    (0,))
+    tb = wire.Table("app", "items", (wire.Column("id", "integer"), wire.Column("v", "text"),
+                                     wire.Column("n", "integer")), (0,))
 
     def upd(k: int, v: str) -> wire.Writeset:
         kb = wire.Binary(k.to_bytes(4, "big"))
@@ -360,6 +360,15 @@ def test_binary_key_values_meet_their_text_stamps() -> None:
     assert [c[:2] for c in b.conflicts()] == [('"app"."items" (id)=(7)', "row")]
     assert a.value("7") == b.value("7") == b"B"
     assert b'"id":"7"' in bytes(a.exceptions[0][8] or b"")  # the local row, its key as text
+
+
+@pytest.mark.parametrize("typname, raw, text", [
+    ("integer", b"\xff\xff\xff\xfe", b"-2"), ("int8", (2**40).to_bytes(8, "big"), b"1099511627776"),
+    ("smallint", b"\x00\x07", b"7"), ("oid", b"\xff\xff\xff\xff", b"4294967295"), ("boolean", b"\x01", b"t"),
+])
+def test_binary_key_values_as_text(typname: str, raw: bytes, text: bytes) -> None:
+    assert key_text(wire.Column("k", typname), wire.Binary(raw)) == text
+    assert key_text(wire.Column("k", typname), text) == text  # text stays
 
 
 def test_a_key_of_a_binary_type_without_a_text_here_is_refused_clearly() -> None:

@@ -70,7 +70,8 @@ class Version:
         return (self.commit_time, self.site, self.clock)
 
 
-_INTS = {"int2": 2, "int4": 4, "int8": 8, "oid": 4}
+# a key column's type as the writeset names it (format_type's name, or the catalog's)
+_INTS = {"int2": 2, "smallint": 2, "int4": 4, "integer": 4, "int8": 8, "bigint": 8, "oid": 4}
 
 
 def key_text(column: wire.Column, value: bytes) -> bytes:
@@ -84,14 +85,14 @@ def key_text(column: wire.Column, value: bytes) -> bytes:
     size = _INTS.get(column.typname)
     if size is not None and len(raw) == size:
         return b"%d" % int.from_bytes(raw, "big", signed=column.typname != "oid")
-    if column.typname == "bool" and len(raw) == 1:
+    if column.typname in ("bool", "boolean") and len(raw) == 1:
         return b"t" if raw[0] else b"f"
     if column.typname == "uuid" and len(raw) == 16:
         h = raw.hex()
         return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}".encode("ascii")
     raise ValueError(f"key column {column.name} of type {column.typname} comes in binary form: its rows cannot be "
-                     "matched with their stamps (link conflict detection takes keys of int2, int4, int8, oid, bool, "
-                     "uuid and types sent as text)")
+                     "matched with their stamps (link conflict detection takes keys of smallint, integer, bigint, oid, "
+                     "boolean, uuid and types sent as text)")
 
 
 def row_key(table: wire.Table, row: wire.Row, new: bool = False) -> wire.Key:
