@@ -123,9 +123,10 @@ class Coordinator:
                   link_committed=self._link_committed),
             self.spool)
         self.pipeline.link_settings = {link.name: link_settings(link) for link in cfg.links}
-        if any(link.peers for link in cfg.links):
-            # a site that receives a link stamps its rows, each with its own GID (extension/chorus_stamp.c):
-            # one writeset per apply transaction
+        # a site that receives a link stamps its rows, each with its own GID (extension/chorus_stamp.c):
+        # one writeset per apply transaction, in the pipeline and in catch-up
+        self.stamps_rows = any(link.peers for link in cfg.links)
+        if self.stamps_rows:
             self.pipeline.max_run = 1
         self.causal = CausalReads(cfg.name, send)
         self.backends = BackendServer(
@@ -179,8 +180,9 @@ class Coordinator:
             records=dict(self.state.records),
             holding=self._holding,
         )
+        batch = 1 if self.stamps_rows else self.cfg.catchup_batch
         self.catchup = CatchUpRunner(self.cfg.name, r, self.pipeline, self.feeder, self.keys,
-                                     self.cfg.recovery_partners, self.cfg.catchup_batch, self.sender.send,
+                                     self.cfg.recovery_partners, batch, self.sender.send,
                                      self._act, self.stopping, lambda: self.fatal is not None, self.spool)
         self._servers.append(await _unix_server(
             self.cfg.socket_path, lambda p: loop.create_unix_server(self.backends.protocol, path=p)))

@@ -15,29 +15,24 @@ pid); the relays are threads of this process. Every wait is bounded."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Iterator
 
-import psycopg
 import pytest
 
-from chorus.recovery import generate_keys
 from chorus.testkit.localcluster import LocalCluster
+
+from linksites import LISTEN_OFFSET, TABLE, Site, link_keys, link_table, print_logs, remove, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 BASE = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 200
 EAST_PORT, WEST_PORT = BASE, BASE + 2  # east: one node; west: two
-LISTEN_OFFSET = 3000  # a node's link sender: its PostgreSQL port plus this
 RELAY_OFFSET = 4000  # the relay in front of a site's sender
-WAIT_S = 90.0
-
-TABLE = "CREATE TABLE app.items (id int PRIMARY KEY, v text, n int)"
 
 
 class Relay:
@@ -111,44 +106,6 @@ class Relay:
         self.server.close()
 
 
-class Site:
-    def __init__(self, name: str, cluster: LocalCluster, info: list[dict[str, Any]]) -> None:
-        self.name = name
-        self.cluster = cluster
-        self.dsns = [n["dsn"] for n in info]
-
-    def connect(self, i: int = 0) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.dsns[i], autocommit=True, connect_timeout=10)
-
-    def rows(self, i: int, query: str = "SELECT id, v, n FROM app.items ORDER BY id") -> list[tuple[Any, ...]]:
-        with self.connect(i) as c:
-            return c.execute(query).fetchall()
-
-    def exceptions(self, i: int) -> list[tuple[Any, ...]]:
-        return self.rows(i, "SELECT row_key, local_site, remote_site, detection, policy, decision, "
-                            "local_row->>'v', remote_row->>'v', result_row->>'v', local_clock, remote_clock, "
-                            "max_replicated FROM chorus.link_exceptions ORDER BY gid, n")
-
-    def stamps(self, i: int) -> list[tuple[Any, ...]]:
-        return self.rows(i, "SELECT key, site, clock FROM chorus.link_stamp ORDER BY key")
-
-    def nodes(self) -> range:
-        return range(len(self.dsns))
-
-
-def _wait(what: str, ok: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            if ok():
-                return
-        except psycopg.Error as e:  # a node restarting
-            last = e
-        time.sleep(0.3)
-    pytest.fail(f"{what}: not within {timeout:.0f} s (last error: {last})")
-
-
 def _alike(east: Site, west: Site) -> Callable[[], bool]:
     def ok() -> bool:
         want = east.rows(0)
@@ -160,26 +117,15 @@ def _alike(east: Site, west: Site) -> Callable[[], bool]:
 def sites() -> Iterator[tuple[Site, Site, list[Relay]]]:
     east_dir = Path(tempfile.mkdtemp(prefix="chorus-ce-", dir="/tmp"))
     west_dir = Path(tempfile.mkdtemp(prefix="chorus-cw-", dir="/tmp"))
-    for d in (east_dir, west_dir):
-        os.chmod(d, 0o755)
-        generate_keys(str(d / "keys"))
-    secret = os.urandom(32).hex() + "\n"
-    for d, peer in ((east_dir, west_dir), (west_dir, east_dir)):
-        (d / "keys" / "link.secret").write_text(secret)
-        shutil.copy(peer / "keys" / "cluster.crt", d / "keys" / "peer.crt")
-        for f in ("link.secret", "peer.crt"):
-            os.chmod(d / "keys" / f, 0o600)
+    link_keys(east_dir, west_dir)
     # east's receiver reaches west's first sender through one relay, west's receiver east's
     # sender through the other
     relays = [Relay(WEST_PORT + RELAY_OFFSET, WEST_PORT + LISTEN_OFFSET),
               Relay(EAST_PORT + RELAY_OFFSET, EAST_PORT + LISTEN_OFFSET)]
 
-    def link(d: Path, site: str, peer: str, peer_port: int) -> dict[str, Any]:
-        keys = d / "keys"
-        return {"name": "east-west", "site": site, "peer_site": peer, "tls_cert": str(keys / "cluster.crt"),
-                "tls_key": str(keys / "cluster.key"), "peer_cert": str(keys / "peer.crt"),
-                "secret_file": str(keys / "link.secret"), "listen_offset": LISTEN_OFFSET,
-                "peers": [f"127.0.0.1:{peer_port + RELAY_OFFSET}"], "window": 8}
+    def link(d: Path, site: str, peer: str, peer_port: int) -> dict[str, object]:
+        return link_table(d, site, peer, listen_offset=LISTEN_OFFSET,
+                          peers=[f"127.0.0.1:{peer_port + RELAY_OFFSET}"], window=8)
 
     east = LocalCluster(str(east_dir))
     west = LocalCluster(str(west_dir))
@@ -193,46 +139,35 @@ def sites() -> Iterator[tuple[Site, Site, list[Relay]]]:
     finally:
         for r in relays:
             r.close()
-        for d in (east_dir, west_dir):
-            for log in sorted((d / "nodes").glob("*/coordinator.log")):
-                with open(log, errors="replace") as f:
-                    tail = f.readlines()[-30:]
-                print(f"\n--- the last lines of {log}\n" + "".join(tail))
+        print_logs(east_dir, west_dir)
         for c in reversed(started):  # west first: east's Corosync may be the one both use
             c.down()
-        if not os.environ.get("CHORUS_KEEP_TEST_DIR"):
-            for d in (east_dir, west_dir):
-                shutil.rmtree(d, ignore_errors=True)
-
-
-def _sql(site: Site, statement: str, i: int = 0, params: Optional[tuple[Any, ...]] = None) -> None:
-    with site.connect(i) as c:
-        c.execute(statement, params)
+        remove(east_dir, west_dir)
 
 
 def test_concurrent_updates_are_detected_settled_alike_and_recorded(sites: tuple[Site, Site, list[Relay]]) -> None:
     east, west, relays = sites
     for site in (east, west):  # links carry no schema change: each site makes the table
-        _sql(site, "CREATE SCHEMA app")
-        _sql(site, TABLE)
+        site.sql("CREATE SCHEMA app")
+        site.sql(TABLE)
     # rows made on east reach west; west's changes of them, made after they arrived, reach east
     for i in range(1, 5):
-        _sql(east, "INSERT INTO app.items VALUES (%s, 'east', 0)", params=(i,))
-    _wait("east's rows on west", _alike(east, west))
-    _sql(west, "UPDATE app.items SET v = 'west after east', n = 1 WHERE id = 1", i=1)
-    _wait("west's change on east", lambda: (1, "west after east", 1) in east.rows(0))
-    _sql(east, "UPDATE app.items SET v = 'east after west', n = 2 WHERE id = 1")
-    _wait("east's change on west", _alike(east, west))
+        east.sql("INSERT INTO app.items VALUES (%s, 'east', 0)", (i,))
+    wait("east's rows on west", _alike(east, west))
+    west.sql("UPDATE app.items SET v = 'west after east', n = 1 WHERE id = 1", i=1)
+    wait("west's change on east", lambda: (1, "west after east", 1) in east.rows(0))
+    east.sql("UPDATE app.items SET v = 'east after west', n = 2 WHERE id = 1")
+    wait("east's change on west", _alike(east, west))
     # not concurrent: nothing flagged anywhere
     assert east.exceptions(0) == [] and all(west.exceptions(i) == [] for i in west.nodes())
 
     # the link cut both ways: one row changed on both sites, two others each on one
     for r in relays:
         r.cut()
-    _sql(east, "UPDATE app.items SET v = 'east, concurrent', n = 3 WHERE id = 2")
-    _sql(west, "UPDATE app.items SET v = 'west, concurrent', n = 4 WHERE id = 2", i=1)
-    _sql(east, "UPDATE app.items SET v = 'east alone' WHERE id = 3")
-    _sql(west, "UPDATE app.items SET v = 'west alone' WHERE id = 4", i=0)
+    east.sql("UPDATE app.items SET v = 'east, concurrent', n = 3 WHERE id = 2")
+    west.sql("UPDATE app.items SET v = 'west, concurrent', n = 4 WHERE id = 2", i=1)
+    east.sql("UPDATE app.items SET v = 'east alone' WHERE id = 3")
+    west.sql("UPDATE app.items SET v = 'west alone' WHERE id = 4", i=0)
     time.sleep(1.0)
     for r in relays:
         r.restore()
@@ -241,12 +176,12 @@ def test_concurrent_updates_are_detected_settled_alike_and_recorded(sites: tuple
         return (_alike(east, west)() and len(east.exceptions(0)) == 1
                 and all(len(west.exceptions(i)) == 1 for i in west.nodes()))
     try:
-        _wait("the conflict settled on every node", settled, timeout=120)
-    finally:
-        for site in (east, west):
+        wait("the conflict settled on every node", settled, timeout=120)
+    except BaseException:
+        for site in (east, west):  # what each node holds, for the failure's report
             for i in site.nodes():
-                print(site.name, i, site.rows(i), site.exceptions(i),
-                      site.rows(i, "SELECT * FROM chorus.link_position"), site.stamps(i))
+                print(site.name, i, site.rows(i), site.exceptions(i), site.position(i), site.stamps(i))
+        raise
     rows = east.rows(0)
     # latest-commit-wins, equal commit times: the site that sorts last (west) wins, on both sites
     assert (2, "west, concurrent", 4) in rows
@@ -262,11 +197,11 @@ def test_concurrent_updates_are_detected_settled_alike_and_recorded(sites: tuple
         assert x[9] >= x[11]
     # every node of west recorded the same, and holds the same stamps
     assert west.exceptions(0) == west.exceptions(1)
-    _wait("west's stamps alike on both nodes", lambda: west.stamps(0) == west.stamps(1))
+    wait("west's stamps alike on both nodes", lambda: west.stamps(0) == west.stamps(1))
     assert west.stamps(0)  # west's own changes are stamped
 
     # after the conflict, changes go on without being flagged
-    _sql(east, "UPDATE app.items SET n = 10 WHERE id = 2")
-    _wait("east's later change on west", lambda: all((2, "west, concurrent", 10) in west.rows(i)
+    east.sql("UPDATE app.items SET n = 10 WHERE id = 2")
+    wait("east's later change on west", lambda: all((2, "west, concurrent", 10) in west.rows(i)
                                                       for i in west.nodes()))
     assert len(east.exceptions(0)) == 1 and all(len(west.exceptions(i)) == 1 for i in west.nodes())
