@@ -72,10 +72,13 @@ class SiteSim:
         self.link = LinkConfig(LINK, name, peer, "c", "k", "pc", "s", listen="h:1", peers=("h:2",), **conflict)
         self.settings = link_settings(self.link)
         self.sent: list[bp.LinkWriteset] = []
-        self.inbound = Inbound("n1", self.link, self.sent.append, self._read, window=1000,
-                               wall=lambda: T0 / 1e6)
+        self.inbound = Inbound("n1", self.link, self._send, self._read, window=1000, wall=lambda: T0 / 1e6)
         self.outbound: Optional[Outbound] = None  # this site's sender, to the peer
         self.decisions: list[Settlement] = []
+
+    def _send(self, msg: bp.Message) -> None:
+        assert isinstance(msg, bp.LinkWriteset)
+        self.sent.append(msg)
 
     async def _read(self) -> Optional[lp.PositionRow]:
         return lp.PositionRow.of(self.position)
@@ -97,8 +100,8 @@ class SiteSim:
             elif t == EXCEPTIONS_TABLE:
                 self.exceptions.append(item.new)
             elif t == lp.POSITION_TABLE:
-                v = item.new
-                self.position = (v[0].decode(), v[1].decode(), int(v[2]), int(v[3]), int(v[4]), 0)  # type: ignore[union-attr]
+                v = [bytes(x or b"") for x in item.new]
+                self.position = (v[0].decode(), v[1].decode(), int(v[2]), int(v[3]), int(v[4]), 0)
 
     def commit(self, ws: wire.Writeset) -> int:
         """A local transaction: its GID, its rows, its stamps (every non-reference key)."""
@@ -278,7 +281,8 @@ def test_every_node_commits_the_same_bytes() -> None:
     a.commit(update("x", "A"))
     b.commit(update("x", "B"))
     msgs: list[bp.LinkWriteset] = []
-    inbound = Inbound("n1", b.link, msgs.append, b._read, window=1000, wall=lambda: T0 / 1e6)
+    inbound = Inbound("n1", b.link, lambda m: msgs.append(m) if isinstance(m, bp.LinkWriteset) else None, b._read,
+                      window=1000, wall=lambda: T0 / 1e6)
 
     async def go() -> None:
         await inbound.position()
