@@ -263,14 +263,21 @@ def test_epoch_trans_rejects_the_whole_transaction_on_the_primary() -> None:
     a, b = sites(policy="primary-wins", primary="A", detection="transaction")
     a.commit(update("x", "A"))
     both = wire.Writeset(1, 1, 0, (T,), (wire.Row("U", 0, (b"x",), (b"x", b"B", b"0")),
-                                         wire.Row("I", 0, (), (b"z", b"B", b"0"))),
-                         (key("x"), key("z", wire.KeyMode.EXCLUSIVE)))
+                                         wire.Row("I", 0, (), (b"z", b"B", b"0")),
+                                         wire.Row("U", 0, (b"y",), (b"y", b"B", b"0"))),
+                         (key("x"), key("z", wire.KeyMode.EXCLUSIVE), key("y")))
     b.commit(both)
     exchange(a, b)
     assert sorted(a.conflicts()) == [('"app"."items" (id)=(x)', "row", "kept-local"),
+                                     ('"app"."items" (id)=(y)', "transaction", "rejected"),
                                      ('"app"."items" (id)=(z)', "transaction", "rejected")]
+    assert a.value("y") == b"start" and b.value("y") == b"B"
     assert a.value("x") == b.value("x") == b"A"
     assert a.value("z") is None and b.value("z") == b"B"  # realignment of z (the arbiter's) is not built yet
+    y = next(e for e in a.exceptions if b"(y)" in bytes(e[4] or b""))
+    assert b'"v":"start"' in bytes(y[8] or b"") and b'"v":"start"' in bytes(y[17] or b"")  # local row, result
+    z = next(e for e in a.exceptions if b"(z)" in bytes(e[4] or b""))
+    assert z[5] is None and z[8] is None  # no stamp, no local row: the local version is absent
 
 
 def test_every_node_commits_the_same_bytes() -> None:

@@ -223,10 +223,12 @@ class Settlement:
         """Given the stamps read, the rows whose current values the decision needs (those in
         conflict): table, key and the parameters of :func:`row_sql`."""
         found = self._stamps(stamps)
+        conflict = any(self.window.in_conflict(found.get(k.hashed())) for _i, _t, _r, k in self.changes)
+        whole = conflict and self.settings.detection == Detection.TRANSACTION  # its exceptions show every row
         out: dict[bytes, tuple[wire.Table, wire.Key, list[str]]] = {}
         for _i, table, _row, key in self.changes:
             h = key.hashed()
-            if h not in out and self.window.in_conflict(found.get(h)):
+            if h not in out and (whole or self.window.in_conflict(found.get(h))):
                 params = [p.decode("utf-8", "surrogateescape") for p in key.parts[3:]]
                 out[h] = (table, key, params)
         return list(out.values())
