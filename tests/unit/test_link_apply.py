@@ -37,7 +37,7 @@ def step(after: int = 0, peer_gid: int = 5, **kw: Any) -> bp.LinkWriteset:
     values: dict[str, Any] = dict(node="n1", ticket=1, link="east-west", peer_site="east", after=after,
                                   peer_gid=peer_gid, peer_clock=peer_gid + 1, max_replicated=0,
                                   commit_time=1_700_000_000_000_000, sent_at=1_700_000_000_123_456,
-                                  writeset=wire.encode(remote()))
+                                  writeset=wire.encode(remote()), settings=Settings("west", "east").fingerprint)
     values.update(kw)
     return bp.LinkWriteset(**values)
 

@@ -385,3 +385,29 @@ def test_binary_key_values_as_text(typname: str, raw: bytes, text: bytes) -> Non
 def test_a_key_of_a_binary_type_without_a_text_here_is_refused_clearly() -> None:
     with pytest.raises(ValueError, match="of type numeric comes in binary form"):
         key_text(wire.Column("id", "numeric"), wire.Binary(b"\x00\x01"))
+
+
+def test_a_node_whose_settings_differ_from_the_receivers_does_not_decide() -> None:
+    """The receiver's settings travel as a fingerprint in each link writeset: a node configured
+    otherwise fails the apply (inconsistency voting then settles which nodes stay) rather than
+    settle conflicts differently from the others."""
+    a, b = sites()
+    other = SiteSim("B", "A", policy="primary-wins", primary="A")
+    assert other.settings.fingerprint != b.settings.fingerprint
+    a.commit(update("x", "A"))
+    msgs: list[bp.LinkWriteset] = []
+    inbound = Inbound("n1", b.link, lambda m: msgs.append(m) if isinstance(m, bp.LinkWriteset) else None, b._read,
+                      window=1000, wall=lambda: T0 / 1e6)
+
+    async def go() -> None:
+        await inbound.position()
+        for f in a.serve(a.gid):
+            if isinstance(f, Record):
+                await inbound.sink(RemoteTransaction(f.site, f.gid, f.commit_time, wire.decode(f.writeset)))
+    asyncio.run(go())
+    (m,) = msgs
+    assert m.settings == b.settings.fingerprint
+    other.position = b.position
+    with pytest.raises(SettleError, match="differ from those of node n1"):
+        other.apply_link(m)
+    assert b.apply_link(m) == lp.Decision.APPLY

@@ -97,7 +97,9 @@ class LinkWriteset:
     ``max_replicated`` are the link's window as the receiver saw it with this transaction;
     ``commit_time`` the peer's commit time and ``sent_at`` the receiver's wall clock when it sent
     it on (both µs since the Unix epoch; ``sent_at`` is what ``link_position.updated_at`` says,
-    the same on every node). ``ticket`` is the receiver's own, to recognize it when delivered."""
+    the same on every node). ``ticket`` is the receiver's own, to recognize it when delivered.
+    ``settings`` is the fingerprint of the receiving node's conflict settings for the link
+    (link/settle.py ``Settings.fingerprint``): a node whose own differ does not decide with them."""
 
     node: str
     ticket: int
@@ -110,6 +112,7 @@ class LinkWriteset:
     commit_time: int
     sent_at: int
     writeset: bytes
+    settings: str = ""
 
 
 EpochT = tuple[int, int, str]  # history.Epoch: number, start GID, the node that opened it
@@ -373,7 +376,7 @@ def encode(m: Message) -> bytes:
             raise BusProtoError("a link writeset names its link and peer site, each at most 64 characters")
         return (head + MessageType.LINK_WRITESET.value + _s(m.node) + _s(m.link) + _s(m.peer_site)
                 + _LINK_NUMBERS.pack(m.ticket, m.after, m.peer_gid, m.peer_clock, m.max_replicated, m.commit_time,
-                                     m.sent_at) + _blob(m.writeset))
+                                     m.sent_at) + _s(m.settings[:MAX_LINK_NAME]) + _blob(m.writeset))
     raise TypeError(f"not a bus message: {m!r}")
 
 
@@ -414,8 +417,11 @@ def _read_link(r: "_R") -> LinkWriteset:
         r.take(_LINK_NUMBERS.size))
     if after >= peer_gid:
         raise BusProtoError(f"link writeset of peer GID {peer_gid} after {after}: not a range")
+    settings = r.s()
+    if len(settings) > MAX_LINK_NAME:
+        raise BusProtoError("a link writeset's settings fingerprint is at most 64 characters")
     return LinkWriteset(node, ticket, link, site, after, peer_gid, peer_clock, max_replicated, commit_time, sent_at,
-                        r.blob())
+                        r.blob(), settings)
 
 
 def _decode_spooled(b: SpooledBuffer) -> Message:

@@ -108,6 +108,14 @@ class Settings:
                 raise SettleError(f"policy primary-wins needs primary = {self.site!r} or {self.peer!r}")
 
     @property
+    def fingerprint(self) -> str:
+        """What every node compares before deciding with these settings (the receiver's travel
+        in each link writeset): 32 hex digits of a hash of all of them."""
+        text = json.dumps([self.site, self.peer, self.policy, self.primary, self.detection.value,
+                           sorted(self.table_policy.items())])
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+    @property
     def arbiter(self) -> SiteId:
         """The site that settles for both (docs/LINKS.md section 7): the primary, else the site
         whose name sorts first."""
@@ -187,6 +195,10 @@ class Settlement:
         if settings.peer != step.peer_site:
             raise SettleError(f"link {step.link} is configured with peer site {settings.peer}, "
                               f"its writeset came from {step.peer_site}")
+        if step.settings != settings.fingerprint:
+            raise SettleError(f"link {step.link}: this node's conflict settings ([[link]] site, peer_site, policy, "
+                              f"primary, detection, table_policy) differ from those of node {step.node}, which "
+                              "received it: every node of a site needs the same")
         self.step = step
         self.remote = remote
         self.current = current

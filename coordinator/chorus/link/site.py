@@ -33,7 +33,7 @@ from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from chorus import wire
 from chorus.bus import proto as bp
-from chorus.config import LinkConfig
+from chorus.config import LinkConfig, link_settings
 from chorus.link import position as lp
 from chorus.link.events import ClockEvent, RemoteTransaction, StreamItem
 from chorus.link.proto import LinkEnd, LinkError, LinkKeys, Position
@@ -130,6 +130,7 @@ class Inbound:
         self._ticket = secrets.randbits(62)  # tickets of an earlier run of this node are not taken for these
         self.sent = 0
         self.applied = 0
+        self.settings = link_settings(link).fingerprint  # (every node compares it with its own)
 
     async def position(self) -> Position:
         """Where the link resumes: its committed row, once what is in flight has an outcome."""
@@ -161,7 +162,7 @@ class Inbound:
         self.peer_clock = max(self.peer_clock, item.clock + 1)
         msg = bp.LinkWriteset(self.node, self._ticket, self.link.name, self.link.peer_site, self.after, item.clock,
                               self.peer_clock, self.max_replicated, item.commit_time, int(self.wall() * 1e6),
-                              ws.raw or wire.encode(ws))
+                              ws.raw or wire.encode(ws), self.settings)
         self.after = item.clock
         self.flights[msg.ticket] = _Flight(msg, time.monotonic())
         self.sent += 1
