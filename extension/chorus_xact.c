@@ -54,7 +54,8 @@ chorus_stamp_local(ChorusCapture *cap, uint64 gid)
 {
 	ChorusWsReader r;
 
-	if (!chorus_stamping() || cap->nkeys == 0)
+	/* a writeset with a schema change is not stamped (as its apply does not: chorus_apply.c) */
+	if (!chorus_stamping() || cap->nkeys == 0 || cap->has_schema)
 		return;
 	memset(&r, 0, sizeof(r));
 	r.buf = cap->keys.data;
