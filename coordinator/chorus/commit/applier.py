@@ -203,7 +203,9 @@ class ApplySession:
                 row = await cur.fetchone()
                 try:
                     data = await final(row, query)
-                except ValueError as e:  # settings that cannot decide it: the same on every node alike
+                except psycopg.Error:
+                    raise
+                except Exception as e:  # what cannot be decided here (settings, a key type): said, not retried
                     await self._rollback()
                     raise ApplyError(f"GID {gid}: link {link}: {e}") from e
             await conn.execute("SELECT chorus.apply_writeset(%s, %s, %s, %s)", (gid, wait_for, data, prev))

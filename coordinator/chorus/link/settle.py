@@ -165,8 +165,8 @@ def row_json(table: wire.Table, values: Optional[Sequence[wire.Value]]) -> wire.
 
 
 class _Rows:
-    """conflict.LocalRows over what the shell read: a row's stamp is its own, or its table's
-    when that one is later (a table stamped as a whole)."""
+    """conflict.LocalRows over what the shell read (the stamps as :meth:`Settlement._stamps`
+    chose them, the rows in conflict)."""
 
     def __init__(self, stamps: Mapping[bytes, Stamp], values: Mapping[bytes, Optional[tuple[wire.Value, ...]]]) -> None:
         self.stamps = stamps  # by certification key hash (Key.hashed)
