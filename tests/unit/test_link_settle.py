@@ -280,13 +280,8 @@ def test_epoch_trans_rejects_the_whole_transaction_on_the_primary() -> None:
     assert z[5] is None and z[8] is None  # no stamp, no local row: the local version is absent
 
 
-def test_every_node_commits_the_same_bytes() -> None:
-    """The decision depends only on the link writeset and the state as of its GID: two nodes
-    of a site with the same state decide the same writeset, byte for byte."""
-    a, b = sites()
-    twin = SiteSim("B", "A")
-    a.commit(update("x", "A"))
-    b.commit(update("x", "B"))
+def sent_on(a: SiteSim, b: SiteSim) -> list[bp.LinkWriteset]:
+    """The link writesets b's receiver sends on for what a's sender has, not applied yet."""
     msgs: list[bp.LinkWriteset] = []
     inbound = Inbound("n1", b.link, lambda m: msgs.append(m) if isinstance(m, bp.LinkWriteset) else None, b._read,
                       window=1000, wall=lambda: T0 / 1e6)
@@ -297,6 +292,17 @@ def test_every_node_commits_the_same_bytes() -> None:
             if isinstance(f, Record):
                 await inbound.sink(RemoteTransaction(f.site, f.gid, f.commit_time, wire.decode(f.writeset)))
     asyncio.run(go())
+    return msgs
+
+
+def test_every_node_commits_the_same_bytes() -> None:
+    """The decision depends only on the link writeset and the state as of its GID: two nodes
+    of a site with the same state decide the same writeset, byte for byte."""
+    a, b = sites()
+    twin = SiteSim("B", "A")
+    a.commit(update("x", "A"))
+    b.commit(update("x", "B"))
+    msgs = sent_on(a, b)
     for attr in ("gid", "rows", "stamps", "position"):
         setattr(twin, attr, dict(getattr(b, attr)) if isinstance(getattr(b, attr), dict) else getattr(b, attr))
     twin.log = []
@@ -395,16 +401,7 @@ def test_a_node_whose_settings_differ_from_the_receivers_does_not_decide() -> No
     other = SiteSim("B", "A", policy="primary-wins", primary="A")
     assert other.settings.fingerprint != b.settings.fingerprint
     a.commit(update("x", "A"))
-    msgs: list[bp.LinkWriteset] = []
-    inbound = Inbound("n1", b.link, lambda m: msgs.append(m) if isinstance(m, bp.LinkWriteset) else None, b._read,
-                      window=1000, wall=lambda: T0 / 1e6)
-
-    async def go() -> None:
-        await inbound.position()
-        for f in a.serve(a.gid):
-            if isinstance(f, Record):
-                await inbound.sink(RemoteTransaction(f.site, f.gid, f.commit_time, wire.decode(f.writeset)))
-    asyncio.run(go())
+    msgs = sent_on(a, b)
     (m,) = msgs
     assert m.settings == b.settings.fingerprint
     other.position = b.position
