@@ -40,6 +40,7 @@
 #include "chorus_capture.h"
 #include "chorus_commit.h"
 #include "chorus_shmem.h"
+#include "chorus_stamp.h"
 #include "chorus_values.h"
 #include "chorus_wire.h"
 #include "chorus_wsread.h"
@@ -664,6 +665,9 @@ chorus_apply_rows(const char *buf, size_t len, int64 gid)
 	apply_rows_end(&ex, &user);
 	if (spi)
 		SPI_finish();
+	/* the keys follow the items: a site with links stamps the rows with this GID */
+	if (!(flags & CHORUS_WS_FLAG_DDL))
+		chorus_stamp_keys(&r, h.nkeys, (uint64) gid);
 	chorus_canonical_exit(nest);
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(cxt);
@@ -779,6 +783,7 @@ chorus_apply_run(PG_FUNCTION_ARGS)
 	int			more;
 	uint64		committed;
 	int64		applied = 0;
+	int			nws = 0;
 
 	chorus_apply_begin_commit(chorus_commit_state(), chorus_capture_state()->nrows > 0, gid, wait_for, -1);
 	LWLockAcquire(chorus_shared->lock, LW_SHARED);
@@ -792,7 +797,14 @@ chorus_apply_run(PG_FUNCTION_ARGS)
 						errhint("The coordinator applies the rest of the run.")));
 	chorus_wsr_run_open(&r, VARDATA_ANY(run), VARSIZE_ANY_EXHDR(run));
 	while ((more = chorus_wsr_run_next(&r, &ws, &len)) > 0)
+	{
+		/* a run commits its writesets under its last GID: each row stamp needs its own */
+		if (++nws > 1 && chorus_stamping())
+			ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+							errmsg("chorus: a run of writesets is not applied where chorus.link_site is set"),
+							errhint("The coordinator applies one writeset at a time on a site with links.")));
 		applied += chorus_apply_rows(ws, len, gid);
+	}
 	if (more < 0)
 		apply_refuse(&r, NULL, NULL);
 	PG_RETURN_INT64(applied);

@@ -26,6 +26,7 @@ bool		chorus_replicate_ddl = true;
 bool		chorus_replicate_roles = true;
 int			chorus_node_number = 0;
 int			chorus_max_nodes = 16;
+char	   *chorus_link_site = NULL;
 
 /*
  * chorus_define_settings
@@ -98,5 +99,9 @@ chorus_define_settings(void)
 							"Sequences step by this many values so each node draws its own residue class.",
 							"Must be the same on every node; see docs/DDL.md to change it.",
 							&chorus_max_nodes, 16, 1, 1024, PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("chorus.link_site",
+							   "This site's name in its links to other sites: set, every committed change of a replicated row records its GID in chorus.link_stamp.",
+							   "Must be the same on every node of the site, and set where the site receives a link (docs/LINKS.md section 5); empty: no row stamps.",
+							   &chorus_link_site, "", PGC_SIGHUP, 0, NULL, NULL, NULL);
 	MarkGUCPrefixReserved("chorus");
 }

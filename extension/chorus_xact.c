@@ -22,6 +22,7 @@
 #include "chorus_coord.h"
 #include "chorus_ddl.h"
 #include "chorus_shmem.h"
+#include "chorus_stamp.h"
 #include "chorus_wire.h"
 #include "chorus_sequence.h"
 #include "chorus_xact.h"
@@ -41,6 +42,25 @@ chorus_request_verdict(ChorusCapture *cap, ChorusCommitState *cs)
 	chorus_serialize_writeset(cap, &head, &ws, cs->xid, 0);
 	chorus_certify(cs, &ws);
 	pfree(head.data);
+}
+
+/*
+ * chorus_stamp_local
+ *		A certified local transaction on a site with links stamps its rows with
+ *		its GID (chorus_stamp.c), as every other node's apply of its writeset does.
+ */
+static void
+chorus_stamp_local(ChorusCapture *cap, uint64 gid)
+{
+	ChorusWsReader r;
+
+	/* a writeset with a schema change is not stamped (as its apply does not: chorus_apply.c) */
+	if (!chorus_stamping() || cap->nkeys == 0 || cap->has_schema)
+		return;
+	memset(&r, 0, sizeof(r));
+	r.buf = cap->keys.data;
+	r.len = (size_t) cap->keys.len;
+	chorus_stamp_keys(&r, cap->nkeys, gid);
 }
 
 static bool chorus_cancel_held = false;
@@ -136,6 +156,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 				chorus_check_lost(cap->last_seen,
 								  cap->writable_checked ? cap->write_epoch : PG_UINT64_MAX);
 				chorus_request_verdict(cap, cs);
+				chorus_stamp_local(cap, cs->gid);
 				chorus_wait_own_turn(cs->gid, cs->wait_for);
 				chorus_claim_turn(cs->gid, &cs->claimed);
 				chorus_take_origin(cs);

@@ -76,12 +76,30 @@ class LinkConfig:
     peers: tuple[str, ...] = ()  # the peer's senders; () = this site does not receive on this link
     nodes: tuple[str, ...] = ()  # the nodes that may run the receiver; () = any member
     window: int = 64
+    # conflicts on the receiving side (docs/LINKS.md sections 6-7; link/settle.py): the same on
+    # every node of the site, which decide alike with them
+    policy: str = "latest-commit-wins"  # or primary-wins
+    primary: str = ""  # the primary site of primary-wins
+    detection: str = "row"  # row (NDB$EPOCH) or transaction (NDB$EPOCH_TRANS)
+    table_policy: tuple[tuple[str, str], ...] = ()  # ("schema.table", policy), overriding policy
 
 
 _LINK_KEYS: dict[str, tuple[type, bool]] = {
     "name": (str, True), "site": (str, True), "peer_site": (str, True), "tls_cert": (str, True),
     "tls_key": (str, True), "peer_cert": (str, True), "secret_file": (str, True), "listen": (str, False),
-    "peers": (list, False), "nodes": (list, False), "window": (int, False)}
+    "peers": (list, False), "nodes": (list, False), "window": (int, False),
+    "policy": (str, False), "primary": (str, False), "detection": (str, False), "table_policy": (dict, False)}
+def link_settings(link: LinkConfig) -> Any:
+    """The link's conflict settings (link/settle.py ``Settings``); ValueError if they cannot decide."""
+    from chorus.link.conflict import Detection
+    from chorus.link.settle import Settings
+    try:
+        detection = Detection(link.detection)
+    except ValueError:
+        raise ValueError(f"detection must be row or transaction, not {link.detection!r}") from None
+    return Settings(link.site, link.peer_site, link.policy, link.primary, detection, dict(link.table_policy))
+
+
 _LINK_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
 
 
@@ -101,6 +119,10 @@ def _links(path: str, raw: Any) -> tuple[LinkConfig, ...]:
                 if not all(isinstance(v, str) for v in value):
                     raise ChorusConfigError(f"{path}: link.{key} must be a list of strings")
                 value = tuple(value)
+            if isinstance(value, dict):
+                if not all(isinstance(v, str) for v in value.values()):
+                    raise ChorusConfigError(f"{path}: link.{key} must map table names to policy names")
+                value = tuple(sorted(value.items()))
             values[key] = value
         for key, (_, required) in _LINK_KEYS.items():
             if required and key not in values:
@@ -116,6 +138,10 @@ def _links(path: str, raw: Any) -> tuple[LinkConfig, ...]:
             raise ChorusConfigError(f"{path}: link {link.name} has neither listen (a sender) nor peers (a receiver)")
         if link.window < 1:
             raise ChorusConfigError(f"{path}: link.window must be at least 1")
+        try:
+            link_settings(link)
+        except ValueError as e:
+            raise ChorusConfigError(f"{path}: link {link.name}: {e}") from None
         for address in (link.listen, *link.peers):
             host, _, port = address.rpartition(":")
             if address and not (host and port.isdigit() and 0 < int(port) < 65536):

@@ -40,7 +40,7 @@ from chorus.commit.backends import BackendServer
 from chorus.commit.book import FlowControl
 from chorus.commit.pipeline import CommitPipeline, Hooks, Pending, raw
 from chorus.concurrent import ConcurrentSchemaChanges
-from chorus.config import NodeConfig
+from chorus.config import NodeConfig, link_settings
 from chorus.endpoints import Endpoints
 from chorus.link.proto import LinkError
 from chorus.link.site import SiteLinks
@@ -122,6 +122,12 @@ class Coordinator:
                   connection_lost=self._check_database, fatal=self._fail, backlog_changed=self._flow_check,
                   link_committed=self._link_committed),
             self.spool)
+        self.pipeline.link_settings = {link.name: link_settings(link) for link in cfg.links}
+        # a site that receives a link stamps its rows, each with its own GID (extension/chorus_stamp.c):
+        # one writeset per apply transaction, in the pipeline and in catch-up
+        self.stamps_rows = any(link.peers for link in cfg.links)
+        if self.stamps_rows:
+            self.pipeline.max_run = 1
         self.causal = CausalReads(cfg.name, send)
         self.backends = BackendServer(
             cfg.name, self.wslog.max_payload(cfg.name), self.counters, self.pipeline, self.sender, self.causal,
@@ -175,8 +181,9 @@ class Coordinator:
             holding=self._holding,
         )
         self.sender.version = lambda: r.send_version
+        batch = 1 if self.stamps_rows else self.cfg.catchup_batch
         self.catchup = CatchUpRunner(self.cfg.name, r, self.pipeline, self.feeder, self.keys,
-                                     self.cfg.recovery_partners, self.cfg.catchup_batch, self.sender.send,
+                                     self.cfg.recovery_partners, batch, self.sender.send,
                                      self._act, self.stopping, lambda: self.fatal is not None, self.spool)
         self._servers.append(await _unix_server(
             self.cfg.socket_path, lambda p: loop.create_unix_server(self.backends.protocol, path=p)))

@@ -9,110 +9,44 @@ bounded."""
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
-import psycopg
 import pytest
 
-from chorus.recovery import generate_keys
 from chorus.testkit.localcluster import LocalCluster
+
+from linksites import LISTEN_OFFSET, TABLE, Site, link_keys, link_table, print_logs, remove
+from linksites import wait as _wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 BASE = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 100
 EAST_PORT, WEST_PORT = BASE, BASE + 2  # east: one node; west: two
-LISTEN_OFFSET = 3000  # a node's link sender: its PostgreSQL port plus this
-WAIT_S = 90.0
-
-TABLE = "CREATE TABLE app.items (id int PRIMARY KEY, v text, n int)"
-
-
-class Site:
-    def __init__(self, name: str, cluster: LocalCluster, info: list[dict[str, Any]]) -> None:
-        self.name = name
-        self.cluster = cluster
-        self.dsns = [n["dsn"] for n in info]
-
-    def connect(self, i: int = 0) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.dsns[i], autocommit=True, connect_timeout=10)
-
-    def rows(self, i: int, query: str = "SELECT id, v, n FROM app.items ORDER BY id") -> list[tuple[Any, ...]]:
-        with self.connect(i) as c:
-            return c.execute(query).fetchall()
-
-    def position(self, i: int) -> list[tuple[Any, ...]]:
-        return self.rows(i, "SELECT link, peer_site, applied_gid, peer_clock, max_replicated, updated_at "
-                            "FROM chorus.link_position ORDER BY link")
-
-    def committed(self, i: int = 0) -> int:
-        with self.connect(i) as c:
-            row = c.execute("SELECT (chorus.status()).committed_gid").fetchone()
-            assert row is not None
-            return int(row[0])
-
-
-def _wait(what: str, ok: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            if ok():
-                return
-        except psycopg.Error as e:  # a node restarting
-            last = e
-        time.sleep(0.3)
-    pytest.fail(f"{what}: not within {timeout:.0f} s (last error: {last})")
-
-
-def _keys(directory: Path) -> None:
-    generate_keys(str(directory / "keys"))
 
 
 @pytest.fixture(scope="module")
 def sites() -> Iterator[tuple[Site, Site]]:
     east_dir = Path(tempfile.mkdtemp(prefix="chorus-east-", dir="/tmp"))
     west_dir = Path(tempfile.mkdtemp(prefix="chorus-west-", dir="/tmp"))
-    for d in (east_dir, west_dir):
-        os.chmod(d, 0o755)
-        _keys(d)
-    secret = os.urandom(32).hex() + "\n"
-    for d, peer in ((east_dir, west_dir), (west_dir, east_dir)):
-        (d / "keys" / "link.secret").write_text(secret)
-        shutil.copy(peer / "keys" / "cluster.crt", d / "keys" / "peer.crt")
-        for f in ("link.secret", "peer.crt"):
-            os.chmod(d / "keys" / f, 0o600)
-
-    def link(d: Path, site: str, peer: str, **kw: Any) -> dict[str, Any]:
-        keys = d / "keys"
-        return {"name": "east-west", "site": site, "peer_site": peer, "tls_cert": str(keys / "cluster.crt"),
-                "tls_key": str(keys / "cluster.key"), "peer_cert": str(keys / "peer.crt"),
-                "secret_file": str(keys / "link.secret"), **kw}
-
+    link_keys(east_dir, west_dir)
     east = LocalCluster(str(east_dir))
     west = LocalCluster(str(west_dir))
     started: list[LocalCluster] = []
     try:
         started.append(east)
-        east_info = east.up(1, EAST_PORT, links=[link(east_dir, "east", "west", listen_offset=LISTEN_OFFSET)])
+        east_info = east.up(1, EAST_PORT, links=[link_table(east_dir, "east", "west", listen_offset=LISTEN_OFFSET)])
         started.append(west)
-        west_info = west.up(2, WEST_PORT, links=[link(west_dir, "west", "east",
-                                                      peers=[f"127.0.0.1:{EAST_PORT + LISTEN_OFFSET}"], window=8)])
+        west_info = west.up(2, WEST_PORT, links=[link_table(west_dir, "west", "east",
+                                                            peers=[f"127.0.0.1:{EAST_PORT + LISTEN_OFFSET}"],
+                                                            window=8)])
         yield Site("east", east, east_info), Site("west", west, west_info)
     finally:
-        for d in (east_dir, west_dir):
-            for log in sorted((d / "nodes").glob("*/coordinator.log")):
-                with open(log, errors="replace") as f:
-                    tail = f.readlines()[-30:]
-                print(f"\n--- the last lines of {log}\n" + "".join(tail))
+        print_logs(east_dir, west_dir)
         for c in reversed(started):  # west first: east's Corosync may be the one both use
             c.down()
-        if not os.environ.get("CHORUS_KEEP_TEST_DIR"):
-            for d in (east_dir, west_dir):
-                shutil.rmtree(d, ignore_errors=True)
+        remove(east_dir, west_dir)
 
 
 def _write(site: Site, first: int, count: int) -> None:

@@ -141,17 +141,18 @@ def test_update_from_0_1_equals_a_fresh_0_2(server: PlainPostgres) -> None:
 
 
 def test_update_from_0_2_equals_a_fresh_0_3(server: PlainPostgres) -> None:
-    """0.3 adds chorus.link_position (docs/LINKS.md section 3), owned by the extension, readable by
-    pg_read_all_stats only; a 0.1 node goes through 0.2 to it."""
+    """0.3 adds chorus.link_position, chorus.link_stamp and chorus.link_exceptions (docs/LINKS.md
+    sections 3, 5 and 9), owned by the extension, readable by pg_read_all_stats only; a 0.1 node
+    goes through 0.2 to it."""
     with _made(_db(server, "up02"), "0.2") as old, _made(_db(server, "up01c"), "0.1") as older, \
             _made(_db(server, "fresh03"), "0.3") as fresh:
         for c in (old, older):
             c.execute("ALTER EXTENSION chorus UPDATE")
             assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'chorus'").fetchone() == ("0.3",)
         want = _state(fresh)
-        assert [r[0] for r in want["tables"]] == ["link_position"]
-        assert "pg_read_all_stats=r/" in want["tables"][0][1] and "=r/" not in want["tables"][0][1].replace(
-            "pg_read_all_stats=r/", "")
+        assert sorted(r[0] for r in want["tables"]) == ["link_exceptions", "link_position", "link_stamp"]
+        for table in want["tables"]:
+            assert "pg_read_all_stats=r/" in table[1] and "=r/" not in table[1].replace("pg_read_all_stats=r/", "")
         for c in (old, older):
             got = _state(c)
             for part in want:

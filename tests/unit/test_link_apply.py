@@ -18,6 +18,7 @@ from chorus.config import ChorusConfigError, LinkConfig, load_config
 from chorus.link import position as lp
 from chorus.link.events import ClockEvent, RemoteTransaction
 from chorus.link.proto import LinkError
+from chorus.link.settle import SITE_SQL, STAMP_SQL, Settings
 from chorus.link.site import Inbound, provenance, receiver_node
 from chorus.wire import Key, KeyMode, Row, Table, Writeset
 from chorus.wslog import LogRecord
@@ -36,7 +37,7 @@ def step(after: int = 0, peer_gid: int = 5, **kw: Any) -> bp.LinkWriteset:
     values: dict[str, Any] = dict(node="n1", ticket=1, link="east-west", peer_site="east", after=after,
                                   peer_gid=peer_gid, peer_clock=peer_gid + 1, max_replicated=0,
                                   commit_time=1_700_000_000_000_000, sent_at=1_700_000_000_123_456,
-                                  writeset=wire.encode(remote()))
+                                  writeset=wire.encode(remote()), settings=Settings("west", "east").fingerprint)
     values.update(kw)
     return bp.LinkWriteset(**values)
 
@@ -303,12 +304,20 @@ def test_the_receiver_runs_on_the_lowest_named_synced_member_that_may() -> None:
     assert receiver_node(dataclasses.replace(LINK, nodes=("n4",)), {"n1"}) is None
 
 
-def test_the_sender_does_not_send_back_what_a_link_applied() -> None:
-    facts = provenance(dataclasses.replace(LINK, site="east", peer_site="west"))
-    own = facts(LogRecord(3, "n1", b"", 0))
-    back = facts(LogRecord(4, "link:east-west", b"", 0))
-    third = facts(LogRecord(5, "link:north-east", b"", 0))
-    assert own.applied_from is None and back.applied_from == "west" and third.applied_from not in (None, "west")
+def test_the_sender_does_not_send_back_what_a_link_applied_but_reflects_its_clock() -> None:
+    """A record the link applied here is not sent back; the peer's clock value applied by then
+    (the link's row it committed) goes back instead ([epoch]: ClockVal events passed through),
+    so the peer's max_replicated moves. One that committed empty reflects nothing."""
+    facts = provenance(dataclasses.replace(LINK, site="west", peer_site="east"))
+    own = facts(LogRecord(3, "n1", 0, b""))
+    applied = lp.final_writeset(step(after=0, peer_gid=5, peer_clock=9), remote(), None, lp.Decision.APPLY)
+    back = facts(LogRecord(4, "link:east-west", 0, applied))
+    empty = facts(LogRecord(5, "link:east-west", 0, wire.empty()))
+    third = facts(LogRecord(6, "link:north-east", 0, b""))
+    assert own.applied_from is None and own.reflection is None
+    assert back.applied_from == "east" and back.reflection == ClockEvent("east", 9)
+    assert empty.applied_from == "east" and empty.reflection is None
+    assert third.applied_from not in (None, "east")
 
 
 # ---- configuration ---------------------------------------------------------------------------------
@@ -387,8 +396,16 @@ def test_the_pipeline_decides_once_and_logs_what_committed(tmp_path: Any) -> Non
         assert p.scheduler.ready_runs(4, 8, p._run_fits) == [[1]]
         p.feeder.flush()
         assert log.end_gid == 0  # the records wait for what they commit
-        final = p._link_final(first, None)
-        assert p._link_final(first, ("east-west", "east", 5, 6, 0, 0)) == final  # kept
+        p.link_settings = {"east-west": Settings("west", "east")}
+        asked: list[str] = []
+
+        async def query(sql: str, params: Any) -> list[tuple[Any, ...]]:
+            asked.append(sql)
+            return [("west",)] if sql == SITE_SQL else []  # no stamps: nothing in conflict
+        final = await p._link_final(first, None, query)
+        assert asked == [SITE_SQL, STAMP_SQL]
+        assert await p._link_final(first, ("east-west", "east", 5, 6, 0, 0), query) == final  # kept
+        assert asked == [SITE_SQL, STAMP_SQL]
         assert first.link_decision == lp.Decision.APPLY
         p._log_link(first)
         second.skip = True  # voting: it commits empty

@@ -115,7 +115,9 @@ class LinkWriteset:
     ``max_replicated`` are the link's window as the receiver saw it with this transaction;
     ``commit_time`` the peer's commit time and ``sent_at`` the receiver's wall clock when it sent
     it on (both µs since the Unix epoch; ``sent_at`` is what ``link_position.updated_at`` says,
-    the same on every node). ``ticket`` is the receiver's own, to recognize it when delivered."""
+    the same on every node). ``ticket`` is the receiver's own, to recognize it when delivered.
+    ``settings`` is the fingerprint of the receiving node's conflict settings for the link
+    (link/settle.py ``Settings.fingerprint``): a node whose own differ does not decide with them."""
 
     node: str
     ticket: int
@@ -128,6 +130,7 @@ class LinkWriteset:
     commit_time: int
     sent_at: int
     writeset: bytes
+    settings: str = ""
 
 
 @dataclass(frozen=True)
@@ -474,7 +477,9 @@ def encode(m: Message, version: int = VERSION) -> bytes:
             raise BusProtoError("a link writeset names its link and peer site, each at most 64 characters")
         return (head + MessageType.LINK_WRITESET.value + _s(m.node) + _s(m.link) + _s(m.peer_site)
                 + _LINK_NUMBERS.pack(m.ticket, m.after, m.peer_gid, m.peer_clock, m.max_replicated, m.commit_time,
-                                     m.sent_at) + _blob(m.writeset))
+                                     m.sent_at)
+                # the receiving node's settings fingerprint: version 4 (a version-3 reader has no place for it)
+                + (_s(m.settings[:MAX_LINK_NAME]) if version >= 4 else b"") + _blob(m.writeset))
     raise TypeError(f"not a bus message: {m!r}")
 
 
@@ -506,7 +511,7 @@ def py_decode_writesets(b: bytes, speaks: RangeT = SPEAKS) -> tuple[str, list[tu
     return origin, items
 
 
-def _read_link(r: "_R") -> LinkWriteset:
+def _read_link(r: "_R", version: int) -> LinkWriteset:
     node, link, site = r.s(), r.s(), r.s()
     if not (link and site) or len(link) > MAX_LINK_NAME or len(site) > MAX_LINK_NAME:
         raise BusProtoError("a link writeset names its link and peer site, each at most 64 characters")
@@ -514,8 +519,11 @@ def _read_link(r: "_R") -> LinkWriteset:
         r.take(_LINK_NUMBERS.size))
     if after >= peer_gid:
         raise BusProtoError(f"link writeset of peer GID {peer_gid} after {after}: not a range")
+    settings = r.s() if version >= 4 else ""  # (version 3: no fingerprint, nothing to compare)
+    if len(settings) > MAX_LINK_NAME:
+        raise BusProtoError("a link writeset's settings fingerprint is at most 64 characters")
     return LinkWriteset(node, ticket, link, site, after, peer_gid, peer_clock, max_replicated, commit_time, sent_at,
-                        r.blob())
+                        r.blob(), settings)
 
 
 def _check_version(version: int, speaks: RangeT) -> None:
@@ -614,7 +622,7 @@ def decode(b: Union[bytes, SpooledBuffer], speaks: RangeT = SPEAKS) -> Message:
     elif t == MessageType.LOG_INFO:
         m = LogInfo(r.s(), r.s(), r.s(), r.s(), r.u64(), r.u64(), r.u64(), r.u64())
     elif t == MessageType.LINK_WRITESET:
-        m = _read_link(r)
+        m = _read_link(r, version)
     elif t == MessageType.SPEAKS:
         m = Speaks(r.s(), _range(*r.take(2)))
     else:

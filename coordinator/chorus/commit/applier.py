@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Optional, Sequence
 
 import psycopg
 from psycopg import pq
@@ -81,6 +81,9 @@ _APPLY = b"chorus_apply"  # the prepared statements of the fast path: one writes
 _APPLY_RUN = b"chorus_apply_run"  # and a run of consecutive ones
 _APPLY_FILE = b"chorus_apply_file"  # a large writeset, from a spool file (spool.py)
 _U32 = struct.Struct(">I")
+
+# what the decision of a link writeset reads in its apply transaction: (sql, parameters) -> rows
+LinkQuery = Callable[[str, Sequence[Any]], Awaitable[list[tuple[Any, ...]]]]
 
 
 class ApplySession:
@@ -166,14 +169,18 @@ class ApplySession:
             return False
 
     async def apply_link(self, gid: int, wait_for: int, prev: int, link: str,
-                         final: Callable[[Optional[tuple[object, ...]]], bytes], skip: bool = False) -> bool:
+                         final: Callable[[Optional[tuple[object, ...]], LinkQuery], Awaitable[bytes]],
+                         skip: bool = False) -> bool:
         """Apply link writeset ``gid`` of link ``link`` (docs/LINKS.md section 3) in one
         transaction: read the link's row of ``chorus.link_position``, ask ``final`` what to
-        commit given that row (link/position.py: the peer's rows and the row moved, or nothing),
-        apply it with ``chorus.apply_writeset`` and commit as ``gid`` in its turn. The row is the
-        one every node reads at this GID: the link's writesets are applied one after another
-        (the pipeline orders them by the row's key). ``skip``: voting decided it commits empty.
-        Raises as :meth:`apply_run`; False if ``gid`` was committed here already."""
+        commit given that row (link/position.py: the peer's rows settled against the stamps and
+        rows it reads with the query it is given, link/settle.py, and the row moved; or nothing),
+        apply it with ``chorus.apply_writeset`` and commit as ``gid`` in its turn. What it reads
+        is what every node reads at this GID: the link's writesets are applied one after another
+        (the pipeline orders them by the row's key), and the rows they touch were committed
+        before (certification: a local transaction certified after it that overlaps it fails).
+        ``skip``: voting decided it commits empty. Raises as :meth:`apply_run`; False if ``gid``
+        was committed here already."""
         try:
             if self.conn is None or self.conn.closed:
                 await self.connect()
@@ -189,7 +196,18 @@ class ApplySession:
                 data = wire.empty()
             else:
                 cur = await conn.execute(link_position.READ_SQL, (link,))
-                data = final(await cur.fetchone())
+
+                async def query(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+                    c = await conn.execute(sql, params)
+                    return await c.fetchall()
+                row = await cur.fetchone()
+                try:
+                    data = await final(row, query)
+                except psycopg.Error:
+                    raise
+                except Exception as e:  # what cannot be decided here (settings, a key type): said, not retried
+                    await self._rollback()
+                    raise ApplyError(f"GID {gid}: link {link}: {e}") from e
             await conn.execute("SELECT chorus.apply_writeset(%s, %s, %s, %s)", (gid, wait_for, data, prev))
             await conn.execute(b"COMMIT")
             return True

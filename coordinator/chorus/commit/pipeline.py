@@ -29,13 +29,15 @@ import psycopg
 
 from chorus.bus import proto as bp
 from chorus import wire
-from chorus.commit.applier import ApplyConnectionLost, ApplyError, ApplySession, PartlyCommitted, TransientApplyError
+from chorus.commit.applier import (ApplyConnectionLost, ApplyError, ApplySession, LinkQuery, PartlyCommitted,
+                                   TransientApplyError)
 from chorus.commit.book import CommitBook
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
 from chorus.actions import DdlOutcome, LocalVerdict
 from chorus.commit.scheduler import ApplyScheduler, Scheduler
 from chorus.link import position as link_position
+from chorus.link.settle import SITE_SQL, STAMP_SQL, Settings, Settlement, row_sql
 from chorus.spool import Spool
 from chorus.wslog import LogFeeder
 
@@ -170,6 +172,8 @@ class CommitPipeline:
         self._early: dict[int, tuple[bool, str]] = {}
         self._dispatch_scheduled = False
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # kept: looking it up costs a system call
+        # [[link]]: how each link's conflicts are settled here (link/settle.py), by link name
+        self.link_settings: dict[str, Settings] = {}
 
     @property
     def pending(self) -> dict[int, Pending]:
@@ -574,22 +578,44 @@ class CommitPipeline:
             self.hooks.committed_here(gid)
         self.book.advance(gid)
 
-    def _link_final(self, p: Pending, row: Optional[tuple[object, ...]]) -> bytes:
+    async def _link_final(self, p: Pending, row: Optional[tuple[object, ...]], query: LinkQuery) -> bytes:
         """What link writeset ``p`` commits, given the link's row of ``chorus.link_position``
-        before it (read in the apply's transaction): decided at the first attempt and kept, then
-        logged as the GID's record (link/position.py). A later attempt (after a failure that may
-        have committed, or a PostgreSQL restart that lost the commit) applies the same bytes."""
+        before it and, when it applies, the stamps and rows its conflicts are decided by (read
+        with ``query`` in the apply's transaction, link/settle.py): decided at the first attempt
+        and kept, then logged as the GID's record (link/position.py). A later attempt (after a
+        failure that may have committed, or a PostgreSQL restart that lost the commit) applies
+        the same bytes."""
         if p.link_final is None:
             assert p.link is not None
             current = link_position.PositionRow.of(row)
             decision = link_position.decide(p.link, current)
-            remote = wire.decode(bytes(raw(p.writeset))) if decision == link_position.Decision.APPLY else None
-            p.link_final = link_position.final_writeset(p.link, remote, current, decision, p.writeset.encoding)
-            p.link_decision = decision
-            if decision != link_position.Decision.APPLY:
+            if decision == link_position.Decision.APPLY:
+                settings = self.link_settings.get(p.link.link)
+                if settings is None:
+                    raise ValueError(f"this node has no [[link]] {p.link.link}: every node of the site needs it, "
+                                     "with the same conflict settings, to apply the link's writesets")
+                here = await query(SITE_SQL, ())
+                if not here or here[0][0] != settings.site:
+                    raise ValueError(f"chorus.link_site is {here[0][0] if here else None!r} on this node, but link "
+                                     f"{p.link.link} receives for site {settings.site!r}: its local changes are not "
+                                     "stamped as the link's conflict windows need (docs/LINKS.md section 5)")
+                plan = Settlement(p.link, wire.decode(bytes(raw(p.writeset))), current, p.gid, settings)
+                stamps = await query(STAMP_SQL, (plan.stamp_keys(),))
+                values: dict[bytes, Optional[tuple[wire.Value, ...]]] = {}
+                for table, key, params in plan.wanted(stamps):
+                    found = await query(row_sql(table), params)
+                    values[key.hashed()] = (tuple(None if v is None else str(v).encode("utf-8") for v in found[0])
+                                            if found else None)
+                p.link_final = plan.final(stamps, values)
+                if plan.conflicts:
+                    log.warning("GID %d: link %s, peer GID %d: %d row(s) in conflict, settled (chorus.link_exceptions)",
+                                p.gid, p.link.link, p.link.peer_gid, plan.conflicts)
+            else:
+                p.link_final = link_position.final_writeset(p.link, None, current, decision, p.writeset.encoding)
                 log.info("GID %d: link %s, peer GID %d after %d, commits empty (%s; the link is at peer GID %s)",
                          p.gid, p.link.link, p.link.peer_gid, p.link.after, decision.value,
                          current.applied_gid if current is not None else "none")
+            p.link_decision = decision
         return p.link_final
 
     def _log_link(self, p: Pending) -> None:

@@ -70,6 +70,31 @@ class Version:
         return (self.commit_time, self.site, self.clock)
 
 
+# a key column's type as the writeset names it (format_type's name, or the catalog's)
+_INTS = {"int2": 2, "smallint": 2, "int4": 4, "integer": 4, "int8": 8, "bigint": 8, "oid": 4}
+
+
+def key_text(column: wire.Column, value: bytes) -> bytes:
+    """A key value as the certification key holds it: its text. A writeset carries the values
+    of some built-in types in their binary send form (extension/chorus_values.c); their keys are
+    text (extension/chorus_keys.c). The types a key is usually made of are turned back into text
+    here; another binary one raises ValueError (its rows cannot be matched with their stamps)."""
+    if not isinstance(value, wire.Binary):
+        return bytes(value)
+    raw = bytes(value)
+    size = _INTS.get(column.typname)
+    if size is not None and len(raw) == size:
+        return b"%d" % int.from_bytes(raw, "big", signed=column.typname != "oid")
+    if column.typname in ("bool", "boolean") and len(raw) == 1:
+        return b"t" if raw[0] else b"f"
+    if column.typname == "uuid" and len(raw) == 16:
+        h = raw.hex()
+        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}".encode("ascii")
+    raise ValueError(f"key column {column.name} of type {column.typname} comes in binary form: its rows cannot be "
+                     "matched with their stamps (link conflict detection takes keys of smallint, integer, bigint, oid, "
+                     "boolean, uuid and types sent as text)")
+
+
 def row_key(table: wire.Table, row: wire.Row, new: bool = False) -> wire.Key:
     """The key of the row ``row`` changes, as the certification key of its identity:
     (schema, table, identity column names joined by commas, values). ``new``: the key after an
@@ -86,7 +111,8 @@ def row_key(table: wire.Table, row: wire.Row, new: bool = False) -> wire.Key:
         values = [row.old[i] for i in table.identity]
     else:
         raise ValueError(f"an old image of {len(row.old)} values for {table.qualified}")
+    cols = [table.columns[i] for i in table.identity]
     parts = [wire.name_bytes(table.nspname), wire.name_bytes(table.relname), wire.name_bytes(",".join(names))]
-    parts += [b"\x00null" if v is None else bytes(v) for v in values]
+    parts += [b"\x00null" if v is None else key_text(c, v) for c, v in zip(cols, values)]
     mode = wire.KeyMode.UPDATE if row.op == wire.OP_UPDATE else wire.KeyMode.EXCLUSIVE
     return wire.Key(mode, tuple(parts))

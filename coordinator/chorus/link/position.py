@@ -138,3 +138,22 @@ def final_writeset(step: LinkWriteset, remote: Optional[wire.Writeset], current:
     return wire.encode(wire.Writeset(remote.xid, remote.pid, remote.last_seen, (*remote.tables, POSITION_TABLE),
                                      (*remote.rows, item), (*remote.keys, position_key(step.link)),
                                      flags=remote.flags, encoding=remote.encoding))
+
+
+def reflected(payload: bytes) -> Optional[PositionRow]:
+    """The link's row a link writeset's log record committed (what :func:`final_writeset` made
+    of it), or None for one that committed empty. Its ``peer_clock`` is the peer's clock value
+    this site had applied by then: the reflection this site's sender passes back to the peer
+    at that point of the log ([epoch]: the ClockVal events passed through)."""
+    ws = wire.decode(payload)
+    for item in reversed(ws.rows):
+        if isinstance(item, wire.Row) and item.op != wire.OP_DELETE:
+            t = ws.tables[item.table]
+            if (t.nspname, t.relname) == (POSITION_TABLE.nspname, POSITION_TABLE.relname):
+                v = item.new
+                if any(x is None or isinstance(x, (wire.Binary, wire.Unchanged)) for x in v[:5]):
+                    raise wire.WireError("a link position row without its values")
+                return PositionRow(bytes(v[0] or b"").decode(), bytes(v[1] or b"").decode(), int(v[2] or 0),
+                                   int(v[3] or 0), int(v[4] or 0), 0)
+    return None
+

@@ -33,7 +33,7 @@ from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from chorus import wire
 from chorus.bus import proto as bp
-from chorus.config import LinkConfig
+from chorus.config import LinkConfig, link_settings
 from chorus.link import position as lp
 from chorus.link.events import ClockEvent, RemoteTransaction, StreamItem
 from chorus.link.proto import LinkEnd, LinkError, LinkKeys, Position
@@ -73,13 +73,18 @@ class NoSql:
 
 def provenance(link: LinkConfig) -> Callable[[LogRecord], Provenance]:
     """What the sender of ``link`` knows of a record: one a link applied here has its link's
-    origin (link/position.py), and is not sent back (its reflection, the clock event passed
-    through, is a later step). Commit times are not in the log: 0 (later)."""
+    origin (link/position.py) and is not sent back; one of this link carries its reflection, the
+    peer's clock value this site had applied when it committed (the link's row it wrote), which
+    the sender passes back so the peer's ``max_replicated`` moves. Commit times are not in the
+    log: 0 (later)."""
     own = lp.origin(link.name)
 
     def facts(record: LogRecord) -> Provenance:
         if record.origin == own:
-            return Provenance(0, applied_from=link.peer_site)
+            row = lp.reflected(bytes(record.payload))
+            if row is None or row.link != link.name:  # committed empty: nothing applied, nothing to reflect
+                return Provenance(0, applied_from=link.peer_site)
+            return Provenance(0, applied_from=link.peer_site, reflection=ClockEvent(link.peer_site, row.peer_clock))
         if lp.is_link_origin(record.origin):
             return Provenance(0, applied_from=record.origin)  # another link's: a third site (chains: later)
         return Provenance(0)
@@ -125,6 +130,7 @@ class Inbound:
         self._ticket = secrets.randbits(62)  # tickets of an earlier run of this node are not taken for these
         self.sent = 0
         self.applied = 0
+        self.settings = link_settings(link).fingerprint  # (every node compares it with its own)
 
     async def position(self) -> Position:
         """Where the link resumes: its committed row, once what is in flight has an outcome."""
@@ -156,7 +162,7 @@ class Inbound:
         self.peer_clock = max(self.peer_clock, item.clock + 1)
         msg = bp.LinkWriteset(self.node, self._ticket, self.link.name, self.link.peer_site, self.after, item.clock,
                               self.peer_clock, self.max_replicated, item.commit_time, int(self.wall() * 1e6),
-                              ws.raw or wire.encode(ws))
+                              ws.raw or wire.encode(ws), self.settings)
         self.after = item.clock
         self.flights[msg.ticket] = _Flight(msg, time.monotonic())
         self.sent += 1

@@ -286,6 +286,13 @@ class LocalCluster:
         cfg = self.config(meta, n)
         toml = d / "chorus.toml"
         write_config(cfg, str(toml))
+        # a site that receives a link stamps its rows (docs/LINKS.md section 5): every node alike
+        sites = sorted({link.site for link in cfg.links if link.peers})
+        if len(sites) > 1:
+            raise LocalClusterError(f"{n.name}: links name more than one site for this one: {', '.join(sites)}")
+        localauth.write_private(pgdata / "chorus_link.conf",
+                                f"chorus.link_site = '{sites[0]}'\n" if sites else "# no link received here\n",
+                                self._service_owner())
         self._chown(d)
         self._secure_node(n)
 
@@ -570,6 +577,7 @@ unix_socket_directories = '{run}'
 shared_preload_libraries = 'chorus'
 chorus.socket_path = '{run}/chorus.sock'
 chorus.node_number = {number}
+include_if_exists = 'chorus_link.conf'
 max_connections = 100
 max_replication_slots = 10
 shared_buffers = 128MB

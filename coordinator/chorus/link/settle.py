@@ -1,0 +1,367 @@
+"""Conflicts in the apply of a link writeset, decided without I/O (docs/LINKS.md sections 5-7, 9).
+
+The apply of a link writeset that follows its link's position (link/position.py,
+:data:`~chorus.link.position.Decision.APPLY`) does not commit the peer's rows as they come: it
+checks each against its row's stamp (``chorus.link_stamp``) and the link's window, settles the
+rows in conflict by the table's policy, and commits what :class:`Settlement` makes of it:
+
+- the peer's rows not in conflict, as they come;
+- for a row in conflict, what the policy decided (the incoming change, a merged row, or nothing
+  when the local version stands);
+- the stamps of rows whose last change is now the peer's (or a merged row's winner): a stamp
+  already there is updated, so a remote change closes the local window on the row; a row with no
+  stamp gets none (no stamp and a stamp of the peer's decide alike);
+- one row of ``chorus.link_exceptions`` per conflict, both versions and the decision;
+- the link's row of ``chorus.link_position``, as before.
+
+Its inputs are the link writeset, the link's position row, the stamps of the keys the peer's
+rows touch and the current values of the rows in conflict, all read in the apply's transaction,
+as of the GID before it: the same on every node, so every node commits the same bytes. What it
+reads is said by :meth:`Settlement.stamp_keys` and :meth:`Settlement.wanted` (the shell runs
+:data:`STAMP_SQL` and :func:`row_sql`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+from chorus import wire
+from chorus.bus.proto import LinkWriteset
+from chorus.link import position as lp
+from chorus.link.clock import LinkWindow
+from chorus.link.conflict import Detection, Reason, RowDecision, TransactionDecision, row_changes, settle
+from chorus.link.events import RemoteTransaction, SiteId, Stamp, key_text
+from chorus.link.policy import LatestCommitWins, Policy, PrimaryWins
+
+STAMP_TABLE = wire.Table(
+    "chorus", "link_stamp",
+    (wire.Column("key", "bytea"), wire.Column("site", "text"), wire.Column("clock", "int8"),
+     wire.Column("commit_time", "timestamptz")),
+    (0,))
+
+EXCEPTIONS_TABLE = wire.Table(
+    "chorus", "link_exceptions",
+    tuple(wire.Column(n, t) for n, t in (
+        ("gid", "int8"), ("n", "int4"), ("link", "text"), ("table_name", "text"), ("row_key", "text"),
+        ("local_site", "text"), ("local_clock", "int8"), ("local_commit_time", "timestamptz"), ("local_row", "jsonb"),
+        ("remote_site", "text"), ("remote_clock", "int8"), ("remote_commit_time", "timestamptz"),
+        ("remote_row", "jsonb"), ("max_replicated", "int8"), ("detection", "text"), ("policy", "text"),
+        ("decision", "text"), ("result_row", "jsonb"))),
+    (0, 1))
+
+# the stamps of the keys the peer's rows touch (key hashes as one bytea[] parameter)
+STAMP_SQL = ("SELECT key, site, clock, (extract(epoch FROM commit_time) * 1000000)::bigint "
+             "FROM chorus.link_stamp WHERE key OPERATOR(pg_catalog.=) ANY(%s)")
+
+# the site this node stamps its rows for (extension/chorus_stamp.c), which must be the link's
+SITE_SQL = "SELECT pg_catalog.current_setting('chorus.link_site', true)"
+
+POLICIES = ("latest-commit-wins", "primary-wins")
+STAMP_KEY_BYTES = 16
+_U32 = struct.Struct(">I")
+
+
+def stamp_hash(parts: Sequence[bytes]) -> bytes:
+    """The key of a row's stamp in ``chorus.link_stamp``: the first 16 bytes of the SHA-256 of
+    its certification key's parts, each as u32 length and bytes (as the extension computes it
+    from a writeset's keys, extension/chorus_stamp.c)."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(_U32.pack(len(p)))
+        h.update(p)
+    return h.digest()[:STAMP_KEY_BYTES]
+
+
+def table_stamp_key(table: wire.Table) -> bytes:
+    """The stamp of a whole table (a writeset past chorus.max_row_keys_per_table, or a TRUNCATE,
+    certifies the table instead of its rows, and so stamps it)."""
+    return stamp_hash((wire.name_bytes(table.nspname), wire.name_bytes(table.relname)))
+
+
+class SettleError(ValueError):
+    """A link's conflict settings that cannot decide (an unknown policy, primary-wins without a
+    primary that is one of the two sites)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a link's conflicts are detected and settled on the receiving site ([[link]]
+    ``policy``, ``primary``, ``detection``, ``table_policy``). Every node of the site must have the
+    same (they decide the same GIDs with them)."""
+
+    site: SiteId  # this site
+    peer: SiteId
+    policy: str = "latest-commit-wins"
+    primary: str = ""
+    detection: Detection = Detection.ROW
+    table_policy: Mapping[str, str] = field(default_factory=dict)  # "schema.table" -> policy
+
+    def __post_init__(self) -> None:
+        for name in (self.policy, *self.table_policy.values()):
+            if name not in POLICIES:
+                raise SettleError(f"unknown conflict policy {name!r} (known: {', '.join(POLICIES)})")
+            if name == "primary-wins" and self.primary not in (self.site, self.peer):
+                raise SettleError(f"policy primary-wins needs primary = {self.site!r} or {self.peer!r}")
+
+    @property
+    def fingerprint(self) -> str:
+        """What every node compares before deciding with these settings (the receiver's travel
+        in each link writeset): 32 hex digits of a hash of all of them."""
+        text = json.dumps([self.site, self.peer, self.policy, self.primary, self.detection.value,
+                           sorted(self.table_policy.items())])
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+    @property
+    def arbiter(self) -> SiteId:
+        """The site that settles for both (docs/LINKS.md section 7): the primary, else the site
+        whose name sorts first."""
+        return self.primary or min(self.site, self.peer)
+
+    def policy_for(self, table: wire.Table) -> Policy:
+        name = self.table_policy.get(f"{table.nspname}.{table.relname}", self.policy)
+        if name == "primary-wins":
+            return PrimaryWins(self.primary)
+        return LatestCommitWins()
+
+
+def row_sql(table: wire.Table) -> str:
+    """The current values of one row of ``table`` in its column order, as text under the apply's
+    fixed settings (as the writeset carries them), found by its identity columns' text (one
+    parameter each, in the identity's order)."""
+    cols = ", ".join(f"{wire.quote_ident(c.name)}::pg_catalog.text" for c in table.columns)
+    where = " AND ".join(f"{wire.quote_ident(table.columns[i].name)}::pg_catalog.text OPERATOR(pg_catalog.=) %s"
+                         for i in table.identity)
+    return f"SELECT {cols} FROM ONLY {table.qualified} WHERE {where}"
+
+
+def _stamp_of(row: Sequence[object]) -> tuple[bytes, Stamp]:
+    key, site, clock, at = row
+    return bytes(key), Stamp(str(site), int(clock), int(at))  # type: ignore[call-overload]
+
+
+def _text(c: wire.Column, v: wire.Value) -> Optional[str]:
+    if v is None:
+        return None
+    if isinstance(v, wire.Unchanged):
+        return "(unchanged)"
+    if isinstance(v, wire.Binary):
+        try:
+            return key_text(c, v).decode("ascii")
+        except ValueError:  # a binary form without a text of ours here: its bytes
+            return "\\x" + bytes(v).hex()
+    return bytes(v).decode("utf-8", "replace")
+
+
+def row_json(table: wire.Table, values: Optional[Sequence[wire.Value]]) -> wire.Value:
+    """A row as a jsonb value (text form): column name to the value's text, or NULL."""
+    if values is None:
+        return None
+    return json.dumps({c.name: _text(c, v) for c, v in zip(table.columns, values)}, ensure_ascii=False,
+                      separators=(",", ":")).encode("utf-8")
+
+
+class _Rows:
+    """conflict.LocalRows over what the shell read (the stamps as :meth:`Settlement._stamps`
+    chose them, the rows in conflict)."""
+
+    def __init__(self, stamps: Mapping[bytes, Stamp], values: Mapping[bytes, Optional[tuple[wire.Value, ...]]]) -> None:
+        self.stamps = stamps  # by certification key hash (Key.hashed)
+        self.rows = values
+
+    def stamp(self, key: bytes) -> Optional[Stamp]:
+        return self.stamps.get(key)
+
+    def values(self, table: wire.Table, key: wire.Key) -> Optional[tuple[wire.Value, ...]]:
+        h = key.hashed()
+        if h not in self.rows:
+            raise KeyError(f"the row {key.describe()} was not read")
+        return self.rows[h]
+
+
+class Settlement:
+    """The apply of link writeset ``step`` (already known to follow the link's position) at this
+    site's GID ``gid``, the peer's writeset ``remote`` decoded in full, the link's row ``current``."""
+
+    def __init__(self, step: LinkWriteset, remote: wire.Writeset, current: Optional[lp.PositionRow], gid: int,
+                 settings: Settings) -> None:
+        if remote.scanned:
+            raise ValueError("the peer's writeset is needed decoded in full")
+        if remote.has_schema:
+            raise ValueError("a link writeset carries no schema change")
+        if settings.peer != step.peer_site:
+            raise SettleError(f"link {step.link} is configured with peer site {settings.peer}, "
+                              f"its writeset came from {step.peer_site}")
+        if step.settings != settings.fingerprint:
+            raise SettleError(f"link {step.link}: this node's conflict settings ([[link]] site, peer_site, policy, "
+                              f"primary, detection, table_policy) differ from those of node {step.node}, which "
+                              "received it: every node of a site needs the same")
+        self.step = step
+        self.remote = remote
+        self.current = current
+        self.gid = gid
+        self.settings = settings
+        mr = max(step.max_replicated, current.max_replicated if current is not None else 0)
+        self.window = LinkWindow(settings.site, settings.peer, mr, 0)
+        self.txn = RemoteTransaction(step.peer_site, step.peer_gid, step.commit_time, remote)
+        self.changes = row_changes(remote)
+        # each row key's stamp key, and its table's
+        self.stamp_of_key = {k.hashed(): (stamp_hash(k.parts), table_stamp_key(t)) for _i, t, _r, k in self.changes}
+        self.decisions: Optional[TransactionDecision] = None
+        self.local: dict[bytes, Optional[tuple[wire.Value, ...]]] = {}
+
+    def stamp_keys(self) -> list[bytes]:
+        """The stamp keys the decision needs (read with :data:`STAMP_SQL`): each row's and its
+        table's."""
+        return sorted({s for pair in self.stamp_of_key.values() for s in pair})
+
+    def _stamps(self, rows: Sequence[Sequence[object]]) -> dict[bytes, Stamp]:
+        """The stamps read, by certification key hash: a row's own or its table's; of two, the
+        later of this site's (clocks of two sites do not compare: this site's counts, erring
+        towards a conflict)."""
+        read = dict(_stamp_of(r) for r in rows)
+        out: dict[bytes, Stamp] = {}
+        for h, (row_key, table_key) in self.stamp_of_key.items():
+            found = [s for s in (read.get(row_key), read.get(table_key)) if s is not None]
+            local = [s for s in found if s.site == self.settings.site]
+            if local or found:
+                out[h] = max(local, key=lambda s: s.clock) if local else found[0]
+        return out
+
+    def wanted(self, stamps: Sequence[Sequence[object]]) -> list[tuple[wire.Table, wire.Key, list[str]]]:
+        """Given the stamps read, the rows whose current values the decision needs (those in
+        conflict): table, key and the parameters of :func:`row_sql`."""
+        found = self._stamps(stamps)
+        conflict = any(self.window.in_conflict(found.get(k.hashed())) for _i, _t, _r, k in self.changes)
+        whole = conflict and self.settings.detection == Detection.TRANSACTION  # its exceptions show every row
+        out: dict[bytes, tuple[wire.Table, wire.Key, list[str]]] = {}
+        for _i, table, _row, key in self.changes:
+            h = key.hashed()
+            if h not in out and (whole or self.window.in_conflict(found.get(h))):
+                params = [p.decode("utf-8", "surrogateescape") for p in key.parts[3:]]
+                out[h] = (table, key, params)
+        return list(out.values())
+
+    def final(self, stamps: Sequence[Sequence[object]],
+              values: Mapping[bytes, Optional[tuple[wire.Value, ...]]]) -> bytes:
+        """The writeset every node commits at ``gid`` (module docstring). ``values``: the rows
+        :meth:`wanted` asked for, by key hash (None: absent)."""
+        found = self._stamps(stamps)
+        self.local = dict(values)
+        (d,) = settle(self.window, [self.txn], _Rows(found, values), self.settings.policy_for,
+                      self.settings.detection, self.settings.arbiter)
+        self.decisions = d
+        by_item: dict[int, list[RowDecision]] = {}
+        for r in d.rows:
+            by_item.setdefault(r.item, []).append(r)
+        tables = list(self.remote.tables)
+        out_rows: list[wire.Item] = []
+        for i, item in enumerate(self.remote.rows):
+            ds = by_item.get(i)
+            if not isinstance(item, wire.Row) or not ds or all(r.reason is None for r in ds):
+                if not ds or all(r.applied for r in ds):
+                    out_rows.append(item)
+                continue
+            if not all(r.applied for r in ds):
+                continue  # the local version stands, or its transaction is rejected
+            out_rows += self._settled(item, ds[0])
+        keys = list(self.remote.keys)
+        own = {k for k, _s in (_stamp_of(x) for x in stamps)}
+        stamped: set[bytes] = set()
+        for r in d.rows:
+            before, after = found.get(r.key), r.stamp_after
+            if before is None or after is None or after == before:
+                continue  # no stamp is as good as the peer's; a kept local version keeps its stamp
+            st = _table_index(tables, STAMP_TABLE)
+            sk = self.stamp_of_key[r.key][0]
+            if sk in stamped:
+                continue
+            stamped.add(sk)
+            # the row's own stamp: updated if it has one, else written (its table's was found)
+            op, old = (wire.OP_UPDATE, (_bytea(sk),)) if sk in own else (wire.OP_INSERT, ())
+            out_rows.append(wire.Row(op, st, old, _stamp_values(sk, after)))
+            keys.append(wire.Key(wire.KeyMode.UPDATE, (b"chorus", b"link_stamp", b"key", _bytea(sk))))
+        n = 0
+        for r in d.rows:
+            if r.in_conflict:
+                n += 1
+                ex = _table_index(tables, EXCEPTIONS_TABLE)
+                out_rows.append(wire.Row(wire.OP_INSERT, ex, (), self._exception(n, r)))
+                keys.append(wire.Key(wire.KeyMode.EXCLUSIVE, (b"chorus", b"link_exceptions", b"gid,n",
+                                                              b"%d" % self.gid, b"%d" % n)))
+        remote = wire.Writeset(self.remote.xid, self.remote.pid, self.remote.last_seen, tuple(tables),
+                               tuple(out_rows), tuple(keys), flags=self.remote.flags, encoding=self.remote.encoding)
+        return lp.final_writeset(self.step, remote, self.current, lp.Decision.APPLY)
+
+    def _settled(self, item: wire.Row, r: RowDecision) -> list[wire.Item]:
+        """The change that leaves row ``r`` as its policy decided, given the local row now."""
+        table = self.remote.tables[item.table]
+        local = self.local.get(r.key)
+        want = r.values
+        if want is None:
+            return [] if local is None else [wire.Row(wire.OP_DELETE, item.table, _identity(table, item))]
+        if any(isinstance(v, wire.Unchanged) for v in want):
+            if local is None:
+                raise SettleError(f"{table.qualified}: the row {self._key(r).describe()} is absent here and the "
+                                  "incoming change does not carry all its values")
+            want = tuple(lv if isinstance(v, wire.Unchanged) else v for v, lv in zip(want, local))
+        if local is None:
+            return [wire.Row(wire.OP_INSERT, item.table, (), want)]
+        return [wire.Row(wire.OP_UPDATE, item.table, tuple(local[c] for c in table.identity), want)]
+
+    @property
+    def conflicts(self) -> int:
+        """How many rows were in conflict (once :meth:`final` decided)."""
+        return sum(1 for r in self.decisions.rows if r.in_conflict) if self.decisions else 0
+
+    def _key(self, r: RowDecision) -> wire.Key:
+        return next(c[3] for c in self.changes if c[3].hashed() == r.key)
+
+    def _exception(self, n: int, r: RowDecision) -> tuple[wire.Value, ...]:
+        """Row ``n`` of ``chorus.link_exceptions`` for conflict ``r``: both versions, the window,
+        why it is in conflict, the policy and the decision, the row left."""
+        i, table, row, key = next(c for c in self.changes if c[3].hashed() == r.key)
+        assert r.reason is not None
+        mine = self.local.get(r.key)
+        st = r.stamp
+        if r.decision is not None:
+            decision, policy_name = r.decision.outcome.value, self.settings.policy_for(table).name
+        else:
+            decision, policy_name = "rejected", "epoch-trans"
+        result = r.values if r.applied else mine
+        return (b"%d" % self.gid, b"%d" % n, self.step.link.encode("ascii"), table.qualified.encode("utf-8"),
+                key.describe().encode("utf-8"),
+                None if st is None else st.site.encode("utf-8"), None if st is None else b"%d" % st.clock,
+                None if st is None else lp.timestamp_text(st.commit_time),
+                row_json(table, mine),
+                self.txn.site.encode("utf-8"), b"%d" % self.txn.clock, lp.timestamp_text(self.txn.commit_time),
+                row_json(table, None if row.op == wire.OP_DELETE else row.new),
+                b"%d" % self.window.max_replicated, r.reason.value.encode("ascii"), policy_name.encode("ascii"),
+                decision.encode("ascii"), row_json(table, result))
+
+
+def _identity(table: wire.Table, row: wire.Row) -> tuple[wire.Value, ...]:
+    """The old image an UPDATE or DELETE of ``row``'s row names it by (its identity values)."""
+    if row.op == wire.OP_INSERT:
+        return tuple(row.new[i] for i in table.identity)
+    if len(row.old) == len(table.columns) and len(table.identity) != len(table.columns):
+        return tuple(row.old[i] for i in table.identity)
+    return row.old
+
+
+def _table_index(tables: list[wire.Table], table: wire.Table) -> int:
+    if table not in tables:
+        tables.append(table)
+    return tables.index(table)
+
+
+def _bytea(key: bytes) -> bytes:
+    return b"\\x" + key.hex().encode("ascii")
+
+
+def _stamp_values(key: bytes, s: Stamp) -> tuple[wire.Value, ...]:
+    return (_bytea(key), s.site.encode("utf-8"), b"%d" % s.clock, lp.timestamp_text(s.commit_time))
+

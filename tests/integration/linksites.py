@@ -1,0 +1,113 @@
+"""Two local sites joined by a link, for the link tests (test_link_between_sites.py,
+test_link_conflicts.py): a site's nodes as the tests read them, the link's keys and its
+[[link]] table, a bounded wait, and the coordinators' last lines when done."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import psycopg
+import pytest
+
+from chorus.recovery import generate_keys
+from chorus.testkit.localcluster import LocalCluster
+
+LISTEN_OFFSET = 3000  # a node's link sender: its PostgreSQL port plus this
+WAIT_S = 90.0
+TABLE = "CREATE TABLE app.items (id int PRIMARY KEY, v text, n int)"
+LINK = "east-west"
+
+
+class Site:
+    """One site: its cluster and its nodes' DSNs."""
+
+    def __init__(self, name: str, cluster: LocalCluster, info: list[dict[str, Any]]) -> None:
+        self.name = name
+        self.cluster = cluster
+        self.dsns = [n["dsn"] for n in info]
+
+    def nodes(self) -> range:
+        return range(len(self.dsns))
+
+    def connect(self, i: int = 0) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.dsns[i], autocommit=True, connect_timeout=10)
+
+    def sql(self, statement: str, params: Any = None, i: int = 0) -> None:
+        with self.connect(i) as c:
+            c.execute(statement, params)
+
+    def rows(self, i: int, query: str = "SELECT id, v, n FROM app.items ORDER BY id") -> list[tuple[Any, ...]]:
+        with self.connect(i) as c:
+            return c.execute(query).fetchall()
+
+    def position(self, i: int) -> list[tuple[Any, ...]]:
+        return self.rows(i, "SELECT link, peer_site, applied_gid, peer_clock, max_replicated, updated_at "
+                            "FROM chorus.link_position ORDER BY link")
+
+    def exceptions(self, i: int) -> list[tuple[Any, ...]]:
+        return self.rows(i, "SELECT row_key, local_site, remote_site, detection, policy, decision, "
+                            "local_row->>'v', remote_row->>'v', result_row->>'v', local_clock, remote_clock, "
+                            "max_replicated FROM chorus.link_exceptions ORDER BY gid, n")
+
+    def stamps(self, i: int) -> list[tuple[Any, ...]]:
+        return self.rows(i, "SELECT key, site, clock FROM chorus.link_stamp ORDER BY key")
+
+    def committed(self, i: int = 0) -> int:
+        with self.connect(i) as c:
+            row = c.execute("SELECT (chorus.status()).committed_gid").fetchone()
+            assert row is not None
+            return int(row[0])
+
+
+def wait(what: str, ok: Callable[[], bool], timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            if ok():
+                return
+        except psycopg.Error as e:  # a node restarting
+            last = e
+        time.sleep(0.3)
+    pytest.fail(f"{what}: not within {timeout:.0f} s (last error: {last})")
+
+
+def link_keys(east_dir: Path, west_dir: Path) -> None:
+    """Each site's cluster keys, the link's shared secret and each site's copy of the other's
+    certificate."""
+    for d in (east_dir, west_dir):
+        os.chmod(d, 0o755)
+        generate_keys(str(d / "keys"))
+    secret = os.urandom(32).hex() + "\n"
+    for d, peer in ((east_dir, west_dir), (west_dir, east_dir)):
+        (d / "keys" / "link.secret").write_text(secret)
+        shutil.copy(peer / "keys" / "cluster.crt", d / "keys" / "peer.crt")
+        for f in ("link.secret", "peer.crt"):
+            os.chmod(d / "keys" / f, 0o600)
+
+
+def link_table(d: Path, site: str, peer: str, **kw: Any) -> dict[str, Any]:
+    """The [[link]] table of site ``site`` (its keys in ``d``)."""
+    keys = d / "keys"
+    return {"name": LINK, "site": site, "peer_site": peer, "tls_cert": str(keys / "cluster.crt"),
+            "tls_key": str(keys / "cluster.key"), "peer_cert": str(keys / "peer.crt"),
+            "secret_file": str(keys / "link.secret"), **kw}
+
+
+def print_logs(*dirs: Path) -> None:
+    """The last lines of every coordinator's log (pytest shows them with a failure)."""
+    for d in dirs:
+        for log in sorted((d / "nodes").glob("*/coordinator.log")):
+            with open(log, errors="replace") as f:
+                tail = f.readlines()[-30:]
+            print(f"\n--- the last lines of {log}\n" + "".join(tail))
+
+
+def remove(*dirs: Path) -> None:
+    if not os.environ.get("CHORUS_KEEP_TEST_DIR"):
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,410 @@
+"""Conflicts in the apply of a link writeset (docs/LINKS.md sections 4-7, 9): two sites replayed
+through the real pieces: each site's log (local writesets stamped with their GID, as the
+extension does, and link writesets decided by ``link.settle.Settlement`` against the stamps
+and rows as of their GID), each site's sender (``Outbound`` with the link's ``provenance``:
+link-applied records reflect the peer's clock back) and receiver sink (``Inbound``: the link
+writesets with ``after``, the peer clock and ``max_replicated``).
+
+The worked example of ndb-epoch-conflict-windows.txt ("Determining happened before from the
+Binlog", "Conflict Windows") with the GID clock: MA1 and MB1 change row X concurrently; both
+sites detect it when the other's change arrives, settle it alike by the policy, and record it;
+a change made after the other's change came back is not flagged (the window closed)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import struct
+from typing import Any, Optional
+
+import pytest
+
+from chorus import wire
+from chorus.bus import proto as bp
+from chorus.config import LinkConfig, link_settings
+from chorus.link import position as lp
+from chorus.link.conflict import Detection
+from chorus.link.events import ClockEvent, RemoteTransaction, key_text
+from chorus.link.proto import Position, Record
+from chorus.link.rules import RuleSet
+from chorus.link.settle import (EXCEPTIONS_TABLE, STAMP_TABLE, SettleError, Settings, Settlement, stamp_hash,
+                                table_stamp_key)
+from chorus.link.sender import Outbound
+from chorus.link.site import Inbound, NoSql, provenance
+from chorus.wslog import LogRecord
+
+T = wire.Table("app", "items", (wire.Column("id", "int4"), wire.Column("v", "text"), wire.Column("n", "int4")), (0,))
+LINK = "ab"
+T0 = 1_700_000_000_000_000  # µs
+
+
+def key(k: str, mode: wire.KeyMode = wire.KeyMode.UPDATE) -> wire.Key:
+    return wire.Key(mode, (b"app", b"items", b"id", k.encode()))
+
+
+def update(k: str, v: str, n: int = 0) -> wire.Writeset:
+    return wire.Writeset(1, 1, 0, (T,), (wire.Row("U", 0, (k.encode(),), (k.encode(), v.encode(), b"%d" % n)),),
+                         (key(k),))
+
+
+def insert(k: str, v: str, n: int = 0) -> wire.Writeset:
+    return wire.Writeset(1, 1, 0, (T,), (wire.Row("I", 0, (), (k.encode(), v.encode(), b"%d" % n)),),
+                         (key(k, wire.KeyMode.EXCLUSIVE),))
+
+
+def delete(k: str) -> wire.Writeset:
+    return wire.Writeset(1, 1, 0, (T,), (wire.Row("D", 0, (k.encode(),)),), (key(k, wire.KeyMode.EXCLUSIVE),))
+
+
+class SiteSim:
+    """One site as its log and database see it: a GID counter, the rows of app.items, the
+    stamps, the exceptions, the link's position row; local commits stamped as
+    extension/chorus_stamp.c does, link writesets applied as the pipeline does."""
+
+    def __init__(self, name: str, peer: str, **conflict: Any) -> None:
+        self.name = name
+        self.gid = 0
+        self.rows: dict[bytes, tuple[wire.Value, ...]] = {}
+        self.stamps: dict[bytes, tuple[str, int, int]] = {}
+        self.exceptions: list[tuple[wire.Value, ...]] = []
+        self.position: Optional[tuple[object, ...]] = None
+        self.log: list[LogRecord] = []
+        self.link = LinkConfig(LINK, name, peer, "c", "k", "pc", "s", listen="h:1", peers=("h:2",), **conflict)
+        self.settings = link_settings(self.link)
+        self.sent: list[bp.LinkWriteset] = []
+        self.inbound = Inbound("n1", self.link, self._send, self._read, window=1000, wall=lambda: T0 / 1e6)
+        self.outbound: Optional[Outbound] = None  # this site's sender, to the peer
+        self.decisions: list[Settlement] = []
+
+    def _send(self, msg: bp.Message) -> None:
+        assert isinstance(msg, bp.LinkWriteset)
+        self.sent.append(msg)
+
+    async def _read(self) -> Optional[lp.PositionRow]:
+        return lp.PositionRow.of(self.position)
+
+    # -- the database
+    def _apply_rows(self, ws: wire.Writeset) -> None:
+        for item in ws.rows:
+            assert isinstance(item, wire.Row)
+            t = ws.tables[item.table]
+            if t.relname == "items":
+                if item.op == "D":
+                    self.rows.pop(key_text(t.columns[0], item.old[0] or b""), None)
+                else:
+                    self.rows[key_text(t.columns[0], item.new[0] or b"")] = item.new
+            elif t == STAMP_TABLE:
+                k = bytes.fromhex(bytes(item.new[0] or b"")[2:].decode())
+                assert (k in self.stamps) == (item.op == "U"), "an UPDATE of a stamp that is there, else an INSERT"
+                self.stamps[k] = (bytes(item.new[1] or b"").decode(), int(item.new[2] or 0), 0)
+            elif t == EXCEPTIONS_TABLE:
+                self.exceptions.append(item.new)
+            elif t == lp.POSITION_TABLE:
+                v = [bytes(x or b"") for x in item.new]
+                self.position = (v[0].decode(), v[1].decode(), int(v[2]), int(v[3]), int(v[4]), 0)
+
+    def commit(self, ws: wire.Writeset) -> int:
+        """A local transaction: its GID, its rows, its stamps (every non-reference key)."""
+        self.gid += 1
+        self._apply_rows(ws)
+        for k in ws.keys:
+            if k.mode != wire.KeyMode.REFERENCE:
+                self.stamps[stamp_hash(k.parts)] = (self.name, self.gid, 0)
+        self.log.append(LogRecord(self.gid, "n1", 0, wire.encode(ws)))
+        return self.gid
+
+    def apply_link(self, msg: bp.LinkWriteset) -> lp.Decision:
+        """A link writeset at its GID, decided from the state as of the GID before."""
+        self.gid += 1
+        current = lp.PositionRow.of(self.position)
+        decision = lp.decide(msg, current)
+        if decision == lp.Decision.APPLY:
+            plan = Settlement(msg, wire.decode(msg.writeset), current, self.gid, self.settings)
+            stamps = [(k, *self.stamps[k]) for k in plan.stamp_keys() if k in self.stamps]
+            values = {k.hashed(): self.rows.get(params[0].encode()) for _t, k, params in plan.wanted(stamps)}
+            final = plan.final(stamps, values)
+            self.decisions.append(plan)
+        else:
+            final = lp.final_writeset(msg, None, current, decision)
+        self._apply_rows(wire.decode(final))
+        self.log.append(LogRecord(self.gid, lp.origin(LINK), 0, final))
+        return decision
+
+    # -- the link
+    def serve(self, upto: int) -> list[Any]:
+        """What this site's sender sends from its log up to GID ``upto`` (from where it got to)."""
+        if self.outbound is None:
+            self.outbound = Outbound(self.name, self.link.peer_site, Position(0), RuleSet(), NoSql(),
+                                     provenance(self.link), clock_interval=1e9)
+        out: list[Any] = []
+        for r in self.log:
+            if self.outbound.position < r.gid <= upto:
+                out += self.outbound.take(r, 0.0)
+        return out
+
+    def receive(self, frames: list[Any]) -> None:
+        """The receiver: each frame into the sink; each link writeset it sends on is applied
+        here at once (the site's total order) and its outcome heard."""
+        async def go() -> None:
+            for f in frames:
+                if isinstance(f, Record):
+                    item: Any = RemoteTransaction(f.site, f.gid, f.commit_time, wire.decode(f.writeset))
+                else:
+                    item = f
+                await self.inbound.sink(item)
+                while self.sent:
+                    msg = self.sent.pop(0)
+                    self.inbound.committed(msg.ticket, self.apply_link(msg))
+        asyncio.run(go())
+
+    def value(self, k: str) -> Optional[bytes]:
+        row = self.rows.get(k.encode())
+        return None if row is None else row[1]
+
+    def conflicts(self) -> list[tuple[str, str, str]]:
+        """(row key, detection, decision) of each recorded conflict."""
+        return [(bytes(e[4] or b"").decode(), bytes(e[14] or b"").decode(), bytes(e[16] or b"").decode())
+                for e in self.exceptions]
+
+
+def sites(**conflict: Any) -> tuple[SiteSim, SiteSim]:
+    """A steady start ([epoch] "Determining happened before"): rows made on A, applied by B,
+    and the clocks gone round, so no window is open."""
+    a, b = SiteSim("A", "B", **conflict), SiteSim("B", "A", **conflict)
+    a.commit(insert("x", "start"))
+    a.commit(insert("y", "start"))
+    exchange(a, b)
+    b.commit(update("w", "B's first"))  # (a row only B has: what B sends carries A's clock back)
+    exchange(a, b)
+    assert a.conflicts() == [] and b.conflicts() == [] and a.rows == b.rows
+    return a, b
+
+
+def exchange(a: SiteSim, b: SiteSim, rounds: int = 2) -> None:
+    """Each sends the other everything it has (a few times: reflections come back)."""
+    for _ in range(rounds):
+        b.receive(a.serve(a.gid))
+        a.receive(b.serve(b.gid))
+
+
+def test_concurrent_changes_of_one_row_are_detected_on_both_sites_and_settled_alike() -> None:
+    """[epoch]: MA1 and MB1 change row X before either has the other's: B applies MA1 over MB1
+    and A applies MB1 over MA1, so each detects the conflict when the other's change arrives;
+    latest-commit-wins (equal commit times: the site that sorts last, B) leaves both with B's."""
+    a, b = sites()
+    a.commit(update("x", "from A"))  # MA1
+    b.commit(update("x", "from B"))  # MB1
+    exchange(a, b)
+    assert a.conflicts() == [('"app"."items" (id)=(x)', "row", "took-remote")]
+    assert b.conflicts() == [('"app"."items" (id)=(x)', "row", "kept-local")]
+    assert a.value("x") == b.value("x") == b"from B"
+    assert a.rows == b.rows
+
+
+def test_primary_wins_on_both_sites() -> None:
+    a, b = sites(policy="primary-wins", primary="A")
+    a.commit(update("x", "from A"))
+    b.commit(update("x", "from B"))
+    exchange(a, b)
+    assert [c[2] for c in a.conflicts()] == ["kept-local"]
+    assert [c[2] for c in b.conflicts()] == ["took-remote"]
+    assert a.value("x") == b.value("x") == b"from A"
+
+
+def test_a_change_after_the_other_sites_came_back_is_not_flagged() -> None:
+    """The window closes: A changes X, B applies it (and its clock comes back to A), then B
+    changes X: not a conflict at A (B's change happened after MA1 at B); nor the other way."""
+    a, b = sites()
+    a.commit(update("x", "A first"))
+    exchange(a, b)
+    b.commit(update("x", "B after"))
+    exchange(a, b)
+    a.commit(update("x", "A again"))
+    exchange(a, b)
+    assert a.conflicts() == [] and b.conflicts() == []
+    assert a.value("x") == b.value("x") == b"A again"
+
+
+def test_changes_of_different_rows_are_not_flagged() -> None:
+    a, b = sites()
+    a.commit(update("x", "A"))
+    b.commit(update("y", "B"))
+    exchange(a, b)
+    assert a.conflicts() == [] and b.conflicts() == []
+    assert a.rows == b.rows
+
+
+def test_max_replicated_follows_the_reflections() -> None:
+    """A's own clock comes back in B's stream at the point where B applied A's change (the
+    link writeset B committed carries it, B's sender passes it as a CLOCK frame), and A's link
+    position holds it: the window's lower bound."""
+    a, b = sites()
+    g = a.commit(update("x", "A"))
+    b.receive(a.serve(a.gid))
+    frames = b.serve(b.gid)
+    assert ClockEvent("A", g + 1) in frames
+    b.commit(update("y", "B"))  # something of B's to carry the reflection into A's position
+    a.receive(frames + b.serve(b.gid))
+    assert a.position is not None and int(a.position[4]) >= g + 1  # type: ignore[call-overload]
+
+
+def test_a_delete_against_an_update_is_settled_alike() -> None:
+    a, b = sites()
+    a.commit(delete("x"))
+    b.commit(update("x", "B"))
+    exchange(a, b)
+    assert len(a.conflicts()) == 1 and len(b.conflicts()) == 1
+    assert a.value("x") == b.value("x") == b"B"  # B's is the later by the tie-break: the row is back
+
+
+def test_epoch_trans_rejects_the_whole_transaction_on_the_primary() -> None:
+    """NDB$EPOCH_TRANS: B's transaction changes X (in conflict) and Z (not): on the primary A
+    neither is applied; B takes A's version of X and its own Z stays."""
+    a, b = sites(policy="primary-wins", primary="A", detection="transaction")
+    a.commit(update("x", "A"))
+    both = wire.Writeset(1, 1, 0, (T,), (wire.Row("U", 0, (b"x",), (b"x", b"B", b"0")),
+                                         wire.Row("I", 0, (), (b"z", b"B", b"0")),
+                                         wire.Row("U", 0, (b"y",), (b"y", b"B", b"0"))),
+                         (key("x"), key("z", wire.KeyMode.EXCLUSIVE), key("y")))
+    b.commit(both)
+    exchange(a, b)
+    assert sorted(a.conflicts()) == [('"app"."items" (id)=(x)', "row", "kept-local"),
+                                     ('"app"."items" (id)=(y)', "transaction", "rejected"),
+                                     ('"app"."items" (id)=(z)', "transaction", "rejected")]
+    assert a.value("y") == b"start" and b.value("y") == b"B"
+    assert a.value("x") == b.value("x") == b"A"
+    assert a.value("z") is None and b.value("z") == b"B"  # realignment of z (the arbiter's) is not built yet
+    y = next(e for e in a.exceptions if b"(y)" in bytes(e[4] or b""))
+    assert b'"v":"start"' in bytes(y[8] or b"") and b'"v":"start"' in bytes(y[17] or b"")  # local row, result
+    z = next(e for e in a.exceptions if b"(z)" in bytes(e[4] or b""))
+    assert z[5] is None and z[8] is None  # no stamp, no local row: the local version is absent
+
+
+def sent_on(a: SiteSim, b: SiteSim) -> list[bp.LinkWriteset]:
+    """The link writesets b's receiver sends on for what a's sender has, not applied yet."""
+    msgs: list[bp.LinkWriteset] = []
+    inbound = Inbound("n1", b.link, lambda m: msgs.append(m) if isinstance(m, bp.LinkWriteset) else None, b._read,
+                      window=1000, wall=lambda: T0 / 1e6)
+
+    async def go() -> None:
+        await inbound.position()
+        for f in a.serve(a.gid):
+            if isinstance(f, Record):
+                await inbound.sink(RemoteTransaction(f.site, f.gid, f.commit_time, wire.decode(f.writeset)))
+    asyncio.run(go())
+    return msgs
+
+
+def test_every_node_commits_the_same_bytes() -> None:
+    """The decision depends only on the link writeset and the state as of its GID: two nodes
+    of a site with the same state decide the same writeset, byte for byte."""
+    a, b = sites()
+    twin = SiteSim("B", "A")
+    a.commit(update("x", "A"))
+    b.commit(update("x", "B"))
+    msgs = sent_on(a, b)
+    for attr in ("gid", "rows", "stamps", "position"):
+        setattr(twin, attr, dict(getattr(b, attr)) if isinstance(getattr(b, attr), dict) else getattr(b, attr))
+    twin.log = []
+    b.log = []
+    for m in msgs:
+        b.apply_link(m)
+        twin.apply_link(m)
+    assert [r.payload for r in b.log] == [r.payload for r in twin.log]
+    assert b.conflicts() and b.exceptions == twin.exceptions
+
+
+def test_stamp_hash_is_sha256_of_the_key_parts() -> None:
+    parts = (b"app", b"items", b"id", b"7")
+    want = hashlib.sha256(b"".join(struct.pack(">I", len(p)) + p for p in parts)).digest()[:16]
+    assert stamp_hash(parts) == want
+    assert table_stamp_key(T) == stamp_hash((b"app", b"items"))
+
+
+def test_a_table_stamped_as_a_whole_counts_for_its_rows() -> None:
+    """A writeset past chorus.max_row_keys_per_table stamps its table: an incoming change of
+    any of its rows within the window is in conflict."""
+    a, b = sites()
+    a.gid += 1
+    a.stamps[table_stamp_key(T)] = ("A", a.gid, 0)
+    b.commit(update("y", "B"))
+    a.receive(b.serve(b.gid))
+    assert [c[0] for c in a.conflicts()] == ['"app"."items" (id)=(y)']
+
+
+@pytest.mark.parametrize("conflict, says", [
+    (dict(policy="newest"), "unknown conflict policy"),
+    (dict(policy="primary-wins"), "needs primary"),
+    (dict(policy="primary-wins", primary="C"), "needs primary"),
+    (dict(table_policy=(("app.items", "x"),)), "unknown conflict policy"),
+])
+def test_settings_that_cannot_decide_are_refused(conflict: dict[str, Any], says: str) -> None:
+    with pytest.raises(SettleError, match=says):
+        link_settings(LinkConfig(LINK, "A", "B", "c", "k", "pc", "s", peers=("h:1",), **conflict))
+    with pytest.raises(ValueError, match="detection"):
+        link_settings(LinkConfig(LINK, "A", "B", "c", "k", "pc", "s", peers=("h:1",), detection="rows"))
+
+
+def test_a_table_policy_overrides_the_links() -> None:
+    s = Settings("A", "B", "latest-commit-wins", "A", Detection.ROW, {"app.items": "primary-wins"})
+    assert s.policy_for(T).name == "primary-wins"
+    assert s.policy_for(wire.Table("app", "other", T.columns, (0,))).name == "latest-commit-wins"
+    assert s.arbiter == "A" and Settings("B", "A").arbiter == "A"
+
+
+def test_binary_key_values_meet_their_text_stamps() -> None:
+    """An int4 key travels in its binary send form in the rows and as text in the keys (and so
+    in the stamps the extension writes): the apply matches them."""
+    tb = wire.Table("app", "items", (wire.Column("id", "integer"), wire.Column("v", "text"),
+                                     wire.Column("n", "integer")), (0,))
+
+    def upd(k: int, v: str) -> wire.Writeset:
+        kb = wire.Binary(k.to_bytes(4, "big"))
+        return wire.Writeset(1, 1, 0, (tb,), (wire.Row("U", 0, (kb,), (kb, v.encode(), wire.Binary(bytes(4)))),),
+                             (wire.Key(wire.KeyMode.UPDATE, (b"app", b"items", b"id", b"%d" % k)),))
+    a, b = SiteSim("A", "B"), SiteSim("B", "A")
+    a.commit(wire.Writeset(1, 1, 0, (tb,), (wire.Row("I", 0, (), (wire.Binary(bytes(3) + b"\x07"), b"s",
+                                                                  wire.Binary(bytes(4)))),),
+                           (wire.Key(wire.KeyMode.EXCLUSIVE, (b"app", b"items", b"id", b"7")),)))
+    exchange(a, b)
+    b.commit(upd(8, "B's own"))
+    exchange(a, b)
+    assert a.conflicts() == [] and b.conflicts() == []
+    a.commit(upd(7, "A"))
+    b.commit(upd(7, "B"))
+    exchange(a, b)
+    assert [c[:2] for c in a.conflicts()] == [('"app"."items" (id)=(7)', "row")]
+    assert [c[:2] for c in b.conflicts()] == [('"app"."items" (id)=(7)', "row")]
+    assert a.value("7") == b.value("7") == b"B"
+    assert b'"id":"7"' in bytes(a.exceptions[0][8] or b"")  # the local row, its key as text
+
+
+@pytest.mark.parametrize("typname, raw, text", [
+    ("integer", b"\xff\xff\xff\xfe", b"-2"), ("int8", (2**40).to_bytes(8, "big"), b"1099511627776"),
+    ("smallint", b"\x00\x07", b"7"), ("oid", b"\xff\xff\xff\xff", b"4294967295"), ("boolean", b"\x01", b"t"),
+])
+def test_binary_key_values_as_text(typname: str, raw: bytes, text: bytes) -> None:
+    assert key_text(wire.Column("k", typname), wire.Binary(raw)) == text
+    assert key_text(wire.Column("k", typname), text) == text  # text stays
+
+
+def test_a_key_of_a_binary_type_without_a_text_here_is_refused_clearly() -> None:
+    with pytest.raises(ValueError, match="of type numeric comes in binary form"):
+        key_text(wire.Column("id", "numeric"), wire.Binary(b"\x00\x01"))
+
+
+def test_a_node_whose_settings_differ_from_the_receivers_does_not_decide() -> None:
+    """The receiver's settings travel as a fingerprint in each link writeset: a node configured
+    otherwise fails the apply (inconsistency voting then settles which nodes stay) rather than
+    settle conflicts differently from the others."""
+    a, b = sites()
+    other = SiteSim("B", "A", policy="primary-wins", primary="A")
+    assert other.settings.fingerprint != b.settings.fingerprint
+    a.commit(update("x", "A"))
+    msgs = sent_on(a, b)
+    (m,) = msgs
+    assert m.settings == b.settings.fingerprint
+    other.position = b.position
+    with pytest.raises(SettleError, match="differ from those of node n1"):
+        other.apply_link(m)
+    assert b.apply_link(m) == lp.Decision.APPLY
