@@ -50,6 +50,19 @@ def test_link_writeset_message_round_trip() -> None:
     assert bp.encode(m)[:2] == bytes([bp.VERSION]) + b"K"
 
 
+def test_link_writeset_at_version_3_carries_no_settings_fingerprint() -> None:
+    """The fingerprint is a version-4 field: a cluster still at version 3 (a node of the release
+    before among its members) reads the message as that release wrote it, and a node then finds
+    no fingerprint to match its own, so it does not settle with settings it cannot compare."""
+    from proto_v3_release import decode as v3_decode  # the release before's own reader
+    m = step(after=4, peer_gid=9)
+    old = bp.encode(m, 3)
+    assert old[:2] == b"\x03K"
+    assert bp.decode(old) == dataclasses.replace(m, settings="")
+    assert v3_decode(old).writeset == m.writeset
+    assert bp.decode(bp.encode(m, 4)).settings == m.settings
+
+
 @pytest.mark.parametrize("bad, says", [
     (dict(after=5, peer_gid=5), "not a range"),
     (dict(after=6, peer_gid=5), "not a range"),
