@@ -140,20 +140,21 @@ def test_update_from_0_1_equals_a_fresh_0_2(server: PlainPostgres) -> None:
                 assert row[4] is not None and any(s.startswith("search_path=pg_catalog, pg_temp") for s in row[4]), row
 
 
-def test_update_from_0_2_equals_a_fresh_0_3(server: PlainPostgres) -> None:
-    """0.3 adds chorus.link_position, chorus.link_stamp and chorus.link_exceptions (docs/LINKS.md
-    sections 3, 5 and 9), owned by the extension, readable by pg_read_all_stats only; a 0.1 node
-    goes through 0.2 to it."""
-    with _made(_db(server, "up02"), "0.2") as old, _made(_db(server, "up01c"), "0.1") as older, \
-            _made(_db(server, "fresh03"), "0.3") as fresh:
-        for c in (old, older):
+def test_update_from_0_1_0_2_and_0_3_equals_a_fresh_0_4(server: PlainPostgres) -> None:
+    """0.3 adds chorus.link_position, 0.4 chorus.link_stamp and chorus.link_exceptions
+    (docs/LINKS.md sections 3, 5 and 9), owned by the extension, readable by pg_read_all_stats
+    only; a node at 0.1 or 0.2 goes through each version to it."""
+    with _made(_db(server, "up03"), "0.3") as v3, _made(_db(server, "up02"), "0.2") as old, \
+            _made(_db(server, "up01c"), "0.1") as older, _made(_db(server, "fresh04"), "0.4") as fresh:
+        assert sorted(r[0] for r in _state(v3)["tables"]) == ["link_position"]
+        for c in (v3, old, older):
             c.execute("ALTER EXTENSION chorus UPDATE")
-            assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'chorus'").fetchone() == ("0.3",)
+            assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'chorus'").fetchone() == ("0.4",)
         want = _state(fresh)
         assert sorted(r[0] for r in want["tables"]) == ["link_exceptions", "link_position", "link_stamp"]
         for table in want["tables"]:
             assert "pg_read_all_stats=r/" in table[1] and "=r/" not in table[1].replace("pg_read_all_stats=r/", "")
-        for c in (old, older):
+        for c in (v3, old, older):
             got = _state(c)
             for part in want:
                 assert got[part] == want[part], part
