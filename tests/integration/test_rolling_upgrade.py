@@ -5,9 +5,12 @@ cluster runs at version 3 while one old node is a member and at 4 once the last 
 nodes end identical.
 
 The release before is a coordinator built beside this tree: ``CHORUS_PREV_CHORUS`` names its
-``chorus`` executable (by default /tmp/chorus-prev/.venv/bin/chorus, made by ``git worktree add
-/tmp/chorus-prev b2fa3c9``, a venv there and ``pip install -e .``). Its extension is the same as
-this tree's (the writeset format did not change), so one PostgreSQL install serves both.
+``chorus`` executable (for instance one made by ``git worktree add /tmp/chorus-prev b2fa3c9``, a
+venv there and ``pip install -e .``). Without it, the test takes the coordinator of commit
+:data:`PREVIOUS_RELEASE` out of this repository's history (``git archive``) and runs it with this
+tree's Python environment on its pure-Python path (its compiled parts are not built); without
+that history (a shallow clone) it is skipped. Its extension is the same as this tree's (the
+writeset format did not change), so one PostgreSQL install serves both.
 
 It found that answers written by this release echoed a request id without the versions that rode
 in it, so the release before never counted those joiners in and gave other GIDs than the rest
@@ -18,12 +21,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import psycopg
 import pytest
@@ -33,7 +37,8 @@ from conftest import Cluster
 
 pytestmark = pytest.mark.integration
 
-PREV = os.environ.get("CHORUS_PREV_CHORUS", "/tmp/chorus-prev/.venv/bin/chorus")
+PREVIOUS_RELEASE = "b2fa3c9"  # main before bus versions 3..4: it speaks version 3 only
+PREV = os.environ.get("CHORUS_PREV_CHORUS", "")
 PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 140
 
 
@@ -87,9 +92,41 @@ def _wait_version(c: Cluster, names: list[str], version: int, timeout: float = 6
     raise AssertionError(f"bus_version is not {version} on {names}: {seen}")
 
 
-@pytest.mark.skipif(not os.access(PREV, os.X_OK), reason=f"no coordinator of the release before at {PREV} "
-                    "(CHORUS_PREV_CHORUS; see this module's docstring)")
-def test_a_cluster_of_the_release_before_is_upgraded_one_node_at_a_time_under_writes() -> None:
+@pytest.fixture(scope="module")
+def previous() -> Iterator[str]:
+    """The ``chorus`` executable of the release before (this module's docstring)."""
+    if PREV:
+        if not os.access(PREV, os.X_OK):
+            pytest.fail(f"CHORUS_PREV_CHORUS={PREV} is not an executable")
+        yield PREV
+        return
+    repo = Path(__file__).resolve().parents[2]
+    where = Path(tempfile.mkdtemp(prefix="chorus-prev-", dir="/tmp"))
+    try:
+        os.chmod(where, 0o755)  # the coordinators run as the service user
+        archive = subprocess.run(["git", "-C", str(repo), "archive", PREVIOUS_RELEASE, "coordinator"],
+                                 capture_output=True)
+        if archive.returncode != 0:
+            pytest.skip(f"commit {PREVIOUS_RELEASE} is not in this clone's history: "
+                        f"{archive.stderr.decode(errors='replace').strip()[:200]}")
+        subprocess.run(["tar", "-x", "-C", str(where)], input=archive.stdout, check=True)
+        # its compiled parts are not built: a module that says so, where this tree's editable install
+        # would otherwise lend it this tree's (pure-Python path, as CHORUS_IMPL=python)
+        for pyx in (where / "coordinator" / "chorus").glob("_c*.pyx"):
+            pyx.with_suffix(".py").write_text("raise ImportError('not built in the release before here')\n")
+        run = where / "chorus"
+        run.write_text(f"#!/bin/sh\nPYTHONPATH={where / 'coordinator'} CHORUS_IMPL=python "
+                       f"exec {sys.executable} -m chorus \"$@\"\n")
+        run.chmod(0o755)
+        version = subprocess.run([str(run), "--version"], capture_output=True, text=True)
+        assert "0.3.0" in version.stdout + version.stderr, version
+        yield str(run)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def test_a_cluster_of_the_release_before_is_upgraded_one_node_at_a_time_under_writes(previous: str) -> None:
+    PREV = previous
     directory = tempfile.mkdtemp(prefix="chorus-upg-", dir="/tmp")
     os.chmod(directory, 0o755)
     lc = LocalCluster(directory, log=lambda s: print(s, file=sys.stderr))
