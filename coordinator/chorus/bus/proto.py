@@ -20,6 +20,10 @@ types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8, blobs ``u32
 | ``O`` | :class:`Vote` | a node that failed to apply a certified writeset, then every node: its outcome for that GID (inconsistency voting) |
 | ``R`` | :class:`Received` | a following node whose Corosync is one of several: it has delivered every GID up to this one (uniform commit) |
 | ``K`` | :class:`LinkWriteset` | the node running a link's receiver: a transaction of the peer site, applied through this site's order (docs/LINKS.md section 3); consumes a GID |
+| ``C`` | :class:`Configure` | a member asked by ``chorus node add``/``remove``: the cluster's configured nodes from this place of the order on (docs/MEMBERSHIP.md) |
+
+``Q`` and ``G`` end with the configured set their sender holds (version, nodes, tie breaker):
+optional, absent in messages from before it (read as none).
 
 The messages that carry writesets (``W`` and ``M``) have a compiled codec beside the pure-Python
 reference (``py_encode_writesets``, ``py_decode_writesets``; ``chorus/_cproto.pyx``), chosen by
@@ -61,6 +65,7 @@ class MessageType(bytes, enum.Enum):
     LOG_INFO = b"I"
     LEAVE = b"X"
     LINK_WRITESET = b"K"
+    CONFIGURE = b"C"
 
 
 class BusProtoError(ValueError):
@@ -127,6 +132,10 @@ class GidRequest:
     log_after: int = 0  # its writeset log holds every GID after this one ...
     log_high: int = 0  # ... up to this one
     records: tuple[RecordT, ...] = ()  # what it remembers of the primary component's members
+    # the configured set it holds (confchange.ClusterConfig; version 0: none, the nodes' own)
+    config_version: int = 0
+    config_nodes: tuple[str, ...] = ()
+    config_tie: str = ""
 
 
 @dataclass(frozen=True)
@@ -154,6 +163,24 @@ class GidReply:
     # every node's latest GID request at that position, (node, request id, bus member): an answer
     # to an earlier one than a node's latest is stale, and every node ignores it
     requests: tuple[tuple[str, str, str], ...] = ()
+    # the configured set at that position (confchange.ClusterConfig; version 0: none yet)
+    config_version: int = 0
+    config_nodes: tuple[str, ...] = ()
+    config_tie: str = ""
+
+
+@dataclass(frozen=True)
+class Configure:
+    """``chorus node add``/``remove``: from this place of the order on, the cluster's configured
+    nodes are ``nodes`` (configuration ``version``, the one before plus one; ``tie_breaker`` the
+    bus node whose half wins an even split, "" for none). ``node`` is the member that sends it
+    for the operator, ``request_id`` its own, to answer the operator with the outcome. Every
+    member applies it or refuses it alike (confchange.change_problem)."""
+    node: str
+    request_id: str
+    version: int
+    nodes: tuple[str, ...]
+    tie_breaker: str = ""
 
 
 @dataclass(frozen=True)
@@ -238,7 +265,7 @@ class LogInfo:
 
 
 Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress, FlowControl,
-                DdlResult, SyncMarker, LogQuery, LogInfo, Received, Vote, Leave, LinkWriteset]
+                DdlResult, SyncMarker, LogQuery, LogInfo, Received, Vote, Leave, LinkWriteset, Configure]
 
 _LINK_NUMBERS = struct.Struct(">QQQQQQQ")  # ticket, after, peer GID, peer clock, max replicated, commit time, sent at
 MAX_LINK_NAME = 64  # link and site names (link/proto.py's bound)
@@ -313,6 +340,23 @@ def _read_records(r: "_R") -> tuple[RecordT, ...]:
     return tuple(out)
 
 
+def _config(version: int, nodes: tuple[str, ...], tie: str, optional: bool = True) -> bytes:
+    """A configured set at a message's end; ``optional``: nothing for none (version 0), so a
+    cluster whose nodes were never changed sends what it sent before."""
+    if optional and version == 0:
+        return b""
+    return struct.pack(">QH", version, len(nodes)) + b"".join(_s(n) for n in nodes) + _s(tie)
+
+
+def _read_config(r: "_R") -> tuple[int, tuple[str, ...], str]:
+    """The optional configured set at a message's end: none if the message ends before it."""
+    if r.p == len(r.b):
+        return 0, (), ""
+    version = r.u64()
+    nodes = tuple(r.s() for _ in range(r.u16()))
+    return version, nodes, r.s()
+
+
 def encode(m: Message) -> bytes:
     head = bytes([VERSION])
     if isinstance(m, WritesetMsg):
@@ -325,7 +369,7 @@ def encode(m: Message) -> bytes:
     if isinstance(m, GidRequest):
         return (head + MessageType.GID_REQUEST.value + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid)
                 + struct.pack(">QBQQ", m.last_gid, 1 if m.join else 0, m.log_after, m.log_high) + _epochs(m.epochs)
-                + _records(m.records))
+                + _records(m.records) + _config(m.config_version, m.config_nodes, m.config_tie))
     if isinstance(m, GidReply):
         out = [head, MessageType.GID_REPLY.value, _s(m.node), _s(m.request_id), _s(m.member), _s(m.cluster_uuid), struct.pack(">QQH", m.gid, m.certified, len(m.online))]
         out += [_s(n) + _s(mid) for n, mid in m.online]
@@ -343,7 +387,11 @@ def encode(m: Message) -> bytes:
         out += [struct.pack(">QQ", g, prev) + _s(origin) + _blob(ws) for g, prev, origin, ws in m.unstable]
         out.append(struct.pack(">H", len(m.requests)))
         out += [_s(n) + _s(rid) + _s(member) for n, rid, member in m.requests]
+        out.append(_config(m.config_version, m.config_nodes, m.config_tie))
         return b"".join(out)
+    if isinstance(m, Configure):
+        return (head + MessageType.CONFIGURE.value + _s(m.node) + _s(m.request_id)
+                + _config(m.version, m.nodes, m.tie_breaker, optional=False))
     if isinstance(m, Bootstrap):
         return head + MessageType.BOOTSTRAP.value + _s(m.node) + _s(m.cluster_uuid) + struct.pack(">QQ", m.gid, m.epoch)
     if isinstance(m, Leave):
@@ -454,7 +502,7 @@ def decode(b: Union[bytes, SpooledBuffer]) -> Message:
             raise BusProtoError("GID request join flag is neither 0 nor 1")
         log_after, log_high = r.u64(), r.u64()
         m = GidRequest(node, rid, uuid, last_gid, join == b"\x01", _read_epochs(r), log_after, log_high,
-                       _read_records(r))
+                       _read_records(r), *_read_config(r))
     elif t == MessageType.GID_REPLY:
         node, rid, member, uuid = r.s(), r.s(), r.s(), r.s()
         gid = r.u64()
@@ -472,7 +520,13 @@ def decode(b: Union[bytes, SpooledBuffer]) -> Message:
         unstable = tuple((r.u64(), r.u64(), r.s(), r.blob()) for _ in range(n))
         requests = tuple((r.s(), r.s(), r.s()) for _ in range(r.u16()))
         m = GidReply(node, rid, member, uuid, gid, certified, online, progress, cert, paused, compat, synced,
-                     epochs, records, released, unstable, requests)
+                     epochs, records, released, unstable, requests, *_read_config(r))
+    elif t == MessageType.CONFIGURE:
+        node, rid = r.s(), r.s()
+        version, nodes, tie = _read_config(r)
+        if version == 0:
+            raise BusProtoError("a configuration change to version 0")
+        m = Configure(node, rid, version, nodes, tie)
     elif t == MessageType.BOOTSTRAP:
         m = Bootstrap(r.s(), r.s(), r.u64(), r.u64())
     elif t == MessageType.LEAVE:
