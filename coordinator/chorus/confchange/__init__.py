@@ -117,8 +117,13 @@ def change_problem(current: Optional[ClusterConfig], current_count: int, new: Cl
         if len(set(current.nodes) ^ set(new.nodes)) != 1:
             return (f"it changes more than one node ({', '.join(current.nodes)} to {', '.join(new.nodes)}): "
                     "add or remove one node at a time")
-    elif current_count and abs(current_count - len(new.nodes)) != 1:
-        return (f"it changes {current_count} configured nodes to {len(new.nodes)}: add or remove one node at a time")
+    elif current_count:
+        # before the first change only the count is known, and the members online among them
+        dropped = [n for n in online if n not in new.nodes]
+        if abs(current_count - len(new.nodes)) != 1 or len(dropped) > (len(new.nodes) < current_count):
+            return (f"it changes {current_count} configured nodes to {len(new.nodes)} "
+                    f"({', '.join(new.nodes)}; members online: {', '.join(sorted(online))}): "
+                    "add or remove one node at a time")
     if not quorum_of(new, online, shared_bus):
         here = sorted(n for n in online if n in new.nodes)
         return (f"the members online among the new nodes ({', '.join(here) or 'none'}) are not a quorum of "
