@@ -528,6 +528,11 @@ class LocalCluster:
             raise LocalClusterError(f"the cluster refused the change: {resp.get('error')}")
         return str(resp.get("result", ""))
 
+    def _passfile(self, meta: Meta) -> None:
+        """The password file with a line for every node's port (the same password)."""
+        localauth.write_private(self.passfile, localauth.passfile_text([x.port for x in meta.nodes],
+                                                                       self.password(meta)))
+
     def _rewrite_configs(self, meta: Meta) -> None:
         """Every node's chorus.toml with bus.members = the nodes now (for their next start; the
         running coordinators count from the configured set they switched to)."""
@@ -561,6 +566,7 @@ class LocalCluster:
             raise LocalClusterError(f"node number {n.number} is above chorus.max_nodes ({MAX_NODES}): sequences "
                                     "would collide")
         meta.nodes.append(n)
+        self._passfile(meta)
         try:
             self._init_node(meta, n)
             self._start_postgres(n)
@@ -618,6 +624,7 @@ class LocalCluster:
         meta.nodes.remove(n)
         self.save(meta)
         self._rewrite_configs(meta)
+        self._passfile(meta)
         gone = self.node_dir(name).with_name(f"{name}.removed-{int(time.time())}")
         self.node_dir(name).rename(gone)
         self.log(f"{name}: removed ({result}); its files are in {gone}")
