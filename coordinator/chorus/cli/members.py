@@ -92,11 +92,15 @@ def _configure(admin: str, st: dict[str, Any], nodes: list[str]) -> str:
     return str(resp.get("result", ""))
 
 
-def _current(st: dict[str, Any], conf_nodes: list[CorosyncNode]) -> list[str]:
-    """The configured nodes: the cluster's set once changed, else corosync.conf's node names."""
+def _current(st: dict[str, Any], conf_nodes: list[CorosyncNode], name: str, adding: bool) -> list[str]:
+    """The configured nodes: the cluster's set once changed, else corosync.conf's node names as
+    they were before this change (a node added with ``--conf-only`` on this host is in the file
+    already; a node to remove must still be in it: run the change on a host whose file has it)."""
     if st.get("config_version"):
         return list(st.get("configured_nodes") or [])
-    names = [n.name for n in conf_nodes]
+    if adding and name in st.get("members", []):
+        return [n.name for n in conf_nodes]  # a member is configured: refused as such
+    names = [n.name for n in conf_nodes if not adding or n.name != name]
     strangers = sorted(set(st.get("members", [])) - set(names))
     if strangers:
         raise ChorusCliError(f"members {', '.join(strangers)} are not named in corosync.conf's node list "
@@ -160,7 +164,7 @@ def add(directory: Optional[str], config_path: Optional[str], name: Optional[str
         return
     admin = _config(config_path).admin_socket
     st = _online(admin)
-    current = _current(st, present)
+    current = _current(st, present, name, adding=True)
     if name in current:
         raise ChorusCliError(f"node {name} is one of the configured nodes already ({', '.join(sorted(current))})")
     problem = quorum_problem(st.get("members", []), current + [name])
@@ -219,7 +223,7 @@ def remove(directory: Optional[str], config_path: Optional[str], name: str, coro
     if cfg.name == name:
         raise ChorusCliError(f"run it on another node than {name}: that one's coordinator stops")
     st = _online(cfg.admin_socket)
-    current = _current(st, present)
+    current = _current(st, present, name, adding=False)
     if name not in current:
         raise ChorusCliError(f"node {name} is not one of the configured nodes ({', '.join(sorted(current))})")
     rest = [n for n in current if n != name]
