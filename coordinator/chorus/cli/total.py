@@ -130,7 +130,8 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
         cfg = c.config(meta, n)
         state = load_state(cfg.state_file, name)
         save_state(cfg.state_file, state.with_(cluster_uuid=dstatus["cluster_uuid"], last_gid=result["gid"], left_by_vote="",
-                                            bootstrap=False, safe_to_bootstrap=False, epochs=_epochs(dstatus)))
+                                            removed="", bootstrap=False, safe_to_bootstrap=False,
+                                            epochs=_epochs(dstatus)))
         if c.as_root:  # the coordinator runs as the service user
             shutil.chown(cfg.state_file, SERVICE_USER, SERVICE_USER)
         c.start(name, wait=False)
@@ -184,7 +185,7 @@ def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster
     # the donor's epochs are not known from its database alone: the node's data is checked against
     # the cluster's history by its GID when it joins
     save_state(cfg.state_file, st.with_(cluster_uuid=cluster_uuid, last_gid=result["gid"], bootstrap=False, left_by_vote="",
-                                        safe_to_bootstrap=False, epochs=()))
+                                        removed="", safe_to_bootstrap=False, epochs=()))
     if owner is not None and os.geteuid() == 0:  # the coordinator's user must still own its state
         os.chown(cfg.state_file, owner.st_uid, owner.st_gid)
     _say(f"{cfg.name}: rebuilt at GID {result['gid']}; start its coordinator now (its service, or "
