@@ -108,6 +108,39 @@ def _current(st: dict[str, Any], conf_nodes: list[CorosyncNode], name: str, addi
     return names
 
 
+def add_on_machine(c: Any, name: Optional[str], port: Optional[int], donor: Optional[str], timeout: float,
+                   spark_master: str, spark_submit: Optional[str], range_rows: int, as_json: bool) -> None:
+    """Add a node to a local cluster or a lab (``c``), rebuild it by total recovery, and wait
+    until it is online."""
+    from chorus.testkit.localcluster import LocalClusterError
+
+    try:
+        n = c.add_node(name, port)
+    except LocalClusterError as e:
+        raise ChorusCliError(str(e)) from e
+    _say(f"{n.name}: rebuilding it by total recovery")
+    rebuilt = total_join_local(str(c.dir), n.name, donor, spark_master, spark_submit, range_rows)
+    st = watch_until_online(c.config(c.load(), n).admin_socket, timeout)
+    if as_json:
+        print_json(dict(st, total_recovery=rebuilt))
+    else:
+        click.echo(f"node {n.name} added; online at GID {st['committed_gid']}")
+
+
+def remove_on_machine(c: Any, name: str, as_json: bool) -> None:
+    """Remove a node from a local cluster or a lab (``c``)."""
+    from chorus.testkit.localcluster import LocalClusterError
+
+    try:
+        result = c.remove_node(name)
+    except LocalClusterError as e:
+        raise ChorusCliError(str(e)) from e
+    if as_json:
+        print_json({"ok": True, "result": result})
+    else:
+        click.echo(f"node {name} removed: {result}")
+
+
 @click.command("add")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), help="A local cluster's directory.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
@@ -130,20 +163,10 @@ def add(directory: Optional[str], config_path: Optional[str], name: Optional[str
     """Add a node to a running cluster: the cluster's configured nodes grow by it at one place of
     the total order on every node (quorum counts it from there), then it joins by total recovery."""
     if directory is not None:
-        from chorus.testkit.localcluster import LocalCluster, LocalClusterError
+        from chorus.testkit.localcluster import LocalCluster
 
-        c = LocalCluster(directory, log=_say)
-        try:
-            n = c.add_node(name, port)
-        except LocalClusterError as e:
-            raise ChorusCliError(str(e)) from e
-        _say(f"{n.name}: rebuilding it by total recovery")
-        rebuilt = total_join_local(directory, n.name, donor, spark_master, spark_submit, range_rows)
-        st = watch_until_online(c.config(c.load(), n).admin_socket, timeout)
-        if as_json:
-            print_json(dict(st, total_recovery=rebuilt))
-        else:
-            click.echo(f"node {n.name} added; online at GID {st['committed_gid']}")
+        add_on_machine(LocalCluster(directory, log=_say), name, port, donor, timeout, spark_master, spark_submit,
+                       range_rows, as_json)
         return
     if config_path is None or not name or not address:
         raise ChorusCliError("give --dir DIR [NAME] (a local cluster), or --config FILE NAME --address ADDR (hosts)")
@@ -195,16 +218,9 @@ def remove(directory: Optional[str], config_path: Optional[str], name: str, coro
     it at one place of the total order on every node (quorum counts without it from there). It
     cannot join again unless it is added again."""
     if directory is not None:
-        from chorus.testkit.localcluster import LocalCluster, LocalClusterError
+        from chorus.testkit.localcluster import LocalCluster
 
-        try:
-            result = LocalCluster(directory, log=_say).remove_node(name)
-        except LocalClusterError as e:
-            raise ChorusCliError(str(e)) from e
-        if as_json:
-            print_json({"ok": True, "result": result})
-        else:
-            click.echo(f"node {name} removed: {result}")
+        remove_on_machine(LocalCluster(directory, log=_say), name, as_json)
         return
     if config_path is None:
         raise ChorusCliError("give --dir DIR (a local cluster) or --config FILE (a host's running member)")

@@ -36,9 +36,13 @@ def _say(line: str) -> None:
 
 
 def _local(directory: str) -> tuple[Any, Any]:
+    """The local cluster in ``directory``, or the lab (chorus lab) if it is one."""
+    from pathlib import Path
+
+    from chorus.testkit.lab.rig import Lab
     from chorus.testkit.localcluster import LocalCluster
 
-    c = LocalCluster(directory, log=_say)
+    c = Lab(directory, log=_say) if (Path(directory) / "lab.json").exists() else LocalCluster(directory, log=_say)
     return c, c.load()
 
 
@@ -46,10 +50,9 @@ def _endpoint(c: Any, meta: Any, n: Any) -> Any:
     """A local node's database over TCP (the diff's tasks reach it so), with the password from
     the cluster's password file; what the DSN leaves out (TLS) from the libpq environment
     (total.conn.Endpoint)."""
-    from chorus.localauth import tcp_dsn
     from chorus.total.recover import Endpoint
 
-    return Endpoint.from_dsn(n.name, tcp_dsn(n.port, c.passfile))
+    return Endpoint.from_dsn(n.name, c.tcp_dsn(n))
 
 
 def database_gid(dsn: str, whose: str) -> int:

@@ -528,6 +528,19 @@ class LocalCluster:
             raise LocalClusterError(f"the cluster refused the change: {resp.get('error')}")
         return str(resp.get("result", ""))
 
+    def _nodes_changed(self, meta: Meta, removed: Optional[NodeMeta]) -> None:
+        """The configured nodes changed to ``meta.nodes`` (``removed``: the node that left): the
+        bus learns them. Nothing here: every node of a local cluster shares one Corosync."""
+
+    def tcp_dsn(self, n: NodeMeta) -> str:
+        """Node ``n``'s database over TCP from this machine (total recovery's diff reads it so)."""
+        return localauth.tcp_dsn(n.port, self.passfile)
+
+    def _free_name(self, meta: Meta, nodes: list[str]) -> str:
+        """The name a node added without one gets."""
+        used = {x.name for x in meta.nodes} | set(nodes)
+        return next(f"n{i}" for i in range(1, 10_000) if f"n{i}" not in used and not self.node_dir(f"n{i}").exists())
+
     def _passfile(self, meta: Meta) -> None:
         """The password file with a line for every node's port (the same password)."""
         localauth.write_private(self.passfile, localauth.passfile_text([x.port for x in meta.nodes],
@@ -550,8 +563,7 @@ class LocalCluster:
         meta = self.load()
         st, nodes = self.configured(meta)
         if name is None:
-            used = {x.name for x in meta.nodes} | set(nodes)
-            name = next(f"n{i}" for i in range(1, 10_000) if f"n{i}" not in used)
+            name = self._free_name(meta, nodes)
         if not NAME.match(name):
             raise LocalClusterError(f"node name {name!r}: 1 to 63 of [A-Za-z0-9_.-]")
         if name in nodes or any(x.name == name for x in meta.nodes):
@@ -588,6 +600,7 @@ class LocalCluster:
         meta.numbers_used = n.number
         self.save(meta)
         self._rewrite_configs(meta)
+        self._nodes_changed(meta, None)
         return n
 
     def remove_node(self, name: str) -> str:
@@ -625,6 +638,7 @@ class LocalCluster:
         self.save(meta)
         self._rewrite_configs(meta)
         self._passfile(meta)
+        self._nodes_changed(meta, n)
         gone = self.node_dir(name).with_name(f"{name}.removed-{int(time.time())}")
         self.node_dir(name).rename(gone)
         self.log(f"{name}: removed ({result}); its files are in {gone}")
