@@ -289,15 +289,19 @@ class Coordinator:
     def _removed(self, why: str) -> None:
         """This node is not one of the cluster's configured nodes any more (or was never added):
         it stops, and does not start again until it is added back (confchange.py)."""
+        self._stop_for_good(why, "the removal", removed=why)
+
+    def _stop_for_good(self, why: str, what: str, **recorded: str) -> None:
+        """Stop, with ``recorded`` written to the state file first so the node does not start again."""
         if self.fatal:
             return
         self.fatal = why
         log.error("%s", why)
         try:
-            self.state = self.state.with_(removed=why)
+            self.state = self.state.with_(**recorded)
             save_state(self.cfg.state_file, self.state)
         except OSError as e:
-            log.error("cannot record the removal in the state file: %s", e)
+            log.error("cannot record %s in the state file: %s", what, e)
         self.stopping.set()
 
     async def _configure(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -330,16 +334,7 @@ class Coordinator:
     def _leave(self, why: str) -> None:
         """This node's data differs from the majority's: stop taking part, and do not start
         again with data the cluster does not have."""
-        if self.fatal:
-            return
-        self.fatal = why
-        log.error("%s", why)
-        try:
-            self.state = self.state.with_(left_by_vote=why)
-            save_state(self.cfg.state_file, self.state)
-        except OSError as e:
-            log.error("cannot record the vote in the state file: %s", e)
-        self.stopping.set()
+        self._stop_for_good(why, "the vote", left_by_vote=why)
 
     # ---- the database -------------------------------------------------------------------
 
