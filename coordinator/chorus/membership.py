@@ -358,6 +358,12 @@ class Membership:
             return None
         if set(self.requests) != set(members):
             return None
+        # Only configured nodes count: a removed node's coordinator started again is in the view
+        # until it is refused, and with no primary component nobody refuses it. (With one Corosync
+        # for all, its coordinator would otherwise count as a vote.)
+        counted = [m for m, r in self.requests.items() if self.configured(r.node)]
+        if not (2 * len(counted) > member_votes if member_votes else votes.holds({bus_node(m) for m in counted})):
+            return None
         # a node removed from the configured set is not waited for (confchange.py)
         cands = [history.Candidate(r.node, r.cluster_uuid, r.last_gid, tuple(Epoch(*e) for e in r.epochs),
                                    r.log_after, r.log_high,

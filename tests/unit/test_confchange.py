@@ -14,6 +14,7 @@ from chorus.actions import Phase, Reconfigure, Reconfigured, Removed, Send
 from chorus.bus import Delivery, View, Votes
 from chorus.bus import proto as bp
 from chorus.confchange import ClusterConfig, change_problem
+from chorus.history import MemberRecord
 from chorus.confchange.corosync_conf import (CorosyncConfError, CorosyncNode, add_node, next_nodeid, read_nodes,
                                              remove_node, tie_breaker)
 from chorus.replicator import Replicator
@@ -395,3 +396,22 @@ def test_re_forming_waits_only_for_configured_nodes() -> None:
     b.view(["n1", "n2", "n3"])
     b.tick()
     assert all(r.phase == Phase.ONLINE for r in b.nodes.values()), [r.reform for r in b.nodes.values()]
+
+
+def test_a_removed_coordinator_started_again_is_no_vote_for_re_forming() -> None:
+    """After n4 is removed, n1 alone with n4's coordinator started again (one Corosync for all:
+    two coordinators in the view of three configured) is not a quorum to re-form from."""
+    b = grown()
+    assert b.configure("n1", 2, ("n1", "n2", "n3")).ok
+    b.view(["n1", "n2", "n3"])
+    r1 = b.nodes["n1"]
+    # n2 and n3 left where n1 holds: n1 would win a re-form if it had a quorum
+    left = {n: MemberRecord(r1.membership.epoch_number, r1.gid, False) for n in ("n2", "n3")}
+    b.nodes = {"n1": Replicator("n1", r1.cluster_uuid, r1.gid, member_votes=3, epochs=r1.epochs,
+                                records={"n1": MemberRecord(r1.membership.epoch_number, r1.gid, True), **left},
+                                config=r1.config),
+               "n4": Replicator("n4", r1.cluster_uuid, r1.gid, member_votes=4, epochs=r1.epochs)}
+    b.members = []
+    b.view(["n1", "n4"])
+    b.tick()
+    assert b.nodes["n1"].phase != Phase.ONLINE and not b.nodes["n1"].accepts_writes
