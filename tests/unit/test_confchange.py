@@ -10,7 +10,8 @@ from typing import Any, Optional
 import pytest
 
 from chorus import confchange
-from chorus.actions import Phase, Reconfigure, Reconfigured, Removed, Send
+from chorus import wire
+from chorus.actions import Apply, LocalVerdict, Phase, Reconfigure, Reconfigured, Removed, Send
 from chorus.bus import Delivery, View, Votes
 from chorus.bus import proto as bp
 from chorus.confchange import ClusterConfig, change_problem
@@ -211,6 +212,8 @@ class Bus:
         self.answers: dict[str, list[Reconfigured]] = {}
         self.removed: dict[str, str] = {}
         self.saved: dict[str, ClusterConfig] = {}
+        self.committed: dict[str, list[int]] = {}  # GIDs released to commit or apply, per node
+        self.mute: set[str] = set()  # nodes whose delivery reports (Received) are lost
         self.members: list[str] = []
         self.view_id = 0
         self.now = 0.0
@@ -232,6 +235,10 @@ class Bus:
                 self.removed[node] = a.reason
             elif isinstance(a, Reconfigure):
                 self.saved[node] = a.config
+            elif isinstance(a, LocalVerdict) and a.ok:
+                self.committed.setdefault(node, []).append(a.gid)
+            elif isinstance(a, Apply):
+                self.committed.setdefault(node, []).append(a.gid)
 
     def view(self, members: list[str], quorum: int = 1, expected: int = 0) -> None:
         self.view_id += 1
@@ -252,7 +259,7 @@ class Bus:
     def drain(self) -> None:
         while self.order:
             sender, payload = self.order.popleft()
-            if sender not in self.members:
+            if sender not in self.members or (sender in self.mute and isinstance(bp.decode(payload), bp.Received)):
                 continue
             for n in self.members:
                 self.act(n, self.nodes[n].on_delivery(Delivery(sender, payload)))
@@ -261,6 +268,15 @@ class Bus:
         self.order.append((by, bp.encode(bp.Configure(by, f"req{version}-{by}", version, nodes))))
         self.drain()
         return self.answers[by][-1]
+
+    def write(self, node: str, key: int) -> None:
+        """A local writeset of ``node`` updating row ``key``."""
+        t = wire.Table("public", "t", (wire.Column("id", "integer"),), (0,))
+        ws = wire.Writeset(1, 1, self.nodes[node].last_certified, (t,), (wire.Row("U", 0, (str(key).encode(),),
+                                                                                  (str(key).encode(),)),),
+                           (wire.Key(wire.KeyMode.UPDATE, (b"public", b"t", b"id", str(key).encode())),))
+        self.order.append((node, bp.encode(bp.WritesetMsg(node, key, wire.encode(ws)))))
+        self.drain()
 
     def catch_up(self, name: str) -> None:
         r = self.nodes[name]
@@ -372,8 +388,22 @@ def test_with_one_corosync_per_node_the_configured_votes_replace_votequorums() -
     the configured set's: a view of two bus nodes is not quorate with four configured, even if
     votequorum still says two of three are."""
     b = formed(["n1", "n2", "n3"], shared=False, quorum=2, expected=3)
+    b.mute = {"n3"}
+    b.write("n1", 6)
+    assert b.nodes["n1"].last_certified in b.committed.get("n1", [])  # two of three configured
+    b.mute = set()
     assert b.configure("n1", 1, ("n1", "n2", "n3", "n4")).ok
     assert b.nodes["n1"].votes == Votes(3, 4, "")
+    # uniform commit counts the four: two reports (n1's, n2's) released a writeset with three
+    # configured; now it waits for a third
+    b.mute = {"n3"}
+    b.write("n2", 7)
+    gid = b.nodes["n2"].last_certified
+    # (n3 knows three have it: itself and the two reports it got)
+    assert not any(gid in b.committed.get(n, []) for n in ("n1", "n2")), b.committed
+    b.mute = set()
+    b.tick(2)  # n3 reports again (a report not back after a tick is sent again)
+    assert all(gid in b.committed.get(n, []) for n in ("n1", "n2", "n3")), b.committed
     b.view(["n1", "n2"], quorum=2, expected=3)  # a stale votequorum
     assert not b.nodes["n1"].accepts_writes and not b.nodes["n2"].accepts_writes
 
