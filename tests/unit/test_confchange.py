@@ -265,9 +265,13 @@ class Bus:
                 self.act(n, self.nodes[n].on_delivery(Delivery(sender, payload)))
 
     def configure(self, by: str, version: int, nodes: tuple[str, ...]) -> Reconfigured:
-        self.order.append((by, bp.encode(bp.Configure(by, f"req{version}-{by}", version, nodes))))
+        """``by`` sends the change; its answer (a version 0 does not parse: every node drops it)."""
+        before = len(self.answers.get(by, []))
+        self.order.append((by, bp.encode(bp.Configure(by, f"req{version}-{by}", version, nodes, "")) if version
+                           else b"\x03C"))
         self.drain()
-        return self.answers[by][-1]
+        got = self.answers.get(by, [])
+        return got[-1] if len(got) > before else Reconfigured("", False, "dropped")
 
     def write(self, node: str, key: int) -> None:
         """A local writeset of ``node`` updating row ``key``."""
@@ -445,3 +449,34 @@ def test_a_removed_coordinator_started_again_is_no_vote_for_re_forming() -> None
     b.view(["n1", "n4"])
     b.tick()
     assert b.nodes["n1"].phase != Phase.ONLINE and not b.nodes["n1"].accepts_writes
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_changes_leave_every_member_with_the_same_set(seed: int) -> None:
+    """Random changes, good and bad, asked by random members, with writes between them: every
+    member of the primary component holds the same configured set, members and GID after each,
+    and counts its votes from it."""
+    import random
+
+    rnd = random.Random(seed)
+    b = formed(["n1", "n2", "n3"], shared=rnd.random() < 0.5, quorum=2, expected=3)
+    for step in range(12):
+        members = [n for n in b.members if b.nodes[n].phase == Phase.ONLINE]
+        by = rnd.choice(members)
+        current = list(b.nodes[by].config.nodes) if b.nodes[by].config else ["n1", "n2", "n3"]
+        version = (b.nodes[by].config.version if b.nodes[by].config else 0) + rnd.choice([1, 1, 1, 0, 2])
+        pick = rnd.random()
+        if pick < 0.4 and len(current) > 1:
+            new = [n for n in current if n != rnd.choice(current)]
+        elif pick < 0.8:
+            new = current + [f"x{step}"]
+        else:
+            new = current[:-1] + [f"y{step}", f"z{step}"]
+        b.configure(by, version, tuple(new))
+        b.write(rnd.choice([n for n in b.members if b.nodes[n].phase == Phase.ONLINE]), rnd.randrange(50))
+        online = [b.nodes[n] for n in b.members if b.nodes[n].phase == Phase.ONLINE]
+        assert len({(r.config, tuple(sorted(r.online)), r.gid, r.member_votes, r.votes) for r in online}) == 1
+        cfg = online[0].config
+        if cfg is not None:
+            assert set(online[0].online) <= set(cfg.nodes)
+            assert 2 * len(online) > len(cfg.nodes)  # a change never leaves the members without a quorum
