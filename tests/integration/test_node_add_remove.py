@@ -6,7 +6,11 @@ refused with nothing changed (invariants 7 and 8)."""
 
 from __future__ import annotations
 
+import glob
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -14,6 +18,7 @@ from typing import Any
 import psycopg
 
 from chorus.testkit.check import NodeRef, compare, wait_quiescent
+from chorus.testkit.localcluster import PGBIN
 from conftest import Cluster, chorus, extra_cluster
 
 
@@ -100,6 +105,29 @@ class Writers:
             return len(self.acked)
 
 
+def _removed_node_stays_out(c: Cluster) -> None:
+    """n4's files put back and its PostgreSQL and coordinator started by hand, as an operator might:
+    the cluster does not admit it (it asks to join and the answer says it is not configured), and
+    its coordinator stops, with the reason in its state file."""
+    (gone,) = glob.glob(f"{c.dir}/nodes/n4.removed-*")
+    home = f"{c.dir}/nodes/n4"
+    os.rename(gone, home)
+    as_service = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    pg_ctl = [f"{PGBIN}/pg_ctl", "-D", f"{home}/pgdata", "-l", f"{home}/postgres.log", "-w", "-t", "60"]
+    subprocess.run(as_service + pg_ctl + ["start"], check=True, capture_output=True, timeout=90)
+    try:
+        r = subprocess.run(as_service + [sys.executable, "-m", "chorus", "run", "--config", f"{home}/chorus.toml"],
+                           capture_output=True, text=True, timeout=120, cwd=home)
+        assert r.returncode == 2 and "not one of" in r.stderr and "configured nodes" in r.stderr, r.stderr[-2000:]
+        with open(f"{home}/state.json") as f:
+            assert "not one of" in json.load(f)["removed"]
+        for name in ("n1", "n2", "n3"):
+            assert "n4" not in _node_status(next(x for x in _refs(c) if x.name == name))["members"]
+    finally:
+        subprocess.run(as_service + pg_ctl + ["-m", "fast", "stop"], capture_output=True, timeout=90)
+        os.rename(home, gone)
+
+
 def test_a_cluster_grows_to_four_and_shrinks_back_to_three_under_writes() -> None:
     with extra_cluster("chorus-addrm-", 140) as c:
         with c.connect(0) as conn:
@@ -151,6 +179,8 @@ def test_a_cluster_grows_to_four_and_shrinks_back_to_three_under_writes() -> Non
                 assert st["config_version"] == 2 and st["configured_nodes"] == ["n1", "n2", "n3"], st
                 assert st["configured_votes"] == 3 and "n4" not in st["members"]
             _wait("writes go on with three nodes", lambda: w.count() > before + 20)
+
+            _removed_node_stays_out(c)
 
             # two of three are a quorum again (they were not of four)
             assert chorus("local", "stop", "--dir", c.dir, "n3").returncode == 0
