@@ -19,32 +19,7 @@ from click.testing import CliRunner
 from chorus.cli import members
 from chorus.cli.main import cli
 from chorus.confchange.corosync_conf import read_nodes
-
-CONF = """totem {
-  version: 2
-  transport: knet
-}
-quorum {
-  provider: corosync_votequorum
-}
-nodelist {
-  node {
-    name: n1
-    nodeid: 1
-    ring0_addr: 10.0.0.1
-  }
-  node {
-    name: n2
-    nodeid: 2
-    ring0_addr: 10.0.0.2
-  }
-  node {
-    name: n3
-    nodeid: 3
-    ring0_addr: 10.0.0.3
-  }
-}
-"""
+from test_confchange import CONF  # three hosts n1..n3 at 10.0.0.1..3
 
 
 class Coordinator:
