@@ -41,12 +41,25 @@ def _statuses(c: LabCluster) -> dict[str, dict[str, Any]]:
     return {d["name"]: admin_request(d["admin"], timeout=5)["status"] for d in c.lab.describe(c.lab.load())}
 
 
+def _expected_votes(c: LabCluster) -> dict[str, int]:
+    """votequorum's expected votes on every host, as `corosync-quorumtool -s` shows them."""
+    out = {}
+    for d in c.lab.describe(c.lab.load()):
+        r = subprocess.run(["ip", "netns", "exec", d["namespace"], "corosync-quorumtool", "-s"], capture_output=True,
+                           text=True, timeout=20)
+        line = next(x for x in r.stdout.splitlines() if x.strip().startswith("Expected votes:"))
+        out[d["name"]] = int(line.split(":")[1])
+    return out
+
+
 def _configured(c: LabCluster, version: int, nodes: list[str], quorum: int) -> None:
     for name, st in _statuses(c).items():
         assert st["state"] == "online", (name, st["state"], st["reason"])
         assert (st["config_version"], st["configured_nodes"], st["quorum_votes"]) == (version, nodes, quorum), \
             (name, st["config_version"], st["configured_nodes"], st["quorum_votes"])
         assert st["tie_breaker"] == ""
+    # Corosync's own count follows the reloaded node list (the coordinators do not rely on it)
+    assert _expected_votes(c) == {n: len(nodes) for n in nodes}
 
 
 def test_the_lab_grows_to_five_hosts_and_shrinks_back_to_three_under_the_workloads(lab5: LabCluster) -> None:
