@@ -13,6 +13,7 @@ from typing import Optional, Union
 
 from chorus import wire
 from chorus.bus import proto as bp
+from chorus.confchange import ClusterConfig
 from chorus.history import Epoch, MemberRecord
 
 
@@ -161,5 +162,29 @@ class Remember:
     records: tuple[tuple[str, MemberRecord], ...]
 
 
+@dataclass(frozen=True)
+class Reconfigure:
+    """The cluster's configured nodes changed (``chorus node add``/``remove``, confchange.py):
+    write them to the state file before going on, so a restart counts votes from them."""
+    config: ClusterConfig
+
+
+@dataclass(frozen=True)
+class Reconfigured:
+    """This node's Configure (``request_id``) was delivered: applied everywhere (``ok``), or
+    refused everywhere and why; the operator who asked is told."""
+    request_id: str
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Removed:
+    """This node is not one of the cluster's configured nodes (removed by ``chorus node remove``,
+    or never added): it stops, and does not start again until it is added and rebuilt."""
+    reason: str
+
+
 Action = Union[Send, LocalVerdict, Apply, PhaseChange, Joined, DdlOutcome, SyncReached, CatchUp,
-               LogQueried, LogOffered, VoteOpened, VoteDecided, Pause, Remember]
+               LogQueried, LogOffered, VoteOpened, VoteDecided, Pause, Remember, Reconfigure, Reconfigured,
+               Removed]

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import time
+import uuid
 from typing import Any, Awaitable, Callable, Coroutine, Optional
 
 import psycopg
@@ -49,7 +50,8 @@ from chorus.nodedb import DB_RETRY_S, DatabaseFatal, NodeDatabase, NodeStart
 from chorus import nodestatus
 from chorus.nodestatus import Counters, NodeStatus
 from chorus.actions import (Action, Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried, Pause,
-                            Phase, PhaseChange, Remember, Send, SyncReached, VoteDecided, VoteOpened)
+                            Phase, PhaseChange, Reconfigure, Reconfigured, Remember, Removed, Send, SyncReached,
+                            VoteDecided, VoteOpened)
 from chorus.membership import Holding
 from chorus.replicator import Replicator
 from chorus.spool import Spool
@@ -94,6 +96,7 @@ class Coordinator:
         self._max_committed = 0  # the highest GID the database had committed at start
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()  # the loop keeps only weak references
+        self._configuring: dict[str, asyncio.Future[Reconfigured]] = {}  # chorus node add/remove, by request id
         self._servers: list[asyncio.base_events.Server] = []
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # kept once running: see _spawn
         self._pause_wanted = False  # flow control: whether writes here should wait (the replicator's Pause)
@@ -161,6 +164,8 @@ class Coordinator:
         if self.state.left_by_vote:
             raise FatalError(f"this node left its cluster by an inconsistency vote ({self.state.left_by_vote}); "
                              "it starts again only once total recovery has rebuilt it")
+        if self.state.removed:
+            raise FatalError(f"{self.state.removed} (then `chorus node join --total` rebuilds it)")
         await self._connect_db()
         start = await self._start_node()
         durable = start.committed
@@ -179,6 +184,7 @@ class Coordinator:
             epochs=self.state.epochs,
             records=dict(self.state.records),
             holding=self._holding,
+            config=self.state.config,
         )
         self.sender.version = lambda: r.send_version
         batch = 1 if self.stamps_rows else self.cfg.catchup_batch
@@ -288,6 +294,51 @@ class Coordinator:
         self.fatal = why
         self.stopping.set()
 
+    def _removed(self, why: str) -> None:
+        """This node is not one of the cluster's configured nodes any more (or was never added):
+        it stops, and does not start again until it is added back (confchange.py)."""
+        self._stop_for_good(why, "the removal", removed=why)
+
+    def _stop_for_good(self, why: str, what: str, **recorded: str) -> None:
+        """Stop, with ``recorded`` written to the state file first so the node does not start again."""
+        if self.fatal:
+            return
+        self.fatal = why
+        log.error("%s", why)
+        try:
+            self.state = self.state.with_(**recorded)
+            save_state(self.cfg.state_file, self.state)
+        except OSError as e:
+            log.error("cannot record %s in the state file: %s", what, e)
+        self.stopping.set()
+
+    async def _configure(self, req: dict[str, Any]) -> dict[str, Any]:
+        """``chorus node add``/``remove``: send the new configured nodes through the total order
+        and wait until they are applied (or refused) there."""
+        r = self.replicator
+        if r is None or r.phase != Phase.ONLINE or not r.quorate:
+            return {"ok": False, "error": f"this node is {r.phase.value if r else 'starting'}, not online in the "
+                                          "primary component: ask an online node"}
+        if r.membership.version < 4:
+            return {"ok": False, "error": f"the cluster runs bus protocol version {r.membership.version}: a member of a "
+                                          "release before is in it, and it could not switch with the others; finish "
+                                          "the rolling upgrade first (docs/DEPLOY.md section 8)"}
+        nodes, version = req.get("nodes"), req.get("version")
+        if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes) or not isinstance(version, int):
+            return {"ok": False, "error": "configure needs nodes (a list of names) and version (a number)"}
+        request_id = uuid.uuid4().hex
+        waiter: asyncio.Future[Reconfigured] = asyncio.get_running_loop().create_future()
+        self._configuring[request_id] = waiter
+        self.sender.send(bp.Configure(self.cfg.name, request_id, version, tuple(nodes), str(req.get("tie_breaker", ""))))
+        try:
+            done = await asyncio.wait_for(waiter, float(req.get("timeout", 20)))
+        except asyncio.TimeoutError:
+            return {"ok": False, "error": "the change did not come back through the bus in time (the node may have "
+                                          "left the primary component): look at `chorus status` before trying again"}
+        finally:
+            self._configuring.pop(request_id, None)
+        return {"ok": done.ok, "error": done.reason} if not done.ok else {"ok": True, "result": done.reason}
+
     def _commit_skipped(self, gid: int) -> None:
         """Voting decided that GID ``gid`` commits here without its changes."""
         self._spawn(self.pipeline.commit_skipped(gid), name=f"skip {gid}")
@@ -295,16 +346,7 @@ class Coordinator:
     def _leave(self, why: str) -> None:
         """This node's data differs from the majority's: stop taking part, and do not start
         again with data the cluster does not have."""
-        if self.fatal:
-            return
-        self.fatal = why
-        log.error("%s", why)
-        try:
-            self.state = self.state.with_(left_by_vote=why)
-            save_state(self.cfg.state_file, self.state)
-        except OSError as e:
-            log.error("cannot record the vote in the state file: %s", e)
-        self.stopping.set()
+        self._stop_for_good(why, "the vote", left_by_vote=why)
 
     # ---- the database -------------------------------------------------------------------
 
@@ -479,6 +521,16 @@ class Coordinator:
                 # before anything after it: a re-form trusts what the state file says (history.py)
                 self.state = self.state.with_(epochs=a.epochs, records=dict(a.records))
                 save_state(self.cfg.state_file, self.state)
+            elif isinstance(a, Reconfigure):
+                # before anything after it: a restart counts votes from the new configured nodes
+                self.state = self.state.with_(config=a.config)
+                save_state(self.cfg.state_file, self.state)
+            elif isinstance(a, Reconfigured):
+                waiter = self._configuring.pop(a.request_id, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(a)
+            elif isinstance(a, Removed):
+                self._removed(a.reason)
             elif isinstance(a, Joined):
                 self.state = self.state.with_(cluster_uuid=a.cluster_uuid, bootstrap=False,
                                               safe_to_bootstrap=False, last_gid=a.gid)
@@ -617,6 +669,9 @@ class Coordinator:
             quorate=bool(r and r.quorate),
             quorum_votes=r.votes.quorum if r else 0,
             tie_breaker=r.votes.tie_breaker if r else "",
+            config_version=r.config.version if r and r.config else 0,
+            configured_nodes=list(r.config.nodes) if r and r.config else [],
+            configured_votes=(r.member_votes or r.votes.expected) if r else 0,
             released_gid=r.released if r else 0,
             held_for_quorum=r.held_count if r else 0,
             committed_gid=p.watermark,
@@ -717,6 +772,8 @@ class Coordinator:
         if cmd in ("stop", "leave"):
             self.stopping.set()
             return {"ok": True}
+        if cmd == "configure":
+            return await self._configure(req)
         if cmd == "recover":
             r = self.replicator
             if r is None or r.phase in (Phase.ONLINE, Phase.RECOVERING):

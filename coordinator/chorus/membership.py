@@ -20,11 +20,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
-from chorus import history
+from chorus import confchange, history
 from chorus.actions import Remember
 from chorus.bus import View, Votes, bus_node
 from chorus.bus import proto as bp
 from chorus.bus import versions
+from chorus.confchange import ClusterConfig
 from chorus.history import Decision, Epoch, MemberRecord
 
 log = logging.getLogger("chorus.replicator")
@@ -129,6 +130,26 @@ class Membership:
             log.warning("the cluster's bus protocol version moves from %d to %d (members: %s)", self.version, v,
                         versions.describe({n: self.speaks.get(n, bp.LEGACY) for n in self.online}))
             self.version = v
+    # The configured nodes from the first `chorus node add`/`remove` on (confchange.py; None:
+    # each node's own configuration). It changes at a Configure in the total order, or with a
+    # newer one a GID request or its answer carries (a node that missed the change).
+    config: Optional[ClusterConfig] = None
+
+    def adopt(self, version: int, nodes: tuple[str, ...], tie: str) -> bool:
+        """A configured set a message of the order carries: taken if newer than this node's.
+        Returns whether it was."""
+        got = confchange.newer(self.config, ClusterConfig.from_fields(version, nodes, tie))
+        if got is self.config:
+            return False
+        self.config = got
+        return True
+
+    def configured(self, name: str) -> bool:
+        """Whether ``name`` is one of the configured nodes (any node, before the first change)."""
+        return self.config is None or name in self.config.nodes
+
+    def _config_fields(self) -> tuple[int, tuple[str, ...], str]:
+        return self.config.as_fields() if self.config is not None else (0, (), "")
 
     # ---- what the node remembers --------------------------------------------------------
 
@@ -213,7 +234,8 @@ class Membership:
         return bp.GidRequest(
             self.node, request_id, cluster_uuid, h.gid, join,
             tuple((e.number, e.start, e.node) for e in self.epochs), h.log_after, h.log_high,
-            tuple((n, r.epoch, r.gid, r.member) for n, r in sorted(self.records.items())), self.own)
+            tuple((n, r.epoch, r.gid, r.member) for n, r in sorted(self.records.items())), self.own,
+            *self._config_fields())
 
     def _opens(self) -> None:
         """Decide the bus protocol version a cluster this node starts opens at (kept until its
@@ -243,6 +265,15 @@ class Membership:
         if cluster_uuid and cluster_uuid != msg.cluster_uuid:
             return (f"this node belongs to cluster {cluster_uuid}, the group runs "
                     f"cluster {msg.cluster_uuid}: total recovery is needed")
+        return self.unconfigured(msg)
+
+    def unconfigured(self, msg: bp.GidReply) -> Optional[str]:
+        """Why the cluster does not admit this node: it is not one of its configured nodes (it was
+        removed, or not added yet). None: it is."""
+        if msg.config_version and self.node not in msg.config_nodes:
+            return (f"this node is not one of cluster {msg.cluster_uuid}'s configured nodes "
+                    f"({', '.join(msg.config_nodes)}, configuration version {msg.config_version}): it was "
+                    "removed, or was not added yet; `chorus node add` it first")
         return None
 
     def history_refusal(self, msg: bp.GidReply, holds: int) -> Optional[str]:
@@ -273,6 +304,7 @@ class Membership:
         self.records = history.merge(self.records, {n: MemberRecord(e, g, m) for n, e, g, m in msg.records})
         self.records[self.node] = MemberRecord(self.epoch_number, msg.gid, True)
         self.reform = None
+        self.adopt(msg.config_version, msg.config_nodes, msg.config_tie)
 
     def bootstrapped(self, sender: str, msg: bp.Bootstrap) -> None:
         """This node's bootstrap came back (``sender``: its bus member): it alone is the primary
@@ -293,6 +325,7 @@ class Membership:
         phase: they decide a re-form)."""
         self.requests[sender] = msg
         self.latest(sender, msg)
+        self.adopt(msg.config_version, msg.config_nodes, msg.config_tie)
 
     def latest(self, sender: str, msg: bp.GidRequest) -> None:
         self.latest_request[msg.node] = (msg.request_id, sender)
@@ -326,7 +359,7 @@ class Membership:
             # version 4 reads no version in the answer, but refuses one whose ``compat`` differs
             log.warning("%s", why)
             compat = f"{compat} (bus protocol: {why})"
-        elif msg.cluster_uuid in ("", place.cluster_uuid) and history.prefix_problem(
+        elif msg.cluster_uuid in ("", place.cluster_uuid) and self.configured(msg.node) and history.prefix_problem(
                 msg.node, msg.last_gid, tuple(Epoch(*e) for e in msg.epochs), self.epochs,
                 place.certified) is None:
             online[msg.node] = sender
@@ -342,7 +375,8 @@ class Membership:
             tuple((n, r.epoch, r.gid, r.member) for n, r in sorted(records.items())),
             place.released, place.unstable,
             tuple((n, rid, m) for n, (rid, m) in sorted(self.latest_request.items())),
-            self.version, tuple((n, lo, hi) for n, (lo, hi) in sorted(speaks.items())))
+            self.version, tuple((n, lo, hi) for n, (lo, hi) in sorted(speaks.items())),
+            *self._config_fields())
 
     def version_refusal(self, msg: bp.GidReply) -> Optional[str]:
         """Why the node an answer admits cannot be admitted here after all: the answer was made at
@@ -406,10 +440,19 @@ class Membership:
             return None
         if set(self.requests) != set(members):
             return None
+        # Only configured nodes count: a removed node's coordinator started again is in the view
+        # until it is refused, and with no primary component nobody refuses it. (With one Corosync
+        # for all, its coordinator would otherwise count as a vote.)
+        counted = [m for m, r in self.requests.items() if self.configured(r.node)]
+        if not (2 * len(counted) > member_votes if member_votes else votes.holds({bus_node(m) for m in counted})):
+            return None
+        # a node removed from the configured set is not waited for (confchange.py)
         cands = [history.Candidate(r.node, r.cluster_uuid, r.last_gid, tuple(Epoch(*e) for e in r.epochs),
                                    r.log_after, r.log_high,
-                                   {n: MemberRecord(e, g, m) for n, e, g, m in r.records})
-                 for r in self.requests.values()]
+                                   {n: MemberRecord(e, g, m) for n, e, g, m in r.records if self.configured(n)})
+                 for r in self.requests.values() if self.configured(r.node)]
+        if not cands:
+            return None
         d = history.decide(cands)
         if d.winner is not None and not any(r.records for r in self.requests.values()):
             # nobody here remembers the members (state files from before records were kept): wait

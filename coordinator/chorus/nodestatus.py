@@ -98,6 +98,11 @@ class NodeStatus:
     # outside the primary component, when nobody can re-form it yet: why, and which nodes it
     # waits for (docs/RECOVERY.md)
     reform: Optional[dict[str, Any]] = None
+    # the configured nodes since the last `chorus node add`/`remove` (version 0, []: the nodes'
+    # own configuration, ``configured_votes`` of them); docs/MEMBERSHIP.md
+    config_version: int = 0
+    configured_nodes: list[str] = dataclasses.field(default_factory=list)
+    configured_votes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form, with the field names as keys."""

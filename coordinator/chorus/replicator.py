@@ -23,15 +23,16 @@ import logging
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from chorus import wire
+from chorus import confchange, wire
 from chorus.actions import (Action, Apply, CatchUp, Joined, LogOffered, LogQueried, Pause, Phase, PhaseChange,
-                            Remember, Send, SyncReached, VoteDecided, VoteOpened)
+                            Reconfigure, Reconfigured, Remember, Removed, Send, SyncReached, VoteDecided, VoteOpened)
 from chorus.bus import proto as bp
 from chorus.bus import Delivery, View, Votes
 from chorus.certifier import CertificationIndex, Certifier, CertifierClass
+from chorus.confchange import ClusterConfig
 from chorus.dataplane.order import Conflict, OrderCore, Stats
 from chorus.history import Decision, Epoch, MemberRecord
 from chorus.link import position as link_position
@@ -78,7 +79,8 @@ class Replicator:
                  compat: str = "", member_votes: int = 0, *, epochs: tuple[Epoch, ...] = (),
                  records: Optional[dict[str, MemberRecord]] = None, holding: Optional[Callable[[], Holding]] = None,
                  history: int = 20000, clock: Callable[[], float] = time.time,
-                 certifiers: Optional[CertifierClass] = None, speaks: bp.RangeT = bp.SPEAKS) -> None:
+                 certifiers: Optional[CertifierClass] = None, speaks: bp.RangeT = bp.SPEAKS,
+                 config: Optional[ClusterConfig] = None) -> None:
         self.node = node
         self.cluster_uuid = cluster_uuid  # "" until the node has joined a cluster
         self.last_gid = last_gid  # durable committed GID of the local database at start
@@ -90,11 +92,14 @@ class Replicator:
         # differently (another encoding, another binary format) does not join.
         self.compat = compat
         # Coordinators sharing one bus node (a local cluster): votes count them, not bus nodes, so
-        # no node goes on alone after the others stopped. 0: one vote per bus node.
-        self.member_votes = member_votes
+        # no node goes on alone after the others stopped. 0: one vote per bus node. (Counted from
+        # the configured set once `chorus node add`/`remove` changed it: member_votes.)
+        self.configured_votes = member_votes
         # The primary component's members, what the node remembers of the history (its epochs and
         # member records: history.py, its state file) and the join handshake (membership.py).
         self.membership = Membership(node, epochs, dict(records or {}), own=speaks)
+        self.membership.config = config  # the configured set its state file holds (confchange.py)
+        self._view: Optional[View] = None  # the last view (its votes recounted when the configured set changes)
         # what the node's disk holds, for its GID requests (the coordinator's; None: ``last_gid``)
         self.holding = holding
         # the certifier implementation (certifier.Certifier unless told: the differential tests)
@@ -121,6 +126,32 @@ class Replicator:
         self._paused = False  # the last Pause returned
         self._sync_sent = False  # caught up: its Progress saying so is on the bus
         self._now = 0.0
+
+    # ---- the configured set (confchange.py) ------------------------------------------------
+
+    @property
+    def config(self) -> Optional[ClusterConfig]:
+        """The cluster's configured nodes from the first `chorus node add`/`remove` on (None: the
+        node's own configuration says)."""
+        return self.membership.config
+
+    @property
+    def shared_bus(self) -> bool:
+        """All coordinators share one Corosync (a local cluster): votes count coordinators."""
+        return self.configured_votes > 0
+
+    @property
+    def member_votes(self) -> int:
+        """Coordinators sharing one bus node (a local cluster), counted from the configured set
+        once there is one; 0: one vote per bus node."""
+        return confchange.member_votes(self.config, self.configured_votes)
+
+    def _counted(self, view: View) -> View:
+        """``view`` with the votes this node counts: the configured set's once there is one."""
+        votes = confchange.votes(self.config, view.votes, self.shared_bus)
+        if votes == view.votes:
+            return view
+        return replace(view, quorum=votes.quorum, expected=votes.expected, tie_breaker=votes.tie_breaker)
 
     # ---- what the order core reads, and reads through to it ----------------------------------
 
@@ -251,6 +282,8 @@ class Replicator:
         out: list[Action] = []
         m = self.membership
         previous = set(self.members)
+        self._view = view
+        view = self._counted(view)
         self.members = view.members
         self.local_member = view.local
         quorate, cut_off = view_quorum(view, previous, self.member_votes)
@@ -295,8 +328,11 @@ class Replicator:
         except bp.BusProtoError as e:
             log.warning("dropping malformed bus message from %s: %s", d.sender, e)
             return []
+        adopted: list[Action] = []
         if isinstance(msg, bp.GidRequest) and d.sender in self.members:
+            before = self.config
             self.membership.requested(d.sender, msg)  # every node keeps them, whatever its phase
+            adopted = self._config_changed(before)
         if isinstance(msg, bp.Bootstrap):
             self.membership.forget_requests()  # a primary component exists from here
             if self.phase not in _FOLLOWING:
@@ -307,7 +343,7 @@ class Replicator:
             out = self._handle(d.sender, msg)
         if isinstance(msg, bp.GidRequest) and self.phase not in _FOLLOWING:
             out += self._reform()
-        return self._pause_changed(out)
+        return self._pause_changed(adopted + out)
 
     def _pause_changed(self, out: list[Action]) -> list[Action]:
         """``out``, and a :class:`Pause` first if whether anyone asks to pause changed."""
@@ -483,7 +519,11 @@ class Replicator:
     def _reform(self) -> list[Action]:
         """Re-form the primary component when no member has it (Membership.reform_decision): if
         this node is the one that holds the most, it starts a new epoch."""
-        b = self.membership.reform_decision(self.quorate, self.members, self.votes, self.member_votes, self._now)
+        quorate, votes = self.quorate, self.votes
+        if self._view is not None:  # counted again: a request may have brought a newer configured set
+            view = self._counted(self._view)
+            quorate, votes = view_quorum(view, set(), self.member_votes)[0], view.votes
+        b = self.membership.reform_decision(quorate, self.members, votes, self.member_votes, self._now)
         return [Send(b)] if b is not None else []
 
     def _bootstrap_seen(self, d: Delivery, msg: bp.Bootstrap) -> list[Action]:
@@ -540,7 +580,8 @@ class Replicator:
         admitted = self.node in dict(msg.online)
         refusal = m.refusal(msg, self.cluster_uuid, self.compat)
         if refusal is not None:
-            return self._stay_out(refusal, admitted)
+            removed: list[Action] = [Removed(refusal)] if m.unconfigured(msg) is not None else []
+            return self._stay_out(refusal, admitted) + removed
         try:
             unstable: list[tuple[int, Action]] = [(g, _unstable_action(g, prev, origin, ws, m.own))
                                                   for g, prev, origin, ws in msg.unstable if g > self.last_gid]
@@ -558,10 +599,12 @@ class Replicator:
         undone = self._drop_rounds(msg.certified, "the cluster this node joined did not certify it")
         self.cluster_uuid = msg.cluster_uuid
         self.order.install(msg.gid, msg.certified, released, unstable, self.certifiers.restore(msg.certifier))
+        before = self.config
         m.joined(msg)  # the members at the request's place (what was delivered since is replayed)
         self.paused_by = set(msg.paused)
         self._sync_sent = False
-        out: list[Action] = [*undone, self._remember(), Joined(self.cluster_uuid, self.gid, False)]
+        out: list[Action] = [*undone, *self._config_changed(before), self._remember(),
+                             Joined(self.cluster_uuid, self.gid, False)]
         if behind:
             # partial recovery: certify the live stream from here on (the coordinator holds what
             # it must apply) while the missing range comes from a member's writeset log
@@ -611,6 +654,8 @@ class Replicator:
             return self._gid_request(sender, msg)
         if isinstance(msg, bp.GidReply):
             return self._gid_reply(msg)
+        if isinstance(msg, bp.Configure):
+            return self._configure(sender, msg)
         if isinstance(msg, bp.Leave):
             if self.online.get(msg.node) == sender and msg.node != self.node:
                 log.warning("node %s left the primary component: %s", msg.node, msg.reason)
@@ -711,6 +756,60 @@ class Replicator:
             # versions there (Membership.answered); this one says its own again
             return [self._remember(), Send(bp.Speaks(self.node, m.own))]
         return [self._remember()]
+
+    # ---- changing the configured nodes (confchange.py) ----------------------------------------
+
+    def _config_changed(self, before: Optional[ClusterConfig]) -> list[Action]:
+        """The configured set changed from ``before`` (taken from a message of the order): it is
+        written to the state file, and the view's votes are counted from it."""
+        if self.config is before:
+            return []
+        assert self.config is not None
+        log.warning("configured nodes from here: %s (configuration version %d)", ", ".join(self.config.nodes),
+                    self.config.version)
+        if self._view is not None:
+            self.order.votes = self._counted(self._view).votes
+        return [Reconfigure(self.config)]
+
+    def _configured_count(self) -> int:
+        """How many nodes are configured before the first change: a local cluster's coordinators
+        (its configuration, the same on every node). 0 with Corosync: votequorum's expected votes
+        are read apart from the order and may differ between nodes for a moment, so they do not
+        decide here (`chorus node add`/`remove` check the count against corosync.conf)."""
+        return self.configured_votes
+
+    def _configure(self, sender: str, msg: bp.Configure) -> list[Action]:
+        """A member asks to change the configured nodes (``chorus node add``/``remove``): every
+        member applies it here, or refuses it, alike (confchange.change_problem). Members that
+        are not among the new nodes are dropped here; this node, if it is one, leaves and stops.
+        Quorum counts from the new nodes from here on."""
+        mine = msg.node == self.node and sender == self.local_member
+        new = ClusterConfig(msg.version, msg.nodes, msg.tie_breaker)
+        problem = (f"it was sent by bus member {sender}, not {msg.node}'s" if self.online.get(msg.node) != sender
+                   else confchange.change_problem(self.config, self._configured_count(), new, self.online, msg.node,
+                                                  self.shared_bus))
+        if problem is not None:
+            log.warning("configuration change to version %d (%s) refused: %s", new.version, ", ".join(new.nodes),
+                        problem)
+            return [Reconfigured(msg.request_id, False, problem)] if mine else []
+        before = self.config
+        self.membership.config = new
+        out: list[Action] = self._config_changed(before)
+        if mine:
+            out.append(Reconfigured(msg.request_id, True, f"configured nodes from GID {self.gid}: "
+                                                          f"{', '.join(new.nodes)} (version {new.version})"))
+        if self.node not in new.nodes:
+            reason = (f"this node was removed from cluster {self.cluster_uuid}'s configured nodes at GID {self.gid} "
+                      f"(configuration version {new.version}); it is added back only by `chorus node add`")
+            out += self._leave_primary(reason, Phase.NEEDS_RECOVERY)
+            return out + [Removed(reason)]
+        removed = sorted(n for n in self.online if n not in new.nodes)
+        out += self._forget(removed)
+        for name in list(self.records):  # a removed node is not waited for by a re-form
+            if name not in new.nodes:
+                del self.records[name]
+        out.append(self._remember())
+        return out + (self._dissolve_if_unsynced() or self.order.release())
 
     def _ddl_settled(self, gid: int, ok: bool, error: str,
                      content: Optional[wire.Writeset] = None) -> list[Action]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field, replace
+from typing import Optional
 
+from chorus.confchange import ClusterConfig
 from chorus.history import Epoch, MemberRecord
 
 
@@ -32,6 +34,12 @@ class NodeState:
     # known a member or where it left
     epochs: tuple[Epoch, ...] = ()
     records: dict[str, MemberRecord] = field(default_factory=dict)
+    # the cluster's configured nodes since the last `chorus node add`/`remove` this node saw
+    # (chorus/confchange; None: its configuration's)
+    config: Optional[ClusterConfig] = None
+    # why this node is not one of the cluster's configured nodes (it was removed): it does not
+    # start again until `chorus node add` has added it back and rebuilt it
+    removed: str = ""
 
     def with_(self, **changes: object) -> "NodeState":
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -56,9 +64,19 @@ def load_state(path: str, node: str) -> NodeState:
             epochs=tuple(Epoch(int(n), int(g), str(node)) for n, g, node in raw.get("epochs", [])),
             records={str(name): MemberRecord(int(e), int(g), bool(m))
                      for name, (e, g, m) in dict(raw.get("records", {})).items()},
+            config=_config(raw.get("config")),
+            removed=str(raw.get("removed", "")),
         )
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, KeyError) as e:
         raise StateError(f"state file {path} is invalid: {e}") from e
+
+
+def _config(raw: object) -> Optional[ClusterConfig]:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise TypeError("config is not an object")
+    return ClusterConfig(int(raw["version"]), tuple(str(n) for n in raw["nodes"]), str(raw.get("tie_breaker", "")))
 
 
 def save_state(path: str, state: NodeState) -> None:
@@ -70,6 +88,9 @@ def save_state(path: str, state: NodeState) -> None:
         raw = asdict(state)
         raw["epochs"] = [[e.number, e.start, e.node] for e in state.epochs]
         raw["records"] = {name: [r.epoch, r.gid, r.member] for name, r in sorted(state.records.items())}
+        raw["config"] = (None if state.config is None else
+                         {"version": state.config.version, "nodes": list(state.config.nodes),
+                          "tie_breaker": state.config.tie_breaker})
         os.write(fd, (json.dumps(raw, indent=2, sort_keys=True) + "\n").encode())
         os.fsync(fd)
     finally:

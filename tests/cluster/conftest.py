@@ -108,16 +108,17 @@ class LabCluster:
 
 
 @contextlib.contextmanager
-def make_lab(hosts: int, port_offset: int = 0) -> Iterator[LabCluster]:
-    """A lab of ``hosts`` hosts on ports from CHORUS_LAB_PORT_BASE plus ``port_offset``, removed
-    (processes, namespaces, devices) however the caller ends."""
+def make_lab(hosts: int, port_offset: int = 0, spare: int = 0) -> Iterator[LabCluster]:
+    """A lab of ``hosts`` hosts (and ``spare`` ones for `chorus lab add`) on ports from
+    CHORUS_LAB_PORT_BASE plus ``port_offset``, removed (processes, namespaces, devices) however
+    the caller ends."""
     if os.geteuid() != 0:
         pytest.fail("the fault tests need root (network namespaces and TAP devices)")
     directory = tempfile.mkdtemp(prefix="chorus-lab-", dir="/tmp")
     os.chmod(directory, 0o755)
     rig = Lab(directory)
     try:
-        info = rig.create(hosts, int(os.environ.get("CHORUS_LAB_PORT_BASE", "56433")) + port_offset)
+        info = rig.create(hosts, int(os.environ.get("CHORUS_LAB_PORT_BASE", "56433")) + port_offset, spare)
         yield LabCluster(rig, info)
     finally:
         if os.environ.get("CHORUS_KEEP_CLUSTER"):
@@ -127,16 +128,21 @@ def make_lab(hosts: int, port_offset: int = 0) -> Iterator[LabCluster]:
             shutil.rmtree(directory, ignore_errors=True)
 
 
+def with_workload_tables(c: LabCluster) -> LabCluster:
+    """``c`` with the bank and set workloads' tables, filled, on every node."""
+    with psycopg.connect(c.dsn("n1"), autocommit=True) as conn:
+        conn.execute(BANK_SCHEMA)
+        conn.execute(SET_SCHEMA)
+    bank_setup(c.dsn("n1"), ACCOUNTS, INITIAL)
+    c.assert_identical()
+    return c
+
+
 @pytest.fixture(scope="module")
 def lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
     """A lab of ``LAB_HOSTS`` hosts (a module-level constant of the test module; 3 if unset)."""
     with make_lab(getattr(request.module, "LAB_HOSTS", 3)) as c:
-        with psycopg.connect(c.dsn("n1"), autocommit=True) as conn:
-            conn.execute(BANK_SCHEMA)
-            conn.execute(SET_SCHEMA)
-        bank_setup(c.dsn("n1"), ACCOUNTS, INITIAL)
-        c.assert_identical()
-        yield c
+        yield with_workload_tables(c)
 
 
 @pytest.fixture

@@ -31,6 +31,11 @@ the cluster moves to 4 once its last version-3 node is gone.
 | ``R`` | :class:`Received` | a following node whose Corosync is one of several: it has delivered every GID up to this one (uniform commit) |
 | ``K`` | :class:`LinkWriteset` | the node running a link's receiver: a transaction of the peer site, applied through this site's order (docs/LINKS.md section 3); consumes a GID |
 | ``Y`` | :class:`Speaks` | every member of version 4 or later, after a member of a release before admitted a node without saying the members' versions: the versions it speaks (bus/versions.py) |
+| ``C`` | :class:`Configure` | a member asked by ``chorus node add``/``remove``: the cluster's configured nodes from this place of the order on (docs/MEMBERSHIP.md) |
+
+``Q`` and ``G`` end, at version 4, with the configured set their sender holds (version, nodes,
+tie breaker): optional, absent while the cluster's nodes were never changed (read as none).
+``C`` is a version-4 message: a cluster with a member of a release before cannot change its nodes.
 
 The messages that carry writesets (``W`` and ``M``) have a compiled codec beside the pure-Python
 reference (``py_encode_writesets``, ``py_decode_writesets``; ``chorus/_cproto.pyx``), chosen by
@@ -79,6 +84,7 @@ class MessageType(bytes, enum.Enum):
     LEAVE = b"X"
     LINK_WRITESET = b"K"
     SPEAKS = b"Y"
+    CONFIGURE = b"C"
 
 
 class BusProtoError(ValueError):
@@ -160,6 +166,10 @@ class GidRequest:
     log_high: int = 0  # ... up to this one
     records: tuple[RecordT, ...] = ()  # what it remembers of the primary component's members
     speaks: RangeT = LEGACY  # the bus protocol versions it speaks (version 4)
+    # the configured set it holds (confchange.ClusterConfig; version 0: none, the nodes' own)
+    config_version: int = 0
+    config_nodes: tuple[str, ...] = ()
+    config_tie: str = ""
 
 
 @dataclass(frozen=True)
@@ -191,6 +201,24 @@ class GidReply:
     # too (version 4; bus/versions.py). A requester that cannot speak ``version`` is not admitted.
     version: int = 3
     speaks: tuple[tuple[str, int, int], ...] = ()
+    # the configured set at that position (confchange.ClusterConfig; version 0: none yet)
+    config_version: int = 0
+    config_nodes: tuple[str, ...] = ()
+    config_tie: str = ""
+
+
+@dataclass(frozen=True)
+class Configure:
+    """``chorus node add``/``remove``: from this place of the order on, the cluster's configured
+    nodes are ``nodes`` (configuration ``version``, the one before plus one; ``tie_breaker`` the
+    bus node whose half wins an even split, "" for none). ``node`` is the member that sends it
+    for the operator, ``request_id`` its own, to answer the operator with the outcome. Every
+    member applies it or refuses it alike (confchange.change_problem)."""
+    node: str
+    request_id: str
+    version: int
+    nodes: tuple[str, ...]
+    tie_breaker: str = ""
 
 
 @dataclass(frozen=True)
@@ -275,7 +303,8 @@ class LogInfo:
 
 
 Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress, FlowControl,
-                DdlResult, SyncMarker, LogQuery, LogInfo, Received, Vote, Leave, LinkWriteset, Speaks]
+                DdlResult, SyncMarker, LogQuery, LogInfo, Received, Vote, Leave, LinkWriteset, Speaks,
+                Configure]
 
 _LINK_NUMBERS = struct.Struct(">QQQQQQQ")  # ticket, after, peer GID, peer clock, max replicated, commit time, sent at
 MAX_LINK_NAME = 64  # link and site names (link/proto.py's bound)
@@ -348,6 +377,23 @@ def _read_records(r: "_R") -> tuple[RecordT, ...]:
             raise BusProtoError("member record flag is neither 0 nor 1")
         out.append((name, e, g, member == b"\x01"))
     return tuple(out)
+
+
+def _config(version: int, nodes: tuple[str, ...], tie: str, optional: bool = True) -> bytes:
+    """A configured set at a message's end; ``optional``: nothing for none (version 0), so a
+    cluster whose nodes were never changed sends what it sent before."""
+    if optional and version == 0:
+        return b""
+    return struct.pack(">QH", version, len(nodes)) + b"".join(_s(n) for n in nodes) + _s(tie)
+
+
+def _read_config(r: "_R") -> tuple[int, tuple[str, ...], str]:
+    """The optional configured set at a message's end: none if the message ends before it."""
+    if r.p == len(r.b):
+        return 0, (), ""
+    version = r.u64()
+    nodes = tuple(r.s() for _ in range(r.u16()))
+    return version, nodes, r.s()
 
 
 _RID_FOLD = re.compile(r"~v([0-9]{1,3})-([0-9]{1,3})$")
@@ -424,7 +470,9 @@ def encode(m: Message, version: int = VERSION) -> bytes:
     if isinstance(m, GidRequest):
         return (head + MessageType.GID_REQUEST.value + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid)
                 + struct.pack(">QBQQ", m.last_gid, 1 if m.join else 0, m.log_after, m.log_high) + _epochs(m.epochs)
-                + _records(m.records) + (bytes(m.speaks) if version >= 4 else b""))
+                + _records(m.records)
+                + (bytes(m.speaks) + _config(m.config_version, m.config_nodes, m.config_tie) if version >= 4
+                   else b""))
     if isinstance(m, GidReply):
         out = [head, MessageType.GID_REPLY.value, _s(m.node), _s(m.request_id), _s(m.member), _s(m.cluster_uuid), struct.pack(">QQH", m.gid, m.certified, len(m.online))]
         out += [_s(n) + _s(mid) for n, mid in m.online]
@@ -445,7 +493,14 @@ def encode(m: Message, version: int = VERSION) -> bytes:
         if version >= 4:
             out.append(struct.pack(">BH", m.version, len(m.speaks)))
             out += [_s(n) + bytes([lo, hi]) for n, lo, hi in m.speaks]
+            out.append(_config(m.config_version, m.config_nodes, m.config_tie))
         return b"".join(out)
+    if isinstance(m, Configure):
+        if version < 4:  # (a node of a release before could not read it: it would not switch with the others)
+            raise BusProtoError("a configuration change is a bus version 4 message: the cluster runs version 3 "
+                                "while a member of a release before is in it")
+        return (head + MessageType.CONFIGURE.value + _s(m.node) + _s(m.request_id)
+                + _config(m.version, m.nodes, m.tie_breaker, optional=False))
     if isinstance(m, Bootstrap):
         return head + MessageType.BOOTSTRAP.value + _s(m.node) + _s(m.cluster_uuid) + struct.pack(">QQ", m.gid, m.epoch)
     if isinstance(m, Leave):
@@ -571,7 +626,9 @@ def decode(b: Union[bytes, SpooledBuffer], speaks: RangeT = SPEAKS) -> Message:
         log_after, log_high = r.u64(), r.u64()
         epochs, records = _read_epochs(r), _read_records(r)
         rng = _range(*r.take(2)) if version >= 4 else LEGACY
-        m = GidRequest(node, rid, uuid, last_gid, join == b"\x01", epochs, log_after, log_high, records, rng)
+        config = _read_config(r) if version >= 4 else (0, (), "")
+        m = GidRequest(node, rid, uuid, last_gid, join == b"\x01", epochs, log_after, log_high, records, rng,
+                       *config)
     elif t == MessageType.GID_REPLY:
         node, rid, member, uuid = r.s(), r.s(), r.s(), r.s()
         gid = r.u64()
@@ -596,7 +653,16 @@ def decode(b: Union[bytes, SpooledBuffer], speaks: RangeT = SPEAKS) -> Message:
             if not 1 <= cluster_version <= 255:
                 raise BusProtoError(f"cluster protocol version {cluster_version} is not a version")
         m = GidReply(node, rid, member, uuid, gid, certified, online, progress, cert, paused, compat, synced,
-                     epochs, records, released, unstable, requests, cluster_version, speaking)
+                     epochs, records, released, unstable, requests, cluster_version, speaking,
+                     *(_read_config(r) if version >= 4 else (0, (), "")))
+    elif t == MessageType.CONFIGURE:
+        if version < 4:
+            raise BusProtoError("a configuration change is a bus version 4 message")
+        node, rid = r.s(), r.s()
+        version, nodes, tie = _read_config(r)
+        if version == 0:
+            raise BusProtoError("a configuration change to version 0")
+        m = Configure(node, rid, version, nodes, tie)
     elif t == MessageType.BOOTSTRAP:
         m = Bootstrap(r.s(), r.s(), r.u64(), r.u64())
     elif t == MessageType.LEAVE:

@@ -11,6 +11,8 @@ import click
 
 from chorus.cli.common import ChorusCliError, json_option, print_json, print_table
 from chorus.cli.local import _node_status
+from chorus.cli.members import add_on_machine, remove_on_machine
+from chorus.cli.total import with_spark_options
 from chorus.testkit.lab.campaign import WORKLOADS, SeedReport, run_seed
 from chorus.testkit.lab.rig import Lab
 from chorus.testkit.localcluster import LocalClusterError
@@ -57,12 +59,38 @@ def lab() -> None:
 @lab_dir_option
 @click.option("--hosts", default=3, show_default=True, help="Number of hosts (when creating).")
 @click.option("--port-base", default=6433, show_default=True, help="PostgreSQL port of the first host.")
+@click.option("--spare", default=0, show_default=True,
+              help="Hosts made beyond --hosts (namespaces, switch ports) for `chorus lab add` (when creating).")
 @json_option
-def up(directory: str, hosts: int, port_base: int, as_json: bool) -> None:
+def up(directory: str, hosts: int, port_base: int, spare: int, as_json: bool) -> None:
     """Create, or restart, a lab and wait until every node is online."""
     lab_ = _lab(directory)
-    _do(lambda: lab_.create(hosts, port_base))
+    _do(lambda: lab_.create(hosts, port_base, spare))
     _show(lab_, as_json)
+
+
+@lab.command("add")
+@lab_dir_option
+@click.argument("host", required=False)
+@click.option("--donor", default=None, help="The node its data is copied from (default: the one that holds most).")
+@click.option("--timeout", default=600.0, show_default=True)
+@with_spark_options
+@json_option
+def add_host(directory: str, host: Optional[str], donor: Optional[str], timeout: float, spark_master: str,
+             spark_submit: Optional[str], range_rows: int, as_json: bool) -> None:
+    """Add a spare host to the running cluster (chorus node add: the configured nodes grow by it
+    in the total order, every Corosync reloads its node list, the host joins by total recovery)."""
+    node = host if host is None or host.startswith("n") else f"n{host}"
+    add_on_machine(_lab(directory), node, None, donor, timeout, spark_master, spark_submit, range_rows, as_json)
+
+
+@lab.command("remove")
+@lab_dir_option
+@click.argument("host")
+@json_option
+def remove_host(directory: str, host: str, as_json: bool) -> None:
+    """Remove a host from the running cluster (chorus node remove); its namespace stays spare."""
+    remove_on_machine(_lab(directory), host if host.startswith("n") else f"n{host}", as_json)
 
 
 @lab.command()

@@ -10,6 +10,7 @@ from chorus.cli import demo as demo_cmds
 from chorus.cli import lab as lab_cmds
 from chorus.cli import local as local_cmds
 from chorus.cli import log as log_cmds
+from chorus.cli import members as members_cmds
 from chorus.cli import migrate as migrate_cmds
 from chorus.cli import node as node_cmds
 
@@ -30,6 +31,8 @@ cli.add_command(migrate_cmds.dump)
 cli.add_command(migrate_cmds.load)
 for command in node_cmds.COMMANDS:
     cli.add_command(command)
+node_cmds.node.add_command(members_cmds.add)  # chorus node add / remove
+node_cmds.node.add_command(members_cmds.remove)
 
 
 def main() -> None:

@@ -36,9 +36,13 @@ def _say(line: str) -> None:
 
 
 def _local(directory: str) -> tuple[Any, Any]:
+    """The local cluster in ``directory``, or the lab (chorus lab) if it is one."""
+    from pathlib import Path
+
+    from chorus.testkit.lab.rig import Lab
     from chorus.testkit.localcluster import LocalCluster
 
-    c = LocalCluster(directory, log=_say)
+    c = Lab(directory, log=_say) if (Path(directory) / "lab.json").exists() else LocalCluster(directory, log=_say)
     return c, c.load()
 
 
@@ -46,10 +50,9 @@ def _endpoint(c: Any, meta: Any, n: Any) -> Any:
     """A local node's database over TCP (the diff's tasks reach it so), with the password from
     the cluster's password file; what the DSN leaves out (TLS) from the libpq environment
     (total.conn.Endpoint)."""
-    from chorus.localauth import tcp_dsn
     from chorus.total.recover import Endpoint
 
-    return Endpoint.from_dsn(n.name, tcp_dsn(n.port, c.passfile))
+    return Endpoint.from_dsn(n.name, c.tcp_dsn(n))
 
 
 def database_gid(dsn: str, whose: str) -> int:
@@ -130,7 +133,8 @@ def total_join_local(directory: str, name: str, donor: Optional[str], spark_mast
         cfg = c.config(meta, n)
         state = load_state(cfg.state_file, name)
         save_state(cfg.state_file, state.with_(cluster_uuid=dstatus["cluster_uuid"], last_gid=result["gid"], left_by_vote="",
-                                            bootstrap=False, safe_to_bootstrap=False, epochs=_epochs(dstatus)))
+                                            removed="", bootstrap=False, safe_to_bootstrap=False,
+                                            epochs=_epochs(dstatus)))
         if c.as_root:  # the coordinator runs as the service user
             shutil.chown(cfg.state_file, SERVICE_USER, SERVICE_USER)
         c.start(name, wait=False)
@@ -184,7 +188,7 @@ def total_join_config(cfg: NodeConfig, config_path: str, donor_dsn: str, cluster
     # the donor's epochs are not known from its database alone: the node's data is checked against
     # the cluster's history by its GID when it joins
     save_state(cfg.state_file, st.with_(cluster_uuid=cluster_uuid, last_gid=result["gid"], bootstrap=False, left_by_vote="",
-                                        safe_to_bootstrap=False, epochs=()))
+                                        removed="", safe_to_bootstrap=False, epochs=()))
     if owner is not None and os.geteuid() == 0:  # the coordinator's user must still own its state
         os.chown(cfg.state_file, owner.st_uid, owner.st_gid)
     _say(f"{cfg.name}: rebuilt at GID {result['gid']}; start its coordinator now (its service, or "

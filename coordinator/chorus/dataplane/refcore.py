@@ -31,6 +31,7 @@ from chorus.bus import proto as bp
 from chorus.bus.sender import OwnMessages
 from chorus.certifier import CertifierClass
 from chorus.commit.book import CommitBook
+from chorus.confchange import ClusterConfig
 from chorus.commit.pipeline import Pending, order_keys, partly_committed, reschedule
 from chorus.commit.scheduler import ApplyScheduler, Scheduler
 from chorus.dataplane import events as ev
@@ -117,15 +118,20 @@ class _TappedLog:
 
 def start_config(node: str, member: str, cluster_uuid: str, last_gid: int, bootstrap: bool,
                  epochs: tuple[Epoch, ...], records: dict[str, MemberRecord], workers: int, run: int,
-                 log_capacity: int, log_base: int, log_gids: list[int], max_payload: int = 1 << 30) -> ev.Start:
-    """The ``START`` event of a core (its body is JSON: NATIVE.md's START configuration)."""
-    return ev.Start(json.dumps({
+                 log_capacity: int, log_base: int, log_gids: list[int], max_payload: int = 1 << 30,
+                 config: Optional[ClusterConfig] = None) -> ev.Start:
+    """The ``START`` event of a core (its body is JSON: NATIVE.md's START configuration; the
+    configured set, confchange.py, only once the cluster's nodes were changed)."""
+    body: dict[str, Any] = {
         "node": node, "member": member, "cluster_uuid": cluster_uuid, "last_gid": last_gid,
         "bootstrap": bootstrap, "epochs": [[e.number, e.start, e.node] for e in epochs],
         "records": {n: [r.epoch, r.gid, r.member] for n, r in records.items()},
         "workers": workers, "run": run, "lanes": 1,
         "log": {"capacity": log_capacity, "base": log_base, "gids": log_gids, "max_payload": max_payload},
-    }, sort_keys=True))
+    }
+    if config is not None:
+        body["config"] = {"version": config.version, "nodes": list(config.nodes), "tie_breaker": config.tie_breaker}
+    return ev.Start(json.dumps(body, sort_keys=True))
 
 
 class RefCore:
@@ -172,7 +178,9 @@ class RefCore:
                             bootstrap=cfg["bootstrap"],
                             epochs=tuple(Epoch(int(n), int(g), str(x)) for n, g, x in cfg["epochs"]),
                             records={k: MemberRecord(int(e), int(g), bool(m)) for k, (e, g, m) in cfg["records"].items()},
-                            holding=self._holding, certifiers=certifiers)
+                            holding=self._holding, certifiers=certifiers,
+                            config=ClusterConfig(int(cfg["config"]["version"]), tuple(cfg["config"]["nodes"]),
+                                                 str(cfg["config"]["tie_breaker"])) if cfg.get("config") else None)
         self.r.order.clock = lambda: self._wall
         self.r.new_id = self._draw
         self.own = OwnMessages()

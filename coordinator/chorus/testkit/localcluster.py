@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -66,6 +67,7 @@ class NodeMeta:
     port: int
     pg_pid: int = 0
     coordinator_pid: int = 0
+    number: int = 0  # chorus.node_number (0: its place in the list, as before nodes could be added)
 
 
 @dataclass
@@ -81,6 +83,9 @@ class Meta:
     # [[link]] tables every node's configuration holds (config.LinkConfig's fields); a node's
     # sender listens on 127.0.0.1 at its port plus "listen_offset" (none without it)
     links: list[dict[str, Any]] = field(default_factory=list)
+    # the highest chorus.node_number ever given (a removed node's is not given again: its
+    # sequences' residue class may hold values already)
+    numbers_used: int = 0
 
 
 def _alive(pid: int, needle: str) -> bool:
@@ -122,7 +127,8 @@ class LocalCluster:
             raise LocalClusterError(f"no local cluster in {self.dir} (run `chorus local up`)") from e
         return Meta(raw["group"], [NodeMeta(**n) for n in raw["nodes"]], raw.get("corosync_pid", 0),
                     raw.get("corosync_ours", False), raw.get("log_segment_mb", 32), raw.get("log_total_mb", 512),
-                    raw.get("commit_lanes", 1), raw.get("encoding", "UTF8"), raw.get("links", []))
+                    raw.get("commit_lanes", 1), raw.get("encoding", "UTF8"), raw.get("links", []),
+                    raw.get("numbers_used", 0))
 
     def save(self, meta: Meta) -> None:
         localauth.write_private(self.meta_path, json.dumps(asdict(meta), indent=2))
@@ -282,7 +288,7 @@ class LocalCluster:
             self._run([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth-local=reject",
                        "--auth-host=reject", "-E", meta.encoding, f"--locale={locale}"], f"initdb of {n.name}")
             localauth.append_text(pgdata / "postgresql.conf",
-                                  PG_CONF.format(port=n.port, run=run, number=meta.nodes.index(n) + 1))
+                                  PG_CONF.format(port=n.port, run=run, number=_number(meta, n)))
         cfg = self.config(meta, n)
         toml = d / "chorus.toml"
         write_config(cfg, str(toml))
@@ -495,6 +501,156 @@ class LocalCluster:
         meta.corosync_pid, meta.corosync_ours = 0, False
         self.save(meta)
 
+    # ---- adding and removing nodes (docs/MEMBERSHIP.md, "Adding and removing nodes") ------------
+
+    def configured(self, meta: Meta) -> tuple[dict[str, Any], list[str]]:
+        """An online node's status and the cluster's configured nodes as it holds them (the
+        nodes of cluster.json until the first change)."""
+        from chorus.admin import admin_request
+
+        for n in meta.nodes:
+            try:
+                st: dict[str, Any] = admin_request(self.config(meta, n).admin_socket, timeout=5)["status"]
+            except (OSError, ValueError, KeyError):
+                continue
+            if st.get("state") == "online" and st.get("accepts_writes"):
+                nodes = list(st.get("configured_nodes") or []) if st.get("config_version") else \
+                    [x.name for x in meta.nodes]
+                return st, nodes
+        raise LocalClusterError("no node of the cluster is online and writable: a change of its nodes goes through "
+                                "an online node")
+
+    def _reconfigure(self, meta: Meta, st: dict[str, Any], nodes: list[str]) -> str:
+        """Send the new configured nodes through node ``st``'s coordinator; every node switches to
+        them at one place of the total order (or every node refuses)."""
+        from chorus.admin import admin_request
+
+        by = self._node(meta, st["node"])
+        try:
+            resp = admin_request(self.config(meta, by).admin_socket, "configure", timeout=30,
+                                 nodes=sorted(nodes), version=int(st.get("config_version") or 0) + 1)
+        except (OSError, ValueError) as e:
+            raise LocalClusterError(f"{by.name}: the change could not be asked: {e}") from e
+        if not resp.get("ok"):
+            raise LocalClusterError(f"the cluster refused the change: {resp.get('error')}")
+        return str(resp.get("result", ""))
+
+    def _nodes_changed(self, meta: Meta, removed: Optional[NodeMeta]) -> None:
+        """The configured nodes changed to ``meta.nodes`` (``removed``: the node that left): the
+        bus learns them. Nothing here: every node of a local cluster shares one Corosync."""
+
+    def tcp_dsn(self, n: NodeMeta) -> str:
+        """Node ``n``'s database over TCP from this machine (total recovery's diff reads it so)."""
+        return localauth.tcp_dsn(n.port, self.passfile)
+
+    def _free_name(self, meta: Meta, nodes: list[str]) -> str:
+        """The name a node added without one gets."""
+        used = {x.name for x in meta.nodes} | set(nodes)
+        return next(f"n{i}" for i in range(1, 10_000) if f"n{i}" not in used and not self.node_dir(f"n{i}").exists())
+
+    def _passfile(self, meta: Meta) -> None:
+        """The password file with a line for every node's port (the same password)."""
+        localauth.write_private(self.passfile, localauth.passfile_text([x.port for x in meta.nodes],
+                                                                       self.password(meta)))
+
+    def _rewrite_configs(self, meta: Meta) -> None:
+        """Every node's chorus.toml with bus.members = the nodes now (for their next start; the
+        running coordinators count from the configured set they switched to)."""
+        for n in meta.nodes:
+            if (self.node_dir(n.name) / "chorus.toml").exists():
+                write_config(self.config(meta, n), str(self.node_dir(n.name) / "chorus.toml"))
+                self._chown(self.node_dir(n.name) / "chorus.toml")
+
+    def add_node(self, name: Optional[str] = None, port: Optional[int] = None) -> NodeMeta:
+        """Add a node to the running cluster: its PostgreSQL is made and started (nothing else
+        changes if that fails), then the cluster's configured nodes grow by it through the total
+        order. It is left stopped, to be rebuilt and started by total recovery (``chorus node
+        join --total``, which ``chorus node add`` runs). Refused (nothing changed) for a name or
+        port the cluster has."""
+        meta = self.load()
+        st, nodes = self.configured(meta)
+        if name is None:
+            name = self._free_name(meta, nodes)
+        if not NAME.match(name):
+            raise LocalClusterError(f"node name {name!r}: 1 to 63 of [A-Za-z0-9_.-]")
+        if name in nodes or any(x.name == name for x in meta.nodes):
+            raise LocalClusterError(f"node {name} is in the cluster already (nodes: {', '.join(sorted(nodes))})")
+        if self.node_dir(name).exists():
+            raise LocalClusterError(f"{self.node_dir(name)} exists (a node removed earlier?): move it away first")
+        port = port or max(x.port for x in meta.nodes) + 1
+        if any(x.port == port for x in meta.nodes):
+            raise LocalClusterError(f"port {port} is node {next(x.name for x in meta.nodes if x.port == port)}'s")
+        n = NodeMeta(name, port, number=max([meta.numbers_used] + [_number(meta, x) for x in meta.nodes]) + 1)
+        if n.number > MAX_NODES:
+            raise LocalClusterError(f"node number {n.number} is above chorus.max_nodes ({MAX_NODES}): sequences "
+                                    "would collide")
+        meta.nodes.append(n)
+        self._passfile(meta)
+        try:
+            self._init_node(meta, n)
+            self._start_postgres(n)
+        except LocalClusterError:
+            self._stop_postgres(n)
+            meta.nodes.remove(n)
+            self.save(meta)
+            raise
+        meta.nodes.remove(n)
+        self.save(meta)
+        self.log(f"{name}: adding it to the configured nodes ({', '.join(sorted(nodes + [name]))})")
+        try:
+            self.log(self._reconfigure(meta, st, nodes + [name]))
+        except LocalClusterError:
+            self._stop_postgres(n)
+            self.save(meta)
+            raise
+        meta.nodes.append(n)
+        meta.numbers_used = n.number
+        self.save(meta)
+        self._rewrite_configs(meta)
+        self._nodes_changed(meta, None)
+        return n
+
+    def remove_node(self, name: str) -> str:
+        """Remove a node from the running cluster: its coordinator and PostgreSQL stop, then the
+        cluster's configured nodes shrink by it through the total order; its directory stays
+        (renamed ``nodes/NAME.removed-<time>``). Refused (nothing changed) for a node that is not
+        configured, or when the nodes online without it would not be a quorum of those left."""
+        meta = self.load()
+        n = self._node(meta, name)
+        st, nodes = self.configured(meta)
+        if name not in nodes:
+            raise LocalClusterError(f"node {name} is not one of the configured nodes ({', '.join(sorted(nodes))})")
+        rest = [x for x in nodes if x != name]
+        online = [x for x in st.get("members", []) if x in rest]
+        if 2 * len(online) <= len(rest):
+            raise LocalClusterError(f"removing {name} leaves {len(online)} of {len(rest)} configured nodes online "
+                                    f"({', '.join(online) or 'none'}): not a quorum, the cluster would stop writing")
+        if st["node"] == name:  # ask another node: this one stops first
+            others = [x for x in meta.nodes if x.name != name]
+            st, _ = self.configured(Meta(meta.group, others))
+        self.log(f"{name}: stopping it")
+        self._stop_coordinator(n)
+        self.save(meta)
+        self.log(f"{name}: removing it from the configured nodes ({', '.join(sorted(rest))})")
+        try:
+            result = self._reconfigure(meta, st, rest)
+        except LocalClusterError:
+            self.log(f"{name}: the change was refused; starting it again")
+            self._start_coordinator(n)
+            self.save(meta)
+            raise
+        self._stop_postgres(n)
+        meta.numbers_used = max([meta.numbers_used] + [_number(meta, x) for x in meta.nodes])
+        meta.nodes.remove(n)
+        self.save(meta)
+        self._rewrite_configs(meta)
+        self._passfile(meta)
+        self._nodes_changed(meta, n)
+        gone = self.node_dir(name).with_name(f"{name}.removed-{int(time.time())}")
+        self.node_dir(name).rename(gone)
+        self.log(f"{name}: removed ({result}); its files are in {gone}")
+        return result
+
     def _node(self, meta: Meta, name: str) -> NodeMeta:
         for n in meta.nodes:
             if n.name == name:
@@ -516,6 +672,16 @@ class LocalCluster:
                 if _alive(n.pg_pid, "postgres"):
                     os.kill(n.pg_pid, signal.SIGKILL)
         n.pg_pid = 0
+
+
+MAX_NODES = 16  # chorus.max_nodes' default (docs/DDL.md)
+NAME = re.compile(r"[A-Za-z0-9_.-]{1,63}\Z")
+
+
+def _number(meta: Meta, n: NodeMeta) -> int:
+    """A node's chorus.node_number: the one it was given, or its place in the list (a node of a
+    cluster from before nodes could be added; such a cluster never removed any)."""
+    return n.number or meta.nodes.index(n) + 1
 
 
 def _link(table: dict[str, Any], port: int) -> LinkConfig:

@@ -51,6 +51,9 @@ class LabMeta:
     subnet: str
     hosts: int
     switch_pid: int = 0
+    # namespaces and switch ports made beyond ``hosts`` at `lab up --spare`: `chorus lab add`
+    # takes one for a node added to the running cluster (the switch's ports are fixed at start)
+    spare: int = 0
     corosync: dict[str, int] = field(default_factory=dict)
     namespaces: list[str] = field(default_factory=list)
 
@@ -170,7 +173,7 @@ class Lab(LocalCluster):
     def _network(self, lm: LabMeta) -> None:
         if _alive(lm.switch_pid, "chorus.testkit.lab.switch"):
             return
-        taps = [f"chl{lm.lab_id}h{i}" for i in range(lm.hosts + 1)]
+        taps = [f"chl{lm.lab_id}h{i}" for i in range(lm.hosts + lm.spare + 1)]
         ready = self.dir / "switch.ready"
         ready.unlink(missing_ok=True)
         with open(self.dir / "switch.log", "ab") as out:
@@ -186,7 +189,7 @@ class Lab(LocalCluster):
             time.sleep(0.05)
         _ip("addr", "add", f"{lm.subnet}.254/24", "dev", taps[0])
         _ip("link", "set", taps[0], "up")
-        for i in range(1, lm.hosts + 1):
+        for i in range(1, lm.hosts + lm.spare + 1):
             ns = f"chorus-{lm.lab_id}-{i}"
             if ns not in lm.namespaces:
                 _ip("netns", "add", ns)
@@ -196,7 +199,7 @@ class Lab(LocalCluster):
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("-n", ns, "addr", "add", f"{lm.subnet}.{i}/24", "dev", taps[i])
             _ip("-n", ns, "link", "set", taps[i], "up")
-        self.log(f"lab network up: {lm.hosts} hosts on {lm.subnet}.0/24 (switch pid {p.pid})")
+        self.log(f"lab network up: {lm.hosts} hosts (and {lm.spare} spare) on {lm.subnet}.0/24 (switch pid {p.pid})")
 
     def _authkey(self) -> Path:
         keys = self.dir / "keys"
@@ -220,11 +223,7 @@ class Lab(LocalCluster):
             os.chmod(host_key, 0o600)
         shutil.copyfile(key, host_key)
         os.chmod(host_key, 0o400)
-        nodes = "\n".join(LAB_NODE.format(id=self._index(x.name), name=x.name, addr=self.address(lm, x.name))
-                          for x in meta.nodes)
-        conf = cdir / "corosync.conf"
-        conf.write_text(LAB_COROSYNC_CONF.format(name=meta.group[:30], key=host_key, log=cdir / "corosync.log",
-                                                 state=cdir / "state", nodes=nodes, user=SERVICE_USER))
+        conf = self._write_corosync_conf(lm, meta, n)
         # corosync takes a lock at /var/run/corosync.pid: give each daemon its own /run
         script = f"mount -t tmpfs -o mode=0755 tmpfs /run && exec {COROSYNC} -f -c {conf}"
         with open(cdir / "corosync.out", "ab") as out:
@@ -236,6 +235,16 @@ class Lab(LocalCluster):
         self.save_lab(lm)
         self.log(f"{n.name}: corosync started (pid {p.pid}) in {self.namespace(lm, n.name)}")
 
+    def _write_corosync_conf(self, lm: LabMeta, meta: Meta, n: NodeMeta) -> Path:
+        """Host ``n``'s corosync.conf: the node list of every node of the cluster."""
+        cdir = self.node_dir(n.name) / "corosync"
+        nodes = "\n".join(LAB_NODE.format(id=self._index(x.name), name=x.name, addr=self.address(lm, x.name))
+                          for x in meta.nodes)
+        conf = cdir / "corosync.conf"
+        conf.write_text(LAB_COROSYNC_CONF.format(name=meta.group[:30], key=cdir / "authkey", log=cdir / "corosync.log",
+                                                 state=cdir / "state", nodes=nodes, user=SERVICE_USER))
+        return conf
+
     def _corosync_ready(self, lm: LabMeta, name: str) -> bool:
         p = subprocess.run(["ip", "netns", "exec", self.namespace(lm, name), "corosync-quorumtool", "-s"],
                            capture_output=True, timeout=10)
@@ -243,20 +252,67 @@ class Lab(LocalCluster):
 
     # ---- lab commands -------------------------------------------------------------------
 
-    def create(self, hosts: int, port_base: int, **kw: Any) -> list[dict[str, Any]]:
+    def create(self, hosts: int, port_base: int, spare: int = 0, **kw: Any) -> list[dict[str, Any]]:
         if not self.as_root:
             raise LabError("the lab needs root (network namespaces, TAP devices)")
-        if not 2 <= hosts <= 9:
-            raise LabError("a lab has 2 to 9 hosts")
+        if not 2 <= hosts <= 9 or not 0 <= spare <= 9 - hosts:
+            raise LabError("a lab has 2 to 9 hosts, spare ones included")
         if not self.lab_path.exists():
             self.dir.mkdir(parents=True, exist_ok=True)
             digest = hashlib.sha1(str(self.dir).encode()).digest()
             self.save_lab(LabMeta(lab_id=digest.hex()[:4], subnet=f"10.{200 + digest[2] % 50}.{digest[3]}",
-                                  hosts=hosts))
+                                  hosts=hosts, spare=spare))
         lm = self.lab()
-        if self.meta_path.exists() and len(self.load().nodes) != lm.hosts:
-            raise LabError(f"the lab in {self.dir} has {lm.hosts} hosts")
+        if self.meta_path.exists() and len(self.load().nodes) > lm.hosts + lm.spare:
+            raise LabError(f"the lab in {self.dir} has {lm.hosts} hosts and {lm.spare} spare")
         return self.up(lm.hosts, port_base, **kw)
+
+    # ---- adding and removing hosts (LocalCluster.add_node / remove_node) --------------------
+
+    def tcp_dsn(self, n: NodeMeta) -> str:
+        return f"host={self.address(self.lab(), n.name)} port={n.port} dbname=postgres user=postgres"
+
+    def _free_name(self, meta: Meta, nodes: list[str]) -> str:
+        lm = self.lab()
+        used = {x.name for x in meta.nodes} | set(nodes)
+        for i in range(1, lm.hosts + lm.spare + 1):
+            if f"n{i}" not in used and not self.node_dir(f"n{i}").exists():
+                return f"n{i}"
+        raise LabError(f"no spare host left in the lab ({lm.hosts + lm.spare} namespaces; `chorus lab up --spare N` "
+                       "makes more when the lab is created)")
+
+    def add_node(self, name: Optional[str] = None, port: Optional[int] = None) -> NodeMeta:
+        """A node on a spare host (its namespace and switch port were made at `lab up --spare`):
+        ``name`` is n<i> for host i."""
+        meta = self.load()
+        lm = self.lab()
+        if name is not None and (not name.startswith("n") or not name[1:].isdigit()
+                                 or not 1 <= self._index(name) <= lm.hosts + lm.spare):
+            raise LabError(f"a lab host is n1 to n{lm.hosts + lm.spare}, not {name}")
+        if name is None:
+            name = self._free_name(meta, [])
+        self._network(lm)
+        return super().add_node(name, port or min(x.port for x in meta.nodes) + self._index(name) - 1)
+
+    def _nodes_changed(self, meta: Meta, removed: Optional[NodeMeta]) -> None:
+        """Every running Corosync gets the new node list (each host's corosync.conf rewritten,
+        then `corosync-cfgtool -R` reloads them all); a removed host's Corosync stops first."""
+        lm = self.lab()
+        if removed is not None:
+            pid = lm.corosync.pop(removed.name, 0)
+            if _alive(pid, "corosync"):
+                _terminate(pid, "corosync", 20)
+            self.save_lab(lm)
+        running = [n for n in meta.nodes if _alive(lm.corosync.get(n.name, 0), "corosync")]
+        for n in running:
+            self._write_corosync_conf(lm, meta, n)
+        if running:
+            p = subprocess.run(["ip", "netns", "exec", self.namespace(lm, running[0].name), "corosync-cfgtool", "-R"],
+                               capture_output=True, text=True, timeout=60)
+            if p.returncode != 0:
+                raise LabError(f"corosync-cfgtool -R failed: {(p.stderr or p.stdout).strip()}")
+            self.log(f"corosync reloaded on {', '.join(n.name for n in running)}: nodes "
+                     f"{', '.join(n.name for n in meta.nodes)}")
 
     def partition(self, groups: list[list[int]]) -> dict[str, Any]:
         return sw.control(self.control_path, {"cmd": "partition", "groups": groups})
