@@ -138,6 +138,25 @@ def test_the_release_before_reads_what_this_one_writes_at_version_3_and_refuses_
         old.decode(bp.encode(bp.Speaks("n2", (3, 4)), 3))
 
 
+def test_a_configured_set_travels_at_version_4_only() -> None:
+    """``chorus node add``/``remove`` (confchange.py): the configured set at the end of a GID request
+    and its answer, and the Configure message, are version 4. At version 3 the set is left out (a
+    reader of the release before refuses trailing bytes), and Configure is not written at all: a
+    member of the release before could not switch its configured nodes with the others."""
+    cfg = dict(config_version=2, config_nodes=("n1", "n2", "n3", "n4"), config_tie="")
+    for m in (dataclasses.replace(REQ, **cfg), dataclasses.replace(REPLY, version=4, **cfg)):
+        assert bp.decode(bp.encode(m, 4)) == m
+        at3 = bp.decode(bp.encode(m, 3))
+        assert (at3.config_version, at3.config_nodes) == (0, ())
+        assert old.decode(bp.encode(m, 3)).node == m.node  # the release before reads it
+    change = bp.Configure("n1", "r1", 2, ("n1", "n2", "n3", "n4"))
+    assert bp.decode(bp.encode(change, 4)) == change
+    with pytest.raises(bp.BusProtoError, match="version 4 message"):
+        bp.encode(change, 3)
+    with pytest.raises(bp.BusProtoError, match="version 4 message"):
+        bp.decode(b"\x03" + bp.encode(change, 4)[1:])
+
+
 def test_every_message_of_both_releases_reads_alike_at_version_3() -> None:
     plain = [m for m in map(bp.decode, SAMPLES)
              if not isinstance(m, bp.Speaks) and getattr(m, "speaks", ()) in ((), bp.LEGACY)]
