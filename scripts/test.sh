@@ -11,7 +11,7 @@ if [ $# -eq 0 ]; then
   CHORUS_IMPL=python .venv/bin/pytest -p no:cacheprovider -q tests/unit
   rc_python=$?
 fi
-.venv/bin/pytest -p no:cacheprovider -q -ra "$@"
+.venv/bin/pytest -p no:cacheprovider -q -ra --durations=25 "$@"
 rc=$?
 [ $rc -eq 0 ] && rc=$rc_python
 set -e
