@@ -44,6 +44,8 @@ window = 64                  # received transactions in flight on the bus at mos
 tls_cert = "/d/keys/cluster.crt"       # the certificate this site presents, and its key
 tls_key = "/d/keys/cluster.key"
 peer_cert = "/d/keys/west.crt"         # the only certificate accepted from the peer
+subset = false               # true when the peer's rules filter rows (a [[link.table]] filter there):
+                             # an UPDATE of a row absent here inserts it, a DELETE of one is nothing
 secret_file = "/d/keys/east-west.secret"  # the link's shared secret (at least 32 bytes)
 # What this site SENDS on the link (docs/LINKS.md section 8), checked when this file is read:
 include = ["hr.*", "sales.orders"]  # tables sent: shell patterns on "schema.table" (default: all)
@@ -99,6 +101,7 @@ class LinkConfig:
     primary: str = ""  # the primary site of primary-wins
     detection: str = "row"  # row (NDB$EPOCH) or transaction (NDB$EPOCH_TRANS)
     table_policy: tuple[tuple[str, str], ...] = ()  # ("schema.table", policy), overriding policy
+    subset: bool = False  # the peer's rules filter rows: an UPDATE of an absent row inserts it, a DELETE is nothing
     # what this site sends (docs/LINKS.md section 8; link/rules.py): the sender's rules
     include: tuple[str, ...] = ("*.*",)
     exclude: tuple[str, ...] = ()  # schema chorus is never sent, whatever these say
@@ -128,7 +131,7 @@ _LINK_KEYS: dict[str, tuple[type, bool]] = {
     "peers": (list, False), "nodes": (list, False), "window": (int, False),
     "policy": (str, False), "primary": (str, False), "detection": (str, False), "table_policy": (dict, False),
     "include": (list, False), "exclude": (list, False), "table": (list, False), "rules_dsn": (str, False),
-    "rules_timeout_ms": (int, False)}
+    "rules_timeout_ms": (int, False), "subset": (bool, False)}
 _TABLE_KEYS: dict[str, Any] = {"name": str, "filter": str, "rename": str, "rename_columns": dict, "drop": list,
                                 "compute": list, "function": str}
 _QUALIFIED = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*\Z")
@@ -235,7 +238,8 @@ def link_settings(link: LinkConfig) -> Any:
         detection = Detection(link.detection)
     except ValueError:
         raise ValueError(f"detection must be row or transaction, not {link.detection!r}") from None
-    return Settings(link.site, link.peer_site, link.policy, link.primary, detection, dict(link.table_policy))
+    return Settings(link.site, link.peer_site, link.policy, link.primary, detection, dict(link.table_policy),
+                    link.subset)
 
 
 _LINK_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
@@ -459,6 +463,7 @@ def _link_toml(link: LinkConfig) -> str:
         + f"peers = {strs(link.peers)}\nnodes = {strs(link.nodes)}\nwindow = {link.window}\n"
         + f"policy = {_toml_str(link.policy)}\ndetection = {_toml_str(link.detection)}\n"
         + (f"primary = {_toml_str(link.primary)}\n" if link.primary else "")
+        + f"subset = {'true' if link.subset else 'false'}\n"
         + ("table_policy = {" + ", ".join(f"{_toml_str(k)} = {_toml_str(v)}" for k, v in link.table_policy) + "}\n")
         + f"include = {strs(link.include)}\nexclude = {strs(link.exclude)}\n"
         + (f"rules_dsn = {_toml_str(link.rules_dsn)}\n" if link.rules_dsn else "")
