@@ -295,20 +295,17 @@ def parse_link(path: str, t: dict[str, Any]) -> LinkConfig:
         raise ChorusConfigError(f"{path}: link {link.name} has neither listen (a sender) nor peers (a receiver)")
     if link.window < 1:
         raise ChorusConfigError(f"{path}: link.window must be at least 1")
-    try:
-        link_settings(link)
-    except ValueError as e:
-        raise ChorusConfigError(f"{path}: link {link.name}: {e}") from None
+    if link.rules_timeout_ms < 1:
+        raise ChorusConfigError(f"{path}: link {link.name}: rules_timeout_ms must be at least 1")
     for address in (link.listen, *link.peers):
         host, _, port = address.rpartition(":")
         if address and not (host and port.isdigit() and 0 < int(port) < 65536):
             raise ChorusConfigError(f"{path}: link {link.name}: {address!r} is not host:port")
-    if link.rules_timeout_ms < 1:
-        raise ChorusConfigError(f"{path}: link {link.name}: rules_timeout_ms must be at least 1")
-    try:
-        link_rules(link)
-    except ValueError as e:
-        raise ChorusConfigError(f"{path}: link {link.name}: {e}") from None
+    for check in (link_settings, link_rules):  # the conflict settings, the rules of what it sends
+        try:
+            check(link)
+        except ValueError as e:
+            raise ChorusConfigError(f"{path}: link {link.name}: {e}") from None
     return link
 
 

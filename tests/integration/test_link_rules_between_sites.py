@@ -18,7 +18,6 @@ bounded."""
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -26,9 +25,7 @@ from typing import Any, Iterator
 import psycopg
 import pytest
 
-from chorus.testkit.localcluster import LocalCluster
-
-from linksites import LISTEN_OFFSET, Site, link_keys, link_table, print_logs, remove, wait
+from linksites import LISTEN_OFFSET, Site, link_table, two_sites, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -82,25 +79,11 @@ def _east_link(d: Path, hostile: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def sites() -> Iterator[tuple[Site, Site, Path]]:
-    east_dir = Path(tempfile.mkdtemp(prefix="chorus-reast-", dir="/tmp"))
-    west_dir = Path(tempfile.mkdtemp(prefix="chorus-rwest-", dir="/tmp"))
-    link_keys(east_dir, west_dir)
-    east = LocalCluster(str(east_dir))
-    west = LocalCluster(str(west_dir))
-    started: list[LocalCluster] = []
-    try:
-        started.append(east)
-        east_info = east.up(1, EAST_PORT, links=[_east_link(east_dir, "app.evil(id)")])
-        started.append(west)
-        west_info = west.up(1, WEST_PORT, links=[link_table(west_dir, "west", "east",
-                                                            peers=[f"127.0.0.1:{EAST_PORT + LISTEN_OFFSET}"],
-                                                            subset=True)])
-        yield Site("east", east, east_info), Site("west", west, west_info), east_dir
-    finally:
-        print_logs(east_dir, west_dir)
-        for c in reversed(started):  # west first: east's Corosync may be the one both use
-            c.down()
-        remove(east_dir, west_dir)
+    with two_sites((1, EAST_PORT, lambda d: _east_link(d, "app.evil(id)")),
+                   (1, WEST_PORT, lambda d: link_table(d, "west", "east", subset=True,
+                                                       peers=[f"127.0.0.1:{EAST_PORT + LISTEN_OFFSET}"])),
+                   prefix="chorus-rules-") as (east, west, east_dir, _):
+        yield east, west, east_dir
 
 
 def _rows(site: Site, query: str) -> list[tuple[Any, ...]]:

@@ -16,25 +16,10 @@ from chorus.link.rules import ComputedColumn, DropColumn, RenameColumn, RenameTa
 from chorus.link.site import NoSql, evaluator
 from chorus.link.sqleval import PgEvaluator
 
-HEAD = """
-[node]
-name = "n1"
-data_dir = "/d"
-state_file = "/d/s.json"
-socket_path = "/d/c.sock"
-admin_socket = "/d/a.sock"
-[postgres]
-dsn = "host=/d port=5433"
-[[link]]
-name = "east-west"
-site = "east"
-peer_site = "west"
-listen = "0.0.0.0:7533"
-tls_cert = "c"
-tls_key = "k"
-peer_cert = "p"
-secret_file = "s"
-"""
+from test_link_apply import BASE, LINK_TOML
+
+HEAD = BASE.replace('dsn = "x"', 'dsn = "host=/d port=5433"') + LINK_TOML
+
 
 RULES = """include = ["hr.*", "sales.orders"]
 exclude = ["hr.secret_*"]
