@@ -16,10 +16,8 @@ from chorus.link.rules import ComputedColumn, DropColumn, RenameColumn, RenameTa
 from chorus.link.site import NoSql, evaluator
 from chorus.link.sqleval import PgEvaluator
 
-from test_link_apply import BASE, LINK_TOML
-
-HEAD = BASE.replace('dsn = "x"', 'dsn = "host=/d port=5433"') + LINK_TOML
-
+from test_link_apply import LINK_TOML
+from test_link_apply import _load as load_link
 
 RULES = """include = ["hr.*", "sales.orders"]
 exclude = ["hr.secret_*"]
@@ -40,9 +38,8 @@ filter = "amount > 0"
 
 
 def _load(tmp_path: Path, text: str) -> NodeConfig:
-    p = tmp_path / "chorus.toml"
-    p.write_text(HEAD + text)
-    return load_config(str(p))
+    cfg: NodeConfig = load_link(tmp_path, LINK_TOML + text)
+    return cfg
 
 
 def test_the_rules_as_the_operator_writes_them(tmp_path: Path) -> None:
