@@ -42,6 +42,9 @@ def db(plain: PlainPostgres) -> Iterator[str]:
             c.execute("CREATE FUNCTION hr.mask(r jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE AS "
                       "$$ SELECT CASE WHEN r->>'region' = 'gone' THEN NULL "
                       "ELSE r || jsonb_build_object('note', upper(r->>'note')) END $$")
+            c.execute("CREATE FUNCTION hr.odd(r jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE AS "
+                      "$$ SELECT CASE r->>'region' WHEN 'array' THEN '[1]'::jsonb WHEN 'null' THEN 'null'::jsonb "
+                      "ELSE r || jsonb_build_object('id', (r->>'id')::int + 1) END $$")
             c.execute("CREATE FUNCTION public.lookalike(text) RETURNS boolean LANGUAGE sql AS 'SELECT true'")
             with psycopg.connect(plain.dsn, autocommit=True) as p:  # a role a failed run left
                 if p.execute("SELECT 1 FROM pg_roles WHERE rolname = 'link_rules_reader'").fetchone():
@@ -81,8 +84,16 @@ def test_predicates_over_typed_values(ev: PgEvaluator) -> None:
 def test_computed_columns_and_row_functions(ev: PgEvaluator) -> None:
     assert ev.expression(EMP, _row(4, b"eu", b"2.5"), "salary * id") == b"10.0"
     assert ev.expression(EMP, _row(4, None), "region || 'x'") is None
-    assert ev.row_function(EMP, _row(4, b"eu"), "hr.mask") == (b"4", b"eu", b"10.5", b"X")
+    assert ev.row_function(EMP, _row(4, b"eu"), "hr.mask") == (_int4(4), b"eu", b"10.5", b"X")
     assert ev.row_function(EMP, _row(4, b"gone"), "hr.mask") is None
+    assert ev.row_function(EMP, _row(4, b"null"), "hr.odd") is None  # JSON null drops it too
+    with pytest.raises(RuleError, match="returned a jsonb b'array'"):
+        ev.row_function(EMP, _row(4, b"array"), "hr.odd")
+    with pytest.raises(RuleError, match="changed the row's key"):
+        ev.row_function(EMP, _row(4, b"eu"), "hr.odd")
+    # the key's values stay as they came (here a binary int4); an unchanged value stays unchanged
+    out = ev.row_function(EMP, (_int4(4), b"eu", b"1", wire.UNCHANGED), "hr.mask")
+    assert out is not None and out[0] == _int4(4) and isinstance(out[0], wire.Binary) and out[3] is wire.UNCHANGED
     # through route: the pure core with this evaluator
     rules = RuleSet(tables=(TableRule("hr.emp", "region = 'eu'",
                                       (ComputedColumn("k", "numeric", "salary * 2"), RowFunction("hr.mask"))),))
@@ -90,7 +101,7 @@ def test_computed_columns_and_row_functions(ev: PgEvaluator) -> None:
                        ())
     out = route(rules, ws, ev)
     assert out is not None and [r.new for r in out.rows if isinstance(r, wire.Row)] == [
-        (b"1", b"eu", b"10.5", b"X", b"21.0")]
+        (_int4(1), b"eu", b"10.5", b"X", b"21.0")]
 
 
 def test_the_session_cannot_write(ev: PgEvaluator, db: str) -> None:
@@ -127,7 +138,7 @@ def test_a_configured_role_must_not_be_a_superuser(db: str) -> None:
                          strict=True)
     try:
         assert reader.predicate(EMP, _row(1, b"eu"), "region = 'eu'")
-        assert reader.row_function(EMP, _row(4, b"eu"), "hr.mask") == (b"4", b"eu", b"10.5", b"X")
+        assert reader.row_function(EMP, _row(4, b"eu"), "hr.mask") == (_int4(4), b"eu", b"10.5", b"X")
         with pytest.raises(RuleError, match="read-only transaction|permission denied"):
             reader.predicate(EMP, _row(1, b"eu"), "hr.evil(id)")
     finally:

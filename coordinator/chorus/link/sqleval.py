@@ -81,17 +81,33 @@ class PgEvaluator:
 
     def row_function(self, table: wire.Table, values: tuple[wire.Value, ...],
                      function: str) -> Optional[tuple[wire.Value, ...]]:
+        """``function(to_jsonb(row))``: NULL (or JSON null) drops the row change; another
+        answer must be an object that keeps the key's values (the receiver finds the row by
+        them, and the writeset's keys name them), read back column by column as text (a column
+        it lacks is NULL)."""
         present = [i for i, v in enumerate(values) if not isinstance(v, wire.Unchanged)]
+        key = [table.columns[i].name for i in table.identity] or [c.name for c in table.columns]
 
         def select() -> str:
-            out = ", ".join(f"r OPERATOR(pg_catalog.->>) {_literal(table.columns[i].name)}" for i in present)
-            return f"r IS NULL, {out} FROM (SELECT {function}(pg_catalog.to_jsonb(t)) AS r"
-        row = self._one(table, values, select, f"row function {function}", wrap=True)
-        if row[0] == b"t":
+            same = " AND ".join(f"(r OPERATOR(pg_catalog.->) {_literal(k)}) OPERATOR(pg_catalog.=) "
+                                f"(o OPERATOR(pg_catalog.->) {_literal(k)})" for k in key)
+            out = "".join(f", r OPERATOR(pg_catalog.->>) {_literal(table.columns[i].name)}" for i in present)
+            return (f"COALESCE(pg_catalog.jsonb_typeof(r), 'null'), ({same}) IS TRUE{out} "
+                    f"FROM (SELECT {function}(o) AS r, o FROM (SELECT pg_catalog.to_jsonb(t) AS o")
+        row = self._one(table, values, select, f"row function {function}", wrap=") u) s")
+        what = row[0]
+        if what == b"null":
             return None
+        if what != b"object":
+            raise RuleError(f"row function {function} on {table.qualified} returned a jsonb {what!r} "
+                            "(an object, or NULL to drop the row change)")
+        if row[1] != b"t":
+            raise RuleError(f"row function {function} on {table.qualified} changed the row's key "
+                            f"({', '.join(key)}): the peer finds the row by it")
         out: list[wire.Value] = list(values)
-        for i, v in zip(present, row[1:]):
-            out[i] = v
+        for i, v in zip(present, row[2:]):
+            if i not in table.identity:  # the key's values stay as they came (the same, checked)
+                out[i] = v
         return tuple(out)
 
     # ---- the session ----------------------------------------------------------------------
@@ -137,14 +153,14 @@ class PgEvaluator:
         return conn
 
     def _one(self, table: wire.Table, values: tuple[wire.Value, ...], select: Any, what: str,
-             wrap: bool = False) -> Sequence[Optional[bytes]]:
+             wrap: str = "") -> Sequence[Optional[bytes]]:
         """The one row of ``SELECT <select()> FROM (VALUES (the row)) AS t(columns)``, its values'
         text; RuleError naming ``what`` if it fails."""
         cols = [i for i, v in enumerate(values) if not isinstance(v, wire.Unchanged)]
         shape = ", ".join(f"${n}::{table.columns[i].typname}" for n, i in enumerate(cols, 1))
         names = ", ".join(_ident(table.columns[i].name) for i in cols)
         source = f"(VALUES ({shape})) AS t({names})"
-        text = f"SELECT {select()} FROM {source}" + (") s" if wrap else "")
+        text = f"SELECT {select()} FROM {source}" + wrap
         params: Any = [None if (v := values[i]) is None else bytes(v) for i in cols]
         formats = [1 if isinstance(values[i], wire.Binary) else 0 for i in cols]
         with self.lock:
