@@ -68,6 +68,7 @@ class PgEvaluator:
         self.statements: dict[str, bytes] = {}  # statement text -> its prepared name
         self.lock = threading.Lock()
         self.evaluations = 0
+        self.warned = False
 
     # ---- the protocol ---------------------------------------------------------------------
 
@@ -149,6 +150,10 @@ class PgEvaluator:
             conn.close()
             raise RuleError(f"rules_dsn connects as {row[0]}, a superuser: the link's rules are evaluated as a role "
                             "with no more rights than they need")
+        if row is not None and row[1] and not self.warned:
+            self.warned = True
+            log.warning("link %s: its rules are evaluated as %s, a superuser, restricted only by a read-only session; "
+                        "rules_dsn can name a role with no more rights than the rules need", self.name, row[0])
         self.conn = conn
         return conn
 
