@@ -44,7 +44,26 @@ window = 64                  # received transactions in flight on the bus at mos
 tls_cert = "/d/keys/cluster.crt"       # the certificate this site presents, and its key
 tls_key = "/d/keys/cluster.key"
 peer_cert = "/d/keys/west.crt"         # the only certificate accepted from the peer
+subset = false               # true when the peer's rules filter rows (a [[link.table]] filter there):
+                             # an UPDATE of a row absent here inserts it, a DELETE of one is nothing
 secret_file = "/d/keys/east-west.secret"  # the link's shared secret (at least 32 bytes)
+# What this site SENDS on the link (docs/LINKS.md section 8), checked when this file is read:
+include = ["hr.*", "sales.orders"]  # tables sent: shell patterns on "schema.table" (default: all)
+exclude = ["hr.secret_*"]    # never sent, whatever include says (schema chorus never is)
+rules_dsn = "host=/d/nodes/n1/run port=5433 dbname=postgres user=chorus_rules"  # the session that
+                             # evaluates the rules' SQL, read-only (default: [postgres] dsn); the
+                             # role it names must not be a superuser
+rules_timeout_ms = 1000      # each evaluation's statement_timeout
+[[link.table]]               # rules of the tables matching name (the first [[link.table]] that does)
+name = "hr.emp"              # a shell pattern on "schema.table"
+filter = "region = 'eu'"     # the rows sent: a SQL predicate over the row's columns (NULL: not sent);
+                             # an UPDATE leaving the subset is sent as a DELETE of its key
+rename = "public.staff"      # then, in this order: 1. the table's name at the peer
+rename_columns = { salary = "pay" }  # 2. columns renamed
+drop = ["ssn"]               # 3. columns not sent (names after step 2; never a key column)
+compute = [{ column = "pay_k", type = "integer", sql = "pay * 1000" }]  # 4. columns added: SQL over
+                             # the row as it is after step 3 (search_path is pg_catalog: qualify names)
+function = "hr.mask"         # 5. a function f(jsonb) returns jsonb over the row (NULL: not sent)
 ```
 """
 
@@ -82,13 +101,135 @@ class LinkConfig:
     primary: str = ""  # the primary site of primary-wins
     detection: str = "row"  # row (NDB$EPOCH) or transaction (NDB$EPOCH_TRANS)
     table_policy: tuple[tuple[str, str], ...] = ()  # ("schema.table", policy), overriding policy
+    subset: bool = False  # the peer's rules filter rows: an UPDATE of an absent row inserts it, a DELETE is nothing
+    # what this site sends (docs/LINKS.md section 8; link/rules.py): the sender's rules
+    include: tuple[str, ...] = ("*.*",)
+    exclude: tuple[str, ...] = ()  # schema chorus is never sent, whatever these say
+    tables: tuple["LinkTable", ...] = ()  # [[link.table]], in order: the first matching one applies
+    rules_dsn: str = ""  # the session evaluating the rules' SQL; "" = [postgres] dsn
+    rules_timeout_ms: int = 1000
+
+
+@dataclass(frozen=True)
+class LinkTable:
+    """One ``[[link.table]]`` of a link: the rules of the tables matching ``name`` (a shell
+    pattern on ``schema.table``): a row filter, then transformations in a fixed order: rename
+    the table, rename columns, drop columns, computed columns, a row function."""
+
+    name: str
+    filter: str = ""
+    rename: str = ""  # "schema.table" at the peer
+    rename_columns: tuple[tuple[str, str], ...] = ()  # (old, new), in the file's order
+    drop: tuple[str, ...] = ()
+    compute: tuple[tuple[str, str, str], ...] = ()  # (column, type, sql)
+    function: str = ""  # schema.function, f(jsonb) returns jsonb
 
 
 _LINK_KEYS: dict[str, tuple[type, bool]] = {
     "name": (str, True), "site": (str, True), "peer_site": (str, True), "tls_cert": (str, True),
     "tls_key": (str, True), "peer_cert": (str, True), "secret_file": (str, True), "listen": (str, False),
     "peers": (list, False), "nodes": (list, False), "window": (int, False),
-    "policy": (str, False), "primary": (str, False), "detection": (str, False), "table_policy": (dict, False)}
+    "policy": (str, False), "primary": (str, False), "detection": (str, False), "table_policy": (dict, False),
+    "include": (list, False), "exclude": (list, False), "table": (list, False), "rules_dsn": (str, False),
+    "rules_timeout_ms": (int, False), "subset": (bool, False)}
+_TABLE_KEYS: dict[str, Any] = {"name": str, "filter": str, "rename": str, "rename_columns": dict, "drop": list,
+                                "compute": list, "function": str}
+_QUALIFIED = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*\Z")
+_TYPE = re.compile(r"[A-Za-z_][A-Za-z0-9_ .,()\[\]]*\Z")
+
+
+def link_rules(link: LinkConfig) -> Any:
+    """The rules of what this site sends on ``link`` (link/rules.py ``RuleSet``); ValueError
+    (a RuleError) if they cannot work, as far as the file tells without the tables: a name used
+    twice, a column renamed, dropped or computed twice, a function not schema-qualified. A key
+    column dropped or computed is refused when the sender meets the table (the link then stops
+    there, with that reason)."""
+    from chorus.link import rules as lr
+    tables: list[lr.TableRule] = []
+    for t in link.tables:
+        where = f"[[link.table]] {t.name!r}"
+        if not t.name:
+            raise lr.RuleError("a [[link.table]] needs a name (a pattern on schema.table)")
+        if t.name in {r.pattern for r in tables}:
+            raise lr.RuleError(f"two [[link.table]] named {t.name!r}")
+        steps: list[lr.Transformation] = []
+        if t.rename:
+            schema, dot, table = t.rename.partition(".")
+            if not (schema and dot and table) or "." in table:
+                raise lr.RuleError(f"{where}: rename must be schema.table, not {t.rename!r}")
+            steps.append(lr.RenameTable(schema, table))
+        olds = [old for old, _ in t.rename_columns]
+        news = [new for _, new in t.rename_columns]
+        for name in news:
+            if news.count(name) > 1:
+                raise lr.RuleError(f"{where}: two columns renamed to {name}")
+        steps += [lr.RenameColumn(old, new) for old, new in t.rename_columns if old != new]
+        names = set(news)  # the names the file knows the table has after step 2
+        for column in t.drop:
+            if t.drop.count(column) > 1:
+                raise lr.RuleError(f"{where}: column {column} dropped twice")
+            if column in olds and column not in news:
+                raise lr.RuleError(f"{where}: column {column} is renamed, then dropped: drop names the new name")
+            steps.append(lr.DropColumn(column))
+        names -= set(t.drop)
+        for column, typ, sql in t.compute:
+            if not column or not sql.strip():
+                raise lr.RuleError(f"{where}: a computed column needs a column name and sql")
+            if not _TYPE.match(typ):
+                raise lr.RuleError(f"{where}: computed column {column} needs a type (such as integer or text), "
+                                   f"not {typ!r}")
+            if column in names:
+                raise lr.RuleError(f"{where}: computed column {column} is the name of another column")
+            names.add(column)
+            steps.append(lr.ComputedColumn(column, typ, sql))
+        if t.function:
+            if not _QUALIFIED.match(t.function):
+                raise lr.RuleError(f"{where}: function must be a schema-qualified name (schema.function), "
+                                   f"not {t.function!r}: it is looked up with search_path pg_catalog")
+            steps.append(lr.RowFunction(t.function))
+        if t.filter is not None and t.filter != "" and not t.filter.strip():
+            raise lr.RuleError(f"{where}: filter is empty")
+        tables.append(lr.TableRule(t.name, t.filter or None, tuple(steps)))
+    for pattern in link.include + link.exclude:
+        if not pattern:
+            raise lr.RuleError("an empty pattern in include or exclude")
+    return lr.RuleSet(include=link.include, exclude=("chorus.*",) + link.exclude, tables=tuple(tables))
+
+
+def _link_table(path: str, link: str, raw: Any) -> LinkTable:
+    if not isinstance(raw, dict):
+        raise ChorusConfigError(f"{path}: link {link}: [[link.table]] must be tables")
+    values: dict[str, Any] = {}
+    value: Any
+    for key, value in raw.items():
+        typ: Any = _TABLE_KEYS.get(key)
+        if typ is None:
+            raise ChorusConfigError(f"{path}: link {link}: unknown key link.table.{key}")
+        if not isinstance(value, typ):
+            raise ChorusConfigError(f"{path}: link {link}: link.table.{key} must be a {typ.__name__}")
+        if key == "rename_columns":
+            if not all(isinstance(v, str) and v for v in value.values()):
+                raise ChorusConfigError(f"{path}: link {link}: link.table.rename_columns maps old names to new ones")
+            value = tuple(value.items())
+        elif key == "drop":
+            if not all(isinstance(v, str) and v for v in value):
+                raise ChorusConfigError(f"{path}: link {link}: link.table.drop must be a list of column names")
+            value = tuple(value)
+        elif key == "compute":
+            out = []
+            for c in value:
+                if not (isinstance(c, dict) and set(c) == {"column", "type", "sql"}
+                        and all(isinstance(v, str) for v in c.values())):
+                    raise ChorusConfigError(f"{path}: link {link}: each of link.table.compute is "
+                                            "{ column = \"name\", type = \"type\", sql = \"expression\" }")
+                out.append((c["column"], c["type"], c["sql"]))
+            value = tuple(out)
+        values[key] = value
+    if "name" not in values:
+        raise ChorusConfigError(f"{path}: link {link}: a [[link.table]] needs a name (a pattern on schema.table)")
+    return LinkTable(**values)
+
+
 def link_settings(link: LinkConfig) -> Any:
     """The link's conflict settings (link/settle.py ``Settings``); ValueError if they cannot decide."""
     from chorus.link.conflict import Detection
@@ -97,7 +238,8 @@ def link_settings(link: LinkConfig) -> Any:
         detection = Detection(link.detection)
     except ValueError:
         raise ValueError(f"detection must be row or transaction, not {link.detection!r}") from None
-    return Settings(link.site, link.peer_site, link.policy, link.primary, detection, dict(link.table_policy))
+    return Settings(link.site, link.peer_site, link.policy, link.primary, detection, dict(link.table_policy),
+                    link.subset)
 
 
 _LINK_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
@@ -108,48 +250,63 @@ def _links(path: str, raw: Any) -> tuple[LinkConfig, ...]:
         raise ChorusConfigError(f"{path}: [[link]] must be tables, one per link")
     out: list[LinkConfig] = []
     for t in raw:
-        values: dict[str, Any] = {}
-        for key, value in t.items():
-            if key not in _LINK_KEYS:
-                raise ChorusConfigError(f"{path}: unknown key link.{key}")
-            typ, _ = _LINK_KEYS[key]
-            if not isinstance(value, typ) or isinstance(value, bool) and typ is int:
-                raise ChorusConfigError(f"{path}: link.{key} must be a {typ.__name__}")
-            if isinstance(value, list):
-                if not all(isinstance(v, str) for v in value):
-                    raise ChorusConfigError(f"{path}: link.{key} must be a list of strings")
-                value = tuple(value)
-            if isinstance(value, dict):
-                if not all(isinstance(v, str) for v in value.values()):
-                    raise ChorusConfigError(f"{path}: link.{key} must map table names to policy names")
-                value = tuple(sorted(value.items()))
-            values[key] = value
-        for key, (_, required) in _LINK_KEYS.items():
-            if required and key not in values:
-                raise ChorusConfigError(f"{path}: missing link.{key}" + (f" in link {values['name']}" if "name" in values else ""))
-        link = LinkConfig(**values)
-        for what in ("name", "site", "peer_site"):
-            if not _LINK_NAME.match(getattr(link, what)):
-                raise ChorusConfigError(f"{path}: link.{what} {getattr(link, what)!r} must be 1 to 64 of "
-                                        "[A-Za-z0-9_.:-]")
-        if link.site == link.peer_site:
-            raise ChorusConfigError(f"{path}: link {link.name} joins site {link.site} to itself")
-        if not link.listen and not link.peers:
-            raise ChorusConfigError(f"{path}: link {link.name} has neither listen (a sender) nor peers (a receiver)")
-        if link.window < 1:
-            raise ChorusConfigError(f"{path}: link.window must be at least 1")
-        try:
-            link_settings(link)
-        except ValueError as e:
-            raise ChorusConfigError(f"{path}: link {link.name}: {e}") from None
-        for address in (link.listen, *link.peers):
-            host, _, port = address.rpartition(":")
-            if address and not (host and port.isdigit() and 0 < int(port) < 65536):
-                raise ChorusConfigError(f"{path}: link {link.name}: {address!r} is not host:port")
+        link = parse_link(path, t)
         if link.name in {x.name for x in out}:
             raise ChorusConfigError(f"{path}: two links named {link.name}")
         out.append(link)
     return tuple(out)
+
+
+def parse_link(path: str, t: dict[str, Any]) -> LinkConfig:
+    """One ``[[link]]`` table as TOML reads it, checked (ChorusConfigError naming ``path``)."""
+    values: dict[str, Any] = {}
+    value: Any
+    for key, value in t.items():
+        if key not in _LINK_KEYS:
+            raise ChorusConfigError(f"{path}: unknown key link.{key}")
+        typ: Any = _LINK_KEYS[key][0]
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, typ) or isinstance(value, bool) and typ is int:
+            raise ChorusConfigError(f"{path}: link.{key} must be a {typ.__name__}")
+        if key == "table":
+            values["tables"] = tuple(_link_table(path, str(t.get("name", "?")), x) for x in value)
+            continue
+        if isinstance(value, list):
+            if not all(isinstance(v, str) for v in value):
+                raise ChorusConfigError(f"{path}: link.{key} must be a list of strings")
+            value = tuple(value)
+        if isinstance(value, dict):
+            if not all(isinstance(v, str) for v in value.values()):
+                raise ChorusConfigError(f"{path}: link.{key} must map table names to policy names")
+            value = tuple(sorted(value.items()))
+        values[key] = value
+    for key, (_, required) in _LINK_KEYS.items():
+        if required and key not in values:
+            raise ChorusConfigError(f"{path}: missing link.{key}" + (f" in link {values['name']}" if "name" in values else ""))
+    link = LinkConfig(**values)
+    for what in ("name", "site", "peer_site"):
+        if not _LINK_NAME.match(getattr(link, what)):
+            raise ChorusConfigError(f"{path}: link.{what} {getattr(link, what)!r} must be 1 to 64 of "
+                                    "[A-Za-z0-9_.:-]")
+    if link.site == link.peer_site:
+        raise ChorusConfigError(f"{path}: link {link.name} joins site {link.site} to itself")
+    if not link.listen and not link.peers:
+        raise ChorusConfigError(f"{path}: link {link.name} has neither listen (a sender) nor peers (a receiver)")
+    if link.window < 1:
+        raise ChorusConfigError(f"{path}: link.window must be at least 1")
+    if link.rules_timeout_ms < 1:
+        raise ChorusConfigError(f"{path}: link {link.name}: rules_timeout_ms must be at least 1")
+    for address in (link.listen, *link.peers):
+        host, _, port = address.rpartition(":")
+        if address and not (host and port.isdigit() and 0 < int(port) < 65536):
+            raise ChorusConfigError(f"{path}: link {link.name}: {address!r} is not host:port")
+    for check in (link_settings, link_rules):  # the conflict settings, the rules of what it sends
+        try:
+            check(link)
+        except ValueError as e:
+            raise ChorusConfigError(f"{path}: link {link.name}: {e}") from None
+    return link
 
 
 @dataclass(frozen=True)
@@ -300,7 +457,25 @@ def _link_toml(link: LinkConfig) -> str:
         ("name", link.name), ("site", link.site), ("peer_site", link.peer_site), ("listen", link.listen),
         ("tls_cert", link.tls_cert), ("tls_key", link.tls_key), ("peer_cert", link.peer_cert),
         ("secret_file", link.secret_file)) if v)
-        + f"peers = {strs(link.peers)}\nnodes = {strs(link.nodes)}\nwindow = {link.window}\n")
+        + f"peers = {strs(link.peers)}\nnodes = {strs(link.nodes)}\nwindow = {link.window}\n"
+        + f"policy = {_toml_str(link.policy)}\ndetection = {_toml_str(link.detection)}\n"
+        + (f"primary = {_toml_str(link.primary)}\n" if link.primary else "")
+        + f"subset = {'true' if link.subset else 'false'}\n"
+        + ("table_policy = {" + ", ".join(f"{_toml_str(k)} = {_toml_str(v)}" for k, v in link.table_policy) + "}\n")
+        + f"include = {strs(link.include)}\nexclude = {strs(link.exclude)}\n"
+        + (f"rules_dsn = {_toml_str(link.rules_dsn)}\n" if link.rules_dsn else "")
+        + f"rules_timeout_ms = {link.rules_timeout_ms}\n"
+        + "".join(_link_table_toml(t) for t in link.tables))
+
+
+def _link_table_toml(t: LinkTable) -> str:
+    return ("[[link.table]]\n" + "".join(f"{k} = {_toml_str(v)}\n" for k, v in (
+        ("name", t.name), ("filter", t.filter), ("rename", t.rename), ("function", t.function)) if v)
+        + ("rename_columns = {" + ", ".join(f"{_toml_str(a)} = {_toml_str(b)}" for a, b in t.rename_columns) + "}\n"
+           if t.rename_columns else "")
+        + (f"drop = [{', '.join(_toml_str(c) for c in t.drop)}]\n" if t.drop else "")
+        + ("compute = [" + ", ".join(f"{{ column = {_toml_str(c)}, type = {_toml_str(ty)}, sql = {_toml_str(q)} }}"
+                                     for c, ty, q in t.compute) + "]\n" if t.compute else ""))
 
 
 def write_config(cfg: NodeConfig, path: str) -> None:

@@ -138,7 +138,7 @@ class Coordinator:
         self.catchup: Optional[CatchUpRunner] = None  # once the replicator exists
         # [[link]]: this node's part in its site's links to other sites (docs/LINKS.md)
         self.links = (SiteLinks(cfg.name, cfg.links, self.wslog, lambda: self.pipeline.watermark, send,
-                                self.db.q_all, self.spool) if cfg.links else None)
+                                self.db.q_all, self.spool, cfg.dsn) if cfg.links else None)
         self.endpoints: Optional[Endpoints] = None  # [metrics] listen
 
     # ---- start and stop -----------------------------------------------------------------

@@ -4,11 +4,13 @@ test_link_conflicts.py): a site's nodes as the tests read them, the link's keys 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import psycopg
 import pytest
@@ -111,3 +113,27 @@ def remove(*dirs: Path) -> None:
     if not os.environ.get("CHORUS_KEEP_TEST_DIR"):
         for d in dirs:
             shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def two_sites(east: tuple[int, int, Callable[[Path], dict[str, Any]]], west: tuple[int, int, Callable[[Path], dict[str, Any]]],
+              prefix: str = "chorus-") -> Iterator[tuple[Site, Site, Path, Path]]:
+    """Sites east and west, each ``(nodes, port, its [[link]] table given its directory)``, with
+    the link's keys; both stopped (west first: east's Corosync may be the one both use) and
+    removed at the end, the coordinators' last lines printed."""
+    east_dir = Path(tempfile.mkdtemp(prefix=f"{prefix}east-", dir="/tmp"))
+    west_dir = Path(tempfile.mkdtemp(prefix=f"{prefix}west-", dir="/tmp"))
+    link_keys(east_dir, west_dir)
+    clusters = [LocalCluster(str(east_dir)), LocalCluster(str(west_dir))]
+    started: list[LocalCluster] = []
+    try:
+        info = []
+        for cluster, d, (nodes, port, link) in zip(clusters, (east_dir, west_dir), (east, west)):
+            started.append(cluster)
+            info.append(cluster.up(nodes, port, links=[link(d)]))
+        yield Site("east", clusters[0], info[0]), Site("west", clusters[1], info[1]), east_dir, west_dir
+    finally:
+        print_logs(east_dir, west_dir)
+        for c in reversed(started):
+            c.down()
+        remove(east_dir, west_dir)

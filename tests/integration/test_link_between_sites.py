@@ -9,15 +9,11 @@ bounded."""
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
-from chorus.testkit.localcluster import LocalCluster
-
-from linksites import LISTEN_OFFSET, TABLE, Site, link_keys, link_table, print_logs, remove
+from linksites import LISTEN_OFFSET, TABLE, Site, link_table, two_sites
 from linksites import wait as _wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -28,25 +24,11 @@ EAST_PORT, WEST_PORT = BASE, BASE + 2  # east: one node; west: two
 
 @pytest.fixture(scope="module")
 def sites() -> Iterator[tuple[Site, Site]]:
-    east_dir = Path(tempfile.mkdtemp(prefix="chorus-east-", dir="/tmp"))
-    west_dir = Path(tempfile.mkdtemp(prefix="chorus-west-", dir="/tmp"))
-    link_keys(east_dir, west_dir)
-    east = LocalCluster(str(east_dir))
-    west = LocalCluster(str(west_dir))
-    started: list[LocalCluster] = []
-    try:
-        started.append(east)
-        east_info = east.up(1, EAST_PORT, links=[link_table(east_dir, "east", "west", listen_offset=LISTEN_OFFSET)])
-        started.append(west)
-        west_info = west.up(2, WEST_PORT, links=[link_table(west_dir, "west", "east",
-                                                            peers=[f"127.0.0.1:{EAST_PORT + LISTEN_OFFSET}"],
-                                                            window=8)])
-        yield Site("east", east, east_info), Site("west", west, west_info)
-    finally:
-        print_logs(east_dir, west_dir)
-        for c in reversed(started):  # west first: east's Corosync may be the one both use
-            c.down()
-        remove(east_dir, west_dir)
+    with two_sites((1, EAST_PORT, lambda d: link_table(d, "east", "west", listen_offset=LISTEN_OFFSET)),
+                   (2, WEST_PORT, lambda d: link_table(d, "west", "east", window=8,
+                                                       peers=[f"127.0.0.1:{EAST_PORT + LISTEN_OFFSET}"]))) as (
+            east, west, _, _):
+        yield east, west
 
 
 def _write(site: Site, first: int, count: int) -> None:

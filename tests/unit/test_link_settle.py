@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import struct
+from dataclasses import replace
 from typing import Any, Optional
 
 import pytest
@@ -26,7 +27,7 @@ from chorus.link import position as lp
 from chorus.link.conflict import Detection
 from chorus.link.events import ClockEvent, RemoteTransaction, key_text
 from chorus.link.proto import Position, Record
-from chorus.link.rules import RuleSet
+from chorus.link.rules import RuleSet, TableRule
 from chorus.link.settle import (EXCEPTIONS_TABLE, STAMP_TABLE, SettleError, Settings, Settlement, stamp_hash,
                                 table_stamp_key)
 from chorus.link.sender import Outbound
@@ -408,3 +409,50 @@ def test_a_node_whose_settings_differ_from_the_receivers_does_not_decide() -> No
     with pytest.raises(SettleError, match="differ from those of node n1"):
         other.apply_link(m)
     assert b.apply_link(m) == lp.Decision.APPLY
+
+
+class RegionIs:
+    """A row filter's stand-in evaluator: ``v = 'eu'`` (column v is the region here)."""
+
+    def predicate(self, table: wire.Table, values: tuple[wire.Value, ...], predicate: str) -> bool:
+        assert predicate == "v = 'eu'"
+        return values[1] == b"eu"
+
+    def expression(self, table: wire.Table, values: tuple[wire.Value, ...], expression: str) -> wire.Value:
+        raise AssertionError(expression)
+
+    def row_function(self, table: wire.Table, values: tuple[wire.Value, ...],
+                     function: str) -> Optional[tuple[wire.Value, ...]]:
+        raise AssertionError(function)
+
+
+@pytest.mark.parametrize("subset", [True, False])
+def test_rows_moving_in_and_out_of_a_filtered_subset(subset: bool) -> None:
+    """A's rules send the rows with v = 'eu' (docs/LINKS.md section 8): an UPDATE that moves a
+    row out arrives as a DELETE of its key, one that moves a row in as an UPDATE of a row B does
+    not have, which B (``subset``) applies as an INSERT; a DELETE of a row B never had is
+    nothing there. Without ``subset`` those are passed as they come (the apply of a real site
+    then fails them: the row is not there, which is what an unfiltered link must say)."""
+    a, b = SiteSim("A", "B", subset=subset), SiteSim("B", "A", subset=subset)
+    a.outbound = Outbound("A", "B", Position(0), RuleSet(tables=(TableRule("app.items", "v = 'eu'"),)), RegionIs(),
+                          provenance(a.link), clock_interval=1e9)
+    a.commit(insert("1", "eu"))
+    a.commit(insert("2", "us"))
+    a.commit(insert("3", "us"))
+    exchange(a, b)
+    assert sorted(b.rows) == [b"1"]
+    before = len(b.log)
+    a.commit(update("2", "eu"))  # enters the subset
+    a.commit(update("1", "us"))  # leaves it
+    a.commit(delete("3"))  # never was in it
+    exchange(a, b)
+    final = [wire.decode(r.payload) for r in b.log[before:] if r.origin == lp.origin(LINK)]
+    ops = [(i.op, bytes(i.new[0] or b"") if i.new else bytes(i.old[0] or b"")) for ws in final for i in ws.rows
+           if isinstance(i, wire.Row) and ws.tables[i.table] == T]
+    if subset:
+        assert ops == [("I", b"2"), ("D", b"1")]  # the UPDATE of an absent row inserted; the DELETE of 3 dropped
+    else:
+        assert ops == [("U", b"2"), ("D", b"1"), ("D", b"3")]
+    assert sorted(b.rows) == [b"2"] and b.value("2") == b"eu"
+    assert b.conflicts() == []
+    assert link_settings(b.link).fingerprint != link_settings(replace(b.link, subset=not subset)).fingerprint

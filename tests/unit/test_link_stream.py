@@ -10,6 +10,7 @@ import asyncio
 import os
 import shutil
 import ssl
+import threading
 from pathlib import Path
 from typing import Callable, Coroutine, Optional
 
@@ -22,7 +23,7 @@ from chorus.link import proto
 from chorus.link.events import ClockEvent, RemoteTransaction, StreamItem
 from chorus.link.proto import LinkBroken, LinkEnd, LinkError, LinkKeys, Position
 from chorus.link.receiver import LinkReceiver
-from chorus.link.rules import RuleSet
+from chorus.link.rules import RuleError, RuleSet, TableRule
 from chorus.link.sender import LinkServer, Provenance
 from chorus.spool import Spool
 from chorus.wslog import LogRecord, WritesetLog
@@ -353,6 +354,60 @@ def test_a_record_the_link_cannot_carry_stops_it_there_visibly(tmp_path: Path, k
         with pytest.raises(LinkError, match="the peer says: GID 2 cannot be sent: "):
             await b.receiver([address], keys["b"]).stream(address)
         assert b.gids == [1]
+        await a.server.close()
+        a.log.close()
+
+    run(main)
+
+
+class Flaky:
+    """A row filter evaluator that fails on the row of GID 2 until it is fixed (as an operator
+    fixes a rule), and notes the threads it runs in."""
+
+    def __init__(self) -> None:
+        self.fixed = False
+        self.threads: set[str] = set()
+
+    def predicate(self, table: wire.Table, values: tuple[wire.Value, ...], predicate: str) -> bool:
+        self.threads.add(threading.current_thread().name)
+        if values[0] == b"2" and not self.fixed:
+            raise RuleError(f"row filter {predicate!r} on public.t failed: cannot execute INSERT in a read-only "
+                            "transaction")
+        return True
+
+    def expression(self, table: wire.Table, values: tuple[wire.Value, ...], expression: str) -> wire.Value:
+        raise AssertionError(expression)
+
+    def row_function(self, table: wire.Table, values: tuple[wire.Value, ...],
+                     function: str) -> Optional[tuple[wire.Value, ...]]:
+        raise AssertionError(function)
+
+
+def test_rules_that_fail_stop_the_link_visibly_and_it_resumes_once_fixed(tmp_path: Path,
+                                                                        keys: dict[str, LinkKeys]) -> None:
+    """A failure to evaluate neither drops nor sends the transaction: the sender stops the
+    stream there and says why (ERROR to the receiver, its ``error`` for status); the receiver
+    keeps its position; once the rule works, the stream resumes from that position."""
+    async def main() -> None:
+        a = SiteA(tmp_path, keys["a"])
+        flaky = Flaky()
+        a.server.rules = RuleSet(tables=(TableRule("public.t", "hostile()"),))
+        a.server.evaluator = flaky
+        for gid in (1, 2, 3):
+            a.commit(gid)
+        address = await a.start()
+        b = SiteB()
+        with pytest.raises(LinkError, match="GID 2 cannot be sent: .*read-only transaction"):
+            await b.receiver([address], keys["b"]).stream(address)
+        assert b.gids == [1] and b.after == 1  # nothing past it, nothing skipped
+        assert a.server.error is not None and a.server.error[0] == 2 and "read-only" in a.server.error[1]
+        assert threading.current_thread().name not in flaky.threads  # routed off the event loop
+        flaky.fixed = True
+        task = asyncio.ensure_future(b.receiver([address], keys["b"]).run())
+        await until(lambda: b.gids == [1, 2, 3], "the rest after the fix")
+        assert a.server.error is None
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         await a.server.close()
         a.log.close()
 

@@ -141,6 +141,9 @@ class LinkServer:
         self.server: Optional[asyncio.base_events.Server] = None
         self.streams: set[asyncio.Task[None]] = set()
         self._stopping = False
+        # why the link stopped at a transaction it cannot send (its rules failed on it), until a
+        # stream passes it: (GID, reason)
+        self.error: Optional[tuple[int, str]] = None
 
     async def start(self, listen: str) -> None:
         host, port = split_address(listen)
@@ -220,11 +223,22 @@ class LinkServer:
                         await self._send(writer, out.idle(bound, time.monotonic()))
                         await asyncio.sleep(self.poll_s)
                     for r in records:
-                        await self._send(writer, out.take(r, time.monotonic()))
+                        if self.rules.needs_sql:  # the evaluator waits on PostgreSQL: not in the event loop
+                            frames = await asyncio.to_thread(out.take, r, time.monotonic())
+                        else:
+                            frames = out.take(r, time.monotonic())
+                        await self._send(writer, frames)
+                        if self.error is not None and out.position >= self.error[0]:
+                            log.info("link %s: GID %d is sent now", self.end.link, self.error[0])
+                            self.error = None
                 except LogRangeUnavailable:  # the ring reused a segment the link had not sent yet
                     raise LinkBroken(out.position + 1, max(self.log.base_gid, out.position + 1)) from None
                 except (wire.WireError, RuleError) as e:  # the link stops at a record it cannot carry, visibly
                     text = f"GID {out.position} cannot be sent: {e}"
+                    if self.error != (out.position, text):
+                        log.error("link %s stops: %s (nothing past it is sent until it can be: a rule's fault is "
+                                  "fixed in [[link]], then this coordinator restarted)", self.end.link, text)
+                    self.error = (out.position, text)
                     writer.write(proto.write_error(proto.Error(text)))
                     raise LinkError(text) from e
             if self._stopping:

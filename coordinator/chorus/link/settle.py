@@ -99,6 +99,9 @@ class Settings:
     primary: str = ""
     detection: Detection = Detection.ROW
     table_policy: Mapping[str, str] = field(default_factory=dict)  # "schema.table" -> policy
+    # the peer sends a subset of its rows (a row filter, docs/LINKS.md section 8): an UPDATE of a
+    # row absent here is applied as an INSERT of its new image, a DELETE of an absent row is nothing
+    subset: bool = False
 
     def __post_init__(self) -> None:
         for name in (self.policy, *self.table_policy.values()):
@@ -112,7 +115,7 @@ class Settings:
         """What every node compares before deciding with these settings (the receiver's travel
         in each link writeset): 32 hex digits of a hash of all of them."""
         text = json.dumps([self.site, self.peer, self.policy, self.primary, self.detection.value,
-                           sorted(self.table_policy.items())])
+                           sorted(self.table_policy.items())] + (["subset"] if self.subset else []))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
     @property
@@ -238,9 +241,10 @@ class Settlement:
         conflict = any(self.window.in_conflict(found.get(k.hashed())) for _i, _t, _r, k in self.changes)
         whole = conflict and self.settings.detection == Detection.TRANSACTION  # its exceptions show every row
         out: dict[bytes, tuple[wire.Table, wire.Key, list[str]]] = {}
-        for _i, table, _row, key in self.changes:
+        for _i, table, row, key in self.changes:
             h = key.hashed()
-            if h not in out and (whole or self.window.in_conflict(found.get(h))):
+            migrating = self.settings.subset and row.op in (wire.OP_UPDATE, wire.OP_DELETE)  # present here?
+            if h not in out and (whole or migrating or self.window.in_conflict(found.get(h))):
                 params = [p.decode("utf-8", "surrogateescape") for p in key.parts[3:]]
                 out[h] = (table, key, params)
         return list(out.values())
@@ -263,7 +267,8 @@ class Settlement:
             ds = by_item.get(i)
             if not isinstance(item, wire.Row) or not ds or all(r.reason is None for r in ds):
                 if not ds or all(r.applied for r in ds):
-                    out_rows.append(item)
+                    out_rows += (self._migrated(item, ds[0]) if ds and self.settings.subset and isinstance(item, wire.Row)
+                                 else [item])
                 continue
             if not all(r.applied for r in ds):
                 continue  # the local version stands, or its transaction is rejected
@@ -295,6 +300,21 @@ class Settlement:
         remote = wire.Writeset(self.remote.xid, self.remote.pid, self.remote.last_seen, tuple(tables),
                                tuple(out_rows), tuple(keys), flags=self.remote.flags, encoding=self.remote.encoding)
         return lp.final_writeset(self.step, remote, self.current, lp.Decision.APPLY)
+
+    def _migrated(self, item: wire.Row, r: RowDecision) -> list[wire.Item]:
+        """A row of a peer that sends a subset of its rows, not in conflict: an UPDATE of a row
+        absent here (it entered the subset) inserts its new image; a DELETE of an absent row
+        (it left the subset, or never was in it) is nothing."""
+        if item.op not in (wire.OP_UPDATE, wire.OP_DELETE) or self.local.get(r.key, ()) is not None:
+            return [item]
+        if item.op == wire.OP_DELETE:
+            return []
+        if any(isinstance(v, wire.Unchanged) for v in item.new):
+            table = self.remote.tables[item.table]
+            raise SettleError(f"{table.qualified}: the row {self._key(r).describe()} entered the peer's subset but is "
+                              "absent here, and the UPDATE does not carry all its values (an unchanged out-of-line "
+                              "value)")
+        return [wire.Row(wire.OP_INSERT, item.table, (), item.new)]
 
     def _settled(self, item: wire.Row, r: RowDecision) -> list[wire.Item]:
         """The change that leaves row ``r`` as its policy decided, given the local row now."""

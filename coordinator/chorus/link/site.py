@@ -33,13 +33,14 @@ from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from chorus import wire
 from chorus.bus import proto as bp
-from chorus.config import LinkConfig, link_settings
+from chorus.config import LinkConfig, link_rules, link_settings
 from chorus.link import position as lp
 from chorus.link.events import ClockEvent, RemoteTransaction, StreamItem
 from chorus.link.proto import LinkEnd, LinkError, LinkKeys, Position
 from chorus.link.receiver import LinkReceiver
 from chorus.link.rules import RuleError, RuleSet
 from chorus.link.sender import LinkServer, Provenance
+from chorus.link.sqleval import PgEvaluator
 from chorus.spool import Spool
 from chorus.wslog import LogRecord, WritesetLog
 
@@ -58,17 +59,25 @@ def receiver_node(link: LinkConfig, synced: Iterable[str]) -> Optional[str]:
 
 class NoSql:
     """The rules evaluator of a link whose rules have no SQL part (no row filter, no computed
-    column): configuring those is a later step, so asking for one is an error."""
+    column, no row function): routing never asks it, so being asked is an error."""
 
     def predicate(self, table: wire.Table, values: tuple[wire.Value, ...], predicate: str) -> bool:
-        raise RuleError("row filters are not configurable yet")
+        raise RuleError("this link's rules have no SQL evaluator")
 
     def expression(self, table: wire.Table, values: tuple[wire.Value, ...], expression: str) -> wire.Value:
-        raise RuleError("computed columns are not configurable yet")
+        raise RuleError("this link's rules have no SQL evaluator")
 
     def row_function(self, table: wire.Table, values: tuple[wire.Value, ...],
                      function: str) -> Optional[tuple[wire.Value, ...]]:
-        raise RuleError("row functions are not configurable yet")
+        raise RuleError("this link's rules have no SQL evaluator")
+
+
+def evaluator(link: LinkConfig, rules: RuleSet, dsn: str) -> "NoSql | PgEvaluator":
+    """The evaluator of ``link``'s rules: in PostgreSQL (link/sqleval.py) when they have SQL
+    parts, through ``rules_dsn`` (its role must not be a superuser) or else the node's ``dsn``."""
+    if not rules.needs_sql:
+        return NoSql()
+    return PgEvaluator(link.rules_dsn or dsn, link.rules_timeout_ms, strict=bool(link.rules_dsn), name=link.name)
 
 
 def provenance(link: LinkConfig) -> Callable[[LogRecord], Provenance]:
@@ -216,8 +225,9 @@ class SiteLinks:
     def __init__(self, node: str, links: tuple[LinkConfig, ...], wslog: WritesetLog, committed: Callable[[], int],
                  send: Callable[[bp.Message], None],
                  query: Callable[[str, tuple[Any, ...]], Awaitable[list[tuple[Any, ...]]]],
-                 spool: Optional[Spool] = None) -> None:
+                 spool: Optional[Spool] = None, dsn: str = "") -> None:
         self.node = node
+        self.dsn = dsn  # the node's database: the rules' evaluator connects there without rules_dsn
         self.links = links
         self.wslog = wslog
         self.committed_gid = committed
@@ -234,7 +244,9 @@ class SiteLinks:
             if not link.listen:
                 continue
             end = LinkEnd(link.name, link.site, link.peer_site, _keys(link))
-            server = LinkServer(self.wslog, end, self.committed_gid, RuleSet(), NoSql(), provenance(link))
+            rules: RuleSet = link_rules(link)
+            server = LinkServer(self.wslog, end, self.committed_gid, rules, evaluator(link, rules, self.dsn),
+                                provenance(link))
             await server.start(link.listen)
             self.servers.append(server)
             log.info("link %s: serving site %s's changes to site %s on %s", link.name, link.site, link.peer_site,
@@ -294,6 +306,9 @@ class SiteLinks:
                 "receiving_here": task is not None and not task.done(),
                 "sent_on": inbound.sent if inbound else 0, "applied": inbound.applied if inbound else 0,
                 "in_flight": len(inbound.flights) if inbound else 0, "after": inbound.after if inbound else None}
+        for server in self.servers:  # a sender stopped at a transaction its rules cannot route: broken, and why
+            out[server.end.link]["sending"] = ({"state": "broken", "gid": server.error[0], "reason": server.error[1]}
+                                               if server.error is not None else {"state": "serving"})
         return out
 
     async def close(self) -> None:
@@ -303,6 +318,9 @@ class SiteLinks:
         await asyncio.gather(*tasks, return_exceptions=True)
         for s in self.servers:
             await s.close()
+            close = getattr(s.evaluator, "close", None)
+            if close is not None:
+                await asyncio.to_thread(close)
 
 
 def _keys(link: LinkConfig) -> LinkKeys:

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from chorus import localauth
-from chorus.config import LinkConfig, NodeConfig, write_config
+from chorus.config import LinkConfig, NodeConfig, parse_link, write_config
 from chorus.recovery import generate_keys
 from chorus.state import load_state, save_state
 
@@ -690,10 +690,7 @@ def _link(table: dict[str, Any], port: int) -> LinkConfig:
     offset = t.pop("listen_offset", 0)
     if offset:
         t["listen"] = f"127.0.0.1:{port + offset}"
-    for k in ("peers", "nodes"):
-        if k in t:
-            t[k] = tuple(t[k])
-    return LinkConfig(**t)
+    return parse_link("the local cluster's links", t)
 
 
 def _wait_gone(pid: int, needle: str, timeout: float) -> bool:
