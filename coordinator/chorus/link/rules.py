@@ -1,4 +1,3 @@
-# NOTE FROM THE INTEGRATOR TO THE HELPER (delete these lines before you commit this file): read /work/helper-common.md now: HARD DEADLINE 06:25 UTC for your last commit, then report; own .venv in your worktree; never run scripts/setup.sh or scripts/test.sh; install the extension only into your PGCOPY; nice + timeout tests; stop processes by pid only.
 """What a link carries and how it is reshaped on the way (docs/LINKS.md section 8; [streams]
 2.2 rules and transformations, 2.6 handlers).
 
