@@ -10,8 +10,9 @@ heavy for this 2-core machine next to the load). pgbench -N runs on east; west o
 **Delay between the sites.** The sites run on this host, not in network namespaces (the lab's
 namespaces hold the nodes of one cluster; two sites in the lab are not built), and netem on
 loopback would delay every process's traffic on the machine. Only the link crosses between
-the sites, so each direction of the link goes through a relay of this process that holds every
-chunk of bytes for the delay before passing it on, in order, both ways: ``--delays 50`` is 50 ms
+the sites, so each direction of the link goes through a relay of this process
+(tests/integration/linksites.py) that holds every chunk of bytes for the delay before passing it
+on, in order, both ways: ``--delays 50`` is 50 ms
 one way, a 100 ms round trip on the link, nothing inside a site.
 
 **Lag and throughput** (per delay, medians of rounds): east's TPS; west's link transactions
@@ -31,15 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import queue
-import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "coordinator"))
@@ -49,103 +47,10 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 import psycopg  # noqa: E402
 
 from chorus.admin import admin_request  # noqa: E402
-from chorus.testkit.localcluster import LocalCluster  # noqa: E402
-from linksites import LISTEN_OFFSET, link_keys, link_table, remove  # noqa: E402
+from linksites import Relay, linked_both_ways  # noqa: E402
 from pgbench_compare import pgbench_init, pgbench_run  # noqa: E402
 
-RELAY_OFFSET = 4000
 SAMPLE_S = 0.1
-
-
-class DelayRelay:
-    """127.0.0.1:``port`` to 127.0.0.1:``target``, every chunk held ``delay`` seconds each way
-    (changeable while it runs); :meth:`cut` closes its connections and refuses new ones until
-    :meth:`restore`."""
-
-    def __init__(self, port: int, target: int) -> None:
-        self.target = target
-        self.delay = 0.0
-        self.open = True
-        self.stopping = False
-        self.conns: list[socket.socket] = []
-        self.lock = threading.Lock()
-        self.server = socket.socket()
-        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.server.bind(("127.0.0.1", port))
-        self.server.listen(16)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.stopping:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            if not self.open:
-                client.close()
-                continue
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
-            except OSError:
-                client.close()
-                continue
-            for s in (client, upstream):
-                s.settimeout(None)
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self.lock:
-                self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                q: "queue.Queue[Optional[tuple[float, bytes]]]" = queue.Queue()
-                threading.Thread(target=self._read, args=(a, q), daemon=True).start()
-                threading.Thread(target=self._write, args=(b, q), daemon=True).start()
-
-    def _read(self, src: socket.socket, q: "queue.Queue[Optional[tuple[float, bytes]]]") -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                q.put((time.monotonic() + self.delay, data))
-        except OSError:
-            pass
-        q.put(None)
-
-    def _write(self, dst: socket.socket, q: "queue.Queue[Optional[tuple[float, bytes]]]") -> None:
-        try:
-            while True:
-                item = q.get()
-                if item is None:
-                    break
-                due, data = item
-                wait = due - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
-                dst.sendall(data)
-        except OSError:
-            pass
-        try:
-            dst.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def cut(self) -> None:
-        self.open = False
-        with self.lock:
-            conns, self.conns = self.conns, []
-        for s in conns:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-                s.close()
-            except OSError:
-                pass
-
-    def restore(self) -> None:
-        self.open = True
-
-    def close(self) -> None:
-        self.stopping = True
-        self.cut()
-        self.server.close()
 
 
 def link_row(admin: str, direction: str) -> dict[str, Any]:
@@ -219,7 +124,7 @@ def lag_round(east: dict[str, Any], west: dict[str, Any], clients: int, seconds:
             "receiver_lag_s_median": statistics.median(secs), "receiver_lag_s_max": secs[-1], "drain_s": drain}
 
 
-def set_link(on: bool, relays: list[DelayRelay], east: dict[str, Any], west: dict[str, Any]) -> None:
+def set_link(on: bool, relays: list[Relay], east: dict[str, Any], west: dict[str, Any]) -> None:
     """The link on (relays open, east stamps its rows) or off (relays cut, no stamps)."""
     with psycopg.connect(east["dsn"], autocommit=True) as c:
         c.execute("ALTER SYSTEM RESET chorus.link_site" if on else "ALTER SYSTEM SET chorus.link_site = ''")
@@ -258,28 +163,13 @@ def main() -> None:
     ap.add_argument("--port-base", type=int, default=57433)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    east_port, west_port = args.port_base, args.port_base + 2
-    east_dir = Path(tempfile.mkdtemp(prefix="chorus-lbe-", dir="/tmp"))
-    west_dir = Path(tempfile.mkdtemp(prefix="chorus-lbw-", dir="/tmp"))
-    link_keys(east_dir, west_dir)
-    relays = [DelayRelay(west_port + RELAY_OFFSET, west_port + LISTEN_OFFSET),
-              DelayRelay(east_port + RELAY_OFFSET, east_port + LISTEN_OFFSET)]
-
-    def link(d: Path, site: str, peer: str, peer_port: int) -> dict[str, object]:
-        return link_table(d, site, peer, listen_offset=LISTEN_OFFSET, peers=[f"127.0.0.1:{peer_port + RELAY_OFFSET}"])
-
-    clusters = [LocalCluster(str(east_dir)), LocalCluster(str(west_dir))]
-    started: list[LocalCluster] = []
     results: dict[str, Any] = {"lag": {}, "cost": {"link": [], "no link": []}}
-    try:
-        started.append(clusters[0])
-        (east,) = clusters[0].up(1, east_port, links=[link(east_dir, "east", "west", west_port)])
-        started.append(clusters[1])
-        (west,) = clusters[1].up(1, west_port, links=[link(west_dir, "west", "east", east_port)])
+    with linked_both_ways("chorus-lb", args.port_base, 1, args.port_base + 2, 1, logs=False) as (east_site, west_site, relays):
+        (east,), (west,) = east_site.info, west_site.info
         for n in (east, west):
             prepare(n["dsn"], args.scale)
         wait_for("the link streaming", caught_up(east["admin"], west["admin"]))
-        logdir = east_dir / "pgbench-logs"
+        logdir = east_site.cluster.dir / "pgbench-logs"
         for delay in [int(d) for d in args.delays.split(",")]:
             for r in relays:
                 r.delay = delay / 1000
@@ -296,12 +186,6 @@ def main() -> None:
                 results["cost"]["link" if on else "no link"].append(res["tps"])
                 print(f"link {'on' if on else 'off'}: {res['tps']:.0f} TPS", file=sys.stderr, flush=True)
         set_link(True, relays, east, west)
-    finally:
-        for r in relays:
-            r.close()
-        for c in reversed(started):
-            c.down()
-        remove(east_dir, west_dir)
     report(results, args)
 
 
@@ -314,8 +198,9 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
     head = ["delay (one way)", "east TPS", "link applied/s", "lag GIDs med", "lag GIDs max", "receiver lag GIDs med",
             "receiver lag s med", "receiver lag s max", "drain s"]
     rows = [[f"{d} ms", f"{v['tps']:.0f}", f"{v['link_tps']:.0f}", f"{v['lag_gids_median']:.0f}",
-             f"{v['lag_gids_max']:.0f}", f"{v['receiver_lag_gids_median']:.0f}", f"{v['receiver_lag_s_median']:.3f}", f"{v['receiver_lag_s_max']:.3f}",
-             f"{v['drain_s']:.2f}"] for d, v in results["lag"].items()]
+             f"{v['lag_gids_max']:.0f}", f"{v['receiver_lag_gids_median']:.0f}",
+             f"{v['receiver_lag_s_median']:.3f}", f"{v['receiver_lag_s_max']:.3f}", f"{v['drain_s']:.2f}"]
+            for d, v in results["lag"].items()]
     _table(head, rows)
     on = statistics.median(results["cost"]["link"])
     off = statistics.median(results["cost"]["no link"])

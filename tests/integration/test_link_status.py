@@ -2,7 +2,7 @@
 --json``, the view ``chorus.link_status`` and ``/metrics``, on two real local sites linked both
 ways, "east" (one node) and "west" (two nodes): the link streaming, its lag back at 0 once writes
 arrived, a conflict counted by table and decision after one row changed on both sites while the
-link was cut (the relays of test_link_conflicts.py), and an ordinary role refused the view.
+link was cut (linksites.Relay), and an ordinary role refused the view.
 
 Every wait is bounded; the clusters stop exactly the processes they started (by pid)."""
 
@@ -12,19 +12,14 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any, Iterator
 
 import psycopg
 import pytest
 
-from chorus.testkit.localcluster import LocalCluster
-
-from linksites import LISTEN_OFFSET, TABLE, Site, link_keys, link_table, print_logs, remove, wait
-from test_link_conflicts import RELAY_OFFSET, Relay
+from linksites import RELAY_OFFSET, TABLE, Relay, Site, linked_both_ways, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -33,14 +28,15 @@ EAST_PORT, WEST_PORT = BASE, BASE + 2
 
 
 class Sites:
-    def __init__(self, east: Site, west: Site, info: dict[str, list[dict[str, Any]]], dirs: dict[str, Path],
-                 relays: list[Relay]) -> None:
-        self.east, self.west, self.info, self.dirs, self.relays = east, west, info, dirs, relays
+    def __init__(self, east: Site, west: Site, relays: list[Relay]) -> None:
+        self.east, self.west, self.relays = east, west, relays
+        self.by_name = {"east": east, "west": west}
 
     def cli(self, site: str, i: int) -> list[dict[str, Any]]:
         """``chorus link status --json`` for node ``i`` of ``site``."""
-        name = self.info[site][i]["name"]
-        p = subprocess.run([sys.executable, "-m", "chorus", "link", "status", "--dir", str(self.dirs[site]), name,
+        s = self.by_name[site]
+        name = s.info[i]["name"]
+        p = subprocess.run([sys.executable, "-m", "chorus", "link", "status", "--dir", s.cluster.dir.as_posix(), name,
                             "--json"], capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
         answer = json.loads(p.stdout)
@@ -49,7 +45,7 @@ class Sites:
         return rows
 
     def metrics(self, site: str, i: int) -> str:
-        with urllib.request.urlopen(self.info[site][i]["http"] + "/metrics", timeout=10) as r:
+        with urllib.request.urlopen(self.by_name[site].info[i]["http"] + "/metrics", timeout=10) as r:
             text: str = r.read().decode()
             return text
 
@@ -66,33 +62,8 @@ def view(site: Site, i: int) -> list[tuple[Any, ...]]:
 
 @pytest.fixture(scope="module")
 def sites() -> Iterator[Sites]:
-    east_dir = Path(tempfile.mkdtemp(prefix="chorus-se-", dir="/tmp"))
-    west_dir = Path(tempfile.mkdtemp(prefix="chorus-sw-", dir="/tmp"))
-    link_keys(east_dir, west_dir)
-    relays = [Relay(WEST_PORT + RELAY_OFFSET, WEST_PORT + LISTEN_OFFSET),
-              Relay(EAST_PORT + RELAY_OFFSET, EAST_PORT + LISTEN_OFFSET)]
-
-    def link(d: Path, site: str, peer: str, peer_port: int) -> dict[str, object]:
-        return link_table(d, site, peer, listen_offset=LISTEN_OFFSET,
-                          peers=[f"127.0.0.1:{peer_port + RELAY_OFFSET}"], window=8)
-
-    east = LocalCluster(str(east_dir))
-    west = LocalCluster(str(west_dir))
-    started: list[LocalCluster] = []
-    try:
-        started.append(east)
-        east_info = east.up(1, EAST_PORT, links=[link(east_dir, "east", "west", WEST_PORT)])
-        started.append(west)
-        west_info = west.up(2, WEST_PORT, links=[link(west_dir, "west", "east", EAST_PORT)])
-        yield Sites(Site("east", east, east_info), Site("west", west, west_info),
-                    {"east": east_info, "west": west_info}, {"east": east_dir, "west": west_dir}, relays)
-    finally:
-        for r in relays:
-            r.close()
-        print_logs(east_dir, west_dir)
-        for c in reversed(started):
-            c.down()
-        remove(east_dir, west_dir)
+    with linked_both_ways("chorus-s", EAST_PORT, 1, WEST_PORT, 2, window=8) as (east, west, relays):
+        yield Sites(east, west, relays)
 
 
 def test_status_view_and_metrics_show_the_link(sites: Sites) -> None:
@@ -103,7 +74,7 @@ def test_status_view_and_metrics_show_the_link(sites: Sites) -> None:
     with east.connect() as c:
         for i in range(1, 31):
             c.execute("INSERT INTO app.items VALUES (%s, 'east', 0)", (i,))
-    w1 = sites.info["west"][0]["name"]
+    w1 = west.info[0]["name"]
 
     def caught_up() -> bool:
         r = row(sites.cli("west", 0), "in")
