@@ -164,7 +164,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     results: dict[str, Any] = {"lag": {}, "cost": {"link": [], "no link": []}}
-    with linked_both_ways("chorus-lb", args.port_base, 1, args.port_base + 2, 1, logs=False) as (east_site, west_site, relays):
+    sites = linked_both_ways("chorus-lb", args.port_base, 1, args.port_base + 2, 1, logs=False)
+    with sites as (east_site, west_site, relays):
         (east,), (west,) = east_site.info, west_site.info
         for n in (east, west):
             prepare(n["dsn"], args.scale)
