@@ -336,7 +336,7 @@ chorus_status(PG_FUNCTION_ARGS)
 /*
  * chorus_cluster_info(what text)
  *		What the coordinator knows that shared memory does not hold, as JSON:
- *		the rows of chorus.node, chorus.members and chorus.conflicts
+ *		the rows of chorus.node, chorus.members, chorus.conflicts and chorus.link_status
  *		(docs/OPERATIONS.md). Asked over this backend's coordinator socket.
  */
 Datum
@@ -356,6 +356,13 @@ chorus_cluster_info(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied for chorus.conflicts"),
 				 errdetail("Only roles with privileges of pg_read_all_stats can read certification conflicts.")));
+	/* the links' state names their sites, nodes and addresses: to the same roles (chorus.link_status) */
+	if (VARSIZE_ANY_EXHDR(what) >= 5 && strncmp(VARDATA_ANY(what), "links", 5) == 0 &&
+		!has_privs_of_role(GetUserId(), ROLE_PG_READ_ALL_STATS))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied for chorus.link_status"),
+				 errdetail("Only roles with privileges of pg_read_all_stats can read the state of links.")));
 	chorus_coord_ask(CHORUS_FRAME_INFO, VARDATA_ANY(what), VARSIZE_ANY_EXHDR(what), &v);
 	if (v.verdict != CHORUS_VERDICT_COMMIT)
 		ereport(ERROR,

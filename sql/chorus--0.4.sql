@@ -397,3 +397,36 @@ CREATE TABLE chorus.link_exceptions (
 SELECT pg_catalog.pg_extension_config_dump('chorus.link_exceptions', '');
 REVOKE ALL ON chorus.link_exceptions FROM PUBLIC;
 GRANT SELECT ON chorus.link_exceptions TO pg_read_all_stats;
+
+-- Links (docs/LINKS.md section 9): each link this node has a part in, by direction ('in': the
+-- peer's changes applied here; 'out': this site's sent from this node), as its coordinator knows
+-- it, with the link's row here and the conflicts this site's apply met, counted by table and
+-- decision. It names sites, nodes, addresses and tables: for pg_read_all_stats, as
+-- chorus.conflicts (chorus.cluster_info('links') refuses the other roles too).
+CREATE VIEW chorus.link_status AS
+SELECT l.link, l.direction, l.site, l.peer_site, l.state, l.receiver_node, l.sender, l.peer_gid, l.applied_gid,
+       l.lag_gids, l.lag_seconds, l.own_clock, l.peer_clock, l.max_replicated,
+       p.applied_gid AS position_gid, p.updated_at AS position_updated_at,
+       l.received, l.applied, l.sent, l.filtered, l.returned,
+       CASE WHEN l.direction OPERATOR(pg_catalog.=) 'in' THEN COALESCE(c.conflicts, 0) END AS conflicts,
+       CASE WHEN l.direction OPERATOR(pg_catalog.=) 'in' THEN COALESCE(c.conflicts_by, '[]'::jsonb) END
+           AS conflicts_by,
+       l.why
+  FROM pg_catalog.jsonb_to_recordset(chorus.cluster_info('links')::jsonb) AS l(
+       link text, direction text, site text, peer_site text, state text, receiver_node text, sender text,
+       peer_gid bigint, applied_gid bigint, lag_gids bigint, lag_seconds double precision, own_clock bigint,
+       peer_clock bigint, max_replicated bigint, position_gid bigint, received bigint, applied bigint,
+       sent bigint, filtered bigint, returned bigint, why text)
+  LEFT JOIN chorus.link_position AS p
+         ON p.link OPERATOR(pg_catalog.=) l.link AND l.direction OPERATOR(pg_catalog.=) 'in'
+  LEFT JOIN LATERAL (
+       SELECT pg_catalog.sum(g.n)::bigint AS conflicts,
+              pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('table', g.table_name, 'decision', g.decision,
+                                                                 'count', g.n) ORDER BY g.table_name, g.decision)
+                  AS conflicts_by
+         FROM (SELECT e.table_name, e.decision, pg_catalog.count(*) AS n
+                 FROM chorus.link_exceptions AS e
+                WHERE e.link OPERATOR(pg_catalog.=) l.link
+                GROUP BY e.table_name, e.decision) AS g) AS c ON true;
+REVOKE ALL ON chorus.link_status FROM PUBLIC;
+GRANT SELECT ON chorus.link_status TO pg_read_all_stats;

@@ -64,6 +64,7 @@ log = logging.getLogger("chorus.coordinator")
 TICK_S = 0.2
 REAPPLY_POLL_S = 0.02  # how often writes waiting for a restarted PostgreSQL to re-apply look again
 PROGRESS_EVERY_S = 1.0
+LINK_STATUS_EVERY_S = 1.0  # how often the links' durable rows and conflict counts are read for status
 
 
 class FatalError(Exception):
@@ -541,7 +542,7 @@ class Coordinator:
 
     async def _tick_loop(self) -> None:
         assert self.replicator is not None
-        last_progress = 0.0
+        last_progress = last_links = 0.0
         while True:
             await asyncio.sleep(TICK_S)
             now = time.monotonic()
@@ -561,6 +562,12 @@ class Coordinator:
             if self.links is not None:
                 r = self.replicator
                 self.links.membership(r.synced & set(r.online), r.phase == Phase.ONLINE and r.accepts_writes)
+                if now - last_links >= LINK_STATUS_EVERY_S:
+                    last_links = now
+                    try:
+                        await self.links.refresh()
+                    except psycopg.Error as e:  # a node whose extension predates links, or a lost connection
+                        log.debug("reading the links' positions: %s", e)
             if now - last_progress >= PROGRESS_EVERY_S:
                 last_progress = now
                 msg = self.replicator.progress_message(self.pipeline.watermark)
@@ -725,6 +732,7 @@ class Coordinator:
                      "waiting_for": [{"node": n, "why": why} for n, why in r.reform.waiting_for]}
                     if r is not None and r.reform is not None and r.phase not in (Phase.ONLINE, Phase.RECOVERING)
                     else None),
+            links=self.links.status() if self.links is not None else [],
         )
 
     def _outcome(self, xid: int, began: int, origin_db_status: str, origin: str) -> dict[str, Any]:
@@ -765,6 +773,8 @@ class Coordinator:
             recent = int(req.get("conflicts", 20))
             return {"ok": True, "node": nodestatus.node_view(st), "members": nodestatus.members_view(st),
                     "conflicts": self._conflicts()[-recent:] if recent > 0 else []}
+        if cmd == "links":  # chorus link status
+            return {"ok": True, "node": self.cfg.name, "links": self.links.status() if self.links is not None else []}
         if cmd == "settled":
             # verify: has this node committed every writeset it certified up to GID upto?
             upto = int(req.get("upto", 0))

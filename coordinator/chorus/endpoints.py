@@ -114,6 +114,49 @@ class StatusCollector(Collector):
         yield gauge("chorus_recovery_gids_to_go", "GIDs the catch-up has still to apply", rec.get("gids_to_go", 0))
         yield counter("chorus_recovery_bytes_received", "Bytes the last catch-up received",
                       rec.get("bytes_received", 0))
+        yield from link_metrics(s.links)
+
+
+LINK_STATES = ("streaming", "reconnecting", "broken", "idle", "elsewhere")
+
+
+def link_metrics(rows: list[dict[str, Any]]) -> Iterator[Any]:
+    """The links this node has a part in (link/status.py rows), by link and direction."""
+    by = ["link", "direction"]
+    state = StateSetMetricFamily("chorus_link_state", "Each link direction's state on this node (docs/LINKS.md "
+                                 "section 9)", labels=by)
+    lag = GaugeMetricFamily("chorus_link_lag_gids", "in: the peer's latest GID known here minus the peer GID "
+                            "applied through; out: this site's committed GID minus the GID the stream passed",
+                            labels=by)
+    lag_s = GaugeMetricFamily("chorus_link_lag_seconds", "in: how long the oldest received peer transaction not "
+                              "applied yet has waited here", labels=by)
+    gids = GaugeMetricFamily("chorus_link_gid", "Positions of a link: own (this site's committed GID), peer (the "
+                             "peer's latest GID known here), applied (the peer GID applied through; out: the GID "
+                             "the stream passed), position (chorus.link_position.applied_gid), max_replicated "
+                             "(the highest of this site's GIDs the peer reflected)", labels=by + ["kind"])
+    records = CounterMetricFamily("chorus_link_records", "Records of a link's stream on this node: received and "
+                                  "applied (in); sent, filtered by the rules and returned (the peer's own, not "
+                                  "sent back) (out)", labels=by + ["what"])
+    conflicts = CounterMetricFamily("chorus_link_conflicts", "Conflicts this site's apply of a link met "
+                                    "(chorus.link_exceptions), by table and decision",
+                                    labels=["link", "table", "decision"])
+    for r in rows:
+        key = [r["link"], r["direction"]]
+        state.add_metric(key, {st: r["state"] == st for st in LINK_STATES})
+        if r.get("lag_gids") is not None:
+            lag.add_metric(key, r["lag_gids"])
+        if r.get("lag_seconds") is not None:
+            lag_s.add_metric(key, r["lag_seconds"])
+        for kind, name in (("own", "own_clock"), ("peer", "peer_gid"), ("applied", "applied_gid"),
+                           ("position", "position_gid"), ("max_replicated", "max_replicated")):
+            if r.get(name) is not None:
+                gids.add_metric(key + [kind], r[name])
+        for what in ("received", "applied", "sent", "filtered", "returned"):
+            if r.get(what) is not None:
+                records.add_metric(key + [what], r[what])
+        for c in r.get("conflicts_by") or []:
+            conflicts.add_metric([r["link"], c["table"], c["decision"]], c["count"])
+    yield from (state, lag, lag_s, gids, records, conflicts)
 
 
 def health(s: NodeStatus, stopping: bool, database_ok: bool) -> dict[str, tuple[bool, str]]:

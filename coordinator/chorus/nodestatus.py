@@ -103,6 +103,8 @@ class NodeStatus:
     config_version: int = 0
     configured_nodes: list[str] = dataclasses.field(default_factory=list)
     configured_votes: int = 0
+    # the links between sites this node has a part in (link/status.py): a row per link and direction
+    links: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form, with the field names as keys."""
@@ -144,6 +146,17 @@ def members_view(s: NodeStatus) -> list[dict[str, Any]]:
     return rows
 
 
+LINK_VIEW_FIELDS = ("link", "direction", "site", "peer_site", "state", "receiver_node", "sender", "peer_gid",
+                    "applied_gid", "lag_gids", "lag_seconds", "own_clock", "peer_clock", "max_replicated",
+                    "position_gid", "received", "applied", "sent", "filtered", "returned", "why")
+
+
+def links_view(s: NodeStatus) -> list[dict[str, Any]]:
+    """chorus.link_status: what the coordinator knows of this node's links (the conflicts the
+    view counts itself, from chorus.link_exceptions)."""
+    return [{k: r.get(k) for k in LINK_VIEW_FIELDS} for r in s.links]
+
+
 def _cut(text: str) -> str:
     return text if len(text) <= _TEXT_MAX else text[:_TEXT_MAX - 1] + "…"
 
@@ -170,7 +183,7 @@ def conflicts_page(conflicts: Iterable[dict[str, Any]], after_gid: int) -> dict[
 def info(what: str, s: Callable[[], NodeStatus], conflicts: Callable[[], Iterable[dict[str, Any]]],
          outcome: Optional[Callable[[int, int, str, str], dict[str, Any]]] = None) -> str:
     """The answer to an extension's request for one of its views (backend frame ``I``): JSON.
-    ``what``: "node", "members", "conflicts AFTER_GID", or "outcome XID BEGAN_GID STATUS NODE"
+    ``what``: "node", "members", "links", "conflicts AFTER_GID", or "outcome XID BEGAN_GID STATUS NODE"
     (chorus.commit_outcome: STATUS is what the origin's database says of the transaction, or
     "-"). Raises ValueError for anything else."""
     kind, _, arg = what.partition(" ")
@@ -184,6 +197,8 @@ def info(what: str, s: Callable[[], NodeStatus], conflicts: Callable[[], Iterabl
         doc: Any = node_view(s())
     elif kind == "members" and not arg:
         doc = members_view(s())
+    elif kind == "links" and not arg:
+        doc = links_view(s())
     elif kind == "conflicts" and (arg == "" or arg.isdigit()) and len(arg) < 20:
         doc = conflicts_page(conflicts(), int(arg or 0))
     else:

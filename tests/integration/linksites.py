@@ -1,16 +1,21 @@
 """Two local sites joined by a link, for the link tests (test_link_between_sites.py,
-test_link_conflicts.py): a site's nodes as the tests read them, the link's keys and its
-[[link]] table, a bounded wait, and the coordinators' last lines when done."""
+test_link_conflicts.py, test_link_status.py) and bench/link_bench.py: a site's nodes as the
+tests read them, the link's keys and its [[link]] table, a relay that can cut or delay a link,
+two sites linked both ways through relays, a bounded wait, and the coordinators' last lines when
+done."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import shutil
+import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import psycopg
 import pytest
@@ -19,6 +24,7 @@ from chorus.recovery import generate_keys
 from chorus.testkit.localcluster import LocalCluster
 
 LISTEN_OFFSET = 3000  # a node's link sender: its PostgreSQL port plus this
+RELAY_OFFSET = 4000  # the relay in front of a site's sender
 WAIT_S = 90.0
 TABLE = "CREATE TABLE app.items (id int PRIMARY KEY, v text, n int)"
 LINK = "east-west"
@@ -30,6 +36,7 @@ class Site:
     def __init__(self, name: str, cluster: LocalCluster, info: list[dict[str, Any]]) -> None:
         self.name = name
         self.cluster = cluster
+        self.info = info  # each node's names, DSNs, admin socket, HTTP address (LocalCluster.info)
         self.dsns = [n["dsn"] for n in info]
 
     def nodes(self) -> range:
@@ -135,5 +142,136 @@ def two_sites(east: tuple[int, int, Callable[[Path], dict[str, Any]]], west: tup
     finally:
         print_logs(east_dir, west_dir)
         for c in reversed(started):
+            c.down()
+        remove(east_dir, west_dir)
+
+
+Chunk = Optional[tuple[float, bytes]]
+
+
+class Relay:
+    """A TCP relay from 127.0.0.1:``port`` to 127.0.0.1:``target``: every chunk of bytes is held
+    ``delay`` seconds each way before it is passed on, in order (changeable while it runs: the
+    delay between two sites, on the link alone); :meth:`cut` closes its connections and turns
+    new ones away until :meth:`restore`."""
+
+    def __init__(self, port: int, target: int) -> None:
+        self.target = target
+        self.delay = 0.0
+        self.open = True
+        self.stopping = False
+        self.conns: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.server = socket.socket()
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server.bind(("127.0.0.1", port))
+        self.server.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stopping:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            if not self.open:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            for c in (client, upstream):
+                c.settimeout(None)
+                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self.lock:
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                q: "queue.Queue[Chunk]" = queue.Queue()
+                threading.Thread(target=self._read, args=(a, q), daemon=True).start()
+                threading.Thread(target=self._write, args=(b, q), daemon=True).start()
+
+    def _read(self, src: socket.socket, q: "queue.Queue[Chunk]") -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                q.put((time.monotonic() + self.delay, data))
+        except OSError:
+            pass
+        q.put(None)
+
+    @staticmethod
+    def _write(dst: socket.socket, q: "queue.Queue[Chunk]") -> None:
+        try:
+            while True:
+                item = q.get()
+                if item is None:
+                    break
+                due, data = item
+                if due > time.monotonic():
+                    time.sleep(due - time.monotonic())
+                dst.sendall(data)
+        except OSError:
+            pass
+        try:
+            dst.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        self.open = False
+        with self.lock:
+            conns, self.conns = self.conns, []
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+                c.close()
+            except OSError:
+                pass
+
+    def restore(self) -> None:
+        self.open = True
+
+    def close(self) -> None:
+        self.stopping = True
+        self.cut()
+        self.server.close()
+
+
+@contextlib.contextmanager
+def linked_both_ways(prefix: str, east_port: int, east_nodes: int, west_port: int, west_nodes: int,
+                     logs: bool = True, **link: Any) -> Iterator[tuple[Site, Site, list[Relay]]]:
+    """Sites "east" and "west" linked both ways, each receiver reaching the other site's first
+    sender through a :class:`Relay` (``relays[0]`` in front of west's, ``relays[1]`` of east's);
+    ``link``: more of each [[link]] table. Both stopped at the end (each stops exactly the
+    processes it started), their coordinators' last lines printed (``logs``)."""
+    east_dir = Path(tempfile.mkdtemp(prefix=f"{prefix}e-", dir="/tmp"))
+    west_dir = Path(tempfile.mkdtemp(prefix=f"{prefix}w-", dir="/tmp"))
+    link_keys(east_dir, west_dir)
+    relays = [Relay(west_port + RELAY_OFFSET, west_port + LISTEN_OFFSET),
+              Relay(east_port + RELAY_OFFSET, east_port + LISTEN_OFFSET)]
+
+    def table(d: Path, site: str, peer: str, peer_port: int) -> dict[str, Any]:
+        return link_table(d, site, peer, listen_offset=LISTEN_OFFSET,
+                          peers=[f"127.0.0.1:{peer_port + RELAY_OFFSET}"], **link)
+
+    east = LocalCluster(str(east_dir))
+    west = LocalCluster(str(west_dir))
+    started: list[LocalCluster] = []
+    try:
+        started.append(east)
+        east_info = east.up(east_nodes, east_port, links=[table(east_dir, "east", "west", west_port)])
+        started.append(west)
+        west_info = west.up(west_nodes, west_port, links=[table(west_dir, "west", "east", east_port)])
+        yield Site("east", east, east_info), Site("west", west, west_info), relays
+    finally:
+        for r in relays:
+            r.close()
+        if logs:
+            print_logs(east_dir, west_dir)
+        for c in reversed(started):  # west first: east's Corosync may be the one both use
             c.down()
         remove(east_dir, west_dir)

@@ -7,103 +7,25 @@ that are not concurrent (one site's change made after the other's came back) and
 changes of different rows are not flagged.
 
 To make two changes concurrent for certain, each direction of the link goes through a TCP relay
-of the test's own, which it stops (cutting the connections) and starts again: while it is
-stopped neither site hears of the other's change. Two real local clusters on one Corosync, each
-started and stopped by :class:`LocalCluster`, which stops exactly the processes it started (by
-pid); the relays are threads of this process. Every wait is bounded."""
+of the test's own (linksites.Relay), which it stops (cutting the connections) and starts again:
+while it is stopped neither site hears of the other's change. Two real local clusters on one
+Corosync, each started and stopped by :class:`LocalCluster`, which stops exactly the processes
+it started (by pid); the relays are threads of this process. Every wait is bounded."""
 
 from __future__ import annotations
 
 import os
-import socket
-import tempfile
-import threading
 import time
-from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
-from chorus.testkit.localcluster import LocalCluster
-
-from linksites import LISTEN_OFFSET, TABLE, Site, link_keys, link_table, print_logs, remove, wait
+from linksites import TABLE, Relay, Site, linked_both_ways, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 BASE = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 200
 EAST_PORT, WEST_PORT = BASE, BASE + 2  # east: one node; west: two
-RELAY_OFFSET = 4000  # the relay in front of a site's sender
-
-
-class Relay:
-    """A TCP relay from 127.0.0.1:``port`` to ``target``: :meth:`cut` closes its connections and
-    turns new ones away until :meth:`restore`."""
-
-    def __init__(self, port: int, target: int) -> None:
-        self.target = target
-        self.open = True
-        self.conns: list[socket.socket] = []
-        self.lock = threading.Lock()
-        self.server = socket.socket()
-        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.server.bind(("127.0.0.1", port))
-        self.server.listen(16)
-        self.stopping = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.stopping:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            if not self.open:
-                client.close()
-                continue
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
-            except OSError:
-                client.close()
-                continue
-            with self.lock:
-                self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def cut(self) -> None:
-        self.open = False
-        with self.lock:
-            conns, self.conns = self.conns, []
-        for s in conns:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-                s.close()
-            except OSError:
-                pass
-
-    def restore(self) -> None:
-        self.open = True
-
-    def close(self) -> None:
-        self.stopping = True
-        self.cut()
-        self.server.close()
 
 
 def _alike(east: Site, west: Site) -> Callable[[], bool]:
@@ -115,34 +37,8 @@ def _alike(east: Site, west: Site) -> Callable[[], bool]:
 
 @pytest.fixture(scope="module")
 def sites() -> Iterator[tuple[Site, Site, list[Relay]]]:
-    east_dir = Path(tempfile.mkdtemp(prefix="chorus-ce-", dir="/tmp"))
-    west_dir = Path(tempfile.mkdtemp(prefix="chorus-cw-", dir="/tmp"))
-    link_keys(east_dir, west_dir)
-    # east's receiver reaches west's first sender through one relay, west's receiver east's
-    # sender through the other
-    relays = [Relay(WEST_PORT + RELAY_OFFSET, WEST_PORT + LISTEN_OFFSET),
-              Relay(EAST_PORT + RELAY_OFFSET, EAST_PORT + LISTEN_OFFSET)]
-
-    def link(d: Path, site: str, peer: str, peer_port: int) -> dict[str, object]:
-        return link_table(d, site, peer, listen_offset=LISTEN_OFFSET,
-                          peers=[f"127.0.0.1:{peer_port + RELAY_OFFSET}"], window=8)
-
-    east = LocalCluster(str(east_dir))
-    west = LocalCluster(str(west_dir))
-    started: list[LocalCluster] = []
-    try:
-        started.append(east)
-        east_info = east.up(1, EAST_PORT, links=[link(east_dir, "east", "west", WEST_PORT)])
-        started.append(west)
-        west_info = west.up(2, WEST_PORT, links=[link(west_dir, "west", "east", EAST_PORT)])
-        yield Site("east", east, east_info), Site("west", west, west_info), relays
-    finally:
-        for r in relays:
-            r.close()
-        print_logs(east_dir, west_dir)
-        for c in reversed(started):  # west first: east's Corosync may be the one both use
-            c.down()
-        remove(east_dir, west_dir)
+    with linked_both_ways("chorus-c", EAST_PORT, 1, WEST_PORT, 2, window=8) as linked:
+        yield linked
 
 
 def test_concurrent_updates_are_detected_settled_alike_and_recorded(sites: tuple[Site, Site, list[Relay]]) -> None:

@@ -78,7 +78,7 @@ def test_what_came_from_the_peer_goes_back_only_as_its_clock() -> None:
     assert o.take(LogRecord(2, "link:B:41", 0, ws((2, "eu"))), now=1.0) == [ClockEvent("B", 41)]
     # a record of a third site is not sent on (chains come later), nor is its clock
     assert o.take(LogRecord(3, "link:C:7", 0, ws((3, "eu"))), now=2.0) == []
-    assert o.position == 3 and (o.sent, o.filtered) == (1, 2)
+    assert o.position == 3 and (o.sent, o.filtered, o.returned) == (1, 1, 1)
 
 
 def test_rules_drop_and_reshape_before_sending() -> None:

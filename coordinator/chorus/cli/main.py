@@ -8,6 +8,7 @@ import chorus
 from chorus.cli import check as check_cmds
 from chorus.cli import demo as demo_cmds
 from chorus.cli import lab as lab_cmds
+from chorus.cli import link as link_cmds
 from chorus.cli import local as local_cmds
 from chorus.cli import log as log_cmds
 from chorus.cli import members as members_cmds
@@ -27,6 +28,7 @@ cli.add_command(local_cmds.sql_command)
 cli.add_command(demo_cmds.demo)
 cli.add_command(check_cmds.check)
 cli.add_command(log_cmds.log)
+cli.add_command(link_cmds.link)
 cli.add_command(migrate_cmds.dump)
 cli.add_command(migrate_cmds.load)
 for command in node_cmds.COMMANDS:

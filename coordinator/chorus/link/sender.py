@@ -83,7 +83,8 @@ class Outbound:
         self.position = resume.applied_gid  # the last GID passed: sent, or filtered out
         self.clock = resume.peer_clock  # the highest value of this site's clock the receiver has
         self.sent = 0
-        self.filtered = 0
+        self.filtered = 0  # records the rules dropped, schema changes that failed, a third site's
+        self.returned = 0  # the peer's own changes, not sent back
         self._clock_at: Optional[float] = None  # when this site's clock last went out
 
     def take(self, record: LogRecord, now: float) -> list[Outgoing]:
@@ -104,8 +105,11 @@ class Outbound:
                     self._clock_at = now
                     return [Record(record.gid, self.site, facts.commit_time,
                                          raw if routed == ws else wire.encode(routed))]
-            elif facts.applied_from == self.peer and facts.reflection is not None:
-                out.append(facts.reflection)
+            elif facts.applied_from == self.peer:
+                self.returned += 1
+                if facts.reflection is not None:
+                    out.append(facts.reflection)
+                return out + self._tick(record.gid + 1, now)
         self.filtered += 1
         return out + self._tick(record.gid + 1, now)
 
@@ -144,6 +148,11 @@ class LinkServer:
         # why the link stopped at a transaction it cannot send (its rules failed on it), until a
         # stream passes it: (GID, reason)
         self.error: Optional[tuple[int, str]] = None
+        # for status (link/status.py): each open stream's receiver and Outbound, the counts of the
+        # streams that ended, and why the last one ended broken (cleared by the next stream)
+        self.outbound: dict[asyncio.Task[None], tuple[str, Outbound]] = {}
+        self.ended = [0, 0, 0]  # sent, filtered, returned
+        self.broken: Optional[str] = None
 
     async def start(self, listen: str) -> None:
         host, port = split_address(listen)
@@ -173,6 +182,7 @@ class LinkServer:
             log.info("link %s: streaming to %s after GID %d", self.end.link, peer, resume.applied_gid)
             await self._stream(reader, writer, resume)
         except LinkBroken as e:
+            self.broken = str(e)
             log.error("link %s to %s: %s", self.end.link, peer, e)
             with contextlib.suppress(ConnectionError):
                 writer.write(proto.write_error(proto.broken(e)))
@@ -181,6 +191,10 @@ class LinkServer:
             log.warning("link %s: stream to %s ended: %s", self.end.link, peer, e)
         finally:
             self.streams.discard(task)
+            ended = self.outbound.pop(task, None)
+            if ended is not None:
+                out = ended[1]
+                self.ended = [self.ended[0] + out.sent, self.ended[1] + out.filtered, self.ended[2] + out.returned]
             writer.close()
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Position:
@@ -212,6 +226,11 @@ class LinkServer:
         out = Outbound(self.end.site, self.end.peer, resume, self.rules, self.evaluator, self.provenance,
                        self.clock_interval)
         retained(resume.applied_gid, self.log.base_gid)
+        task = asyncio.current_task()
+        if task is not None:
+            peer = writer.get_extra_info("peername")
+            self.outbound[task] = (f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer), out)
+            self.broken = None
         rd = self.log.reader(resume.applied_gid)
         gone = asyncio.ensure_future(reader.read(1))  # the receiver sends nothing more: this ends when it closes
         try:
@@ -247,6 +266,17 @@ class LinkServer:
         finally:
             rd.close()
             gone.cancel()
+
+    def sending(self) -> tuple[tuple[tuple[str, int], ...], Optional[str], int, int, int]:
+        """For status: each open stream (the receiver's address, the GID passed), why the link is
+        broken (a transaction its rules cannot route, until a stream passes it, or why the last
+        stream ended broken), and the records sent, filtered and not sent back, streams that
+        ended included."""
+        outs = list(self.outbound.values())
+        broken = (f"GID {self.error[0]} cannot be sent: {self.error[1]}" if self.error is not None else self.broken)
+        return (tuple((a, o.position) for a, o in outs), broken,
+                self.ended[0] + sum(o.sent for _a, o in outs), self.ended[1] + sum(o.filtered for _a, o in outs),
+                self.ended[2] + sum(o.returned for _a, o in outs))
 
     @staticmethod
     async def _send(writer: asyncio.StreamWriter, frames: list[Outgoing]) -> None:

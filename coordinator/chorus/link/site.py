@@ -35,6 +35,7 @@ from chorus import wire
 from chorus.bus import proto as bp
 from chorus.config import LinkConfig, link_rules, link_settings
 from chorus.link import position as lp
+from chorus.link import status as ls
 from chorus.link.events import ClockEvent, RemoteTransaction, StreamItem
 from chorus.link.proto import LinkEnd, LinkError, LinkKeys, Position
 from chorus.link.receiver import LinkReceiver
@@ -45,6 +46,13 @@ from chorus.spool import Spool
 from chorus.wslog import LogRecord, WritesetLog
 
 log = logging.getLogger("chorus.link")
+
+# what status reads of the links this site receives (refresh())
+POSITIONS_SQL = ("SELECT link, applied_gid, peer_clock, max_replicated, "
+                 "pg_catalog.date_part('epoch', updated_at) FROM chorus.link_position")
+EXCEPTIONS_AT_SQL = "SELECT pg_catalog.max(gid) FROM chorus.link_exceptions"
+CONFLICTS_SQL = ("SELECT link, table_name, decision, pg_catalog.count(*) FROM chorus.link_exceptions "
+                 "GROUP BY link, table_name, decision")
 
 OUTCOME_TIMEOUT_S = 60.0  # a link writeset not committed here by then is taken as lost: resume from the position
 DRAIN_TIMEOUT_S = 30.0  # how long a reconnect waits for the outcomes of what is in flight
@@ -137,7 +145,7 @@ class Inbound:
         self.failed: Optional[str] = None
         self.flights: OrderedDict[int, _Flight] = OrderedDict()
         self._ticket = secrets.randbits(62)  # tickets of an earlier run of this node are not taken for these
-        self.sent = 0
+        self.sent = 0  # transactions received and sent on
         self.applied = 0
         self.settings = link_settings(link).fingerprint  # (every node compares it with its own)
 
@@ -176,6 +184,13 @@ class Inbound:
         self.flights[msg.ticket] = _Flight(msg, time.monotonic())
         self.sent += 1
         self.send(msg)
+
+    def waiting(self) -> tuple[Optional[int], float]:
+        """The peer GID of the oldest transaction sent on and not applied yet, and how long ago it
+        was sent on (None, 0: none waits)."""
+        for f in self.flights.values():
+            return f.msg.peer_gid, time.monotonic() - f.sent
+        return None, 0.0
 
     def committed(self, ticket: int, decision: Optional[lp.Decision]) -> None:
         """Link writeset ``ticket`` of this node committed here, as ``decision`` decided."""
@@ -234,9 +249,15 @@ class SiteLinks:
         self.send = send
         self.query = query
         self.spool = spool
-        self.servers: list[LinkServer] = []
+        self.servers: dict[str, LinkServer] = {}
         self.inbound: dict[str, Inbound] = {}
         self.receivers: dict[str, "asyncio.Task[None]"] = {}
+        self.receiving: dict[str, LinkReceiver] = {}
+        self.broken: dict[str, str] = {}  # link -> why its receiver here stopped (broken)
+        self.receiver_nodes: dict[str, Optional[str]] = {}  # link -> the node running its receiver, as last seen
+        self.durable: dict[str, ls.Durable] = {}  # link -> its row and conflicts here (refresh())
+        self._exceptions_at: Optional[int] = -1  # the last GID of chorus.link_exceptions counted
+        self._conflicts: dict[str, dict[tuple[str, str], int]] = {}
 
     async def start(self) -> None:
         """Start the senders this node serves."""
@@ -248,7 +269,7 @@ class SiteLinks:
             server = LinkServer(self.wslog, end, self.committed_gid, rules, evaluator(link, rules, self.dsn),
                                 provenance(link))
             await server.start(link.listen)
-            self.servers.append(server)
+            self.servers[link.name] = server
             log.info("link %s: serving site %s's changes to site %s on %s", link.name, link.site, link.peer_site,
                      link.listen)
 
@@ -259,7 +280,9 @@ class SiteLinks:
         for link in self.links:
             if not link.peers:
                 continue
-            runs = online and receiver_node(link, synced) == self.node
+            node = receiver_node(link, synced)
+            self.receiver_nodes[link.name] = node
+            runs = online and node == self.node
             task = self.receivers.get(link.name)
             if runs and (task is None or task.done()):
                 self._start_receiver(link)
@@ -278,7 +301,9 @@ class SiteLinks:
     def _start_receiver(self, link: LinkConfig) -> None:
         inbound = self.inbound[link.name] = Inbound(self.node, link, self.send, self._reader(link), link.window)
         end = LinkEnd(link.name, link.site, link.peer_site, _keys(link))
-        receiver = LinkReceiver(end, link.peers, inbound.position, inbound.sink, self.spool)
+        receiver = self.receiving[link.name] = LinkReceiver(end, link.peers, inbound.position, inbound.sink,
+                                                             self.spool)
+        self.broken.pop(link.name, None)
         log.info("link %s: this node runs the receiver of site %s's changes (from %s)", link.name, link.peer_site,
                  ", ".join(link.peers))
         self.receivers[link.name] = asyncio.get_running_loop().create_task(self._receive(link, receiver),
@@ -288,6 +313,7 @@ class SiteLinks:
         try:
             await receiver.run()
         except LinkError as e:  # broken: every sender said the log lost what the link needs
+            self.broken[link.name] = str(e)
             log.error("link %s is broken and stops: %s", link.name, e)
 
     def _reader(self, link: LinkConfig) -> Callable[[], Awaitable[Optional[lp.PositionRow]]]:
@@ -296,19 +322,52 @@ class SiteLinks:
             return lp.PositionRow.of(rows[0]) if rows else None
         return read
 
-    def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    async def refresh(self) -> None:
+        """Read what this node's database holds of the links it receives (for status): their rows
+        of ``chorus.link_position``, and their conflicts by table and decision, counted again
+        only when ``chorus.link_exceptions`` has rows of a GID not counted yet (its rows are only
+        ever added, each link writeset's at a new GID). Raises psycopg.Error."""
+        if not any(link.peers for link in self.links):
+            return
+        rows = await self.query(POSITIONS_SQL, ())
+        last = (await self.query(EXCEPTIONS_AT_SQL, ()))[0][0]
+        if last != self._exceptions_at:
+            counted: dict[str, dict[tuple[str, str], int]] = {}
+            for link, table, decision, n in await self.query(CONFLICTS_SQL, ()):
+                counted.setdefault(str(link), {})[(str(table), str(decision))] = int(n)
+            self._conflicts, self._exceptions_at = counted, last
+        positions = {str(r[0]): r for r in rows}
+        out = {}
         for link in self.links:
-            inbound = self.inbound.get(link.name)
-            task = self.receivers.get(link.name)
-            out[link.name] = {
-                "site": link.site, "peer_site": link.peer_site, "sender": link.listen or None,
-                "receiving_here": task is not None and not task.done(),
-                "sent_on": inbound.sent if inbound else 0, "applied": inbound.applied if inbound else 0,
-                "in_flight": len(inbound.flights) if inbound else 0, "after": inbound.after if inbound else None}
-        for server in self.servers:  # a sender stopped at a transaction its rules cannot route: broken, and why
-            out[server.end.link]["sending"] = ({"state": "broken", "gid": server.error[0], "reason": server.error[1]}
-                                               if server.error is not None else {"state": "serving"})
+            r = positions.get(link.name)
+            out[link.name] = ls.Durable(
+                int(r[1]), int(r[2]), int(r[3]), float(r[4]), dict(self._conflicts.get(link.name, {}))
+            ) if r is not None else ls.Durable(conflicts=dict(self._conflicts.get(link.name, {})))
+        self.durable = out
+
+    def status(self) -> list[dict[str, Any]]:
+        """This node's rows of ``chorus link status`` (link/status.py): for each link, ``in`` if
+        this site receives it, ``out`` if this node serves its sender."""
+        own = self.committed_gid()
+        out: list[dict[str, Any]] = []
+        for link in self.links:
+            if link.peers:
+                task = self.receivers.get(link.name)
+                inbound = self.inbound.get(link.name)
+                receiver = self.receiving.get(link.name)
+                here = None
+                if inbound is not None and receiver is not None:
+                    oldest, waited = inbound.waiting()
+                    here = ls.Receiving(task is not None and not task.done(), self.broken.get(link.name),
+                                        receiver.connected, inbound.peer_clock, inbound.max_replicated, oldest,
+                                        waited, inbound.sent, inbound.applied)
+                out.append(ls.in_row(link.name, link.site, link.peer_site, own, self.receiver_nodes.get(link.name),
+                                     self.node, here, self.durable.get(link.name, ls.Durable())))
+            server = self.servers.get(link.name)
+            if server is not None:
+                streams, broken, sent, filtered, returned = server.sending()
+                out.append(ls.out_row(link.name, link.site, link.peer_site, own, self.node,
+                                      ls.Sending(streams, broken, sent, filtered, returned)))
         return out
 
     async def close(self) -> None:
@@ -316,7 +375,7 @@ class SiteLinks:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for s in self.servers:
+        for s in self.servers.values():
             await s.close()
             close = getattr(s.evaluator, "close", None)
             if close is not None:
