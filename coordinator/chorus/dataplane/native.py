@@ -1,9 +1,11 @@
 """The data plane's native core, bound with cffi (docs/NATIVE.md section 3). What exists of it so
-far, the first piece of step 1: :class:`NativeCertifier` (``native/cert.c``) and
-:class:`NativeScheduler` (``native/sched.c``). Each has the interface of its Python reference
-(certifier.PyCertifier, commit/scheduler.PyScheduler) and gives the same outputs for the same
-calls (tests/unit/test_dataplane_cert.py, test_dataplane_sched.py). Nothing on the coordinator's
-path uses them yet. In the engine of the later steps they are reached from C, not through these
+far, step 1's first pieces: :class:`NativeCertifier` (``native/cert.c``), :class:`NativeScheduler`
+(``native/sched.c``), :func:`scan` (``native/scan.c`` with the extension's reader) and
+:class:`NativeOrderCore` (``native/order.c``). Each has the interface of its Python reference
+(certifier.PyCertifier, commit/scheduler.PyScheduler, wire.scan's keys and header,
+dataplane/order.OrderCore) and gives the same outputs for the same calls
+(tests/unit/test_dataplane_cert.py, test_dataplane_sched.py, test_dataplane_scan.py,
+test_dataplane_order.py). Nothing on the coordinator's path uses them yet. In the engine of the later steps they are reached from C, not through these
 classes. The classes are here for the differential tests, the micro-benchmark
 (bench/dataplane_micro.py), and Python callers that want the C index.
 
@@ -36,7 +38,7 @@ from chorus.actions import Action, Apply, DdlOutcome, LocalVerdict, Send
 from chorus.bus import Votes, bus_node
 from chorus.bus import proto as bp
 from chorus.certifier import OK, Verdict
-from chorus.dataplane.order import CONFLICT_HISTORY, Conflict, unstable_entry
+from chorus.dataplane.order import CONFLICT_HISTORY, Conflict, LocalWritesets, unstable_entry
 from chorus.outcomes import Outcome, OutcomeIndex
 from chorus.spool import SpooledBuffer
 from chorus.wire import Key, KeyMode
@@ -522,7 +524,7 @@ def _raw(ws: wire.Writeset) -> Any:
     return ws.raw if len(ws.raw) else wire.encode(ws)
 
 
-class NativeOrderCore:
+class NativeOrderCore(LocalWritesets):
     """dataplane/order.py's OrderCore with its state and decisions in C (native/order.c): GIDs,
     the scan, certification on the C index, the deferral behind an open schema change, uniform
     commit's hold, release and reports, the counters, leaving and installing. Same interface,
@@ -746,25 +748,6 @@ class NativeOrderCore:
     def nbytes(self) -> int:
         """What the order core holds in C, in bytes (the index's apart)."""
         return int(self._lib.ch_order_bytes(self._o))
-
-    # ---- local writesets ------------------------------------------------------------------------
-
-    def expect_local(self, ticket: int, writeset: wire.Writeset) -> None:
-        self._local_scanned[ticket] = writeset
-
-    def forget_local(self, ticket: int) -> None:
-        self._local_scanned.pop(ticket, None)
-
-    def local_in_flight(self) -> list[wire.Writeset]:
-        return list(self._local_scanned.values())
-
-    def refuse_own(self, msg: bp.Message) -> list[Action]:
-        own = [msg] if isinstance(msg, bp.WritesetMsg) else (
-            msg.messages() if isinstance(msg, bp.WritesetBatch) else [])
-        mine = [m for m in own if m.origin == self.node]
-        for m in mine:
-            self._local_scanned.pop(m.ticket, None)
-        return [LocalVerdict(m.ticket, False, 0, 0, "this node is not online", None) for m in mine]
 
     # ---- the total order ------------------------------------------------------------------------
 

@@ -44,8 +44,8 @@ typedef struct ord_held
 	uint8_t		settle;
 } ord_held;
 
-/* a scanned writeset waiting for a schema change's outcome (OrderCore._deferred) */
-typedef struct ord_deferred
+/* What _certify needs of a writeset. */
+typedef struct ord_ws
 {
 	uint64_t	gid;
 	uint64_t	ticket;
@@ -55,8 +55,16 @@ typedef struct ord_deferred
 	uint32_t	xid;
 	uint8_t		local;
 	uint8_t		flags;
-	uint32_t	nkeys;
-	uint8_t    *keys;			/* nkeys digests, then nkeys modes */
+	size_t		nkeys;
+	const uint8_t *digests;
+	const uint8_t *modes;
+} ord_ws;
+
+/* a scanned writeset waiting for a schema change's outcome (OrderCore._deferred) */
+typedef struct ord_deferred
+{
+	ord_ws		w;
+	uint8_t    *keys;			/* its nkeys digests, then nkeys modes (w points into them) */
 } ord_deferred;
 
 typedef struct ord_pair
@@ -115,7 +123,7 @@ ch_order_init(ch_order *o, ch_cert *cert, size_t max_bytes)
 static void
 drop_deferred(ch_order *o, ord_deferred *d)
 {
-	ch_mem_release(&o->mem, d->keys, (size_t) d->nkeys * 17);
+	ch_mem_release(&o->mem, d->keys, d->w.nkeys * 17);
 	d->keys = NULL;
 }
 
@@ -204,6 +212,21 @@ emit(ch_order *o, int kind)
 	return r;
 }
 
+/* A held writeset as a RELEASE record. */
+static void
+put_held(ch_order_out *r, const ord_held *h)
+{
+	memset(r, 0, sizeof(*r));
+	r->kind = CH_OUT_RELEASE;
+	r->gid = h->gid;
+	r->prev = h->prev;
+	r->local = h->local;
+	r->ticket = h->ticket;
+	r->origin = h->origin;
+	r->ref = h->ref;
+	r->settle = h->settle;
+}
+
 /* ---- uniform commit ---- */
 
 static uint64_t
@@ -280,16 +303,7 @@ release(ch_order *o)
 		return CH_ENOMEM;
 	while (o->held_head + n < o->held_len && covered(o, o->held[o->held_head + n].gid, nodes))
 	{
-		const ord_held *h = &o->held[o->held_head + n];
-		ch_order_out *r = emit(o, CH_OUT_RELEASE);
-
-		r->gid = h->gid;
-		r->prev = h->prev;
-		r->local = h->local;
-		r->ticket = h->ticket;
-		r->origin = h->origin;
-		r->ref = h->ref;
-		r->settle = h->settle;
+		put_held(&o->out[o->out_len++], &o->held[o->held_head + n]);
 		n++;
 	}
 	free(nodes);
@@ -312,19 +326,10 @@ hold(ch_order *o, const ord_held *h)
 
 	if (o->st.quorum <= 1 && o->held_head == o->held_len && o->st.tie_breaker == 0)
 	{
-		ch_order_out *r;
-
 		if ((rc = reserve_out(o, 1)) != CH_OK)
 			return rc;
 		o->st.released = h->gid;
-		r = emit(o, CH_OUT_RELEASE);
-		r->gid = h->gid;
-		r->prev = h->prev;
-		r->local = h->local;
-		r->ticket = h->ticket;
-		r->origin = h->origin;
-		r->ref = h->ref;
-		r->settle = h->settle;
+		put_held(&o->out[o->out_len++], h);
 		return CH_OK;
 	}
 	if ((rc = queue_reserve(&o->mem, (void **) &o->held, &o->held_cap, &o->held_head, &o->held_len, 1,
@@ -337,22 +342,6 @@ hold(ch_order *o, const ord_held *h)
 }
 
 /* ---- certification ---- */
-
-/* What _certify needs of a writeset. */
-typedef struct ord_ws
-{
-	uint64_t	gid;
-	uint64_t	ticket;
-	uint64_t	ref;
-	uint64_t	last_seen;
-	uint32_t	origin;
-	uint32_t	xid;
-	uint8_t		local;
-	uint8_t		flags;
-	size_t		nkeys;
-	const uint8_t *digests;
-	const uint8_t *modes;
-} ord_ws;
 
 /* OrderCore._certify */
 static int
@@ -516,16 +505,10 @@ ch_order_writeset(ch_order *o, uint32_t origin, int local, int online, uint64_t 
 		}
 		if (info.nkeys > 0)
 			memcpy(keys, o->packed, info.nkeys * 17);
-		d->gid = w.gid;
-		d->ticket = ticket;
-		d->ref = ref;
-		d->last_seen = w.last_seen;
-		d->origin = origin;
-		d->xid = w.xid;
-		d->local = w.local;
-		d->flags = w.flags;
-		d->nkeys = (uint32_t) info.nkeys;
 		d->keys = keys;
+		d->w = w;
+		d->w.digests = keys;
+		d->w.modes = d->keys + 16 * info.nkeys;
 		o->def_len++;
 		o->st.deferred++;
 		return CH_OK;
@@ -540,24 +523,12 @@ certify_deferred(ch_order *o, ch_order_round_fn round, void *arg)
 	while (o->def_head < o->def_len && o->st.ddl_open == 0)
 	{
 		ord_deferred d = o->def[o->def_head++];
-		ord_ws		w;
 		int			rc;
 
 		o->st.deferred--;
 		if (o->def_head == o->def_len)
 			o->def_head = o->def_len = 0;
-		w.gid = d.gid;
-		w.ticket = d.ticket;
-		w.ref = d.ref;
-		w.last_seen = d.last_seen;
-		w.origin = d.origin;
-		w.xid = d.xid;
-		w.local = d.local;
-		w.flags = d.flags;
-		w.nkeys = d.nkeys;
-		w.digests = d.keys;
-		w.modes = d.keys + 16 * (size_t) d.nkeys;
-		rc = certify(o, &w, round, arg);
+		rc = certify(o, &d.w, round, arg);
 		drop_deferred(o, &d);
 		if (rc != CH_OK)
 			return rc;
@@ -765,13 +736,13 @@ ch_order_leave(ch_order *o)
 			r->ref = o->held[i].ref;
 		}
 	for (size_t i = o->def_head; i < o->def_len; i++)
-		if (o->def[i].local)
+		if (o->def[i].w.local)
 		{
 			ch_order_out *r = emit(o, CH_OUT_UNKNOWN);
 
-			r->gid = o->def[i].gid;
-			r->ticket = o->def[i].ticket;
-			r->ref = o->def[i].ref;
+			r->gid = o->def[i].w.gid;
+			r->ticket = o->def[i].w.ticket;
+			r->ref = o->def[i].w.ref;
 		}
 	o->held_head = o->held_len = 0;
 	o->st.held = 0;
@@ -788,19 +759,7 @@ ch_order_unstable(const ch_order *o, ch_order_out *out, size_t cap)
 	size_t		n = o->held_len - o->held_head;
 
 	for (size_t i = 0; i < n && i < cap; i++)
-	{
-		const ord_held *h = &o->held[o->held_head + i];
-
-		memset(&out[i], 0, sizeof(out[i]));
-		out[i].kind = CH_OUT_RELEASE;
-		out[i].gid = h->gid;
-		out[i].prev = h->prev;
-		out[i].local = h->local;
-		out[i].ticket = h->ticket;
-		out[i].origin = h->origin;
-		out[i].ref = h->ref;
-		out[i].settle = h->settle;
-	}
+		put_held(&out[i], &o->held[o->held_head + i]);
 	return n;
 }
 
