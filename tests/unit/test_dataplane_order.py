@@ -9,7 +9,8 @@ keys from a small pool (so they conflict), snapshots of any age, schema changes 
 ordering requests (TOI) and concurrent index changes, and malformed ones; schema changes'
 outcomes, Received reports from members in and out of the view, ticks, views and votes (quorum,
 tie breaker), members joining at a GID, the origin leaving the primary component, not following,
-purges, leaving and installing a joined state. After every step it requires the same actions,
+purges, leaving and installing a joined state, and peer sites' transactions sent on by a link's
+receiver. After every step it requires the same actions,
 GIDs, counters, held and deferred writesets, open schema changes, reports, conflicts, outcomes,
 certification index (its snapshot's bytes) and schema-change rounds opened. Then the golden traces
 replayed with the C order core in the replicator."""
@@ -67,6 +68,10 @@ def writeset(kind: str, last_seen: int, ks: list[wire.Key], xid: int, damage: in
         b[damage % len(b)] ^= 0xFF
         buf = bytes(b[:max(2, len(b) - damage % 5)])
     return buf
+
+
+def _raw(ws: wire.Writeset) -> bytes:
+    return bytes(ws.raw)
 
 
 class _Members:
@@ -131,6 +136,15 @@ class OrderPair(RuleBasedStateMachine):
         """A WritesetBatch: its writesets one after the other, as Replicator._handle takes them."""
         for kind, back, ks, damage, scanned in batch:
             self.both("writeset", self._message(origin, kind, back, ks, damage, scanned))
+
+    @rule(node=st.sampled_from(list(MEMBERS) + ["n4"]), kind=st.sampled_from(["plain"] * 6 + ["ddl", "malformed"]),
+          ks=keys, link=st.sampled_from(["l1", "l2"]), damage=st.integers(0, 200))
+    def deliver_link(self, node: str, kind: str, ks: list[wire.Key], link: str, damage: int) -> None:
+        """A peer site's transaction sent on by a receiver (docs/LINKS.md section 3)."""
+        self.ticket += 1
+        buf = writeset(kind, 0, ks, 0, damage)
+        self.both("link_writeset", bp.LinkWriteset(node, self.ticket, link, "site-b", self.ticket - 1, self.ticket,
+                                                   0, 0, 0, 0, buf))
 
     @precondition(lambda self: bool(self.py.ddl_open))
     @rule(pick=st.integers(0, 3), ok=st.booleans(), content=st.one_of(st.none(), keys))
@@ -200,8 +214,9 @@ class OrderPair(RuleBasedStateMachine):
             for i in range(held):
                 ws = wire.scan(writeset("plain", gid, [wire.Key(wire.KeyMode.UPDATE, PARTS[i])], 7, 0))
                 g = gid + 1 + i
+                link = bp.LinkWriteset("n2", 5, "l1", "site-b", 0, 1, 0, 0, 0, 0, _raw(ws)) if i == 2 else None
                 unstable.append((g, LocalVerdict(900 + i, True, g, g - 1, "", ws) if local and i == 0
-                                 else Apply(g, g - 1, "n2", ws)))
+                                 else Apply(g, g - 1, "link:l1" if link else "n2", ws, link=link)))
             core.install(gid + held, gid + held, gid, unstable, cert)
 
     @rule(origin=st.sampled_from(list(MEMBERS)), n=st.integers(1, 3))
@@ -299,12 +314,6 @@ def test_the_byte_budget_refuses() -> None:
         for i in range(10000):
             c.writeset(bp.WritesetMsg("n2", i, writeset("plain", 0, [], i, 0)))
     assert 0 < c.nbytes <= 4096
-
-
-def test_link_writesets_are_refused_clearly() -> None:
-    _, c, _ = _pair()
-    with pytest.raises(NotImplementedError):
-        c.link_writeset(bp.LinkWriteset("n2", 1, "l", "s", 0, 1, 0, 0, 0, 0, b""))
 
 
 # ---- the golden traces, replayed with the C order core in the replicator ---------------------------

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from chorus.bus import Votes, bus_node
 from chorus.bus import proto as bp
 from chorus.certifier import OK, Verdict
 from chorus.dataplane.order import CONFLICT_HISTORY, Conflict, LocalWritesets, unstable_entry
+from chorus.link import position as link_position
 from chorus.outcomes import Outcome, OutcomeIndex
 from chorus.spool import SpooledBuffer
 from chorus.wire import Key, KeyMode
@@ -52,6 +54,8 @@ _CERT_OK, _CERT_TOO_OLD = 0, 1
 _MAX_COUNT = 1 << 62  # limits beyond any queue, clamped to fit size_t
 
 _mod: Any = None
+
+log = logging.getLogger("chorus.replicator")  # the order core's log lines, as order.py writes them
 
 
 def use(module: ModuleType) -> None:
@@ -509,7 +513,7 @@ class _Ref:
 
     __slots__ = ("msg", "ws", "action")
 
-    def __init__(self, msg: Optional[bp.WritesetMsg], ws: Optional[wire.Writeset],
+    def __init__(self, msg: "bp.WritesetMsg | bp.LinkWriteset | None", ws: Optional[wire.Writeset],
                  action: Optional[Action] = None) -> None:
         self.msg, self.ws, self.action = msg, ws, action
 
@@ -536,7 +540,7 @@ class NativeOrderCore(LocalWritesets):
     facts read at each call (whether a writeset's origin is online; the members' join GIDs, pushed
     to C when they changed).
 
-    Not ported: link writesets (``link_writeset`` raises NotImplementedError). ``certifier``
+    ``certifier``
     must be a :class:`NativeCertifier` to be shared with C; another implementation's index is
     copied into one (through its snapshot) when given to the constructor or ``install``."""
 
@@ -614,7 +618,9 @@ class NativeOrderCore(LocalWritesets):
             return ref.action
         if r.local:
             return LocalVerdict(int(r.ticket), True, int(r.gid), int(r.prev), "", ref.writeset(), settle=bool(r.settle))
-        return Apply(int(r.gid), int(r.prev), self._cert._names[r.origin], ref.writeset(), settle=bool(r.settle))
+        link = ref.msg if r.link and isinstance(ref.msg, bp.LinkWriteset) else None
+        return Apply(int(r.gid), int(r.prev), self._cert._names[r.origin], ref.writeset(), settle=bool(r.settle),
+                     link=link)
 
     def _actions(self, ddl: Optional[tuple[bool, str, Optional[wire.Writeset]]] = None) -> list[Action]:
         """The C core's outputs of the last call, as OrderCore's actions."""
@@ -626,6 +632,13 @@ class NativeOrderCore(LocalWritesets):
             kind = r.kind
             if kind == _OUT_RELEASE:
                 out.append(self._released(r, self._refs.pop(r.ref)))
+            elif kind == _OUT_CERTIFIED and r.link:
+                if r.v.kind != _CERT_OK:  # nothing certified lies between gid - 1 and gid: only a bug gets here
+                    ref = self._refs.pop(r.ref)
+                    v = _verdict(r.v, ref.writeset().keys, int(r.last_seen), self._cert.horizon, names)
+                    assert isinstance(ref.msg, bp.LinkWriteset)
+                    log.error("link writeset GID %d of link %s failed certification: %s", r.gid, ref.msg.link,
+                              v.reason)
             elif kind == _OUT_CERTIFIED:
                 origin = names[r.origin]
                 if r.v.kind == _CERT_OK:
@@ -644,6 +657,15 @@ class NativeOrderCore(LocalWritesets):
                 out.append(LocalVerdict(int(r.ticket), False, 0, 0, "this node left the primary component", None))
             elif kind == _OUT_MALFORMED:
                 ref = self._refs.pop(r.ref)
+                if r.link:
+                    assert isinstance(ref.msg, bp.LinkWriteset)
+                    why = "a link writeset carries no schema change"
+                    try:
+                        wire.scan(ref.msg.writeset)
+                    except wire.WireError as e:
+                        why = str(e)
+                    log.warning("link writeset of link %s (peer GID %d) from %s refused: %s", ref.msg.link,
+                                ref.msg.peer_gid, ref.msg.node, why)
                 if not r.local:
                     continue
                 if ref.ws is not None or ref.msg is None:
@@ -772,7 +794,20 @@ class NativeOrderCore(LocalWritesets):
         return self._actions()
 
     def link_writeset(self, msg: bp.LinkWriteset) -> list[Action]:
-        raise NotImplementedError("the C order core does not take link writesets yet (dataplane/order.py does)")
+        """A peer site's transaction sent on by this site's receiver (OrderCore.link_writeset)."""
+        online = msg.node in self.membership.online
+        self._sync()
+        buf = msg.writeset
+        before = self._st.gid
+        ref = self._new_ref(_Ref(msg, None))
+        rc = self._lib.ch_order_link_writeset(self._o, self._cert._origin(link_position.origin(msg.link)), online,
+                                              ref, self._ffi.from_buffer(buf), len(buf))
+        if self._st.gid == before:
+            del self._refs[ref]
+        else:
+            self.outcomes.seen(int(self._st.gid))
+        self._done(rc)
+        return self._actions()
 
     def ddl_settled(self, gid: int, ok: bool, error: str, content: Optional[wire.Writeset] = None) -> list[Action]:
         """Schema change ``gid``'s outcome is known (OrderCore.ddl_settled)."""
@@ -828,7 +863,7 @@ class NativeOrderCore(LocalWritesets):
                 r.local, r.ticket, r.prev, r.settle = 1, a.ticket, a.prev, a.settle
             else:
                 assert isinstance(a, Apply)
-                r.origin, r.prev, r.settle = cert._origin(a.origin), a.prev, a.settle
+                r.origin, r.prev, r.settle, r.link = cert._origin(a.origin), a.prev, a.settle, a.link is not None
         _check(self._lib.ch_order_install(self._o, cert._c, gid, certified, released, recs, len(unstable)))
         self._cert, self._refs = cert, refs
 

@@ -212,8 +212,9 @@ typedef struct ch_order_out
 {
 	int			kind;			/* a ch_order_kind */
 	int			local;
+	int			link;			/* a link writeset's (ch_order_link_writeset) */
 	int			settle;
-	int			scan_err;
+	int			scan_err;		/* a ChorusWsrError, or -1: a link writeset with a schema change */
 	uint32_t	origin;
 	uint32_t	xid;
 	uint64_t	gid;
@@ -271,6 +272,8 @@ extern int	ch_order_set_joined(ch_order *o, const uint32_t *nodes, const uint64_
 extern int	ch_order_writeset(ch_order *o, uint32_t origin, int local, int online, uint64_t ticket,
 							  uint64_t ref, const uint8_t *buf, size_t len,
 							  ch_order_round_fn round, void *arg);
+extern int	ch_order_link_writeset(ch_order *o, uint32_t origin, int online, uint64_t ref,
+								   const uint8_t *buf, size_t len);
 extern int	ch_order_ddl_settled(ch_order *o, uint64_t gid, int ok, int content,
 								 const uint8_t *digests, const uint8_t *modes, size_t n,
 								 ch_order_round_fn round, void *arg);

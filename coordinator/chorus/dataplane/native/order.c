@@ -8,7 +8,8 @@
  *		ones until bus nodes with a quorum of votes have delivered them
  *		(uniform commit), then releases them; with the Received reports, the
  *		tick's re-report, a view's reset, leaving the primary component and
- *		installing a joined state. tests/unit/test_dataplane_order.py holds it
+ *		installing a joined state; and the writesets of peer sites' links.
+ *		tests/unit/test_dataplane_order.py holds it
  *		to the reference step by step.
  *
  *		What it does not hold, and its caller (dataplane/native.py,
@@ -41,6 +42,7 @@ typedef struct ord_held
 	uint64_t	ref;
 	uint32_t	origin;
 	uint8_t		local;
+	uint8_t		link;
 	uint8_t		settle;
 } ord_held;
 
@@ -54,6 +56,7 @@ typedef struct ord_ws
 	uint32_t	origin;
 	uint32_t	xid;
 	uint8_t		local;
+	uint8_t		link;			/* a peer site's transaction (docs/LINKS.md section 3) */
 	uint8_t		flags;
 	size_t		nkeys;
 	const uint8_t *digests;
@@ -225,6 +228,7 @@ put_held(ch_order_out *r, const ord_held *h)
 	r->origin = h->origin;
 	r->ref = h->ref;
 	r->settle = h->settle;
+	r->link = h->link;
 }
 
 /* ---- uniform commit ---- */
@@ -366,17 +370,21 @@ certify(ch_order *o, const ord_ws *w, ch_order_round_fn round, void *arg)
 	{
 		ch_order_out *r;
 
-		if ((rc = ch_cert_certify(o->cert, w->gid, w->origin, w->last_seen, w->digests, w->modes, w->nkeys,
+		/* a link writeset is a blind write ordered at its GID: it saw everything before it */
+		uint64_t	last_seen = w->link ? w->gid - 1 : w->last_seen;
+
+		if ((rc = ch_cert_certify(o->cert, w->gid, w->origin, last_seen, w->digests, w->modes, w->nkeys,
 								  &v)) != CH_OK)
 			return rc;
 		r = emit(o, CH_OUT_CERTIFIED);
+		r->link = w->link;
 		r->gid = w->gid;
 		r->local = w->local;
 		r->ticket = w->ticket;
 		r->origin = w->origin;
 		r->ref = w->ref;
 		r->xid = w->xid;
-		r->last_seen = w->last_seen;
+		r->last_seen = last_seen;
 		r->v = v;
 	}
 	if (v.kind != CH_CERT_OK)
@@ -395,6 +403,7 @@ certify(ch_order *o, const ord_ws *w, ch_order_round_fn round, void *arg)
 	h.settle = 0;
 	o->st.last_certified = w->gid;
 	o->st.stats.certified++;
+	h.link = w->link;
 	if (!toi && (w->flags & CHORUS_WS_FLAG_DDL) && !(w->flags & CHORUS_WS_FLAG_CONCURRENT))
 	{
 		int			opened = round != NULL ? round(arg, w->gid, w->origin) : 0;
@@ -418,16 +427,10 @@ reserve_packed(ch_order *o, size_t nkeys)
 	return ch_grow(&o->mem, (void **) &o->packed, &o->packed_cap, 0, nkeys * 17, 1);
 }
 
-/*
- * ch_order_writeset
- *		OrderCore.writeset: the writeset of len bytes at buf, from origin
- *		(local: this node's, with its backend's ticket), delivered in total
- *		order; online: whether its origin is a member of the primary component
- *		at this place. ref is the caller's handle, given back with it.
- */
-int
-ch_order_writeset(ch_order *o, uint32_t origin, int local, int online, uint64_t ticket, uint64_t ref,
-				  const uint8_t *buf, size_t len, ch_order_round_fn round, void *arg)
+/* OrderCore.writeset and link_writeset */
+static int
+delivered(ch_order *o, uint32_t origin, int local, int link, int online, uint64_t ticket, uint64_t ref,
+		  const uint8_t *buf, size_t len, ch_order_round_fn round, void *arg)
 {
 	ch_scan_info info;
 	ord_ws		w;
@@ -462,10 +465,13 @@ ch_order_writeset(ch_order *o, uint32_t origin, int local, int online, uint64_t 
 	/* its GID (OrderCore._next_gid) */
 	o->st.gid++;
 	o->st.stats.delivered++;
+	if (info.err == 0 && link && (info.flags & (CHORUS_WS_FLAG_DDL | CHORUS_WS_FLAG_TOI)))
+		info.err = -1;			/* links do not carry schema changes (yet) */
 	if (info.err != 0)
 	{
 		ch_order_out *r = emit(o, CH_OUT_MALFORMED);
 
+		r->link = link;
 		o->st.stats.malformed++;
 		o->st.stats.cert_failures++;
 		r->gid = o->st.gid;
@@ -487,6 +493,7 @@ ch_order_writeset(ch_order *o, uint32_t origin, int local, int online, uint64_t 
 	w.origin = origin;
 	w.xid = info.xid;
 	w.local = local != 0;
+	w.link = link != 0;
 	w.flags = info.flags;
 	w.nkeys = info.nkeys;
 	w.digests = o->packed;
@@ -514,6 +521,34 @@ ch_order_writeset(ch_order *o, uint32_t origin, int local, int online, uint64_t 
 		return CH_OK;
 	}
 	return certify(o, &w, round, arg);
+}
+
+/*
+ * ch_order_writeset
+ *		OrderCore.writeset: the writeset of len bytes at buf, from origin
+ *		(local: this node's, with its backend's ticket), delivered in total
+ *		order; online: whether its origin is a member of the primary component
+ *		at this place. ref is the caller's handle, given back with it.
+ */
+int
+ch_order_writeset(ch_order *o, uint32_t origin, int local, int online, uint64_t ticket, uint64_t ref,
+				  const uint8_t *buf, size_t len, ch_order_round_fn round, void *arg)
+{
+	return delivered(o, origin, local, 0, online, ticket, ref, buf, len, round, arg);
+}
+
+/*
+ * ch_order_link_writeset
+ *		OrderCore.link_writeset: a peer site's transaction, sent on by a
+ *		receiver that is online (or not) at this place, certified under its
+ *		link's origin as a blind write ordered at its GID. One that does not
+ *		scan, or holds a schema change (MALFORMED with scan_err -1), fails.
+ */
+int
+ch_order_link_writeset(ch_order *o, uint32_t origin, int online, uint64_t ref, const uint8_t *buf,
+					   size_t len)
+{
+	return delivered(o, origin, 0, 1, online, 0, ref, buf, len, NULL, NULL);
 }
 
 /* Certify the deferred writesets until a schema change's outcome is open again. */
@@ -681,7 +716,7 @@ ch_order_set_joined(ch_order *o, const uint32_t *nodes, const uint64_t *gids, si
  * ch_order_install
  *		OrderCore.install: the node joins (or bootstraps) at gid, with what was
  *		certified and released there, the n certified writesets not released
- *		yet (gid, prev, local, ticket, origin, ref, settle of each) and the
+ *		yet (gid, prev, local, link, ticket, origin, ref, settle of each) and the
  *		certification index cert.
  */
 int
@@ -698,8 +733,8 @@ ch_order_install(ch_order *o, ch_cert *cert, uint64_t gid, uint64_t certified, u
 	{
 		const ch_order_out *u = &unstable[i];
 
-		o->held[i] = (ord_held) {u->gid, u->prev, u->ticket, u->ref, u->origin, (uint8_t) (u->local != 0),
-		(uint8_t) (u->settle != 0)};
+		o->held[i] = (ord_held) {.gid = u->gid, .prev = u->prev, .ticket = u->ticket, .ref = u->ref,
+			.origin = u->origin, .local = u->local != 0, .link = u->link != 0, .settle = u->settle != 0};
 	}
 	o->held_head = 0;
 	o->held_len = n;
