@@ -27,7 +27,6 @@
  *		round callback that fails (CH_ECALLBACK, where the reference raises)
  *		stops the call half way, as the reference stops on an exception.
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "ch_mem.h"
@@ -104,6 +103,8 @@ struct ch_order
 	size_t		keys_cap;
 	uint8_t    *packed;			/* scratch: digests and modes for the index */
 	size_t		packed_cap;
+	uint32_t   *nodes;			/* scratch: the bus nodes known to have a GID */
+	size_t		nodes_cap;
 };
 
 size_t
@@ -151,6 +152,7 @@ ch_order_free(ch_order *o)
 	ch_mem_release(&o->mem, o->out, o->out_cap * sizeof(ch_order_out));
 	ch_mem_release(&o->mem, o->keys, o->keys_cap * sizeof(ch_scan_key));
 	ch_mem_release(&o->mem, o->packed, o->packed_cap);
+	ch_mem_release(&o->mem, o->nodes, o->nodes_cap * sizeof(uint32_t));
 	memset(o, 0, sizeof(*o));
 }
 
@@ -287,8 +289,8 @@ covered(const ch_order *o, uint64_t gid, uint32_t *nodes)
 static int
 release(ch_order *o)
 {
-	uint32_t   *nodes;
 	size_t		n = 0;
+	int			rc;
 
 	if (o->st.quorum > 1 && o->st.following && !o->st.report_on_bus && o->st.gid > o->st.reported)
 	{
@@ -302,15 +304,13 @@ release(ch_order *o)
 			o->st.released = o->st.last_certified;
 		return CH_OK;
 	}
-	nodes = malloc((o->recv_len + 1) * sizeof(uint32_t));
-	if (nodes == NULL)
-		return CH_ENOMEM;
-	while (o->held_head + n < o->held_len && covered(o, o->held[o->held_head + n].gid, nodes))
+	if ((rc = ch_grow(&o->mem, (void **) &o->nodes, &o->nodes_cap, 0, o->recv_len + 1, sizeof(uint32_t))) != CH_OK)
+		return rc;
+	while (o->held_head + n < o->held_len && covered(o, o->held[o->held_head + n].gid, o->nodes))
 	{
 		put_held(&o->out[o->out_len++], &o->held[o->held_head + n]);
 		n++;
 	}
-	free(nodes);
 	if (n > 0)
 	{
 		o->st.released = o->held[o->held_head + n - 1].gid;
