@@ -7,7 +7,9 @@ file (``python coordinator/chorus/dataplane/build.py``); the unit tests and the 
 build it into a directory of their own with :func:`compile_into` when it is not.
 
 The cdef is ``native/ch_core.h`` itself with its preprocessor lines dropped, so the header and the
-binding cannot drift; the one addition is the callback the scheduler's ``fits`` goes through.
+binding cannot drift; the additions are the callbacks the scheduler's ``fits`` and the order core's
+schema-change round go through. The extension's writeset reader (``extension/chorus_wsread.c``) is
+compiled in from ``extension/``.
 """
 
 from __future__ import annotations
