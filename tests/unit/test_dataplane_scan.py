@@ -192,6 +192,38 @@ def test_many_keys_need_a_second_call() -> None:
     assert same(buf) is None and len(native.scan(buf).keys) == 300
 
 
+# ---- the words of a key (native/text.c) -----------------------------------------------------------
+
+utf8ish = st.one_of(st.binary(max_size=12), st.text(max_size=6).map(lambda x: x.encode("utf-8", "surrogatepass")),
+                    st.lists(st.sampled_from([b"\xe0", b"\xa0", b"\xed", b"\x9f", b"\xbf", b"\xf0", b"\x90", b"\xf4",
+                                              b"\x8f", b"\xc2", b"\x80", b"\xff", b"'", b'"', b"\\", b"a", b"\n"]),
+                             max_size=8).map(b"".join))
+
+
+@given(st.lists(utf8ish, min_size=1, max_size=6))
+@settings(max_examples=1000 * SCALE, deadline=None)
+def test_key_describe_is_pythons(parts: list[bytes]) -> None:
+    """Key.describe in C: CPython's UTF-8 replacement, quote_ident, and the repr of one part."""
+    assert native.describe_key(parts) == wire.Key(wire.KeyMode.UPDATE, tuple(parts)).describe()
+
+
+def test_key_describe_every_short_sequence() -> None:
+    """Every sequence of up to three bytes from each class of UTF-8's lead and continuation bytes
+    (the edges of the ranges a lead byte allows its next byte), in a value and in a name."""
+    edge = [0x00, 0x22, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC,
+            0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xFF]
+    seqs = [bytes([a]) for a in edge] + [bytes([a, b]) for a in edge for b in edge]
+    seqs += [bytes([a, b, c]) for a in edge if a >= 0xE0 for b in edge if 0x80 <= b <= 0xBF for c in edge]
+    for seq in seqs:
+        for parts in ([b"s", b"t", b"c", seq + b"\x80\xf0\x90\x80"], [seq, b"t"]):
+            assert native.describe_key(parts) == wire.Key(wire.KeyMode.UPDATE, tuple(parts)).describe(), parts
+
+
+def test_key_describe_long() -> None:
+    parts = [b"public", b"t", b"id", b"x" * 1000]
+    assert native.describe_key(parts) == wire.Key(wire.KeyMode.UPDATE, tuple(parts)).describe()
+
+
 # ---- no read past the end, under AddressSanitizer -------------------------------------------------
 
 _ASAN_RUNNER = r"""

@@ -465,6 +465,20 @@ def blake2b(data: bytes, size: int = 16) -> bytes:
     return bytes(m.ffi.buffer(out))
 
 
+def describe_key(parts: Sequence[bytes]) -> str:
+    """wire.Key.describe of a key with these parts, worded in C (native/text.c)."""
+    m = _lib()
+    encoded = b"".join(len(p).to_bytes(4, "big") + p for p in parts)
+    out = m.ffi.new("char[]", 256)
+    n = m.lib.ch_key_describe(encoded, len(encoded), len(parts), out, 256)
+    if n > 256:
+        out = m.ffi.new("char[]", n)
+        m.lib.ch_key_describe(encoded, len(encoded), len(parts), out, n)
+    if n == 0:
+        raise ValueError("a key has 1 part or more")
+    return bytes(m.ffi.buffer(out, n)).decode("utf-8")
+
+
 # ---- the order core (native/order.c) ----------------------------------------------------------------
 
 _OUT_LEFT, _OUT_MALFORMED, _OUT_CERTIFIED, _OUT_RELEASE, _OUT_RECEIVED, _OUT_UNKNOWN, _OUT_DDL = range(1, 8)

@@ -192,6 +192,10 @@ typedef struct ch_scan_info
 extern int	ch_scan(const uint8_t *buf, size_t len, ch_scan_info *info, ch_scan_key *keys, size_t cap);
 extern void ch_blake2b(const uint8_t *data, size_t len, uint8_t *out, size_t outlen);
 
+/* ---- the words of a key (text.c) ---- */
+
+extern size_t ch_key_describe(const uint8_t *parts, size_t len, uint32_t nparts, char *out, size_t cap);
+
 /* ---- the order core (order.c) ---- */
 
 typedef struct ch_order ch_order;
