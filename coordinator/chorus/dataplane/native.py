@@ -497,6 +497,19 @@ class _Counter:
         setattr(obj._s, self.name, value)
 
 
+class _Flag:
+    """One flag of ``ch_order_state`` the control plane sets, read and written in place."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: Any = None) -> bool:
+        return bool(getattr(obj._st, self.name))
+
+    def __set__(self, obj: Any, value: bool) -> None:
+        setattr(obj._st, self.name, value)
+
+
 class NativeStats:
     """order.Stats over the C order core's counters (the control plane adds to ``malformed``
     too); ``failures_by_table`` stays here, with the texts."""
@@ -708,21 +721,8 @@ class NativeOrderCore(LocalWritesets):
 
     # ---- what the control plane sets and reads ------------------------------------------------
 
-    @property
-    def following(self) -> bool:
-        return bool(self._st.following)
-
-    @following.setter
-    def following(self, on: bool) -> None:
-        self._st.following = on
-
-    @property
-    def quorate(self) -> bool:
-        return bool(self._st.quorate)
-
-    @quorate.setter
-    def quorate(self, on: bool) -> None:
-        self._st.quorate = on
+    following = _Flag()  # the node follows the total order
+    quorate = _Flag()
 
     @property
     def local_member(self) -> str:
