@@ -484,43 +484,35 @@ def describe_key(parts: Sequence[bytes]) -> str:
 _OUT_LEFT, _OUT_MALFORMED, _OUT_CERTIFIED, _OUT_RELEASE, _OUT_RECEIVED, _OUT_UNKNOWN, _OUT_DDL = range(1, 8)
 
 
-class _Counter:
-    """One counter of ``ch_order_stats``, read and written in place."""
+class _Field:
+    """A field of a C struct an object holds (``where``: the attribute holding it), read and
+    written in place: a counter of ``ch_order_stats`` or a flag of ``ch_order_state``."""
+
+    def __init__(self, where: str, flag: bool = False) -> None:
+        self.where, self.flag = where, flag
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, obj: Any, objtype: Any = None) -> int:
-        return int(getattr(obj._s, self.name))
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        value = getattr(getattr(obj, self.where), self.name)
+        return bool(value) if self.flag else int(value)
 
     def __set__(self, obj: Any, value: int) -> None:
-        setattr(obj._s, self.name, value)
-
-
-class _Flag:
-    """One flag of ``ch_order_state`` the control plane sets, read and written in place."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, objtype: Any = None) -> bool:
-        return bool(getattr(obj._st, self.name))
-
-    def __set__(self, obj: Any, value: bool) -> None:
-        setattr(obj._st, self.name, value)
+        setattr(getattr(obj, self.where), self.name, value)
 
 
 class NativeStats:
     """order.Stats over the C order core's counters (the control plane adds to ``malformed``
     too); ``failures_by_table`` stays here, with the texts."""
 
-    delivered = _Counter()
-    certified = _Counter()
-    cert_failures = _Counter()
-    local_certified = _Counter()
-    local_failed = _Counter()
-    remote_certified = _Counter()
-    malformed = _Counter()
+    delivered = _Field("_s")
+    certified = _Field("_s")
+    cert_failures = _Field("_s")
+    local_certified = _Field("_s")
+    local_failed = _Field("_s")
+    remote_certified = _Field("_s")
+    malformed = _Field("_s")
 
     def __init__(self, s: Any) -> None:
         self._s = s
@@ -721,8 +713,8 @@ class NativeOrderCore(LocalWritesets):
 
     # ---- what the control plane sets and reads ------------------------------------------------
 
-    following = _Flag()  # the node follows the total order
-    quorate = _Flag()
+    following = _Field("_st", flag=True)  # the node follows the total order
+    quorate = _Field("_st", flag=True)
 
     @property
     def local_member(self) -> str:
