@@ -488,11 +488,11 @@ class _Field:
     """A field of a C struct an object holds (``where``: the attribute holding it), read and
     written in place: a counter of ``ch_order_stats`` or a flag of ``ch_order_state``."""
 
-    def __init__(self, where: str, flag: bool = False) -> None:
-        self.where, self.flag = where, flag
+    def __init__(self, where: str, flag: bool = False, field: str = "") -> None:
+        self.where, self.flag, self.name = where, flag, field
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
+        self.name = self.name or name
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         value = getattr(getattr(obj, self.where), self.name)
@@ -715,6 +715,11 @@ class NativeOrderCore(LocalWritesets):
 
     following = _Field("_st", flag=True)  # the node follows the total order
     quorate = _Field("_st", flag=True)
+    gid = _Field("_st")  # the last GID given
+    last_certified = _Field("_st")
+    released = _Field("_st")
+    deferred_count = _Field("_st", field="deferred")  # waiting for a schema change's outcome
+    held_count = _Field("_st", field="held")  # certified, waiting for a quorum
 
     @property
     def local_member(self) -> str:
@@ -735,18 +740,6 @@ class NativeOrderCore(LocalWritesets):
         self._lib.ch_order_set_votes(self._o, votes.quorum, votes.expected, self._bus(votes.tie_breaker))
 
     @property
-    def gid(self) -> int:
-        return int(self._st.gid)
-
-    @property
-    def last_certified(self) -> int:
-        return int(self._st.last_certified)
-
-    @property
-    def released(self) -> int:
-        return int(self._st.released)
-
-    @property
     def certifier(self) -> "NativeCertifier":
         return self._cert
 
@@ -763,14 +756,6 @@ class NativeOrderCore(LocalWritesets):
         nodes, gids = self._ffi.new("uint32_t[]", n), self._ffi.new("uint64_t[]", n)
         self._lib.ch_order_received_nodes(self._o, nodes, gids, n)
         return {self._bus_names[nodes[i]]: int(gids[i]) for i in range(n)}
-
-    @property
-    def deferred_count(self) -> int:
-        return int(self._st.deferred)
-
-    @property
-    def held_count(self) -> int:
-        return int(self._st.held)
 
     @property
     def nbytes(self) -> int:
