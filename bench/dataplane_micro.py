@@ -18,6 +18,15 @@ and pgbench_history's order key (it has no primary key), as commit/pipeline.orde
   together `ready_runs(4, 8)`, then `committed` for every GID dispatched and every local one, in
   order.
 
+- **order**: the order core's whole per-writeset work on the same stream as writeset bytes (as
+  wire.encode writes them), this node being n1: ``writeset`` (the GID, the scan, certification,
+  the release as quorum 1 gives it at once, the outcome), with ``expect_local`` first for n1's own
+  writesets (scanned beforehand, as its backend scanned them), and ``purge`` as above. Python is
+  dataplane/order.py's OrderCore with the certifier ``CHORUS_IMPL`` chose, c NativeOrderCore
+  (native/order.c), which also makes the actions' Python objects (it scans each released remote
+  writeset again in Python for its Apply), c raw the C functions (ch_order_writeset) with the
+  outputs counted, not made into objects.
+
 Both operations run through the Python call boundary, as the coordinator calls them today: the C
 figures include cffi and packing the keys into bytes. The C core without that boundary, called
 from the C engine of later steps, is not measured here. The same verdicts and dispatches are
@@ -174,6 +183,64 @@ def run_schedule_raw(ws: list[Any]) -> tuple[float, list[list[int]]]:
     return elapsed, dispatched
 
 
+class _Online:
+    online = {o: o for o in ORIGINS}
+    joined_at: dict[str, int] = {}
+
+
+def order_stream(ws: list[Any]) -> list[tuple[Any, Any]]:
+    """The stream as bus messages of writeset bytes, and n1's writesets scanned by its backend."""
+    from chorus import wire
+    from chorus.bus import proto as bp
+
+    out = []
+    for gid, origin, last_seen, keys, _ in ws:
+        buf = wire.encode(wire.Writeset(gid, 4000 + gid % 8, last_seen, (), (), tuple(keys)))
+        out.append((bp.WritesetMsg(origin, gid, buf), wire.scan(buf) if origin == "n1" else None))
+    return out
+
+
+def run_order(make: Callable[[], Any], msgs: list[tuple[Any, Any]]) -> tuple[float, list[int]]:
+    core = make()
+    core.following = core.quorate = True
+    core.local_member = "1:n1"
+    applied = []
+    t0 = time.perf_counter()
+    for msg, scanned in msgs:
+        if scanned is not None:
+            core.expect_local(msg.ticket, scanned)
+        applied.append(len(core.writeset(msg)))
+        if core.gid % 1000 == 0:
+            core.purge(core.gid, 2000)
+    return time.perf_counter() - t0, applied
+
+
+def run_order_raw(msgs: list[tuple[Any, Any]]) -> tuple[float, list[int]]:
+    """run_order on the C functions: the bytes and origins given as they are, the outputs counted."""
+    m = native.module()
+    ffi, lib = m.ffi, m.lib
+    cert = native.NativeCertifier()
+    mem = ffi.new("uint64_t[]", (lib.ch_order_size() + 7) // 8)
+    o = ffi.cast("ch_order *", mem)
+    lib.ch_order_init(o, cert._c, native.DEFAULT_BYTES)
+    st = lib.ch_order_view(o)
+    st.following = st.quorate = 1
+    n = ffi.new("size_t *")
+    packed = [(cert._origin(msg.origin), msg.origin == "n1", msg.ticket, msg.writeset) for msg, _ in msgs]
+    writeset, take, purge, dropped = lib.ch_order_writeset, lib.ch_order_take, lib.ch_cert_purge, ffi.new("size_t *")
+    applied = []
+    t0 = time.perf_counter()
+    for origin, local, ticket, buf in packed:
+        writeset(o, origin, local, 1, ticket, ticket, buf, len(buf), ffi.NULL, ffi.NULL)
+        out = take(o, n)
+        applied.append(sum(1 for i in range(n[0]) if out[i].kind == 4))
+        if st.gid % 1000 == 0 and st.gid > 2000:
+            purge(cert._c, st.gid - 2000, dropped)
+    elapsed = time.perf_counter() - t0
+    lib.ch_order_free(o)
+    return elapsed, applied
+
+
 def best(repeat: int, f: Callable[[], tuple[float, Any]]) -> tuple[float, Any]:
     results = [f() for _ in range(repeat)]
     return min(r[0] for r in results), results[0][1]
@@ -216,6 +283,24 @@ def main() -> int:
         us = {name: t / args.count * 1e6 for name, t in times.items()}
         print(f"{op:<10}" + "".join(f"{us[name]:>10.2f}" for name in names)
               + f"{us['python'] / us['c']:>9.1f}x{us['python'] / us['c raw']:>11.1f}x")
+    from chorus.certifier import Certifier
+    from chorus.dataplane.order import OrderCore
+
+    msgs = order_stream(ws)
+    cores: dict[str, Callable[[], Any]] = {
+        "python": lambda: OrderCore("n1", _Online(), Certifier(), lambda g, o: False),
+        "c": lambda: native.NativeOrderCore("n1", _Online(), native.NativeCertifier(), lambda g, o: False)}
+    times, outputs = {}, {}
+    for name, make in cores.items():
+        times[name], outputs[name] = best(args.repeat, lambda: run_order(make, msgs))
+    times["c raw"], outputs["c raw"] = best(args.repeat, lambda: run_order_raw(msgs))
+    if len({repr(o) for o in outputs.values()}) != 1:
+        print("order: the implementations disagree", file=sys.stderr)
+        return 1
+    us = {name: t / args.count * 1e6 for name, t in times.items()}
+    print(f"{'order':<10}{us['python']:>10.2f}{'':>10}{us['c']:>10.2f}{us['c raw']:>10.2f}"
+          f"{us['python'] / us['c']:>9.1f}x{us['python'] / us['c raw']:>11.1f}x   (python: OrderCore with the "
+          f"{'Cython' if Certifier.__module__.endswith('_ccert') else 'Python'} certifier)")
     return 0
 
 

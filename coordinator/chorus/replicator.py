@@ -80,7 +80,7 @@ class Replicator:
                  records: Optional[dict[str, MemberRecord]] = None, holding: Optional[Callable[[], Holding]] = None,
                  history: int = 20000, clock: Callable[[], float] = time.time,
                  certifiers: Optional[CertifierClass] = None, speaks: bp.RangeT = bp.SPEAKS,
-                 config: Optional[ClusterConfig] = None) -> None:
+                 config: Optional[ClusterConfig] = None, orders: Optional[Callable[..., OrderCore]] = None) -> None:
         self.node = node
         self.cluster_uuid = cluster_uuid  # "" until the node has joined a cluster
         self.last_gid = last_gid  # durable committed GID of the local database at start
@@ -106,7 +106,8 @@ class Replicator:
         self.certifiers: CertifierClass = certifiers if certifiers is not None else Certifier
         # The total order's state and what every writeset goes through (dataplane/order.py): this
         # class decides the rest, and tells the order core what it decided.
-        self.order = OrderCore(node, self.membership, self.certifiers(), self._open_round, clock)
+        # (``orders``: another implementation of it, the differential tests' C one; OrderCore unless told)
+        self.order = (orders or OrderCore)(node, self.membership, self.certifiers(), self._open_round, clock)
         self.phase = Phase.CONNECTING
         self.quorate = False
         self.local_member = ""

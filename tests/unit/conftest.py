@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,10 @@ def native_core(tmp_path_factory: pytest.TempPathFactory) -> None:
         if not native.available():
             pytest.skip(f"the data plane's C core cannot be built here: {why}")
         return
-    path = build.compile_into(tmp_path_factory.mktemp("native"))
+    # CHORUS_NATIVE_SANITIZE=1: built with AddressSanitizer, for a run under
+    # LD_PRELOAD=$(gcc -print-file-name=libasan.so) PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0
+    path = build.compile_into(tmp_path_factory.mktemp("native"),
+                              sanitize=os.environ.get("CHORUS_NATIVE_SANITIZE") == "1")
     spec = importlib.util.spec_from_file_location("chorus.dataplane._native", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

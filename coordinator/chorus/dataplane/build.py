@@ -7,7 +7,9 @@ file (``python coordinator/chorus/dataplane/build.py``); the unit tests and the 
 build it into a directory of their own with :func:`compile_into` when it is not.
 
 The cdef is ``native/ch_core.h`` itself with its preprocessor lines dropped, so the header and the
-binding cannot drift; the one addition is the callback the scheduler's ``fits`` goes through.
+binding cannot drift; the additions are the callbacks the scheduler's ``fits`` and the order core's
+schema-change round go through. The extension's writeset reader (``extension/chorus_wsread.c``) is
+compiled in from ``extension/``.
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ from cffi import FFI  # type: ignore[import-untyped]
 
 HERE = Path(__file__).resolve().parent
 NATIVE = HERE / "native"
-EXTENSION = HERE.parents[2] / "extension"  # chorus_wire.h: the key modes
-SOURCES = ("mem.c", "cert.c", "sched.c")
+EXTENSION = HERE.parents[2] / "extension"  # chorus_wire.h (the constants), chorus_wsread.c (the reader)
+SOURCES = ("mem.c", "cert.c", "sched.c", "blake2b.c", "scan.c", "order.c", "text.c")
+# the extension's writeset reader, compiled in (not copied): one reader of the format in C
+EXTENSION_SOURCES = ("chorus_wsread.c",)
 MODULE = "chorus.dataplane._native"
 
-# the scheduler calls ``fits`` through this (dataplane/native.py defines it)
-CALLBACKS = 'extern "Python" int ch_py_fits(void *, const uint64_t *, size_t);'
+# the scheduler calls ``fits``, the order core the control plane's schema-change round, through
+# these (dataplane/native.py defines them)
+CALLBACKS = ('extern "Python" int ch_py_fits(void *, const uint64_t *, size_t);\n'
+             'extern "Python" int ch_py_round(void *, uint64_t, uint32_t);')
 
 
 def cdef() -> str:
@@ -35,19 +41,23 @@ def cdef() -> str:
     return "\n".join(line for line in lines if not line.lstrip().startswith("#")) + "\n" + CALLBACKS
 
 
-def builder() -> FFI:
+def builder(sanitize: bool = False) -> FFI:
+    """The module's builder; ``sanitize``: compiled with AddressSanitizer (the tests' overread
+    check, which loads it into an interpreter started with libasan preloaded)."""
     ffi = FFI()
+    extra = ["-fsanitize=address", "-fno-omit-frame-pointer", "-O1", "-g"] if sanitize else []
     ffi.cdef(cdef())
     ffi.set_source(MODULE, '#include "ch_core.h"\n',
-                   sources=[str(NATIVE / s) for s in SOURCES],
+                   sources=[str(NATIVE / s) for s in SOURCES] + [str(EXTENSION / s) for s in EXTENSION_SOURCES],
                    include_dirs=[str(NATIVE), str(EXTENSION)],
-                   extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra"])
+                   extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", *extra],
+                   extra_link_args=["-fsanitize=address"] if sanitize else [])
     return ffi
 
 
-def compile_into(directory: Path) -> Path:
+def compile_into(directory: Path, sanitize: bool = False) -> Path:
     """Build the module under ``directory`` (its work files too); the path of the built module."""
-    return Path(builder().compile(tmpdir=str(directory)))
+    return Path(builder(sanitize).compile(tmpdir=str(directory)))
 
 
 def compile_in_place() -> Path:

@@ -1,9 +1,11 @@
 """The data plane's native core, bound with cffi (docs/NATIVE.md section 3). What exists of it so
-far, the first piece of step 1: :class:`NativeCertifier` (``native/cert.c``) and
-:class:`NativeScheduler` (``native/sched.c``). Each has the interface of its Python reference
-(certifier.PyCertifier, commit/scheduler.PyScheduler) and gives the same outputs for the same
-calls (tests/unit/test_dataplane_cert.py, test_dataplane_sched.py). Nothing on the coordinator's
-path uses them yet. In the engine of the later steps they are reached from C, not through these
+far, step 1's first pieces: :class:`NativeCertifier` (``native/cert.c``), :class:`NativeScheduler`
+(``native/sched.c``), :func:`scan` (``native/scan.c`` with the extension's reader) and
+:class:`NativeOrderCore` (``native/order.c``). Each has the interface of its Python reference
+(certifier.PyCertifier, commit/scheduler.PyScheduler, wire.scan's keys and header,
+dataplane/order.OrderCore) and gives the same outputs for the same calls
+(tests/unit/test_dataplane_cert.py, test_dataplane_sched.py, test_dataplane_scan.py,
+test_dataplane_order.py). Nothing on the coordinator's path uses them yet. In the engine of the later steps they are reached from C, not through these
 classes. The classes are here for the differential tests, the micro-benchmark
 (bench/dataplane_micro.py), and Python callers that want the C index.
 
@@ -25,21 +27,35 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence
 
+from chorus import wire
+from chorus.actions import Action, Apply, DdlOutcome, LocalVerdict, Send
+from chorus.bus import Votes, bus_node
+from chorus.bus import proto as bp
 from chorus.certifier import OK, Verdict
+from chorus.dataplane.order import CONFLICT_HISTORY, Conflict, LocalWritesets, unstable_entry
+from chorus.link import position as link_position
+from chorus.outcomes import Outcome, OutcomeIndex
+from chorus.spool import SpooledBuffer
 from chorus.wire import Key, KeyMode
 
 # Each object's byte budget (ch_core.h): past it an operation fails with MemoryError and changes
 # nothing. Large enough not to bind in practice, bounded so a runaway backlog fails cleanly.
 DEFAULT_BYTES = 8 << 30
 
-_CH_EINVAL, _CH_EFULL, _CH_ENOMEM, _CH_ESTATE, _CH_ECALLBACK = -1, -2, -3, -4, -5
+_CH_EINVAL, _CH_EFULL, _CH_ENOMEM, _CH_ESTATE, _CH_ECALLBACK, _CH_EWIRE = -1, -2, -3, -4, -5, -6
 _CERT_OK, _CERT_TOO_OLD = 0, 1
 _MAX_COUNT = 1 << 62  # limits beyond any queue, clamped to fit size_t
 
 _mod: Any = None
+
+log = logging.getLogger("chorus.replicator")  # the order core's log lines, as order.py writes them
 
 
 def use(module: ModuleType) -> None:
@@ -47,6 +63,15 @@ def use(module: ModuleType) -> None:
     global _mod
     if _mod is module:
         return
+
+    @module.ffi.def_extern(name="ch_py_round")  # type: ignore[untyped-decorator]
+    def _round(arg: Any, gid: int, origin: int) -> int:
+        core: NativeOrderCore = module.ffi.from_handle(arg)
+        try:
+            return 1 if core.open_round(gid, core._cert._names[origin]) else 0
+        except BaseException as e:  # raised again by the call, as OrderCore would let it through
+            core._error = e
+            return -1
 
     @module.ffi.def_extern(name="ch_py_fits")  # type: ignore[untyped-decorator]
     def _fits(arg: Any, run: Any, n: int) -> int:
@@ -146,17 +171,7 @@ class NativeCertifier:
         digests, modes = _packed(ks)
         _check(self._lib.ch_cert_certify(self._c, gid, self._origin(origin), last_seen, digests, modes, len(ks),
                                          self._v))
-        v = self._v
-        if v.kind == _CERT_OK:
-            return OK
-        if v.kind == _CERT_TOO_OLD:
-            return Verdict(False, f"snapshot too old: the transaction saw GID {last_seen}, "
-                                  f"certification history starts at GID {self.horizon}")
-        k, other_gid, other_origin = ks[v.key], int(v.gid), self._names[v.origin]
-        by = (f"the schema change GID {other_gid} from node {other_origin} altered it"
-              if v.schema else f"GID {other_gid} from node {other_origin} wrote it")
-        return Verdict(False, f"certification conflict on {k.describe()}: {by} after this "
-                              f"transaction's snapshot (last seen GID {last_seen})", other_gid, other_origin, k)
+        return _verdict(self._v, ks, last_seen, self.horizon, self._names)
 
     def record(self, gid: int, origin: str, keys: Iterable[Key]) -> None:
         """Index the keys of schema change ``gid`` without certifying it (PyCertifier.record)."""
@@ -218,6 +233,20 @@ class NativeCertifier:
         for g in obj.get("schema", ()):
             _check(c._lib.ch_cert_load_schema(c._c, int(g)))
         return c
+
+
+def _verdict(v: Any, keys: Sequence[Key], last_seen: int, horizon: int, names: list[str]) -> Verdict:
+    """A ``ch_cert_verdict`` worded as PyCertifier.certify words its verdict."""
+    if v.kind == _CERT_OK:
+        return OK
+    if v.kind == _CERT_TOO_OLD:
+        return Verdict(False, f"snapshot too old: the transaction saw GID {last_seen}, "
+                              f"certification history starts at GID {horizon}")
+    k, other_gid, other_origin = keys[v.key], int(v.gid), names[v.origin]
+    by = (f"the schema change GID {other_gid} from node {other_origin} altered it"
+          if v.schema else f"GID {other_gid} from node {other_origin} wrote it")
+    return Verdict(False, f"certification conflict on {k.describe()}: {by} after this "
+                          f"transaction's snapshot (last seen GID {last_seen})", other_gid, other_origin, k)
 
 
 def _digest16(d: bytes) -> bytes:
@@ -366,3 +395,480 @@ class NativeScheduler:
         self._grow(n)
         self._lib.ch_sched_pending(self._s, self._out, self._cap)
         return list(self._ffi.unpack(self._out, n))
+
+
+# ---- the writeset scan (native/scan.c) -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Scanned:
+    """What ``native/scan.c`` reads of a writeset: the header's fields, the counts, and the keys
+    (mode, parts and digest, as wire.scan makes them)."""
+
+    xid: int
+    pid: int
+    last_seen: int
+    flags: int
+    encoding: int
+    ntables: int
+    nrows: int
+    nschema: int
+    keys: tuple[Key, ...]
+
+
+class ScanError(wire.WireError):
+    """A writeset ``native/scan.c`` refused: ``rule`` names the rule of wire.RULES it breaks
+    (the C reader's failure, extension/chorus_wsread.h), at byte ``pos``."""
+
+    def __init__(self, rule: str, pos: int, value: int, expected: int) -> None:
+        super().__init__(f"{rule} at byte {pos} (value {value}, expected {expected})")
+        self.rule, self.pos, self.value, self.expected = rule, pos, value, expected
+
+
+def _key_parts(buf: Any, off: int, nparts: int) -> tuple[bytes, ...]:
+    parts, pos = [], off
+    for _ in range(nparts):
+        n = int.from_bytes(buf[pos:pos + 4], "big")
+        parts.append(bytes(buf[pos + 4:pos + 4 + n]))
+        pos += 4 + n
+    return tuple(parts)
+
+
+def scan(buf: Any) -> Scanned:
+    """Scan writeset bytes (or a buffer: a spooled writeset's view) with the C core; a
+    :class:`ScanError` if they are malformed."""
+    m = _lib()
+    ffi, lib = m.ffi, m.lib
+    view = memoryview(buf).cast("B")
+    info = ffi.new("ch_scan_info *")
+    data = ffi.from_buffer(view)
+    cap = 16
+    keys = ffi.new("ch_scan_key[]", cap)
+    rc = lib.ch_scan(data, len(view), info, keys, cap)
+    if rc == _CH_EFULL:
+        cap = info.nkeys
+        keys = ffi.new("ch_scan_key[]", cap)
+        rc = lib.ch_scan(data, len(view), info, keys, cap)
+    if rc == _CH_EWIRE:
+        raise ScanError(wire.RULES[info.err - 1].name, int(info.err_pos), int(info.err_value), int(info.err_expected))
+    _check(rc)
+    ks = tuple(Key(wire.KeyMode(k.mode), _key_parts(view, k.off, k.nparts), ffi.buffer(k.digest)[:])
+               for k in keys[0:info.nkeys])
+    return Scanned(int(info.xid), int(info.pid), int(info.last_seen), int(info.flags), int(info.encoding),
+                   int(info.ntables), int(info.nrows), int(info.nschema), ks)
+
+
+def blake2b(data: bytes, size: int = 16) -> bytes:
+    """BLAKE2b of ``data`` with a digest of ``size`` bytes (native/blake2b.c)."""
+    m = _lib()
+    out = m.ffi.new("uint8_t[]", size)
+    m.lib.ch_blake2b(data, len(data), out, size)
+    return bytes(m.ffi.buffer(out))
+
+
+def describe_key(parts: Sequence[bytes]) -> str:
+    """wire.Key.describe of a key with these parts, worded in C (native/text.c)."""
+    m = _lib()
+    encoded = b"".join(len(p).to_bytes(4, "big") + p for p in parts)
+    out = m.ffi.new("char[]", 256)
+    n = m.lib.ch_key_describe(encoded, len(encoded), len(parts), out, 256)
+    if n > 256:
+        out = m.ffi.new("char[]", n)
+        m.lib.ch_key_describe(encoded, len(encoded), len(parts), out, n)
+    if n == 0:
+        raise ValueError("a key has 1 part or more")
+    return bytes(m.ffi.buffer(out, n)).decode("utf-8")
+
+
+# ---- the order core (native/order.c) ----------------------------------------------------------------
+
+_OUT_LEFT, _OUT_MALFORMED, _OUT_CERTIFIED, _OUT_RELEASE, _OUT_RECEIVED, _OUT_UNKNOWN, _OUT_DDL = range(1, 8)
+
+
+class _Field:
+    """A field of a C struct an object holds (``where``: the attribute holding it), read and
+    written in place: a counter of ``ch_order_stats`` or a flag of ``ch_order_state``."""
+
+    def __init__(self, where: str, flag: bool = False, field: str = "") -> None:
+        self.where, self.flag, self.name = where, flag, field
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = self.name or name
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        value = getattr(getattr(obj, self.where), self.name)
+        return bool(value) if self.flag else int(value)
+
+    def __set__(self, obj: Any, value: int) -> None:
+        setattr(getattr(obj, self.where), self.name, value)
+
+
+class NativeStats:
+    """order.Stats over the C order core's counters (the control plane adds to ``malformed``
+    too); ``failures_by_table`` stays here, with the texts."""
+
+    delivered = _Field("_s")
+    certified = _Field("_s")
+    cert_failures = _Field("_s")
+    local_certified = _Field("_s")
+    local_failed = _Field("_s")
+    remote_certified = _Field("_s")
+    malformed = _Field("_s")
+
+    def __init__(self, s: Any) -> None:
+        self._s = s
+        self.failures_by_table: dict[str, int] = {}
+
+    def as_dict(self) -> dict[str, Any]:
+        """As dataclasses.asdict gives order.Stats."""
+        return {"delivered": self.delivered, "certified": self.certified, "cert_failures": self.cert_failures,
+                "local_certified": self.local_certified, "local_failed": self.local_failed,
+                "remote_certified": self.remote_certified, "malformed": self.malformed,
+                "failures_by_table": dict(self.failures_by_table)}
+
+
+class _Ref:
+    """A writeset the C order core holds by handle: its message, its scan (the backend's, for a
+    local one; made when an action needs it, for a remote one), or the action it was installed as."""
+
+    __slots__ = ("msg", "ws", "action")
+
+    def __init__(self, msg: "bp.WritesetMsg | bp.LinkWriteset | None", ws: Optional[wire.Writeset],
+                 action: Optional[Action] = None) -> None:
+        self.msg, self.ws, self.action = msg, ws, action
+
+    def writeset(self) -> wire.Writeset:
+        if self.ws is None:
+            assert self.msg is not None
+            self.ws = wire.scan(self.msg.writeset)
+        return self.ws
+
+
+def _raw(ws: wire.Writeset) -> Any:
+    return ws.raw if len(ws.raw) else wire.encode(ws)
+
+
+class NativeOrderCore(LocalWritesets):
+    """dataplane/order.py's OrderCore with its state and decisions in C (native/order.c): GIDs,
+    the scan, certification on the C index, the deferral behind an open schema change, uniform
+    commit's hold, release and reports, the counters, leaving and installing. Same interface,
+    same actions for the same calls (tests/unit/test_dataplane_order.py).
+
+    Kept here, beside the Python objects the actions carry: the local writesets the backends
+    scanned (``expect_local``: C scans them again from their bytes when they are delivered), the
+    texts (reasons, ``conflicts``, the ``outcomes`` index), node names, and the control plane's
+    facts read at each call (whether a writeset's origin is online; the members' join GIDs, pushed
+    to C when they changed).
+
+    ``certifier``
+    must be a :class:`NativeCertifier` to be shared with C; another implementation's index is
+    copied into one (through its snapshot) when given to the constructor or ``install``."""
+
+    def __init__(self, node: str, membership: Any, certifier: Any, open_round: Callable[[int, str], bool],
+                 clock: Callable[[], float] = time.time, max_bytes: int = DEFAULT_BYTES) -> None:
+        m = _lib()
+        self._ffi, self._lib = m.ffi, m.lib
+        self.node = node
+        self.membership = membership
+        self.open_round = open_round
+        self.clock = clock
+        self._cert = self._adopt(certifier)
+        self._mem = self._ffi.new("uint64_t[]", (self._lib.ch_order_size() + 7) // 8)
+        self._o = self._ffi.cast("ch_order *", self._mem)
+        _check(self._lib.ch_order_init(self._o, self._cert._c, max_bytes))
+        self._live = True
+        self._st = self._lib.ch_order_view(self._o)
+        self._n = self._ffi.new("size_t *")
+        self._handle = self._ffi.new_handle(self)
+        self._error: Optional[BaseException] = None
+        self._refs: dict[int, _Ref] = {}
+        self._next_ref = 0
+        self._local_scanned: dict[int, wire.Writeset] = {}
+        self._buses = {"": 0}  # bus node -> id (0: "")
+        self._bus_names = [""]
+        self._joined: dict[str, int] = {}
+        self._votes = Votes()
+        self._local_member = ""
+        self.stats = NativeStats(self._st.stats)
+        self.conflicts: deque[Conflict] = deque(maxlen=CONFLICT_HISTORY)
+        self.outcomes = OutcomeIndex()
+        self.catching_up = False
+        self.will_hold = 0
+
+    def __del__(self) -> None:
+        if getattr(self, "_live", False):
+            self._live = False
+            self._lib.ch_order_free(self._o)
+
+    @staticmethod
+    def _adopt(certifier: Any) -> "NativeCertifier":
+        if isinstance(certifier, NativeCertifier):
+            return certifier
+        return NativeCertifier.restore(certifier.snapshot())
+
+    def _bus(self, name: str) -> int:
+        i = self._buses.get(name)
+        if i is None:
+            i = self._buses[name] = len(self._bus_names)
+            self._bus_names.append(name)
+        return i
+
+    def _sync(self) -> None:
+        """The members' join GIDs, pushed to C when they changed (SET_STATE's part)."""
+        joined = self.membership.joined_at
+        if joined != self._joined:
+            self._joined = dict(joined)
+            nodes = [self._bus(n) for n in self._joined]
+            _check(self._lib.ch_order_set_joined(self._o, nodes, list(self._joined.values()), len(nodes)))
+
+    def _done(self, rc: int) -> None:
+        if rc == _CH_ECALLBACK and self._error is not None:
+            e, self._error = self._error, None
+            raise e
+        _check(rc)
+
+    def _new_ref(self, ref: _Ref) -> int:
+        self._next_ref += 1
+        self._refs[self._next_ref] = ref
+        return self._next_ref
+
+    def _released(self, r: Any, ref: _Ref) -> Action:
+        """The action of a held writeset, released or listed."""
+        if ref.action is not None:
+            return ref.action
+        if r.local:
+            return LocalVerdict(int(r.ticket), True, int(r.gid), int(r.prev), "", ref.writeset(), settle=bool(r.settle))
+        link = ref.msg if r.link and isinstance(ref.msg, bp.LinkWriteset) else None
+        return Apply(int(r.gid), int(r.prev), self._cert._names[r.origin], ref.writeset(), settle=bool(r.settle),
+                     link=link)
+
+    def _actions(self, ddl: Optional[tuple[bool, str, Optional[wire.Writeset]]] = None) -> list[Action]:
+        """The C core's outputs of the last call, as OrderCore's actions."""
+        p = self._lib.ch_order_take(self._o, self._n)
+        names = self._cert._names
+        out: list[Action] = []
+        for i in range(self._n[0]):
+            r = p[i]
+            kind = r.kind
+            if kind == _OUT_RELEASE:
+                out.append(self._released(r, self._refs.pop(r.ref)))
+            elif kind == _OUT_CERTIFIED and r.link:
+                if r.v.kind != _CERT_OK:  # nothing certified lies between gid - 1 and gid: only a bug gets here
+                    ref = self._refs.pop(r.ref)
+                    v = _verdict(r.v, ref.writeset().keys, int(r.last_seen), self._cert.horizon, names)
+                    assert isinstance(ref.msg, bp.LinkWriteset)
+                    log.error("link writeset GID %d of link %s failed certification: %s", r.gid, ref.msg.link,
+                              v.reason)
+            elif kind == _OUT_CERTIFIED:
+                origin = names[r.origin]
+                if r.v.kind == _CERT_OK:
+                    self.outcomes.record(origin, r.xid, Outcome(int(r.gid), True, ""))
+                    continue
+                ws = self._refs.pop(r.ref).writeset()
+                v = _verdict(r.v, ws.keys, int(r.last_seen), self._cert.horizon, names)
+                self.outcomes.record(origin, ws.xid, Outcome(int(r.gid), False, v.reason))
+                c = Conflict.of(self.clock(), int(r.gid), origin, ws, v)
+                self.conflicts.append(c)
+                where = f"{c.schema}.{c.table}" if c.table else ""
+                self.stats.failures_by_table[where] = self.stats.failures_by_table.get(where, 0) + 1
+                if r.local:
+                    out.append(LocalVerdict(int(r.ticket), False, int(r.gid), 0, v.reason, ws))
+            elif kind == _OUT_LEFT:
+                out.append(LocalVerdict(int(r.ticket), False, 0, 0, "this node left the primary component", None))
+            elif kind == _OUT_MALFORMED:
+                ref = self._refs.pop(r.ref)
+                if r.link:
+                    assert isinstance(ref.msg, bp.LinkWriteset)
+                    why = "a link writeset carries no schema change"
+                    try:
+                        wire.scan(ref.msg.writeset)
+                    except wire.WireError as e:
+                        why = str(e)
+                    log.warning("link writeset of link %s (peer GID %d) from %s refused: %s", ref.msg.link,
+                                ref.msg.peer_gid, ref.msg.node, why)
+                if not r.local:
+                    continue
+                if ref.ws is not None or ref.msg is None:
+                    raise RuntimeError("the C scan refused a writeset the coordinator's reader accepted")
+                try:
+                    wire.scan(ref.msg.writeset)
+                except wire.WireError as e:
+                    out.append(LocalVerdict(int(r.ticket), False, int(r.gid), 0, f"malformed writeset: {e}", None))
+                else:
+                    raise RuntimeError(f"the C scan refused a writeset the coordinator's reader accepted "
+                                       f"({wire.RULES[r.scan_err - 1].name})")
+            elif kind == _OUT_RECEIVED:
+                out.append(Send(bp.Received(self.node, int(r.gid))))
+            elif kind == _OUT_UNKNOWN:
+                gid = int(r.gid)
+                self._local_scanned.pop(int(r.ticket), None)
+                out.append(LocalVerdict(int(r.ticket), False, gid, 0,
+                                        f"this node left the primary component before GID {gid} was known to a "
+                                        "quorum of nodes: whether it committed will be known when the node rejoins",
+                                        None, unknown=True))
+            elif kind == _OUT_DDL:
+                assert ddl is not None
+                ok, error, content = ddl
+                out.append(DdlOutcome(int(r.gid), ok, error, content if ok else None, bool(r.settle)))
+        return out
+
+    # ---- what the control plane sets and reads ------------------------------------------------
+
+    following = _Field("_st", flag=True)  # the node follows the total order
+    quorate = _Field("_st", flag=True)
+    gid = _Field("_st")  # the last GID given
+    last_certified = _Field("_st")
+    released = _Field("_st")
+    deferred_count = _Field("_st", field="deferred")  # waiting for a schema change's outcome
+    held_count = _Field("_st", field="held")  # certified, waiting for a quorum
+
+    @property
+    def local_member(self) -> str:
+        return self._local_member
+
+    @local_member.setter
+    def local_member(self, member: str) -> None:
+        self._local_member = member
+        self._st.own = self._bus(bus_node(member))
+
+    @property
+    def votes(self) -> Votes:
+        return self._votes
+
+    @votes.setter
+    def votes(self, votes: Votes) -> None:
+        self._votes = votes
+        self._lib.ch_order_set_votes(self._o, votes.quorum, votes.expected, self._bus(votes.tie_breaker))
+
+    @property
+    def certifier(self) -> "NativeCertifier":
+        return self._cert
+
+    @property
+    def ddl_open(self) -> dict[int, str]:
+        n = int(self._st.ddl_open)
+        gids, origins = self._ffi.new("uint64_t[]", n), self._ffi.new("uint32_t[]", n)
+        self._lib.ch_order_ddl_open(self._o, gids, origins, n)
+        return {int(gids[i]): self._cert._names[origins[i]] for i in range(n)}
+
+    @property
+    def received(self) -> dict[str, int]:
+        n = self._lib.ch_order_received_nodes(self._o, self._ffi.NULL, self._ffi.NULL, 0)
+        nodes, gids = self._ffi.new("uint32_t[]", n), self._ffi.new("uint64_t[]", n)
+        self._lib.ch_order_received_nodes(self._o, nodes, gids, n)
+        return {self._bus_names[nodes[i]]: int(gids[i]) for i in range(n)}
+
+    @property
+    def nbytes(self) -> int:
+        """What the order core holds in C, in bytes (the index's apart)."""
+        return int(self._lib.ch_order_bytes(self._o))
+
+    # ---- the total order ------------------------------------------------------------------------
+
+    def writeset(self, msg: bp.WritesetMsg) -> list[Action]:
+        """A writeset delivered in total order (OrderCore.writeset)."""
+        local = msg.origin == self.node
+        cached = self._local_scanned.pop(msg.ticket, None) if local else None
+        online = msg.origin in self.membership.online
+        self._sync()
+        buf = _raw(cached) if cached is not None else msg.writeset
+        if isinstance(buf, SpooledBuffer):
+            buf = buf.view
+        before = self._st.gid
+        ref = self._new_ref(_Ref(msg, cached))
+        rc = self._lib.ch_order_writeset(self._o, self._cert._origin(msg.origin), local, online, msg.ticket, ref,
+                                         self._ffi.from_buffer(buf), len(buf), self._lib.ch_py_round, self._handle)
+        if self._st.gid == before:
+            del self._refs[ref]
+        else:
+            self.outcomes.seen(int(self._st.gid))
+        self._done(rc)
+        return self._actions()
+
+    def link_writeset(self, msg: bp.LinkWriteset) -> list[Action]:
+        """A peer site's transaction sent on by this site's receiver (OrderCore.link_writeset)."""
+        online = msg.node in self.membership.online
+        self._sync()
+        buf = msg.writeset
+        before = self._st.gid
+        ref = self._new_ref(_Ref(msg, None))
+        rc = self._lib.ch_order_link_writeset(self._o, self._cert._origin(link_position.origin(msg.link)), online,
+                                              ref, self._ffi.from_buffer(buf), len(buf))
+        if self._st.gid == before:
+            del self._refs[ref]
+        else:
+            self.outcomes.seen(int(self._st.gid))
+        self._done(rc)
+        return self._actions()
+
+    def ddl_settled(self, gid: int, ok: bool, error: str, content: Optional[wire.Writeset] = None) -> list[Action]:
+        """Schema change ``gid``'s outcome is known (OrderCore.ddl_settled)."""
+        self._sync()
+        keys = list(content.keys) if content is not None else []
+        digests, modes = _packed(keys)
+        rc = self._lib.ch_order_ddl_settled(self._o, gid, ok, content is not None, digests, modes, len(keys),
+                                            self._lib.ch_py_round, self._handle)
+        if rc == _CH_ESTATE:
+            raise KeyError(gid)
+        self._done(rc)
+        return self._actions((ok, error, content))
+
+    def purge(self, low: int, history: int) -> None:
+        self._cert.purge(low - history)
+
+    # ---- uniform commit -------------------------------------------------------------------------
+
+    def release(self) -> list[Action]:
+        self._sync()
+        self._done(self._lib.ch_order_release(self._o))
+        return self._actions()
+
+    def received_report(self, sender: str, msg: bp.Received, in_view: bool) -> list[Action]:
+        self._sync()
+        own = msg.node == self.node and sender == self._local_member
+        self._done(self._lib.ch_order_received(self._o, self._bus(bus_node(sender)), msg.gid, own, in_view))
+        return self._actions()
+
+    def tick(self) -> list[Action]:
+        self._sync()
+        self._done(self._lib.ch_order_tick(self._o))
+        return self._actions()
+
+    def view_changed(self, votes: Votes) -> None:
+        self._votes = votes
+        self._lib.ch_order_view_changed(self._o, votes.quorum, votes.expected, self._bus(votes.tie_breaker))
+
+    # ---- the control plane's primitives --------------------------------------------------------
+
+    def install(self, gid: int, certified: int, released: int, unstable: list[tuple[int, Action]],
+                certifier: Any) -> None:
+        cert = self._adopt(certifier)
+        recs = self._ffi.new("ch_order_out[]", max(len(unstable), 1))
+        refs: dict[int, _Ref] = {}
+        for i, (g, a) in enumerate(unstable):
+            r = recs[i]
+            r.gid = g
+            self._next_ref += 1
+            refs[self._next_ref] = _Ref(None, None, a)
+            r.ref = self._next_ref
+            if isinstance(a, LocalVerdict):
+                r.local, r.ticket, r.prev, r.settle = 1, a.ticket, a.prev, a.settle
+            else:
+                assert isinstance(a, Apply)
+                r.origin, r.prev, r.settle, r.link = cert._origin(a.origin), a.prev, a.settle, a.link is not None
+        _check(self._lib.ch_order_install(self._o, cert._c, gid, certified, released, recs, len(unstable)))
+        self._cert, self._refs = cert, refs
+
+    def unstable_entries(self, version: int = bp.VERSION) -> tuple[tuple[int, int, str, bytes], ...]:
+        n = self._lib.ch_order_unstable(self._o, self._ffi.NULL, 0)
+        recs = self._ffi.new("ch_order_out[]", max(n, 1))
+        self._lib.ch_order_unstable(self._o, recs, n)
+        return tuple(unstable_entry(self.node, int(recs[i].gid), self._released(recs[i], self._refs[recs[i].ref]),
+                                    version) for i in range(n))
+
+    def leave(self) -> list[Action]:
+        self.will_hold = self.released if not self.catching_up else 0
+        self.catching_up = False
+        self._done(self._lib.ch_order_leave(self._o))
+        out = self._actions()
+        self._refs.clear()
+        return out

@@ -1,3 +1,4 @@
+# NOTE FROM THE INTEGRATOR TO THE HELPER (delete these lines before you commit this file): read /work/helper-common.md now: HARD DEADLINE 06:25 UTC for your last commit, then report; own .venv in your worktree; never run scripts/setup.sh or scripts/test.sh; install the extension only into your PGCOPY; nice + timeout tests; stop processes by pid only.
 """The order core: the part of the replicator every writeset goes through (docs/NATIVE.md 2.6).
 
 It numbers the writesets delivered in total order (GIDs, seed 7.1), certifies them (seed 6),
@@ -102,7 +103,37 @@ def unstable_entry(node: str, gid: int, a: Action, version: int = bp.VERSION) ->
 OpenRound = Callable[[int, str], bool]
 
 
-class OrderCore:
+class LocalWritesets:
+    """The local writesets the backends scanned, by ticket, until they are delivered back: the
+    order core's, in both implementations (the C one keeps them beside its Python objects)."""
+
+    node: str
+    _local_scanned: dict[int, wire.Writeset]
+
+    def expect_local(self, ticket: int, writeset: wire.Writeset) -> None:
+        """A local backend's writeset, scanned, goes to the bus with ``ticket``: when it is
+        delivered back it is not parsed again."""
+        self._local_scanned[ticket] = writeset
+
+    def forget_local(self, ticket: int) -> None:
+        """The writeset of ``ticket`` never reached the bus."""
+        self._local_scanned.pop(ticket, None)
+
+    def local_in_flight(self) -> list[wire.Writeset]:
+        """This node's writesets sent for ordering and not delivered back yet."""
+        return list(self._local_scanned.values())
+
+    def refuse_own(self, msg: bp.Message) -> list[Action]:
+        """This node's writesets in ``msg``, delivered where it was not a member: refused."""
+        own = [msg] if isinstance(msg, bp.WritesetMsg) else (
+            msg.messages() if isinstance(msg, bp.WritesetBatch) else [])
+        mine = [m for m in own if m.origin == self.node]
+        for m in mine:
+            self._local_scanned.pop(m.ticket, None)
+        return [LocalVerdict(m.ticket, False, 0, 0, "this node is not online", None) for m in mine]
+
+
+class OrderCore(LocalWritesets):
     def __init__(self, node: str, membership: Membership, certifier: CertificationIndex, open_round: OpenRound,
                  clock: Callable[[], float] = time.time) -> None:
         self.node = node
@@ -144,30 +175,6 @@ class OrderCore:
         # applied; released ones are admitted (and so will be held by the database) only after that.
         self.catching_up = False
         self.will_hold = 0  # the last GID released to be admitted when the node left the primary component
-
-    # ---- local writesets ---------------------------------------------------------------------
-
-    def expect_local(self, ticket: int, writeset: wire.Writeset) -> None:
-        """A local backend's writeset, scanned, goes to the bus with ``ticket``: when it is
-        delivered back it is not parsed again."""
-        self._local_scanned[ticket] = writeset
-
-    def forget_local(self, ticket: int) -> None:
-        """The writeset of ``ticket`` never reached the bus."""
-        self._local_scanned.pop(ticket, None)
-
-    def local_in_flight(self) -> list[wire.Writeset]:
-        """This node's writesets sent for ordering and not delivered back yet."""
-        return list(self._local_scanned.values())
-
-    def refuse_own(self, msg: bp.Message) -> list[Action]:
-        """This node's writesets in ``msg``, delivered where it was not a member: refused."""
-        own = [msg] if isinstance(msg, bp.WritesetMsg) else (
-            msg.messages() if isinstance(msg, bp.WritesetBatch) else [])
-        mine = [m for m in own if m.origin == self.node]
-        for m in mine:
-            self._local_scanned.pop(m.ticket, None)
-        return [LocalVerdict(m.ticket, False, 0, 0, "this node is not online", None) for m in mine]
 
     # ---- the total order -----------------------------------------------------------------------
 

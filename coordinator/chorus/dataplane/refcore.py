@@ -142,13 +142,15 @@ class RefCore:
     each action: (process alive, database up, a catch-up holds the live stream); a change is fed
     as an event (``STOPPED``, ``DB_UP``, ``HOLD_LIVE``) so a trace holds it. ``fault``: the
     exception for a broken invariant. ``certifiers`` and ``schedulers``: the implementations
-    (by default the ones ``CHORUS_IMPL`` chose)."""
+    (by default the ones ``CHORUS_IMPL`` chose); ``orders``: the order core's (by default
+    dataplane/order.py's OrderCore)."""
 
     def __init__(self, start: ev.Start, sink: Sink, *, log: Any = None, tap: Optional[Sink] = None,
                  observe: Optional[Callable[[], tuple[bool, bool, bool]]] = None,
                  new_id: Optional[Callable[[], uuid.UUID]] = None, mono: float = 0.0, wall: float = 0.0,
                  fault: Callable[[str], Exception] = CoreFault, certifiers: Optional[CertifierClass] = None,
-                 schedulers: Optional[Callable[[], ApplyScheduler]] = None) -> None:
+                 schedulers: Optional[Callable[[], ApplyScheduler]] = None,
+                 orders: Optional[Callable[..., Any]] = None) -> None:
         cfg = json.loads(start.config)
         self.config = cfg
         self.sink = sink
@@ -178,7 +180,7 @@ class RefCore:
                             bootstrap=cfg["bootstrap"],
                             epochs=tuple(Epoch(int(n), int(g), str(x)) for n, g, x in cfg["epochs"]),
                             records={k: MemberRecord(int(e), int(g), bool(m)) for k, (e, g, m) in cfg["records"].items()},
-                            holding=self._holding, certifiers=certifiers,
+                            holding=self._holding, certifiers=certifiers, orders=orders,
                             config=ClusterConfig(int(cfg["config"]["version"]), tuple(cfg["config"]["nodes"]),
                                                  str(cfg["config"]["tie_breaker"])) if cfg.get("config") else None)
         self.r.order.clock = lambda: self._wall

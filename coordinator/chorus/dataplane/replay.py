@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from chorus.certifier import CertifierClass, PyCertifier
 from chorus.commit.scheduler import ApplyScheduler, PyScheduler
@@ -58,10 +58,12 @@ class Replayed:
 
 
 def replay(trace: Trace, *, certifiers: Optional[CertifierClass] = None,
-           schedulers: Optional[Callable[[], ApplyScheduler]] = None, impl: Optional[str] = None) -> Replayed:
+           schedulers: Optional[Callable[[], ApplyScheduler]] = None, impl: Optional[str] = None,
+           orders: Optional[Callable[..., Any]] = None) -> Replayed:
     """Drive a fresh core from ``trace``'s events (see the module's docstring). ``impl`` names
     both implementations at once; ``certifiers`` and ``schedulers`` override it; neither: the
-    ones ``CHORUS_IMPL`` chose."""
+    ones ``CHORUS_IMPL`` chose. ``orders``: the order core's implementation (dataplane/order.py's
+    OrderCore unless told; native.NativeOrderCore is the C one)."""
     if impl is not None:
         c, s = implementations(impl)
         certifiers, schedulers = certifiers or c, schedulers or s
@@ -104,7 +106,7 @@ def replay(trace: Trace, *, certifiers: Optional[CertifierClass] = None,
     start = recs[0]
     assert isinstance(start, ev.Start)
     core = RefCore(start, sink, tap=out.records.append, mono=start.mono, wall=start.wall,
-                   certifiers=certifiers, schedulers=schedulers)
+                   certifiers=certifiers, schedulers=schedulers, orders=orders)
     core.draw_from(bits)
     try:
         while pos < len(recs):

@@ -6,7 +6,11 @@
  *		- the certification index (cert.c), a port of
  *		  coordinator/chorus/certifier.py's PyCertifier;
  *		- the apply scheduler (sched.c), a port of
- *		  coordinator/chorus/commit/scheduler.py's PyScheduler.
+ *		  coordinator/chorus/commit/scheduler.py's PyScheduler;
+ *		- the writeset scan (scan.c, with extension/chorus_wsread.c and
+ *		  blake2b.c), wire.scan's reading of what certification needs;
+ *		- the order core (order.c), dataplane/order.py's OrderCore without
+ *		  its Python objects and texts.
  *
  *		Both are held to their Python references' outputs, step by step, by
  *		tests/unit/test_dataplane_cert.py and test_dataplane_sched.py.
@@ -47,7 +51,8 @@ typedef enum ch_status
 	CH_EFULL = -2,				/* the object's byte budget would be exceeded */
 	CH_ENOMEM = -3,				/* malloc failed */
 	CH_ESTATE = -4,				/* a queue names a GID that is not registered */
-	CH_ECALLBACK = -5			/* the caller's callback failed */
+	CH_ECALLBACK = -5,			/* the caller's callback failed */
+	CH_EWIRE = -6				/* a malformed writeset (ch_scan_info.err says how) */
 } ch_status;
 
 /* ---- the certification index (cert.c) ---- */
@@ -154,5 +159,137 @@ extern int	ch_sched_committed(ch_sched *s, uint64_t gid);
 extern int	ch_sched_committed_upto(ch_sched *s, uint64_t gid);
 extern void ch_sched_describe(const ch_sched *s, uint64_t gid, ch_sched_info *out);
 extern size_t ch_sched_pending(const ch_sched *s, uint64_t *out, size_t cap);
+
+/* ---- the writeset scan (scan.c) ---- */
+
+/* One certification key of a scanned writeset: its parts are len bytes at off in the writeset */
+typedef struct ch_scan_key
+{
+	uint8_t		digest[16];		/* wire.key_hash of its parts */
+	uint8_t		mode;
+	uint16_t	nparts;
+	uint64_t	off;
+	uint64_t	len;
+} ch_scan_key;
+
+typedef struct ch_scan_info
+{
+	int			err;			/* a ChorusWsrError (extension/chorus_wsread.h), 0 if good */
+	uint64_t	err_pos;
+	uint64_t	err_value;
+	uint64_t	err_expected;
+	uint8_t		flags;			/* CHORUS_WS_FLAG_* */
+	uint32_t	xid;
+	uint32_t	pid;
+	uint64_t	last_seen;
+	uint16_t	encoding;
+	uint16_t	ntables;
+	uint32_t	nrows;
+	uint32_t	nschema;		/* schema change items among the rows */
+	uint32_t	nkeys;
+} ch_scan_info;
+
+extern int	ch_scan(const uint8_t *buf, size_t len, ch_scan_info *info, ch_scan_key *keys, size_t cap);
+extern void ch_blake2b(const uint8_t *data, size_t len, uint8_t *out, size_t outlen);
+
+/* ---- the words of a key (text.c) ---- */
+
+extern size_t ch_key_describe(const uint8_t *parts, size_t len, uint32_t nparts, char *out, size_t cap);
+
+/* ---- the order core (order.c) ---- */
+
+typedef struct ch_order ch_order;
+
+/* What a call of the order core produced, in order (ch_order_take). */
+typedef enum ch_order_kind
+{
+	CH_OUT_LEFT = 1,			/* a local writeset not taken (not following, not quorate, origin not online): ticket */
+	CH_OUT_MALFORMED = 2,		/* gid, local, ticket, ref, scan_err: the writeset did not scan */
+	CH_OUT_CERTIFIED = 3,		/* gid, local, ticket, origin, ref, xid, last_seen, v: a certification's outcome */
+	CH_OUT_RELEASE = 4,			/* gid, prev, local, ticket, origin, ref, settle: a certified writeset released */
+	CH_OUT_RECEIVED = 5,		/* gid: report on the bus what this node delivered */
+	CH_OUT_UNKNOWN = 6,			/* gid, ticket, ref: a local writeset whose fate is unknown (leave) */
+	CH_OUT_DDL = 7				/* gid, settle: a schema change's outcome is known (ddl_settled) */
+} ch_order_kind;
+
+typedef struct ch_order_out
+{
+	int			kind;			/* a ch_order_kind */
+	int			local;
+	int			link;			/* a link writeset's (ch_order_link_writeset) */
+	int			settle;
+	int			scan_err;		/* a ChorusWsrError, or -1: a link writeset with a schema change */
+	uint32_t	origin;
+	uint32_t	xid;
+	uint64_t	gid;
+	uint64_t	prev;
+	uint64_t	ticket;
+	uint64_t	ref;			/* the caller's handle of the writeset */
+	uint64_t	last_seen;
+	ch_cert_verdict v;
+} ch_order_out;
+
+/* OrderCore.stats' counters: the caller may read and write them in place */
+typedef struct ch_order_stats
+{
+	uint64_t	delivered;
+	uint64_t	certified;
+	uint64_t	cert_failures;
+	uint64_t	local_certified;
+	uint64_t	local_failed;
+	uint64_t	remote_certified;
+	uint64_t	malformed;
+} ch_order_stats;
+
+/* The order's counters and what the control plane set, read in place (ch_order_view) */
+typedef struct ch_order_state
+{
+	uint64_t	gid;			/* the last GID given */
+	uint64_t	last_certified;
+	uint64_t	released;
+	uint64_t	held;			/* certified, waiting for a quorum */
+	uint64_t	deferred;		/* waiting for a schema change's outcome */
+	uint64_t	ddl_open;		/* schema changes whose outcome is open */
+	uint64_t	reported;
+	int64_t		report_last_tick;
+	int			report_on_bus;
+	int			following;
+	int			quorate;
+	uint32_t	own;			/* this node's bus node (an id of the caller's) */
+	uint32_t	quorum;
+	uint32_t	expected;
+	uint32_t	tie_breaker;	/* a bus node id, 0: none */
+	ch_order_stats stats;
+} ch_order_state;
+
+/* The control plane's schema-change round (OrderCore.open_round): 1 opened, 0 not, < 0 failed */
+typedef int (*ch_order_round_fn) (void *arg, uint64_t gid, uint32_t origin);
+
+extern size_t ch_order_size(void);
+extern int	ch_order_init(ch_order *o, ch_cert *cert, size_t max_bytes);
+extern void ch_order_free(ch_order *o);
+extern size_t ch_order_bytes(const ch_order *o);
+extern ch_order_state *ch_order_view(ch_order *o);
+extern const ch_order_out *ch_order_take(const ch_order *o, size_t *n);
+extern void ch_order_set_votes(ch_order *o, uint32_t quorum, uint32_t expected, uint32_t tie_breaker);
+extern int	ch_order_set_joined(ch_order *o, const uint32_t *nodes, const uint64_t *gids, size_t n);
+extern int	ch_order_writeset(ch_order *o, uint32_t origin, int local, int online, uint64_t ticket,
+							  uint64_t ref, const uint8_t *buf, size_t len,
+							  ch_order_round_fn round, void *arg);
+extern int	ch_order_link_writeset(ch_order *o, uint32_t origin, int online, uint64_t ref,
+								   const uint8_t *buf, size_t len);
+extern int	ch_order_ddl_settled(ch_order *o, uint64_t gid, int ok, int content,
+								 const uint8_t *digests, const uint8_t *modes, size_t n,
+								 ch_order_round_fn round, void *arg);
+extern int	ch_order_release(ch_order *o);
+extern int	ch_order_received(ch_order *o, uint32_t node, uint64_t gid, int own, int in_view);
+extern int	ch_order_tick(ch_order *o);
+extern void ch_order_view_changed(ch_order *o, uint32_t quorum, uint32_t expected, uint32_t tie_breaker);
+extern int	ch_order_install(ch_order *o, ch_cert *cert, uint64_t gid, uint64_t certified,
+							 uint64_t released, const ch_order_out *unstable, size_t n);
+extern int	ch_order_leave(ch_order *o);
+extern size_t ch_order_unstable(const ch_order *o, ch_order_out *out, size_t cap);
+extern size_t ch_order_ddl_open(const ch_order *o, uint64_t *gids, uint32_t *origins, size_t cap);
+extern size_t ch_order_received_nodes(const ch_order *o, uint32_t *nodes, uint64_t *gids, size_t cap);
 
 #endif							/* CH_CORE_H */
