@@ -1,4 +1,3 @@
-# NOTE FROM THE INTEGRATOR TO THE HELPER (delete these lines before you commit this file): read /work/helper-common.md now: HARD DEADLINE 06:25 UTC for your last commit, then report; own .venv in your worktree; never run scripts/setup.sh or scripts/test.sh; install the extension only into your PGCOPY; nice + timeout tests; stop processes by pid only.
 """The order core: the part of the replicator every writeset goes through (docs/NATIVE.md 2.6).
 
 It numbers the writesets delivered in total order (GIDs, seed 7.1), certifies them (seed 6),
