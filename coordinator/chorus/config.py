@@ -51,8 +51,8 @@ secret_file = "/d/keys/east-west.secret"  # the link's shared secret (at least 3
 include = ["hr.*", "sales.orders"]  # tables sent: shell patterns on "schema.table" (default: all)
 exclude = ["hr.secret_*"]    # never sent, whatever include says (schema chorus never is)
 rules_dsn = "host=/d/nodes/n1/run port=5433 dbname=postgres user=chorus_rules"  # the session that
-                             # evaluates the rules' SQL, read-only (default: [postgres] dsn); the
-                             # role it names must not be a superuser
+                             # evaluates the rules' SQL, read-only; required when they have SQL
+                             # parts; the role it names must not be a superuser
 rules_timeout_ms = 1000      # each evaluation's statement_timeout
 [[link.table]]               # rules of the tables matching name (the first [[link.table]] that does)
 name = "hr.emp"              # a shell pattern on "schema.table"
@@ -193,7 +193,13 @@ def link_rules(link: LinkConfig) -> Any:
     for pattern in link.include + link.exclude:
         if not pattern:
             raise lr.RuleError("an empty pattern in include or exclude")
-    return lr.RuleSet(include=link.include, exclude=("chorus.*",) + link.exclude, tables=tuple(tables))
+    rules = lr.RuleSet(include=link.include, exclude=("chorus.*",) + link.exclude, tables=tuple(tables))
+    if rules.needs_sql and not link.rules_dsn:
+        # The SQL of a filter, a computed column or a row function may call functions their owners
+        # can change; run by the node's own (superuser) session they would run with its rights.
+        raise lr.RuleError("rules with SQL (a filter, a computed column, a row function) need rules_dsn: a session "
+                           "of a role that is not a superuser and holds no more than the rules need")
+    return rules
 
 
 def _link_table(path: str, link: str, raw: Any) -> LinkTable:

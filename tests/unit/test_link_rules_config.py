@@ -12,7 +12,8 @@ import pytest
 
 from chorus import wire
 from chorus.config import ChorusConfigError, LinkTable, NodeConfig, link_rules, load_config, parse_link, write_config
-from chorus.link.rules import ComputedColumn, DropColumn, RenameColumn, RenameTable, RowFunction, RuleSet, TableRule
+from chorus.link.rules import (ComputedColumn, DropColumn, RenameColumn, RenameTable, RowFunction, RuleError, RuleSet,
+                               TableRule)
 from chorus.link.site import NoSql, evaluator
 from chorus.link.sqleval import PgEvaluator
 
@@ -72,9 +73,13 @@ def test_the_evaluator_is_postgresql_through_rules_dsn_or_the_nodes(tmp_path: Pa
     link = _load(tmp_path, RULES).links[0]
     ev = evaluator(link, link_rules(link), "host=/d port=5433")
     assert isinstance(ev, PgEvaluator) and ev.strict and ev.dsn == link.rules_dsn and ev.timeout_ms == 250
-    link = replace(link, rules_dsn="")
-    ev = evaluator(link, link_rules(link), "host=/d port=5433")
-    assert isinstance(ev, PgEvaluator) and not ev.strict and ev.dsn == "host=/d port=5433"
+    # never the node's own session (a superuser): a function the rules call runs with its rights
+    with pytest.raises(RuleError, match="need rules_dsn"):
+        link_rules(replace(link, rules_dsn=""))
+    with pytest.raises(RuleError, match="need rules_dsn"):
+        link_rules(replace(link, rules_dsn="", tables=(LinkTable("app.items", function="app.mask"),)))
+    plain = replace(link, rules_dsn="", tables=(LinkTable("app.items", drop=("v",)),))
+    assert isinstance(evaluator(plain, link_rules(plain), "host=/d port=5433"), NoSql)
 
 
 def test_written_back_it_reads_the_same(tmp_path: Path) -> None:
@@ -88,7 +93,7 @@ def test_written_back_it_reads_the_same(tmp_path: Path) -> None:
 
 def test_the_local_clusters_links_are_read_alike() -> None:
     t: dict[str, Any] = {"name": "l", "site": "a", "peer_site": "b", "tls_cert": "c", "tls_key": "k", "peer_cert": "p",
-                         "secret_file": "s", "peers": ["h:1"],
+                         "secret_file": "s", "peers": ["h:1"], "rules_dsn": "user=r",
                          "table": [{"name": "app.items", "filter": "n > 0", "drop": ["v"]}]}
     link = parse_link("test", t)
     assert link.peers == ("h:1",) and link.tables == (LinkTable("app.items", filter="n > 0", drop=("v",)),)

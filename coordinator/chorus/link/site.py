@@ -82,10 +82,11 @@ class NoSql:
 
 def evaluator(link: LinkConfig, rules: RuleSet, dsn: str) -> "NoSql | PgEvaluator":
     """The evaluator of ``link``'s rules: in PostgreSQL (link/sqleval.py) when they have SQL
-    parts, through ``rules_dsn`` (its role must not be a superuser) or else the node's ``dsn``."""
+    parts, through ``rules_dsn``, whose role must not be a superuser (config.link_rules requires it:
+    a function the rules call runs with the session's rights, and its owner may change it)."""
     if not rules.needs_sql:
         return NoSql()
-    return PgEvaluator(link.rules_dsn or dsn, link.rules_timeout_ms, strict=bool(link.rules_dsn), name=link.name)
+    return PgEvaluator(link.rules_dsn or dsn, link.rules_timeout_ms, strict=True, name=link.name)
 
 
 def provenance(link: LinkConfig) -> Callable[[LogRecord], Provenance]:
