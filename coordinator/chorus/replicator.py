@@ -44,6 +44,8 @@ log = logging.getLogger("chorus.replicator")
 
 REQUEST_RETRY_S = 2.0
 BOOTSTRAP_WAIT_S = 3.0
+# the bus protocol version of Configure and of the configured set in GID requests and answers
+CONFIGURE_VERSION = 4
 
 # phases in which the node follows the total order (certifies every writeset)
 _FOLLOWING = (Phase.ONLINE, Phase.RECOVERING)
@@ -388,8 +390,19 @@ class Replicator:
     @property
     def send_version(self) -> int:
         """The bus protocol version this node writes: the cluster's (bus/versions.py), or, outside
-        a primary component, the lowest it speaks, which every node that could answer reads."""
-        return self.membership.version or self.membership.own[0]
+        a primary component, the lowest it speaks, which every node that could answer reads; 4 at
+        least once it holds a configured set (confchange.py). The nodes were changed only at
+        version 4, so every configured node reads it, and only there do GID requests carry the
+        set: a re-form counts from the newest set the requests carry, and at version 3 a winner
+        that missed the last change (rebuilt by total recovery, or away when it was made) put the
+        cluster back on its older set, leaving a node added since refused as not configured (the
+        simulation's seed 44)."""
+        if self.membership.version:
+            return self.membership.version
+        lo, hi = self.membership.own
+        if self.config is not None and hi >= CONFIGURE_VERSION:
+            return max(lo, CONFIGURE_VERSION)
+        return lo
 
     @property
     def cluster_version(self) -> int:

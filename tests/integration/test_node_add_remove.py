@@ -105,6 +105,19 @@ class Writers:
             return len(self.acked)
 
 
+def acked_everywhere_and_identical(refs: list[NodeRef], w: Writers) -> None:
+    """Once the nodes are quiet: every row whose insert was acknowledged is on every node, and
+    every node is identical."""
+    wait_quiescent(refs, 120)
+    for ref in refs:
+        with psycopg.connect(ref.dsn, autocommit=True) as conn:
+            have = {row[0] for row in conn.execute("SELECT id FROM ar_rows")}
+        missing = set(w.acked) - have
+        assert not missing, f"{ref.name} lacks {len(missing)} acknowledged rows, e.g. {sorted(missing)[:5]}"
+    diffs = compare(refs)
+    assert not diffs, "\n".join(diffs)
+
+
 def _removed_node_stays_out(c: Cluster) -> None:
     """n4's files put back and its PostgreSQL and coordinator started by hand, as an operator might:
     the cluster does not admit it (it asks to join and the answer says it is not configured), and
@@ -195,12 +208,4 @@ def test_a_cluster_grows_to_four_and_shrinks_back_to_three_under_writes() -> Non
             _wait("writes go on", lambda: w.count() > before + 20)
         assert not w.unexpected, w.unexpected[:5]
 
-        # nothing acknowledged is lost, every node identical
-        wait_quiescent(refs, 120)
-        for ref in refs:
-            with psycopg.connect(ref.dsn, autocommit=True) as conn:
-                have = {row[0] for row in conn.execute("SELECT id FROM ar_rows")}
-            missing = set(w.acked) - have
-            assert not missing, f"{ref.name} lacks {len(missing)} acknowledged rows, e.g. {sorted(missing)[:5]}"
-        diffs = compare(refs)
-        assert not diffs, "\n".join(diffs)
+        acked_everywhere_and_identical(refs, w)

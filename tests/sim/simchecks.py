@@ -8,6 +8,9 @@ docs/RECOVERY.md, "Invariants").
   recovery), every acknowledged GID is still held, as acknowledged, by some database.
 - **The watermark only over a contiguous prefix.** A node's commit book never counts a GID
   committed that its database has not (and the database commits only at its turn: simworld).
+- **Quorum from the configured nodes.** Once `chorus node add`/`remove` changed them, a node
+  online in the primary component has a strict majority of the configured nodes it holds in its
+  view (the removed node not counted, the added one counted before it joins).
 - **Safe advice.** A node told that it needs total recovery holds nothing that a synced member
   does not hold or will not commit.
 - After the faults stop (simrun.py): every node online within a bounded time, every database
@@ -19,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from chorus.actions import Phase, PhaseChange
+from chorus.bus import bus_node
 
 if TYPE_CHECKING:
     from simworld import Coord, Host, Sim, Txn
@@ -89,6 +93,12 @@ class Checker:
         if c.db_ok and db.up and c.book.watermark > db.last:
             raise Violation(f"{c.name}: the commit book counts GID {c.book.watermark} committed, the database "
                             f"only {db.last}")
+        r = c.r
+        if r.phase == Phase.ONLINE and r.config is not None:
+            here = {f"n{bus_node(m)}" for m in r.members} & set(r.config.nodes)
+            if 2 * len(here) <= len(r.config.nodes):
+                raise Violation(f"{c.name} is online with {sorted(here)} of its configured nodes "
+                                f"{list(r.config.nodes)} (version {r.config.version}) in its view: no majority")
 
     def phase_changed(self, host: "Host", a: PhaseChange) -> None:
         if a.phase != Phase.NEEDS_RECOVERY or "total recovery" not in a.reason:

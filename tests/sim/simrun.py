@@ -23,6 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from chorus import history  # noqa: E402
 from chorus.actions import Phase  # noqa: E402
+from chorus.bus import Votes  # noqa: E402
+from chorus.bus import proto as bp  # noqa: E402
+from chorus.cli.members import quorum_problem  # noqa: E402
 from chorus.state import NodeState  # noqa: E402
 from simworld import (MERGE_S, PROCESS_CHANGE_S, TOKEN_TIMEOUT_S, Host, Sim, Stuck, Violation)  # noqa: E402
 
@@ -67,7 +70,7 @@ class Run:
 
     def __init__(self, seed: int, trace: bool = False, script: Optional[Script] = None, n: int = 0,
                  seconds: float = 0.0, rate: float = 0.0, capacity: int = 0, keep_trace: int = 400,
-                 dead: tuple[str, ...] = (), record: bool = False) -> None:
+                 dead: tuple[str, ...] = (), record: bool = False, node_changes: bool = True) -> None:
         self.seed = seed
         self.script = script
         self.dead = set(dead)  # hosts of a scenario that never come back
@@ -81,6 +84,18 @@ class Run:
         tamper = random.Random(seed * 104729 + 3)
         self.tamper = ((tamper.uniform(1.0, self.seconds), f"n{tamper.randint(1, self.n)}", tamper.randrange(12))
                        if script is None and tamper.random() < 1 / 6 else None)
+        # one seed in four: the cluster's nodes change while the faults go on (`chorus node add`:
+        # a new node, joined by total recovery; `chorus node remove`), one node at a time, drawn
+        # apart from the faults too (seeds without changes keep their schedule; ``node_changes``
+        # False: none, as a seed that failed before there were any replays it)
+        self.member_rnd = random.Random(seed * 15485863 + 5)
+        self.changes: list[tuple[float, str]] = []
+        if script is None and self.member_rnd.random() < 1 / 4 and node_changes:
+            t = self.member_rnd.uniform(0.5, self.seconds * 0.6)  # after the cluster formed
+            for op in self.member_rnd.choice((("add",), ("remove",), ("add", "remove"), ("remove", "add"),
+                                              ("add", "add", "remove"), ("remove", "remove", "add"))):
+                self.changes.append((t, op))
+                t += self.member_rnd.uniform(0.5, 8.0)
         self.sim = sim = Sim(seed, n=self.n, log_capacity=capacity, trace=trace, keep_trace=keep_trace, record=record)
         self.rnd = sim.rnd
         self.faults: Counter[str] = Counter()
@@ -88,6 +103,11 @@ class Run:
         self.held_down: set[str] = set()  # hosts killed by a fault of their own, until it is undone
         self.total_recoveries = 0
         self.writing = False
+        self.pending: list[tuple[str, str]] = []  # node changes asked and not settled: (add|remove, node)
+        self.rebuild: set[str] = set()  # nodes added and not yet rebuilt by total recovery
+        self.first_fault_at = 0.0
+        self.asking = False  # a change is on its way through the cluster (its answer not read yet)
+        self.ops_left = len(self.changes)  # changes of the schedule not done (or given up) yet
         sim.trace("sim", f"seed {seed}: {self.n} nodes, logs of {capacity} records, {self.rate}/s per node, "
                          f"{self.seconds} s of faults")
 
@@ -103,6 +123,7 @@ class Run:
                 sim.clock.after(self.rnd.random() * 0.5, h.start_coordinator)
             self._until(lambda: self._all_online(), FORM_S, "the cluster did not form")
             self.writing = True
+            self.first_fault_at = sim.clock.now
             for h in sim.hosts.values():
                 self._client(h)
             end = sim.clock.now + self.seconds
@@ -111,6 +132,8 @@ class Run:
                 if self.tamper is not None:
                     at, name, key = self.tamper
                     sim.clock.after(at, self._tamper, sim.hosts[name], key)
+                if self.changes:
+                    sim.clock.after(self.changes[0][0], self._next_change)
             else:
                 for t, fault, name, hold in self.script:
                     sim.clock.after(t, self._fault, fault, sim.hosts[name], hold)
@@ -174,9 +197,12 @@ class Run:
         return all(h.phase == "online" for h in self.sim.hosts.values())
 
     def live(self) -> list[Host]:
-        return [h for h in self.sim.hosts.values() if h.name not in self.dead]
+        """The cluster's hosts: not those of a scenario that never come back, nor removed ones."""
+        return [h for h in self.sim.hosts.values() if h.name not in self.dead and not h.state.removed]
 
     def _settled(self) -> bool:
+        if self.ops_left or self.asking or self.rebuild:
+            return False  # the operator's node changes are done first
         coords = self.sim.coords()
         live = {h.name for h in self.live()}
         if {c.name for c in coords} != live or any(c.r.phase != Phase.ONLINE for c in coords):
@@ -204,13 +230,13 @@ class Run:
         sim.trace("nem", f"{fault} {h.name} for {hold:.1f} s")
         undo: Callable[[], None]
         if fault in ("partition-halves", "isolate-one", "all-alone"):
-            order = list(range(1, self.n + 1))
+            order = [x.index for x in sim.hosts.values()]  # (1..n unless nodes were added)
             self.rnd.shuffle(order)
             if fault == "partition-halves":
-                cut = self.rnd.randint(1, self.n - 1)
+                cut = self.rnd.randint(1, len(order) - 1)
                 groups = [sorted(order[:cut]), sorted(order[cut:])]
             elif fault == "isolate-one":
-                groups = [[h.index], [i for i in range(1, self.n + 1) if i != h.index]]
+                groups = [[h.index], [i for i in order if i != h.index]]
             else:
                 groups = [[i] for i in order]
             sim.partition = groups
@@ -346,30 +372,37 @@ class Run:
     # -- the operator, once the faults stopped: total recovery where a node says it needs it
 
     def _operator(self) -> None:
-        sim = self.sim
+        for op, node in list(self.pending):
+            self._change(op, node)
         for h in self.live():
-            c = h.coord
-            needs = ((c is not None and c.alive and c.r.phase == Phase.NEEDS_RECOVERY
-                      and "total recovery" in c.phase_reason) or bool(h.state.left_by_vote))
-            if not needs:
-                continue
-            # an online donor, the one that holds most; with none (two nodes, one voted out: the
-            # other is no quorum alone), the database that holds most, as `--donor-dsn` would
-            donors = ([d for d in self.live() if d.phase == "online"]
-                      or [d for d in self.live() if d is not h and d.db.up and not d.state.left_by_vote])
-            if not donors:
-                continue
-            donor = max(donors, key=lambda d: (d.db.last, -d.index))
-            problem = history.donor_problem(h.name, h.db.last, donor.name, donor.db.last)
-            if problem is not None:
-                sim.trace("op", f"chorus node join --total {h.name} refuses: {problem}")
-                continue
-            self.total_recovery(h, donor)
+            self._rebuild_if_needed(h)
+
+    def _rebuild_if_needed(self, h: Host) -> None:
+        """Total recovery of ``h`` if it says it needs it, was voted out, or was added."""
+        sim = self.sim
+        c = h.coord
+        needs = ((c is not None and c.alive and c.r.phase == Phase.NEEDS_RECOVERY
+                  and "total recovery" in c.phase_reason) or bool(h.state.left_by_vote) or h.name in self.rebuild)
+        if not needs:
+            return
+        # an online donor, the one that holds most; with none (two nodes, one voted out: the
+        # other is no quorum alone), the database that holds most, as `--donor-dsn` would
+        donors = ([d for d in self.live() if d.phase == "online"]
+                  or [d for d in self.live() if d is not h and d.db.up and not d.state.left_by_vote])
+        if not donors:
+            return
+        donor = max(donors, key=lambda d: (d.db.last, -d.index))
+        problem = history.donor_problem(h.name, h.db.last, donor.name, donor.db.last)
+        if problem is not None:
+            sim.trace("op", f"chorus node join --total {h.name} refuses: {problem}")
+            return
+        self.total_recovery(h, donor)
 
     def total_recovery(self, h: Host, donor: Host) -> None:
         sim = self.sim
         sim.trace("op", f"total recovery of {h.name} (at GID {h.db.last}) from {donor.name} (at GID {donor.db.last})")
         self.total_recoveries += 1
+        self.rebuild.discard(h.name)
         if h.coord is not None:
             h.coord.crash(PROCESS_CHANGE_S)
         old = list(h.db.order)
@@ -383,6 +416,124 @@ class Run:
                                 bootstrap=False, epochs=epochs)
         sim.clock.after(1.0, h.start_coordinator)
 
+    # -- the operator's node changes (`chorus node add` / `chorus node remove`: cli/members.py)
+
+    def _asker(self, but: str) -> Optional[Host]:
+        """A node online in the primary component to ask (`chorus node add/remove` refuse others)."""
+        ok = [h for h in self.live() if h.name != but and h.coord is not None and h.coord.alive
+              and not h.coord.frozen and h.coord.r.phase == Phase.ONLINE and h.coord.r.quorate]
+        return self.member_rnd.choice(ok) if ok else None
+
+    def _next_change(self) -> None:
+        """The schedule's next change, not before its time: one at a time, as an operator makes them."""
+        if self.changes:
+            at, op = self.changes.pop(0)
+            self.sim.clock.at(max(self.sim.clock.now, self.first_fault_at + at), self._change, op, "")
+
+    def _change(self, op: str, node: str) -> None:
+        """``op`` of ``node`` ("" at first: the CLI picks the new node's name, the schedule the node
+        removed), as the CLI does it: checks, the new host's PostgreSQL made (add) or the node
+        stopped (remove), the change through an online node's coordinator, then the answer."""
+        sim = self.sim
+        if (op, node) in self.pending:
+            self.pending.remove((op, node))
+        asker = self._asker(node if op == "remove" else "")
+        if asker is None:
+            return self._again(op, node, "no node is online in the primary component")
+        assert asker.coord is not None
+        r = asker.coord.r
+        current = list(r.config.nodes) if r.config is not None else [f"n{i}" for i in range(1, self.n + 1)]
+        if op == "add" and node and node in current or op == "remove" and node and node not in current:
+            return self._changed(op, node)  # an earlier request went through (its answer was lost)
+        if op == "remove" and len(current) <= 2:
+            # a cluster of one node does not re-form by itself after its node restarts (a quorate
+            # view of one expected vote: membership.reform_decision), `chorus bootstrap` restarts it
+            sim.trace("op", f"chorus node remove: not to one node ({', '.join(current)}); not done")
+            self.ops_left -= 1
+            return self._next_change()
+        if op == "add":
+            node = node or f"n{max(h.index for h in sim.hosts.values()) + 1}"
+            new = current + [node]
+        else:
+            node = node or self.member_rnd.choice(current)
+            new = [n for n in current if n != node]
+        problem = quorum_problem(sorted(r.online), new)
+        if problem is not None:
+            return self._again(op, node, problem)
+        if op == "add" and node not in sim.hosts:
+            sim.add_host()  # its PostgreSQL, empty; started by total recovery once it is configured
+            self.dead.add(node)  # till then nothing starts it (a restart of every host neither)
+        elif op == "remove":
+            self.dead.add(node)  # stopped first; nothing starts it again
+            t = sim.hosts[node]
+            if t.coord is not None:
+                t.coord.crash()
+        # every Corosync reloads the new node list: votequorum's votes follow it
+        sim.bus.votes = Votes(len(new) // 2 + 1, len(new), "")
+        rid = f"{op}-{self.member_rnd.getrandbits(48):012x}"
+        version = (r.config.version if r.config is not None else 0) + 1
+        sim.trace("op", f"chorus node {op} {node} through {asker.name}: configured nodes {','.join(sorted(new))} "
+                        f"(version {version})")
+        asker.coord.send(bp.Configure(asker.name, rid, version, tuple(sorted(new)), ""))
+        self.asking = True
+        sim.clock.after(0.2, self._answer, op, node, rid, sim.clock.now + 20.0)
+
+    def _answer(self, op: str, node: str, rid: str, deadline: float) -> None:
+        sim = self.sim
+        a = sim.answers.pop(rid, None)
+        if a is None and sim.clock.now < deadline:
+            sim.clock.after(0.2, self._answer, op, node, rid, deadline)
+            return
+        self.asking = False
+        if a is not None and a.ok:
+            return self._changed(op, node)
+        why = a.reason if a is not None else "no answer in 20 s"
+        if op == "remove":  # the CLI starts it again
+            self.dead.discard(node)
+            self.restart_host(sim.hosts[node])
+        self._again(op, node, why)  # (an answer lost: the next try reads what the cluster holds)
+
+    def _again(self, op: str, node: str, why: str) -> None:
+        """Not done now: again in a second while the faults last, then by the operator."""
+        self.sim.trace("op", f"chorus node {op} {node or ''}: not done ({why})")
+        if self.writing:
+            self.sim.clock.after(1.0, self._change, op, node)
+        elif (op, node) not in self.pending:
+            self.pending.append((op, node))
+
+    def _changed(self, op: str, node: str) -> None:
+        sim = self.sim
+        self.faults[f"node-{op}"] += 1
+        self.ops_left -= 1
+        sim.trace("op", f"chorus node {op} {node}: done")
+        if op == "remove":
+            self.rebuild.discard(node)
+        if op == "add":  # it joins by total recovery, now or once a donor is online
+            h = sim.hosts[node]
+            self.dead.discard(node)
+            # a machine set up anew: whatever the faults did to it while it was not in the cluster
+            h.frozen = h.db.frozen = False
+            h.powered = h.bus_up = h.db.up = True
+            self.rebuild.add(node)
+            self._rebuild_if_needed(h)
+            self._client(h)
+            if node in self.rebuild:
+                self.pending_rebuild(h)
+            # `chorus node add` returns once the node is online (or its wait times out)
+            return self._when_online(h, sim.clock.now + 120.0)
+        self._next_change()
+
+    def _when_online(self, h: Host, deadline: float) -> None:
+        if h.phase == "online" or self.sim.clock.now >= deadline:
+            self._next_change()
+        else:
+            self.sim.clock.after(0.5, self._when_online, h, deadline)
+
+    def pending_rebuild(self, h: Host) -> None:
+        if h.name in self.rebuild and self.writing:
+            self._rebuild_if_needed(h)
+            self.sim.clock.after(1.0, self.pending_rebuild, h)
+
     # -- after the faults
 
     def _final(self) -> None:
@@ -395,6 +546,13 @@ class Run:
         for gid, ident in sim.checker.acked.items():
             if ref.ident.get(gid) != ident:
                 raise Violation(f"acknowledged transaction {ident} (GID {gid}) is not in the databases")
+        configs = {h.coord.r.config for h in hosts if h.coord is not None and h.coord.r.config is not None}
+        if self.faults["node-add"] + self.faults["node-remove"]:
+            names = tuple(sorted(h.name for h in hosts))
+            if {c.nodes for c in configs} != {names} or len(configs) != 1 or \
+                    any(h.coord is None or h.coord.r.config is None for h in hosts):
+                raise Violation(f"the configured nodes after the changes are {sorted(configs, key=str)}, the "
+                                f"cluster's nodes {list(names)}")
         present = set(ref.ident.values())
         for t in sim.txns:
             if t.state == "failed" and t.xid in present:

@@ -43,7 +43,8 @@ from chorus.dataplane.refcore import BackendRef, RefCore, start_config
 from chorus.dataplane.trace import TraceWriter
 from chorus.recoveryproto import RecoveryError
 from chorus.actions import (Action, Apply, CatchUp, DdlOutcome, Joined, LogOffered, LogQueried, Pause, Phase,
-                            PhaseChange, Remember, SyncReached, VoteDecided, VoteOpened)
+                            PhaseChange, Reconfigure, Reconfigured, Remember, Removed, SyncReached, VoteDecided,
+                            VoteOpened)
 from chorus.replicator import Replicator
 from chorus.state import NodeState
 from chorus.voting import InconsistencyVoting
@@ -527,7 +528,7 @@ class Coord:
         host.log.open(durable)
         start = start_config(self.name, member, st.cluster_uuid, durable, st.bootstrap, st.epochs, dict(st.records),
                              APPLY_WORKERS, APPLY_RUN, host.log.capacity, host.log.base,
-                             [r.gid for r in host.log.records])
+                             [r.gid for r in host.log.records], config=st.config)
         self.trace = self.sim.recorder(self) if self.sim.recorder is not None else None
         self.core = RefCore(start, self._carry_out, log=host.log, tap=self.trace, observe=self._observed,
                             new_id=_replicator_uuid4, mono=self.sim.clock.now, wall=self.sim.clock.now,
@@ -683,6 +684,15 @@ class Coord:
         elif isinstance(a, Joined):
             self.host.state = self.host.state.with_(cluster_uuid=a.cluster_uuid, bootstrap=False,
                                                     safe_to_bootstrap=False, last_gid=a.gid)
+        elif isinstance(a, Reconfigure):  # the state file, before anything after it
+            self.host.state = self.host.state.with_(config=a.config)
+            self.sim.trace(self.name, f"configured nodes {','.join(a.config.nodes)} (version {a.config.version})")
+        elif isinstance(a, Reconfigured):  # the operator who asked is told
+            self.sim.answers[a.request_id] = a
+        elif isinstance(a, Removed):  # Coordinator._removed: recorded, then the process ends
+            self.host.state = self.host.state.with_(removed=a.reason)
+            self.sim.trace(self.name, f"removed: {a.reason}")
+            self.sim.clock.after(0.0, self.crash)
         else:
             raise Violation(f"unknown action {a!r}")
 
@@ -1091,7 +1101,7 @@ class Host:
     def start_coordinator(self) -> None:
         if self.coord is not None and self.coord.alive:
             return
-        if self.state.left_by_vote or not self.bus_up or not self.powered:
+        if self.state.left_by_vote or self.state.removed or not self.bus_up or not self.powered:
             return
         if not self.db.up:
             return  # it waits for its database (started again with PostgreSQL)
@@ -1180,7 +1190,15 @@ class Sim:
         self._xid = itertools.count(1)
         self.tokens = itertools.count(1)
         self.txns: list[Txn] = []
+        self.answers: dict[str, Reconfigured] = {}  # `chorus node add`/`remove`: each request's outcome
+        self.log_capacity = log_capacity
         _deterministic_uuids(self.rnd)
+
+    def add_host(self) -> Host:
+        """A new machine (`chorus node add`): an empty database, not started, in no view yet."""
+        index = max(h.index for h in self.hosts.values()) + 1
+        h = self.hosts[f"n{index}"] = Host(self, index, self.log_capacity)
+        return h
 
     def _record(self, c: Coord) -> TraceWriter:
         from chorus.certifier import IMPL as certifier_impl

@@ -157,6 +157,26 @@ def test_a_configured_set_travels_at_version_4_only() -> None:
         bp.decode(b"\x03" + bp.encode(change, 4)[1:])
 
 
+def test_a_node_holding_a_configured_set_asks_at_version_4_outside_a_primary_component() -> None:
+    """Outside a primary component a node writes the lowest version it speaks, 3, except once it
+    holds a configured set: its GID requests must carry the set, or a re-form won by a node that
+    missed the last change counts from the older set (the simulation's seed 44: a node added since
+    was refused as not configured)."""
+    from chorus.confchange import ClusterConfig
+
+    plain = Replicator("n1", "", 0)
+    assert plain.send_version == 3
+    changed = Replicator("n1", "c", 5, config=ClusterConfig(2, ("n1", "n2", "n3", "n4")))
+    assert changed.send_version == 4
+    req = changed.membership.request("r1", "c", changed._holding(), False, 0.0)
+    back = bp.decode(bp.encode(req, changed.send_version))
+    assert (back.config_version, back.config_nodes) == (2, ("n1", "n2", "n3", "n4"))
+    # a node of the release before, which speaks 3 only, is never among the configured nodes
+    legacy = Replicator("n1", "c", 5, config=ClusterConfig(2, ("n1", "n2")))
+    legacy.membership.own = bp.LEGACY
+    assert legacy.send_version == 3
+
+
 def test_every_message_of_both_releases_reads_alike_at_version_3() -> None:
     plain = [m for m in map(bp.decode, SAMPLES)
              if not isinstance(m, bp.Speaks) and getattr(m, "speaks", ()) in ((), bp.LEGACY)]

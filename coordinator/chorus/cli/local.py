@@ -122,10 +122,13 @@ def stop(directory: str, name: str) -> None:
 @local.command()
 @dir_option
 @click.argument("name")
-def start(directory: str, name: str) -> None:
+@click.option("--pgbin", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Run the node's PostgreSQL from the binaries in this directory from now on (the node must be "
+                   "stopped): a minor upgrade of one node at a time, docs/DEPLOY.md.")
+def start(directory: str, name: str, pgbin: Optional[str]) -> None:
     """Start one node and wait until it is online."""
     try:
-        _cluster(directory).start(name)
+        _cluster(directory).start(name, pgbin=pgbin)
     except LocalClusterError as e:
         raise ChorusCliError(str(e)) from e
 

@@ -68,6 +68,10 @@ class NodeMeta:
     pg_pid: int = 0
     coordinator_pid: int = 0
     number: int = 0  # chorus.node_number (0: its place in the list, as before nodes could be added)
+    # the directory of the PostgreSQL binaries this node runs ("": PGBIN, the cluster's). Set by
+    # `chorus local start --pgbin DIR` while the node is stopped: a minor upgrade of one node
+    # (docs/DEPLOY.md, "PostgreSQL minor upgrades")
+    pgbin: str = ""
 
 
 @dataclass
@@ -151,6 +155,11 @@ class LocalCluster:
         localauth.restrict(self.passfile, 0o600)
         return found
 
+    @staticmethod
+    def pgbin(n: NodeMeta) -> Path:
+        """The PostgreSQL binaries node ``n`` runs: its own (NodeMeta.pgbin) or the cluster's."""
+        return Path(n.pgbin) if n.pgbin else PGBIN
+
     def node_dir(self, name: str) -> Path:
         return self.dir / "nodes" / name
 
@@ -188,6 +197,7 @@ class LocalCluster:
                 "http": f"http://{cfg.metrics_listen}",
                 "pg_pid": n.pg_pid if _alive(n.pg_pid, "postgres") else 0,
                 "coordinator_pid": n.coordinator_pid if _alive(n.coordinator_pid, "chorus") else 0,
+                "pgbin": str(self.pgbin(n)),
             })
         return out
 
@@ -285,7 +295,7 @@ class LocalCluster:
             self.log(f"{n.name}: initdb")
             locale = "C.UTF-8" if meta.encoding.upper() in ("UTF8", "UTF-8") else "C"
             # no connection is accepted until _secure_node has written pg_hba.conf
-            self._run([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth-local=reject",
+            self._run([str(self.pgbin(n) / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth-local=reject",
                        "--auth-host=reject", "-E", meta.encoding, f"--locale={locale}"], f"initdb of {n.name}")
             localauth.append_text(pgdata / "postgresql.conf",
                                   PG_CONF.format(port=n.port, run=run, number=_number(meta, n)))
@@ -315,7 +325,7 @@ class LocalCluster:
         changed = localauth.secure_pgdata(pgdata, self._peer_users(), self._service_owner())
         if changed and _alive(n.pg_pid, "postgres"):
             self.log(f"{n.name}: PostgreSQL takes passwords over TCP and peer authentication on its socket now")
-            self._run([str(PGBIN / "pg_ctl"), "-D", str(pgdata), "reload"], f"reloading PostgreSQL of {n.name}",
+            self._run([str(self.pgbin(n) / "pg_ctl"), "-D", str(pgdata), "reload"], f"reloading PostgreSQL of {n.name}",
                       node=n.name)
 
     def _start_postgres(self, n: NodeMeta) -> None:
@@ -324,7 +334,7 @@ class LocalCluster:
         that: a restart writes nothing)."""
         if not _alive(n.pg_pid, "postgres"):
             self._start_postmaster(n)
-        psql = [str(PGBIN / "psql"), "-X", "-q", "-tA", "-v", "ON_ERROR_STOP=1", "-h", str(self.run_dir(n.name)),
+        psql = [str(self.pgbin(n) / "psql"), "-X", "-q", "-tA", "-v", "ON_ERROR_STOP=1", "-h", str(self.run_dir(n.name)),
                 "-p", str(n.port), "-U", "postgres", "-d", "postgres", "-f", "-"]
         stored = self._run(psql, f"CREATE EXTENSION chorus on {n.name} (is the extension installed? run "
                                  "scripts/setup.sh)", node=n.name,
@@ -341,7 +351,7 @@ class LocalCluster:
         self.log(f"{n.name}: starting PostgreSQL on port {n.port}")
         for attempt in range(4):
             try:
-                self._run([str(PGBIN / "pg_ctl"), "-D", str(d / "pgdata"), "-l", str(d / "postgres.log"),
+                self._run([str(self.pgbin(n) / "pg_ctl"), "-D", str(d / "pgdata"), "-l", str(d / "postgres.log"),
                            "-w", "-t", "60", "start"], f"starting PostgreSQL of {n.name}", node=n.name)
                 break
             except LocalClusterError as e:
@@ -459,9 +469,14 @@ class LocalCluster:
         localauth.restrict(self.meta_path, 0o600)
         self.password(meta)
 
-    def start(self, name: str, wait: bool = True) -> None:
+    def start(self, name: str, wait: bool = True, pgbin: Optional[str] = None) -> None:
+        """Start node ``name``; with ``pgbin``, from the PostgreSQL binaries in that directory
+        from now on (refused unless its PostgreSQL is stopped: replacing the binaries under a
+        running server is not an upgrade)."""
         meta = self.load()
         n = self._node(meta, name)
+        if pgbin is not None:
+            self._use_binaries(meta, n, pgbin)
         self._secure(meta)
         self._secure_node(n)
         self._start_bus(meta, [name])
@@ -470,6 +485,21 @@ class LocalCluster:
         self.save(meta)
         if wait:
             self.wait_online(meta, [name], timeout=300)
+
+    def _use_binaries(self, meta: Meta, n: NodeMeta, pgbin: str) -> None:
+        path = Path(pgbin).resolve()
+        if _alive(n.pg_pid, "postgres"):
+            raise LocalClusterError(f"{n.name}'s PostgreSQL runs: stop the node first (`chorus local stop`)")
+        for program in ("postgres", "pg_ctl", "psql", "initdb"):
+            if not os.access(path / program, os.X_OK):
+                raise LocalClusterError(f"{path}: no PostgreSQL binaries there ({program} missing)")
+        major = subprocess.run([str(path / "postgres"), "--version"], capture_output=True, text=True, timeout=30)
+        if major.returncode != 0 or " 15." not in major.stdout:
+            raise LocalClusterError(f"{path}/postgres is not PostgreSQL 15 ({(major.stdout or major.stderr).strip()}): a "
+                                    "major version needs a migration (docs/MIGRATION.md), not new binaries")
+        n.pgbin = "" if path == PGBIN.resolve() else str(path)
+        self.save(meta)
+        self.log(f"{n.name}: PostgreSQL binaries from {path} from now on")
 
     def stop(self, name: str) -> None:
         meta = self.load()
@@ -666,7 +696,7 @@ class LocalCluster:
         d = self.node_dir(n.name)
         if _alive(n.pg_pid, "postgres"):
             try:
-                self._run([str(PGBIN / "pg_ctl"), "-D", str(d / "pgdata"), "-m", "fast", "-w", "-t", "30",
+                self._run([str(self.pgbin(n) / "pg_ctl"), "-D", str(d / "pgdata"), "-m", "fast", "-w", "-t", "30",
                            "stop"], f"stopping PostgreSQL of {n.name}", timeout=60, node=n.name)
             except (LocalClusterError, subprocess.TimeoutExpired):
                 if _alive(n.pg_pid, "postgres"):
