@@ -1,4 +1,3 @@
-# NOTE FROM THE INTEGRATOR TO THE HELPER (delete these lines before you commit this file): read /work/helper-common.md now: HARD DEADLINE 06:25 UTC for your last commit, then report; own .venv in your worktree; never run scripts/setup.sh or scripts/test.sh; install the extension only into your PGCOPY; nice + timeout tests; stop processes by pid only.
 """Adding and removing hosts online on the lab (issue 39; docs/MEMBERSHIP.md "Adding and removing
 nodes"): 3 -> 4 -> 5 -> 4 -> 3 under the bank and set workloads, each host with its own Corosync
 whose node list is rewritten and reloaded at every step. Checked at each step: every node counts
