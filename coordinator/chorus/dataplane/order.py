@@ -144,13 +144,15 @@ class OrderCore:
         # applied; released ones are admitted (and so will be held by the database) only after that.
         self.catching_up = False
         self.will_hold = 0  # the last GID released to be admitted when the node left the primary component
-        # The newest GID of a writeset of this node that no session of this node will commit: the
-        # node left the primary component while it was held (its session heard "unknown" and
-        # released its row locks uncommitted), or it came back with a GID answer or a catch-up
-        # range (:meth:`lost_own`). The cluster may commit it, applied from its writeset. A local
-        # transaction whose snapshot did not see it may have changed its rows as they were before
-        # it, and certification does not compare writesets of one node (their sessions' row locks
-        # order them): such a transaction is refused before it is ordered (:meth:`stale_local`).
+        # The newest GID of a writeset of this node, certified by the cluster, that no session of
+        # this node commits: the node left the primary component while it was held (its session
+        # heard "unknown" and released its row locks uncommitted) or its coordinator ended, and
+        # the GID answer or the catch-up range that brings the node back holds it (:meth:`lost_own`,
+        # Replicator._joined). It is applied from its writeset. A local transaction whose snapshot
+        # did not see it may have changed its rows as they were before it, and certification does
+        # not compare writesets of one node (their sessions' row locks order them): such a
+        # transaction is refused before it is ordered (:meth:`stale_local`). Only ever raised, to
+        # GIDs the node will commit, so its watermark passes it.
         self.lost_own_gid = 0
 
     # ---- local writesets ---------------------------------------------------------------------
@@ -430,10 +432,12 @@ class OrderCore:
         self.ddl_open.clear()
         for gid, a in held:
             if isinstance(a, LocalVerdict):
+                # its session ends uncommitted and releases its row locks; if the primary
+                # component has it, the node learns so when it rejoins (Replicator._joined: the
+                # answer's unstable writesets, or the catch-up range), and applies it. Not counted
+                # here: the node takes no writes until then, and a GID the primary component
+                # never had would hold this node's writes back until the cluster passes it.
                 self._local_scanned.pop(a.ticket, None)
-                # its session ends uncommitted and releases its row locks; the primary component
-                # may have it and commit it, and this node then applies it (stale_local)
-                self.lost_own(gid)
                 out.append(LocalVerdict(a.ticket, False, gid, 0,
                                         f"this node left the primary component before GID {gid} was known to a "
                                         "quorum of nodes: whether it committed will be known when the node rejoins",
