@@ -135,7 +135,7 @@ class Coordinator:
         self.causal = CausalReads(cfg.name, send)
         self.backends = BackendServer(
             cfg.name, self.wslog.max_payload(cfg.name), self.counters, self.pipeline, self.sender, self.causal,
-            refusal=self._refusal, expect=self._expect_local)
+            refusal=self._refusal, expect=self._expect_local, stale=self._stale_local)
         self.catchup: Optional[CatchUpRunner] = None  # once the replicator exists
         # [[link]]: this node's part in its site's links to other sites (docs/LINKS.md)
         self.links = (SiteLinks(cfg.name, cfg.links, self.wslog, lambda: self.pipeline.watermark, send,
@@ -603,6 +603,10 @@ class Coordinator:
         if not r.accepts_writes or not self.db.ok.is_set():
             return self.phase_reason
         return None
+
+    def _stale_local(self, last_seen: int) -> Optional[str]:
+        r = self.replicator
+        return r.stale_local(last_seen) if r is not None else None
 
     def _expect_local(self, ticket: int, writeset: wire.Writeset) -> None:
         assert self.replicator is not None

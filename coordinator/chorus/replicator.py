@@ -235,6 +235,12 @@ class Replicator:
         delivered back it is not parsed again."""
         self.order.expect_local(ticket, writeset)
 
+    def stale_local(self, last_seen: int) -> Optional[str]:
+        """Why a local writeset whose snapshot saw GID ``last_seen`` is refused before it is
+        ordered (a writeset of this node it did not see is applied, not committed by its session:
+        OrderCore.stale_local), or None."""
+        return self.order.stale_local(last_seen)
+
     def forget_local(self, ticket: int) -> None:
         """The writeset of ``ticket`` never reached the bus."""
         self.order.forget_local(ticket)
@@ -613,6 +619,15 @@ class Replicator:
         undone = self._drop_rounds(msg.certified, "the cluster this node joined did not certify it")
         self.cluster_uuid = msg.cluster_uuid
         self.order.install(msg.gid, msg.certified, released, unstable, self.certifiers.restore(msg.certifier))
+        # This node's own writesets the cluster certified while none of its sessions could commit
+        # them (it was out, or their sessions heard "unknown"): those the answer holds, and any in
+        # the range it catches up. They are applied from their writesets; a local transaction that
+        # did not see them is refused before it is ordered (OrderCore.stale_local).
+        for g, _prev, origin, _ws in msg.unstable:
+            if origin == self.node and g > self.last_gid:
+                self.order.lost_own(g)
+        if behind:
+            self.order.lost_own(released)
         before = self.config
         m.joined(msg)  # the members at the request's place (what was delivered since is replayed)
         self.paused_by = set(msg.paused)

@@ -789,6 +789,9 @@ class Coord:
         if self.host.lost_gid > txn.last_seen:
             txn.state = "refused"  # chorus_check_lost at its commit: 40001
             return
+        if self.r.stale_local(txn.last_seen) is not None:
+            txn.state = "refused"  # backends.BackendServer._writeset: 40001 before it is ordered
+            return
         payload = make_writeset(txn.xid, txn.last_seen, keys)
         ticket = self.feed(ev.WritesetEv(payload))
         self.tickets[ticket] = txn

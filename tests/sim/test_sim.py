@@ -35,6 +35,11 @@ REGRESSIONS = {
          "and dispatched again: both sessions took later writesets, which waited for their commit turn for good",
     1462: "the simulation's coordinator (not nodedb.start_node, whose chorus.durable_gid() flushes) started "
           "without flushing its predecessor's applies; PostgreSQL then lost them and nothing applied them again",
+    8358: "a lost update: n3, frozen out of the primary component while its own writesets waited for a quorum, "
+          "told their sessions the outcome was unknown (their row locks went uncommitted) and came back with them "
+          "in its GID answer, to be applied; a new local transaction that had not seen its own GID 39 changed "
+          "the same row, and certification, which does not compare writesets of one node, certified it "
+          "(OrderCore.stale_local refuses it before it is ordered since)",
 }
 
 

@@ -278,6 +278,77 @@ def test_writeset_only_a_node_cut_off_delivered_never_commits_anywhere() -> None
     assert c.log["n3"] == [] and r3.gid == 0
 
 
+def test_a_local_transaction_that_did_not_see_an_own_writeset_its_session_gave_up_is_refused() -> None:
+    """Simulation seed 8358: n3 ordered its own writeset (GID 1) and was cut off before a quorum
+    was known to have it; its session heard "unknown" and released its row locks uncommitted.
+    The primary component had it and commits it, and n3 applies it when it rejoins. A local
+    transaction of n3 that did not see GID 1 may have changed its rows as they were before it,
+    and certification does not compare writesets of one node (their sessions' row locks order
+    them), so it would be certified over GID 1: a lost update. The origin refuses it before it
+    is ordered (40001); one that saw GID 1 goes on."""
+    c = form(quorum=2)
+    r3 = c.nodes["n3"]
+    assert r3.stale_local(0) is None
+    c.submit("n3", 0, 8)
+    sender, payload = c.order.popleft()
+    for n in NAMES:
+        c.nodes[n].on_delivery(Delivery(sender, payload))  # the reports are lost with n3
+    actions = r3.on_view(View(2, ("n3",), (), ("n1", "n2"), "n3", False, 2), c.now)
+    unknown = [a for a in actions if isinstance(a, LocalVerdict)]
+    assert len(unknown) == 1 and unknown[0].unknown and unknown[0].gid == 1
+    for n in ("n1", "n2"):
+        c.act(n, c.nodes[n].on_view(View(2, ("n1", "n2"), (), ("n3",), n, True, 2), c.now))
+    c.order = deque((s, p) for s, p in c.order if s != "n3")
+    while c.order:
+        s, p = c.order.popleft()
+        for n in ("n1", "n2"):
+            c.act(n, c.nodes[n].on_delivery(Delivery(s, p)))
+    assert c.nodes["n1"].released == 1  # the primary component commits n3's GID 1
+    assert not r3.accepts_writes  # out of it, n3 takes no writes at all
+    # back in the primary component, it refuses a transaction that did not see GID 1 ...
+    c.view(NAMES, quorum=2)
+    c.drain()
+    for _ in range(3):
+        c.tick(1.0)
+    assert r3.phase == Phase.RECOVERING  # its database lacks GID 1: it catches up
+    why = r3.stale_local(0)
+    assert why is not None and "GID 1" in why and "saw GID 0" in why
+    assert r3.stale_local(1) is None
+    # ... and so does the node started again, which learns of GID 1 from the cluster
+    fresh = Replicator("n3", r3.cluster_uuid, 0, epochs=r3.epochs, records=dict(r3.records),
+                       holding=lambda: Holding(0))
+    assert fresh.stale_local(0) is None
+    c.nodes["n3"] = fresh
+    c.view(["n1", "n2"], quorum=2)
+    c.view(NAMES, quorum=2)
+    c.drain()
+    for _ in range(3):
+        c.tick(1.0)
+    assert fresh.phase == Phase.RECOVERING
+    assert fresh.stale_local(0) is not None and fresh.stale_local(1) is None
+
+
+def test_an_own_writeset_the_primary_component_never_had_holds_no_write_back() -> None:
+    """n3 alone delivered its writeset (GID 1) before it was cut off; the primary component never
+    had it and stays idle. Back, n3 must take writes at once: nothing of its own is applied, and
+    GID 1 will never commit on it (refusing snapshots below it would refuse every write)."""
+    c = form(quorum=2)
+    r3 = c.nodes["n3"]
+    c.submit("n3", 0, 8)
+    sender, payload = c.order.popleft()
+    r3.on_delivery(Delivery(sender, payload))
+    r3.on_view(View(2, ("n3",), (), ("n1", "n2"), "n3", False, 2), c.now)
+    for n in ("n1", "n2"):
+        c.act(n, c.nodes[n].on_view(View(2, ("n1", "n2"), (), ("n3",), n, True, 2), c.now))
+    c.order.clear()
+    c.view(NAMES, quorum=2)
+    c.drain()
+    for _ in range(3):
+        c.tick(1.0)
+    assert r3.phase == Phase.ONLINE and r3.gid == 0
+    assert r3.stale_local(0) is None
+
+
 def test_view_change_inside_the_primary_keeps_held_writesets() -> None:
     c = form(quorum=2)
     for n in NAMES:

@@ -107,12 +107,15 @@ class BackendConnection(asyncio.Protocol):
 
 class BackendServer:
     """Answers the backends. ``refusal()`` says why this node takes no writes now (None: it
-    does); ``expect(ticket, writeset)`` hands the replicator the scanned writeset its verdict
-    will be about, so it is not parsed again when it comes back from the bus."""
+    does); ``stale(last_seen)`` why a writeset whose snapshot saw GID ``last_seen`` must not be
+    ordered (Replicator.stale_local), or None; ``expect(ticket, writeset)`` hands the replicator
+    the scanned writeset its verdict will be about, so it is not parsed again when it comes back
+    from the bus."""
 
     def __init__(self, node: str, max_writeset: int, counters: Counters, pipeline: CommitPipeline,
                  sender: BusSender, causal: CausalReads,
-                 refusal: Callable[[], Optional[str]], expect: Callable[[int, wire.Writeset], None]) -> None:
+                 refusal: Callable[[], Optional[str]], expect: Callable[[int, wire.Writeset], None],
+                 stale: Optional[Callable[[int], Optional[str]]] = None) -> None:
         self.node = node
         self.max_writeset = max_writeset  # what the writeset log holds: larger local writesets are refused
         self.counters = counters
@@ -121,6 +124,7 @@ class BackendServer:
         self.causal = causal
         self._refusal = refusal
         self._expect = expect
+        self._stale = stale
         self.spool: Optional[Spool] = None  # where large writesets from backends go (set by the coordinator)
         self.info: Optional[Callable[[str], str]] = None  # the extension's views (nodestatus.info; set likewise)
         self.tickets: dict[int, Backend] = {}
@@ -162,6 +166,12 @@ class BackendServer:
         if why is not None:
             self.counters.refused += 1
             b.send(bpf.verdict_frame(bpf.VERDICT_REFUSED, 0, 0, f"this node does not accept writes: {why}"))
+            return
+        why = self._stale(ws.last_seen) if self._stale is not None else None
+        if why is not None:
+            # a serialization failure (40001), before any node sees it: a retry takes a newer snapshot
+            self.counters.refused += 1
+            b.send(bpf.verdict_frame(bpf.VERDICT_CONFLICT, 0, 0, why))
             return
         limit = self.max_writeset
         if len(payload) > limit:

@@ -108,6 +108,7 @@ class LocalWritesets:
 
     node: str
     _local_scanned: dict[int, wire.Writeset]
+    lost_own_gid: int = 0  # (OrderCore.__init__ says what it is)
 
     def expect_local(self, ticket: int, writeset: wire.Writeset) -> None:
         """A local backend's writeset, scanned, goes to the bus with ``ticket``: when it is
@@ -117,6 +118,24 @@ class LocalWritesets:
     def forget_local(self, ticket: int) -> None:
         """The writeset of ``ticket`` never reached the bus."""
         self._local_scanned.pop(ticket, None)
+
+    def lost_own(self, gid: int) -> None:
+        """GID ``gid`` may be a writeset of this node that none of its sessions commits: it is
+        applied from its writeset, if the cluster certified it (``lost_own_gid``)."""
+        self.lost_own_gid = max(self.lost_own_gid, gid)
+
+    def stale_local(self, last_seen: int) -> Optional[str]:
+        """Why a local writeset whose snapshot saw GID ``last_seen`` must not be ordered, or None.
+        It did not see a writeset of this node that its session did not commit (``lost_own_gid``):
+        it may have read and changed that writeset's rows as they were before it, after its
+        session released their row locks uncommitted. Certification would not catch it (it does
+        not compare writesets of one node), so the origin refuses it here, before any node sees
+        it: a serialization failure, which a retry, with a newer snapshot, does not meet."""
+        if last_seen >= self.lost_own_gid:
+            return None
+        return (f"could not serialize access: GID {self.lost_own_gid}, a transaction of this node whose "
+                f"session did not commit it, is applied from its writeset; this transaction did not see it "
+                f"(it saw GID {last_seen}) and may have changed its rows as they were before it: retry it")
 
     def local_in_flight(self) -> list[wire.Writeset]:
         """This node's writesets sent for ordering and not delivered back yet."""
@@ -174,6 +193,16 @@ class OrderCore(LocalWritesets):
         # applied; released ones are admitted (and so will be held by the database) only after that.
         self.catching_up = False
         self.will_hold = 0  # the last GID released to be admitted when the node left the primary component
+        # The newest GID of a writeset of this node, certified by the cluster, that no session of
+        # this node commits: the node left the primary component while it was held (its session
+        # heard "unknown" and released its row locks uncommitted) or its coordinator ended, and
+        # the GID answer or the catch-up range that brings the node back holds it (:meth:`lost_own`,
+        # Replicator._joined). It is applied from its writeset. A local transaction whose snapshot
+        # did not see it may have changed its rows as they were before it, and certification does
+        # not compare writesets of one node (their sessions' row locks order them): such a
+        # transaction is refused before it is ordered (:meth:`stale_local`). Only ever raised, to
+        # GIDs the node will commit, so its watermark passes it.
+        self.lost_own_gid = 0
 
     # ---- the total order -----------------------------------------------------------------------
 
@@ -410,6 +439,11 @@ class OrderCore(LocalWritesets):
         self.ddl_open.clear()
         for gid, a in held:
             if isinstance(a, LocalVerdict):
+                # its session ends uncommitted and releases its row locks; if the primary
+                # component has it, the node learns so when it rejoins (Replicator._joined: the
+                # answer's unstable writesets, or the catch-up range), and applies it. Not counted
+                # here: the node takes no writes until then, and a GID the primary component
+                # never had would hold this node's writes back until the cluster passes it.
                 self._local_scanned.pop(a.ticket, None)
                 out.append(LocalVerdict(a.ticket, False, gid, 0,
                                         f"this node left the primary component before GID {gid} was known to a "
