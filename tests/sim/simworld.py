@@ -517,6 +517,9 @@ class Coord:
         self.name = host.name
         self.member = member
         self.alive = True
+        # the PostgreSQL it is connected to (Host.db_generation): one that restarted meanwhile, even
+        # while this process was frozen, closed its connections, which its next use of them tells it
+        self.db_seen = host.db_generation
         self.frozen = False  # SIGSTOPped (the bus delivers nothing meanwhile, timers wait)
         st = host.state
         db = host.db
@@ -712,7 +715,7 @@ class Coord:
         db = self.host.db
         if not self.db_ok:
             return
-        if not db.up:
+        if not db.up or self.db_seen != self.host.db_generation:
             self._database_lost()
             return
         self.feed(ev.DbCommitted(db.last))
@@ -763,6 +766,7 @@ class Coord:
             self.sim.clock.after(0.5, self._wait_database)
             return
         db.flush()  # nodedb.start_node, as at the coordinator's start
+        self.db_seen = self.host.db_generation
         self.feed(ev.DbBack(db.last))
 
     # -- local transactions (commit/backends.py)

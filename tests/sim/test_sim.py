@@ -33,6 +33,8 @@ REGRESSIONS = {
          "then on an older GID never got its vote, never closed, and the node that failed to apply waited",
     598: "the simulation's apply (not the pipeline's) put a failed run's GIDs back after its session was idle "
          "and dispatched again: both sessions took later writesets, which waited for their commit turn for good",
+    9016: "the simulation's coordinator, frozen while its PostgreSQL restarted, never learnt of the restart (the "
+          "real one's connections die with it): its commit book kept GIDs the database had lost",
     1462: "the simulation's coordinator (not nodedb.start_node, whose chorus.durable_gid() flushes) started "
           "without flushing its predecessor's applies; PostgreSQL then lost them and nothing applied them again",
     8358: "a lost update: n3, frozen out of the primary component while its own writesets waited for a quorum, "
