@@ -86,6 +86,10 @@ def test_the_out_direction() -> None:
     assert (idle["state"], idle["lag_gids"]) == ("idle", None)
     broken = ls.out_row("l", "east", "west", 90, "e1", ls.Sending((), "link broken: GIDs 1..4", 0, 0, 0))
     assert (broken["state"], broken["why"]) == ("broken", "link broken: GIDs 1..4")
+    # a stream open but stopped at a transaction its rules cannot route is broken, not streaming
+    stopped = ls.out_row("l", "east", "west", 90, "e1",
+                         ls.Sending((("10.0.0.2:5000", 80),), "GID 81 cannot be sent: bad filter", 20, 3, 5))
+    assert (stopped["state"], stopped["why"], stopped["applied_gid"]) == ("broken", "GID 81 cannot be sent: bad filter", 80)
 
 
 def test_the_sender_counts_what_it_sent_filtered_and_did_not_send_back() -> None:

@@ -14,7 +14,8 @@ One row per link and direction this node has a part in:
   apply met (``chorus.link_exceptions``) by table and decision.
 - ``out`` (this site's changes sent to the peer), on a node with the link's ``listen``: the
   sender's state on this node (``streaming`` while a receiver streams from it, ``idle``, or
-  ``broken`` when the last stream ended because the log no longer held what it needed), the
+  ``broken`` while its rules cannot route a transaction, or when the last stream ended because
+  the log no longer held what it needed), the
   receivers streaming from it, this site's committed GID, the GID the stream has passed, the
   difference (what this node has still to send), and the records sent and filtered.
 
