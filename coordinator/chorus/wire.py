@@ -348,6 +348,11 @@ def _name(b: bytes) -> str:
     return b.decode("utf-8", "surrogateescape")
 
 
+def name_str(b: bytes) -> str:
+    """A name read from the database, as a writeset's names are held (:func:`name_bytes` undoes it)."""
+    return _name(b)
+
+
 def name_bytes(s: str) -> bytes:
     """A name or setting of a writeset back as the bytes its origin wrote."""
     return s.encode("utf-8", "surrogateescape")

@@ -46,6 +46,8 @@ def db(plain: PlainPostgres) -> Iterator[str]:
                       "$$ SELECT CASE r->>'region' WHEN 'array' THEN '[1]'::jsonb WHEN 'null' THEN 'null'::jsonb "
                       "ELSE r || jsonb_build_object('id', (r->>'id')::int + 1) END $$")
             c.execute("CREATE FUNCTION public.lookalike(text) RETURNS boolean LANGUAGE sql AS 'SELECT true'")
+            c.execute("CREATE TYPE public.mood AS ENUM ('sad', 'ok', 'happy')")
+            c.execute("CREATE TABLE hr.feel (id int PRIMARY KEY, m public.mood)")
             with psycopg.connect(plain.dsn, autocommit=True) as p:  # a role a failed run left
                 if p.execute("SELECT 1 FROM pg_roles WHERE rolname = 'link_rules_reader'").fetchone():
                     c.execute("DROP OWNED BY link_rules_reader")
@@ -102,6 +104,21 @@ def test_computed_columns_and_row_functions(ev: PgEvaluator) -> None:
     out = route(rules, ws, ev)
     assert out is not None and [r.new for r in out.rows if isinstance(r, wire.Row)] == [
         (_int4(1), b"eu", b"10.5", b"X", b"21.0")]
+
+
+def test_a_type_the_origin_named_unqualified(ev: PgEvaluator) -> None:
+    """The origin's session had public in its search_path, so its writeset names the enum
+    ``mood``: the evaluator casts to ``public.mood``, read from its own catalog (under
+    ``search_path = pg_catalog``, ``mood`` alone names nothing)."""
+    feel = wire.Table("hr", "feel", (wire.Column("id", "integer"), wire.Column("m", "mood")), (0,))
+    assert ev.predicate(feel, (_int4(1), b"happy"), "m > 'sad'")
+    assert not ev.predicate(feel, (_int4(2), b"sad"), "m > 'sad'")
+    assert ev.expression(feel, (_int4(1), b"ok"), "m::text || '!'") == b"ok!"
+    with pytest.raises(RuleError, match="invalid input value for enum"):
+        ev.predicate(feel, (_int4(3), b"angry"), "m > 'sad'")
+    # a column the table lacks (a computed one) keeps the writeset's type name
+    wider = wire.Table("hr", "feel", feel.columns + (wire.Column("k", "integer"),), (0,))
+    assert ev.predicate(wider, (_int4(1), b"ok", b"7"), "k = 7")
 
 
 def test_the_session_cannot_write(ev: PgEvaluator, db: str) -> None:

@@ -303,6 +303,8 @@ class Run:
         db.up = False
         h.db_generation += 1
         h.lost_gid = 0  # the extension's shared memory starts again
+        if h.coord is not None and h.coord.alive and not h.coord.frozen:
+            h.coord.backends_died()  # their sockets close (a frozen coordinator reads it at the thaw)
         self.sim.trace(h.name, f"PostgreSQL crashed at GID {db.last}, lost {lost}")
         self.sim.checker.lost(h, lost)
 

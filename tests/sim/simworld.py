@@ -469,6 +469,7 @@ class Txn:
     gid: int = 0
     wait_for: int = 0
     last_seen: int = 0  # the node's watermark when it wrote its rows (its snapshot)
+    generation: int = 0  # which start of the node's PostgreSQL its backend belongs to (Host.db_generation)
 
 
 # ---- the coordinator's twin ------------------------------------------------------------------
@@ -803,10 +804,27 @@ class Coord:
             self._pump_scheduled = True
             self.sim.clock.after(self.sim.rnd.random() * 0.001, self.pump)
 
+    def backends_died(self) -> None:
+        """Its PostgreSQL restarted: the old one's backends are gone, and with them their sockets
+        (commit/backends.BackendServer.closed). A writeset still waiting for its verdict is no
+        one's: the core replays it if the cluster certifies it, and its client hears nothing."""
+        gen = self.host.db_generation
+        for ticket, txn in list(self.tickets.items()):
+            if txn.generation != gen:
+                del self.tickets[ticket]
+                txn.state = "unknown"
+                self.feed(ev.Call("backend_gone", ticket, ""))
+        for txn, _ in self.socket:
+            if txn.generation != gen:
+                txn.state = "unknown"
+        self.socket = [(t, k) for t, k in self.socket if t.generation == gen]
+
     def thawed(self) -> None:
         """SIGCONT: the backends' frames that reached its socket just before the freeze are read
         in the same loop turn as the bus events that piled up (here: before them, while the node
-        still thinks it is online); their writesets leave at the end of that bus batch."""
+        still thinks it is online); their writesets leave at the end of that bus batch. Sockets
+        of backends that died with a PostgreSQL restarted meanwhile read as closed first."""
+        self.backends_died()
         frames, self.socket = self.socket, []
         for txn, keys in frames:
             if self.refusal() is None:
@@ -832,7 +850,7 @@ class Coord:
         assert txn is not None
         txn.state, txn.gid, txn.wait_for = "certified", v.gid, v.wait_for
         self.backends[v.gid] = (txn, v.obj)
-        self.sim.clock.after(0.0005, self._backend_commit, v.gid, self.host.db_generation)
+        self.sim.clock.after(0.0005, self._backend_commit, v.gid, txn.generation)
 
     def _backend_commit(self, gid: int, generation: int) -> None:
         """The local backend waits for its turn and commits (flushed)."""
@@ -850,7 +868,11 @@ class Coord:
             return
         self.backends.pop(gid, None)
         if db.last >= gid:
-            return  # replayed meanwhile
+            # the pipeline applied it over the rows its live backend holds: the real apply would
+            # have waited for them (only a backend gone, with its PostgreSQL or its session, is
+            # replayed: backends_died, Host.orphan)
+            txn.state = "unknown"
+            raise Violation(f"{self.name}: GID {gid} applied by the pipeline while its backend, alive, waited for its turn")
         p = self.book.pending.get(gid)
         if p is None or p.backend is not b:
             txn.state = "unknown"
@@ -1123,6 +1145,7 @@ class Host:
     def take_rows(self, txn: Txn, keys: list[int]) -> None:
         """``txn`` writes ``keys`` now: it read each row as this node's database has it."""
         txn.last_seen = self.db.last
+        txn.generation = self.db_generation
         self.sim.reads[txn.xid] = {k: self.db.writer.get(k, 0) for k in keys}
         for k in keys:
             self.rows[k] = txn

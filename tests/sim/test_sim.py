@@ -42,6 +42,10 @@ REGRESSIONS = {
           "in its GID answer, to be applied; a new local transaction that had not seen its own GID 39 changed "
           "the same row, and certification, which does not compare writesets of one node, certified it "
           "(OrderCore.stale_local refuses it before it is ordered since)",
+    9038: "the simulation's backends outlived their PostgreSQL: a writeset sent before a kill-postgres was "
+          "certified after the restart, its (dead) backend was given the verdict and waited for a turn the "
+          "pipeline's re-apply had taken; its transaction stayed certified for good (a backend now belongs to the "
+          "PostgreSQL it was opened on, and its socket closes with it: Coord.backends_died)",
 }
 
 

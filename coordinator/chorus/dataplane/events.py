@@ -286,8 +286,9 @@ class LogRec(Record):
 @dataclass(frozen=True)
 class Call(Record):
     """A call of the control plane into the order core (``CALL``): ``progress``,
-    ``held_released``, ``recovered`` (``number``: the committed GID it passed) or
-    ``recovery_failed`` (``text``: why). Its actions are carried out at once."""
+    ``held_released``, ``recovered`` (``number``: the committed GID it passed),
+    ``recovery_failed`` (``text``: why) or ``backend_gone`` (``number``: the ticket whose backend
+    closed its socket before its verdict). Its actions are carried out at once."""
 
     CODE = 0x15
     SPEC = (("call", "str"), ("number", "u64"), ("text", "str"))

@@ -361,6 +361,10 @@ class RefCore:
             self._act(self.r.recovered(e.number))
         elif e.call == "recovery_failed":
             self._act(self.r.recovery_failed(e.text))
+        elif e.call == "backend_gone":
+            # the backend of ticket ``number`` closed its socket before its verdict
+            # (BackendServer.closed): certified, it is replayed (CommitPipeline.admit_local)
+            self.tickets.discard(e.number)
         else:
             raise self.fault(f"unknown call {e.call!r}")
 

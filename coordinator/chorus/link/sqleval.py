@@ -17,7 +17,12 @@ session of the sending node's database that cannot write.
   their type's binary send form (wire.Binary) in binary form, each cast to its column's type
   (``$1::integer``), so the predicate compares typed values; a column whose value the UPDATE did
   not send (an unchanged out-of-line value) is not among the columns, and SQL naming it fails.
-  One prepared statement per (table shape, SQL): the statement's text holds both.
+  One prepared statement per (table shape, SQL): the statement's text holds both. The type
+  each value is cast to is read from this database's catalog, schema-qualified
+  (``public.mood``): the writeset's type names come from the origin session's
+  ``format_type_be``, unqualified where that session's ``search_path`` saw the type, and such a
+  name would not resolve under ``pg_catalog`` (a column the table lacks, a computed one, keeps
+  the writeset's name).
 - **Failures.** Anything that goes wrong (a bad predicate, a function raising, a timeout, the
   connection lost) raises :class:`RuleError` with PostgreSQL's message: the sender stops the
   stream at that transaction and says why (link/sender.py); nothing is dropped or sent, and
@@ -66,6 +71,8 @@ class PgEvaluator:
         self.name = name
         self.conn: Optional[psycopg.Connection[Any]] = None
         self.statements: dict[str, bytes] = {}  # statement text -> its prepared name
+        # (table, its columns as the writeset names them) -> each column's type, qualified
+        self.types: dict[tuple[str, str, tuple[tuple[str, str], ...]], tuple[str, ...]] = {}
         self.lock = threading.Lock()
         self.evaluations = 0
         self.warned = False
@@ -125,6 +132,7 @@ class PgEvaluator:
                 pass
         self.conn = None
         self.statements.clear()
+        self.types.clear()
 
     def _connect(self) -> psycopg.Connection[Any]:
         if self.conn is not None and not self.conn.closed and self.conn.pgconn.status == pq.ConnStatus.OK:
@@ -162,16 +170,16 @@ class PgEvaluator:
         """The one row of ``SELECT <select()> FROM (VALUES (the row)) AS t(columns)``, its values'
         text; RuleError naming ``what`` if it fails."""
         cols = [i for i, v in enumerate(values) if not isinstance(v, wire.Unchanged)]
-        shape = ", ".join(f"${n}::{table.columns[i].typname}" for n, i in enumerate(cols, 1))
         names = ", ".join(_ident(table.columns[i].name) for i in cols)
-        source = f"(VALUES ({shape})) AS t({names})"
-        text = f"SELECT {select()} FROM {source}" + wrap
         params: Any = [None if (v := values[i]) is None else bytes(v) for i in cols]
         formats = [1 if isinstance(values[i], wire.Binary) else 0 for i in cols]
         with self.lock:
             conn = self._connect()
             pg = conn.pgconn
             try:
+                types = self._types(pg, table, what)
+                shape = ", ".join(f"${n}::{types[i]}" for n, i in enumerate(cols, 1))
+                text = f"SELECT {select()} FROM (VALUES ({shape})) AS t({names})" + wrap
                 res = pg.exec_(_BEGIN.format(ms=int(self.timeout_ms)).encode())
                 self._ok(res, what, table)
                 name = self.statements.get(text)
@@ -195,6 +203,27 @@ class PgEvaluator:
                 if isinstance(e, RuleError):
                     raise
                 raise RuleError(f"{what} on {table.qualified} failed: {str(e).strip()}") from e
+
+    def _types(self, pg: pq.abc.PGconn, table: wire.Table, what: str) -> tuple[str, ...]:
+        """Each column's type as this database names it under ``search_path = pg_catalog``
+        (qualified unless built in), by the table's name and the column's; a column it does not
+        find keeps the writeset's name. Read once per table shape (a type changed by ALTER TABLE
+        changes the writeset's names too, and so the key)."""
+        key = (table.nspname, table.relname, tuple((c.name, c.typname) for c in table.columns))
+        got = self.types.get(key)
+        if got is not None:
+            return got
+        res = pg.exec_params(
+            b"SELECT a.attname, pg_catalog.format_type(a.atttypid, NULL) FROM pg_catalog.pg_attribute a "
+            b"JOIN pg_catalog.pg_class c ON c.oid = a.attrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            b"WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
+            [wire.name_bytes(table.nspname), wire.name_bytes(table.relname)], None, [0, 0], 0)
+        self._ok(res, what, table)
+        found = {wire.name_str(bytes(res.get_value(r, 0) or b"")): wire.name_str(bytes(res.get_value(r, 1) or b""))
+                 for r in range(res.ntuples)}
+        got = tuple(found.get(c.name, c.typname) for c in table.columns)
+        self.types[key] = got
+        return got
 
     def _ok(self, res: pq.abc.PGresult, what: str, table: wire.Table) -> None:
         if res.status in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):

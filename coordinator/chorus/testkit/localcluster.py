@@ -641,10 +641,13 @@ class LocalCluster:
         return n
 
     def remove_node(self, name: str) -> str:
-        """Remove a node from the running cluster: its coordinator and PostgreSQL stop, then the
-        cluster's configured nodes shrink by it through the total order; its directory stays
-        (renamed ``nodes/NAME.removed-<time>``). Refused (nothing changed) for a node that is not
-        configured, or when the nodes online without it would not be a quorum of those left."""
+        """Remove a node from the running cluster: the cluster's configured nodes shrink by it
+        through the total order (the node, still running, finds itself removed there and stops
+        taking writes), then its coordinator and PostgreSQL stop; its directory stays (renamed
+        ``nodes/NAME.removed-<time>``). Refused (nothing changed) for a node that is not
+        configured, or when the nodes online without it would not be a quorum of those left.
+        The change goes first, as on hosts (cli/members.py): stopped first, the node would take
+        its vote with it before the change, and a 2-node cluster could never shrink to one."""
         meta = self.load()
         n = self._node(meta, name)
         st, nodes = self.configured(meta)
@@ -655,20 +658,14 @@ class LocalCluster:
         if 2 * len(online) <= len(rest):
             raise LocalClusterError(f"removing {name} leaves {len(online)} of {len(rest)} configured nodes online "
                                     f"({', '.join(online) or 'none'}): not a quorum, the cluster would stop writing")
-        if st["node"] == name:  # ask another node: this one stops first
+        if st["node"] == name:  # ask another node: this one stops
             others = [x for x in meta.nodes if x.name != name]
             st, _ = self.configured(Meta(meta.group, others))
+        self.log(f"{name}: removing it from the configured nodes ({', '.join(sorted(rest))})")
+        result = self._reconfigure(meta, st, rest)  # refused: nothing changed
         self.log(f"{name}: stopping it")
         self._stop_coordinator(n)
         self.save(meta)
-        self.log(f"{name}: removing it from the configured nodes ({', '.join(sorted(rest))})")
-        try:
-            result = self._reconfigure(meta, st, rest)
-        except LocalClusterError:
-            self.log(f"{name}: the change was refused; starting it again")
-            self._start_coordinator(n)
-            self.save(meta)
-            raise
         self._stop_postgres(n)
         meta.numbers_used = max([meta.numbers_used] + [_number(meta, x) for x in meta.nodes])
         meta.nodes.remove(n)
