@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from chorus import wire
-from chorus.link import proto
+from chorus.link import proto, settle
 from chorus.link.events import ClockEvent, SiteId
 from chorus.link.proto import LinkBroken, LinkEnd, LinkError, LinkProtocolError, Position, Record
 from chorus.link.rules import RuleError, RuleSet, SqlEvaluator, route
@@ -48,6 +48,9 @@ class Provenance:
     commit_time: int
     applied_from: Optional[SiteId] = None
     reflection: Optional[ClockEvent] = None
+    # on the link's arbiter, for a record of the peer's whose conflicts it settled: the rows it
+    # realigns (docs/LINKS.md section 7.1), sent after the reflection as this site's change
+    realign: Optional[wire.Writeset] = None
 
 
 def retained(after: int, base_gid: int) -> None:
@@ -109,6 +112,14 @@ class Outbound:
                 self.returned += 1
                 if facts.reflection is not None:
                     out.append(facts.reflection)
+                routed = None if facts.realign is None else route(self.rules, facts.realign, self.evaluator)
+                if routed is not None:
+                    # the arbiter's realignment: this site's change at this GID, after the reflection
+                    # (the peer's window then holds everything of its own this site had applied)
+                    self.sent += 1
+                    self.clock = max(self.clock, record.gid + 1)
+                    self._clock_at = now
+                    return out + [Record(record.gid, self.site, facts.commit_time, wire.encode(settle.marked(routed)))]
                 return out + self._tick(record.gid + 1, now)
         self.filtered += 1
         return out + self._tick(record.gid + 1, now)
