@@ -66,7 +66,9 @@ class Outbound:
     Records come in GID order (:meth:`take`); the site's own transactions go through the link's
     rules and are sent if anything is left of them; a record the link applied from the peer is
     not sent back, only the clock event passed through with it (the reflection that closes the
-    peer's windows, [epoch]); a record from a third site is not sent (chains come later). This
+    peer's windows, [epoch]) and, on the link's arbiter, then the rows it realigns, as this
+    site's change at that GID (``Provenance.realign``, docs/LINKS.md section 7.1); a record from
+    a third site is not sent (chains come later). This
     site's clock goes out with every record sent (its GID), and in an explicit CLOCK frame
     ``(site, next GID)`` when records were filtered or the log is idle and ``clock_interval``
     seconds have passed since it last went out (the receiver's positions and lag advance, and it

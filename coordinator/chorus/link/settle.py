@@ -14,6 +14,11 @@ rows in conflict by the table's policy, and commits what :class:`Settlement` mak
 - one row of ``chorus.link_exceptions`` per conflict, both versions and the decision;
 - the link's row of ``chorus.link_position``, as before.
 
+On the link's arbiter the rows whose own version stood (kept by the policy, or rejected with
+their transaction) are stamped with this GID, and their exceptions are the realignment its
+sender sends (:func:`realignment`, docs/LINKS.md section 7.1); on the other site a realignment
+(marked by :data:`REALIGN_TABLE`) is settled row by row to the values it carries.
+
 Its inputs are the link writeset, the link's position row, the stamps of the keys the peer's
 rows touch and the current values of the rows in conflict, all read in the apply's transaction,
 as of the GID before it: the same on every node, so every node commits the same bytes. What it
