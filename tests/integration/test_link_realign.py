@@ -16,23 +16,16 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
 
-from linksites import TABLE, Relay, Site, linked_both_ways, wait
+from linksites import TABLE, Relay, Site, alike, linked_both_ways, settle, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 BASE = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 230
 EAST_PORT, WEST_PORT = BASE, BASE + 2  # east: one node; west: two
-
-
-def _alike(east: Site, west: Site) -> Callable[[], bool]:
-    def ok() -> bool:
-        want = east.rows(0)
-        return all(west.rows(i) == want for i in west.nodes())
-    return ok
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +42,7 @@ def test_a_rejected_transactions_rows_are_realigned_on_every_node(sites: tuple[S
         site.sql(TABLE)
     for i in range(1, 5):
         east.sql("INSERT INTO app.items VALUES (%s, 'start', 0)", (i,))
-    wait("east's rows on west", _alike(east, west))
+    wait("east's rows on west", alike(east, west))
 
     for r in relays:
         r.cut()
@@ -63,16 +56,7 @@ def test_a_rejected_transactions_rows_are_realigned_on_every_node(sites: tuple[S
     for r in relays:
         r.restore()
 
-    def settled() -> bool:
-        return (_alike(east, west)() and len(east.exceptions(0)) == 1
-                and all(len(west.exceptions(i)) == 3 for i in west.nodes()))
-    try:
-        wait("the conflict settled and realigned on every node", settled, timeout=120)
-    except BaseException:
-        for site in (east, west):  # what each node holds, for the failure's report
-            for i in site.nodes():
-                print(site.name, i, site.rows(i), site.exceptions(i), site.position(i), site.stamps(i))
-        raise
+    settle(east, west, "the conflict settled and realigned on every node", (1, 3))
     # west's version of every row of east's rejected transaction, on every node of both sites
     want = [(1, "start", 0), (2, "west", 2), (3, "start", 0), (4, "start", 0)]
     assert east.rows(0) == want
@@ -92,7 +76,7 @@ def test_a_rejected_transactions_rows_are_realigned_on_every_node(sites: tuple[S
     # afterwards east's changes of the realigned rows go through without a conflict
     east.sql("UPDATE app.items SET n = 7 WHERE id = 3")
     east.sql("INSERT INTO app.items VALUES (10, 'east again', 1)")
-    wait("east's later changes on west", _alike(east, west))
+    wait("east's later changes on west", alike(east, west))
     assert (3, "start", 7) in east.rows(0) and (10, "east again", 1) in east.rows(0)
     time.sleep(1.0)
     assert len(east.exceptions(0)) == 1 and all(len(west.exceptions(i)) == 3 for i in west.nodes())

@@ -327,11 +327,7 @@ def test_the_arbiters_realignment_is_its_change_at_the_gid_it_decided() -> None:
 def test_without_the_arbiters_realignment_the_sites_differ() -> None:
     """The same as the EPOCH_TRANS test, with A's sender sending no realignment (as before it
     was built): B keeps its y and z, A has its own."""
-    a, b = sites(policy="primary-wins", primary="A", detection="transaction")
-    a.commit(update("x", "A"))
-    b.commit(both("y", "x", "B"))
-    b.receive(a.serve(a.gid))
-    a.receive(b.serve(b.gid))
+    a, b = rejected_on_a()
     a.outbound = Outbound("A", "B", Position(a.outbound.position if a.outbound else 0), RuleSet(), NoSql(),
                           lambda r: replace(provenance(a.link)(r), realign=None), clock_interval=1e9)
     exchange(a, b)
@@ -376,18 +372,31 @@ def test_on_the_other_site_epoch_trans_settles_row_by_row() -> None:
     assert [c[1:] for c in b.conflicts()] == [("row", "kept-local")]
 
 
-def test_every_node_applies_a_realignment_alike() -> None:
+def rejected_on_a() -> tuple[SiteSim, SiteSim]:
+    """A, the primary, has rejected B's transaction of x (in conflict) and y (not); B has not
+    heard of it yet."""
     a, b = sites(policy="primary-wins", primary="A", detection="transaction")
     a.commit(update("x", "A"))
     b.commit(both("y", "x", "B"))
     b.receive(a.serve(a.gid))
     a.receive(b.serve(b.gid))
-    twin = SiteSim("B", "A", policy="primary-wins", primary="A", detection="transaction")
-    msgs = sent_on(a, b)
-    assert any(is_realign(wire.decode(m.writeset)) for m in msgs)
+    return a, b
+
+
+def twin_of(b: SiteSim, **conflict: Any) -> SiteSim:
+    """Another node of ``b``'s site, in the same state; the logs of both emptied."""
+    twin = SiteSim(b.name, b.link.peer_site, **conflict)
     for attr in ("gid", "rows", "stamps", "position"):
         setattr(twin, attr, dict(getattr(b, attr)) if isinstance(getattr(b, attr), dict) else getattr(b, attr))
     twin.log, b.log = [], []
+    return twin
+
+
+def test_every_node_applies_a_realignment_alike() -> None:
+    a, b = rejected_on_a()
+    msgs = sent_on(a, b)
+    assert any(is_realign(wire.decode(m.writeset)) for m in msgs)
+    twin = twin_of(b, policy="primary-wins", primary="A", detection="transaction")
     for m in msgs:
         b.apply_link(m)
         twin.apply_link(m)
@@ -396,11 +405,7 @@ def test_every_node_applies_a_realignment_alike() -> None:
 
 
 def test_a_realignment_from_a_site_that_is_not_the_arbiter_is_refused() -> None:
-    a, b = sites(policy="primary-wins", primary="A", detection="transaction")
-    a.commit(update("x", "A"))
-    b.commit(both("y", "x", "B"))
-    b.receive(a.serve(a.gid))
-    a.receive(b.serve(b.gid))
+    a, b = rejected_on_a()
     (m,) = [m for m in sent_on(a, b) if is_realign(wire.decode(m.writeset))]
     # B configured with itself as the primary (A believes it is): a realignment from A is refused
     other = SiteSim("B", "A", policy="primary-wins", primary="B", detection="transaction")
@@ -429,14 +434,10 @@ def test_every_node_commits_the_same_bytes() -> None:
     """The decision depends only on the link writeset and the state as of its GID: two nodes
     of a site with the same state decide the same writeset, byte for byte."""
     a, b = sites()
-    twin = SiteSim("B", "A")
     a.commit(update("x", "A"))
     b.commit(update("x", "B"))
     msgs = sent_on(a, b)
-    for attr in ("gid", "rows", "stamps", "position"):
-        setattr(twin, attr, dict(getattr(b, attr)) if isinstance(getattr(b, attr), dict) else getattr(b, attr))
-    twin.log = []
-    b.log = []
+    twin = twin_of(b)
     for m in msgs:
         b.apply_link(m)
         twin.apply_link(m)
