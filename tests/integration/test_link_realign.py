@@ -18,6 +18,7 @@ import os
 import time
 from typing import Iterator
 
+import psycopg
 import pytest
 
 from linksites import TABLE, Relay, Site, alike, linked_both_ways, settle, wait
@@ -81,3 +82,22 @@ def test_a_rejected_transactions_rows_are_realigned_on_every_node(sites: tuple[S
     time.sleep(1.0)
     assert len(east.exceptions(0)) == 1 and all(len(west.exceptions(i)) == 3 for i in west.nodes())
     assert all(west.rows(i) == east.rows(0) for i in west.nodes())
+
+
+def test_an_ordinary_role_on_the_arbiter_cannot_forge_a_realignment(sites: tuple[Site, Site, list[Relay]]) -> None:
+    """The arbiter's sender builds realignments from ``chorus.link_exceptions`` rows of the link's
+    own records, and the peer takes a writeset for one by the table ``chorus.link_realign``: an
+    ordinary role of the arbiter's site can make neither."""
+    west = sites[1]
+    west.sql("DROP ROLE IF EXISTS hostile")
+    west.sql("CREATE ROLE hostile LOGIN PASSWORD 'hostile-pw'")
+    dsn = psycopg.conninfo.make_conninfo(west.dsns[0], user="hostile", password="hostile-pw", passfile="")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            for q in ("CREATE TABLE chorus.link_realign (site text)",
+                      "INSERT INTO chorus.link_exceptions (gid, n, link, table_name, row_key, remote_site, detection, "
+                      "policy, decision) VALUES (1, 1, 'east-west', 'app.items', 'x', 'east', 'row', 'p', 'kept-local')"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    c.execute(q)
+    finally:
+        west.sql("DROP ROLE hostile")
