@@ -85,6 +85,29 @@ def wait(what: str, ok: Callable[[], bool], timeout: float = WAIT_S) -> None:
     pytest.fail(f"{what}: not within {timeout:.0f} s (last error: {last})")
 
 
+def alike(east: Site, west: Site) -> Callable[[], bool]:
+    """Every node of west holds east's rows."""
+    def ok() -> bool:
+        want = east.rows(0)
+        return all(west.rows(i) == want for i in west.nodes())
+    return ok
+
+
+def settle(east: Site, west: Site, what: str, exceptions: tuple[int, int], timeout: float = 120) -> None:
+    """Wait until every node of west holds east's rows and east and each node of west have
+    recorded ``exceptions`` conflicts; on failure, print what each node holds."""
+    def ok() -> bool:
+        return (alike(east, west)() and len(east.exceptions(0)) == exceptions[0]
+                and all(len(west.exceptions(i)) == exceptions[1] for i in west.nodes()))
+    try:
+        wait(what, ok, timeout=timeout)
+    except BaseException:
+        for site in (east, west):
+            for i in site.nodes():
+                print(site.name, i, site.rows(i), site.exceptions(i), site.position(i), site.stamps(i))
+        raise
+
+
 def link_keys(east_dir: Path, west_dir: Path) -> None:
     """Each site's cluster keys, the link's shared secret and each site's copy of the other's
     certificate."""

@@ -16,23 +16,16 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
 
-from linksites import TABLE, Relay, Site, linked_both_ways, wait
+from linksites import TABLE, Relay, Site, alike, linked_both_ways, settle, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 BASE = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 200
 EAST_PORT, WEST_PORT = BASE, BASE + 2  # east: one node; west: two
-
-
-def _alike(east: Site, west: Site) -> Callable[[], bool]:
-    def ok() -> bool:
-        want = east.rows(0)
-        return all(west.rows(i) == want for i in west.nodes())
-    return ok
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +42,11 @@ def test_concurrent_updates_are_detected_settled_alike_and_recorded(sites: tuple
     # rows made on east reach west; west's changes of them, made after they arrived, reach east
     for i in range(1, 5):
         east.sql("INSERT INTO app.items VALUES (%s, 'east', 0)", (i,))
-    wait("east's rows on west", _alike(east, west))
+    wait("east's rows on west", alike(east, west))
     west.sql("UPDATE app.items SET v = 'west after east', n = 1 WHERE id = 1", i=1)
     wait("west's change on east", lambda: (1, "west after east", 1) in east.rows(0))
     east.sql("UPDATE app.items SET v = 'east after west', n = 2 WHERE id = 1")
-    wait("east's change on west", _alike(east, west))
+    wait("east's change on west", alike(east, west))
     # not concurrent: nothing flagged anywhere
     assert east.exceptions(0) == [] and all(west.exceptions(i) == [] for i in west.nodes())
 
@@ -68,16 +61,7 @@ def test_concurrent_updates_are_detected_settled_alike_and_recorded(sites: tuple
     for r in relays:
         r.restore()
 
-    def settled() -> bool:
-        return (_alike(east, west)() and len(east.exceptions(0)) == 1
-                and all(len(west.exceptions(i)) == 1 for i in west.nodes()))
-    try:
-        wait("the conflict settled on every node", settled, timeout=120)
-    except BaseException:
-        for site in (east, west):  # what each node holds, for the failure's report
-            for i in site.nodes():
-                print(site.name, i, site.rows(i), site.exceptions(i), site.position(i), site.stamps(i))
-        raise
+    settle(east, west, "the conflict settled on every node", (1, 1))
     rows = east.rows(0)
     # latest-commit-wins, equal commit times: the site that sorts last (west) wins, on both sites
     assert (2, "west, concurrent", 4) in rows

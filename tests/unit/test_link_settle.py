@@ -28,8 +28,8 @@ from chorus.link.conflict import Detection
 from chorus.link.events import ClockEvent, RemoteTransaction, key_text
 from chorus.link.proto import Position, Record
 from chorus.link.rules import RuleSet, TableRule
-from chorus.link.settle import (EXCEPTIONS_TABLE, STAMP_TABLE, SettleError, Settings, Settlement, stamp_hash,
-                                table_stamp_key)
+from chorus.link.settle import (EXCEPTIONS_TABLE, STAMP_TABLE, SettleError, Settings, Settlement, is_realign,
+                                stamp_hash, table_stamp_key, unmarked)
 from chorus.link.sender import Outbound
 from chorus.link.site import Inbound, NoSql, provenance
 from chorus.wslog import LogRecord
@@ -272,13 +272,147 @@ def test_epoch_trans_rejects_the_whole_transaction_on_the_primary() -> None:
     assert sorted(a.conflicts()) == [('"app"."items" (id)=(x)', "row", "kept-local"),
                                      ('"app"."items" (id)=(y)', "transaction", "rejected"),
                                      ('"app"."items" (id)=(z)', "transaction", "rejected")]
-    assert a.value("y") == b"start" and b.value("y") == b"B"
     assert a.value("x") == b.value("x") == b"A"
-    assert a.value("z") is None and b.value("z") == b"B"  # realignment of z (the arbiter's) is not built yet
+    # the arbiter's realignment: B's y and z, which A rejected with their transaction without a
+    # conflict of their own, are A's again on B (y as it stood on A, z deleted)
+    assert a.value("y") == b.value("y") == b"start"
+    assert a.value("z") is None and b.value("z") is None
+    assert a.rows == b.rows
     y = next(e for e in a.exceptions if b"(y)" in bytes(e[4] or b""))
     assert b'"v":"start"' in bytes(y[8] or b"") and b'"v":"start"' in bytes(y[17] or b"")  # local row, result
     z = next(e for e in a.exceptions if b"(z)" in bytes(e[4] or b""))
     assert z[5] is None and z[8] is None  # no stamp, no local row: the local version is absent
+
+
+def both(k1: str, k2: str, v: str, insert_second: bool = False) -> wire.Writeset:
+    """One transaction: an UPDATE of ``k1`` and an UPDATE (or INSERT) of ``k2``."""
+    second = (wire.Row("I", 0, (), (k2.encode(), v.encode(), b"0")) if insert_second
+              else wire.Row("U", 0, (k2.encode(),), (k2.encode(), v.encode(), b"0")))
+    return wire.Writeset(1, 1, 0, (T,), (wire.Row("U", 0, (k1.encode(),), (k1.encode(), v.encode(), b"0")), second),
+                         (key(k1), key(k2, wire.KeyMode.EXCLUSIVE if insert_second else wire.KeyMode.UPDATE)))
+
+
+def test_the_arbiters_realignment_is_its_change_at_the_gid_it_decided() -> None:
+    """What A's sender sends for the link writeset it settled: the reflection, then, at that
+    GID, A's change marked as a realignment: the rows A rejected, as they stood on A (an UPDATE
+    to A's values, a DELETE of a row A does not have). Any sender of A sends it, after any
+    restart: it is read from the log record, which every node of A holds alike."""
+    a, b = sites(policy="primary-wins", primary="A", detection="transaction")
+    a.commit(update("x", "A"))
+    b.commit(both("x", "z", "B", insert_second=True))
+    b.receive(a.serve(a.gid))
+    a.receive(b.serve(b.gid))
+    g = a.gid  # the link writeset A settled
+    frames = a.serve(a.gid)
+    assert isinstance(frames[0], ClockEvent) and frames[0].site == "B"  # the reflection first
+    (rec,) = [f for f in frames if isinstance(f, Record)]
+    assert (rec.gid, rec.site) == (g, "A")
+    ws = wire.decode(rec.writeset)
+    assert is_realign(ws)
+    got = sorted((r.op, r.old, r.new) for r in unmarked(ws).rows if isinstance(r, wire.Row))
+    assert got == [("D", (b"z",), ()), ("U", (b"x",), (b"x", b"A", b"0"))]
+    # a sender started afresh (another node, or after a crash) from the same position sends the same
+    fresh = SiteSim("A", "B", policy="primary-wins", primary="A", detection="transaction")
+    fresh.log = a.log
+    fresh.outbound = Outbound("A", "B", Position(g - 1, b.position[3] if b.position else 0),  # type: ignore[arg-type]
+                              RuleSet(), NoSql(), provenance(a.link), clock_interval=1e9)
+    assert [f for f in fresh.serve(g) if isinstance(f, Record)] == [rec]
+    # A's rows rejected are stamped with that GID: a later change of B's made before B had the
+    # realignment is in conflict on A
+    assert a.stamps[stamp_hash((b"app", b"items", b"id", b"z"))] == ("A", g, 0)
+    # the non-arbiter sends no realignment for what it settled
+    assert not any(isinstance(f, Record) for f in b.serve(b.gid))
+
+
+def test_without_the_arbiters_realignment_the_sites_differ() -> None:
+    """The same as the EPOCH_TRANS test, with A's sender sending no realignment (as before it
+    was built): B keeps its y and z, A has its own."""
+    a, b = rejected_on_a()
+    a.outbound = Outbound("A", "B", Position(a.outbound.position if a.outbound else 0), RuleSet(), NoSql(),
+                          lambda r: replace(provenance(a.link)(r), realign=None), clock_interval=1e9)
+    exchange(a, b)
+    assert a.value("y") == b"start" and b.value("y") == b"B"
+    a2, b2 = sites(policy="primary-wins", primary="A", detection="transaction")
+    a2.commit(update("x", "A"))
+    b2.commit(both("y", "x", "B"))
+    exchange(a2, b2)
+    assert a2.value("y") == b2.value("y") == b"start" and a2.rows == b2.rows
+
+
+def test_a_realignment_meets_a_later_change_and_both_sites_decide_it_alike() -> None:
+    """B changes z again before A's realignment of z arrives: A, where z is stamped with the
+    realignment's GID, finds B's change in conflict, and B finds the realignment in conflict
+    with it; both settle it by the policy (A's, the primary's), so both end with A's."""
+    a, b = sites(policy="primary-wins", primary="A", detection="transaction")
+    a.commit(update("x", "A"))
+    b.commit(both("x", "z", "B", insert_second=True))
+    b.receive(a.serve(a.gid))
+    a.receive(b.serve(b.gid))  # A rejects it: z (absent on A) is realigned
+    b.commit(update("z", "B again"))  # before the realignment arrives
+    b.commit(update("w", "B's w"))  # not in conflict anywhere
+    exchange(a, b, rounds=3)
+    assert a.value("z") is None and b.value("z") is None
+    assert a.value("w") == b.value("w") == b"B's w"
+    assert a.rows == b.rows
+    assert ('"app"."items" (id)=(z)', "row", "took-remote") in b.conflicts()  # the realignment, on B
+
+
+def test_on_the_other_site_epoch_trans_settles_row_by_row() -> None:
+    """Only the arbiter rejects transactions: under latest-commit-wins (A the arbiter, B the
+    site whose name sorts last and wins ties) A takes B's x and applies B's transaction; B keeps
+    its x against A's transaction and still applies A's y, which A has: the sites end equal (were
+    B to reject A's transaction whole, y would differ and nothing would realign it)."""
+    a, b = sites(detection="transaction")
+    a.commit(both("x", "y", "A"))
+    b.commit(update("x", "B"))
+    exchange(a, b)
+    assert a.value("x") == b.value("x") == b"B"
+    assert a.value("y") == b.value("y") == b"A"
+    assert a.rows == b.rows
+    assert [c[1:] for c in b.conflicts()] == [("row", "kept-local")]
+
+
+def rejected_on_a() -> tuple[SiteSim, SiteSim]:
+    """A, the primary, has rejected B's transaction of x (in conflict) and y (not); B has not
+    heard of it yet."""
+    a, b = sites(policy="primary-wins", primary="A", detection="transaction")
+    a.commit(update("x", "A"))
+    b.commit(both("y", "x", "B"))
+    b.receive(a.serve(a.gid))
+    a.receive(b.serve(b.gid))
+    return a, b
+
+
+def twin_of(b: SiteSim, **conflict: Any) -> SiteSim:
+    """Another node of ``b``'s site, in the same state; the logs of both emptied."""
+    twin = SiteSim(b.name, b.link.peer_site, **conflict)
+    for attr in ("gid", "rows", "stamps", "position"):
+        setattr(twin, attr, dict(getattr(b, attr)) if isinstance(getattr(b, attr), dict) else getattr(b, attr))
+    twin.log, b.log = [], []
+    return twin
+
+
+def test_every_node_applies_a_realignment_alike() -> None:
+    a, b = rejected_on_a()
+    msgs = sent_on(a, b)
+    assert any(is_realign(wire.decode(m.writeset)) for m in msgs)
+    twin = twin_of(b, policy="primary-wins", primary="A", detection="transaction")
+    for m in msgs:
+        b.apply_link(m)
+        twin.apply_link(m)
+    assert [r.payload for r in b.log] == [r.payload for r in twin.log]
+    assert b.value("y") == b"start" and twin.rows == b.rows
+
+
+def test_a_realignment_from_a_site_that_is_not_the_arbiter_is_refused() -> None:
+    a, b = rejected_on_a()
+    (m,) = [m for m in sent_on(a, b) if is_realign(wire.decode(m.writeset))]
+    # B configured with itself as the primary (A believes it is): a realignment from A is refused
+    other = SiteSim("B", "A", policy="primary-wins", primary="B", detection="transaction")
+    other.position = b.position
+    with pytest.raises(SettleError, match="not the link's arbiter here"):
+        other.apply_link(replace(m, settings=other.settings.fingerprint))
+    assert b.apply_link(m) == lp.Decision.APPLY
 
 
 def sent_on(a: SiteSim, b: SiteSim) -> list[bp.LinkWriteset]:
@@ -300,14 +434,10 @@ def test_every_node_commits_the_same_bytes() -> None:
     """The decision depends only on the link writeset and the state as of its GID: two nodes
     of a site with the same state decide the same writeset, byte for byte."""
     a, b = sites()
-    twin = SiteSim("B", "A")
     a.commit(update("x", "A"))
     b.commit(update("x", "B"))
     msgs = sent_on(a, b)
-    for attr in ("gid", "rows", "stamps", "position"):
-        setattr(twin, attr, dict(getattr(b, attr)) if isinstance(getattr(b, attr), dict) else getattr(b, attr))
-    twin.log = []
-    b.log = []
+    twin = twin_of(b)
     for m in msgs:
         b.apply_link(m)
         twin.apply_link(m)

@@ -145,8 +145,18 @@ def settle(window: LinkWindow, batch: Sequence[RemoteTransaction], rows: LocalRo
     policy keeps the local version is rejected whole, and so is every later one of the batch
     that depends on a rejected one. Rows applied earlier in the batch count with their new
     stamps. On the arbiter every row settled or rejected is realigned.
+
+    Only the arbiter rejects transactions: on the other site ``Detection.TRANSACTION`` settles
+    row by row. Its per-row decisions are the arbiter's (the policies are symmetric), and what
+    the arbiter's rejection leaves different (the rows of the rejected transaction) comes back
+    in the arbiter's realignment (docs/LINKS.md section 7.1); were the other site to reject the
+    arbiter's transactions too, rows the arbiter applied without a conflict would stay different
+    with nothing to realign them. A realignment (``txn.realign``) is settled row by row as well:
+    it is the arbiter's decision, not a transaction of the application.
     """
     local = window.local
+    if arbiter != local:
+        detection = Detection.ROW
     overlay: dict[bytes, Optional[Stamp]] = {}
     rejected: dict[int, int] = {}
     keys = [_txn_keys(t) for t in batch]
@@ -160,7 +170,8 @@ def settle(window: LinkWindow, batch: Sequence[RemoteTransaction], rows: LocalRo
             raise ValueError(f"a transaction of {txn.site} in {window.peer}'s stream")
         remote_stamp = Stamp(txn.site, txn.clock, txn.commit_time)
         depends_on = None
-        if detection == Detection.TRANSACTION:
+        per_txn = detection == Detection.TRANSACTION and not txn.realign
+        if per_txn:
             depends_on = next((j for j in rejected if depends(keys[j], keys[n])), None)
         changes = row_changes(txn.writeset)
         found: list[tuple[int, wire.Table, wire.Row, wire.Key, bytes, Optional[Stamp]]] = []
@@ -178,7 +189,7 @@ def settle(window: LinkWindow, batch: Sequence[RemoteTransaction], rows: LocalRo
             else:
                 decided.append((None, None))
         reject = depends_on is not None or (
-            detection == Detection.TRANSACTION
+            per_txn
             and any(d is not None and d.outcome == Outcome.KEEP_LOCAL for _r, d in decided))
         if reject:
             rejected[n] = n if depends_on is None else depends_on

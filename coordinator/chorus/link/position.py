@@ -145,7 +145,11 @@ def reflected(payload: bytes) -> Optional[PositionRow]:
     of it), or None for one that committed empty. Its ``peer_clock`` is the peer's clock value
     this site had applied by then: the reflection this site's sender passes back to the peer
     at that point of the log ([epoch]: the ClockVal events passed through)."""
-    ws = wire.decode(payload)
+    return reflected_in(wire.decode(payload))
+
+
+def reflected_in(ws: wire.Writeset) -> Optional[PositionRow]:
+    """:func:`reflected` of the record's writeset, decoded."""
     for item in reversed(ws.rows):
         if isinstance(item, wire.Row) and item.op != wire.OP_DELETE:
             t = ws.tables[item.table]

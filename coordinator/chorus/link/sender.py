@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from chorus import wire
-from chorus.link import proto
+from chorus.link import proto, settle
 from chorus.link.events import ClockEvent, SiteId
 from chorus.link.proto import LinkBroken, LinkEnd, LinkError, LinkProtocolError, Position, Record
 from chorus.link.rules import RuleError, RuleSet, SqlEvaluator, route
@@ -48,6 +48,9 @@ class Provenance:
     commit_time: int
     applied_from: Optional[SiteId] = None
     reflection: Optional[ClockEvent] = None
+    # on the link's arbiter, for a record of the peer's whose conflicts it settled: the rows it
+    # realigns (docs/LINKS.md section 7.1), sent after the reflection as this site's change
+    realign: Optional[wire.Writeset] = None
 
 
 def retained(after: int, base_gid: int) -> None:
@@ -63,7 +66,9 @@ class Outbound:
     Records come in GID order (:meth:`take`); the site's own transactions go through the link's
     rules and are sent if anything is left of them; a record the link applied from the peer is
     not sent back, only the clock event passed through with it (the reflection that closes the
-    peer's windows, [epoch]); a record from a third site is not sent (chains come later). This
+    peer's windows, [epoch]) and, on the link's arbiter, then the rows it realigns, as this
+    site's change at that GID (``Provenance.realign``, docs/LINKS.md section 7.1); a record from
+    a third site is not sent (chains come later). This
     site's clock goes out with every record sent (its GID), and in an explicit CLOCK frame
     ``(site, next GID)`` when records were filtered or the log is idle and ``clock_interval``
     seconds have passed since it last went out (the receiver's positions and lag advance, and it
@@ -109,6 +114,14 @@ class Outbound:
                 self.returned += 1
                 if facts.reflection is not None:
                     out.append(facts.reflection)
+                routed = None if facts.realign is None else route(self.rules, facts.realign, self.evaluator)
+                if routed is not None:
+                    # the arbiter's realignment: this site's change at this GID, after the reflection
+                    # (the peer's window then holds everything of its own this site had applied)
+                    self.sent += 1
+                    self.clock = max(self.clock, record.gid + 1)
+                    self._clock_at = now
+                    return out + [Record(record.gid, self.site, facts.commit_time, wire.encode(settle.marked(routed)))]
                 return out + self._tick(record.gid + 1, now)
         self.filtered += 1
         return out + self._tick(record.gid + 1, now)

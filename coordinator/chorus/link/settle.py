@@ -14,6 +14,11 @@ rows in conflict by the table's policy, and commits what :class:`Settlement` mak
 - one row of ``chorus.link_exceptions`` per conflict, both versions and the decision;
 - the link's row of ``chorus.link_position``, as before.
 
+On the link's arbiter the rows whose own version stood (kept by the policy, or rejected with
+their transaction) are stamped with this GID, and their exceptions are the realignment its
+sender sends (:func:`realignment`, docs/LINKS.md section 7.1); on the other site a realignment
+(marked by :data:`REALIGN_TABLE`) is settled row by row to the values it carries.
+
 Its inputs are the link writeset, the link's position row, the stamps of the keys the peer's
 rows touch and the current values of the rows in conflict, all read in the apply's transaction,
 as of the GID before it: the same on every node, so every node commits the same bytes. What it
@@ -34,8 +39,8 @@ from chorus.bus.proto import LinkWriteset
 from chorus.link import position as lp
 from chorus.link.clock import LinkWindow
 from chorus.link.conflict import Detection, Reason, RowDecision, TransactionDecision, row_changes, settle
-from chorus.link.events import RemoteTransaction, SiteId, Stamp, key_text
-from chorus.link.policy import LatestCommitWins, Policy, PrimaryWins
+from chorus.link.events import RemoteTransaction, SiteId, Stamp, key_text, row_key
+from chorus.link.policy import LatestCommitWins, Outcome, Policy, PrimaryWins
 
 STAMP_TABLE = wire.Table(
     "chorus", "link_stamp",
@@ -80,6 +85,95 @@ def table_stamp_key(table: wire.Table) -> bytes:
     """The stamp of a whole table (a writeset past chorus.max_row_keys_per_table, or a TRUNCATE,
     certifies the table instead of its rows, and so stamps it)."""
     return stamp_hash((wire.name_bytes(table.nspname), wire.name_bytes(table.relname)))
+
+
+# The mark of a realignment (docs/LINKS.md section 7.1): the arbiter's sender appends this table,
+# which no row uses, to the writeset it sends; the other site's apply removes it. (A table of the
+# writeset format rather than a field of the stream or of the bus message: the writeset travels
+# as it is, from the sender's record through the receiver and the link writeset to every node.)
+REALIGN_TABLE = wire.Table("chorus", "link_realign", (wire.Column("site", "text"),), (0,))
+
+# the decisions of link_exceptions whose row the arbiter realigns: its own version stood
+REALIGNED = (b"kept-local", b"rejected")
+
+
+def realigned(r: RowDecision) -> bool:
+    """Whether the arbiter realigns row ``r``: in conflict or rejected with its transaction, and
+    its own version stands (a row it took from the peer is the peer's own version already)."""
+    return r.realign and not r.applied
+
+
+def _is(t: wire.Table, other: wire.Table) -> bool:
+    return (t.nspname, t.relname) == (other.nspname, other.relname)
+
+
+def is_realign(ws: wire.Writeset) -> bool:
+    return any(_is(t, REALIGN_TABLE) for t in ws.tables)
+
+
+def marked(ws: wire.Writeset) -> wire.Writeset:
+    """``ws`` (rows of the arbiter's realignment, as the link's rules carry them) marked as a
+    realignment."""
+    return wire.Writeset(ws.xid, ws.pid, ws.last_seen, (*ws.tables, REALIGN_TABLE), ws.rows, ws.keys,
+                         flags=ws.flags, encoding=ws.encoding)
+
+
+def unmarked(ws: wire.Writeset) -> wire.Writeset:
+    """A realignment without its mark (the last table, which no row uses)."""
+    n = len(ws.tables) - 1
+    if n < 0 or not _is(ws.tables[n], REALIGN_TABLE) or any(_is(t, REALIGN_TABLE) for t in ws.tables[:n]) or any(
+            isinstance(r, wire.Row) and r.table == n for r in ws.rows):
+        raise SettleError("a realignment's mark must be its last table, used by no row")
+    return wire.Writeset(ws.xid, ws.pid, ws.last_seen, ws.tables[:n], ws.rows, ws.keys, flags=ws.flags,
+                         encoding=ws.encoding)
+
+
+def realignment(record: wire.Writeset) -> Optional[wire.Writeset]:
+    """The arbiter's realignment carried by the record of a link writeset it applied (what
+    :meth:`Settlement.final` committed, as the writeset log holds it), or None: for each of its
+    ``chorus.link_exceptions`` rows whose local version stood (kept by the policy, or the peer's
+    change rejected with its transaction), the row as it stood, read in that apply (its
+    ``result_row``): an UPDATE of the row to those values, or a DELETE of its key where the row
+    was absent (the key from the peer's version). Not marked (:func:`marked`): the sender's rules
+    come first."""
+    ex = next((i for i, t in enumerate(record.tables) if _is(t, EXCEPTIONS_TABLE)), None)
+    if ex is None:
+        return None
+    rows: list[wire.Item] = []
+    keys: list[wire.Key] = []
+    tables: list[wire.Table] = []
+    for item in record.rows:
+        if not isinstance(item, wire.Row) or item.table != ex or item.op != wire.OP_INSERT:
+            continue
+        v = item.new
+        if v[16] not in REALIGNED:
+            continue
+        name = bytes(v[3] or b"").decode("utf-8")
+        table = next((t for t in record.tables if t.qualified == name), None)
+        if table is None:
+            raise wire.WireError(f"a link exception of {name}, a table its writeset does not hold")
+        result, peer = v[17], v[12]
+        src = result if result is not None else peer
+        if src is None:
+            continue  # absent on both sites: nothing to realign
+        if isinstance(src, (wire.Binary, wire.Unchanged)):
+            raise wire.WireError("a link exception's row is not jsonb text")
+        image = json.loads(bytes(src))
+        try:
+            values = tuple(None if image[c.name] is None else str(image[c.name]).encode("utf-8")
+                           for c in table.columns)
+        except KeyError as e:
+            raise wire.WireError(f"a link exception's row of {name} lacks column {e}") from None
+        ident = tuple(values[i] for i in table.identity)
+        ti = _table_index(tables, table)
+        row = (wire.Row(wire.OP_UPDATE, ti, ident, values) if result is not None
+               else wire.Row(wire.OP_DELETE, ti, ident))
+        rows.append(row)
+        keys.append(row_key(table, row))
+    if not rows:
+        return None
+    return wire.Writeset(record.xid, record.pid, record.last_seen, tuple(tables), tuple(rows), tuple(keys),
+                         encoding=record.encoding)
 
 
 class SettleError(ValueError):
@@ -209,7 +303,16 @@ class Settlement:
         self.settings = settings
         mr = max(step.max_replicated, current.max_replicated if current is not None else 0)
         self.window = LinkWindow(settings.site, settings.peer, mr, 0)
-        self.txn = RemoteTransaction(step.peer_site, step.peer_gid, step.commit_time, remote)
+        # the arbiter's realignment (docs/LINKS.md section 7.1): its marker table goes, its rows are
+        # settled to the values they carry, row by row
+        self.realign = is_realign(remote)
+        if self.realign:
+            if settings.arbiter != settings.peer:
+                raise SettleError(f"link {step.link}: a realignment from site {settings.peer}, which is not the "
+                                  f"link's arbiter here ({settings.arbiter}): the sites' conflict settings differ")
+            remote = unmarked(remote)
+            self.remote = remote
+        self.txn = RemoteTransaction(step.peer_site, step.peer_gid, step.commit_time, remote, self.realign)
         self.changes = row_changes(remote)
         # each row key's stamp key, and its table's
         self.stamp_of_key = {k.hashed(): (stamp_hash(k.parts), table_stamp_key(t)) for _i, t, _r, k in self.changes}
@@ -239,7 +342,10 @@ class Settlement:
         conflict): table, key and the parameters of :func:`row_sql`."""
         found = self._stamps(stamps)
         conflict = any(self.window.in_conflict(found.get(k.hashed())) for _i, _t, _r, k in self.changes)
-        whole = conflict and self.settings.detection == Detection.TRANSACTION  # its exceptions show every row
+        # a rejection's exceptions show every row, and its rows are realigned from their values here;
+        # a realignment's rows are settled to its values (an UPDATE of a row absent here inserts it)
+        whole = self.realign or (conflict and self.settings.detection == Detection.TRANSACTION
+                                 and self.settings.arbiter == self.settings.site)
         out: dict[bytes, tuple[wire.Table, wire.Key, list[str]]] = {}
         for _i, table, row, key in self.changes:
             h = key.hashed()
@@ -261,12 +367,14 @@ class Settlement:
         by_item: dict[int, list[RowDecision]] = {}
         for r in d.rows:
             by_item.setdefault(r.item, []).append(r)
-        tables = list(self.remote.tables)
+        tables = list(self.remote.tables)  # (a realignment's marker already gone)
         out_rows: list[wire.Item] = []
         for i, item in enumerate(self.remote.rows):
             ds = by_item.get(i)
             if not isinstance(item, wire.Row) or not ds or all(r.reason is None for r in ds):
-                if not ds or all(r.applied for r in ds):
+                if ds and self.realign and isinstance(item, wire.Row):
+                    out_rows += self._settled(item, ds[0])
+                elif not ds or all(r.applied for r in ds):
                     out_rows += (self._migrated(item, ds[0]) if ds and self.settings.subset and isinstance(item, wire.Row)
                                  else [item])
                 continue
@@ -278,7 +386,9 @@ class Settlement:
         stamped: set[bytes] = set()
         for r in d.rows:
             before, after = found.get(r.key), r.stamp_after
-            if before is None or after is None or after == before:
+            if realigned(r):
+                after = Stamp(self.settings.site, self.gid, 0)  # the realignment's: this GID
+            elif before is None or after is None or after == before:
                 continue  # no stamp is as good as the peer's; a kept local version keeps its stamp
             st = _table_index(tables, STAMP_TABLE)
             sk = self.stamp_of_key[r.key][0]
@@ -349,6 +459,8 @@ class Settlement:
         st = r.stamp
         if r.decision is not None:
             decision, policy_name = r.decision.outcome.value, self.settings.policy_for(table).name
+            if not r.applied and r.decision.outcome != Outcome.KEEP_LOCAL:
+                decision = "rejected"  # the policy took the peer's, but its transaction is rejected
         else:
             decision, policy_name = "rejected", "epoch-trans"
         result = r.values if r.applied else mine

@@ -41,6 +41,7 @@ from chorus.link.proto import LinkEnd, LinkError, LinkKeys, Position
 from chorus.link.receiver import LinkReceiver
 from chorus.link.rules import RuleError, RuleSet
 from chorus.link.sender import LinkServer, Provenance
+from chorus.link.settle import realignment
 from chorus.link.sqleval import PgEvaluator
 from chorus.spool import Spool
 from chorus.wslog import LogRecord, WritesetLog
@@ -93,16 +94,24 @@ def provenance(link: LinkConfig) -> Callable[[LogRecord], Provenance]:
     """What the sender of ``link`` knows of a record: one a link applied here has its link's
     origin (link/position.py) and is not sent back; one of this link carries its reflection, the
     peer's clock value this site had applied when it committed (the link's row it wrote), which
-    the sender passes back so the peer's ``max_replicated`` moves. Commit times are not in the
-    log: 0 (later)."""
+    the sender passes back so the peer's ``max_replicated`` moves; on the link's arbiter, also
+    the realignment its exceptions call for (link/settle.py ``realignment``, docs/LINKS.md
+    section 7.1), which the sender sends as this site's change at that GID. Commit times are not
+    in the log: 0 (later)."""
     own = lp.origin(link.name)
+    try:
+        arbiter = link_settings(link).arbiter == link.site
+    except ValueError:  # settings that cannot decide: the apply of every link writeset fails with the reason
+        arbiter = False
 
     def facts(record: LogRecord) -> Provenance:
         if record.origin == own:
-            row = lp.reflected(bytes(record.payload))
+            ws = wire.decode(bytes(record.payload))
+            row = lp.reflected_in(ws)
             if row is None or row.link != link.name:  # committed empty: nothing applied, nothing to reflect
                 return Provenance(0, applied_from=link.peer_site)
-            return Provenance(0, applied_from=link.peer_site, reflection=ClockEvent(link.peer_site, row.peer_clock))
+            return Provenance(0, applied_from=link.peer_site, reflection=ClockEvent(link.peer_site, row.peer_clock),
+                              realign=realignment(ws) if arbiter else None)
         if lp.is_link_origin(record.origin):
             return Provenance(0, applied_from=record.origin)  # another link's: a third site (chains: later)
         return Provenance(0)
