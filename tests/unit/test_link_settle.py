@@ -29,7 +29,7 @@ from chorus.link.events import ClockEvent, RemoteTransaction, key_text
 from chorus.link.proto import Position, Record
 from chorus.link.rules import RuleSet, TableRule
 from chorus.link.settle import (EXCEPTIONS_TABLE, STAMP_TABLE, SettleError, Settings, Settlement, is_realign,
-                                stamp_hash, table_stamp_key, unmarked)
+                                realignment, stamp_hash, table_stamp_key, unmarked)
 from chorus.link.sender import Outbound
 from chorus.link.site import Inbound, NoSql, provenance
 from chorus.wslog import LogRecord
@@ -586,3 +586,15 @@ def test_rows_moving_in_and_out_of_a_filtered_subset(subset: bool) -> None:
     assert sorted(b.rows) == [b"2"] and b.value("2") == b"eu"
     assert b.conflicts() == []
     assert link_settings(b.link).fingerprint != link_settings(replace(b.link, subset=not subset)).fingerprint
+
+
+def test_a_realignment_outside_utf8_stops_the_link() -> None:
+    """The exceptions' rows hold values as UTF-8 text: in a LATIN1 database they are not the
+    row's bytes, so the arbiter's sender stops (visibly) rather than realign the peer wrongly."""
+    a, b = rejected_on_a()
+    record = wire.decode(bytes(a.log[-1].payload))
+    assert realignment(record) is not None
+    latin1 = wire.Writeset(record.xid, record.pid, record.last_seen, record.tables, record.rows, record.keys,
+                           flags=record.flags, encoding=8)
+    with pytest.raises(wire.WireError, match="needs a UTF8 database"):
+        realignment(latin1)

@@ -139,6 +139,11 @@ def realignment(record: wire.Writeset) -> Optional[wire.Writeset]:
     ex = next((i for i, t in enumerate(record.tables) if _is(t, EXCEPTIONS_TABLE)), None)
     if ex is None:
         return None
+    if record.encoding != wire.UTF8:
+        # the exceptions' rows hold the values as UTF-8 text (row_json): in another encoding they
+        # are not the row's bytes, and realigning from them would make the sites differ
+        raise wire.WireError("a realignment needs a UTF8 database (its values come from chorus.link_exceptions, "
+                             f"written as UTF-8; this one's encoding is {record.encoding}): the link stops here")
     rows: list[wire.Item] = []
     keys: list[wire.Key] = []
     tables: list[wire.Table] = []
