@@ -90,6 +90,12 @@ class Replicator:
         # where a crash can leave commits above the watermark (docs/APPLY.md)
         self.max_committed = max_committed
         self.bootstrap = bootstrap  # told to start a new cluster if none answers
+        # When this node last sent a Bootstrap (the operator's or a re-form's) that has not come
+        # back yet: it asks for no GID meanwhile. Its Bootstrap may be delivered in a later view
+        # (sent while the membership changed), and a request sent after it but before its
+        # delivery would then arrive from a member: every node forgets a member asking to join
+        # (below), so it would leave the cluster it had just started (simulation seed 11303).
+        self._bootstrap_at: Optional[float] = None
         # The database's encoding and PostgreSQL major version: a node whose data would be read
         # differently (another encoding, another binary format) does not join.
         self.compat = compat
@@ -307,7 +313,7 @@ class Replicator:
         if self.phase == Phase.CONNECTING:
             m.joining_since = now
             if self.bootstrap and view.members == (view.local,) and quorate:
-                out.append(Send(self._bootstrap_message()))
+                out.append(self._send_bootstrap(self._bootstrap_message(), now))
                 self.phase = Phase.JOINING
                 m.request_at = now
             else:
@@ -325,8 +331,9 @@ class Replicator:
                 m.joining_since = now  # a bootstrap waits as long again for an answer from a quorum
             # In every quorate view a node outside the primary component asks (again): members
             # that can answer may have arrived, and if none can, the nodes re-form it only once
-            # every member of this view has asked in it.
-            out += self._request(now)
+            # every member of this view has asked in it. Not while its own Bootstrap is on the way.
+            if not self._bootstrap_pending(now):
+                out += self._request(now)
         elif quorate and self.phase == Phase.NEEDS_RECOVERY and self.cluster_uuid:
             out += self._request(now, join=False)  # it stays out, but takes part in a re-form
         return self._pause_changed(out)
@@ -344,6 +351,8 @@ class Replicator:
             adopted = self._config_changed(before)
         if isinstance(msg, bp.Bootstrap):
             self.membership.forget_requests()  # a primary component exists from here
+            if msg.node == self.node and d.sender == self.local_member:
+                self._bootstrap_at = None  # it came back (started, or not in a view without quorum)
             if self.phase not in _FOLLOWING:
                 return self._pause_changed(self._bootstrap_seen(d, msg))
         if self.phase == Phase.JOINING:
@@ -378,13 +387,26 @@ class Replicator:
             return []
         # only with a quorum: a node that bootstrapped alone would count itself cut off when the
         # others arrive, and they would have no cluster to join (invariant 7)
+        if self._bootstrap_pending(now):
+            return []
         if self.bootstrap and self.quorate and now - m.joining_since >= BOOTSTRAP_WAIT_S:
             m.joining_since = now
-            return [Send(self._bootstrap_message())]
+            return [self._send_bootstrap(self._bootstrap_message(), now)]
         retry = REQUEST_RETRY_S if not m.request_seen else 5 * REQUEST_RETRY_S
         if now - m.request_at >= retry:
             return self._request(now)
         return []
+
+    def _send_bootstrap(self, msg: bp.Bootstrap, now: float) -> Send:
+        self._bootstrap_at = now
+        return Send(msg)
+
+    def _bootstrap_pending(self, now: float) -> bool:
+        """Whether this node's Bootstrap is on the way (for at most as long as a re-form's waits:
+        one that never comes back, a send that failed, holds nothing up for good)."""
+        if self._bootstrap_at is not None and now - self._bootstrap_at >= 5 * REQUEST_RETRY_S:
+            self._bootstrap_at = None
+        return self._bootstrap_at is not None
 
     def progress_message(self, committed_gid: int) -> Optional[Send]:
         """What an online node reports every second; a recovering one that caught up says so
@@ -544,7 +566,7 @@ class Replicator:
             view = self._counted(self._view)
             quorate, votes = view_quorum(view, set(), self.member_votes)[0], view.votes
         b = self.membership.reform_decision(quorate, self.members, votes, self.member_votes, self._now)
-        return [Send(b)] if b is not None else []
+        return [self._send_bootstrap(b, self._now)] if b is not None else []
 
     def _bootstrap_seen(self, d: Delivery, msg: bp.Bootstrap) -> list[Action]:
         """A Bootstrap delivered while this node is not in the primary component."""
@@ -738,11 +760,16 @@ class Replicator:
         """A node outside the primary component asks to join (or, ``join`` false, only says what
         it holds, for a re-form); the lowest synced member answers."""
         m = self.membership
-        if msg.node == self.node and msg.request_id != m.request_id:
-            # A GID request in this node's name that it did not make (a member's bug, or
-            # worse): every other node forgets this node here, so this node must leave too,
-            # or it would go on certifying writesets the others drop. It asks to join again.
-            out = self._leave_primary(f"bus member {sender} asked to join in this node's name")
+        if msg.node == self.node:
+            # A GID request in this node's name delivered while it is a member: every other node
+            # forgets this node here (below), so this node must leave too, or it would go on
+            # certifying writesets the others drop. It asks to join again. Either it did not make
+            # the request (a member's bug, or worse), or it made it before it joined: a
+            # Bootstrap, or the answer to an earlier request, came first in the order.
+            why = (f"bus member {sender} asked to join in this node's name" if msg.request_id != m.request_id
+                   else "its own request to join, made before it joined, came after it had joined: every node "
+                        "forgets it there")
+            out = self._leave_primary(why)
             return out + self._request(self._now)
         out = []
         if msg.node in self.online and msg.node != self.node:

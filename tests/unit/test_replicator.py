@@ -680,6 +680,44 @@ def test_a_gid_request_in_a_nodes_name_that_it_did_not_send_takes_it_out_everywh
     assert "n2" in c.nodes["n1"].online  # it asked to join again, and is back
 
 
+def test_a_stale_request_of_a_member_takes_it_out_on_every_node_itself_included() -> None:
+    """A member's own request to join, made before it joined (a Bootstrap or an earlier answer
+    came first in the order), delivered while it is a member: the others forget it there, and so
+    must it (found by the simulation, seed 11303: the others dropped it, it went on as a member,
+    and two primary components formed). It leaves and asks again, and every node agrees."""
+    c = form()
+    n2 = c.nodes["n2"]
+    c.order.append(("n2", bp.encode(bp.GidRequest("n2", n2.membership.request_id, n2.cluster_uuid, n2.gid))))
+    c.order.append(("n2", bp.encode(bp.WritesetMsg("n2", 99, writeset(0, 7)))))
+    c.drain()
+    for _ in range(3):
+        c.tick(1.0)
+    assert not any(ok for _, ok in c.log["n2"])  # n2 committed nothing the others dropped
+    assert c.nodes["n1"].gid == c.nodes["n3"].gid
+    assert all(r.phase == Phase.ONLINE for r in c.nodes.values()), {n: r.phase for n, r in c.nodes.items()}
+    assert len({tuple(sorted(r.online.items())) for r in c.nodes.values()}) == 1
+
+
+def test_a_node_whose_bootstrap_is_on_the_way_asks_for_no_gid() -> None:
+    """Seed 11303 of the simulation: n1, told to bootstrap and alone in a quorate view (a
+    tie-breaker), sent its Bootstrap; the view changed before the bus ordered it, and in the new
+    view n1 also asked to join. Its Bootstrap came first, then its own request, from a member:
+    n2 forgot n1, found no synced member and started a second primary component. A node asks
+    nothing while its Bootstrap is on the way, and one cluster forms."""
+    c = Cluster(names=["n1", "n2"])
+    c.view(["n1"], quorum=1, expected=2, tie_breaker="n1")
+    assert [bp.decode(p).__class__ for _, p in c.order] == [bp.Bootstrap]  # not delivered yet
+    c.view(["n1", "n2"], quorum=1, expected=2, tie_breaker="n1")
+    assert [type(bp.decode(p)).__name__ for n, p in c.order if n == "n1"] == ["Bootstrap"]
+    c.drain()
+    for _ in range(5):
+        c.tick(1.0)
+    assert all(r.phase == Phase.ONLINE for r in c.nodes.values()), {n: r.phase for n, r in c.nodes.items()}
+    assert {tuple(r.membership.epochs) for r in c.nodes.values()} == {tuple(c.nodes["n1"].membership.epochs)}
+    assert len(c.nodes["n1"].membership.epochs) == 1
+    assert len({tuple(sorted(r.online.items())) for r in c.nodes.values()}) == 1
+
+
 def test_the_bootstrap_node_waits_for_a_quorum_before_it_bootstraps() -> None:
     """Found by the container test (tests/container/test_podman.py): the node told to bootstrap
     came up seconds before the others (one Corosync per node, 3 votes). Alone, its view was not
