@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from chorus import wire
+from chorus import impl, wire
 from chorus.actions import Action, Apply, DdlOutcome, LocalVerdict, Send
 from chorus.bus import Votes, bus_node
 from chorus.bus import proto as bp
@@ -123,6 +123,20 @@ except ImportError:
     pass
 else:
     use(_native)
+
+
+def chosen() -> str:
+    """Which order core the coordinator runs (``CHORUS_IMPL``, chorus/impl.py): "c" (this C one,
+    :class:`NativeOrderCore` on :class:`NativeCertifier`) when it is built, unless
+    ``CHORUS_IMPL=python`` (dataplane/order.py's OrderCore); ``CHORUS_IMPL=c`` insists on it."""
+    want = impl.wanted()
+    if want == "c" and not available():
+        raise ImportError("CHORUS_IMPL=c: the data plane's native core is not built "
+                          "(python coordinator/chorus/dataplane/build.py)")
+    return "c" if available() and want != "python" else "python"
+
+
+IMPL = chosen()  # fixed at import, as the other compiled parts' (chorus/impl.py)
 
 
 class NativeCertifier:
