@@ -24,7 +24,7 @@ from cffi import FFI  # type: ignore[import-untyped]
 HERE = Path(__file__).resolve().parent
 NATIVE = HERE / "native"
 EXTENSION = HERE.parents[2] / "extension"  # chorus_wire.h (the constants), chorus_wsread.c (the reader)
-SOURCES = ("mem.c", "cert.c", "sched.c", "blake2b.c", "scan.c", "order.c", "text.c")
+SOURCES = ("mem.c", "cert.c", "sched.c", "blake2b.c", "scan.c", "order.c", "text.c", "outcomes.c")
 # the extension's writeset reader, compiled in (not copied): one reader of the format in C
 EXTENSION_SOURCES = ("chorus_wsread.c",)
 MODULE = "chorus.dataplane._native"

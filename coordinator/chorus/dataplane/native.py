@@ -41,7 +41,7 @@ from chorus.bus import proto as bp
 from chorus.certifier import OK, Verdict
 from chorus.dataplane.order import CONFLICT_HISTORY, Conflict, LocalWritesets, unstable_entry
 from chorus.link import position as link_position
-from chorus.outcomes import Outcome, OutcomeIndex
+from chorus.outcomes import OUTCOME_HISTORY, Outcome, OutcomeIndex
 from chorus.spool import SpooledBuffer
 from chorus.wire import Key, KeyMode
 
@@ -561,6 +561,78 @@ def _raw(ws: wire.Writeset) -> Any:
     return ws.raw if len(ws.raw) else wire.encode(ws)
 
 
+class NativeOutcomes(OutcomeIndex):
+    """outcomes.OutcomeIndex in C (native/outcomes.c), recorded into by the C order core as it
+    certifies: no Python per writeset. Origins are the ids of the order core's certification
+    index (``ids``: its name -> id map, read at each look-up); the reasons of the failed ones,
+    texts, are kept here by GID (the order core's binding sets them)."""
+
+    def __init__(self, ids: Callable[[], dict[str, int]], size: int = OUTCOME_HISTORY,
+                 max_bytes: int = DEFAULT_BYTES) -> None:
+        m = _lib()
+        self._ffi, self._lib = m.ffi, m.lib
+        self.size = size
+        self._ids = ids
+        self._mem = self._ffi.new("uint64_t[]", (self._lib.ch_outcomes_size() + 7) // 8)
+        self._x = self._ffi.cast("ch_outcomes *", self._mem)
+        _check(self._lib.ch_outcomes_init(self._x, size, max_bytes))
+        self._live = True
+        self._gid, self._ok = self._ffi.new("uint64_t *"), self._ffi.new("int *")
+        # (origin, xid) -> (GID, why) of the failed ones, the last ``size`` of them (GIDs alone do not
+        # name them: a node that left the primary component gives its GIDs again)
+        self._reasons: dict[tuple[str, int], tuple[int, str]] = {}
+
+    def __del__(self) -> None:
+        if getattr(self, "_live", False):
+            self._live = False
+            self._lib.ch_outcomes_free(self._x)
+
+    def failed(self, origin: str, xid: int, gid: int, reason: str) -> None:
+        """The reason ``xid`` of ``origin`` failed certification at ``gid`` (its outcome is recorded
+        in C)."""
+        reasons = self._reasons
+        reasons[(origin, xid & 0xFFFFFFFF)] = (gid, reason)
+        if len(reasons) > self.size:
+            del reasons[next(iter(reasons))]
+
+    @property  # type: ignore[override]
+    def complete_after(self) -> int:
+        return int(self._lib.ch_outcomes_complete_after(self._x))
+
+    @complete_after.setter
+    def complete_after(self, value: int) -> None:
+        raise AttributeError("the C outcome index keeps complete_after itself")
+
+    def seen(self, gid: int) -> None:
+        self._lib.ch_outcomes_seen(self._x, gid)
+
+    def record(self, origin: str, xid: int, outcome: Outcome) -> None:
+        oid = self._ids().get(origin)
+        if oid is None:
+            raise KeyError(f"no origin {origin!r} in the order core's index")
+        self._lib.ch_outcomes_record(self._x, oid, xid & 0xFFFFFFFF, outcome.gid, outcome.committed)
+        if not outcome.committed:
+            self.failed(origin, xid, outcome.gid, outcome.reason)
+
+    def get(self, origin: str, xid: int) -> Optional[Outcome]:
+        oid = self._ids().get(origin)
+        if oid is None or not self._lib.ch_outcomes_get(self._x, oid, xid & 0xFFFFFFFF, self._gid, self._ok):
+            return None
+        gid, ok = int(self._gid[0]), bool(self._ok[0])
+        if ok:
+            return Outcome(gid, True, "")
+        at, why = self._reasons.get((origin, xid & 0xFFFFFFFF), (0, ""))
+        return Outcome(gid, False, why if at == gid else "")
+
+    def __len__(self) -> int:
+        return int(self._lib.ch_outcomes_len(self._x))
+
+    def renumber(self, old: list[str], ids: dict[str, int]) -> None:
+        """The order core's index changed: the origins ``old`` (by their old ids) have the ids
+        ``ids`` now."""
+        self._lib.ch_outcomes_renumber(self._x, [ids[name] for name in old], len(old))
+
+
 class NativeOrderCore(LocalWritesets):
     """dataplane/order.py's OrderCore with its state and decisions in C (native/order.c): GIDs,
     the scan, certification on the C index, the deferral behind an open schema change, uniform
@@ -604,7 +676,9 @@ class NativeOrderCore(LocalWritesets):
         self._local_member = ""
         self.stats = NativeStats(self._st.stats)
         self.conflicts: deque[Conflict] = deque(maxlen=CONFLICT_HISTORY)
-        self.outcomes = OutcomeIndex()
+        # recorded into by C as it certifies (the reasons of failures set here)
+        self.outcomes = NativeOutcomes(lambda: self._cert._ids)
+        self._lib.ch_order_set_outcomes(self._o, self.outcomes._x)
         self.catching_up = False
         self.will_hold = 0
 
@@ -673,13 +747,12 @@ class NativeOrderCore(LocalWritesets):
                     log.error("link writeset GID %d of link %s failed certification: %s", r.gid, ref.msg.link,
                               v.reason)
             elif kind == _OUT_CERTIFIED:
-                origin = names[r.origin]
-                if r.v.kind == _CERT_OK:
-                    self.outcomes.record(origin, r.xid, Outcome(int(r.gid), True, ""))
+                if r.v.kind == _CERT_OK:  # its outcome is recorded in C
                     continue
+                origin = names[r.origin]
                 ws = self._refs.pop(r.ref).writeset()
                 v = _verdict(r.v, ws.keys, int(r.last_seen), self._cert.horizon, names)
-                self.outcomes.record(origin, ws.xid, Outcome(int(r.gid), False, v.reason))
+                self.outcomes.failed(origin, ws.xid, int(r.gid), v.reason)
                 c = Conflict.of(self.clock(), int(r.gid), origin, ws, v)
                 self.conflicts.append(c)
                 where = f"{c.schema}.{c.table}" if c.table else ""
@@ -780,22 +853,30 @@ class NativeOrderCore(LocalWritesets):
 
     def writeset(self, msg: bp.WritesetMsg) -> list[Action]:
         """A writeset delivered in total order (OrderCore.writeset)."""
-        local = msg.origin == self.node
-        cached = self._local_scanned.pop(msg.ticket, None) if local else None
-        online = msg.origin in self.membership.online
-        self._sync()
+        origin, ticket = msg.origin, msg.ticket
+        local = origin == self.node
+        cached = self._local_scanned.pop(ticket, None) if local else None
+        membership = self.membership
+        if membership.joined_at != self._joined:
+            self._sync()
         buf = _raw(cached) if cached is not None else msg.writeset
         if isinstance(buf, SpooledBuffer):
             buf = buf.view
-        before = self._st.gid
-        ref = self._new_ref(_Ref(msg, cached))
-        rc = self._lib.ch_order_writeset(self._o, self._cert._origin(msg.origin), local, online, msg.ticket, ref,
-                                         self._ffi.from_buffer(buf), len(buf), self._lib.ch_py_round, self._handle)
-        if self._st.gid == before:
-            del self._refs[ref]
-        else:
-            self.outcomes.seen(int(self._st.gid))
-        self._done(rc)
+        st = self._st
+        before = st.gid
+        self._next_ref = ref = self._next_ref + 1
+        refs = self._refs
+        refs[ref] = _Ref(msg, cached)
+        oid = self._cert._ids.get(origin)
+        if oid is None:
+            oid = self._cert._origin(origin)
+        lib = self._lib
+        rc = lib.ch_order_writeset(self._o, oid, local, origin in membership.online, ticket, ref,
+                                   self._ffi.from_buffer(buf), len(buf), lib.ch_py_round, self._handle)
+        if st.gid == before:
+            del refs[ref]
+        if rc:
+            self._done(rc)
         return self._actions()
 
     def link_writeset(self, msg: bp.LinkWriteset) -> list[Action]:
@@ -809,8 +890,6 @@ class NativeOrderCore(LocalWritesets):
                                               ref, self._ffi.from_buffer(buf), len(buf))
         if self._st.gid == before:
             del self._refs[ref]
-        else:
-            self.outcomes.seen(int(self._st.gid))
         self._done(rc)
         return self._actions()
 
@@ -870,6 +949,11 @@ class NativeOrderCore(LocalWritesets):
                 assert isinstance(a, Apply)
                 r.origin, r.prev, r.settle, r.link = cert._origin(a.origin), a.prev, a.settle, a.link is not None
         _check(self._lib.ch_order_install(self._o, cert._c, gid, certified, released, recs, len(unstable)))
+        if cert is not self._cert:  # the outcomes recorded name origins by the old index's ids
+            old = list(self._cert._names)
+            for name in old:
+                cert._origin(name)
+            self.outcomes.renumber(old, cert._ids)
         self._cert, self._refs = cert, refs
 
     def unstable_entries(self, version: int = bp.VERSION) -> tuple[tuple[int, int, str, bytes], ...]:
