@@ -34,7 +34,7 @@ def same(py: OutcomeIndex, c: native.NativeOutcomes) -> None:
             assert c.get(o, x) == py.get(o, x), (o, x)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(size=st.integers(0, 6), steps=ops, renumber_at=st.integers(0, 60))
 def test_same_outcomes(size: int, steps: list[tuple], renumber_at: int) -> None:
     ids = {name: i for i, name in enumerate(ORIGINS)}
@@ -70,3 +70,20 @@ def test_recorded_again_keeps_its_place() -> None:
     same(py, c)
     assert c.get("n1", 1) is None and c.get("n2", 1) == Outcome(2, False, "lost")
     assert c.complete_after == 3
+
+
+def test_reasons_outlive_pruning() -> None:
+    """The reasons of failures are kept in Python and pruned to what C still has: many failures,
+    some recorded again, on a small index keep each present failure's reason."""
+    import random
+
+    rnd = random.Random(5)
+    ids = {"": 0, "n1": 1, "n2": 2}
+    py, c = pair(3, ids)
+    for gid in range(1, 400):
+        origin, xid = rnd.choice(("n1", "n2")), rnd.randrange(30)
+        outcome = Outcome(gid, rnd.random() < 0.2, f"conflict {gid}")
+        py.record(origin, xid, outcome)
+        c.record(origin, xid, outcome)
+        assert all(c.get(o, x) == py.get(o, x) for o in ("n1", "n2") for x in range(30))
+    assert len(c._reasons) <= 2 * 3 + 16 + 1

@@ -592,10 +592,17 @@ class NativeOutcomes(OutcomeIndex):
         in C)."""
         reasons = self._reasons
         reasons[(origin, xid & 0xFFFFFFFF)] = (gid, reason)
-        if len(reasons) > self.size:
-            del reasons[next(iter(reasons))]
+        if len(reasons) > 2 * self.size + 16:  # keep those C still has (amortized: every size failures)
+            self._reasons = {k: (g, why) for k, (g, why) in reasons.items() if self._failed_at(k[0], k[1]) == g}
 
-    @property  # type: ignore[override]
+    def _failed_at(self, origin: str, xid: int) -> int:
+        """The GID C records ``xid`` of ``origin`` as failed at, or -1."""
+        oid = self._ids().get(origin)
+        if oid is None or not self._lib.ch_outcomes_get(self._x, oid, xid, self._gid, self._ok) or self._ok[0]:
+            return -1
+        return int(self._gid[0])
+
+    @property
     def complete_after(self) -> int:
         return int(self._lib.ch_outcomes_complete_after(self._x))
 
