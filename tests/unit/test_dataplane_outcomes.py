@@ -82,7 +82,8 @@ def test_reasons_outlive_pruning() -> None:
     py, c = pair(3, ids)
     for gid in range(1, 400):
         origin, xid = rnd.choice(("n1", "n2")), rnd.randrange(30)
-        outcome = Outcome(gid, rnd.random() < 0.2, f"conflict {gid}")
+        ok = rnd.random() < 0.2
+        outcome = Outcome(gid, ok, "" if ok else f"conflict {gid}")
         py.record(origin, xid, outcome)
         c.record(origin, xid, outcome)
         assert all(c.get(o, x) == py.get(o, x) for o in ("n1", "n2") for x in range(30))
