@@ -5,7 +5,9 @@ far, step 1's first pieces: :class:`NativeCertifier` (``native/cert.c``), :class
 (certifier.PyCertifier, commit/scheduler.PyScheduler, wire.scan's keys and header,
 dataplane/order.OrderCore) and gives the same outputs for the same calls
 (tests/unit/test_dataplane_cert.py, test_dataplane_sched.py, test_dataplane_scan.py,
-test_dataplane_order.py). Nothing on the coordinator's path uses them yet. In the engine of the later steps they are reached from C, not through these
+test_dataplane_order.py). The coordinator runs :class:`NativeOrderCore` (with its index and
+:class:`NativeOutcomes`) when the module is built and ``CHORUS_IMPL`` is not ``python``
+(:data:`IMPL`; the Replicator's default). In the engine of the later steps they are reached from C, not through these
 classes. The classes are here for the differential tests, the micro-benchmark
 (bench/dataplane_micro.py), and Python callers that want the C index.
 
@@ -878,8 +880,11 @@ class NativeOrderCore(LocalWritesets):
         if oid is None:
             oid = self._cert._origin(origin)
         lib = self._lib
+        # bytes go to C as they are; from_buffer (a buffer's view, a spooled writeset's mapping) costs
+        # a few µs more per call
+        data = buf if type(buf) is bytes else self._ffi.from_buffer(buf)
         rc = lib.ch_order_writeset(self._o, oid, local, origin in membership.online, ticket, ref,
-                                   self._ffi.from_buffer(buf), len(buf), lib.ch_py_round, self._handle)
+                                   data, len(buf), lib.ch_py_round, self._handle)
         if st.gid == before:
             del refs[ref]
         if rc:
