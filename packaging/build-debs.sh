@@ -85,7 +85,7 @@ build_coordinator() {
   [ "$(basename "$wheel" | cut -d- -f2)" = "$VERSION" ] || die "$wheel is not version $VERSION"
   say "installing $(basename "$wheel") and its dependencies"
   "$venv/bin/python" -m pip install -q --no-compile --disable-pip-version-check "$wheel"
-  CHORUS_IMPL=c "$venv/bin/python" -c 'import chorus.wire, chorus.certifier, chorus.commit.scheduler, chorus.commit.backendproto, chorus.bus.proto' \
+  CHORUS_IMPL=c "$venv/bin/python" -c 'import chorus.wire, chorus.certifier, chorus.commit.scheduler, chorus.commit.backendproto, chorus.bus.proto, chorus.dataplane.native as n; assert n.IMPL == "c"' \
     || die "the wheel's compiled parts do not load"
 
   # The environment was made at $venv; it is installed at $VENV: say so wherever the path is kept.

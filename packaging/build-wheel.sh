@@ -15,7 +15,9 @@ cd "$(dirname "$0")/.."
 REPO=$(pwd)
 PYTHON=${1:-/usr/bin/python3}
 WHEELS=$REPO/build/cache/wheels
-SOURCES=(pyproject.toml setup.py coordinator spark/chorus_spark)
+# extension/: the writeset reader the data plane's C core compiles in (dataplane/build.py)
+SOURCES=(pyproject.toml setup.py coordinator spark/chorus_spark extension/chorus_wsread.c extension/chorus_wsread.h
+         extension/chorus_wire.h)
 unset PYTHONPATH PYTHONHOME PYTHONSTARTUP
 umask 022
 

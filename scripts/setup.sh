@@ -58,6 +58,9 @@ fi
 
 say "building the compiled hot path (coordinator/chorus/_cwire.pyx, _ccert.pyx, _csched.pyx, _cproto.pyx)"
 (cd coordinator && ../.venv/bin/cythonize -3 -i -q chorus/_cwire.pyx chorus/_ccert.pyx chorus/_csched.pyx chorus/_cproto.pyx >/dev/null)
+say "building the data plane's C core (coordinator/chorus/dataplane/native/, cffi: chorus.dataplane._native)"
+.venv/bin/python coordinator/chorus/dataplane/build.py >/dev/null 2>&1 \
+  || { echo "setup: the data plane's C core did not build (.venv/bin/python coordinator/chorus/dataplane/build.py says why)" >&2; exit 1; }
 
 say "building and installing the chorus extension"
 make -s -C extension with_llvm=no PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config >/dev/null

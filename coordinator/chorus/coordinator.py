@@ -41,6 +41,7 @@ from chorus.commit.backends import BackendServer
 from chorus.commit.book import FlowControl
 from chorus.commit.pipeline import CommitPipeline, Hooks, Pending, raw
 from chorus.concurrent import ConcurrentSchemaChanges
+from chorus.dataplane import native
 from chorus.config import NodeConfig, link_settings
 from chorus.endpoints import Endpoints
 from chorus.link.proto import LinkError
@@ -74,8 +75,8 @@ class FatalError(Exception):
 
 def hot_path_impl() -> str:
     """Which implementation the hot path runs (CHORUS_IMPL): "c" or "python" when its parts agree
-    (the writeset reader, the certification index, the scheduler), else each part's."""
-    parts = {"reader": wire.IMPL, "certifier": certifier.IMPL, "scheduler": scheduler.IMPL}
+    (the writeset reader, the certification index, the scheduler, the order core), else each part's."""
+    parts = {"reader": wire.IMPL, "certifier": certifier.IMPL, "scheduler": scheduler.IMPL, "order": native.IMPL}
     if len(set(parts.values())) == 1:
         return wire.IMPL
     return ",".join(f"{k}={v}" for k, v in parts.items())

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
 
 from chorus import confchange, wire
 from chorus.actions import (Action, Apply, CatchUp, Joined, LogOffered, LogQueried, Pause, Phase, PhaseChange,
@@ -33,6 +33,7 @@ from chorus.bus import proto as bp
 from chorus.bus import Delivery, View, Votes
 from chorus.certifier import CertificationIndex, Certifier, CertifierClass
 from chorus.confchange import ClusterConfig
+from chorus.dataplane import native
 from chorus.dataplane.order import Conflict, OrderCore, Stats
 from chorus.history import Decision, Epoch, MemberRecord
 from chorus.link import position as link_position
@@ -110,12 +111,17 @@ class Replicator:
         self._view: Optional[View] = None  # the last view (its votes recounted when the configured set changes)
         # what the node's disk holds, for its GID requests (the coordinator's; None: ``last_gid``)
         self.holding = holding
-        # the certifier implementation (certifier.Certifier unless told: the differential tests)
-        self.certifiers: CertifierClass = certifiers if certifiers is not None else Certifier
         # The total order's state and what every writeset goes through (dataplane/order.py): this
-        # class decides the rest, and tells the order core what it decided.
-        # (``orders``: another implementation of it, the differential tests' C one; OrderCore unless told)
-        self.order = (orders or OrderCore)(node, self.membership, self.certifiers(), self._open_round, clock)
+        # class decides the rest, and tells the order core what it decided. Told neither
+        # (``orders``, ``certifiers``: the differential tests), the C order core on the C index
+        # when it is built and CHORUS_IMPL allows (dataplane/native.py's IMPL), else OrderCore on
+        # certifier.Certifier; told only ``certifiers``, OrderCore on them.
+        native_core = orders is None and certifiers is None and native.IMPL == "c"
+        self.certifiers: CertifierClass = (certifiers if certifiers is not None else
+                                           cast(CertifierClass, native.NativeCertifier) if native_core else Certifier)
+        # (the C one has OrderCore's interface: tests/unit/test_dataplane_order.py holds them alike)
+        make = orders or (cast(Callable[..., OrderCore], native.NativeOrderCore) if native_core else OrderCore)
+        self.order: OrderCore = make(node, self.membership, self.certifiers(), self._open_round, clock)
         self.phase = Phase.CONNECTING
         self.quorate = False
         self.local_member = ""

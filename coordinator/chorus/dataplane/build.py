@@ -1,8 +1,9 @@
 """The cffi builder of the data plane's native core (docs/NATIVE.md section 3.1): API mode, out of
 line, from the plain C under ``native/`` (no Python.h), as the module ``chorus.dataplane._native``.
 
-Optional, as the Cython modules are (chorus/impl.py): nothing on the coordinator's path imports it
-yet, and :mod:`chorus.dataplane.native` says whether it is there. Built in place by running this
+Optional, as the Cython modules are (chorus/impl.py): :mod:`chorus.dataplane.native` says whether it
+is there, and the coordinator runs the C order core when it is (``native.IMPL``). ``setup.py`` builds
+it with the package (cffi's ``distutils_extension``), ``scripts/setup.sh`` in place. Built in place by running this
 file (``python coordinator/chorus/dataplane/build.py``); the unit tests and the micro-benchmark
 build it into a directory of their own with :func:`compile_into` when it is not.
 
@@ -24,7 +25,7 @@ from cffi import FFI  # type: ignore[import-untyped]
 HERE = Path(__file__).resolve().parent
 NATIVE = HERE / "native"
 EXTENSION = HERE.parents[2] / "extension"  # chorus_wire.h (the constants), chorus_wsread.c (the reader)
-SOURCES = ("mem.c", "cert.c", "sched.c", "blake2b.c", "scan.c", "order.c", "text.c")
+SOURCES = ("mem.c", "cert.c", "sched.c", "blake2b.c", "scan.c", "order.c", "text.c", "outcomes.c")
 # the extension's writeset reader, compiled in (not copied): one reader of the format in C
 EXTENSION_SOURCES = ("chorus_wsread.c",)
 MODULE = "chorus.dataplane._native"

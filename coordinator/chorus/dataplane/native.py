@@ -5,7 +5,9 @@ far, step 1's first pieces: :class:`NativeCertifier` (``native/cert.c``), :class
 (certifier.PyCertifier, commit/scheduler.PyScheduler, wire.scan's keys and header,
 dataplane/order.OrderCore) and gives the same outputs for the same calls
 (tests/unit/test_dataplane_cert.py, test_dataplane_sched.py, test_dataplane_scan.py,
-test_dataplane_order.py). Nothing on the coordinator's path uses them yet. In the engine of the later steps they are reached from C, not through these
+test_dataplane_order.py). The coordinator runs :class:`NativeOrderCore` (with its index and
+:class:`NativeOutcomes`) when the module is built and ``CHORUS_IMPL`` is not ``python``
+(:data:`IMPL`; the Replicator's default). In the engine of the later steps they are reached from C, not through these
 classes. The classes are here for the differential tests, the micro-benchmark
 (bench/dataplane_micro.py), and Python callers that want the C index.
 
@@ -34,14 +36,14 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from chorus import wire
+from chorus import impl, wire
 from chorus.actions import Action, Apply, DdlOutcome, LocalVerdict, Send
 from chorus.bus import Votes, bus_node
 from chorus.bus import proto as bp
 from chorus.certifier import OK, Verdict
 from chorus.dataplane.order import CONFLICT_HISTORY, Conflict, LocalWritesets, unstable_entry
 from chorus.link import position as link_position
-from chorus.outcomes import Outcome, OutcomeIndex
+from chorus.outcomes import OUTCOME_HISTORY, Outcome, OutcomeIndex
 from chorus.spool import SpooledBuffer
 from chorus.wire import Key, KeyMode
 
@@ -123,6 +125,20 @@ except ImportError:
     pass
 else:
     use(_native)
+
+
+def chosen() -> str:
+    """Which order core the coordinator runs (``CHORUS_IMPL``, chorus/impl.py): "c" (this C one,
+    :class:`NativeOrderCore` on :class:`NativeCertifier`) when it is built, unless
+    ``CHORUS_IMPL=python`` (dataplane/order.py's OrderCore); ``CHORUS_IMPL=c`` insists on it."""
+    want = impl.wanted()
+    if want == "c" and not available():
+        raise ImportError("CHORUS_IMPL=c: the data plane's native core is not built "
+                          "(python coordinator/chorus/dataplane/build.py)")
+    return "c" if available() and want != "python" else "python"
+
+
+IMPL = chosen()  # fixed at import, as the other compiled parts' (chorus/impl.py)
 
 
 class NativeCertifier:
@@ -547,6 +563,85 @@ def _raw(ws: wire.Writeset) -> Any:
     return ws.raw if len(ws.raw) else wire.encode(ws)
 
 
+class NativeOutcomes(OutcomeIndex):
+    """outcomes.OutcomeIndex in C (native/outcomes.c), recorded into by the C order core as it
+    certifies: no Python per writeset. Origins are the ids of the order core's certification
+    index (``ids``: its name -> id map, read at each look-up); the reasons of the failed ones,
+    texts, are kept here by GID (the order core's binding sets them)."""
+
+    def __init__(self, ids: Callable[[], dict[str, int]], size: int = OUTCOME_HISTORY,
+                 max_bytes: int = DEFAULT_BYTES) -> None:
+        m = _lib()
+        self._ffi, self._lib = m.ffi, m.lib
+        self.size = size
+        self._ids = ids
+        self._mem = self._ffi.new("uint64_t[]", (self._lib.ch_outcomes_size() + 7) // 8)
+        self._x = self._ffi.cast("ch_outcomes *", self._mem)
+        _check(self._lib.ch_outcomes_init(self._x, size, max_bytes))
+        self._live = True
+        self._gid, self._ok = self._ffi.new("uint64_t *"), self._ffi.new("int *")
+        # (origin, xid) -> (GID, why) of the failed ones, the last ``size`` of them (GIDs alone do not
+        # name them: a node that left the primary component gives its GIDs again)
+        self._reasons: dict[tuple[str, int], tuple[int, str]] = {}
+
+    def __del__(self) -> None:
+        if getattr(self, "_live", False):
+            self._live = False
+            self._lib.ch_outcomes_free(self._x)
+
+    def failed(self, origin: str, xid: int, gid: int, reason: str) -> None:
+        """The reason ``xid`` of ``origin`` failed certification at ``gid`` (its outcome is recorded
+        in C)."""
+        reasons = self._reasons
+        reasons[(origin, xid & 0xFFFFFFFF)] = (gid, reason)
+        if len(reasons) > 2 * self.size + 16:  # keep those C still has (amortized: every size failures)
+            self._reasons = {k: (g, why) for k, (g, why) in reasons.items() if self._failed_at(k[0], k[1]) == g}
+
+    def _failed_at(self, origin: str, xid: int) -> int:
+        """The GID C records ``xid`` of ``origin`` as failed at, or -1."""
+        oid = self._ids().get(origin)
+        if oid is None or not self._lib.ch_outcomes_get(self._x, oid, xid, self._gid, self._ok) or self._ok[0]:
+            return -1
+        return int(self._gid[0])
+
+    @property
+    def complete_after(self) -> int:
+        return int(self._lib.ch_outcomes_complete_after(self._x))
+
+    @complete_after.setter
+    def complete_after(self, value: int) -> None:
+        raise AttributeError("the C outcome index keeps complete_after itself")
+
+    def seen(self, gid: int) -> None:
+        self._lib.ch_outcomes_seen(self._x, gid)
+
+    def record(self, origin: str, xid: int, outcome: Outcome) -> None:
+        oid = self._ids().get(origin)
+        if oid is None:
+            raise KeyError(f"no origin {origin!r} in the order core's index")
+        self._lib.ch_outcomes_record(self._x, oid, xid & 0xFFFFFFFF, outcome.gid, outcome.committed)
+        if not outcome.committed:
+            self.failed(origin, xid, outcome.gid, outcome.reason)
+
+    def get(self, origin: str, xid: int) -> Optional[Outcome]:
+        oid = self._ids().get(origin)
+        if oid is None or not self._lib.ch_outcomes_get(self._x, oid, xid & 0xFFFFFFFF, self._gid, self._ok):
+            return None
+        gid, ok = int(self._gid[0]), bool(self._ok[0])
+        if ok:
+            return Outcome(gid, True, "")
+        at, why = self._reasons.get((origin, xid & 0xFFFFFFFF), (0, ""))
+        return Outcome(gid, False, why if at == gid else "")
+
+    def __len__(self) -> int:
+        return int(self._lib.ch_outcomes_len(self._x))
+
+    def renumber(self, old: list[str], ids: dict[str, int]) -> None:
+        """The order core's index changed: the origins ``old`` (by their old ids) have the ids
+        ``ids`` now."""
+        self._lib.ch_outcomes_renumber(self._x, [ids[name] for name in old], len(old))
+
+
 class NativeOrderCore(LocalWritesets):
     """dataplane/order.py's OrderCore with its state and decisions in C (native/order.c): GIDs,
     the scan, certification on the C index, the deferral behind an open schema change, uniform
@@ -590,7 +685,9 @@ class NativeOrderCore(LocalWritesets):
         self._local_member = ""
         self.stats = NativeStats(self._st.stats)
         self.conflicts: deque[Conflict] = deque(maxlen=CONFLICT_HISTORY)
-        self.outcomes = OutcomeIndex()
+        # recorded into by C as it certifies (the reasons of failures set here)
+        self.outcomes = NativeOutcomes(lambda: self._cert._ids)
+        self._lib.ch_order_set_outcomes(self._o, self.outcomes._x)
         self.catching_up = False
         self.will_hold = 0
 
@@ -659,13 +756,12 @@ class NativeOrderCore(LocalWritesets):
                     log.error("link writeset GID %d of link %s failed certification: %s", r.gid, ref.msg.link,
                               v.reason)
             elif kind == _OUT_CERTIFIED:
-                origin = names[r.origin]
-                if r.v.kind == _CERT_OK:
-                    self.outcomes.record(origin, r.xid, Outcome(int(r.gid), True, ""))
+                if r.v.kind == _CERT_OK:  # its outcome is recorded in C
                     continue
+                origin = names[r.origin]
                 ws = self._refs.pop(r.ref).writeset()
                 v = _verdict(r.v, ws.keys, int(r.last_seen), self._cert.horizon, names)
-                self.outcomes.record(origin, ws.xid, Outcome(int(r.gid), False, v.reason))
+                self.outcomes.failed(origin, ws.xid, int(r.gid), v.reason)
                 c = Conflict.of(self.clock(), int(r.gid), origin, ws, v)
                 self.conflicts.append(c)
                 where = f"{c.schema}.{c.table}" if c.table else ""
@@ -766,22 +862,33 @@ class NativeOrderCore(LocalWritesets):
 
     def writeset(self, msg: bp.WritesetMsg) -> list[Action]:
         """A writeset delivered in total order (OrderCore.writeset)."""
-        local = msg.origin == self.node
-        cached = self._local_scanned.pop(msg.ticket, None) if local else None
-        online = msg.origin in self.membership.online
-        self._sync()
+        origin, ticket = msg.origin, msg.ticket
+        local = origin == self.node
+        cached = self._local_scanned.pop(ticket, None) if local else None
+        membership = self.membership
+        if membership.joined_at != self._joined:
+            self._sync()
         buf = _raw(cached) if cached is not None else msg.writeset
         if isinstance(buf, SpooledBuffer):
             buf = buf.view
-        before = self._st.gid
-        ref = self._new_ref(_Ref(msg, cached))
-        rc = self._lib.ch_order_writeset(self._o, self._cert._origin(msg.origin), local, online, msg.ticket, ref,
-                                         self._ffi.from_buffer(buf), len(buf), self._lib.ch_py_round, self._handle)
-        if self._st.gid == before:
-            del self._refs[ref]
-        else:
-            self.outcomes.seen(int(self._st.gid))
-        self._done(rc)
+        st = self._st
+        before = st.gid
+        self._next_ref = ref = self._next_ref + 1
+        refs = self._refs
+        refs[ref] = _Ref(msg, cached)
+        oid = self._cert._ids.get(origin)
+        if oid is None:
+            oid = self._cert._origin(origin)
+        lib = self._lib
+        # bytes go to C as they are; from_buffer (a buffer's view, a spooled writeset's mapping) costs
+        # a few µs more per call
+        data = buf if type(buf) is bytes else self._ffi.from_buffer(buf)
+        rc = lib.ch_order_writeset(self._o, oid, local, origin in membership.online, ticket, ref,
+                                   data, len(buf), lib.ch_py_round, self._handle)
+        if st.gid == before:
+            del refs[ref]
+        if rc:
+            self._done(rc)
         return self._actions()
 
     def link_writeset(self, msg: bp.LinkWriteset) -> list[Action]:
@@ -795,8 +902,6 @@ class NativeOrderCore(LocalWritesets):
                                               ref, self._ffi.from_buffer(buf), len(buf))
         if self._st.gid == before:
             del self._refs[ref]
-        else:
-            self.outcomes.seen(int(self._st.gid))
         self._done(rc)
         return self._actions()
 
@@ -856,6 +961,11 @@ class NativeOrderCore(LocalWritesets):
                 assert isinstance(a, Apply)
                 r.origin, r.prev, r.settle, r.link = cert._origin(a.origin), a.prev, a.settle, a.link is not None
         _check(self._lib.ch_order_install(self._o, cert._c, gid, certified, released, recs, len(unstable)))
+        if cert is not self._cert:  # the outcomes recorded name origins by the old index's ids
+            old = list(self._cert._names)
+            for name in old:
+                cert._origin(name)
+            self.outcomes.renumber(old, cert._ids)
         self._cert, self._refs = cert, refs
 
     def unstable_entries(self, version: int = bp.VERSION) -> tuple[tuple[int, int, str, bytes], ...]:

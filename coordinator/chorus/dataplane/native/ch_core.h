@@ -196,6 +196,20 @@ extern void ch_blake2b(const uint8_t *data, size_t len, uint8_t *out, size_t out
 
 extern size_t ch_key_describe(const uint8_t *parts, size_t len, uint32_t nparts, char *out, size_t cap);
 
+/* ---- the outcome index (outcomes.c): outcomes.py's OutcomeIndex ---- */
+
+typedef struct ch_outcomes ch_outcomes;
+
+extern size_t ch_outcomes_size(void);
+extern int	ch_outcomes_init(ch_outcomes *x, size_t size, size_t max_bytes);
+extern void ch_outcomes_free(ch_outcomes *x);
+extern void ch_outcomes_seen(ch_outcomes *x, uint64_t gid);
+extern void ch_outcomes_record(ch_outcomes *x, uint32_t origin, uint32_t xid, uint64_t gid, int ok);
+extern int	ch_outcomes_get(const ch_outcomes *x, uint32_t origin, uint32_t xid, uint64_t *gid, int *ok);
+extern size_t ch_outcomes_len(const ch_outcomes *x);
+extern int64_t ch_outcomes_complete_after(const ch_outcomes *x);
+extern void ch_outcomes_renumber(ch_outcomes *x, const uint32_t *map, size_t n);
+
 /* ---- the order core (order.c) ---- */
 
 typedef struct ch_order ch_order;
@@ -268,6 +282,7 @@ typedef int (*ch_order_round_fn) (void *arg, uint64_t gid, uint32_t origin);
 extern size_t ch_order_size(void);
 extern int	ch_order_init(ch_order *o, ch_cert *cert, size_t max_bytes);
 extern void ch_order_free(ch_order *o);
+extern void ch_order_set_outcomes(ch_order *o, ch_outcomes *x);
 extern size_t ch_order_bytes(const ch_order *o);
 extern ch_order_state *ch_order_view(ch_order *o);
 extern const ch_order_out *ch_order_take(const ch_order *o, size_t *n);

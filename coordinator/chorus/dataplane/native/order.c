@@ -83,6 +83,7 @@ struct ch_order
 	ch_order_state st;
 	ch_mem		mem;
 	ch_cert    *cert;
+	ch_outcomes *outcomes;		/* recorded into as it certifies (NULL: not) */
 
 	QUEUE(ord_held, held);
 	QUEUE(ord_deferred, def);
@@ -106,6 +107,13 @@ struct ch_order
 	uint32_t   *nodes;			/* scratch: the bus nodes known to have a GID */
 	size_t		nodes_cap;
 };
+
+/* Record the outcomes of what it certifies into x (outcomes.c), or not (NULL) */
+void
+ch_order_set_outcomes(ch_order *o, ch_outcomes *x)
+{
+	o->outcomes = x;
+}
 
 size_t
 ch_order_size(void)
@@ -386,6 +394,8 @@ certify(ch_order *o, const ord_ws *w, ch_order_round_fn round, void *arg)
 		r->xid = w->xid;
 		r->last_seen = last_seen;
 		r->v = v;
+		if (o->outcomes != NULL && !w->link)
+			ch_outcomes_record(o->outcomes, w->origin, w->xid, w->gid, v.kind == CH_CERT_OK);
 	}
 	if (v.kind != CH_CERT_OK)
 	{
@@ -479,6 +489,8 @@ delivered(ch_order *o, uint32_t origin, int local, int link, int online, uint64_
 		r->ticket = ticket;
 		r->ref = ref;
 		r->scan_err = info.err;
+		if (o->outcomes != NULL)
+			ch_outcomes_seen(o->outcomes, o->st.gid);
 		return CH_OK;
 	}
 	for (size_t i = 0; i < info.nkeys; i++)
@@ -518,8 +530,12 @@ delivered(ch_order *o, uint32_t origin, int local, int link, int online, uint64_
 		d->w.modes = d->keys + 16 * info.nkeys;
 		o->def_len++;
 		o->st.deferred++;
+		if (o->outcomes != NULL)
+			ch_outcomes_seen(o->outcomes, o->st.gid);
 		return CH_OK;
 	}
+	if (o->outcomes != NULL)
+		ch_outcomes_seen(o->outcomes, o->st.gid);
 	return certify(o, &w, round, arg);
 }
 
