@@ -656,7 +656,7 @@ class Replicator:
         m.joined(msg)  # the members at the request's place (what was delivered since is replayed)
         self.paused_by = set(msg.paused)
         self._sync_sent = False
-        out: list[Action] = [*undone, *self._config_changed(before), self._remember(),
+        out: list[Action] = [*undone, *self._config_changed(before, ask=False), self._remember(),
                              Joined(self.cluster_uuid, self.gid, False)]
         if behind:
             # partial recovery: certify the live stream from here on (the coordinator holds what
@@ -812,9 +812,10 @@ class Replicator:
 
     # ---- changing the configured nodes (confchange.py) ----------------------------------------
 
-    def _config_changed(self, before: Optional[ClusterConfig]) -> list[Action]:
+    def _config_changed(self, before: Optional[ClusterConfig], ask: bool = True) -> list[Action]:
         """The configured set changed from ``before`` (taken from a message of the order): it is
-        written to the state file, and the view's votes are counted from it."""
+        written to the state file, and the view's votes are counted from it (``ask``: a node outside
+        the primary component asks again if the view is quorate from here, :meth:`_recount`)."""
         if self.config is before:
             return []
         assert self.config is not None
@@ -824,10 +825,10 @@ class Replicator:
         if self._view is not None:
             view = self._counted(self._view)
             self.order.votes = self._order_votes(view.votes)
-            out += self._recount(view)
+            out += self._recount(view, ask)
         return out
 
-    def _recount(self, view: View) -> list[Action]:
+    def _recount(self, view: View, ask: bool = True) -> list[Action]:
         """The configured set changed within a view: whether the view is quorate is counted again
         from it. A node that learned the ids of the nodes here (a set recorded before ids were kept:
         until then they count zero) may find a quorum, and asks as it would at a quorate view; a
@@ -842,7 +843,11 @@ class Replicator:
                 return self._leave_primary("this node is outside the quorate partition of the group (counted "
                                            "from the configured nodes)")
             return []
-        if self.phase == Phase.NON_PRIMARY:
+        if not ask:
+            return []
+        if self.phase in (Phase.NON_PRIMARY, Phase.JOINING):
+            if self.phase == Phase.JOINING:
+                self.membership.joining_since = self._now  # (as at a view that is quorate again)
             return self._request(self._now)
         if self.phase == Phase.NEEDS_RECOVERY and self.cluster_uuid:
             return self._request(self._now, join=False)
