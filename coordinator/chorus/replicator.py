@@ -887,6 +887,8 @@ class Replicator:
                       f"(configuration version {new.version}); it is added back only by `chorus node add`")
             out += self._leave_primary(reason, Phase.NEEDS_RECOVERY)
             return out + [Removed(reason)]
+        if self.phase not in _FOLLOWING:  # (not quorate from the new set: change_problem sees it cannot be)
+            return out
         removed = sorted(n for n in self.online if n not in new.nodes)
         out += self._forget(removed)
         for name in list(self.records):  # a removed node is not waited for by a re-form
