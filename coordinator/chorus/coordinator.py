@@ -331,7 +331,8 @@ class Coordinator:
         nodes, version, ids = req.get("nodes"), req.get("version"), req.get("ids", {})
         if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes) or not isinstance(version, int):
             return {"ok": False, "error": "configure needs nodes (a list of names) and version (a number)"}
-        if not isinstance(ids, dict) or not all(isinstance(n, str) and isinstance(i, (str, int)) for n, i in ids.items()):
+        if not isinstance(ids, dict) or not all(isinstance(n, str) and isinstance(i, (str, int))
+                                                for n, i in ids.items()):
             return {"ok": False, "error": "configure's ids are an object: node name -> its Corosync node id"}
         request_id = uuid.uuid4().hex
         waiter: asyncio.Future[Reconfigured] = asyncio.get_running_loop().create_future()

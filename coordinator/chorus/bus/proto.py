@@ -492,8 +492,8 @@ def encode(m: Message, version: int = VERSION) -> bytes:
         return (head + MessageType.GID_REQUEST.value + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid)
                 + struct.pack(">QBQQ", m.last_gid, 1 if m.join else 0, m.log_after, m.log_high) + _epochs(m.epochs)
                 + _records(m.records)
-                + (bytes(m.speaks) + _config(m.config_version, m.config_nodes, m.config_tie, m.config_ids) if version >= 4
-                   else b""))
+                + (bytes(m.speaks) + _config(m.config_version, m.config_nodes, m.config_tie, m.config_ids)
+                   if version >= 4 else b""))
     if isinstance(m, GidReply):
         out = [head, MessageType.GID_REPLY.value, _s(m.node), _s(m.request_id), _s(m.member), _s(m.cluster_uuid), struct.pack(">QQH", m.gid, m.certified, len(m.online))]
         out += [_s(n) + _s(mid) for n, mid in m.online]
