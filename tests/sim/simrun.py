@@ -27,7 +27,7 @@ from chorus.bus import Votes  # noqa: E402
 from chorus.bus import proto as bp  # noqa: E402
 from chorus.cli.members import quorum_problem  # noqa: E402
 from chorus.state import NodeState  # noqa: E402
-from simworld import (MERGE_S, PROCESS_CHANGE_S, TOKEN_TIMEOUT_S, Coord, Host, Sim, Stuck, Violation)  # noqa: E402
+from simworld import (MERGE_S, PROCESS_CHANGE_S, TOKEN_TIMEOUT_S, Host, Sim, Stuck, Violation)  # noqa: E402
 
 FAULTS = ("partition-halves", "isolate-one", "all-alone", "kill-postgres", "kill-coordinator", "kill-corosync",
           "kill-host", "power-cut-host", "crash-all", "power-cut-all", "freeze", "stall-postgres", "netem")
@@ -464,13 +464,11 @@ class Run:
         problem = quorum_problem(sorted(r.online), new)
         if problem is not None:
             return self._again(op, node, problem)
-        stray = 0.0  # how long after its start an added node started by its operator is asked for
         if op == "add" and node not in sim.hosts:
             sim.add_host()  # its PostgreSQL, empty; started by total recovery once it is configured
             self.dead.add(node)  # till then nothing starts it (a restart of every host neither)
-            if self.stray_rnd.random() < 0.5:  # ... but its operator starts it first, unconfigured
-                stray = 0.3
-                self._stray(sim.hosts[node])
+            if self.stray_rnd.random() < 0.5:  # ... but its operator, unconfigured
+                sim.clock.after(self.stray_rnd.uniform(0.0, 2.0), self._stray, sim.hosts[node])
         elif op == "remove":
             self.dead.add(node)  # stopped first; nothing starts it again
             t = sim.hosts[node]
@@ -483,18 +481,10 @@ class Run:
         sim.trace("op", f"chorus node {op} {node} through {asker.name}: configured nodes {','.join(sorted(new))} "
                         f"(version {version})")
         # each node's Corosync node id, as corosync.conf's node list says (the CLI sends them)
-        change = bp.Configure(asker.name, rid, version, tuple(sorted(new)), "", tuple((n, n[1:]) for n in sorted(new)))
-        if stray:  # (the change is asked once the node started: it is in the views, unconfigured, till then)
-            sim.clock.after(stray, self._ask, asker.coord, change)
-        else:
-            asker.coord.send(change)
+        asker.coord.send(bp.Configure(asker.name, rid, version, tuple(sorted(new)), "",
+                                      tuple((n, n[1:]) for n in sorted(new))))
         self.asking = True
         sim.clock.after(0.2, self._answer, op, node, rid, sim.clock.now + 20.0)
-
-    @staticmethod
-    def _ask(coord: Coord, change: bp.Configure) -> None:
-        if coord.alive:
-            coord.send(change)
 
     def _stray(self, h: Host) -> None:
         """An added node's coordinator (its Corosync) started by its operator before it is configured:
@@ -506,27 +496,6 @@ class Run:
             # it is a node of the cluster
             self.dead.discard(h.name)
             h.start_coordinator()
-            if self.sim.partition is None and self.stray_rnd.random() < 0.5:
-                # and the network splits as it comes, before its GID request is answered: it and
-                # one configured node on one side (its vote must count for nothing there)
-                self.sim.clock.after(PROCESS_CHANGE_S + 0.0001, self._split_with_stray, h)
-
-    def _split_with_stray(self, h: Host) -> None:
-        sim = self.sim
-        others = [x for x in self.live() if x is not h]
-        if sim.partition is not None or not others or h.coord is None or not h.coord.alive:
-            return
-        pal = self.stray_rnd.choice(others)
-        groups = [sorted([h.index, pal.index]), sorted(x.index for x in sim.hosts.values() if x not in (h, pal))]
-        sim.trace("nem", f"partition {groups} as {h.name} starts")
-        self.faults["partition-with-stray"] += 1
-        sim.partition = groups
-        sim.bus.regroup(TOKEN_TIMEOUT_S)
-
-        def heal() -> None:
-            if sim.partition is groups:
-                self.heal_network()
-        sim.clock.after(self.stray_rnd.uniform(1.0, 4.0), heal)
 
     def _answer(self, op: str, node: str, rid: str, deadline: float) -> None:
         sim = self.sim
