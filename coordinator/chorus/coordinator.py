@@ -329,13 +329,17 @@ class Coordinator:
             return {"ok": False, "error": f"the cluster runs bus protocol version {r.membership.version}: a member of a "
                                           "release before is in it, and it could not switch with the others; finish "
                                           "the rolling upgrade first (docs/DEPLOY.md section 8)"}
-        nodes, version = req.get("nodes"), req.get("version")
+        nodes, version, ids = req.get("nodes"), req.get("version"), req.get("ids", {})
         if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes) or not isinstance(version, int):
             return {"ok": False, "error": "configure needs nodes (a list of names) and version (a number)"}
+        if not isinstance(ids, dict) or not all(isinstance(n, str) and isinstance(i, (str, int))
+                                                for n, i in ids.items()):
+            return {"ok": False, "error": "configure's ids are an object: node name -> its Corosync node id"}
         request_id = uuid.uuid4().hex
         waiter: asyncio.Future[Reconfigured] = asyncio.get_running_loop().create_future()
         self._configuring[request_id] = waiter
-        self.sender.send(bp.Configure(self.cfg.name, request_id, version, tuple(nodes), str(req.get("tie_breaker", ""))))
+        self.sender.send(bp.Configure(self.cfg.name, request_id, version, tuple(nodes), str(req.get("tie_breaker", "")),
+                                      tuple(sorted((n, str(i)) for n, i in ids.items() if n in nodes))))
         try:
             done = await asyncio.wait_for(waiter, float(req.get("timeout", 20)))
         except asyncio.TimeoutError:
@@ -687,6 +691,7 @@ class Coordinator:
             tie_breaker=r.votes.tie_breaker if r else "",
             config_version=r.config.version if r and r.config else 0,
             configured_nodes=list(r.config.nodes) if r and r.config else [],
+            configured_ids=dict(r.config.ids) if r and r.config else {},
             configured_votes=(r.member_votes or r.votes.expected) if r else 0,
             released_gid=r.released if r else 0,
             held_for_quorum=r.held_count if r else 0,

@@ -134,13 +134,28 @@ class Membership:
     # each node's own configuration). It changes at a Configure in the total order, or with a
     # newer one a GID request or its answer carries (a node that missed the change).
     config: Optional[ClusterConfig] = None
+    # Whether the configured set keeps its nodes' Corosync ids (False in a local cluster, where
+    # every coordinator runs on one Corosync node and votes count coordinators)
+    keeps_ids: bool = True
 
-    def adopt(self, version: int, nodes: tuple[str, ...], tie: str) -> bool:
-        """A configured set a message of the order carries: taken if newer than this node's.
-        Returns whether it was."""
-        got = confchange.newer(self.config, ClusterConfig.from_fields(version, nodes, tie))
+    def adopt(self, version: int, nodes: tuple[str, ...], tie: str, ids: tuple[tuple[str, str], ...] = ()) -> bool:
+        """A configured set a message of the order carries: taken if newer than this node's (of
+        the same version, the ids it knows that this node's does not). Returns whether it was."""
+        got = confchange.newer(self.config, ClusterConfig.from_fields(version, nodes, tie,
+                                                                      ids if self.keeps_ids else ()))
         if got is self.config:
             return False
+        self.config = got
+        return True
+
+    def learn(self, name: str, member: str) -> bool:
+        """Configured node ``name`` runs on ``member``'s bus node (a message it sent, or its member
+        id in an answer): the set keeps that id if it did not know it (confchange.learned). Every
+        node that delivers the message learns alike. Returns whether it was learned."""
+        got = confchange.learned(self.config, name, bus_node(member)) if self.keeps_ids else None
+        if got is None:
+            return False
+        log.warning("node %s's Corosync node id is %s (learned)", name, bus_node(member))
         self.config = got
         return True
 
@@ -148,8 +163,20 @@ class Membership:
         """Whether ``name`` is one of the configured nodes (any node, before the first change)."""
         return self.config is None or name in self.config.nodes
 
-    def _config_fields(self) -> tuple[int, tuple[str, ...], str]:
-        return self.config.as_fields() if self.config is not None else (0, (), "")
+    def misplaced(self, name: str, member: str) -> Optional[str]:
+        """Why configured node ``name`` may not be a member from bus member ``member``: the set knows
+        another Corosync node id for it (None: it may)."""
+        if self.config is None or not self.keeps_ids or name not in self.config.nodes:
+            return None
+        known = self.config.id_of(name)
+        if known == bus_node(member):
+            return None
+        return (f"node {name} runs on Corosync node {bus_node(member)}, but cluster's configured set gives it "
+                + (f"Corosync node id {known}" if known else "none (another node has that id)")
+                + ": give each node the Corosync node id its `chorus node add` wrote to corosync.conf")
+
+    def _config_fields(self) -> tuple[int, tuple[str, ...], str, tuple[tuple[str, str], ...]]:
+        return self.config.as_fields() if self.config is not None else (0, (), "", ())
 
     # ---- what the node remembers --------------------------------------------------------
 
@@ -265,7 +292,7 @@ class Membership:
         if cluster_uuid and cluster_uuid != msg.cluster_uuid:
             return (f"this node belongs to cluster {cluster_uuid}, the group runs "
                     f"cluster {msg.cluster_uuid}: total recovery is needed")
-        return self.unconfigured(msg)
+        return self.unconfigured(msg) or self.misplaced_refusal(msg)
 
     def unconfigured(self, msg: bp.GidReply) -> Optional[str]:
         """Why the cluster does not admit this node: it is not one of its configured nodes (it was
@@ -275,6 +302,19 @@ class Membership:
                     f"({', '.join(msg.config_nodes)}, configuration version {msg.config_version}): it was "
                     "removed, or was not added yet; `chorus node add` it first")
         return None
+
+    def misplaced_refusal(self, msg: bp.GidReply) -> Optional[str]:
+        """Why the cluster does not admit this node although it is configured: it runs on another
+        Corosync node than the configured set gives it (None: it does not)."""
+        if not msg.config_version or self.node not in msg.config_nodes or not self.keeps_ids:
+            return None
+        known = dict(msg.config_ids).get(self.node, "")
+        if known == bus_node(msg.member):
+            return None
+        return (f"this node runs on Corosync node {bus_node(msg.member)}, but cluster {msg.cluster_uuid}'s "
+                f"configured set gives it " + (f"Corosync node id {known}" if known else "none")
+                + ": only a configured node's own Corosync node counts toward quorum; run it there, or remove "
+                "and add it again with its Corosync node id")
 
     def history_refusal(self, msg: bp.GidReply, holds: int) -> Optional[str]:
         """Why this node, holding up to GID ``holds``, cannot follow the history the answer
@@ -304,7 +344,9 @@ class Membership:
         self.records = history.merge(self.records, {n: MemberRecord(e, g, m) for n, e, g, m in msg.records})
         self.records[self.node] = MemberRecord(self.epoch_number, msg.gid, True)
         self.reform = None
-        self.adopt(msg.config_version, msg.config_nodes, msg.config_tie)
+        self.adopt(msg.config_version, msg.config_nodes, msg.config_tie, msg.config_ids)
+        for n, member in msg.online:
+            self.learn(n, member)
 
     def bootstrapped(self, sender: str, msg: bp.Bootstrap) -> None:
         """This node's bootstrap came back (``sender``: its bus member): it alone is the primary
@@ -317,6 +359,7 @@ class Membership:
         self.epochs = history.add_epoch(self.epochs, Epoch(msg.epoch, msg.gid, self.node))
         self.records[self.node] = MemberRecord(msg.epoch, msg.gid, True)
         self.reform = None
+        self.learn(self.node, sender)
 
     # ---- other nodes' GID requests --------------------------------------------------------
 
@@ -325,7 +368,8 @@ class Membership:
         phase: they decide a re-form)."""
         self.requests[sender] = msg
         self.latest(sender, msg)
-        self.adopt(msg.config_version, msg.config_nodes, msg.config_tie)
+        self.adopt(msg.config_version, msg.config_nodes, msg.config_tie, msg.config_ids)
+        self.learn(msg.node, sender)
 
     def latest(self, sender: str, msg: bp.GidRequest) -> None:
         self.latest_request[msg.node] = (msg.request_id, sender)
@@ -359,7 +403,8 @@ class Membership:
             # version 4 reads no version in the answer, but refuses one whose ``compat`` differs
             log.warning("%s", why)
             compat = f"{compat} (bus protocol: {why})"
-        elif msg.cluster_uuid in ("", place.cluster_uuid) and self.configured(msg.node) and history.prefix_problem(
+        elif msg.cluster_uuid in ("", place.cluster_uuid) and self.configured(msg.node) and \
+                self.misplaced(msg.node, sender) is None and history.prefix_problem(
                 msg.node, msg.last_gid, tuple(Epoch(*e) for e in msg.epochs), self.epochs,
                 place.certified) is None:
             online[msg.node] = sender
@@ -436,21 +481,25 @@ class Membership:
 
         Every acknowledged transaction committed on its origin before the client heard of it;
         the origin is here, or it left the primary component at a GID that the winner holds."""
-        if self.reform_sent or not quorate or max(votes.expected, member_votes) < 2:
+        # One expected vote re-forms nothing (a lone node whose Corosync says expected_votes 1 may
+        # be a misconfigured node of a larger cluster), unless the configured set, changed in the
+        # total order, is this node alone: a cluster shrunk to one by `chorus node remove`.
+        alone = self.config is not None and tuple(self.config.nodes) == (self.node,)
+        if self.reform_sent or not quorate or (max(votes.expected, member_votes) < 2 and not alone):
             return None
         if set(self.requests) != set(members):
             return None
         # Only configured nodes count: a removed node's coordinator started again is in the view
         # until it is refused, and with no primary component nobody refuses it. (With one Corosync
         # for all, its coordinator would otherwise count as a vote.)
-        counted = [m for m, r in self.requests.items() if self.configured(r.node)]
+        counted = [m for m, r in self.requests.items() if self.configured(r.node) and self.misplaced(r.node, m) is None]
         if not (2 * len(counted) > member_votes if member_votes else votes.holds({bus_node(m) for m in counted})):
             return None
         # a node removed from the configured set is not waited for (confchange.py)
         cands = [history.Candidate(r.node, r.cluster_uuid, r.last_gid, tuple(Epoch(*e) for e in r.epochs),
                                    r.log_after, r.log_high,
                                    {n: MemberRecord(e, g, m) for n, e, g, m in r.records if self.configured(n)})
-                 for r in self.requests.values() if self.configured(r.node)]
+                 for m, r in self.requests.items() if self.configured(r.node) and self.misplaced(r.node, m) is None]
         if not cands:
             return None
         d = history.decide(cands)

@@ -102,6 +102,9 @@ class NodeStatus:
     # own configuration, ``configured_votes`` of them); docs/MEMBERSHIP.md
     config_version: int = 0
     configured_nodes: list[str] = dataclasses.field(default_factory=list)
+    # each configured node's Corosync node id, as this node knows it: only these count toward a
+    # view's quorum (a node whose id is not known yet counts zero until it is learned)
+    configured_ids: dict[str, str] = dataclasses.field(default_factory=dict)
     configured_votes: int = 0
     # the links between sites this node has a part in (link/status.py): a row per link and direction
     links: list[dict[str, Any]] = dataclasses.field(default_factory=list)

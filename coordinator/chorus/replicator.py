@@ -30,7 +30,7 @@ from chorus import confchange, wire
 from chorus.actions import (Action, Apply, CatchUp, Joined, LogOffered, LogQueried, Pause, Phase, PhaseChange,
                             Reconfigure, Reconfigured, Remember, Removed, Send, SyncReached, VoteDecided, VoteOpened)
 from chorus.bus import proto as bp
-from chorus.bus import Delivery, View, Votes
+from chorus.bus import Delivery, View, Votes, bus_node
 from chorus.certifier import CertificationIndex, Certifier, CertifierClass
 from chorus.confchange import ClusterConfig
 from chorus.dataplane import native
@@ -108,6 +108,7 @@ class Replicator:
         # member records: history.py, its state file) and the join handshake (membership.py).
         self.membership = Membership(node, epochs, dict(records or {}), own=speaks)
         self.membership.config = config  # the configured set its state file holds (confchange.py)
+        self.membership.keeps_ids = member_votes <= 0  # (a local cluster counts coordinators, not Corosync ids)
         self._view: Optional[View] = None  # the last view (its votes recounted when the configured set changes)
         # what the node's disk holds, for its GID requests (the coordinator's; None: ``last_gid``)
         self.holding = holding
@@ -166,7 +167,22 @@ class Replicator:
         votes = confchange.votes(self.config, view.votes, self.shared_bus)
         if votes == view.votes:
             return view
-        return replace(view, quorum=votes.quorum, expected=votes.expected, tie_breaker=votes.tie_breaker)
+        return replace(view, quorum=votes.quorum, expected=votes.expected, tie_breaker=votes.tie_breaker,
+                       voters=votes.voters)
+
+    def _votes_in(self, member: str) -> bool:
+        """Whether bus member ``member``'s node has a vote (a configured node's Corosync id, once
+        there is a configured set): uniform commit counts the reports of those only."""
+        voters = confchange.votes(self.config, Votes(), self.shared_bus).voters
+        return voters is None or bus_node(member) in voters
+
+    @staticmethod
+    def _order_votes(votes: Votes) -> Votes:
+        """The votes the order core counts reports against. The reports of bus nodes without a vote
+        are not given to it (:meth:`_votes_in`), and this node is in the primary component only from
+        its configured id (Membership.misplaced), so it needs no voters of its own: both order cores
+        (dataplane/order.py, the C one) count alike."""
+        return replace(votes, voters=None)
 
     # ---- what the order core reads, and reads through to it ----------------------------------
 
@@ -304,14 +320,18 @@ class Replicator:
         m = self.membership
         previous = set(self.members)
         self._view = view
+        learned = m.learn(self.node, view.local)  # its own Corosync id (a set recorded before ids were kept)
         view = self._counted(view)
         self.members = view.members
         self.local_member = view.local
         quorate, cut_off = view_quorum(view, previous, self.member_votes)
         was_quorate, self.quorate = self.quorate, quorate
         self._now = now
-        self.order.view_changed(view.votes)
+        self.order.view_changed(self._order_votes(view.votes))
         m.view_changed(view.members)
+        if learned:
+            assert self.config is not None
+            out.append(Reconfigure(self.config))
         # Members that left the view left the primary component here. Only a node that stays in
         # it records so: one that leaves it too cannot tell whether they went on elsewhere.
         stays = self.phase in _FOLLOWING and quorate and not cut_off
@@ -359,6 +379,10 @@ class Replicator:
             self.membership.forget_requests()  # a primary component exists from here
             if msg.node == self.node and d.sender == self.local_member:
                 self._bootstrap_at = None  # it came back (started, or not in a view without quorum)
+            if d.sender in self.members:
+                before = self.config
+                self.membership.learn(msg.node, d.sender)
+                adopted += self._config_changed(before)
             if self.phase not in _FOLLOWING:
                 return self._pause_changed(self._bootstrap_seen(d, msg))
         if self.phase == Phase.JOINING:
@@ -660,7 +684,7 @@ class Replicator:
         m.joined(msg)  # the members at the request's place (what was delivered since is replayed)
         self.paused_by = set(msg.paused)
         self._sync_sent = False
-        out: list[Action] = [*undone, *self._config_changed(before), self._remember(),
+        out: list[Action] = [*undone, *self._config_changed(before, ask=False), self._remember(),
                              Joined(self.cluster_uuid, self.gid, False)]
         if behind:
             # partial recovery: certify the live stream from here on (the coordinator holds what
@@ -701,7 +725,7 @@ class Replicator:
         if isinstance(msg, bp.LogInfo):
             return [LogOffered(msg)] if msg.node == self.node else []
         if isinstance(msg, bp.Received):
-            return self.order.received_report(sender, msg, sender in self.members)
+            return self.order.received_report(sender, msg, sender in self.members and self._votes_in(sender))
         if self.phase not in _FOLLOWING:
             return []
         if isinstance(msg, bp.LogQuery):
@@ -821,17 +845,46 @@ class Replicator:
 
     # ---- changing the configured nodes (confchange.py) ----------------------------------------
 
-    def _config_changed(self, before: Optional[ClusterConfig]) -> list[Action]:
+    def _config_changed(self, before: Optional[ClusterConfig], ask: bool = True) -> list[Action]:
         """The configured set changed from ``before`` (taken from a message of the order): it is
-        written to the state file, and the view's votes are counted from it."""
+        written to the state file, and the view's votes are counted from it (``ask``: a node outside
+        the primary component asks again if the view is quorate from here, :meth:`_recount`)."""
         if self.config is before:
             return []
         assert self.config is not None
         log.warning("configured nodes from here: %s (configuration version %d)", ", ".join(self.config.nodes),
                     self.config.version)
+        out: list[Action] = [Reconfigure(self.config)]
         if self._view is not None:
-            self.order.votes = self._counted(self._view).votes
-        return [Reconfigure(self.config)]
+            view = self._counted(self._view)
+            self.order.votes = self._order_votes(view.votes)
+            out += self._recount(view, ask)
+        return out
+
+    def _recount(self, view: View, ask: bool = True) -> list[Action]:
+        """The configured set changed within a view: whether the view is quorate is counted again
+        from it. A node that learned the ids of the nodes here (a set recorded before ids were kept:
+        until then they count zero) may find a quorum, and asks as it would at a quorate view; a
+        member that finds none leaves, as at a view that is not quorate. Every node that delivered
+        the same messages counts alike."""
+        quorate = view_quorum(view, set(), self.member_votes)[0]
+        if quorate == self.quorate:
+            return []
+        self.quorate = quorate
+        if not quorate:
+            if self.phase in _FOLLOWING:
+                return self._leave_primary("this node is outside the quorate partition of the group (counted "
+                                           "from the configured nodes)")
+            return []
+        if not ask:
+            return []
+        if self.phase in (Phase.NON_PRIMARY, Phase.JOINING):
+            if self.phase == Phase.JOINING:
+                self.membership.joining_since = self._now  # (as at a view that is quorate again)
+            return [] if self._bootstrap_pending(self._now) else self._request(self._now)
+        if self.phase == Phase.NEEDS_RECOVERY and self.cluster_uuid:
+            return self._request(self._now, join=False)
+        return []
 
     def _configured_count(self) -> int:
         """How many nodes are configured before the first change: a local cluster's coordinators
@@ -846,10 +899,12 @@ class Replicator:
         are not among the new nodes are dropped here; this node, if it is one, leaves and stops.
         Quorum counts from the new nodes from here on."""
         mine = msg.node == self.node and sender == self.local_member
-        new = ClusterConfig(msg.version, msg.nodes, msg.tie_breaker)
-        problem = (f"it was sent by bus member {sender}, not {msg.node}'s" if self.online.get(msg.node) != sender
-                   else confchange.change_problem(self.config, self._configured_count(), new, self.online, msg.node,
-                                                  self.shared_bus))
+        new, problem = confchange.with_ids(ClusterConfig(msg.version, msg.nodes, msg.tie_breaker, msg.ids),
+                                           self.config, self.online, self.shared_bus)
+        if problem is None:
+            problem = (f"it was sent by bus member {sender}, not {msg.node}'s" if self.online.get(msg.node) != sender
+                       else confchange.change_problem(self.config, self._configured_count(), new, self.online,
+                                                      msg.node, self.shared_bus))
         if problem is not None:
             log.warning("configuration change to version %d (%s) refused: %s", new.version, ", ".join(new.nodes),
                         problem)
@@ -865,6 +920,8 @@ class Replicator:
                       f"(configuration version {new.version}); it is added back only by `chorus node add`")
             out += self._leave_primary(reason, Phase.NEEDS_RECOVERY)
             return out + [Removed(reason)]
+        if self.phase not in _FOLLOWING:  # (not quorate from the new set: change_problem sees it cannot be)
+            return out
         removed = sorted(n for n in self.online if n not in new.nodes)
         out += self._forget(removed)
         for name in list(self.records):  # a removed node is not waited for by a re-form

@@ -76,7 +76,10 @@ def _config(raw: object) -> Optional[ClusterConfig]:
         return None
     if not isinstance(raw, dict):
         raise TypeError("config is not an object")
-    return ClusterConfig(int(raw["version"]), tuple(str(n) for n in raw["nodes"]), str(raw.get("tie_breaker", "")))
+    # "ids": each node's Corosync node id, as known (absent in a set recorded before ids were kept:
+    # learned again in the total order, confchange.learned)
+    return ClusterConfig(int(raw["version"]), tuple(str(n) for n in raw["nodes"]), str(raw.get("tie_breaker", "")),
+                         tuple((str(n), str(i)) for n, i in dict(raw.get("ids", {})).items()))
 
 
 def save_state(path: str, state: NodeState) -> None:
@@ -90,7 +93,7 @@ def save_state(path: str, state: NodeState) -> None:
         raw["records"] = {name: [r.epoch, r.gid, r.member] for name, r in sorted(state.records.items())}
         raw["config"] = (None if state.config is None else
                          {"version": state.config.version, "nodes": list(state.config.nodes),
-                          "tie_breaker": state.config.tie_breaker})
+                          "tie_breaker": state.config.tie_breaker, "ids": dict(state.config.ids)})
         os.write(fd, (json.dumps(raw, indent=2, sort_keys=True) + "\n").encode())
         os.fsync(fd)
     finally:

@@ -90,6 +90,10 @@ class Run:
         # False: none, as a seed that failed before there were any replays it)
         self.member_rnd = random.Random(seed * 15485863 + 5)
         self.changes: list[tuple[float, str]] = []
+        # half the nodes added: their operator starts them (Corosync and coordinator) at once, before
+        # the change is applied or while it is refused (not configured yet, in the views all the same:
+        # only configured nodes' Corosync ids count toward quorum)
+        self.stray_rnd = random.Random(seed * 7919 + 17)
         if script is None and self.member_rnd.random() < 1 / 4 and node_changes:
             t = self.member_rnd.uniform(0.5, self.seconds * 0.6)  # after the cluster formed
             for op in self.member_rnd.choice((("add",), ("remove",), ("add", "remove"), ("remove", "add"),
@@ -415,7 +419,7 @@ class Run:
         h.log.reset(h.db.last)
         epochs = donor.coord.r.epochs if donor.coord is not None and donor.coord.alive else donor.state.epochs
         h.state = h.state.with_(cluster_uuid=donor.state.cluster_uuid, last_gid=h.db.last, left_by_vote="",
-                                bootstrap=False, epochs=epochs)
+                                removed="", bootstrap=False, epochs=epochs)
         sim.clock.after(1.0, h.start_coordinator)
 
     # -- the operator's node changes (`chorus node add` / `chorus node remove`: cli/members.py)
@@ -448,8 +452,8 @@ class Run:
         if op == "add" and node and node in current or op == "remove" and node and node not in current:
             return self._changed(op, node)  # an earlier request went through (its answer was lost)
         if op == "remove" and len(current) <= 2:
-            # a cluster of one node does not re-form by itself after its node restarts (a quorate
-            # view of one expected vote: membership.reform_decision), `chorus bootstrap` restarts it
+            # a cluster of one node cannot grow again (the node added counts at once, and one of
+            # two is no quorum: docs/MEMBERSHIP.md), so the schedule's later adds could not happen
             sim.trace("op", f"chorus node remove: not to one node ({', '.join(current)}); not done")
             self.ops_left -= 1
             return self._next_change()
@@ -465,6 +469,8 @@ class Run:
         if op == "add" and node not in sim.hosts:
             sim.add_host()  # its PostgreSQL, empty; started by total recovery once it is configured
             self.dead.add(node)  # till then nothing starts it (a restart of every host neither)
+            if self.stray_rnd.random() < 0.5:  # ... but its operator, unconfigured
+                sim.clock.after(self.stray_rnd.uniform(0.0, 2.0), self._stray, sim.hosts[node])
         elif op == "remove":
             self.dead.add(node)  # stopped first; nothing starts it again
             t = sim.hosts[node]
@@ -476,9 +482,22 @@ class Run:
         version = (r.config.version if r.config is not None else 0) + 1
         sim.trace("op", f"chorus node {op} {node} through {asker.name}: configured nodes {','.join(sorted(new))} "
                         f"(version {version})")
-        asker.coord.send(bp.Configure(asker.name, rid, version, tuple(sorted(new)), ""))
+        # each node's Corosync node id, as corosync.conf's node list says (the CLI sends them)
+        asker.coord.send(bp.Configure(asker.name, rid, version, tuple(sorted(new)), "",
+                                      tuple((n, n[1:]) for n in sorted(new))))
         self.asking = True
         sim.clock.after(0.2, self._answer, op, node, rid, sim.clock.now + 20.0)
+
+    def _stray(self, h: Host) -> None:
+        """An added node's coordinator (its Corosync) started by its operator before it is configured:
+        in the group's views until it is refused (it then stops, as removed)."""
+        if h.name in self.dead and (h.coord is None or not h.coord.alive):
+            self.sim.trace("op", f"{h.name} started before it is configured")
+            # its operator runs it from here (restarted like the others): refused, it stops for good
+            # (removed) until the change is made; admitted (the change was made, its answer lost),
+            # it is a node of the cluster
+            self.dead.discard(h.name)
+            h.start_coordinator()
 
     def _answer(self, op: str, node: str, rid: str, deadline: float) -> None:
         sim = self.sim
@@ -516,6 +535,7 @@ class Run:
             # a machine set up anew: whatever the faults did to it while it was not in the cluster
             h.frozen = h.db.frozen = False
             h.powered = h.bus_up = h.db.up = True
+            h.state = h.state.with_(removed="")  # refused before it was configured (a stray start)
             self.rebuild.add(node)
             self._rebuild_if_needed(h)
             self._client(h)

@@ -169,7 +169,7 @@ def test_a_local_cluster_counts_the_configured_coordinators() -> None:
     assert confchange.member_votes(ClusterConfig(1, ("n1", "n2")), 0) == 0
     bus = Votes(1, 1)
     assert confchange.votes(ClusterConfig(1, ("a", "b", "c", "d")), bus, True) == bus  # one Corosync: unchanged
-    assert confchange.votes(ClusterConfig(1, ("a", "b", "c", "d")), bus, False) == Votes(3, 4, "")
+    assert confchange.votes(ClusterConfig(1, ("a", "b", "c", "d")), bus, False) == Votes(3, 4, "", frozenset())
 
 
 # ---- on the bus -------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ def status(**changes: Any) -> NodeStatus:
         "recovery": None, "concurrent_index_changes": {},
         "writeset_log": {"low_gid": 1, "high_gid": 40, "holds_after_gid": 0, "bytes": 64 << 20},
         "synced_members": ["n1", "n2", "n3"], "epochs": [[1, 0, "n1"]], "reform": None,
-        "config_version": 0, "configured_nodes": [], "configured_votes": 3, "links": [],
+        "config_version": 0, "configured_nodes": [], "configured_ids": {}, "configured_votes": 3, "links": [],
     }
     assert set(base) == set(FIELDS), set(FIELDS) ^ set(base)
     base.update(changes)

@@ -97,6 +97,8 @@ def test_adding_a_node_rewrites_the_file_reloads_corosync_and_sends_the_change(h
     assert (root / "corosync.conf.bak").read_text() == CONF
     assert ran == [["corosync-cfgtool", "-R"]]
     assert [(c["nodes"], c["version"]) for c in coord.configured] == [(["n1", "n2", "n3", "n4"], 1)]
+    # every node's Corosync node id from the node list: only those count toward quorum
+    assert coord.configured[0]["ids"] == {"n1": "1", "n2": "2", "n3": "3", "n4": "4"}
 
 
 def test_removing_a_node_after_a_change_counts_from_the_clusters_set(host: Any) -> None:
@@ -107,6 +109,7 @@ def test_removing_a_node_after_a_change_counts_from_the_clusters_set(host: Any) 
     assert r.exit_code == 0, r.output
     assert [n.name for n in read_nodes((root / "corosync.conf").read_text())] == ["n1", "n2"]
     assert [(c["nodes"], c["version"]) for c in coord.configured] == [(["n1", "n2", "n4"], 2)]
+    assert coord.configured[0]["ids"] == {"n1": "1", "n2": "2"}  # (n4's: the members know it)
 
 
 @pytest.mark.parametrize("args, status, why", [

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator, Collection, Union
+from typing import TYPE_CHECKING, AsyncIterator, Collection, Optional, Union
 
 if TYPE_CHECKING:
     from chorus.spool import Spool, SpooledBuffer
@@ -54,10 +54,11 @@ class View:
     quorum: int = 1
     expected: int = 0
     tie_breaker: str = ""
+    voters: Optional[frozenset[str]] = None  # Votes.voters (None: every bus node has a vote)
 
     @property
     def votes(self) -> "Votes":
-        return Votes(self.quorum, self.expected, self.tie_breaker)
+        return Votes(self.quorum, self.expected, self.tie_breaker, self.voters)
 
 
 @dataclass(frozen=True)
@@ -69,17 +70,23 @@ class Votes:
     node, which is what uniform commit and the cut-off rule rely on (docs/MEMBERSHIP.md).
     The tie breaker is fixed by configuration (the lowest configured node id by default), never
     by who happens to be present, so two halves can never both win.
+
+    ``voters``: the bus nodes that have a vote (the configured nodes' Corosync ids once `chorus node
+    add`/`remove` changed them: confchange.votes); any other bus node in a set counts zero. None:
+    every bus node has one (Corosync's own count: votequorum gives a vote to each node it lists).
     """
 
     quorum: int = 1
     expected: int = 0
     tie_breaker: str = ""
+    voters: Optional[frozenset[str]] = None
 
     def holds(self, nodes: Collection[str]) -> bool:
-        n = len(set(nodes))
+        counted = set(nodes) if self.voters is None else set(nodes) & self.voters
+        n = len(counted)
         if n >= self.quorum:
             return True
-        return bool(self.tie_breaker) and 2 * n == self.expected and self.tie_breaker in nodes
+        return bool(self.tie_breaker) and 2 * n == self.expected and self.tie_breaker in counted
 
 
 def bus_node(member: str) -> str:

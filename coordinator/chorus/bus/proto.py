@@ -34,7 +34,9 @@ the cluster moves to 4 once its last version-3 node is gone.
 | ``C`` | :class:`Configure` | a member asked by ``chorus node add``/``remove``: the cluster's configured nodes from this place of the order on (docs/MEMBERSHIP.md) |
 
 ``Q`` and ``G`` end, at version 4, with the configured set their sender holds (version, nodes,
-tie breaker): optional, absent while the cluster's nodes were never changed (read as none).
+tie breaker, and the Corosync node id of each node whose id it knows): optional, absent while the
+cluster's nodes were never changed (read as none). The ids end the set, optional too (absent:
+none known, as a set written before they were kept).
 ``C`` is a version-4 message: a cluster with a member of a release before cannot change its nodes.
 
 The messages that carry writesets (``W`` and ``M``) have a compiled codec beside the pure-Python
@@ -170,6 +172,7 @@ class GidRequest:
     config_version: int = 0
     config_nodes: tuple[str, ...] = ()
     config_tie: str = ""
+    config_ids: tuple[tuple[str, str], ...] = ()  # (node, its Corosync node id) for the ids it knows
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,7 @@ class GidReply:
     config_version: int = 0
     config_nodes: tuple[str, ...] = ()
     config_tie: str = ""
+    config_ids: tuple[tuple[str, str], ...] = ()  # (node, its Corosync node id) for the ids it knows
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,9 @@ class Configure:
     version: int
     nodes: tuple[str, ...]
     tie_breaker: str = ""
+    # (node, its Corosync node id): what the operator's corosync.conf says (the node added is not
+    # online yet); the members add the ids they know (confchange.with_ids)
+    ids: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -379,21 +386,35 @@ def _read_records(r: "_R") -> tuple[RecordT, ...]:
     return tuple(out)
 
 
-def _config(version: int, nodes: tuple[str, ...], tie: str, optional: bool = True) -> bytes:
+ConfigT = tuple[int, tuple[str, ...], str, tuple[tuple[str, str], ...]]  # confchange.ClusterConfig.as_fields
+_NO_CONFIG: ConfigT = (0, (), "", ())
+
+
+def _config(version: int, nodes: tuple[str, ...], tie: str, ids: tuple[tuple[str, str], ...],
+            optional: bool = True) -> bytes:
     """A configured set at a message's end; ``optional``: nothing for none (version 0), so a
-    cluster whose nodes were never changed sends what it sent before."""
+    cluster whose nodes were never changed sends what it sent before. The nodes' Corosync ids
+    follow it, when any is known: ``u16`` count, then (node, id) strings (a set written before
+    ids were kept ends at its tie breaker)."""
     if optional and version == 0:
         return b""
-    return struct.pack(">QH", version, len(nodes)) + b"".join(_s(n) for n in nodes) + _s(tie)
+    out = struct.pack(">QH", version, len(nodes)) + b"".join(_s(n) for n in nodes) + _s(tie)
+    if ids:
+        out += struct.pack(">H", len(ids)) + b"".join(_s(n) + _s(i) for n, i in ids)
+    return out
 
 
-def _read_config(r: "_R") -> tuple[int, tuple[str, ...], str]:
+def _read_config(r: "_R") -> ConfigT:
     """The optional configured set at a message's end: none if the message ends before it."""
     if r.p == len(r.b):
-        return 0, (), ""
+        return _NO_CONFIG
     version = r.u64()
     nodes = tuple(r.s() for _ in range(r.u16()))
-    return version, nodes, r.s()
+    tie = r.s()
+    ids = tuple((r.s(), r.s()) for _ in range(r.u16())) if r.p < len(r.b) else ()
+    if any(n not in nodes or not i for n, i in ids) or len(dict(ids)) != len(ids):
+        raise BusProtoError("a configured set's Corosync ids name a node outside it, twice, or no id")
+    return version, nodes, tie, ids
 
 
 _RID_FOLD = re.compile(r"~v([0-9]{1,3})-([0-9]{1,3})$")
@@ -471,8 +492,8 @@ def encode(m: Message, version: int = VERSION) -> bytes:
         return (head + MessageType.GID_REQUEST.value + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid)
                 + struct.pack(">QBQQ", m.last_gid, 1 if m.join else 0, m.log_after, m.log_high) + _epochs(m.epochs)
                 + _records(m.records)
-                + (bytes(m.speaks) + _config(m.config_version, m.config_nodes, m.config_tie) if version >= 4
-                   else b""))
+                + (bytes(m.speaks) + _config(m.config_version, m.config_nodes, m.config_tie, m.config_ids)
+                   if version >= 4 else b""))
     if isinstance(m, GidReply):
         out = [head, MessageType.GID_REPLY.value, _s(m.node), _s(m.request_id), _s(m.member), _s(m.cluster_uuid), struct.pack(">QQH", m.gid, m.certified, len(m.online))]
         out += [_s(n) + _s(mid) for n, mid in m.online]
@@ -493,14 +514,14 @@ def encode(m: Message, version: int = VERSION) -> bytes:
         if version >= 4:
             out.append(struct.pack(">BH", m.version, len(m.speaks)))
             out += [_s(n) + bytes([lo, hi]) for n, lo, hi in m.speaks]
-            out.append(_config(m.config_version, m.config_nodes, m.config_tie))
+            out.append(_config(m.config_version, m.config_nodes, m.config_tie, m.config_ids))
         return b"".join(out)
     if isinstance(m, Configure):
         if version < 4:  # (a node of a release before could not read it: it would not switch with the others)
             raise BusProtoError("a configuration change is a bus version 4 message: the cluster runs version 3 "
                                 "while a member of a release before is in it")
         return (head + MessageType.CONFIGURE.value + _s(m.node) + _s(m.request_id)
-                + _config(m.version, m.nodes, m.tie_breaker, optional=False))
+                + _config(m.version, m.nodes, m.tie_breaker, m.ids, optional=False))
     if isinstance(m, Bootstrap):
         return head + MessageType.BOOTSTRAP.value + _s(m.node) + _s(m.cluster_uuid) + struct.pack(">QQ", m.gid, m.epoch)
     if isinstance(m, Leave):
@@ -626,7 +647,7 @@ def decode(b: Union[bytes, SpooledBuffer], speaks: RangeT = SPEAKS) -> Message:
         log_after, log_high = r.u64(), r.u64()
         epochs, records = _read_epochs(r), _read_records(r)
         rng = _range(*r.take(2)) if version >= 4 else LEGACY
-        config = _read_config(r) if version >= 4 else (0, (), "")
+        config = _read_config(r) if version >= 4 else _NO_CONFIG
         m = GidRequest(node, rid, uuid, last_gid, join == b"\x01", epochs, log_after, log_high, records, rng,
                        *config)
     elif t == MessageType.GID_REPLY:
@@ -654,15 +675,15 @@ def decode(b: Union[bytes, SpooledBuffer], speaks: RangeT = SPEAKS) -> Message:
                 raise BusProtoError(f"cluster protocol version {cluster_version} is not a version")
         m = GidReply(node, rid, member, uuid, gid, certified, online, progress, cert, paused, compat, synced,
                      epochs, records, released, unstable, requests, cluster_version, speaking,
-                     *(_read_config(r) if version >= 4 else (0, (), "")))
+                     *(_read_config(r) if version >= 4 else _NO_CONFIG))
     elif t == MessageType.CONFIGURE:
         if version < 4:
             raise BusProtoError("a configuration change is a bus version 4 message")
         node, rid = r.s(), r.s()
-        version, nodes, tie = _read_config(r)
+        version, nodes, tie, ids = _read_config(r)
         if version == 0:
             raise BusProtoError("a configuration change to version 0")
-        m = Configure(node, rid, version, nodes, tie)
+        m = Configure(node, rid, version, nodes, tie, ids)
     elif t == MessageType.BOOTSTRAP:
         m = Bootstrap(r.s(), r.s(), r.u64(), r.u64())
     elif t == MessageType.LEAVE:

@@ -79,11 +79,15 @@ def quorum_problem(members: list[str], nodes: list[str]) -> Optional[str]:
             "quorum, the cluster would stop writing. Bring the others online first")
 
 
-def _configure(admin: str, st: dict[str, Any], nodes: list[str]) -> str:
+def _configure(admin: str, st: dict[str, Any], nodes: list[str], conf_nodes: list[CorosyncNode]) -> str:
+    """Ask for the new configured ``nodes``, with each one's Corosync node id from corosync.conf's
+    node list (``conf_nodes``): only those ids count toward a view's quorum (the members check
+    them against their own ids, confchange.with_ids)."""
     from chorus.admin import admin_request
 
+    ids = {n.name: str(n.nodeid) for n in conf_nodes if n.name in nodes}
     try:
-        resp = admin_request(admin, "configure", timeout=30, nodes=sorted(nodes),
+        resp = admin_request(admin, "configure", timeout=30, nodes=sorted(nodes), ids=ids,
                              version=int(st.get("config_version") or 0) + 1)
     except (OSError, ValueError) as e:
         raise ChorusCliError(f"the change could not be asked: {e}") from e
@@ -196,7 +200,7 @@ def add(directory: Optional[str], config_path: Optional[str], name: Optional[str
     if new_text != text:
         _write(corosync_conf, new_text)
     _run(["corosync-cfgtool", "-R"])
-    result = _configure(admin, st, current + [name])
+    result = _configure(admin, st, current + [name], [n for n in present if n.name != name] + [wanted])
     if as_json:
         print_json({"ok": True, "result": result})
     else:
@@ -249,7 +253,7 @@ def remove(directory: Optional[str], config_path: Optional[str], name: str, coro
     if new_text != text:
         _write(corosync_conf, new_text)
     _run(["corosync-cfgtool", "-R"])
-    result = _configure(cfg.admin_socket, st, rest)
+    result = _configure(cfg.admin_socket, st, rest, present)
     if as_json:
         print_json({"ok": True, "result": result})
     else:

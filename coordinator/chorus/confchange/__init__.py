@@ -16,7 +16,7 @@ Corosync's node list.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Optional
 
 from chorus.bus import Votes, bus_node
@@ -28,26 +28,63 @@ NAME = re.compile(r"[A-Za-z0-9_.-]{1,63}\Z")
 class ClusterConfig:
     """The configured nodes from a change on: ``version`` counts the changes (1 for the first),
     ``nodes`` are the node names (sorted), ``tie_breaker`` the bus node (Corosync node id) whose
-    half wins an even split ("" when ties are not broken, and in a local cluster)."""
+    half wins an even split ("" when ties are not broken, and in a local cluster). ``ids``: each
+    configured node's bus node (Corosync node id), (name, id) sorted by name, for the nodes whose id
+    is known: only those ids count toward a view's quorum (:func:`votes`). A set recorded before ids
+    were kept has none, and learns them in the total order (:func:`learned`)."""
 
     version: int
     nodes: tuple[str, ...]
     tie_breaker: str = ""
+    ids: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(sorted(self.nodes)))
+        object.__setattr__(self, "ids", tuple(sorted((n, i) for n, i in dict(self.ids).items()
+                                                     if i and n in self.nodes)))
 
-    def as_fields(self) -> tuple[int, tuple[str, ...], str]:
-        return self.version, self.nodes, self.tie_breaker
+    def as_fields(self) -> tuple[int, tuple[str, ...], str, tuple[tuple[str, str], ...]]:
+        return self.version, self.nodes, self.tie_breaker, self.ids
 
     @staticmethod
-    def from_fields(version: int, nodes: tuple[str, ...], tie_breaker: str) -> Optional["ClusterConfig"]:
+    def from_fields(version: int, nodes: tuple[str, ...], tie_breaker: str,
+                    ids: tuple[tuple[str, str], ...] = ()) -> Optional["ClusterConfig"]:
         """The configured set a message carries (None: version 0, none)."""
-        return ClusterConfig(version, nodes, tie_breaker) if version > 0 else None
+        return ClusterConfig(version, nodes, tie_breaker, ids) if version > 0 else None
+
+    def id_of(self, name: str) -> str:
+        """Node ``name``'s bus node ("" when not known)."""
+        return dict(self.ids).get(name, "")
+
+    @property
+    def voters(self) -> frozenset[str]:
+        """The bus nodes whose presence in a view counts: the configured nodes' known ids."""
+        return frozenset(i for _, i in self.ids)
 
 
+def learned(config: Optional[ClusterConfig], name: str, bus_id: str) -> Optional[ClusterConfig]:
+    """``config`` knowing that configured node ``name`` runs on bus node ``bus_id`` (its GID request,
+    its Bootstrap or its member id came from there): the same set with the id, or None when nothing
+    is learned (no set, ``name`` not configured, its id known already, or ``bus_id`` another
+    configured node's). A node's id, once known, changes only with a new configuration version."""
+    if config is None or not bus_id or name not in config.nodes or config.id_of(name) or bus_id in config.voters:
+        return None
+    return replace(config, ids=config.ids + ((name, bus_id),))
+
+
+def merged_ids(a: ClusterConfig, b: ClusterConfig) -> ClusterConfig:
+    """``a`` with the ids ``b`` (the same version) knows and ``a`` does not (an id another node of
+    ``a`` holds is not taken)."""
+    out = a
+    for name, i in b.ids:
+        out = learned(out, name, i) or out
+    return out
 def newer(a: Optional[ClusterConfig], b: Optional[ClusterConfig]) -> Optional[ClusterConfig]:
-    """The later of two configured sets (a higher version; ``a`` among equals)."""
+    """The later of two configured sets (a higher version; among equals ``a``, with the ids only
+    ``b`` knows: :func:`merged_ids`)."""
+    if a is not None and b is not None and a.version == b.version:
+        m = merged_ids(a, b)
+        return a if m == a else m
     if b is None or (a is not None and a.version >= b.version):
         return a
     return b
@@ -63,13 +100,46 @@ def member_votes(config: Optional[ClusterConfig], configured: int) -> int:
 
 def votes(config: Optional[ClusterConfig], from_bus: Votes, shared_bus: bool) -> Votes:
     """The votes a view counts against: Corosync's (``from_bus``) until the first change, then the
-    configured set's, one per node, a strict majority or half with the tie breaker. In a local
+    configured set's, one per node, a strict majority or half with the tie breaker. Only the
+    configured nodes' ids count (``Votes.voters``): a bus node in a view that is not one of them (a
+    node left in corosync.conf by a failed `chorus node add`, its Corosync started anyway) counts
+    zero, and so does a configured node whose id is not known yet (a set recorded before ids were
+    kept: :func:`learned`). So two disjoint views never both count a majority. In a local
     cluster (``shared_bus``: one Corosync for all) the bus's own stay (one node, quorate alone:
     uniform commit releases at once there); :func:`member_votes` counts its coordinators."""
     if config is None or shared_bus:
         return from_bus
     n = len(config.nodes)
-    return Votes(n // 2 + 1, n, config.tie_breaker)
+    return Votes(n // 2 + 1, n, config.tie_breaker, config.voters)
+
+
+def with_ids(new: ClusterConfig, current: Optional[ClusterConfig], online: Mapping[str, str],
+             shared_bus: bool) -> tuple[ClusterConfig, Optional[str]]:
+    """The set ``new`` a Configure asks for, with every id known at its place: those it carries
+    (the operator's corosync.conf: a node added is not online yet), the current set's for the nodes
+    it keeps, the online members' own (``online``: name -> bus member id). Every member holds the
+    same at that place, so all make the same set. Or why the change cannot be made: an id it
+    carries is not the node's, or two nodes would have one id. In a local cluster (one Corosync
+    for all) no ids are kept: votes count coordinators there."""
+    if shared_bus:
+        return replace(new, ids=()), None
+    ids = dict(new.ids)
+    known = dict(current.ids) if current is not None else {}
+    for name in new.nodes:
+        for source, i in (("in the configured set", known.get(name, "")),
+                          ("its Corosync node, online", bus_node(online[name]) if name in online else "")):
+            if not i:
+                continue
+            if ids.get(name, i) != i:
+                return new, (f"it gives node {name} Corosync node id {ids[name]}, but its id is {i} ({source}): "
+                             "correct corosync.conf's node list")
+            ids[name] = i
+    taken: dict[str, str] = {}
+    for name, i in sorted(ids.items()):
+        if i in taken:
+            return new, f"nodes {taken[i]} and {name} would have one Corosync node id, {i}"
+        taken[i] = name
+    return replace(new, ids=tuple(ids.items())), None
 
 
 def quorum_of(config: ClusterConfig, present: Mapping[str, str], shared_bus: bool) -> bool:
@@ -79,7 +149,8 @@ def quorum_of(config: ClusterConfig, present: Mapping[str, str], shared_bus: boo
     here = [n for n in present if n in config.nodes]
     if shared_bus:
         return 2 * len(here) > len(config.nodes)
-    return votes(config, Votes(), False).holds({bus_node(present[n]) for n in here})
+    # (named members: each is on its own id, with_ids and Membership.misplaced see to it)
+    return replace(votes(config, Votes(), False), voters=None).holds({bus_node(present[n]) for n in here})
 
 
 def change_problem(current: Optional[ClusterConfig], current_count: int, new: ClusterConfig,

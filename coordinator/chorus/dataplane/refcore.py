@@ -130,7 +130,8 @@ def start_config(node: str, member: str, cluster_uuid: str, last_gid: int, boots
         "log": {"capacity": log_capacity, "base": log_base, "gids": log_gids, "max_payload": max_payload},
     }
     if config is not None:
-        body["config"] = {"version": config.version, "nodes": list(config.nodes), "tie_breaker": config.tie_breaker}
+        body["config"] = {"version": config.version, "nodes": list(config.nodes), "tie_breaker": config.tie_breaker,
+                          "ids": dict(config.ids)}
     return ev.Start(json.dumps(body, sort_keys=True))
 
 
@@ -182,7 +183,9 @@ class RefCore:
                             records={k: MemberRecord(int(e), int(g), bool(m)) for k, (e, g, m) in cfg["records"].items()},
                             holding=self._holding, certifiers=certifiers, orders=orders,
                             config=ClusterConfig(int(cfg["config"]["version"]), tuple(cfg["config"]["nodes"]),
-                                                 str(cfg["config"]["tie_breaker"])) if cfg.get("config") else None)
+                                                 str(cfg["config"]["tie_breaker"]),
+                                                 tuple(dict(cfg["config"].get("ids", {})).items()))
+                            if cfg.get("config") else None)
         self.r.order.clock = lambda: self._wall
         self.r.new_id = self._draw
         self.own = OwnMessages()

@@ -558,12 +558,18 @@ class LocalCluster:
         by = self._node(meta, st["node"])
         try:
             resp = admin_request(self.config(meta, by).admin_socket, "configure", timeout=30,
-                                 nodes=sorted(nodes), version=int(st.get("config_version") or 0) + 1)
+                                 nodes=sorted(nodes), ids=self._corosync_ids(nodes),
+                                 version=int(st.get("config_version") or 0) + 1)
         except (OSError, ValueError) as e:
             raise LocalClusterError(f"{by.name}: the change could not be asked: {e}") from e
         if not resp.get("ok"):
             raise LocalClusterError(f"the cluster refused the change: {resp.get('error')}")
         return str(resp.get("result", ""))
+
+    def _corosync_ids(self, nodes: list[str]) -> dict[str, str]:
+        """Each node's Corosync node id, as its corosync.conf says (a change sends them, as `chorus
+        node add` on hosts does). None here: every node of a local cluster shares one Corosync."""
+        return {}
 
     def _nodes_changed(self, meta: Meta, removed: Optional[NodeMeta]) -> None:
         """The configured nodes changed to ``meta.nodes`` (``removed``: the node that left): the

@@ -127,6 +127,9 @@ class Lab(LocalCluster):
     def _check_port(self, port: int, what: str) -> None:
         pass  # each host has its own network stack
 
+    def _corosync_ids(self, nodes: list[str]) -> dict[str, str]:
+        return {n: str(self._index(n)) for n in nodes}  # (LAB_NODE's nodeid)
+
     def config(self, meta: Meta, n: NodeMeta) -> NodeConfig:
         listen = f"{self.address(self.lab(), n.name)}:{n.port - 1000}"
         # one Corosync per host: votes count hosts, not coordinators (bus.members is for a local cluster)
