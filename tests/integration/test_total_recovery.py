@@ -111,6 +111,65 @@ def test_verify_names_a_row_changed_behind_chorus(cluster: Cluster) -> None:
             c.execute("UPDATE tr_types SET note = %s WHERE id = 1234", (before[0] if before else None,))
 
 
+OFF = "-c chorus.capture=off -c chorus.replicate_ddl=off"
+
+LINK_ROWS = [
+    "INSERT INTO chorus.link_position VALUES ('to-b', 'b', 4321, 4400, 77, '2026-11-28 12:00:00+00')",
+    "INSERT INTO chorus.link_stamp SELECT decode(lpad(to_hex(g), 32, '0'), 'hex'), 'b', g, "
+    "'2026-11-28 12:00:00+00'::timestamptz + g * interval '1 ms' FROM generate_series(1, 3000) g",
+    "INSERT INTO chorus.link_exceptions VALUES (900, 1, 'to-b', 'public.acct', '(id)=(7)', 'a', 80, "
+    "'2026-11-28 11:59:00+00', '{\"id\": \"7\", \"n\": \"1\"}', 'b', 90, '2026-11-28 11:59:01+00', "
+    "'{\"id\": \"7\", \"n\": \"2\"}', 70, 'row', 'latest-commit-wins', 'took-remote', "
+    "'{\"id\": \"7\", \"n\": \"2\"}')",
+]
+
+
+def _link_tables(dsn: str) -> list[Any]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return [c.execute(f"SELECT * FROM chorus.{t} ORDER BY 1, 2").fetchall()
+                for t in ("link_position", "link_stamp", "link_exceptions")]
+
+
+def test_link_tables_are_verified_and_rebuilt(cluster: Cluster) -> None:
+    """The link tables are data of the site (what its next link decisions read): verify compares
+    them, and a node rebuilt by total recovery holds the donor's."""
+    for i in range(len(cluster.nodes)):
+        with psycopg.connect(cluster.dsn(i), autocommit=True, options=OFF) as c:
+            for t in ("link_position", "link_stamp", "link_exceptions"):
+                c.execute(f"DELETE FROM chorus.{t}")
+            for stmt in LINK_ROWS:
+                c.execute(stmt)
+    try:
+        r = chorus("verify", "--dir", cluster.dir, "--json", timeout=600)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        compared = {t["table"] for t in json.loads(r.stdout)["tables"]}
+        assert {"chorus.link_position", "chorus.link_stamp", "chorus.link_exceptions"} <= compared, compared
+        with psycopg.connect(cluster.dsn(1), autocommit=True, options=OFF) as c:
+            c.execute("UPDATE chorus.link_stamp SET clock = 1 WHERE clock = 1234")
+        r = chorus("verify", "--dir", cluster.dir, timeout=600)
+        assert r.returncode == 1, r.stdout + r.stderr[-2000:]
+        assert f"chorus.link_stamp on {cluster.nodes[1].name}: row (key=" in r.stdout, r.stdout
+        with psycopg.connect(cluster.dsn(1), autocommit=True, options=OFF) as c:
+            c.execute("UPDATE chorus.link_stamp SET clock = 1234 WHERE key = decode(lpad(to_hex(1234), 32, '0'), 'hex')")
+        # the third node lost its link tables' rows and some of its stamps are other values
+        with psycopg.connect(cluster.dsn(2), autocommit=True, options=OFF) as c:
+            c.execute("DELETE FROM chorus.link_position")
+            c.execute("DELETE FROM chorus.link_exceptions")
+            c.execute("DELETE FROM chorus.link_stamp WHERE clock > 2000")
+            c.execute("UPDATE chorus.link_stamp SET site = 'a' WHERE clock < 10")
+        assert _link_tables(cluster.dsn(2)) != _link_tables(cluster.dsn(0))
+        r = chorus("node", "join", "--total", "--dir", cluster.dir, cluster.nodes[2].name, "--json", timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        rebuilt = {t["table"] for t in json.loads(r.stdout)["total_recovery"]["tables"]}
+        assert "chorus.link_stamp" in rebuilt, rebuilt
+        assert _link_tables(cluster.dsn(2)) == _link_tables(cluster.dsn(0))
+    finally:
+        for i in range(len(cluster.nodes)):
+            with psycopg.connect(cluster.dsn(i), autocommit=True, options=OFF) as c:
+                for t in ("link_position", "link_stamp", "link_exceptions"):
+                    c.execute(f"DELETE FROM chorus.{t}")
+
+
 def _ensure_types_table(cluster: Cluster) -> None:
     """tr_types with 2000 rows on every node (created if an earlier test left none)."""
     with cluster.connect(0) as c:

@@ -66,10 +66,17 @@ def _one_line_errors(f: Callable[..., dict[str, Any]]) -> Callable[..., dict[str
     return run
 
 
+# The extension's tables that are data of the site (docs/LINKS.md, sections 5 and 9): written by the
+# apply of link writesets, the same on every node at every GID, and what a node's next link
+# decisions read. A rebuilt node must hold the donor's, or it would decide conflicts differently.
+SITE_TABLES = ("chorus.link_position", "chorus.link_stamp", "chorus.link_exceptions")
+
 _TABLES = """
 SELECT n.nspname, c.relname, c.oid
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE c.relkind IN ('r', 'p') AND chorus.replicable(c.oid)
+ WHERE c.relkind IN ('r', 'p')
+   AND (chorus.replicable(c.oid)
+        OR c.oid IN (SELECT to_regclass(t)::oid FROM unnest(%s::text[]) t))
    AND EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary) = %s
  ORDER BY 1, 2
 """
@@ -89,9 +96,10 @@ SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINA
 
 def describe_tables(conn: psycopg.Connection[Any], keyed: bool = True) -> dict[str, dict[str, Any]]:
     """Replicated tables with a primary key (``keyed``) or without one (nothing to diff by: they
-    are copied whole): ``schema.name`` -> schema, name, columns, key."""
+    are copied whole), and the extension's site tables (SITE_TABLES, where this version of the
+    extension has them): ``schema.name`` -> schema, name, columns, key."""
     out: dict[str, dict[str, Any]] = {}
-    for nsp, rel, oid in conn.execute(_TABLES, (keyed,)).fetchall():
+    for nsp, rel, oid in conn.execute(_TABLES, (list(SITE_TABLES), keyed)).fetchall():
         cols = [{"name": n, "type": t, "generated": g} for n, t, g in conn.execute(_COLUMNS, (oid,)).fetchall()]
         key = [r[0] for r in conn.execute(_KEY, (oid,)).fetchall()] if keyed else []
         out[f"{nsp}.{rel}"] = {"schema": nsp, "name": rel, "oid": oid, "columns": cols, "key": key}
