@@ -367,7 +367,12 @@ class Coordinator:
             raise FatalError(str(e)) from e
 
     async def _start_node(self) -> NodeStart:
+        sites = sorted({link.site for link in self.cfg.links if link.peers})
+        if len(sites) > 1:
+            raise FatalError(f"this node's links receive for more than one site ({', '.join(sites)}): "
+                             "a node belongs to one site")
         try:
+            await self.db.settle_link_site(sites[0] if sites else "")
             start = await self.db.start_node(self.cfg.commit_lanes)
         except DatabaseFatal as e:
             raise FatalError(str(e)) from e

@@ -942,6 +942,12 @@ class Replicator:
         out: list[Action] = []
         b = self.ballots.get(msg.gid)
         if b is None:
+            if msg.gid in self.decided and not msg.ok and msg.node != self.node and self.phase in _FOLLOWING:
+                # decided before the voter was there to count (it joined later and failed to apply
+                # the GID catching up): it opened a ballot the members closed, so they answer with
+                # the outcome they hold, and it concludes as they did (leaves, or commits it empty)
+                return [Send(bp.Vote(self.node, msg.gid, self.decided[msg.gid],
+                                     "" if self.decided[msg.gid] else "the majority could not apply it"))]
             if msg.gid in self.decided or msg.gid in self.settled or msg.gid > self.last_certified:
                 return []  # counted already, or not a certified GID here
             b = self.ballots[msg.gid] = _Ballot(frozenset(self.online) | {msg.node})

@@ -125,3 +125,26 @@ def test_a_run_is_refused_where_rows_are_stamped(server: PlainPostgres) -> None:
         c.execute("SELECT chorus.apply_run(%s, %s, %s)", (g + 1, g, one))  # a run of one is a writeset
         assert _stamps(c)[stamp_hash(_key(22).parts)] == ("east", g + 1)
     _site(server, "")
+
+
+def test_the_coordinator_sets_the_site_its_links_say(server: PlainPostgres) -> None:
+    """A node deployed without the setting, or with another site's, gets it from its links'
+    configuration when its coordinator starts (before it applies or takes a write)."""
+    import asyncio
+
+    from chorus.nodedb import NodeDatabase
+
+    async def settle(site: str) -> None:
+        db = NodeDatabase(server.dsn, "n1")
+        await db.connect(asyncio.Event())
+        try:
+            await db.settle_link_site(site)
+        finally:
+            await db.close()
+
+    _site(server, "west")
+    for want in ("east", "", "east"):
+        asyncio.run(settle(want))
+        with psycopg.connect(server.dsn, autocommit=True) as c:
+            assert c.execute("SHOW chorus.link_site").fetchone() == (want,)
+    _site(server, "")

@@ -605,6 +605,27 @@ def test_inconsistency_vote_the_minority_that_failed_loses() -> None:
     assert all(r.decided == {1: True} and not r.ballots for r in c.nodes.values())
 
 
+def test_a_node_that_fails_a_gid_decided_before_it_joined_hears_the_outcome() -> None:
+    """GID 1 was decided (applied) before n3 was there to count it; n3, rebuilt from a copy where a
+    row differs, fails it while catching up and opens a ballot the members closed long ago. They
+    answer with the outcome they hold, and n3 concludes as they did (found by simulation seed
+    11691: n3 waited for the ballot forever)."""
+    c = form()
+    c.submit("n1", 0, 1)
+    c.drain()
+    assert _votes(c, [("n2", False), ("n1", True), ("n3", True)], 1) == {n: [(1, True)] for n in NAMES}
+    r1, r3 = c.nodes["n1"], c.nodes["n3"]
+    r3.decided.clear()  # n3 joined after GID 1 was decided
+    late = bp.encode(bp.Vote("n3", 1, False, "a row it changes is not as its origin had it"))
+    answers = [a for a in r1.on_delivery(Delivery("n3", late)) if isinstance(a, Send)]
+    assert [a.message for a in answers] == [bp.Vote("n1", 1, True, "")]
+    assert [type(a) for a in r3.on_delivery(Delivery("n3", late))] == [VoteOpened]
+    answer = bp.encode(answers[0].message)
+    assert [(a.gid, a.ok) for a in r3.on_delivery(Delivery("n1", answer)) if isinstance(a, VoteDecided)] == [(1, True)]
+    assert r1.on_delivery(Delivery("n1", answer)) == []  # counted already there: no answer to an answer
+    assert not r3.ballots and r3.decided == {1: True}
+
+
 def test_inconsistency_vote_the_origin_loses_when_the_majority_failed() -> None:
     c = form()
     c.submit("n1", 0, 1)

@@ -302,13 +302,11 @@ class LocalCluster:
         cfg = self.config(meta, n)
         toml = d / "chorus.toml"
         write_config(cfg, str(toml))
-        # a site that receives a link stamps its rows (docs/LINKS.md section 5): every node alike
+        # a site that receives a link stamps its rows (docs/LINKS.md section 5), every node alike:
+        # the coordinator sets chorus.link_site from its links when it starts (NodeDatabase.settle_link_site)
         sites = sorted({link.site for link in cfg.links if link.peers})
         if len(sites) > 1:
             raise LocalClusterError(f"{n.name}: links name more than one site for this one: {', '.join(sites)}")
-        localauth.write_private(pgdata / "chorus_link.conf",
-                                f"chorus.link_site = '{sites[0]}'\n" if sites else "# no link received here\n",
-                                self._service_owner())
         self._chown(d)
         self._secure_node(n)
 
