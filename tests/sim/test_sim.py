@@ -46,6 +46,9 @@ REGRESSIONS = {
           "certified after the restart, its (dead) backend was given the verdict and waited for a turn the "
           "pipeline's re-apply had taken; its transaction stayed certified for good (a backend now belongs to the "
           "PostgreSQL it was opened on, and its socket closes with it: Coord.backends_died)",
+    11691: "a node added and rebuilt from a donor with a row changed behind Chorus's back failed, catching up, a "
+           "GID the cluster had voted on before it joined: the members ignored its vote (decided already) and it "
+           "waited for the ballot forever (members now answer a late vote with the outcome they hold)",
 }
 
 
