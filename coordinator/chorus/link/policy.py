@@ -11,7 +11,7 @@ changes started from the same row (the increments commute).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Optional, Protocol
 
@@ -39,6 +39,7 @@ class Decision:
     outcome: Outcome
     winner: Version
     values: Optional[tuple[wire.Value, ...]]
+    note: str = ""  # how the policy decided otherwise than its rule says (recorded with the conflict)
 
 
 class Policy(Protocol):
@@ -119,6 +120,15 @@ def delta_values(table: wire.Table, columns: tuple[str, ...], base: tuple[wire.V
     return tuple(out)
 
 
+def has_old(table: wire.Table, columns: tuple[str, ...], remote: Version) -> bool:
+    """Whether incoming change ``remote`` carries the old values of delta ``columns`` (an UPDATE
+    captured with chorus.link_old_columns listing them)."""
+    if remote.old is None:
+        return False
+    index = {c.name: i for i, c in enumerate(table.columns)}
+    return all(n not in index or not isinstance(remote.old[index[n]], wire.Unchanged) for n in columns)
+
+
 @dataclass(frozen=True)
 class DeltaApply:
     """Counter columns keep both sites' increments; the other columns follow ``fallback``. A
@@ -132,6 +142,10 @@ class DeltaApply:
         base = self.fallback.decide(table, local, remote)
         if local.values is None or remote.values is None or base.values is None:
             return base
+        if not has_old(table, self.columns, remote):
+            # a change captured without its counters' old values (before chorus.link_old_columns
+            # listed them): no increment to add, the fallback's row stands
+            return replace(base, note=f"no old values of the delta columns: {self.fallback.name}")
         values = delta_values(table, self.columns, base.values, local.values, remote)
         return Decision(Outcome.MERGED if values != base.values else base.outcome, base.winner, values)
 

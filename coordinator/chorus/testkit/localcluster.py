@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from chorus import localauth
-from chorus.config import LinkConfig, NodeConfig, parse_link, write_config
+from chorus.config import LinkConfig, NodeConfig, old_columns_setting, parse_link, write_config
 from chorus.recovery import generate_keys
 from chorus.state import load_state, save_state
 
@@ -306,8 +306,10 @@ class LocalCluster:
         sites = sorted({link.site for link in cfg.links if link.peers})
         if len(sites) > 1:
             raise LocalClusterError(f"{n.name}: links name more than one site for this one: {', '.join(sites)}")
+        old_columns = old_columns_setting(cfg.links)  # the delta policy's counters (docs/LINKS.md section 7.1)
         localauth.write_private(pgdata / "chorus_link.conf",
-                                f"chorus.link_site = '{sites[0]}'\n" if sites else "# no link received here\n",
+                                (f"chorus.link_site = '{sites[0]}'\n" if sites else "# no link received here\n")
+                                + (f"chorus.link_old_columns = '{old_columns}'\n" if old_columns else ""),
                                 self._service_owner())
         self._chown(d)
         self._secure_node(n)
