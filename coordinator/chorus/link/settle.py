@@ -64,6 +64,9 @@ STAMP_SQL = ("SELECT key, site, clock, (extract(epoch FROM commit_time) * 100000
 
 # the site this node stamps its rows for (extension/chorus_stamp.c), which must be the link's
 SITE_SQL = "SELECT pg_catalog.current_setting('chorus.link_site', true)"
+# the columns whose old values this node's changes carry (extension/chorus_table.c), which must be
+# the delta columns of its links (config.old_columns_setting)
+OLD_COLUMNS_SQL = "SELECT pg_catalog.current_setting('chorus.link_old_columns', true)"
 
 POLICIES = ("latest-commit-wins", "primary-wins", "delta")
 FALLBACKS = ("latest-commit-wins", "primary-wins")  # of delta, for its other columns

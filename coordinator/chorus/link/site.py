@@ -33,7 +33,7 @@ from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from chorus import wire
 from chorus.bus import proto as bp
-from chorus.config import LinkConfig, link_rules, link_settings
+from chorus.config import LinkConfig, link_rules, link_settings, old_columns_setting
 from chorus.link import position as lp
 from chorus.link import status as ls
 from chorus.link.events import ClockEvent, RemoteTransaction, StreamItem
@@ -41,7 +41,7 @@ from chorus.link.proto import LinkEnd, LinkError, LinkKeys, Position
 from chorus.link.receiver import LinkReceiver
 from chorus.link.rules import RuleError, RuleSet
 from chorus.link.sender import LinkServer, Provenance
-from chorus.link.settle import realignment
+from chorus.link.settle import OLD_COLUMNS_SQL, realignment
 from chorus.link.sqleval import PgEvaluator
 from chorus.spool import Spool
 from chorus.wslog import LogRecord, WritesetLog
@@ -270,7 +270,20 @@ class SiteLinks:
         self._conflicts: dict[str, dict[tuple[str, str], int]] = {}
 
     async def start(self) -> None:
-        """Start the senders this node serves."""
+        """Start the senders this node serves (after checking that this node's extension
+        captures the delta columns' old values its links list)."""
+        want = old_columns_setting(self.links)
+        try:
+            rows = await self.query(OLD_COLUMNS_SQL, ())
+        except Exception as e:  # (any failure of the node's session: the check is advice, not a gate)
+            rows = None
+            log.warning("could not read chorus.link_old_columns here: %s", e)
+        have = str(rows[0][0] or "") if rows else want
+        if have != want:
+            log.error("chorus.link_old_columns is %r on this node, but its [[link]] delta_columns make it %r: "
+                      "its changes of those counters reach the peer without their old values, and are settled "
+                      "there by the delta policy's fallback (docs/LINKS.md section 7.1); set it in "
+                      "postgresql.conf and reload", have, want)
         for link in self.links:
             if not link.listen:
                 continue
