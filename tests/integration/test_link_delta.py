@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import psycopg
 import pytest
 
-from linksites import TABLE, Relay, Site, linked_both_ways, wait
+from linksites import TABLE, Relay, Site, linked_both_ways, ordinary_role, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -99,27 +99,16 @@ def test_an_ordinary_role_cannot_change_the_captured_columns_nor_apply_old_value
     """Which old values travel is the server's setting (PGC_SIGHUP, written from the [[link]]
     configuration): an ordinary role can neither change it for its session, its role or the
     server, nor apply a writeset of its own (old values included)."""
-    west = sites[1]
-    west.sql("DROP ROLE IF EXISTS hostile")
-    west.sql("CREATE ROLE hostile LOGIN PASSWORD 'hostile-pw'")
-    west.sql("GRANT USAGE ON SCHEMA app TO hostile")
-    west.sql("GRANT SELECT, UPDATE ON app.items TO hostile")
-    dsn = psycopg.conninfo.make_conninfo(west.dsns[0], user="hostile", password="hostile-pw", passfile="")
-    try:
-        with psycopg.connect(dsn, autocommit=True) as c:
-            for q in ("SET chorus.link_old_columns = 'app.items:v'",
-                      "SELECT pg_catalog.set_config('chorus.link_old_columns', 'app.items:v', false)",
-                      "ALTER ROLE hostile SET chorus.link_old_columns = 'app.items:v'",
-                      "ALTER SYSTEM SET chorus.link_old_columns = 'app.items:v'",
-                      "SELECT chorus.apply_writeset(1, 0, '\\x00'::bytea)"):
-                with pytest.raises((psycopg.errors.InsufficientPrivilege, psycopg.errors.CantChangeRuntimeParam,
-                                    psycopg.errors.UndefinedFunction)):
-                    c.execute(q)
-            assert c.execute("SHOW chorus.link_old_columns").fetchone() == ("app.items:n",)
-            # its own changes carry the real old value (the trigger's row), and arrive as increments
-            c.execute("UPDATE app.items SET n = n + 1 WHERE id = 1")
-        wait("the ordinary role's increment on east", lambda: counters(sites[0], 0)[0] == (1, 1134))
-    finally:
-        west.sql("REVOKE ALL ON app.items FROM hostile")
-        west.sql("REVOKE ALL ON SCHEMA app FROM hostile")
-        west.sql("DROP ROLE hostile")
+    with ordinary_role(sites[1], "GRANT USAGE ON SCHEMA app TO hostile",
+                       "GRANT SELECT, UPDATE ON app.items TO hostile") as c:
+        for q in ("SET chorus.link_old_columns = 'app.items:v'",
+                  "SELECT pg_catalog.set_config('chorus.link_old_columns', 'app.items:v', false)",
+                  "ALTER ROLE hostile SET chorus.link_old_columns = 'app.items:v'",
+                  "ALTER SYSTEM SET chorus.link_old_columns = 'app.items:v'",
+                  "SELECT chorus.apply_writeset(1, 0, '\\x00'::bytea)"):
+            with pytest.raises((psycopg.errors.InsufficientPrivilege, psycopg.errors.CantChangeRuntimeParam)):
+                c.execute(q)
+        assert c.execute("SHOW chorus.link_old_columns").fetchone() == ("app.items:n",)
+        # its own changes carry the real old value (the trigger's row), and arrive as increments
+        c.execute("UPDATE app.items SET n = n + 1 WHERE id = 1")
+    wait("the ordinary role's increment on east", lambda: counters(sites[0], 0)[0] == (1, 1134))
