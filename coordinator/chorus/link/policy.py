@@ -103,7 +103,7 @@ def _binary_number(column: wire.Column, raw: bytes) -> Decimal:
         ndigits, weight, sign, dscale = _NUMERIC_HEAD.unpack_from(raw)
         if sign in (0, _NUMERIC_NEG) and len(raw) == _NUMERIC_HEAD.size + 2 * ndigits:
             digits = struct.unpack_from(f">{ndigits}h", raw, _NUMERIC_HEAD.size)
-            n = sum(Decimal(d) * Decimal(10000) ** (weight - i) for i, d in enumerate(digits))
+            n = sum((Decimal(d) * Decimal(10000) ** (weight - i) for i, d in enumerate(digits)), Decimal(0))
             return (-n if sign == _NUMERIC_NEG else n).quantize(Decimal(1).scaleb(-dscale))
     raise PolicyError(f"delta column {column.name} of type {column.typname}: {raw!r} is not a finite number "
                       "in its binary form")
