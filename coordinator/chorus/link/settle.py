@@ -70,7 +70,7 @@ OLD_COLUMNS_SQL = "SELECT pg_catalog.current_setting('chorus.link_old_columns', 
 
 POLICIES = ("latest-commit-wins", "primary-wins", "delta")
 FALLBACKS = ("latest-commit-wins", "primary-wins")  # of delta, for its other columns
-# the types a delta column may have: its increments are added in numeric arithmetic (text form)
+# the types a delta column may have (format_type_be names): its increments are added as decimals
 DELTA_TYPES = ("int2", "int4", "int8", "numeric", "smallint", "integer", "bigint")
 STAMP_KEY_BYTES = 16
 _U32 = struct.Struct(">I")
