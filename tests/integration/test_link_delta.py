@@ -92,6 +92,11 @@ def test_concurrent_increments_are_all_kept_on_every_node(sites: tuple[Site, Sit
     west.sql("UPDATE app.items SET n = n + 1000 WHERE id = 2", i=1)
     want = [(1, 1133), (2, 1096)]
     wait("later increments on every node", lambda: everywhere(east, west, want), timeout=120)
+    # a DELETE's old image carries the counter too: applied on every node by its identity
+    east.sql("INSERT INTO app.items VALUES (3, 'east', 7)")
+    wait("row 3 on every node", lambda: everywhere(east, west, want + [(3, 7)]), timeout=120)
+    west.sql("DELETE FROM app.items WHERE id = 3", i=1)
+    wait("row 3 deleted on every node", lambda: everywhere(east, west, want), timeout=120)
 
 
 def test_an_ordinary_role_cannot_change_the_captured_columns_nor_apply_old_values(
