@@ -486,7 +486,8 @@ chorus_apply_rows(const char *buf, size_t len, int64 gid)
 	ApplyUser	user;			/* whose turn it is */
 	bool		spi = false;	/* connected to SPI */
 	int			width = 1;		/* the widest table */
-	ChorusWsValue *oldv,
+	ChorusWsValue *allold,
+			   *oldv,
 			   *newv;
 
 	/* the header: magic, version, flags and counts checked */
@@ -555,12 +556,14 @@ chorus_apply_rows(const char *buf, size_t len, int64 gid)
 		if (chorus_wsr_table_flags(&r, &tflags) != 0)
 			apply_refuse(&r, t, NULL);
 		t->full_identity = (tflags & CHORUS_TABLE_FULL_IDENTITY) != 0;
+		t->old_columns = (tflags & CHORUS_TABLE_OLD_COLUMNS) != 0;
 	}
 
 	for (i = 0; i < ntables; i++)
 		width = Max(width, Max(tables[i].ncols, tables[i].nident));
 	oldv = palloc(sizeof(ChorusWsValue) * width);
 	newv = palloc(sizeof(ChorusWsValue) * width);
+	allold = palloc(sizeof(ChorusWsValue) * width);
 
 	/* text values are read under the settings they were printed under (chorus_values.c) */
 	nest = chorus_canonical_enter(false);
@@ -615,11 +618,17 @@ chorus_apply_rows(const char *buf, size_t len, int64 gid)
 		row.unchanged = false;
 		if (row.op != CHORUS_OP_INSERT)
 		{
-			if (chorus_wsr_tuple(&r, (uint16) t->nident) != 0)
+			/* with captured old values (a link's delta columns), only the identity's are used */
+			if (chorus_wsr_tuple(&r, (uint16) (t->old_columns ? t->ncols : t->nident)) != 0)
 				apply_refuse(&r, t, "old");
+			for (c = 0; t->old_columns && c < t->ncols; c++)
+				if (chorus_wsr_value(&r, &allold[c]) != 0)
+					apply_refuse(&r, t, "old");
 			for (k = 0; k < t->nident; k++)
 			{
-				if (chorus_wsr_value(&r, &oldv[k]) != 0)
+				if (t->old_columns)
+					oldv[k] = allold[t->ident[k]];
+				else if (chorus_wsr_value(&r, &oldv[k]) != 0)
 					apply_refuse(&r, t, "old");
 				if (oldv[k].kind == CHORUS_VAL_UNCHANGED)
 					apply_unchanged_refused(t, "an old image");

@@ -71,6 +71,7 @@ typedef struct ApplyTable
 	int			nident;
 	int		   *ident;
 	bool		full_identity;
+	bool		old_columns;	/* CHORUS_TABLE_OLD_COLUMNS: an old image has a value per column */
 	ApplyRel   *rel;			/* the local table, once a row needs it (locked then) */
 	uint64		generation;		/* ... as built then */
 	struct ApplyTarget *target; /* its executor state in the current apply (chorus_apply_exec.c) */

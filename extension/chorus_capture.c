@@ -243,6 +243,8 @@ chorus_table_for(ChorusCapture *cap, Relation rel)
 	else
 		t = chorus_describe_table(rel, cap->cxt, cap->table_epoch);
 	t->truncate_key_done = false;
+	/* once per writeset: every row of the table in it has old images of one width */
+	chorus_table_old_columns(t, chorus_link_old_columns);
 	if (cap->ntables == cap->maxtables)
 	{
 		cap->maxtables *= 2;
@@ -435,7 +437,19 @@ chorus_capture_row(ChorusCapture *cap, Relation rel, char op, HeapTuple oldtup, 
 	}
 
 	chorus_put_row_head(&cap->rows, op, t->index);
-	if (oldtup != NULL)
+	if (oldtup != NULL && t->old_columns)
+	{
+		/* a value per column: the identity's and the captured ones, the others not sent */
+		chorus_put_u16(&cap->rows, (uint16) t->ncols);
+		for (i = 0; i < t->ncols; i++)
+		{
+			if (t->oldsent[i])
+				chorus_put_image_value(&cap->rows, t, &oldi, i);
+			else
+				chorus_put_value(&cap->rows, CHORUS_VAL_UNCHANGED, NULL, 0);
+		}
+	}
+	else if (oldtup != NULL)
 	{
 		chorus_put_u16(&cap->rows, (uint16) t->nidentity);
 		for (i = 0; i < t->nidentity; i++)
@@ -551,7 +565,9 @@ chorus_serialize_writeset(ChorusCapture *cap, StringInfo head, ChorusFrameBody *
 		ChorusTable *t = cap->tables[i];
 
 		chorus_put_table(head, t->nspname, t->relname, t->ncols, t->attnames, t->typnames,
-						 t->colflags, t->nidentity, t->identity, t->full_identity);
+						 t->colflags, t->nidentity, t->identity,
+						 (t->full_identity ? CHORUS_TABLE_FULL_IDENTITY : 0) |
+						 (t->old_columns ? CHORUS_TABLE_OLD_COLUMNS : 0));
 	}
 	memset(body, 0, sizeof(*body));
 	body->head = head->data;

@@ -10,6 +10,7 @@
 #include "utils/guc.h"
 
 #include "chorus_settings.h"
+#include "chorus_table.h"
 
 char	   *chorus_socket_path = NULL;
 bool		chorus_capture_enabled = true;
@@ -27,6 +28,17 @@ bool		chorus_replicate_roles = true;
 int			chorus_node_number = 0;
 int			chorus_max_nodes = 16;
 char	   *chorus_link_site = NULL;
+char	   *chorus_link_old_columns = NULL;
+
+/* chorus.link_old_columns must be a list chorus_table_old_columns reads */
+static bool
+chorus_check_old_columns(char **newval, void **extra, GucSource source)
+{
+	if (*newval == NULL || chorus_old_columns_valid(*newval))
+		return true;
+	GUC_check_errdetail("Expected entries \"schema.table:column,column\" separated by \";\".");
+	return false;
+}
 
 /*
  * chorus_define_settings
@@ -103,5 +115,9 @@ chorus_define_settings(void)
 							   "This site's name in its links to other sites: set, every committed change of a replicated row records its GID in chorus.link_stamp.",
 							   "Must be the same on every node of the site, and set where the site receives a link (docs/LINKS.md section 5); empty: no row stamps.",
 							   &chorus_link_site, "", PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("chorus.link_old_columns",
+							   "Columns whose old values an UPDATE or DELETE sends, beside the identity's: \"schema.table:column,column; ...\".",
+							   "The counters of the links' delta policy (docs/LINKS.md section 7.1), written from the [[link]] configuration; the same on every node of the site.",
+							   &chorus_link_old_columns, "", PGC_SIGHUP, 0, chorus_check_old_columns, NULL, NULL);
 	MarkGUCPrefixReserved("chorus");
 }

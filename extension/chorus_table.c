@@ -123,6 +123,7 @@ chorus_describe_table(Relation rel, MemoryContext cxt, int epoch)
 	t->colkind = palloc0(sizeof(uint8) * desc->natts);
 	t->valfn = palloc0(sizeof(FmgrInfo) * desc->natts);
 	t->textfn = palloc0(sizeof(FmgrInfo) * desc->natts);
+	t->oldsent = palloc0(sizeof(bool) * Max(desc->natts, 1));
 	t->keycol = palloc0(sizeof(bool) * desc->natts);
 	colof = palloc(sizeof(int) * (desc->natts + 1));
 	n = 0;
@@ -383,4 +384,106 @@ chorus_table_cache_release(void)
 		MemoryContextDelete((MemoryContext) lfirst(lc));
 	list_free(chorus_table_retired);
 	chorus_table_retired = NIL;
+}
+
+/*
+ * old_columns_entry
+ *		Whether entry (len bytes of a chorus.link_old_columns list, one
+ *		"schema.table:column,column") names table t; if so, each column it
+ *		lists that t has is marked in t->oldsent. Returns -1 when the entry is
+ *		malformed (no schema, table or column).
+ */
+static int
+old_columns_entry(ChorusTable *t, const char *entry, int len)
+{
+	const char *dot = memchr(entry, '.', len);
+	const char *colon = memchr(entry, ':', len);
+	const char *p;
+	const char *end = entry + len;
+	int			matched = 0;
+
+	if (dot == NULL || colon == NULL || dot == entry || colon <= dot + 1 || colon + 1 >= end)
+		return -1;
+	if (t == NULL || strlen(t->nspname) != (size_t) (dot - entry) ||
+		strncmp(t->nspname, entry, dot - entry) != 0 ||
+		strlen(t->relname) != (size_t) (colon - dot - 1) || strncmp(t->relname, dot + 1, colon - dot - 1) != 0)
+		t = NULL;
+	for (p = colon + 1; p < end;)
+	{
+		const char *comma = memchr(p, ',', end - p);
+		const char *stop = comma != NULL ? comma : end;
+		int			i;
+
+		if (stop == p)
+			return -1;
+		for (i = 0; t != NULL && i < t->ncols; i++)
+			if (strlen(t->attnames[i]) == (size_t) (stop - p) && strncmp(t->attnames[i], p, stop - p) == 0)
+			{
+				t->oldsent[i] = true;
+				matched++;
+			}
+		p = comma != NULL ? comma + 1 : end;
+	}
+	return matched;
+}
+
+/*
+ * old_columns_walk
+ *		Each entry of spec (entries separated by ';', spaces around them
+ *		ignored) through old_columns_entry. Returns -1 if one is malformed,
+ *		else how many columns of t were marked.
+ */
+static int
+old_columns_walk(ChorusTable *t, const char *spec)
+{
+	const char *p = spec;
+	int			marked = 0;
+
+	while (p != NULL && *p != '\0')
+	{
+		const char *semi = strchr(p, ';');
+		const char *stop = semi != NULL ? semi : p + strlen(p);
+		int			n;
+
+		while (p < stop && *p == ' ')
+			p++;
+		while (stop > p && stop[-1] == ' ')
+			stop--;
+		if (stop > p)
+		{
+			if ((n = old_columns_entry(t, p, (int) (stop - p))) < 0)
+				return -1;
+			marked += n;
+		}
+		p = semi != NULL ? semi + 1 : NULL;
+	}
+	return marked;
+}
+
+/*
+ * chorus_table_old_columns
+ *		Set which columns t's old images carry from chorus.link_old_columns
+ *		(spec: "schema.table:column,column; ..."): the identity's and the
+ *		listed ones, if it lists any of t's (docs/LINKS.md section 7.1: the
+ *		delta policy needs the old values of its counters). A table found by
+ *		its whole old row carries every column already.
+ */
+void
+chorus_table_old_columns(ChorusTable *t, const char *spec)
+{
+	int			i;
+
+	if (!t->old_columns && (spec == NULL || spec[0] == '\0'))
+		return;
+	memset(t->oldsent, 0, sizeof(bool) * Max(t->ncols, 1));
+	t->old_columns = !t->full_identity && old_columns_walk(t, spec) > 0;
+	for (i = 0; i < t->nidentity; i++)
+		t->oldsent[t->identity[i]] = true;
+}
+
+/* Whether spec is a well-formed chorus.link_old_columns list (its check hook). */
+bool
+chorus_old_columns_valid(const char *spec)
+{
+	return old_columns_walk(NULL, spec) >= 0;
 }

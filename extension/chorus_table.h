@@ -56,10 +56,14 @@ typedef struct ChorusTable
 	Oid		   *expr_indexes;
 	char	  **expr_names;		/* "(index name)": their keys' column part */
 	bool		truncate_key_done;
+	bool		old_columns;	/* old images carry the captured columns too (CHORUS_TABLE_OLD_COLUMNS) */
+	bool	   *oldsent;		/* with old_columns: the columns an old image holds (identity, captured) */
 } ChorusTable;
 
 extern ChorusTable *chorus_describe_table(Relation rel, MemoryContext cxt, int epoch);
 extern ChorusTable *chorus_table_cached(Relation rel);
 extern void chorus_table_cache_release(void);
+extern void chorus_table_old_columns(ChorusTable *t, const char *spec);
+extern bool chorus_old_columns_valid(const char *spec);
 
 #endif							/* CHORUS_TABLE_H */

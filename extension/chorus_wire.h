@@ -28,7 +28,9 @@
 
 /* table flags in a table description */
 #define CHORUS_TABLE_FULL_IDENTITY 0x01	/* no primary key: rows are found by their whole old image */
-#define CHORUS_TABLE_FLAGS_KNOWN CHORUS_TABLE_FULL_IDENTITY
+#define CHORUS_TABLE_OLD_COLUMNS 0x02	/* an old image has a value per column: the identity's and the
+											 * captured ones (chorus.link_old_columns), the others 'u' */
+#define CHORUS_TABLE_FLAGS_KNOWN (CHORUS_TABLE_FULL_IDENTITY | CHORUS_TABLE_OLD_COLUMNS)
 
 /* row items */
 #define CHORUS_OP_INSERT 'I'

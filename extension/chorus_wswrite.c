@@ -116,12 +116,13 @@ chorus_put_schema_item(StringInfo out, int nsettings, const char *const *names,
 /*
  * chorus_put_table
  *		A table description: its name, its columns (name, type name, flags),
- *		the indexes of its identity columns and its table flags.
+ *		the indexes of its identity columns and its table flags
+ *		(CHORUS_TABLE_*).
  */
 void
 chorus_put_table(StringInfo out, const char *nspname, const char *relname, int ncols,
 				 char *const *attnames, char *const *typnames, const uint8 *colflags,
-				 int nidentity, const int *identity, bool full_identity)
+				 int nidentity, const int *identity, uint8 flags)
 {
 	int			k;
 
@@ -137,7 +138,7 @@ chorus_put_table(StringInfo out, const char *nspname, const char *relname, int n
 	chorus_put_u16(out, (uint16) nidentity);
 	for (k = 0; k < nidentity; k++)
 		chorus_put_u16(out, (uint16) identity[k]);
-	chorus_put_u8(out, full_identity ? CHORUS_TABLE_FULL_IDENTITY : 0);
+	chorus_put_u8(out, flags);
 }
 
 /*

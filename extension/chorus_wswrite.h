@@ -16,7 +16,7 @@ extern void chorus_put_header(StringInfo out, uint8 flags, TransactionId xid, ui
 							  int ntables, uint32 nrows, uint32 nkeys);
 extern void chorus_put_table(StringInfo out, const char *nspname, const char *relname, int ncols,
 							 char *const *attnames, char *const *typnames, const uint8 *colflags,
-							 int nidentity, const int *identity, bool full_identity);
+							 int nidentity, const int *identity, uint8 flags);
 extern void chorus_put_row_head(StringInfo out, char op, int table);
 extern void chorus_put_truncate(StringInfo out, int table, uint8 flags);
 extern void chorus_put_value(StringInfo out, uint8 kind, const char *data, uint32 len);

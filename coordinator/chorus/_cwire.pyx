@@ -13,7 +13,7 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 cdef object Table, Column, Row, Schema, Key, Writeset, Binary, UNCHANGED, WireError, TABLES, MODES, blake2b
 cdef int MAX_PARTS, VERSION
 cdef uint8_t FLAGS_KNOWN, COL_FLAGS_KNOWN, TABLE_FLAGS_KNOWN, TRUNCATE_FLAGS_KNOWN
-cdef uint8_t FLAG_DDL, FLAG_TOI, FLAG_CONCURRENT, TABLE_FULL_IDENTITY
+cdef uint8_t FLAG_DDL, FLAG_TOI, FLAG_CONCURRENT, TABLE_FULL_IDENTITY, TABLE_OLD_COLUMNS
 cdef bint bound = False
 
 # The format's constants the reading is compiled with (the rest comes from wire.py: bind).
@@ -39,7 +39,7 @@ def bind(wire) -> None:
     """Take the classes and constants of the wire module (once, at its import)."""
     global Table, Column, Row, Schema, Key, Writeset, Binary, UNCHANGED, WireError, TABLES, MODES, blake2b, bound
     global MAX_PARTS, VERSION, FLAGS_KNOWN, COL_FLAGS_KNOWN, TABLE_FLAGS_KNOWN, TRUNCATE_FLAGS_KNOWN
-    global FLAG_DDL, FLAG_TOI, FLAG_CONCURRENT, TABLE_FULL_IDENTITY
+    global FLAG_DDL, FLAG_TOI, FLAG_CONCURRENT, TABLE_FULL_IDENTITY, TABLE_OLD_COLUMNS
     Table, Column, Row, Schema, Key = wire.Table, wire.Column, wire.Row, wire.Schema, wire.Key
     Writeset, Binary, WireError, TABLES = wire.Writeset, wire.Binary, wire.WireError, wire._TABLES
     UNCHANGED = wire.UNCHANGED
@@ -51,6 +51,7 @@ def bind(wire) -> None:
     TABLE_FLAGS_KNOWN, TRUNCATE_FLAGS_KNOWN = wire.TABLE_FLAGS_KNOWN, wire.TRUNCATE_FLAGS_KNOWN
     FLAG_DDL, FLAG_TOI, FLAG_CONCURRENT = wire.FLAG_DDL, wire.FLAG_TOI, wire.FLAG_CONCURRENT
     TABLE_FULL_IDENTITY = wire.TABLE_FULL_IDENTITY
+    TABLE_OLD_COLUMNS = wire.TABLE_OLD_COLUMNS
     bound = True
 
 
@@ -172,7 +173,7 @@ cdef class _Reader:
         at += 1
         if tflags & ~TABLE_FLAGS_KNOWN:
             raise WireError(f"table {nsp}.{rel} has unknown flags {tflags:#x}")
-        t = Table(nsp, rel, tuple(cols), ident, bool(tflags & TABLE_FULL_IDENTITY))
+        t = Table(nsp, rel, tuple(cols), ident, bool(tflags & TABLE_FULL_IDENTITY), bool(tflags & TABLE_OLD_COLUMNS))
         if len(TABLES) >= 4096:
             TABLES.clear()
         versions = TABLES.setdefault(names, [])
@@ -258,7 +259,7 @@ def read(object buf, bint full):
         old = ()
         new = ()
         if op == OP_UPDATE or op == OP_DELETE:
-            old = r.values(&pos, len(t.identity), "old tuple", full)
+            old = r.values(&pos, len(t.columns) if t.old_columns else len(t.identity), "old tuple", full)
             changes.add(ti)
         if op == OP_INSERT or op == OP_UPDATE:
             new = r.values(&pos, len(t.columns), "new tuple", full)

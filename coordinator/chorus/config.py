@@ -73,7 +73,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 
 class ChorusConfigError(Exception):
@@ -102,6 +102,10 @@ class LinkConfig:
     detection: str = "row"  # row (NDB$EPOCH) or transaction (NDB$EPOCH_TRANS)
     table_policy: tuple[tuple[str, str], ...] = ()  # ("schema.table", policy), overriding policy
     subset: bool = False  # the peer's rules filter rows: an UPDATE of an absent row inserts it, a DELETE is nothing
+    # policy delta's counters, ("schema.table", (column, ...)): settled here, captured with their
+    # old values where this site sends (chorus.link_old_columns, old_columns_setting)
+    delta_columns: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    delta_fallback: str = "latest-commit-wins"  # the policy of a delta table's other columns
     # what this site sends (docs/LINKS.md section 8; link/rules.py): the sender's rules
     include: tuple[str, ...] = ("*.*",)
     exclude: tuple[str, ...] = ()  # schema chorus is never sent, whatever these say
@@ -131,7 +135,8 @@ _LINK_KEYS: dict[str, tuple[type, bool]] = {
     "peers": (list, False), "nodes": (list, False), "window": (int, False),
     "policy": (str, False), "primary": (str, False), "detection": (str, False), "table_policy": (dict, False),
     "include": (list, False), "exclude": (list, False), "table": (list, False), "rules_dsn": (str, False),
-    "rules_timeout_ms": (int, False), "subset": (bool, False)}
+    "rules_timeout_ms": (int, False), "subset": (bool, False), "delta_columns": (dict, False),
+    "delta_fallback": (str, False)}
 _TABLE_KEYS: dict[str, Any] = {"name": str, "filter": str, "rename": str, "rename_columns": dict, "drop": list,
                                 "compute": list, "function": str}
 _QUALIFIED = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*\Z")
@@ -245,7 +250,36 @@ def link_settings(link: LinkConfig) -> Any:
     except ValueError:
         raise ValueError(f"detection must be row or transaction, not {link.detection!r}") from None
     return Settings(link.site, link.peer_site, link.policy, link.primary, detection, dict(link.table_policy),
-                    link.subset)
+                    link.subset, dict(link.delta_columns), link.delta_fallback)
+
+
+_COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\Z")
+
+
+def _delta_columns(path: str, value: dict[str, Any]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``delta_columns = {"schema.table" = ["column", ...]}``, checked: names as the extension's
+    chorus.link_old_columns list can hold them."""
+    out = []
+    for table, columns in sorted(value.items()):
+        if not _QUALIFIED.match(table):
+            raise ChorusConfigError(f"{path}: link.delta_columns: {table!r} is not schema.table")
+        if isinstance(columns, tuple):
+            columns = list(columns)
+        if not isinstance(columns, list) or not columns or not all(isinstance(c, str) and _COLUMN.match(c)
+                                                                   for c in columns):
+            raise ChorusConfigError(f"{path}: link.delta_columns of {table} must be a list of column names")
+        out.append((table, tuple(columns)))
+    return tuple(out)
+
+
+def old_columns_setting(links: Sequence[LinkConfig]) -> str:
+    """The value of chorus.link_old_columns for a node with these links: the delta columns of
+    every link, whose old values its changes then carry ("schema.table:column,column; ...")."""
+    tables: dict[str, set[str]] = {}
+    for link in links:
+        for table, columns in link.delta_columns:
+            tables.setdefault(table, set()).update(columns)
+    return "; ".join(f"{t}:{','.join(sorted(c))}" for t, c in sorted(tables.items()))
 
 
 _LINK_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
@@ -277,6 +311,9 @@ def parse_link(path: str, t: dict[str, Any]) -> LinkConfig:
             raise ChorusConfigError(f"{path}: link.{key} must be a {typ.__name__}")
         if key == "table":
             values["tables"] = tuple(_link_table(path, str(t.get("name", "?")), x) for x in value)
+            continue
+        if key == "delta_columns":
+            values[key] = _delta_columns(path, value)
             continue
         if isinstance(value, list):
             if not all(isinstance(v, str) for v in value):
@@ -468,6 +505,8 @@ def _link_toml(link: LinkConfig) -> str:
         + (f"primary = {_toml_str(link.primary)}\n" if link.primary else "")
         + f"subset = {'true' if link.subset else 'false'}\n"
         + ("table_policy = {" + ", ".join(f"{_toml_str(k)} = {_toml_str(v)}" for k, v in link.table_policy) + "}\n")
+        + ("delta_columns = {" + ", ".join(f"{_toml_str(k)} = {strs(v)}" for k, v in link.delta_columns) + "}\n"
+           f"delta_fallback = {_toml_str(link.delta_fallback)}\n" if link.delta_columns else "")
         + f"include = {strs(link.include)}\nexclude = {strs(link.exclude)}\n"
         + (f"rules_dsn = {_toml_str(link.rules_dsn)}\n" if link.rules_dsn else "")
         + f"rules_timeout_ms = {link.rules_timeout_ms}\n"

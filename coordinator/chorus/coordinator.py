@@ -42,7 +42,7 @@ from chorus.commit.book import FlowControl
 from chorus.commit.pipeline import CommitPipeline, Hooks, Pending, raw
 from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.dataplane import native
-from chorus.config import NodeConfig, link_settings
+from chorus.config import NodeConfig, link_settings, old_columns_setting
 from chorus.endpoints import Endpoints
 from chorus.link.proto import LinkError
 from chorus.link.site import SiteLinks
@@ -372,7 +372,8 @@ class Coordinator:
             raise FatalError(f"this node's links receive for more than one site ({', '.join(sites)}): "
                              "a node belongs to one site")
         try:
-            await self.db.settle_link_site(sites[0] if sites else "")
+            await self.db.settle_settings({"chorus.link_site": sites[0] if sites else "",
+                                           "chorus.link_old_columns": old_columns_setting(self.cfg.links)})
             start = await self.db.start_node(self.cfg.commit_lanes)
         except DatabaseFatal as e:
             raise FatalError(str(e)) from e

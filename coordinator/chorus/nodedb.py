@@ -117,29 +117,37 @@ class NodeDatabase:
         self.ok.set()
         return start
 
-    async def settle_link_site(self, site: str, wait_s: float = 10.0) -> None:
-        """Make ``chorus.link_site`` the site this node's links receive for ("" for none), as the
-        configuration says (docs/LINKS.md section 5.1). Every node of a site must stamp its rows
-        alike from the first GID it applies, so a node whose setting differs (a host deployed by
-        hand, a file lost) gets it from the configuration here, before it applies or takes any
-        write: ``ALTER SYSTEM`` and a reload, then the setting read back."""
-        read = "SELECT COALESCE(pg_catalog.current_setting('chorus.link_site', true), '')"
-        if await self.q(read) == site:
+    async def settle_settings(self, want: dict[str, str], wait_s: float = 10.0) -> None:
+        """Make server settings what this node's configuration says, before it applies or takes
+        any write: ``chorus.link_site`` (the site its links receive for, "" for none) and
+        ``chorus.link_old_columns`` (the delta columns whose old values its changes carry;
+        docs/LINKS.md sections 5.1 and 7.1). Every node of a site must stamp and capture alike
+        from the first GID it applies, so a node whose setting differs (a host deployed by hand,
+        a file lost) gets it here: ``ALTER SYSTEM`` and a reload, then each setting read back."""
+        read = "SELECT COALESCE(pg_catalog.current_setting(%s, true), '')"
+        changed = []
+        for name, value in want.items():
+            if await self.q(read, (name,)) == value:
+                continue
+            assert self.conn is not None
+            log.warning("%s is not %r, as this node's configuration says: setting it (ALTER SYSTEM)", name, value)
+            try:
+                await self.conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(
+                    sql.SQL(".").join(sql.Identifier(part) for part in name.split(".")), sql.Literal(value)))
+            except psycopg.Error as e:
+                raise DatabaseFatal(f"{name} must be {value!r} on this node (its configuration says so), and this "
+                                    f"coordinator cannot set it: {str(e).strip()}") from e
+            changed.append(name)
+        if not changed:
             return
-        assert self.conn is not None
-        log.warning("chorus.link_site is not %r, as this node's links say: setting it (ALTER SYSTEM)", site)
-        try:
-            await self.conn.execute(sql.SQL("ALTER SYSTEM SET chorus.link_site = {}").format(sql.Literal(site)))
-            await self.q("SELECT pg_catalog.pg_reload_conf()")
-        except psycopg.Error as e:
-            raise DatabaseFatal(f"chorus.link_site must be {site!r} on every node of this site (its links say so), "
-                                f"and this coordinator cannot set it: {str(e).strip()}") from e
+        await self.q("SELECT pg_catalog.pg_reload_conf()")
         deadline = asyncio.get_running_loop().time() + wait_s
-        while (have := await self.q(read)) != site:
-            if asyncio.get_running_loop().time() > deadline:
-                raise DatabaseFatal(f"chorus.link_site is still {have!r} after a reload, not {site!r} as this "
-                                    "node's links say (is it set where ALTER SYSTEM does not override it?)")
-            await asyncio.sleep(0.05)
+        for name in changed:
+            while (have := await self.q(read, (name,))) != want[name]:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise DatabaseFatal(f"{name} is still {have!r} after a reload, not {want[name]!r} as this "
+                                        "node's configuration says (is it set where ALTER SYSTEM does not override it?)")
+                await asyncio.sleep(0.05)
 
     async def committed_gid(self) -> int:
         return int(await self.q("SELECT chorus.committed_gid()"))

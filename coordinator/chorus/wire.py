@@ -59,7 +59,10 @@ COL_FLAGS_KNOWN = COL_IDENTITY | COL_GENERATED
 
 # Table flags.
 TABLE_FULL_IDENTITY = 0x01  # no primary key: rows are found by their whole old image
-TABLE_FLAGS_KNOWN = TABLE_FULL_IDENTITY
+# an UPDATE's and a DELETE's old image has a value per column: the identity's and the captured
+# columns' (chorus.link_old_columns, the delta policy's counters), every other one 'u' (not sent)
+TABLE_OLD_COLUMNS = 0x02
+TABLE_FLAGS_KNOWN = TABLE_FULL_IDENTITY | TABLE_OLD_COLUMNS
 
 # Row items.
 OP_INSERT, OP_UPDATE, OP_DELETE, OP_TRUNCATE, OP_SCHEMA = "I", "U", "D", "T", "S"
@@ -127,7 +130,8 @@ RULES: tuple[Rule, ...] = (
          "row refers to a table out of range"),
     Rule("TRUNCATE_FLAGS", "a TRUNCATE's flags are among TRUNCATE_FLAGS_KNOWN", r"^TRUNCATE with unknown flags 0x",
          "TRUNCATE with unknown flags"),
-    Rule("WIDTH", "a row's new image has a value per column, its old image one per identity column",
+    Rule("WIDTH", "a row's new image has a value per column, its old image one per identity column (per column "
+         "with TABLE_OLD_COLUMNS)",
          r"^(new|old) tuple has \d+ values, expected \d+$", "row image of the wrong width"),
     Rule("VALUE_KIND", "a value's kind is one of VALUE_KINDS", r"^(new|old) tuple has unknown value kind 0x",
          "value of unknown kind"),
@@ -199,6 +203,12 @@ class Table:
     columns: tuple[Column, ...]
     identity: tuple[int, ...]  # indexes into columns
     full_identity: bool = False  # no primary key: the identity is the whole old row
+    old_columns: bool = False  # TABLE_OLD_COLUMNS: an old image has a value per column
+
+    @property
+    def old_width(self) -> int:
+        """How many values an UPDATE's or a DELETE's old image holds."""
+        return len(self.columns) if self.old_columns else len(self.identity)
 
     @property
     def qualified(self) -> str:
@@ -473,7 +483,7 @@ def read_python(buf: bytes, full: bool) -> Writeset:
         pos += 1
         if tflags & ~TABLE_FLAGS_KNOWN:
             raise WireError(f"table {nsp}.{rel} has unknown flags {tflags:#x}")
-        t = Table(nsp, rel, tuple(cols), ident, bool(tflags & TABLE_FULL_IDENTITY))
+        t = Table(nsp, rel, tuple(cols), ident, bool(tflags & TABLE_FULL_IDENTITY), bool(tflags & TABLE_OLD_COLUMNS))
         if len(_TABLES) >= 4096:
             _TABLES.clear()
         versions = _TABLES.setdefault(names, [])
@@ -543,7 +553,7 @@ def read_python(buf: bytes, full: bool) -> Writeset:
         old: tuple[Value, ...] = ()
         new: tuple[Value, ...] = ()
         if op == "U" or op == "D":
-            old, pos = values(pos, len(t.identity), "old tuple")
+            old, pos = values(pos, t.old_width, "old tuple")
             changes.add(ti)
         if op == "I" or op == "U":
             new, pos = values(pos, len(t.columns), "new tuple")
@@ -617,7 +627,7 @@ def encode(ws: Writeset) -> bytes:
             out += [_text(c.name), _text(c.typname), bytes([c.flags])]
         out.append(struct.pack(">H", len(t.identity)))
         out += [struct.pack(">H", i) for i in t.identity]
-        out.append(bytes([TABLE_FULL_IDENTITY if t.full_identity else 0]))
+        out.append(bytes([(TABLE_FULL_IDENTITY if t.full_identity else 0) | (TABLE_OLD_COLUMNS if t.old_columns else 0)]))
     for row in ws.rows:
         if isinstance(row, Schema):
             out.append(b"S" + struct.pack(">H", len(row.settings)))
@@ -660,6 +670,7 @@ def describe(ws: Writeset) -> dict[str, Any]:
     return {
         "xid": ws.xid, "pid": ws.pid, "last_seen": ws.last_seen, "flags": ws.flags, "encoding": ws.encoding,
         "tables": [{"schema": t.nspname, "name": t.relname, "full_identity": t.full_identity,
+                    **({"old_columns": True} if t.old_columns else {}),
                     "identity": list(t.identity), "columns": [[c.name, c.typname, c.flags] for c in t.columns]}
                    for t in ws.tables],
         "items": [item(r) for r in ws.rows],

@@ -136,7 +136,8 @@ dump(ChorusWsReader *r, const char *buf, size_t len, uint16_t *widths, uint16_t 
 			return -1;
 		fprintf(js, "],\"flags\":%u}", flags);
 		widths[i] = ncols;
-		nidents[i] = nident;
+		/* an old image's width: the identity's, or every column's with captured old values */
+		nidents[i] = (flags & CHORUS_TABLE_OLD_COLUMNS) ? ncols : nident;
 	}
 	fputs("],\"items\":[", js);
 	for (i = 0; i < h.nrows; i++)

@@ -122,6 +122,23 @@ def link_keys(east_dir: Path, west_dir: Path) -> None:
             os.chmod(d / "keys" / f, 0o600)
 
 
+@contextlib.contextmanager
+def ordinary_role(site: Site, *grants: str) -> Iterator[psycopg.Connection[Any]]:
+    """A session of a new ordinary role "hostile" on the site's first node, given ``grants``
+    (statements, run as the superuser); the role is dropped afterwards, its privileges first."""
+    site.sql("DROP ROLE IF EXISTS hostile")
+    site.sql("CREATE ROLE hostile LOGIN PASSWORD 'hostile-pw'")
+    try:
+        for g in grants:
+            site.sql(g)
+        dsn = psycopg.conninfo.make_conninfo(site.dsns[0], user="hostile", password="hostile-pw", passfile="")
+        with psycopg.connect(dsn, autocommit=True) as c:
+            yield c
+    finally:
+        site.sql("DROP OWNED BY hostile")
+        site.sql("DROP ROLE hostile")
+
+
 def link_table(d: Path, site: str, peer: str, **kw: Any) -> dict[str, Any]:
     """The [[link]] table of site ``site`` (its keys in ``d``)."""
     keys = d / "keys"

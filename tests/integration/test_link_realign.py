@@ -21,7 +21,7 @@ from typing import Iterator
 import psycopg
 import pytest
 
-from linksites import TABLE, Relay, Site, alike, linked_both_ways, settle, wait
+from linksites import TABLE, Relay, Site, alike, linked_both_ways, ordinary_role, settle, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -88,16 +88,9 @@ def test_an_ordinary_role_on_the_arbiter_cannot_forge_a_realignment(sites: tuple
     """The arbiter's sender builds realignments from ``chorus.link_exceptions`` rows of the link's
     own records, and the peer takes a writeset for one by the table ``chorus.link_realign``: an
     ordinary role of the arbiter's site can make neither."""
-    west = sites[1]
-    west.sql("DROP ROLE IF EXISTS hostile")
-    west.sql("CREATE ROLE hostile LOGIN PASSWORD 'hostile-pw'")
-    dsn = psycopg.conninfo.make_conninfo(west.dsns[0], user="hostile", password="hostile-pw", passfile="")
-    try:
-        with psycopg.connect(dsn, autocommit=True) as c:
-            for q in ("CREATE TABLE chorus.link_realign (site text)",
-                      "INSERT INTO chorus.link_exceptions (gid, n, link, table_name, row_key, remote_site, detection, "
-                      "policy, decision) VALUES (1, 1, 'east-west', 'app.items', 'x', 'east', 'row', 'p', 'kept-local')"):
-                with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                    c.execute(q)
-    finally:
-        west.sql("DROP ROLE hostile")
+    with ordinary_role(sites[1]) as c:
+        for q in ("CREATE TABLE chorus.link_realign (site text)",
+                  "INSERT INTO chorus.link_exceptions (gid, n, link, table_name, row_key, remote_site, detection, "
+                  "policy, decision) VALUES (1, 1, 'east-west', 'app.items', 'x', 'east', 'row', 'p', 'kept-local')"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute(q)

@@ -128,23 +128,24 @@ def test_a_run_is_refused_where_rows_are_stamped(server: PlainPostgres) -> None:
 
 
 def test_the_coordinator_sets_the_site_its_links_say(server: PlainPostgres) -> None:
-    """A node deployed without the setting, or with another site's, gets it from its links'
-    configuration when its coordinator starts (before it applies or takes a write)."""
+    """A node deployed without the settings its links need, or with another site's, gets them from
+    its configuration when its coordinator starts (before it applies or takes a write)."""
     import asyncio
 
     from chorus.nodedb import NodeDatabase
 
-    async def settle(site: str) -> None:
+    async def settle(want: dict[str, str]) -> None:
         db = NodeDatabase(server.dsn, "n1")
         await db.connect(asyncio.Event())
         try:
-            await db.settle_link_site(site)
+            await db.settle_settings(want)
         finally:
             await db.close()
 
     _site(server, "west")
-    for want in ("east", "", "east"):
-        asyncio.run(settle(want))
+    for site, columns in (("east", "app.t:v"), ("", ""), ("east", "")):
+        asyncio.run(settle({"chorus.link_site": site, "chorus.link_old_columns": columns}))
         with psycopg.connect(server.dsn, autocommit=True) as c:
-            assert c.execute("SHOW chorus.link_site").fetchone() == (want,)
+            assert c.execute("SHOW chorus.link_site").fetchone() == (site,)
+            assert c.execute("SHOW chorus.link_old_columns").fetchone() == (columns,)
     _site(server, "")

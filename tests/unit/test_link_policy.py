@@ -17,9 +17,11 @@ from chorus.link.policy import (DeltaApply, FunctionPolicy, LatestCommitWins, Ou
 from linkmodel import TABLE
 
 
-def _v(site: str, clock: int, time: int, v: Optional[str], n: int = 0, old_n: Optional[int] = None) -> Version:
+def _v(site: str, clock: int, time: int, v: Optional[str], n: int = 0,
+       old_n: "Optional[int | wire.Unchanged]" = None) -> Version:
     values = None if v is None else (b"k", v.encode(), str(n).encode())
-    old = None if old_n is None else (b"k", b"", str(old_n).encode())
+    old = None if old_n is None else (b"k", b"",
+                                      old_n if isinstance(old_n, wire.Unchanged) else str(old_n).encode())
     return Version(site, clock, time, values, old)
 
 
@@ -81,8 +83,14 @@ def test_delta_keeps_both_increments() -> None:
                         _v("B", 1, 1, "b", 13, old_n=10)) == (b"k", b"b", b"13")
     # a delete is settled by the fallback alone
     assert p.decide(TABLE, _v("A", 1, 1, None), _v("B", 1, 2, "b", 15, old_n=10)).values == (b"k", b"b", b"15")
-    with pytest.raises(PolicyError):  # the old value was not captured
-        p.decide(TABLE, _v("A", 1, 1, "a", 13), _v("B", 1, 2, "b", 15))
+    # the old value was not captured (a change from before the capture option): the fallback's
+    # row, said so
+    d = p.decide(TABLE, _v("A", 1, 1, "a", 13), _v("B", 1, 2, "b", 15))
+    assert d.outcome == Outcome.TAKE_REMOTE and d.values == (b"k", b"b", b"15")
+    assert d.note == "no old values of the delta columns: latest-commit-wins"
+    # captured, but not this column ('u' in the old image): the same
+    d = p.decide(TABLE, _v("A", 1, 1, "a", 13), _v("B", 1, 2, "b", 15, old_n=wire.UNCHANGED))
+    assert d.values == (b"k", b"b", b"15") and d.note
     with pytest.raises(PolicyError):
         DeltaApply(("v",)).decide(TABLE, _v("A", 1, 1, "a", 13), _v("B", 1, 2, "b", 15, old_n=10))
     with pytest.raises(PolicyError):

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from chorus import wire
-from chorus.config import ChorusConfigError, LinkTable, NodeConfig, link_rules, load_config, parse_link, write_config
+from chorus.config import (ChorusConfigError, LinkTable, NodeConfig, link_rules, link_settings, load_config,
+                           old_columns_setting, parse_link, write_config)
 from chorus.link.rules import (ComputedColumn, DropColumn, RenameColumn, RenameTable, RowFunction, RuleError, RuleSet,
                                TableRule)
 from chorus.link.site import NoSql, evaluator
@@ -136,3 +137,42 @@ def test_a_key_column_dropped_stops_the_link_when_met() -> None:
     ws = wire.Writeset(1, 2, 3, (table,), (wire.Row("I", 0, (), (b"1", b"x")),), ())
     with pytest.raises(RuleError, match="part of its key"):
         route(link_rules(link), ws, NoSql())
+
+
+@pytest.mark.parametrize("text, says", [
+    ('table_policy = { "app.c" = "delta" }\n', "table app.c has policy delta but no columns in delta_columns"),
+    ('delta_columns = { "app.c" = ["hits"] }\n', "delta_columns lists table app.c, whose policy is not delta"),
+    ('table_policy = { "app.c" = "delta" }\ndelta_columns = { "app.c" = [] }\n', "must be a list of column names"),
+    ('table_policy = { "app.c" = "delta" }\ndelta_columns = { "app.c" = ["a:b"] }\n', "must be a list of column names"),
+    ('table_policy = { "app.c" = "delta" }\ndelta_columns = { "c" = ["hits"] }\n', "'c' is not schema.table"),
+    ('table_policy = { "app.c" = "delta" }\ndelta_columns = { "app.c" = ["h", "h"] }\n', "each once"),
+    ('table_policy = { "app.c" = "delta" }\ndelta_columns = { "app.c" = ["h"] }\ndelta_fallback = "delta"\n',
+     "delta_fallback must be one of"),
+    ('table_policy = { "app.c" = "delta" }\ndelta_columns = { "app.c" = ["h"] }\ndelta_fallback = "primary-wins"\n',
+     "policy primary-wins needs primary"),
+])
+def test_delta_settings_that_cannot_work_are_refused(tmp_path: Path, text: str, says: str) -> None:
+    with pytest.raises(ChorusConfigError, match=says):
+        _load(tmp_path, text)
+
+
+def test_delta_columns_are_read_written_and_captured() -> None:
+    base: dict[str, Any] = {"name": "l", "site": "a", "peer_site": "b", "tls_cert": "c", "tls_key": "k",
+                            "peer_cert": "p", "secret_file": "s", "peers": ["h:1"]}
+    one = parse_link("test", {**base, "table_policy": {"app.c": "delta", "app.d": "delta"},
+                              "delta_columns": {"app.d": ["x"], "app.c": ["views", "hits"]}})
+    assert one.delta_columns == (("app.c", ("views", "hits")), ("app.d", ("x",)))
+    assert link_settings(one).policy_for(wire.Table("app", "c", (wire.Column("id", "integer"), wire.Column(
+        "hits", "bigint"), wire.Column("views", "numeric")), (0,))).name == "delta"
+    two = parse_link("test", {**base, "name": "m", "policy": "delta", "delta_columns": {"app.c": ["clicks"]}})
+    assert old_columns_setting([one, two]) == "app.c:clicks,hits,views; app.d:x"
+    assert old_columns_setting([]) == ""
+
+
+def test_delta_columns_survive_a_written_configuration(tmp_path: Path) -> None:
+    cfg = _load(tmp_path, 'table_policy = { "app.c" = "delta" }\ndelta_columns = { "app.c" = ["hits"] }\n'
+                          'delta_fallback = "latest-commit-wins"\n')
+    assert cfg.links[0].delta_columns == (("app.c", ("hits",)),)
+    p = tmp_path / "again.toml"
+    write_config(cfg, str(p))
+    assert load_config(str(p)) == cfg

@@ -598,3 +598,80 @@ def test_a_realignment_outside_utf8_stops_the_link() -> None:
                            flags=record.flags, encoding=8)
     with pytest.raises(wire.WireError, match="needs a UTF8 database"):
         realignment(latin1)
+
+
+# a table whose old images carry the counter n (TABLE_OLD_COLUMNS: chorus.link_old_columns lists it)
+TD = replace(T, old_columns=True)
+DELTA = {"table_policy": (("app.items", "delta"),), "delta_columns": (("app.items", ("n",)),)}
+
+
+def increment(k: str, v: str, old: int, new: int) -> wire.Writeset:
+    """An UPDATE of n from ``old`` to ``new``, captured with n's old value."""
+    row = wire.Row("U", 0, (k.encode(), wire.UNCHANGED, b"%d" % old), (k.encode(), v.encode(), b"%d" % new))
+    return wire.Writeset(1, 1, 0, (TD,), (row,), (key(k),))
+
+
+def n_of(site: SiteSim, k: str) -> int:
+    return int(bytes(site.rows[k.encode()][2] or b""))
+
+
+def test_delta_keeps_every_increment_of_both_sites() -> None:
+    """Both sites increment x's counter, several times, before either has the other's changes:
+    each adds the other's increments to its own row, so both end with the sum; the text column
+    follows latest-commit-wins (B, which sorts last); the conflicts are recorded as merged."""
+    a, b = sites(**DELTA)
+    a.commit(increment("x", "A", 0, 3))
+    a.commit(increment("x", "A", 3, 4))
+    b.commit(increment("x", "B", 0, 10))
+    b.commit(increment("x", "B", 10, 30))
+    exchange(a, b)
+    assert n_of(a, "x") == n_of(b, "x") == 34
+    assert a.value("x") == b.value("x") == b"B"
+    assert a.conflicts() and b.conflicts()
+    assert {d for _k, _r, d in a.conflicts() + b.conflicts()} <= {"merged", "took-remote", "kept-local"}
+    assert "merged" in {d for _k, _r, d in a.conflicts()} and "merged" in {d for _k, _r, d in b.conflicts()}
+    # what each site committed has no captured old values left (only the identity's)
+    for site in (a, b):
+        for r in site.log:
+            ws = wire.decode(bytes(r.payload))
+            if r.origin == lp.origin(LINK):
+                assert not any(t.old_columns for t in ws.tables)
+    # later increments, not concurrent, add up too, and are not flagged
+    before = (len(a.conflicts()), len(b.conflicts()))
+    exchange(a, b)
+    a.commit(increment("x", "B", 34, 35))
+    exchange(a, b)
+    assert n_of(a, "x") == n_of(b, "x") == 35 and (len(a.conflicts()), len(b.conflicts())) == before
+
+
+def test_delta_without_old_values_falls_back_and_says_so() -> None:
+    """A change captured before chorus.link_old_columns listed the counter has no old value of
+    it: the conflict is settled by the fallback (latest-commit-wins), recorded with the reason."""
+    a, b = sites(**DELTA)
+    a.commit(increment("x", "A", 0, 3))
+    b.commit(update("x", "B", 10))  # no old value of n
+    b.receive(a.serve(a.gid))
+    a.receive(b.serve(b.gid))
+    assert n_of(a, "x") == 10  # B's row, by latest-commit-wins
+    (e,) = a.exceptions
+    assert e[15] == b"delta (no old values of the delta columns: latest-commit-wins)" and e[16] == b"took-remote"
+    assert n_of(b, "x") == 13  # B had A's old value: merged
+
+
+def test_delta_settings_are_checked() -> None:
+    base = dict(site="A", peer="B")
+    with pytest.raises(SettleError, match="no columns in delta_columns"):
+        Settings(table_policy={"app.items": "delta"}, **base)  # type: ignore[arg-type]
+    with pytest.raises(SettleError, match="whose policy is not delta"):
+        Settings(delta_columns={"app.items": ("n",)}, **base)  # type: ignore[arg-type]
+    with pytest.raises(SettleError, match="delta_fallback"):
+        Settings(policy="delta", delta_fallback="delta", **base)  # type: ignore[arg-type]
+    s = Settings(table_policy={"app.items": "delta"}, delta_columns={"app.items": ("n",)}, **base)  # type: ignore[arg-type]
+    assert s.policy_for(T).name == "delta"
+    assert Settings(**base).fingerprint != s.fingerprint  # type: ignore[arg-type]
+    for columns, why in ((("v",), "of type text, not an integer or numeric type"),
+                         (("nope",), "is not a column of"), (("id",), "part of its key")):
+        bad = Settings(table_policy={"app.items": "delta"}, delta_columns={"app.items": columns}, **base)  # type: ignore[arg-type]
+        with pytest.raises(SettleError, match=why):
+            bad.policy_for(replace(T, columns=(wire.Column("id", "integer"), wire.Column("v", "text"),
+                                               wire.Column("n", "bigint"))))

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Protocol, Sequence
 from chorus import wire
 from chorus.link.clock import LinkWindow
 from chorus.link.events import RemoteTransaction, SiteId, Stamp, Version, row_key
-from chorus.link.policy import Decision, DeltaApply, Outcome, Policy, delta_values
+from chorus.link.policy import Decision, DeltaApply, Outcome, Policy, delta_values, has_old
 
 
 class Detection(enum.Enum):
@@ -217,7 +217,8 @@ def settle(window: LinkWindow, batch: Sequence[RemoteTransaction], rows: LocalRo
 
 def _version(txn: RemoteTransaction, table: wire.Table, row: wire.Row) -> Version:
     """The incoming change as a version: its new image (None for a DELETE) and its old image
-    when the whole row was captured (a table keyed by its whole row; delta columns later)."""
+    when it has a value per column (a table keyed by its whole row, or one whose old images carry
+    the delta columns, ``Table.old_columns``; the others are ``wire.UNCHANGED`` there)."""
     return Version(txn.site, txn.clock, txn.commit_time, None if row.op == wire.OP_DELETE else row.new,
                    row.old if len(row.old) == len(table.columns) else None)
 
@@ -228,8 +229,9 @@ def _plain(rows: LocalRows, policy: Policy, txn: RemoteTransaction, table: wire.
     columns added to the local values (pgEdge Spock applies deltas always, not only in conflict)."""
     if row.op == wire.OP_DELETE:
         return None
-    if isinstance(policy, DeltaApply):
-        local = rows.values(table, key)
+    if isinstance(policy, DeltaApply) and row.op == wire.OP_UPDATE:
+        remote = _version(txn, table, row)
+        local = rows.values(table, key) if has_old(table, policy.columns, remote) else None
         if local is not None:
-            return delta_values(table, policy.columns, row.new, local, _version(txn, table, row))
+            return delta_values(table, policy.columns, row.new, local, remote)
     return row.new

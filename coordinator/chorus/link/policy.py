@@ -11,7 +11,8 @@ changes started from the same row (the increments commute).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import struct
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Optional, Protocol
 
@@ -39,6 +40,7 @@ class Decision:
     outcome: Outcome
     winner: Version
     values: Optional[tuple[wire.Value, ...]]
+    note: str = ""  # how the policy decided otherwise than its rule says (recorded with the conflict)
 
 
 class Policy(Protocol):
@@ -86,13 +88,39 @@ class LatestCommitWins:
         return _pick(local, remote, local if local.order > remote.order else remote)
 
 
-def _number(v: wire.Value, column: str) -> Decimal:
-    if v is None or isinstance(v, (wire.Binary, wire.Unchanged)):
-        raise PolicyError(f"delta column {column}: {v!r} is not a number in text form")
+_INT_SIZES = {"smallint": 2, "int2": 2, "integer": 4, "int4": 4, "bigint": 8, "int8": 8}
+_NUMERIC_HEAD = struct.Struct(">hhHh")  # numeric's send form: ndigits, weight, sign, dscale
+_NUMERIC_NEG = 0x4000
+
+
+def _binary_number(column: wire.Column, raw: bytes) -> Decimal:
+    """A number in its binary send form (the writeset carries integers and numeric so,
+    extension/chorus_values.c)."""
+    size = _INT_SIZES.get(column.typname)
+    if size is not None and len(raw) == size:
+        return Decimal(int.from_bytes(raw, "big", signed=True))
+    if column.typname == "numeric" and len(raw) >= _NUMERIC_HEAD.size:
+        ndigits, weight, sign, dscale = _NUMERIC_HEAD.unpack_from(raw)
+        if sign in (0, _NUMERIC_NEG) and len(raw) == _NUMERIC_HEAD.size + 2 * ndigits:
+            digits = struct.unpack_from(f">{ndigits}h", raw, _NUMERIC_HEAD.size)
+            n = sum((Decimal(d) * Decimal(10000) ** (weight - i) for i, d in enumerate(digits)), Decimal(0))
+            return (-n if sign == _NUMERIC_NEG else n).quantize(Decimal(1).scaleb(-dscale))
+    raise PolicyError(f"delta column {column.name} of type {column.typname}: {raw!r} is not a finite number "
+                      "in its binary form")
+
+
+def _number(v: wire.Value, column: wire.Column) -> Decimal:
+    if v is None or isinstance(v, wire.Unchanged):
+        raise PolicyError(f"delta column {column.name}: {'NULL' if v is None else 'no value'} is not a number")
+    if isinstance(v, wire.Binary):
+        return _binary_number(column, bytes(v))
     try:
-        return Decimal(bytes(v).decode("ascii"))
+        d = Decimal(bytes(v).decode("ascii"))
     except (InvalidOperation, UnicodeDecodeError) as e:
-        raise PolicyError(f"delta column {column}: {v!r} is not a number") from e
+        raise PolicyError(f"delta column {column.name}: {v!r} is not a number") from e
+    if not d.is_finite():
+        raise PolicyError(f"delta column {column.name}: {v!r} is not a finite number")
+    return d
 
 
 def _text_number(d: Decimal) -> bytes:
@@ -114,9 +142,19 @@ def delta_values(table: wire.Table, columns: tuple[str, ...], base: tuple[wire.V
         if name not in index:
             raise PolicyError(f"delta column {name} is not a column of {table.qualified}")
         i = index[name]
-        change = _number(remote.values[i], name) - _number(remote.old[i], name)
-        out[i] = _text_number(_number(local[i], name) + change)
+        c = table.columns[i]
+        change = _number(remote.values[i], c) - _number(remote.old[i], c)
+        out[i] = _text_number(_number(local[i], c) + change)
     return tuple(out)
+
+
+def has_old(table: wire.Table, columns: tuple[str, ...], remote: Version) -> bool:
+    """Whether incoming change ``remote`` carries the old values of delta ``columns`` (an UPDATE
+    captured with chorus.link_old_columns listing them)."""
+    if remote.old is None:
+        return False
+    index = {c.name: i for i, c in enumerate(table.columns)}
+    return all(n not in index or not isinstance(remote.old[index[n]], wire.Unchanged) for n in columns)
 
 
 @dataclass(frozen=True)
@@ -132,6 +170,10 @@ class DeltaApply:
         base = self.fallback.decide(table, local, remote)
         if local.values is None or remote.values is None or base.values is None:
             return base
+        if not has_old(table, self.columns, remote):
+            # a change captured without its counters' old values (before chorus.link_old_columns
+            # listed them): no increment to add, the fallback's row stands
+            return replace(base, note=f"no old values of the delta columns: {self.fallback.name}")
         values = delta_values(table, self.columns, base.values, local.values, remote)
         return Decision(Outcome.MERGED if values != base.values else base.outcome, base.winner, values)
 

@@ -161,15 +161,23 @@ def _values_step(table: wire.Table, step: Transformation, values: tuple[wire.Val
 def _transform_row(table: wire.Table, row: wire.Row, steps: tuple[Transformation, ...],
                    ev: SqlEvaluator) -> Optional[wire.Row]:
     """The row after ``steps``; None when a row function dropped it. A DELETE's old image holds
-    only the key, which transformations keep (renamed at most)."""
+    only the key, which transformations keep (renamed at most); an old image with a value per
+    column (``Table.old_columns``: the delta policy's captured counters) loses a dropped column's
+    and has none ('u') for a computed one."""
     new: Optional[tuple[wire.Value, ...]] = row.new if row.op in (wire.OP_INSERT, wire.OP_UPDATE) else None
+    old = row.old
     for step in steps:
         if new is not None:
             new = _values_step(table, step, new, ev)
             if new is None:
                 return None
+        if table.old_columns and isinstance(step, DropColumn):
+            i = [c.name for c in table.columns].index(step.column)
+            old = old[:i] + old[i + 1:]
+        elif table.old_columns and isinstance(step, ComputedColumn):
+            old = old + (wire.UNCHANGED,)
         table = _table_step(table, step)
-    return row._replace(new=new if new is not None else ())
+    return row._replace(old=old, new=new if new is not None else ())
 
 
 def route(rules: RuleSet, ws: wire.Writeset, ev: SqlEvaluator) -> Optional[wire.Writeset]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
 from chorus import wire
@@ -40,7 +40,7 @@ from chorus.link import position as lp
 from chorus.link.clock import LinkWindow
 from chorus.link.conflict import Detection, Reason, RowDecision, TransactionDecision, row_changes, settle
 from chorus.link.events import RemoteTransaction, SiteId, Stamp, key_text, row_key
-from chorus.link.policy import LatestCommitWins, Outcome, Policy, PrimaryWins
+from chorus.link.policy import DeltaApply, LatestCommitWins, Outcome, Policy, PrimaryWins
 
 STAMP_TABLE = wire.Table(
     "chorus", "link_stamp",
@@ -65,7 +65,10 @@ STAMP_SQL = ("SELECT key, site, clock, (extract(epoch FROM commit_time) * 100000
 # the site this node stamps its rows for (extension/chorus_stamp.c), which must be the link's
 SITE_SQL = "SELECT pg_catalog.current_setting('chorus.link_site', true)"
 
-POLICIES = ("latest-commit-wins", "primary-wins")
+POLICIES = ("latest-commit-wins", "primary-wins", "delta")
+FALLBACKS = ("latest-commit-wins", "primary-wins")  # of delta, for its other columns
+# the types a delta column may have (format_type_be names): its increments are added as decimals
+DELTA_TYPES = ("int2", "int4", "int8", "numeric", "smallint", "integer", "bigint")
 STAMP_KEY_BYTES = 16
 _U32 = struct.Struct(">I")
 
@@ -201,20 +204,36 @@ class Settings:
     # the peer sends a subset of its rows (a row filter, docs/LINKS.md section 8): an UPDATE of a
     # row absent here is applied as an INSERT of its new image, a DELETE of an absent row is nothing
     subset: bool = False
+    # the delta policy (docs/LINKS.md section 7.1): "schema.table" -> its counter columns, and the
+    # policy of the other columns
+    delta_columns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    delta_fallback: str = "latest-commit-wins"
 
     def __post_init__(self) -> None:
-        for name in (self.policy, *self.table_policy.values()):
+        if self.delta_fallback not in FALLBACKS:
+            raise SettleError(f"delta_fallback must be one of {', '.join(FALLBACKS)}, not {self.delta_fallback!r}")
+        for name in (self.policy, *self.table_policy.values(), self.delta_fallback):
             if name not in POLICIES:
                 raise SettleError(f"unknown conflict policy {name!r} (known: {', '.join(POLICIES)})")
             if name == "primary-wins" and self.primary not in (self.site, self.peer):
                 raise SettleError(f"policy primary-wins needs primary = {self.site!r} or {self.peer!r}")
+        for table, name in self.table_policy.items():
+            if name == "delta" and table not in self.delta_columns:
+                raise SettleError(f"table {table} has policy delta but no columns in delta_columns")
+        for table, columns in self.delta_columns.items():
+            if self.table_policy.get(table, self.policy) != "delta":
+                raise SettleError(f"delta_columns lists table {table}, whose policy is not delta")
+            if not columns or len(set(columns)) != len(columns):
+                raise SettleError(f"delta_columns of {table} must list its counter columns, each once")
 
     @property
     def fingerprint(self) -> str:
         """What every node compares before deciding with these settings (the receiver's travel
         in each link writeset): 32 hex digits of a hash of all of them."""
+        delta = [sorted((k, list(v)) for k, v in self.delta_columns.items()), self.delta_fallback]
         text = json.dumps([self.site, self.peer, self.policy, self.primary, self.detection.value,
-                           sorted(self.table_policy.items())] + (["subset"] if self.subset else []))
+                           sorted(self.table_policy.items())] + (["subset"] if self.subset else [])
+                          + (["delta", delta] if self.delta_columns or "delta" == self.policy else []))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
     @property
@@ -224,10 +243,33 @@ class Settings:
         return self.primary or min(self.site, self.peer)
 
     def policy_for(self, table: wire.Table) -> Policy:
-        name = self.table_policy.get(f"{table.nspname}.{table.relname}", self.policy)
-        if name == "primary-wins":
-            return PrimaryWins(self.primary)
-        return LatestCommitWins()
+        qualified = f"{table.nspname}.{table.relname}"
+        name = self.table_policy.get(qualified, self.policy)
+        if name == "delta":
+            fallback = _policy(self.delta_fallback, self.primary)
+            columns = self.delta_columns.get(qualified, ())
+            return DeltaApply(delta_columns(table, columns), fallback) if columns else fallback
+        return _policy(name, self.primary)
+
+
+def _policy(name: str, primary: str) -> Policy:
+    return PrimaryWins(primary) if name == "primary-wins" else LatestCommitWins()
+
+
+def delta_columns(table: wire.Table, columns: tuple[str, ...]) -> tuple[str, ...]:
+    """``columns``, checked against ``table`` as the writeset describes it: each one of its
+    columns, numeric (SettleError otherwise: the link's settings do not fit the table)."""
+    types = {c.name: c.typname for c in table.columns}
+    for name in columns:
+        if name not in types:
+            raise SettleError(f"delta column {name} is not a column of {table.qualified} "
+                              f"(its columns: {', '.join(types)})")
+        if types[name].split(".")[-1] not in DELTA_TYPES:
+            raise SettleError(f"delta column {name} of {table.qualified} is of type {types[name]}, not an "
+                              f"integer or numeric type ({', '.join(DELTA_TYPES[:4])})")
+        if any(table.columns[i].name == name for i in table.identity):
+            raise SettleError(f"delta column {name} of {table.qualified} is part of its key")
+    return columns
 
 
 def row_sql(table: wire.Table) -> str:
@@ -355,7 +397,9 @@ class Settlement:
         for _i, table, row, key in self.changes:
             h = key.hashed()
             migrating = self.settings.subset and row.op in (wire.OP_UPDATE, wire.OP_DELETE)  # present here?
-            if h not in out and (whole or migrating or self.window.in_conflict(found.get(h))):
+            # the delta policy adds an UPDATE's increments to the row here, in conflict or not
+            counting = row.op == wire.OP_UPDATE and isinstance(self.settings.policy_for(table), DeltaApply)
+            if h not in out and (whole or migrating or counting or self.window.in_conflict(found.get(h))):
                 params = [p.decode("utf-8", "surrogateescape") for p in key.parts[3:]]
                 out[h] = (table, key, params)
         return list(out.values())
@@ -379,6 +423,8 @@ class Settlement:
             if not isinstance(item, wire.Row) or not ds or all(r.reason is None for r in ds):
                 if ds and self.realign and isinstance(item, wire.Row):
                     out_rows += self._settled(item, ds[0])
+                elif ds and isinstance(item, wire.Row) and all(r.applied for r in ds) and ds[0].values != (item.new or None):
+                    out_rows += self._settled(item, ds[0])  # a delta column's increment added here
                 elif not ds or all(r.applied for r in ds):
                     out_rows += (self._migrated(item, ds[0]) if ds and self.settings.subset and isinstance(item, wire.Row)
                                  else [item])
@@ -412,6 +458,7 @@ class Settlement:
                 out_rows.append(wire.Row(wire.OP_INSERT, ex, (), self._exception(n, r)))
                 keys.append(wire.Key(wire.KeyMode.EXCLUSIVE, (b"chorus", b"link_exceptions", b"gid,n",
                                                               b"%d" % self.gid, b"%d" % n)))
+        tables, out_rows = _identity_only(tables, out_rows)
         remote = wire.Writeset(self.remote.xid, self.remote.pid, self.remote.last_seen, tuple(tables),
                                tuple(out_rows), tuple(keys), flags=self.remote.flags, encoding=self.remote.encoding)
         return lp.final_writeset(self.step, remote, self.current, lp.Decision.APPLY)
@@ -464,6 +511,8 @@ class Settlement:
         st = r.stamp
         if r.decision is not None:
             decision, policy_name = r.decision.outcome.value, self.settings.policy_for(table).name
+            if r.decision.note:
+                policy_name += f" ({r.decision.note})"
             if not r.applied and r.decision.outcome != Outcome.KEEP_LOCAL:
                 decision = "rejected"  # the policy took the peer's, but its transaction is rejected
         else:
@@ -487,6 +536,20 @@ def _identity(table: wire.Table, row: wire.Row) -> tuple[wire.Value, ...]:
     if len(row.old) == len(table.columns) and len(table.identity) != len(table.columns):
         return tuple(row.old[i] for i in table.identity)
     return row.old
+
+
+def _identity_only(tables: list[wire.Table], rows: list[wire.Item]) -> tuple[list[wire.Table], list[wire.Item]]:
+    """The committed writeset's tables and rows without the peer's captured old values
+    (``Table.old_columns``: the delta policy used them here); old images of the identity alone."""
+    if not any(t.old_columns for t in tables):
+        return tables, rows
+    out: list[wire.Item] = []
+    for r in rows:
+        t = tables[r.table] if isinstance(r, wire.Row) else None
+        if t is not None and t.old_columns and isinstance(r, wire.Row) and len(r.old) == len(t.columns):
+            r = r._replace(old=tuple(r.old[i] for i in t.identity))
+        out.append(r)
+    return [replace(t, old_columns=False) for t in tables], out
 
 
 def _table_index(tables: list[wire.Table], table: wire.Table) -> int:

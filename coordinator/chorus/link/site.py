@@ -270,7 +270,8 @@ class SiteLinks:
         self._conflicts: dict[str, dict[tuple[str, str], int]] = {}
 
     async def start(self) -> None:
-        """Start the senders this node serves."""
+        """Start the senders this node serves (the coordinator made chorus.link_old_columns what
+        its links' delta columns say before: NodeDatabase.settle_settings)."""
         for link in self.links:
             if not link.listen:
                 continue

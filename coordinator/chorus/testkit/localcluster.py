@@ -303,7 +303,8 @@ class LocalCluster:
         toml = d / "chorus.toml"
         write_config(cfg, str(toml))
         # a site that receives a link stamps its rows (docs/LINKS.md section 5), every node alike:
-        # the coordinator sets chorus.link_site from its links when it starts (NodeDatabase.settle_link_site)
+        # the coordinator sets chorus.link_site (and the delta policy's chorus.link_old_columns) from its
+        # links when it starts (NodeDatabase.settle_settings)
         sites = sorted({link.site for link in cfg.links if link.peers})
         if len(sites) > 1:
             raise LocalClusterError(f"{n.name}: links name more than one site for this one: {', '.join(sites)}")

@@ -32,7 +32,7 @@ extern void ch_blake2b(const uint8_t *data, size_t len, uint8_t *out, size_t out
 typedef struct scan_widths
 {
 	uint16_t	ncols;
-	uint16_t	nident;
+	uint16_t	nold;			/* an old image's: the identity's, or ncols (CHORUS_TABLE_OLD_COLUMNS) */
 } scan_widths;
 
 static int
@@ -83,8 +83,11 @@ widths_again(const uint8_t *buf, size_t from, uint16_t i)
 			pos += 2 + be16(buf + pos);
 			pos += 1;
 		}
-		w.nident = be16(buf + pos);
-		pos += 2 + 2 * (size_t) w.nident + 1;
+		w.nold = be16(buf + pos);
+		pos += 2 + 2 * (size_t) w.nold;
+		if (buf[pos] & CHORUS_TABLE_OLD_COLUMNS)
+			w.nold = w.ncols;
+		pos += 1;
 	}
 	return w;
 }
@@ -159,7 +162,7 @@ ch_scan(const uint8_t *buf, size_t len, ch_scan_info *info, ch_scan_key *keys, s
 		if (chorus_wsr_table_flags(&r, &flags) != 0)
 			return scan_fail(info, &r);
 		if (t < SCAN_WIDTHS)
-			widths[t] = (scan_widths) {ncols, nident};
+			widths[t] = (scan_widths) {ncols, (flags & CHORUS_TABLE_OLD_COLUMNS) ? ncols : nident};
 	}
 
 	for (uint32_t i = 0; i < h.nrows; i++)
@@ -185,7 +188,7 @@ ch_scan(const uint8_t *buf, size_t len, ch_scan_info *info, ch_scan_key *keys, s
 		if (item.op == CHORUS_OP_TRUNCATE)
 			continue;
 		w = item.table < SCAN_WIDTHS ? widths[item.table] : widths_again(buf, tables_at, item.table);
-		if ((item.op == CHORUS_OP_UPDATE || item.op == CHORUS_OP_DELETE) && scan_tuple(&r, w.nident) != 0)
+		if ((item.op == CHORUS_OP_UPDATE || item.op == CHORUS_OP_DELETE) && scan_tuple(&r, w.nold) != 0)
 			return scan_fail(info, &r);
 		if ((item.op == CHORUS_OP_INSERT || item.op == CHORUS_OP_UPDATE) && scan_tuple(&r, w.ncols) != 0)
 			return scan_fail(info, &r);
