@@ -102,6 +102,7 @@ class LinkConfig:
     detection: str = "row"  # row (NDB$EPOCH) or transaction (NDB$EPOCH_TRANS)
     table_policy: tuple[tuple[str, str], ...] = ()  # ("schema.table", policy), overriding policy
     subset: bool = False  # the peer's rules filter rows: an UPDATE of an absent row inserts it, a DELETE is nothing
+    conflict_function: str = ""  # "schema.function" of policy function (docs/LINKS.md section 7.1)
     # what this site sends (docs/LINKS.md section 8; link/rules.py): the sender's rules
     include: tuple[str, ...] = ("*.*",)
     exclude: tuple[str, ...] = ()  # schema chorus is never sent, whatever these say
@@ -131,7 +132,7 @@ _LINK_KEYS: dict[str, tuple[type, bool]] = {
     "peers": (list, False), "nodes": (list, False), "window": (int, False),
     "policy": (str, False), "primary": (str, False), "detection": (str, False), "table_policy": (dict, False),
     "include": (list, False), "exclude": (list, False), "table": (list, False), "rules_dsn": (str, False),
-    "rules_timeout_ms": (int, False), "subset": (bool, False)}
+    "rules_timeout_ms": (int, False), "subset": (bool, False), "conflict_function": (str, False)}
 _TABLE_KEYS: dict[str, Any] = {"name": str, "filter": str, "rename": str, "rename_columns": dict, "drop": list,
                                 "compute": list, "function": str}
 _QUALIFIED = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*\Z")
@@ -244,8 +245,11 @@ def link_settings(link: LinkConfig) -> Any:
         detection = Detection(link.detection)
     except ValueError:
         raise ValueError(f"detection must be row or transaction, not {link.detection!r}") from None
+    if link.conflict_function and not _QUALIFIED.match(link.conflict_function):
+        raise ValueError(f"conflict_function must be a schema-qualified name (schema.function), not "
+                         f"{link.conflict_function!r}: it is looked up with search_path pg_catalog")
     return Settings(link.site, link.peer_site, link.policy, link.primary, detection, dict(link.table_policy),
-                    link.subset)
+                    link.subset, link.conflict_function)
 
 
 _LINK_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
@@ -466,6 +470,7 @@ def _link_toml(link: LinkConfig) -> str:
         + f"peers = {strs(link.peers)}\nnodes = {strs(link.nodes)}\nwindow = {link.window}\n"
         + f"policy = {_toml_str(link.policy)}\ndetection = {_toml_str(link.detection)}\n"
         + (f"primary = {_toml_str(link.primary)}\n" if link.primary else "")
+        + (f"conflict_function = {_toml_str(link.conflict_function)}\n" if link.conflict_function else "")
         + f"subset = {'true' if link.subset else 'false'}\n"
         + ("table_policy = {" + ", ".join(f"{_toml_str(k)} = {_toml_str(v)}" for k, v in link.table_policy) + "}\n")
         + f"include = {strs(link.include)}\nexclude = {strs(link.exclude)}\n"

@@ -40,7 +40,8 @@ from chorus.link import position as lp
 from chorus.link.clock import LinkWindow
 from chorus.link.conflict import Detection, Reason, RowDecision, TransactionDecision, row_changes, settle
 from chorus.link.events import RemoteTransaction, SiteId, Stamp, key_text, row_key
-from chorus.link.policy import LatestCommitWins, Outcome, Policy, PrimaryWins
+from chorus.link.funcall import FunctionCall, FunctionCalls
+from chorus.link.policy import ConflictFunction, FunctionPolicy, LatestCommitWins, Outcome, Policy, PrimaryWins
 
 STAMP_TABLE = wire.Table(
     "chorus", "link_stamp",
@@ -65,7 +66,7 @@ STAMP_SQL = ("SELECT key, site, clock, (extract(epoch FROM commit_time) * 100000
 # the site this node stamps its rows for (extension/chorus_stamp.c), which must be the link's
 SITE_SQL = "SELECT pg_catalog.current_setting('chorus.link_site', true)"
 
-POLICIES = ("latest-commit-wins", "primary-wins")
+POLICIES = ("latest-commit-wins", "primary-wins", "function")
 STAMP_KEY_BYTES = 16
 _U32 = struct.Struct(">I")
 
@@ -201,6 +202,8 @@ class Settings:
     # the peer sends a subset of its rows (a row filter, docs/LINKS.md section 8): an UPDATE of a
     # row absent here is applied as an INSERT of its new image, a DELETE of an absent row is nothing
     subset: bool = False
+    # the conflict function of policy "function" (docs/LINKS.md section 7.1): "schema.function"
+    function: str = ""
 
     def __post_init__(self) -> None:
         for name in (self.policy, *self.table_policy.values()):
@@ -208,13 +211,19 @@ class Settings:
                 raise SettleError(f"unknown conflict policy {name!r} (known: {', '.join(POLICIES)})")
             if name == "primary-wins" and self.primary not in (self.site, self.peer):
                 raise SettleError(f"policy primary-wins needs primary = {self.site!r} or {self.peer!r}")
+        uses = "function" in (self.policy, *self.table_policy.values())
+        if uses and not self.function:
+            raise SettleError("policy function needs conflict_function, the function's schema-qualified name")
+        if self.function and not uses:
+            raise SettleError(f"conflict_function {self.function} is set but no table's policy is function")
 
     @property
     def fingerprint(self) -> str:
         """What every node compares before deciding with these settings (the receiver's travel
         in each link writeset): 32 hex digits of a hash of all of them."""
         text = json.dumps([self.site, self.peer, self.policy, self.primary, self.detection.value,
-                           sorted(self.table_policy.items())] + (["subset"] if self.subset else []))
+                           sorted(self.table_policy.items())] + (["subset"] if self.subset else [])
+                          + ([["function", self.function]] if self.function else []))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
     @property
@@ -223,10 +232,16 @@ class Settings:
         whose name sorts first."""
         return self.primary or min(self.site, self.peer)
 
-    def policy_for(self, table: wire.Table) -> Policy:
+    def policy_for(self, table: wire.Table, evaluate: Optional[ConflictFunction] = None) -> Policy:
+        """``table``'s policy; ``evaluate`` makes the calls of a conflict function (the
+        settlement's :class:`~chorus.link.funcall.FunctionCalls`)."""
         name = self.table_policy.get(f"{table.nspname}.{table.relname}", self.policy)
         if name == "primary-wins":
             return PrimaryWins(self.primary)
+        if name == "function":
+            if evaluate is None:
+                raise SettleError(f"{table.qualified}: policy function is decided by the apply alone")
+            return FunctionPolicy(self.function, self.arbiter, evaluate, name=f"function {self.function}")
         return LatestCommitWins()
 
 
@@ -323,6 +338,23 @@ class Settlement:
         self.stamp_of_key = {k.hashed(): (stamp_hash(k.parts), table_stamp_key(t)) for _i, t, _r, k in self.changes}
         self.decisions: Optional[TransactionDecision] = None
         self.local: dict[bytes, Optional[tuple[wire.Value, ...]]] = {}
+        self.functions = FunctionCalls()  # the conflict function's calls (policy function)
+
+    def _policy_for(self, table: wire.Table) -> Policy:
+        return self.settings.policy_for(table, self.functions)
+
+    def function_calls(self, stamps: Sequence[Sequence[object]],
+                       values: Mapping[bytes, Optional[tuple[wire.Value, ...]]]) -> list[FunctionCall]:
+        """The conflict function's calls :meth:`final` needs that were not made yet, given the
+        stamps and rows read (the shell makes them, funcall.decide_calls, and asks again: an
+        answer may change which later rows of the transaction are in conflict)."""
+        self.functions.collecting, self.functions.missing = True, []
+        try:
+            settle(self.window, [self.txn], _Rows(self._stamps(stamps), values), self._policy_for,
+                   self.settings.detection, self.settings.arbiter)
+        finally:
+            self.functions.collecting = False
+        return self.functions.missing
 
     def stamp_keys(self) -> list[bytes]:
         """The stamp keys the decision needs (read with :data:`STAMP_SQL`): each row's and its
@@ -366,7 +398,7 @@ class Settlement:
         :meth:`wanted` asked for, by key hash (None: absent)."""
         found = self._stamps(stamps)
         self.local = dict(values)
-        (d,) = settle(self.window, [self.txn], _Rows(found, values), self.settings.policy_for,
+        (d,) = settle(self.window, [self.txn], _Rows(found, values), self._policy_for,
                       self.settings.detection, self.settings.arbiter)
         self.decisions = d
         by_item: dict[int, list[RowDecision]] = {}
@@ -463,7 +495,7 @@ class Settlement:
         mine = self.local.get(r.key)
         st = r.stamp
         if r.decision is not None:
-            decision, policy_name = r.decision.outcome.value, self.settings.policy_for(table).name
+            decision, policy_name = r.decision.outcome.value, self._policy_for(table).name
             if not r.applied and r.decision.outcome != Outcome.KEEP_LOCAL:
                 decision = "rejected"  # the policy took the peer's, but its transaction is rejected
         else:
