@@ -96,12 +96,17 @@ REALIGN_TABLE = wire.Table("chorus", "link_realign", (wire.Column("site", "text"
 
 # the decisions of link_exceptions whose row the arbiter realigns: its own version stood
 REALIGNED = (b"kept-local", b"rejected")
+# and a row a conflict function merged (its policy in link_exceptions starts so)
+FUNCTION_MERGED, FUNCTION_POLICY = b"merged", b"function "
 
 
-def realigned(r: RowDecision) -> bool:
+def realigned(r: RowDecision, function: bool = False) -> bool:
     """Whether the arbiter realigns row ``r``: in conflict or rejected with its transaction, and
-    its own version stands (a row it took from the peer is the peer's own version already)."""
-    return r.realign and not r.applied
+    its own version stands (a row it took from the peer is the peer's own version already), or
+    a conflict ``function`` merged the two (one that is not commutative over several changes:
+    the peer may have merged other versions, docs/LINKS.md section 7)."""
+    merged = function and r.decision is not None and r.decision.outcome == Outcome.MERGED
+    return r.realign and (not r.applied or merged)
 
 
 def _is(t: wire.Table, other: wire.Table) -> bool:
@@ -152,7 +157,8 @@ def realignment(record: wire.Writeset) -> Optional[wire.Writeset]:
         if not isinstance(item, wire.Row) or item.table != ex or item.op != wire.OP_INSERT:
             continue
         v = item.new
-        if v[16] not in REALIGNED:
+        if v[16] not in REALIGNED and not (v[16] == FUNCTION_MERGED
+                                           and bytes(v[15] or b"").startswith(FUNCTION_POLICY)):
             continue
         name = bytes(v[3] or b"").decode("utf-8")
         table = next((t for t in record.tables if t.qualified == name), None)
@@ -343,6 +349,12 @@ class Settlement:
     def _policy_for(self, table: wire.Table) -> Policy:
         return self.settings.policy_for(table, self.functions)
 
+    def _function(self, r: RowDecision) -> bool:
+        """Whether row ``r``'s table is settled by a conflict function."""
+        item = self.remote.rows[r.item]
+        assert isinstance(item, wire.Row)
+        return isinstance(self._policy_for(self.remote.tables[item.table]), FunctionPolicy)
+
     def function_calls(self, stamps: Sequence[Sequence[object]],
                        values: Mapping[bytes, Optional[tuple[wire.Value, ...]]]) -> list[FunctionCall]:
         """The conflict function's calls :meth:`final` needs that were not made yet, given the
@@ -423,7 +435,7 @@ class Settlement:
         stamped: set[bytes] = set()
         for r in d.rows:
             before, after = found.get(r.key), r.stamp_after
-            if realigned(r):
+            if realigned(r, self._function(r)):
                 after = Stamp(self.settings.site, self.gid, 0)  # the realignment's: this GID
             elif before is None or after is None or after == before:
                 continue  # no stamp is as good as the peer's; a kept local version keeps its stamp
