@@ -1,8 +1,9 @@
 -- chorus extension, 0.3 to 0.4 (ALTER EXTENSION chorus UPDATE, on every node; docs/DEPLOY.md).
 --
 -- What 0.4 adds: chorus.link_stamp and chorus.link_exceptions, the links' conflict windows and
--- the conflicts their apply settled, and the view chorus.link_status (docs/LINKS.md sections 5
--- and 9). Nothing else changes. The
+-- the conflicts their apply settled, the view chorus.link_status (docs/LINKS.md sections 5
+-- and 9) and chorus.link_conflict_call, the call of a link's conflict function (section 7.1).
+-- Nothing else changes. The
 -- node ends as a fresh CREATE EXTENSION chorus at 0.4 would make it
 -- (tests/integration/test_upgrade.py compares the two).
 
