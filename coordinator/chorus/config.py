@@ -53,7 +53,8 @@ exclude = ["hr.secret_*"]    # never sent, whatever include says (schema chorus 
 rules_dsn = "host=/d/nodes/n1/run port=5433 dbname=postgres user=chorus_rules"  # the session that
                              # evaluates the rules' SQL, read-only; required when they have SQL
                              # parts; the role it names must not be a superuser
-rules_timeout_ms = 1000      # each evaluation's statement_timeout
+rules_timeout_ms = 1000      # each evaluation's statement_timeout (and each call of this site's
+                             # conflict function, policy "function")
 [[link.table]]               # rules of the tables matching name (the first [[link.table]] that does)
 name = "hr.emp"              # a shell pattern on "schema.table"
 filter = "region = 'eu'"     # the rows sent: a SQL predicate over the row's columns (NULL: not sent);
@@ -249,7 +250,7 @@ def link_settings(link: LinkConfig) -> Any:
         raise ValueError(f"conflict_function must be a schema-qualified name (schema.function), not "
                          f"{link.conflict_function!r}: it is looked up with search_path pg_catalog")
     return Settings(link.site, link.peer_site, link.policy, link.primary, detection, dict(link.table_policy),
-                    link.subset, link.conflict_function)
+                    link.subset, link.conflict_function, link.rules_timeout_ms)
 
 
 _LINK_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")

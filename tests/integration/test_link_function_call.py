@@ -8,6 +8,7 @@ and is refused unless IMMUTABLE, not SECURITY DEFINER, not a superuser's, with t
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any, Iterator, Optional, Sequence
 
@@ -16,7 +17,7 @@ import pytest
 
 from chorus import wire
 from chorus.link.events import Version
-from chorus.link.funcall import TYPES_SQL, FunctionCall, FunctionError, answer, call_sql
+from chorus.link.funcall import FunctionCall, FunctionCalls, FunctionError, decide_calls
 from chorus.nodedb import PIN_SEARCH_PATH
 from chorus.testkit.localcluster import PlainPostgres, temporary_postgres
 
@@ -82,6 +83,10 @@ def server() -> Iterator[PlainPostgres]:
                       "'BEGIN SET SESSION AUTHORIZATION postgres; RETURN 1; END'")
             c.execute("ALTER FUNCTION app.become() OWNER TO merger")
             fn(c, "sessauth", "sql", "SELECT a || jsonb_build_object('n', app.become())")
+            c.execute("CREATE FUNCTION app.nap() RETURNS int LANGUAGE sql VOLATILE AS "
+                      "'SELECT 1 FROM pg_catalog.pg_sleep(30)'")
+            c.execute("ALTER FUNCTION app.nap() OWNER TO merger")
+            fn(c, "sleeps", "sql", "SELECT a || jsonb_build_object('n', app.nap())")
             fn(c, "stable", "sql", "SELECT a", volatility="STABLE")
             fn(c, "definer", "sql", "SELECT a", extra="SECURITY DEFINER")
             fn(c, "su", "sql", "SELECT a", owner="postgres")
@@ -111,18 +116,22 @@ def apply(server: PlainPostgres) -> Iterator[psycopg.Connection[Any]]:
 
 
 def call(c: psycopg.Connection[Any], name: str, a: Optional[Sequence[wire.Value]],
-         b: Optional[Sequence[wire.Value]]) -> Optional[tuple[wire.Value, ...]]:
+         b: Optional[Sequence[wire.Value]], timeout_ms: int = 2000) -> Optional[tuple[wire.Value, ...]]:
     """What the apply makes of function app.NAME for east's version ``a`` (first: the arbiter's)
-    and west's ``b``."""
+    and west's ``b``, in a transaction, as the pipeline makes it (funcall.decide_calls)."""
     first = Version("east", 7, 0, None if a is None else tuple(a))
     second = Version("west", 9, 0, None if b is None else tuple(b))
     fc = FunctionCall(f"app.{name}", ITEMS, first, second)
-    types = c.execute(TYPES_SQL, (ITEMS.qualified,)).fetchall()
-    sql, params = call_sql(fc, types)
+    functions = FunctionCalls()
+
+    async def query(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return c.execute(sql, params).fetchall()
     with c.transaction():
-        row = c.execute(sql, params).fetchone()
-    assert row is not None
-    return answer(fc, row)
+        assert asyncio.run(decide_calls(lambda: [] if fc in functions.answers else [fc], functions, query,
+                                        timeout_ms)) == 1
+        # the apply's own statements run under the session's statement_timeout again
+        assert c.execute("SELECT current_setting('statement_timeout')").fetchone() == ("0",)
+    return functions.answers[fc]
 
 
 def test_versions_are_passed_canonically_and_the_answer_read_back(apply: psycopg.Connection[Any]) -> None:
@@ -164,6 +173,12 @@ def test_a_value_of_the_wrong_type_or_a_function_raising_fails(apply: psycopg.Co
         call(apply, "boom", (b"1", b"x", b"1"), (b"1", b"y", b"2"))
     with pytest.raises(psycopg.errors.UndefinedFunction):
         call(apply, "nosuch", (b"1", b"x", b"1"), (b"1", b"y", b"2"))
+
+
+def test_a_function_that_does_not_return_is_cancelled_by_its_timeout(apply: psycopg.Connection[Any]) -> None:
+    with pytest.raises(psycopg.errors.QueryCanceled, match="statement timeout"):
+        call(apply, "sleeps", (b"1", b"x", b"1"), (b"1", b"y", b"2"), timeout_ms=300)
+    assert apply.execute("SELECT current_setting('statement_timeout')").fetchone() == ("0",)
 
 
 def test_an_unchanged_value_that_was_not_sent_is_refused(apply: psycopg.Connection[Any]) -> None:

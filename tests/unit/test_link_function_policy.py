@@ -169,6 +169,7 @@ def test_the_configuration_is_read_written_and_fingerprinted() -> None:
          "secret_file": "s", "listen": "h:1", **FUNC}
     link = parse_link("f", t)
     assert link.conflict_function == "app.merge"
+    assert link_settings(parse_link("f", {**t, "rules_timeout_ms": 250})).function_timeout_ms == 250
     again = parse_link("f", tomllib.loads(_link_toml(link))["link"][0])
     assert again == link
     other = parse_link("f", {**t, "conflict_function": "app.other"})

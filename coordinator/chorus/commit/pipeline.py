@@ -607,7 +607,8 @@ class CommitPipeline:
                     found = await query(row_sql(table), params)
                     values[key.hashed()] = (tuple(None if v is None else str(v).encode("utf-8") for v in found[0])
                                             if found else None)
-                await decide_calls(lambda: plan.function_calls(stamps, values), plan.functions, query)
+                await decide_calls(lambda: plan.function_calls(stamps, values), plan.functions, query,
+                                   settings.function_timeout_ms)
                 p.link_final = plan.final(stamps, values)
                 if plan.conflicts:
                     log.warning("GID %d: link %s, peer GID %d: %d row(s) in conflict, settled (chorus.link_exceptions)",

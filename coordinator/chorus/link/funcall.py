@@ -191,15 +191,27 @@ class FunctionCalls:
 Query = Callable[[str, Sequence[Any]], Awaitable[list[tuple[Any, ...]]]]
 
 
-async def decide_calls(calls: Callable[[], list[FunctionCall]], functions: FunctionCalls, query: Query) -> int:
+TIMEOUT_SQL = "SELECT pg_catalog.set_config('statement_timeout', %s, true)"
+
+
+async def decide_calls(calls: Callable[[], list[FunctionCall]], functions: FunctionCalls, query: Query,
+                       timeout_ms: int = 1000) -> int:
     """Make every call a settlement needs (``calls``: those it still misses, given the answers so
-    far) with the apply's ``query``; returns how many were made."""
+    far) with the apply's ``query``, each under ``statement_timeout = timeout_ms`` (a function
+    that does not return would hold every later GID of the site; the apply's own statements
+    get the session's setting back); returns how many were made."""
     types: dict[str, list[tuple[Any, ...]]] = {}
     made = 0
+    old: Optional[str] = None
     while True:
         todo = calls()
         if not todo:
+            if old is not None:
+                await query(TIMEOUT_SQL, (old,))
             return made
+        if old is None:
+            old = str((await query("SELECT pg_catalog.current_setting('statement_timeout')", ()))[0][0])
+            await query(TIMEOUT_SQL, (f"{int(timeout_ms)}ms",))
         for call in todo:
             name = call.table.qualified
             if name not in types:

@@ -210,6 +210,9 @@ class Settings:
     subset: bool = False
     # the conflict function of policy "function" (docs/LINKS.md section 7.1): "schema.function"
     function: str = ""
+    # the statement_timeout of each of its calls (not in the fingerprint: it decides nothing; a
+    # call that times out fails the apply, and the nodes vote on it)
+    function_timeout_ms: int = 1000
 
     def __post_init__(self) -> None:
         for name in (self.policy, *self.table_policy.values()):
