@@ -42,10 +42,13 @@ def sites() -> Iterator[tuple[Site, Site, list[Relay]]]:
         yield linked
 
 
-def concurrently(relays: list[Relay], east: Site, west: Site, east_sql: str, west_sql: str) -> None:
+def concurrently(relays: list[Relay], east: Site, west: Site, east_sql: str, west_sql: str,
+                 *more_east: str) -> None:
+    """``east_sql`` (then ``more_east``) on east and ``west_sql`` on west while neither hears the other."""
     for r in relays:
         r.cut()
-    east.sql(east_sql)
+    for statement in (east_sql, *more_east):
+        east.sql(statement)
     west.sql(west_sql, i=1)
     time.sleep(1.0)
     for r in relays:
@@ -53,7 +56,8 @@ def concurrently(relays: list[Relay], east: Site, west: Site, east_sql: str, wes
 
 
 def logs(site: Site) -> str:
-    return "".join(p.read_text(errors="replace") for p in sorted((site.cluster.dir / "nodes").glob("*/coordinator.log")))
+    logs = sorted((site.cluster.dir / "nodes").glob("*/coordinator.log"))
+    return "".join(p.read_text(errors="replace") for p in logs)
 
 
 def test_concurrent_updates_are_merged_by_the_function_alike_everywhere(
@@ -90,14 +94,9 @@ def test_a_merge_that_is_not_commutative_is_realigned_by_the_arbiter(sites: tupl
     arbiter, realigns the rows it merged: afterwards every node holds east's last merge."""
     east, west, relays = sites
     before = (len(east.exceptions(0)), len(west.exceptions(0)))
-    for r in relays:
-        r.cut()
-    east.sql("UPDATE app.items SET v = 'e1', n = 1 WHERE id = 5")
-    east.sql("UPDATE app.items SET v = 'e2', n = 1 WHERE id = 5")
-    west.sql("UPDATE app.items SET v = 'w', n = 2 WHERE id = 5", i=1)
-    time.sleep(1.0)
-    for r in relays:
-        r.restore()
+    concurrently(relays, east, west, "UPDATE app.items SET v = 'e1', n = 1 WHERE id = 5",
+                 "UPDATE app.items SET v = 'w', n = 2 WHERE id = 5",
+                 "UPDATE app.items SET v = 'e2', n = 1 WHERE id = 5")
     settle(east, west, "the merges realigned on every node", (before[0] + 1, before[1] + 2))
     assert (5, "e2+w@east", 3) in east.rows(0)
 
