@@ -363,6 +363,8 @@ class Settlement:
         """The conflict function's calls :meth:`final` needs that were not made yet, given the
         stamps and rows read (the shell makes them, funcall.decide_calls, and asks again: an
         answer may change which later rows of the transaction are in conflict)."""
+        if "function" not in (self.settings.policy, *self.settings.table_policy.values()):
+            return []  # (no call to make: the decision is not computed twice)
         self.functions.collecting, self.functions.missing = True, []
         try:
             settle(self.window, [self.txn], _Rows(self._stamps(stamps), values), self._policy_for,
