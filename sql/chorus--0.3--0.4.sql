@@ -1,8 +1,9 @@
 -- chorus extension, 0.3 to 0.4 (ALTER EXTENSION chorus UPDATE, on every node; docs/DEPLOY.md).
 --
 -- What 0.4 adds: chorus.link_stamp and chorus.link_exceptions, the links' conflict windows and
--- the conflicts their apply settled, and the view chorus.link_status (docs/LINKS.md sections 5
--- and 9). Nothing else changes. The
+-- the conflicts their apply settled, the view chorus.link_status (docs/LINKS.md sections 5
+-- and 9) and chorus.link_conflict_call, the call of a link's conflict function (section 7.1).
+-- Nothing else changes. The
 -- node ends as a fresh CREATE EXTENSION chorus at 0.4 would make it
 -- (tests/integration/test_upgrade.py compares the two).
 
@@ -48,6 +49,16 @@ CREATE TABLE chorus.link_exceptions (
 SELECT pg_catalog.pg_extension_config_dump('chorus.link_exceptions', '');
 REVOKE ALL ON chorus.link_exceptions FROM PUBLIC;
 GRANT SELECT ON chorus.link_exceptions TO pg_read_all_stats;
+
+-- Links (docs/LINKS.md section 7.1): the apply's call of a link's conflict function (policy
+-- "function"), as the function's owner in a restricted security context, read-only, with
+-- search_path = pg_catalog; refused unless fn is IMMUTABLE, not SECURITY DEFINER, not owned by a
+-- superuser, with this signature (extension/chorus_link_call.c). For the apply session alone.
+CREATE FUNCTION chorus.link_conflict_call(fn regprocedure, tbl regclass, a_row jsonb, a_site text, b_row jsonb,
+                                          b_site text, a_meta jsonb, b_meta jsonb) RETURNS jsonb
+    AS 'MODULE_PATHNAME', 'chorus_link_conflict_call' LANGUAGE C;
+REVOKE ALL ON FUNCTION chorus.link_conflict_call(regprocedure, regclass, jsonb, text, jsonb, text, jsonb, jsonb)
+    FROM PUBLIC;
 
 -- Links (docs/LINKS.md section 9): each link this node has a part in, by direction ('in': the
 -- peer's changes applied here; 'out': this site's sent from this node), as its coordinator knows

@@ -398,6 +398,16 @@ SELECT pg_catalog.pg_extension_config_dump('chorus.link_exceptions', '');
 REVOKE ALL ON chorus.link_exceptions FROM PUBLIC;
 GRANT SELECT ON chorus.link_exceptions TO pg_read_all_stats;
 
+-- Links (docs/LINKS.md section 7.1): the apply's call of a link's conflict function (policy
+-- "function"), as the function's owner in a restricted security context, read-only, with
+-- search_path = pg_catalog; refused unless fn is IMMUTABLE, not SECURITY DEFINER, not owned by a
+-- superuser, with this signature (extension/chorus_link_call.c). For the apply session alone.
+CREATE FUNCTION chorus.link_conflict_call(fn regprocedure, tbl regclass, a_row jsonb, a_site text, b_row jsonb,
+                                          b_site text, a_meta jsonb, b_meta jsonb) RETURNS jsonb
+    AS 'MODULE_PATHNAME', 'chorus_link_conflict_call' LANGUAGE C;
+REVOKE ALL ON FUNCTION chorus.link_conflict_call(regprocedure, regclass, jsonb, text, jsonb, text, jsonb, jsonb)
+    FROM PUBLIC;
+
 -- Links (docs/LINKS.md section 9): each link this node has a part in, by direction ('in': the
 -- peer's changes applied here; 'out': this site's sent from this node), as its coordinator knows
 -- it, with the link's row here and the conflicts this site's apply met, counted by table and

@@ -53,7 +53,8 @@ exclude = ["hr.secret_*"]    # never sent, whatever include says (schema chorus 
 rules_dsn = "host=/d/nodes/n1/run port=5433 dbname=postgres user=chorus_rules"  # the session that
                              # evaluates the rules' SQL, read-only; required when they have SQL
                              # parts; the role it names must not be a superuser
-rules_timeout_ms = 1000      # each evaluation's statement_timeout
+rules_timeout_ms = 1000      # each evaluation's statement_timeout (and each call of this site's
+                             # conflict function, policy "function")
 [[link.table]]               # rules of the tables matching name (the first [[link.table]] that does)
 name = "hr.emp"              # a shell pattern on "schema.table"
 filter = "region = 'eu'"     # the rows sent: a SQL predicate over the row's columns (NULL: not sent);
@@ -106,6 +107,7 @@ class LinkConfig:
     # old values where this site sends (chorus.link_old_columns, old_columns_setting)
     delta_columns: tuple[tuple[str, tuple[str, ...]], ...] = ()
     delta_fallback: str = "latest-commit-wins"  # the policy of a delta table's other columns
+    conflict_function: str = ""  # "schema.function" of policy function (docs/LINKS.md section 7.1)
     # what this site sends (docs/LINKS.md section 8; link/rules.py): the sender's rules
     include: tuple[str, ...] = ("*.*",)
     exclude: tuple[str, ...] = ()  # schema chorus is never sent, whatever these say
@@ -136,7 +138,7 @@ _LINK_KEYS: dict[str, tuple[type, bool]] = {
     "policy": (str, False), "primary": (str, False), "detection": (str, False), "table_policy": (dict, False),
     "include": (list, False), "exclude": (list, False), "table": (list, False), "rules_dsn": (str, False),
     "rules_timeout_ms": (int, False), "subset": (bool, False), "delta_columns": (dict, False),
-    "delta_fallback": (str, False)}
+    "delta_fallback": (str, False), "conflict_function": (str, False)}
 _TABLE_KEYS: dict[str, Any] = {"name": str, "filter": str, "rename": str, "rename_columns": dict, "drop": list,
                                 "compute": list, "function": str}
 _QUALIFIED = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*\Z")
@@ -249,8 +251,12 @@ def link_settings(link: LinkConfig) -> Any:
         detection = Detection(link.detection)
     except ValueError:
         raise ValueError(f"detection must be row or transaction, not {link.detection!r}") from None
+    if link.conflict_function and not _QUALIFIED.match(link.conflict_function):
+        raise ValueError(f"conflict_function must be a schema-qualified name (schema.function), not "
+                         f"{link.conflict_function!r}: it is looked up with search_path pg_catalog")
     return Settings(link.site, link.peer_site, link.policy, link.primary, detection, dict(link.table_policy),
-                    link.subset, dict(link.delta_columns), link.delta_fallback)
+                    link.subset, delta_columns=dict(link.delta_columns), delta_fallback=link.delta_fallback,
+                    function=link.conflict_function, function_timeout_ms=link.rules_timeout_ms)
 
 
 _COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\Z")
@@ -503,6 +509,7 @@ def _link_toml(link: LinkConfig) -> str:
         + f"peers = {strs(link.peers)}\nnodes = {strs(link.nodes)}\nwindow = {link.window}\n"
         + f"policy = {_toml_str(link.policy)}\ndetection = {_toml_str(link.detection)}\n"
         + (f"primary = {_toml_str(link.primary)}\n" if link.primary else "")
+        + (f"conflict_function = {_toml_str(link.conflict_function)}\n" if link.conflict_function else "")
         + f"subset = {'true' if link.subset else 'false'}\n"
         + ("table_policy = {" + ", ".join(f"{_toml_str(k)} = {_toml_str(v)}" for k, v in link.table_policy) + "}\n")
         + ("delta_columns = {" + ", ".join(f"{_toml_str(k)} = {strs(v)}" for k, v in link.delta_columns) + "}\n"

@@ -37,6 +37,7 @@ from chorus.nodestatus import Counters
 from chorus.actions import DdlOutcome, LocalVerdict
 from chorus.commit.scheduler import ApplyScheduler, Scheduler
 from chorus.link import position as link_position
+from chorus.link.funcall import decide_calls
 from chorus.link.settle import SITE_SQL, STAMP_SQL, Settings, Settlement, row_sql
 from chorus.spool import Spool
 from chorus.wslog import LogFeeder
@@ -606,6 +607,8 @@ class CommitPipeline:
                     found = await query(row_sql(table), params)
                     values[key.hashed()] = (tuple(None if v is None else str(v).encode("utf-8") for v in found[0])
                                             if found else None)
+                await decide_calls(lambda: plan.function_calls(stamps, values), plan.functions, query,
+                                   settings.function_timeout_ms)
                 p.link_final = plan.final(stamps, values)
                 if plan.conflicts:
                     log.warning("GID %d: link %s, peer GID %d: %d row(s) in conflict, settled (chorus.link_exceptions)",

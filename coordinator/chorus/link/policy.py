@@ -179,10 +179,11 @@ class DeltaApply:
 
 
 class ConflictFunction(Protocol):
-    """A SQL conflict handler, evaluated by PostgreSQL (later: ``f(table, a_row, a_site, b_row,
-    b_site, a_meta, b_meta) returns jsonb``, run as its owner in a restricted context). It gets
-    the two versions in the canonical order, so both sites pass it the same arguments; it
-    returns the resulting row (None: absent). It must be deterministic."""
+    """A SQL conflict handler, evaluated by PostgreSQL (``f(table, a_row, a_site, b_row, b_site,
+    a_meta, b_meta) returns jsonb``, run as its owner in a restricted context: link/funcall.py).
+    It gets the two versions in the canonical order, so both sites pass it the same arguments;
+    it returns the resulting row (None: absent), the very values of a version it chose. It must
+    be deterministic."""
 
     def __call__(self, function: str, table: wire.Table, first: Version,
                  second: Version) -> Optional[tuple[wire.Value, ...]]: ...

@@ -40,7 +40,8 @@ from chorus.link import position as lp
 from chorus.link.clock import LinkWindow
 from chorus.link.conflict import Detection, Reason, RowDecision, TransactionDecision, row_changes, settle
 from chorus.link.events import RemoteTransaction, SiteId, Stamp, key_text, row_key
-from chorus.link.policy import DeltaApply, LatestCommitWins, Outcome, Policy, PrimaryWins
+from chorus.link.funcall import FunctionCall, FunctionCalls
+from chorus.link.policy import ConflictFunction, DeltaApply, FunctionPolicy, LatestCommitWins, Outcome, Policy, PrimaryWins
 
 STAMP_TABLE = wire.Table(
     "chorus", "link_stamp",
@@ -65,7 +66,7 @@ STAMP_SQL = ("SELECT key, site, clock, (extract(epoch FROM commit_time) * 100000
 # the site this node stamps its rows for (extension/chorus_stamp.c), which must be the link's
 SITE_SQL = "SELECT pg_catalog.current_setting('chorus.link_site', true)"
 
-POLICIES = ("latest-commit-wins", "primary-wins", "delta")
+POLICIES = ("latest-commit-wins", "primary-wins", "delta", "function")
 FALLBACKS = ("latest-commit-wins", "primary-wins")  # of delta, for its other columns
 # the types a delta column may have (format_type_be names): its increments are added as decimals
 DELTA_TYPES = ("int2", "int4", "int8", "numeric", "smallint", "integer", "bigint")
@@ -98,12 +99,17 @@ REALIGN_TABLE = wire.Table("chorus", "link_realign", (wire.Column("site", "text"
 
 # the decisions of link_exceptions whose row the arbiter realigns: its own version stood
 REALIGNED = (b"kept-local", b"rejected")
+# and a row a conflict function merged (its policy in link_exceptions starts so)
+FUNCTION_MERGED, FUNCTION_POLICY = b"merged", b"function "
 
 
-def realigned(r: RowDecision) -> bool:
+def realigned(r: RowDecision, function: bool = False) -> bool:
     """Whether the arbiter realigns row ``r``: in conflict or rejected with its transaction, and
-    its own version stands (a row it took from the peer is the peer's own version already)."""
-    return r.realign and not r.applied
+    its own version stands (a row it took from the peer is the peer's own version already), or
+    a conflict ``function`` merged the two (one that is not commutative over several changes:
+    the peer may have merged other versions, docs/LINKS.md section 7)."""
+    merged = function and r.decision is not None and r.decision.outcome == Outcome.MERGED
+    return r.realign and (not r.applied or merged)
 
 
 def _is(t: wire.Table, other: wire.Table) -> bool:
@@ -154,7 +160,8 @@ def realignment(record: wire.Writeset) -> Optional[wire.Writeset]:
         if not isinstance(item, wire.Row) or item.table != ex or item.op != wire.OP_INSERT:
             continue
         v = item.new
-        if v[16] not in REALIGNED:
+        if v[16] not in REALIGNED and not (v[16] == FUNCTION_MERGED
+                                           and bytes(v[15] or b"").startswith(FUNCTION_POLICY)):
             continue
         name = bytes(v[3] or b"").decode("utf-8")
         table = next((t for t in record.tables if t.qualified == name), None)
@@ -208,6 +215,11 @@ class Settings:
     # policy of the other columns
     delta_columns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     delta_fallback: str = "latest-commit-wins"
+    # the conflict function of policy "function" (docs/LINKS.md section 7.1): "schema.function"
+    function: str = ""
+    # the statement_timeout of each of its calls (not in the fingerprint: it decides nothing; a
+    # call that times out fails the apply, and the nodes vote on it)
+    function_timeout_ms: int = 1000
 
     def __post_init__(self) -> None:
         if self.delta_fallback not in FALLBACKS:
@@ -225,6 +237,11 @@ class Settings:
                 raise SettleError(f"delta_columns lists table {table}, whose policy is not delta")
             if not columns or len(set(columns)) != len(columns):
                 raise SettleError(f"delta_columns of {table} must list its counter columns, each once")
+        uses = "function" in (self.policy, *self.table_policy.values())
+        if uses and not self.function:
+            raise SettleError("policy function needs conflict_function, the function's schema-qualified name")
+        if self.function and not uses:
+            raise SettleError(f"conflict_function {self.function} is set but no table's policy is function")
 
     @property
     def fingerprint(self) -> str:
@@ -233,7 +250,8 @@ class Settings:
         delta = [sorted((k, list(v)) for k, v in self.delta_columns.items()), self.delta_fallback]
         text = json.dumps([self.site, self.peer, self.policy, self.primary, self.detection.value,
                            sorted(self.table_policy.items())] + (["subset"] if self.subset else [])
-                          + (["delta", delta] if self.delta_columns or "delta" == self.policy else []))
+                          + (["delta", delta] if self.delta_columns or "delta" == self.policy else [])
+                          + ([["function", self.function]] if self.function else []))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
     @property
@@ -242,13 +260,19 @@ class Settings:
         whose name sorts first."""
         return self.primary or min(self.site, self.peer)
 
-    def policy_for(self, table: wire.Table) -> Policy:
+    def policy_for(self, table: wire.Table, evaluate: Optional[ConflictFunction] = None) -> Policy:
+        """``table``'s policy; ``evaluate`` makes the calls of a conflict function (the
+        settlement's :class:`~chorus.link.funcall.FunctionCalls`)."""
         qualified = f"{table.nspname}.{table.relname}"
         name = self.table_policy.get(qualified, self.policy)
         if name == "delta":
             fallback = _policy(self.delta_fallback, self.primary)
             columns = self.delta_columns.get(qualified, ())
             return DeltaApply(delta_columns(table, columns), fallback) if columns else fallback
+        if name == "function":
+            if evaluate is None:
+                raise SettleError(f"{table.qualified}: policy function is decided by the apply alone")
+            return FunctionPolicy(self.function, self.arbiter, evaluate, name=f"function {self.function}")
         return _policy(name, self.primary)
 
 
@@ -365,6 +389,31 @@ class Settlement:
         self.stamp_of_key = {k.hashed(): (stamp_hash(k.parts), table_stamp_key(t)) for _i, t, _r, k in self.changes}
         self.decisions: Optional[TransactionDecision] = None
         self.local: dict[bytes, Optional[tuple[wire.Value, ...]]] = {}
+        self.functions = FunctionCalls()  # the conflict function's calls (policy function)
+
+    def _policy_for(self, table: wire.Table) -> Policy:
+        return self.settings.policy_for(table, self.functions)
+
+    def _function(self, r: RowDecision) -> bool:
+        """Whether row ``r``'s table is settled by a conflict function."""
+        item = self.remote.rows[r.item]
+        assert isinstance(item, wire.Row)
+        return isinstance(self._policy_for(self.remote.tables[item.table]), FunctionPolicy)
+
+    def function_calls(self, stamps: Sequence[Sequence[object]],
+                       values: Mapping[bytes, Optional[tuple[wire.Value, ...]]]) -> list[FunctionCall]:
+        """The conflict function's calls :meth:`final` needs that were not made yet, given the
+        stamps and rows read (the shell makes them, funcall.decide_calls, and asks again: an
+        answer may change which later rows of the transaction are in conflict)."""
+        if "function" not in (self.settings.policy, *self.settings.table_policy.values()):
+            return []  # (no call to make: the decision is not computed twice)
+        self.functions.collecting, self.functions.missing = True, []
+        try:
+            settle(self.window, [self.txn], _Rows(self._stamps(stamps), values), self._policy_for,
+                   self.settings.detection, self.settings.arbiter)
+        finally:
+            self.functions.collecting = False
+        return self.functions.missing
 
     def stamp_keys(self) -> list[bytes]:
         """The stamp keys the decision needs (read with :data:`STAMP_SQL`): each row's and its
@@ -398,7 +447,7 @@ class Settlement:
             h = key.hashed()
             migrating = self.settings.subset and row.op in (wire.OP_UPDATE, wire.OP_DELETE)  # present here?
             # the delta policy adds an UPDATE's increments to the row here, in conflict or not
-            counting = row.op == wire.OP_UPDATE and isinstance(self.settings.policy_for(table), DeltaApply)
+            counting = row.op == wire.OP_UPDATE and isinstance(self._policy_for(table), DeltaApply)
             if h not in out and (whole or migrating or counting or self.window.in_conflict(found.get(h))):
                 params = [p.decode("utf-8", "surrogateescape") for p in key.parts[3:]]
                 out[h] = (table, key, params)
@@ -410,7 +459,7 @@ class Settlement:
         :meth:`wanted` asked for, by key hash (None: absent)."""
         found = self._stamps(stamps)
         self.local = dict(values)
-        (d,) = settle(self.window, [self.txn], _Rows(found, values), self.settings.policy_for,
+        (d,) = settle(self.window, [self.txn], _Rows(found, values), self._policy_for,
                       self.settings.detection, self.settings.arbiter)
         self.decisions = d
         by_item: dict[int, list[RowDecision]] = {}
@@ -437,7 +486,7 @@ class Settlement:
         stamped: set[bytes] = set()
         for r in d.rows:
             before, after = found.get(r.key), r.stamp_after
-            if realigned(r):
+            if realigned(r, self._function(r)):
                 after = Stamp(self.settings.site, self.gid, 0)  # the realignment's: this GID
             elif before is None or after is None or after == before:
                 continue  # no stamp is as good as the peer's; a kept local version keeps its stamp
@@ -510,7 +559,7 @@ class Settlement:
         mine = self.local.get(r.key)
         st = r.stamp
         if r.decision is not None:
-            decision, policy_name = r.decision.outcome.value, self.settings.policy_for(table).name
+            decision, policy_name = r.decision.outcome.value, self._policy_for(table).name
             if r.decision.note:
                 policy_name += f" ({r.decision.note})"
             if not r.applied and r.decision.outcome != Outcome.KEEP_LOCAL:
