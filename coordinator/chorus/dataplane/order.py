@@ -307,9 +307,10 @@ class OrderCore(LocalWritesets):
         settle = not ws.toi and ws.has_schema and not ws.concurrent and self.open_round(gid, msg.origin)
         if local:
             self.stats.local_certified += 1
-            return self._hold(gid, LocalVerdict(msg.ticket, True, gid, prev, "", ws, settle=settle))
+            return self._hold(gid, LocalVerdict(msg.ticket, True, gid, prev, "", ws, settle=settle,
+                                                commit_time=msg.commit_time))
         self.stats.remote_certified += 1
-        return self._hold(gid, Apply(gid, prev, msg.origin, ws, settle=settle))
+        return self._hold(gid, Apply(gid, prev, msg.origin, ws, settle=settle, commit_time=msg.commit_time))
 
     def ddl_settled(self, gid: int, ok: bool, error: str, content: Optional[wire.Writeset] = None) -> list[Action]:
         """Schema change ``gid``'s outcome is known: record what it touched (if it ran), then
