@@ -40,7 +40,7 @@ def read_all(wl: WritesetLog, after_gid: int, max_gid: int = 2**63, max_bytes: i
     out: list[LogRecord] = []
     while batch := rd.read(max_gid, max_bytes):
         # a record logged in pieces is read where it lies; bytes() reads (and checks) its pieces
-        out.extend(LogRecord(r.gid, r.origin, r.flags, bytes(r.payload)) for r in batch)
+        out.extend(LogRecord(r.gid, r.origin, r.flags, bytes(r.payload), r.commit_time) for r in batch)
     rd.close()
     return out
 
