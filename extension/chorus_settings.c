@@ -27,6 +27,7 @@ bool		chorus_replicate_roles = true;
 int			chorus_node_number = 0;
 int			chorus_max_nodes = 16;
 char	   *chorus_link_site = NULL;
+char	   *chorus_commit_time = NULL;
 
 /*
  * chorus_define_settings
@@ -103,5 +104,10 @@ chorus_define_settings(void)
 							   "This site's name in its links to other sites: set, every committed change of a replicated row records its GID in chorus.link_stamp.",
 							   "Must be the same on every node of the site, and set where the site receives a link (docs/LINKS.md section 5); empty: no row stamps.",
 							   &chorus_link_site, "", PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("chorus.commit_time",
+							   "The apply session's: the origin commit time (µs since the Unix epoch) of the writeset it applies.",
+							   "Set by the coordinator, transaction-local, with each apply; the row stamps of a site with links record it (docs/LINKS.md section 5.1). Empty or 0: unknown.",
+							   &chorus_commit_time, "", PGC_SUSET,
+							   GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE | GUC_DISALLOW_IN_FILE, NULL, NULL, NULL);
 	MarkGUCPrefixReserved("chorus");
 }

@@ -512,7 +512,8 @@ class CommitPipeline:
                     self._log_link(p)
                 else:
                     done = await session.apply_run(gid, first.wait_for, writesets,
-                                                   ddl_ok=p.ddl_ok is not False and not p.skip, prev=first.prev)
+                                                   ddl_ok=p.ddl_ok is not False and not p.skip, prev=first.prev,
+                                                   commit_time=p.commit_time if len(writesets) == 1 else 0)
             finally:
                 self.waiters.pop(gid, None)
             self.last_apply_ms = (time.monotonic() - t0) * 1000
