@@ -198,9 +198,13 @@ class Inbound:
         self.send(msg)
 
     def waiting(self) -> tuple[Optional[int], float]:
-        """The peer GID of the oldest transaction sent on and not applied yet, and how long ago it
-        was sent on (None, 0: none waits)."""
+        """The peer GID of the oldest transaction sent on and not applied yet, and how long ago the
+        peer committed it (its commit time, by this node's wall clock: the two sites' clocks'
+        skew is in it), or, when its time is unknown (a peer of a release before), how long ago
+        this receiver sent it on (None, 0: none waits)."""
         for f in self.flights.values():
+            if f.msg.commit_time > 0:
+                return f.msg.peer_gid, max(0.0, self.wall() - f.msg.commit_time / 1e6)
             return f.msg.peer_gid, time.monotonic() - f.sent
         return None, 0.0
 
