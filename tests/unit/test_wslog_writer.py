@@ -12,7 +12,7 @@ import pytest
 from chorus.wslog import (DATA_START, LogCorrupt, LogError, LogRangeUnavailable, LogRecord, WritesetLog, inspect_segment,
                           verify_directory)
 
-from wslog_helpers import SEG, append_records, big, fill, make, patch, read_all, record, segment_files
+from wslog_helpers import SEG, append_records, big, fill, make, patch, read_all, record, segment_files, set_version
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -318,18 +318,10 @@ def test_a_commit_time_starts_a_new_segment_after_one_of_an_older_format(tmp_pat
     """A log written by the release before has version 2 segments, which cannot hold a commit time
     (that release's reader refuses the flag): the first record with one starts a version 3
     segment; a version 2 segment holding the flag is cut there, like any record it cannot read."""
-    import struct
-
-    import crc32c
-
     wl = make(tmp_path)
     fill(wl, [1, 2])
     wl.close()
-    path = segment_files(tmp_path)[0]
-    raw = bytearray(path.read_bytes()[:64])
-    raw[8:10] = struct.pack("<H", 2)
-    raw[56:60] = struct.pack("<I", crc32c.crc32c(bytes(raw[:56])))
-    patch(path, 0, bytes(raw))
+    set_version(segment_files(tmp_path)[0], 2)
     wl = make(tmp_path)
     wl.append(3, "n1", b"three", 0, 1_790_000_000_000_003)
     assert [(r.gid, r.commit_time) for r in read_all(wl, 0)] == [(1, 0), (2, 0), (3, 1_790_000_000_000_003)]
@@ -339,11 +331,7 @@ def test_a_commit_time_starts_a_new_segment_after_one_of_an_older_format(tmp_pat
                       if inspect_segment(str(p))["records"])
     assert versions == [2, 3]
     # the same record in the version 2 segment: not read there (the log ends before it)
-    second = [p for p in segment_files(tmp_path) if inspect_segment(str(p))["header"]["version"] == 3][0]
-    raw = bytearray(second.read_bytes()[:64])
-    raw[8:10] = struct.pack("<H", 2)
-    raw[56:60] = struct.pack("<I", crc32c.crc32c(bytes(raw[:56])))
-    patch(second, 0, bytes(raw))
+    set_version([p for p in segment_files(tmp_path) if inspect_segment(str(p))["header"]["version"] == 3][0], 2)
     wl = make(tmp_path)
     assert [r.gid for r in read_all(wl, 0)] == [1, 2]
     wl.close()
