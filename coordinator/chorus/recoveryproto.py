@@ -153,7 +153,7 @@ class PartAssembler:
     :class:`~chorus.spool.SpooledBuffer` (mapped, not in memory)."""
 
     def __init__(self, spool: Optional[Spool] = None) -> None:
-        self._head: Optional[tuple[int, int, str]] = None  # gid, flags, origin of the open record
+        self._head: Optional[tuple[int, int, str, int]] = None  # gid, flags, origin, commit time of the open record
         self._parts: list[bytes] = []
         self._spooled: Optional[SpoolWriter] = None
         self._have = 0

@@ -81,7 +81,7 @@ def origin_field(origin: str, commit_time: int) -> tuple[bytes, int]:
     return origin_b, 0
 
 
-def split_origin(buf: Union[memoryview, mmap.mmap, bytes], start: int, length: int, flags: int) -> tuple[str, int]:
+def split_origin(buf: Union[memoryview, mmap.mmap], start: int, length: int, flags: int) -> tuple[str, int]:
     """(origin, commit time) of the origin field at ``start`` of a record with ``flags``."""
     if flags & FLAG_COMMIT_TIME:
         if length < TIME.size:

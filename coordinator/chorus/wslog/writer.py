@@ -257,7 +257,7 @@ class WritesetLog:
         start = seg.end
         for record in records:
             gid, origin, payload, flags = record[:4]
-            commit_time = record[4] if len(record) > 4 else 0  # type: ignore[misc]
+            commit_time = record[4] if len(record) > 4 else 0
             problem = self._refusal(gid, origin.encode("utf-8"), payload, flags)
             if problem is None and not 0 <= commit_time < 1 << 64:
                 problem = f"commit time {commit_time} of GID {gid} is not a u64"
