@@ -489,6 +489,8 @@ chorus_apply_rows(const char *buf, size_t len, int64 gid)
 	ChorusWsValue *allold,
 			   *oldv,
 			   *newv;
+	/* the origin's commit time for the stamps: read before any row runs code */
+	int64		commit_time = chorus_apply_commit_time();
 
 	/* the header: magic, version, flags and counts checked */
 	if (chorus_wsr_open(&r, buf, len, &h) != 0)
@@ -676,7 +678,7 @@ chorus_apply_rows(const char *buf, size_t len, int64 gid)
 		SPI_finish();
 	/* the keys follow the items: a site with links stamps the rows with this GID */
 	if (!(flags & CHORUS_WS_FLAG_DDL))
-		chorus_stamp_keys(&r, h.nkeys, (uint64) gid);
+		chorus_stamp_keys(&r, h.nkeys, (uint64) gid, commit_time);
 	chorus_canonical_exit(nest);
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(cxt);

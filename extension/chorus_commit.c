@@ -97,6 +97,7 @@ chorus_certify(ChorusCommitState *cs, const ChorusFrameBody *ws)
 	cs->gid = v.gid;
 	cs->wait_for = v.wait_for;
 	cs->prev = v.prev;
+	cs->commit_time = chorus_verdict_commit_time(&v);
 }
 
 /*

@@ -23,6 +23,7 @@ typedef struct ChorusCommitState
 	uint64		gid;
 	uint64		wait_for;		/* what the commit waits for: the previous certified GID (of its lane) */
 	uint64		prev;			/* the previous certified GID */
+	int64		commit_time;	/* its origin commit time, µs since the Unix epoch (the COMMIT verdict's; 0: unknown) */
 	TransactionId xid;
 } ChorusCommitState;
 

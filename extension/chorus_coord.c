@@ -447,6 +447,27 @@ chorus_refuse_unless_commit(const ChorusVerdict *v)
 }
 
 /*
+ * chorus_verdict_commit_time
+ *		The origin commit time a COMMIT verdict for a writeset carries: its
+ *		message, the decimal µs since the Unix epoch its bus message gave every
+ *		node (docs/PROTOCOL.md section 1). 0 when the message is empty (a
+ *		coordinator of a release before, or a cluster whose bus does not carry
+ *		times yet) or not a number: the stamps then say the time is unknown.
+ */
+int64
+chorus_verdict_commit_time(const ChorusVerdict *v)
+{
+	char	   *end;
+	long long	t;
+
+	if (v->verdict != CHORUS_VERDICT_COMMIT || v->msg == NULL || v->msg[0] < '1' || v->msg[0] > '9')
+		return 0;
+	errno = 0;
+	t = strtoll(v->msg, &end, 10);
+	return (errno != 0 || *end != '\0') ? 0 : (int64) t;
+}
+
+/*
  * chorus_send_done
  *		Tell the coordinator that the transaction xid of certified GID gid
  *		committed (kind CHORUS_FRAME_COMMITTED) or aborted (CHORUS_FRAME_ABORTED).

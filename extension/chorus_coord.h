@@ -37,6 +37,7 @@ extern void chorus_coord_ask_parts(char type, const ChorusFrameBody *body, Choru
 extern void chorus_coord_certify(const ChorusFrameBody *ws, ChorusVerdict *v);
 extern void chorus_certification_ended(void);
 extern void chorus_refuse_unless_commit(const ChorusVerdict *v);
+extern int64 chorus_verdict_commit_time(const ChorusVerdict *v);
 extern void chorus_send_done(char kind, uint64 gid, TransactionId xid);
 
 #endif							/* CHORUS_COORD_H */

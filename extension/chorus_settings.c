@@ -28,6 +28,7 @@ bool		chorus_replicate_roles = true;
 int			chorus_node_number = 0;
 int			chorus_max_nodes = 16;
 char	   *chorus_link_site = NULL;
+char	   *chorus_commit_time = NULL;
 char	   *chorus_link_old_columns = NULL;
 
 /* chorus.link_old_columns must be a list chorus_table_old_columns reads */
@@ -119,5 +120,10 @@ chorus_define_settings(void)
 							   "Columns whose old values an UPDATE or DELETE sends, beside the identity's: \"schema.table:column,column; ...\".",
 							   "The counters of the links' delta policy (docs/LINKS.md section 7.1), written from the [[link]] configuration; the same on every node of the site.",
 							   &chorus_link_old_columns, "", PGC_SIGHUP, 0, chorus_check_old_columns, NULL, NULL);
+	DefineCustomStringVariable("chorus.commit_time",
+							   "The apply session's: the origin commit time (µs since the Unix epoch) of the writeset it applies.",
+							   "Set by the coordinator, transaction-local, with each apply; the row stamps of a site with links record it (docs/LINKS.md section 5.1). Empty or 0: unknown.",
+							   &chorus_commit_time, "", PGC_SUSET,
+							   GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE | GUC_DISALLOW_IN_FILE, NULL, NULL, NULL);
 	MarkGUCPrefixReserved("chorus");
 }

@@ -22,6 +22,7 @@ extern int	chorus_node_number;
 extern int	chorus_max_nodes;
 extern char *chorus_link_site;
 extern char *chorus_link_old_columns;
+extern char *chorus_commit_time;
 
 extern void chorus_define_settings(void);
 

@@ -25,6 +25,8 @@
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "datatype/timestamp.h"
 
 #include "chorus_settings.h"
 #include "chorus_stamp.h"
@@ -36,9 +38,34 @@ static SPIPlanPtr chorus_stamp_plan = NULL;
 
 static const char *const chorus_stamp_sql =
 "INSERT INTO chorus.link_stamp AS s (key, site, clock, commit_time) "
-"VALUES ($1, $2, $3, 'epoch'::pg_catalog.timestamptz) "
+"VALUES ($1, $2, $3, $4) "
 "ON CONFLICT (key) DO UPDATE SET site = excluded.site, clock = excluded.clock, "
 "commit_time = excluded.commit_time";
+
+/*
+ * chorus_apply_commit_time
+ *		The origin commit time of the writeset the apply session applies:
+ *		chorus.commit_time, which only a superuser sets (the coordinator, with
+ *		each apply; docs/LINKS.md section 5.1). Read before any row is applied,
+ *		so no code the apply runs can change what the stamps record. 0 when it
+ *		is not set (a coordinator of a release before) or not a number.
+ */
+int64
+chorus_apply_commit_time(void)
+{
+	const char *s = chorus_commit_time;
+	char	   *end;
+	long long	v;
+
+	if (s == NULL || s[0] == '\0')
+		return 0;
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	if (errno != 0 || *end != '\0' || v < 0)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("chorus: chorus.commit_time \"%s\" is not a commit time (µs since the Unix epoch)", s)));
+	return (int64) v;
+}
 
 /*
  * chorus_stamping
@@ -72,7 +99,7 @@ stamp_refuse(const ChorusWsReader *r)
  *		node does not stamp, or for a link writeset.
  */
 void
-chorus_stamp_keys(ChorusWsReader *r, uint32 nkeys, uint64 gid)
+chorus_stamp_keys(ChorusWsReader *r, uint32 nkeys, uint64 gid, int64 commit_time)
 {
 	bytea	  **hashes;
 	int			n = 0;
@@ -161,8 +188,8 @@ chorus_stamp_keys(ChorusWsReader *r, uint32 nkeys, uint64 gid)
 			elog(ERROR, "chorus: SPI_connect failed");
 		if (chorus_stamp_plan == NULL)
 		{
-			Oid			types[3] = {BYTEAOID, TEXTOID, INT8OID};
-			SPIPlanPtr	plan = SPI_prepare(chorus_stamp_sql, 3, types);
+			Oid			types[4] = {BYTEAOID, TEXTOID, INT8OID, TIMESTAMPTZOID};
+			SPIPlanPtr	plan = SPI_prepare(chorus_stamp_sql, 4, types);
 
 			if (plan == NULL)
 				elog(ERROR, "chorus: preparing the row stamp statement failed: %s",
@@ -172,12 +199,15 @@ chorus_stamp_keys(ChorusWsReader *r, uint32 nkeys, uint64 gid)
 		}
 		for (i = 0; i < (uint32) n; i++)
 		{
-			Datum		values[3];
+			Datum		values[4];
 			int			rc;
 
 			values[0] = PointerGetDatum(hashes[i]);
 			values[1] = site;
 			values[2] = Int64GetDatum((int64) gid);
+			/* µs since the Unix epoch as a timestamptz (0, unknown: 'epoch') */
+			values[3] = TimestampTzGetDatum((TimestampTz) commit_time -
+											((POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY));
 			rc = SPI_execute_plan(chorus_stamp_plan, values, NULL, false, 0);
 			if (rc != SPI_OK_INSERT)
 				elog(ERROR, "chorus: writing a row stamp failed: %s", SPI_result_code_string(rc));

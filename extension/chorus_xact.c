@@ -50,7 +50,7 @@ chorus_request_verdict(ChorusCapture *cap, ChorusCommitState *cs)
  *		its GID (chorus_stamp.c), as every other node's apply of its writeset does.
  */
 static void
-chorus_stamp_local(ChorusCapture *cap, uint64 gid)
+chorus_stamp_local(ChorusCapture *cap, uint64 gid, int64 commit_time)
 {
 	ChorusWsReader r;
 
@@ -60,7 +60,7 @@ chorus_stamp_local(ChorusCapture *cap, uint64 gid)
 	memset(&r, 0, sizeof(r));
 	r.buf = cap->keys.data;
 	r.len = (size_t) cap->keys.len;
-	chorus_stamp_keys(&r, cap->nkeys, gid);
+	chorus_stamp_keys(&r, cap->nkeys, gid, commit_time);
 }
 
 static bool chorus_cancel_held = false;
@@ -156,7 +156,7 @@ chorus_xact_callback(XactEvent event, void *arg)
 				chorus_check_lost(cap->last_seen,
 								  cap->writable_checked ? cap->write_epoch : PG_UINT64_MAX);
 				chorus_request_verdict(cap, cs);
-				chorus_stamp_local(cap, cs->gid);
+				chorus_stamp_local(cap, cs->gid, cs->commit_time);
 				chorus_wait_own_turn(cs->gid, cs->wait_for);
 				chorus_claim_turn(cs->gid, &cs->claimed);
 				chorus_take_origin(cs);

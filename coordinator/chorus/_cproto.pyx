@@ -23,7 +23,7 @@ cdef Py_ssize_t RAN_HEAD  # a DDL_RAN frame's fixed part (backendproto._RAN_HEAD
 cdef Py_ssize_t VERDICT_HEAD  # a verdict frame before its message (backendproto._VERDICT.size)
 cdef uint8_t FRAME_WRITESET, FRAME_VERDICT  # type bytes (backendproto.FrameType)
 cdef object BusProtoError
-cdef int BUS_VERSION, BUS_MIN
+cdef int BUS_VERSION, BUS_MIN, BUS_TIMED
 cdef uint8_t T_WRITESET, T_BATCH
 
 # The verdict frame's fields (backendproto._VERDICT: length, type, verdict, gid, wait_for, prev,
@@ -49,8 +49,9 @@ def bind_backend(backendproto) -> None:
 
 def bind_bus(proto) -> None:
     """Take bus/proto.py's exception and constants (once, at its import)."""
-    global BusProtoError, BUS_VERSION, BUS_MIN, T_WRITESET, T_BATCH
+    global BusProtoError, BUS_VERSION, BUS_MIN, BUS_TIMED, T_WRITESET, T_BATCH
     BusProtoError, BUS_VERSION, BUS_MIN = proto.BusProtoError, proto.VERSION, proto.MIN_VERSION
+    BUS_TIMED = proto.TIMED
     T_WRITESET = proto.MessageType.WRITESET.value[0]
     T_BATCH = proto.MessageType.WRITESET_BATCH.value[0]
 
@@ -160,17 +161,18 @@ cdef bytes origin_bytes(str origin):
     return b
 
 
-def encode_writesets(str origin, items, int version=-1):
-    """A WritesetBatch message (bus.proto.py_encode_writesets, compiled): origin, count, and each
-    (ticket, writeset), at bus protocol ``version`` (the layout is the same in every version it
-    writes; -1: the highest)."""
+def encode_writesets(str origin, items, int version=-1, uint64_t commit_time=0):
+    """A WritesetBatch message (bus.proto.py_encode_writesets, compiled): origin, from version 5
+    the commit time, count, and each (ticket, writeset), at bus protocol ``version`` (-1: the
+    highest)."""
     if version == -1:
         version = BUS_VERSION
     if version < BUS_MIN or version > BUS_VERSION:
         raise BusProtoError(f"cannot write bus protocol version {version}: this node speaks "
                             f"{BUS_MIN}..{BUS_VERSION}")
     cdef bytes o = origin_bytes(origin)
-    cdef Py_ssize_t size = 2 + 2 + len(o) + 4, pos, olen = len(o), wlen
+    cdef Py_ssize_t timed = 8 if version >= BUS_TIMED else 0
+    cdef Py_ssize_t size = 2 + 2 + len(o) + timed + 4, pos, olen = len(o), wlen
     cdef list ws = []
     cdef bytes out, w
     cdef uint8_t *p
@@ -185,6 +187,9 @@ def encode_writesets(str origin, items, int version=-1):
     p[3] = <uint8_t>olen
     memcpy(p + 4, PyBytes_AS_STRING(o), olen)
     pos = 4 + olen
+    if timed:
+        put64(p + pos, commit_time)
+        pos += 8
     put32(p + pos, <uint32_t>len(ws))
     pos += 4
     for t, w in ws:
@@ -199,11 +204,12 @@ def encode_writesets(str origin, items, int version=-1):
 
 
 def decode_writesets(bytes b, tuple speaks=None):
-    """(origin, [(ticket, writeset)]) of a WritesetMsg or WritesetBatch message
+    """(origin, [(ticket, writeset)], commit time) of a WritesetMsg or WritesetBatch message
     (bus.proto.py_decode_writesets, compiled); BusProtoError for anything else or malformed."""
     cdef Py_ssize_t n = len(b), pos, olen, count, i
     cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(b)
-    cdef uint64_t ticket
+    cdef uint64_t ticket, commit_time = 0
+    cdef bint timed
     cdef uint32_t wlen
     cdef list items = []
     if n < 1:
@@ -213,6 +219,7 @@ def decode_writesets(bytes b, tuple speaks=None):
         raise BusProtoError(f"unsupported bus message version {p[0]}: this node reads versions {lo}..{hi}")
     if n < 4:
         raise BusProtoError("bus message truncated")
+    timed = p[0] >= BUS_TIMED
     if p[1] != T_WRITESET and p[1] != T_BATCH:
         raise BusProtoError(f"not a writeset message: type {b[1:2]!r}")
     olen = (<Py_ssize_t>p[2] << 8) | p[3]
@@ -227,7 +234,18 @@ def decode_writesets(bytes b, tuple speaks=None):
         if pos + 8 > n:
             raise BusProtoError("bus message truncated")
         ticket = be64(p + pos)
-        return origin, [(ticket, b[pos + 8:])]
+        pos += 8
+        if timed:
+            if pos + 8 > n:
+                raise BusProtoError("bus message truncated")
+            commit_time = be64(p + pos)
+            pos += 8
+        return origin, [(ticket, b[pos:])], commit_time
+    if timed:
+        if pos + 8 > n:
+            raise BusProtoError("bus message truncated")
+        commit_time = be64(p + pos)
+        pos += 8
     if pos + 4 > n:
         raise BusProtoError("bus message truncated")
     count = be32(p + pos)
@@ -246,4 +264,4 @@ def decode_writesets(bytes b, tuple speaks=None):
         pos += wlen
     if pos != n:
         raise BusProtoError("trailing bytes in bus message")
-    return origin, items
+    return origin, items, commit_time

@@ -45,6 +45,7 @@ class LocalVerdict:
     unknown: bool = False  # certified, but the node left the primary component before it was stable
     # a schema change: it commits once every node has reported applying it (VoteDecided, schema)
     settle: bool = False
+    commit_time: int = 0  # its message's origin commit time (bus/proto.py WritesetMsg; 0: unknown)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Apply:
     # ``origin`` is then the link's (link.position.origin), and every node applies it, its
     # receiving node too
     link: Optional[bp.LinkWriteset] = None
+    commit_time: int = 0  # its message's origin commit time (bus/proto.py WritesetMsg; 0: unknown)
 
 
 @dataclass(frozen=True)

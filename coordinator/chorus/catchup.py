@@ -59,13 +59,13 @@ class PipelineAdmission:
         return self.pipeline.book.lanes
 
     def log(self, rec: LogRecord) -> None:
-        self.feeder.certified(rec.gid, rec.origin, rec.payload, False)
+        self.feeder.certified(rec.gid, rec.origin, rec.payload, False, rec.commit_time)
 
     def admit_run(self, run: list[LogRecord], prev: int) -> None:
         self.feeder.flush()  # logged before anything of it can commit
         scanned = tuple(_scan(rec) for rec in run)
         self.pipeline.admit_run(Pending(run[-1].gid, prev, run[-1].origin, scanned[-1], before=scanned[:-1],
-                                        before_gids=tuple(r.gid for r in run[:-1])))
+                                        before_gids=tuple(r.gid for r in run[:-1]), commit_time=run[-1].commit_time))
         self.pipeline.dispatch()
 
     def settle(self, rec: LogRecord) -> None:
@@ -73,7 +73,8 @@ class PipelineAdmission:
 
     def admit_one(self, rec: LogRecord, prev: int) -> None:
         # a schema change undone everywhere (its nodes' reports) commits its GID empty
-        p = Pending(rec.gid, prev, rec.origin, _scan(rec), skip=bool(rec.flags & FLAG_DDL_SKIPPED))
+        p = Pending(rec.gid, prev, rec.origin, _scan(rec), skip=bool(rec.flags & FLAG_DDL_SKIPPED),
+                    commit_time=rec.commit_time)
         self.pipeline.admit(p, local=False)
         if p.ddl_known is not None:  # the log records a failed schema change as skipped
             p.ddl_ok = not rec.flags & FLAG_DDL_SKIPPED

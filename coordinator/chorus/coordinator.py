@@ -503,7 +503,8 @@ class Coordinator:
                     # applies it only once caught up, and reports now (docs/SECURITY.md)
                     self.sender.send(bp.Vote(self.cfg.name, a.gid, True, "catching up: applies it later"))
             elif isinstance(a, Apply):
-                self.pipeline.admit(Pending(a.gid, a.prev, a.origin, a.writeset, settle=a.settle, link=a.link),
+                self.pipeline.admit(Pending(a.gid, a.prev, a.origin, a.writeset, settle=a.settle, link=a.link,
+                                            commit_time=a.link.commit_time if a.link is not None else a.commit_time),
                                     local=False)
                 self.pipeline.dispatch_soon()
             elif isinstance(a, DdlOutcome):

@@ -171,7 +171,7 @@ class RecoveryServer:
             while recs := rd.read(stop, CHUNK_BYTES):
                 for r in recs:
                     # a record logged in pieces is read from the log a part at a time, as sent
-                    for frame in proto.encode_record_frames(r, int(protocol)):
+                    for frame in proto.encode_record_frames(r, int(protocol), hello.get("commit_times") is True):
                         writer.write(frame)
                         await writer.drain()
                     self.served_records += 1
@@ -218,7 +218,8 @@ async def fetch(address: str, keys: ClusterKeys, cluster: str, node: str, after:
     try:
         secret = keys.secret()
         nonce_c = secrets.token_hex(16)
-        writer.write(proto.hello({"protocol": proto.PROTOCOL, "cluster": cluster, "node": node, "nonce": nonce_c}))
+        writer.write(proto.hello({"protocol": proto.PROTOCOL, "cluster": cluster, "node": node, "nonce": nonce_c,
+                                  "commit_times": True}))
         hello = await proto.read_hello(reader)
         if "error" in hello:
             raise RecoveryError(f"partner refused: {hello['error']}")

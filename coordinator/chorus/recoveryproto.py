@@ -2,6 +2,11 @@
 client are recovery.py). Version 2 added PART frames, so that a record of any size travels in
 frames of at most PART_BYTES; a joiner that speaks version 1 gets whole RECORD frames.
 
+Commit times: a joiner that says ``"commit_times": true`` in its hello gets, in a record whose
+frame flags have 0x02, its origin's commit time (u64, µs since the Unix epoch) after its origin,
+so that a node that catches up logs and stamps what the others did (docs/LINKS.md section 5.1). A
+partner of a release before ignores the field and sends none; a joiner of one does not ask.
+
 Inside TLS, first a hello exchange of JSON lines (at most MAX_HELLO bytes each):
 
 - joiner: ``{"protocol": 2, "cluster", "node", "nonce"}``;
@@ -28,6 +33,7 @@ from chorus.wslog import LogRecord, PiecedPayload
 
 PROTOCOL = 2
 PROTOCOLS = (1, 2)  # what a partner serves
+FLAG_COMMIT_TIME = 0x02  # in a frame's flags (to a joiner that asked): a u64 commit time follows the origin
 MAX_HELLO = 4096
 MAX_FRAME = 512 << 20
 PART_BYTES = 8 << 20  # a larger record goes in PART frames of this many payload bytes (version 2)
@@ -46,7 +52,7 @@ class RangeUnavailable(RecoveryError):
 
 class FrameKind(bytes, enum.Enum):
     """A stream frame's kind byte. (Bus messages and backend frames have their own.)"""
-    RECORD = b"R"  # a log record: u64 gid, u8 flags, u16 origin length, origin, payload
+    RECORD = b"R"  # a log record: u64 gid, u8 flags, u16 origin length, origin, [u64 commit time], payload
     PART = b"P"  # a part of a large log record: as RECORD, then u64 total payload length, u64 offset, bytes
     END = b"E"  # the end of this answer: u64 safe stop (the last GID the partner could serve)
     ERROR = b"X"  # UTF-8 text
@@ -90,21 +96,27 @@ def _frame(kind: FrameKind, body: bytes) -> bytes:
     return _HEAD.pack(kind.value, len(body)) + body
 
 
-def encode_record(r: LogRecord) -> bytes:
+def _record_head(r: LogRecord, times: bool) -> bytes:
+    """A record frame's head: GID, flags, origin and, to a joiner that takes them, the commit time."""
     o = r.origin.encode("utf-8")
-    return _frame(FrameKind.RECORD, _RECORD.pack(r.gid, r.flags, len(o)) + o + bytes(r.payload))
+    if times and r.commit_time:
+        return _RECORD.pack(r.gid, r.flags | FLAG_COMMIT_TIME, len(o)) + o + _END.pack(r.commit_time)
+    return _RECORD.pack(r.gid, r.flags, len(o)) + o
 
 
-def encode_record_frames(r: LogRecord, protocol: int = PROTOCOL) -> Iterator[bytes]:
+def encode_record(r: LogRecord, times: bool = False) -> bytes:
+    return _frame(FrameKind.RECORD, _record_head(r, times) + bytes(r.payload))
+
+
+def encode_record_frames(r: LogRecord, protocol: int = PROTOCOL, times: bool = False) -> Iterator[bytes]:
     """The frames carrying ``r``: one RECORD frame, or PART frames for a record larger than
     PART_BYTES (to a joiner of protocol version 2). A payload read in pieces from the log
     (wslog.PiecedPayload) is read a part at a time as the frames are taken, so serving a record
     of any size holds one part in memory (a joiner of version 1 gets it whole)."""
     if protocol < 2 or len(r.payload) <= PART_BYTES:
-        yield encode_record(r)
+        yield encode_record(r, times)
         return
-    o = r.origin.encode("utf-8")
-    head = _RECORD.pack(r.gid, r.flags, len(o)) + o
+    head = _record_head(r, times)
     total = len(r.payload)
     off = 0
     for chunk in _chunks(r.payload):
@@ -141,7 +153,7 @@ class PartAssembler:
     :class:`~chorus.spool.SpooledBuffer` (mapped, not in memory)."""
 
     def __init__(self, spool: Optional[Spool] = None) -> None:
-        self._head: Optional[tuple[int, int, str]] = None  # gid, flags, origin of the open record
+        self._head: Optional[tuple[int, int, str, int]] = None  # gid, flags, origin, commit time of the open record
         self._parts: list[bytes] = []
         self._spooled: Optional[SpoolWriter] = None
         self._have = 0
@@ -168,10 +180,10 @@ class PartAssembler:
         if off == 0 and self._head is None:
             if total > MAX_RECORD:
                 raise RecoveryError(f"a record of {total} bytes is larger than a joiner takes ({MAX_RECORD})")
-            self._head, self._parts, self._have, self._total = (r.gid, r.flags, r.origin), [], 0, total
+            self._head, self._parts, self._have, self._total = (r.gid, r.flags, r.origin, r.commit_time), [], 0, total
             if self.spool is not None and total > SPOOL_AT:
                 self._spooled = self.spool.writer()
-        elif self._head != (r.gid, r.flags, r.origin) or off != self._have or total != self._total:
+        elif self._head != (r.gid, r.flags, r.origin, r.commit_time) or off != self._have or total != self._total:
             raise RecoveryError(f"part of GID {r.gid} at byte {off} does not continue the record being received")
         if not data or self._have + len(data) > total:
             raise RecoveryError(f"part of GID {r.gid} at byte {off} runs past the record's {total} bytes")
@@ -182,13 +194,13 @@ class PartAssembler:
         self._have += len(data)
         if self._have < total:
             return None
-        gid, flags, origin = self._head
+        gid, flags, origin, commit_time = self._head
         if self._spooled is not None:
             payload: Any = self._spooled.finish()
         else:
             payload = b"".join(self._parts)
         self._head, self._parts, self._spooled = None, [], None
-        return LogRecord(gid, origin, flags, payload)
+        return LogRecord(gid, origin, flags, payload, commit_time)
 
 
 def decode_record(body: bytes) -> LogRecord:
@@ -202,7 +214,15 @@ def decode_record(body: bytes) -> LogRecord:
         origin = body[start:start + olen].decode("utf-8")
     except UnicodeDecodeError as e:
         raise RecoveryError("record origin is not UTF-8") from e
-    return LogRecord(gid, origin, flags, body[start + olen:])
+    start += olen
+    commit_time = 0
+    if flags & FLAG_COMMIT_TIME:
+        if start + _END.size > len(body):
+            raise RecoveryError("record frame truncated")
+        (commit_time,) = _END.unpack_from(body, start)
+        start += _END.size
+        flags &= ~FLAG_COMMIT_TIME
+    return LogRecord(gid, origin, flags, body[start:], int(commit_time))
 
 
 def encode_end(stop: int) -> bytes:

@@ -70,6 +70,14 @@ def _unstable_action(gid: int, prev: int, origin: str, data: bytes, speaks: bp.R
         if not isinstance(m, bp.LinkWriteset):
             raise wire.WireError(f"GID {gid} of origin {origin} is not a link writeset")
         return Apply(gid, prev, origin, wire.scan(m.writeset), link=m)
+    if data[:len(wire.MAGIC)] != wire.MAGIC:  # a writeset with its commit time, as its message
+        try:
+            w = bp.decode(data, speaks)
+        except bp.BusProtoError as e:
+            raise wire.WireError(f"writeset of GID {gid}: {e}") from None
+        if not isinstance(w, bp.WritesetMsg) or w.origin != origin:
+            raise wire.WireError(f"GID {gid} of origin {origin} is neither a writeset nor its message")
+        return Apply(gid, prev, origin, wire.scan(w.writeset), commit_time=w.commit_time)
     return Apply(gid, prev, origin, wire.scan(data))
 
 

@@ -85,3 +85,57 @@ def test_concurrent_updates_are_detected_settled_alike_and_recorded(sites: tuple
     wait("east's later change on west", lambda: all((2, "west, concurrent", 10) in west.rows(i)
                                                       for i in west.nodes()))
     assert len(east.exceptions(0)) == 1 and all(len(west.exceptions(i)) == 1 for i in west.nodes())
+
+
+def test_the_later_commit_wins_by_the_origins_commit_times(sites: tuple[Site, Site, list[Relay]]) -> None:
+    """Real commit times (docs/LINKS.md sections 5.1 and 7.1): west changes a row, then east
+    changes it while the link is cut. The site tie-break would pick west; east's commit is
+    later, so east's version stands on every node of both sites. The stamps and the exceptions
+    hold the origins' times, the same on both of west's nodes; an ordinary role cannot set the
+    time the apply records."""
+    east, west, relays = sites
+    for r in relays:
+        r.cut()
+    west.sql("UPDATE app.items SET v = 'west, earlier', n = 5 WHERE id = 3", i=1)
+    time.sleep(0.5)
+    east.sql("UPDATE app.items SET v = 'east, later', n = 6 WHERE id = 3")
+    time.sleep(1.0)
+    for r in relays:
+        r.restore()
+    settle(east, west, "the conflict of row 3 settled on every node", (2, 2))
+    assert (3, "east, later", 6) in east.rows(0)
+    query = ("SELECT row_key, decision, result_row->>'v', local_commit_time, remote_commit_time "
+             "FROM chorus.link_exceptions ORDER BY gid, n")
+    e = east.rows(0, query)[-1]
+    w = west.rows(0, query)[-1]
+    assert e[:3] == ("\"app\".\"items\" (id)=(3)", "kept-local", "east, later")
+    assert w[:3] == ("\"app\".\"items\" (id)=(3)", "took-remote", "east, later")
+    # each side recorded both origins' times: east's later than west's, and the same on both sites
+    assert e[3] > e[4] and (e[3], e[4]) == (w[4], w[3])
+    assert e[3].year >= 2024 and e[4].year >= 2024  # real times, not the epoch
+    assert west.rows(0, query) == west.rows(1, query)
+    stamps = "SELECT key, site, clock, commit_time FROM chorus.link_stamp ORDER BY key"
+    wait("west's stamps alike on both nodes", lambda: west.rows(0, stamps) == west.rows(1, stamps))
+    assert all(s[3].year >= 2024 for s in west.rows(0, stamps) if s[1] == "west")  # its own, stamped with times
+
+    # a hostile ordinary role cannot set the commit time an apply records, nor write stamps
+    west.sql("CREATE ROLE ctime_mallory LOGIN PASSWORD 'm'")
+    west.sql("GRANT USAGE ON SCHEMA app TO ctime_mallory")
+    west.sql("GRANT SELECT, UPDATE ON app.items TO ctime_mallory")
+    try:
+        import psycopg
+        with psycopg.connect(west.dsns[0], user="ctime_mallory", password="m", autocommit=True) as c:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute("SET chorus.commit_time = '1'")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute("SELECT pg_catalog.set_config('chorus.commit_time', '4102444800000000', true)")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute("UPDATE chorus.link_stamp SET commit_time = now()")
+            c.execute("UPDATE app.items SET n = 7 WHERE id = 3")  # its own change: stamped with the coordinator's time
+        wait("mallory's change on east", lambda: (3, "east, later", 7) in east.rows(0))
+        mine = west.rows(0, "SELECT commit_time FROM chorus.link_stamp WHERE site = 'west' ORDER BY clock DESC LIMIT 1")
+        assert mine[0][0].year >= 2024 and mine[0][0].year < 2100
+    finally:
+        west.sql("REVOKE ALL ON app.items FROM ctime_mallory")
+        west.sql("REVOKE ALL ON SCHEMA app FROM ctime_mallory")
+        west.sql("DROP ROLE ctime_mallory")

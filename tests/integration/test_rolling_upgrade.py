@@ -32,6 +32,7 @@ from typing import Any, Iterator
 import psycopg
 import pytest
 
+from chorus.bus import proto as bp
 from chorus.testkit.localcluster import LocalCluster
 from conftest import Cluster
 
@@ -152,16 +153,16 @@ def test_a_cluster_of_the_release_before_is_upgraded_one_node_at_a_time_under_wr
             lc.start(name)
             c.nodes = Cluster(directory, {"nodes": lc.describe(lc.load()), "passfile": str(lc.passfile)}).nodes
             st = c.status(k)
-            assert st["bus_versions"] == [3, 4], st
+            assert st["bus_versions"] == [bp.MIN_VERSION, bp.VERSION], st
             upgraded = names[:k + 1]
-            # one old node still a member: the cluster runs at 3; none: at 4, on every new node
-            _wait_version(c, upgraded, 3 if k < 2 else 4)
+            # one old node still a member: the cluster runs at 3; none: at this release's, on every new node
+            _wait_version(c, upgraded, 3 if k < 2 else bp.VERSION)
             time.sleep(2)
             assert all(len(w.acked) > b for w, b in zip(writers, before) if w is not writers[k]), \
                 "the other nodes took no writes during the restart"
             lc.venv_chorus = PREV
         lc.venv_chorus = current
-        assert {tuple(v) for v in c.status(0)["member_bus_versions"].values()} == {(3, 4)}
+        assert {tuple(v) for v in c.status(0)["member_bus_versions"].values()} == {bp.SPEAKS}
         time.sleep(2)
         for w in writers:
             w.stop.set()

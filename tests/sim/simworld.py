@@ -211,10 +211,10 @@ class SimLog:
     def max_payload(self, origin: str) -> int:
         return 1 << 30
 
-    def append_many(self, records: list[tuple[int, str, Any, int]]) -> None:
-        for gid, origin, payload, flags in records:
+    def append_many(self, records: list[tuple[int, str, Any, int, int]]) -> None:
+        for gid, origin, payload, flags, commit_time in records:
             assert gid > self.end_gid, (gid, self.end_gid)
-            self.records.append(LogRecord(gid, origin, flags, bytes(payload)))
+            self.records.append(LogRecord(gid, origin, flags, bytes(payload), commit_time))
         while len(self.records) > self.capacity:  # the ring reuses its oldest segment
             self.base = self.records.pop(0).gid
             self.synced = max(0, self.synced - 1)

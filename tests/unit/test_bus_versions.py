@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 import random
 
 import pytest
@@ -190,12 +191,15 @@ def test_every_message_of_both_releases_reads_alike_at_version_3() -> None:
 
 
 def test_versions_are_checked_on_both_sides() -> None:
-    with pytest.raises(bp.BusProtoError, match="cannot write bus protocol version 5"):
-        bp.encode(bp.Progress("n1", 1), 5)
+    with pytest.raises(bp.BusProtoError, match="cannot write bus protocol version 6"):
+        bp.encode(bp.Progress("n1", 1), 6)
     with pytest.raises(bp.BusProtoError, match="cannot write bus protocol version 2"):
         bp.py_encode_writesets("n1", [(1, b"x")], 2)
-    with pytest.raises(bp.BusProtoError, match="unsupported bus message version 5"):
-        bp.decode(b"\x05P" + bp.encode(bp.Progress("n1", 1))[2:])
+    with pytest.raises(bp.BusProtoError, match="unsupported bus message version 6"):
+        bp.decode(b"\x06P" + bp.encode(bp.Progress("n1", 1))[2:])
+    # a node of the release before (versions 3..4) refuses a version-5 writeset message clearly
+    with pytest.raises(bp.BusProtoError, match="unsupported bus message version 5: this node reads versions 3..4"):
+        bp.decode(bp.encode(bp.WritesetMsg("n1", 1, writeset(0, 1), 7), 5), (3, 4))
     with pytest.raises(bp.BusProtoError, match="not a range"):
         bp.decode(bp.encode(bp.Speaks("n1", (3, 4)))[:-2] + bytes([4, 3]))
     # an answer at cluster version 4 has no version-3 form without its members' versions
@@ -204,20 +208,56 @@ def test_versions_are_checked_on_both_sides() -> None:
 
 
 @pytest.mark.parametrize("version", [3, 4])
-def test_writeset_messages_have_one_layout_in_both_versions_and_both_codecs(version: int) -> None:
+def test_writeset_messages_have_one_layout_in_versions_3_and_4_and_both_codecs(version: int) -> None:
     items = [(1, writeset(0, 1)), (2, writeset(0, 2))]
-    raw = bp.py_encode_writesets("n1", items, version)
+    raw = bp.py_encode_writesets("n1", items, version, 123)
     assert raw[0] == version and raw[1:] == bp.py_encode_writesets("n1", items, 3)[1:]
-    assert bp.py_decode_writesets(raw) == ("n1", items)
+    assert bp.py_decode_writesets(raw) == ("n1", items, 0)  # no commit time before version 5
     cproto = impl.compiled("_cproto")
     if cproto is not None:
-        assert cproto.encode_writesets("n1", items, version) == raw
-        assert cproto.decode_writesets(raw) == ("n1", items)
+        assert cproto.encode_writesets("n1", items, version, 123) == raw
+        assert cproto.decode_writesets(raw) == ("n1", items, 0)
         if version == 4:
             with pytest.raises(bp.BusProtoError, match="reads versions 3..3"):
                 cproto.decode_writesets(raw, OLD)
         with pytest.raises(bp.BusProtoError, match="cannot write bus protocol version 9"):
             cproto.encode_writesets("n1", items, 9)
+
+
+def test_writeset_messages_carry_the_origin_commit_time_from_version_5(tmp_path: Path) -> None:
+    """Version 5: ``W`` and ``M`` carry the origin's commit time (a u64 after the ticket, after
+    the origin), read alike by both codecs and from a spooled message; at 3 and 4 it is left out
+    and read as 0 (unknown)."""
+    from chorus.spool import SpooledBuffer
+
+    when = 1_790_000_000_123_456
+    items = [(1, writeset(0, 1)), (2, writeset(0, 2))]
+    single = bp.WritesetMsg("n1", 7, writeset(0, 3), when)
+    batch = bp.WritesetBatch("n1", tuple(items), when)
+    for m in (single, batch):
+        raw = bp.encode(m, 5)
+        assert raw[0] == 5 and bp.decode(raw) == m
+        assert bp.decode(bp.encode(m, 4)) == dataclasses.replace(m, commit_time=0)
+    assert [x.commit_time for x in batch.messages()] == [when, when]
+    raw = bp.py_encode_writesets("n1", items, 5, when)
+    assert len(raw) == len(bp.py_encode_writesets("n1", items, 4, when)) + 8
+    assert bp.py_decode_writesets(raw) == ("n1", items, when)
+    assert bp.py_decode_writesets(bp.encode(single, 5)) == ("n1", [(7, single.writeset)], when)
+    for cut in (5, len(bp.encode(single, 5)) - len(single.writeset) - 1):
+        with pytest.raises(bp.BusProtoError, match="truncated"):
+            bp.py_decode_writesets(bp.encode(single, 5)[:cut])
+    (tmp_path / "m").write_bytes(bp.encode(single, 5))
+    back = bp.decode(SpooledBuffer.of_file(str(tmp_path / "m")))
+    assert isinstance(back, bp.WritesetMsg) and back.commit_time == when
+    assert bytes(back.writeset[:]) == single.writeset
+    cproto = impl.compiled("_cproto")
+    if cproto is not None:
+        assert cproto.encode_writesets("n1", items, 5, when) == raw
+        assert cproto.decode_writesets(raw) == ("n1", items, when)
+        assert cproto.decode_writesets(bp.encode(single, 5)) == ("n1", [(7, single.writeset)], when)
+        for cut in (5, len(bp.encode(single, 5)) - len(single.writeset) - 1):
+            with pytest.raises(bp.BusProtoError, match="truncated"):
+                cproto.decode_writesets(bp.encode(single, 5)[:cut])
 
 
 # ---- the decision ------------------------------------------------------------------------
@@ -275,12 +315,45 @@ def test_a_new_node_joins_an_old_cluster_which_moves_up_when_its_last_old_node_l
     assert {v for _, v, _ in c.wire[before:]} == {4}
 
     # n1 comes back on the new release and joins at 4 (n2 answers)
-    c.nodes["n1"] = Replicator("n1", c.nodes["n2"].cluster_uuid, c.nodes["n2"].last_certified)
+    c.nodes["n1"] = Replicator("n1", c.nodes["n2"].cluster_uuid, c.nodes["n2"].last_certified, speaks=(3, 4))
     c.log["n1"], c.applied["n1"] = [], []
     c.view(["n1", "n2", "n3"])
     c.settle()
     assert c.nodes["n1"].phase == Phase.ONLINE and c.versions(["n1", "n2", "n3"]) == {4}
     assert all(r.membership.speaks == {n: (3, 4) for n in ("n1", "n2", "n3")} for r in c.nodes.values())
+
+
+def test_writesets_carry_commit_times_once_the_cluster_moves_to_5() -> None:
+    """The upgrade from the release that speaks 3..4: while one of its nodes is a member the
+    cluster runs at 4 and writeset messages carry no commit time (every node takes 0, unknown,
+    alike); once it is gone the rest move to 5 and every node hands the same origin time on."""
+    from chorus.actions import Apply, LocalVerdict
+
+    c = mixed({"n1": (3, 4), "n2": bp.SPEAKS, "n3": bp.SPEAKS})
+    assert c.versions(["n1", "n2", "n3"]) == {4}
+    seen: dict[str, list[int]] = {n: [] for n in c.nodes}
+    orig = c.act
+
+    def act(node: str, actions: list) -> None:  # type: ignore[type-arg]
+        seen[node] += [a.commit_time for a in actions
+                       if isinstance(a, Apply) or (isinstance(a, LocalVerdict) and a.ok)]
+        orig(node, actions)
+
+    c.act = act  # type: ignore[method-assign]
+
+    def write(node: str, when: int, key: int) -> None:
+        c.ticket += 1
+        msg = bp.WritesetMsg(node, c.ticket, writeset(c.nodes[node].gid, key), when)
+        c.order.append((node, bp.encode(msg, c.nodes[node].send_version)))
+        c.settle()
+
+    write("n2", 1_790_000_000_000_001, 1)
+    assert seen == {n: [0] for n in ("n1", "n2", "n3")}  # written at 4: no time, on every node
+    del c.nodes["n1"]
+    c.view(["n2", "n3"])
+    assert c.versions(["n2", "n3"]) == {5}
+    write("n3", 1_790_000_000_000_002, 2)
+    assert seen["n2"][1:] == seen["n3"][1:] == [1_790_000_000_000_002]
 
 
 def test_an_old_node_is_refused_by_a_cluster_that_moved_on_with_both_ranges_named() -> None:

@@ -76,10 +76,11 @@ items = st.lists(st.tuples(st.integers(0, 2**64 - 1), st.binary(max_size=30)), m
        st.integers(0, 400))
 def test_writeset_messages_agree(origin: str, batch: list[tuple[int, bytes]], damage: list[tuple[int, int]],
                                  cut: int) -> None:
-    raw = _cproto.encode_writesets(origin, batch)
-    assert raw == bp.py_encode_writesets(origin, batch)
-    assert _cproto.decode_writesets(raw) == bp.py_decode_writesets(raw) == (origin, batch)
-    single = bp.encode(bp.WritesetMsg(origin, batch[0][0], batch[0][1])) if batch else raw
+    when = cut * 1_000_003  # a commit time (bus version 5)
+    raw = _cproto.encode_writesets(origin, batch, bp.VERSION, when)
+    assert raw == bp.py_encode_writesets(origin, batch, bp.VERSION, when)
+    assert _cproto.decode_writesets(raw) == bp.py_decode_writesets(raw) == (origin, batch, when)
+    single = bp.encode(bp.WritesetMsg(origin, batch[0][0], batch[0][1], when)) if batch else raw
     for b in (raw, single):
         bad = bytearray(b)
         for pos, value in damage:

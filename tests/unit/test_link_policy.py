@@ -111,3 +111,14 @@ def test_function_gets_the_versions_in_canonical_order() -> None:
     assert d1.values == d2.values == (b"k", b"b+a", b"0") and d1.outcome == d2.outcome == Outcome.MERGED
     with pytest.raises(PolicyError):
         FunctionPolicy("f", "C", f).decide(TABLE, _v("A", 1, 1, "a"), _v("B", 1, 2, "b"))
+
+
+def test_an_unknown_commit_time_is_compared_by_site_and_clock_alone() -> None:
+    """A time of 0 is unknown (a change of a release before, a realignment): with it, the pair is
+    compared by site then clock, whichever side holds the known time, so both sites pick alike."""
+    p = LatestCommitWins()
+    assert p.decide(TABLE, _v("A", 1, 10, "a"), _v("B", 1, 0, "b")).winner.site == "B"
+    assert p.decide(TABLE, _v("B", 1, 0, "b"), _v("A", 1, 10, "a")).winner.site == "B"
+    assert p.decide(TABLE, _v("A", 1, 0, "a"), _v("B", 1, 10, "b")).winner.site == "B"
+    assert p.decide(TABLE, _v("B", 1, 10, "b"), _v("A", 1, 0, "a")).winner.site == "B"
+    assert p.decide(TABLE, _v("A", 1, 11, "a"), _v("B", 1, 10, "b")).winner.site == "A"

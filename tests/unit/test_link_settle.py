@@ -13,6 +13,7 @@ a change made after the other's change came back is not flagged (the window clos
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hashlib
 import struct
 from dataclasses import replace
@@ -57,6 +58,12 @@ def delete(k: str) -> wire.Writeset:
     return wire.Writeset(1, 1, 0, (T,), (wire.Row("D", 0, (k.encode(),)),), (key(k, wire.KeyMode.EXCLUSIVE),))
 
 
+def _us(text: wire.Value) -> int:
+    """A stamp's commit time as the apply writes it (position.timestamp_text), in µs."""
+    t = datetime.datetime.strptime(bytes(text or b"").decode().replace("+00", "+0000"), "%Y-%m-%d %H:%M:%S.%f%z")
+    return (t - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)) // datetime.timedelta(microseconds=1)
+
+
 class SiteSim:
     """One site as its log and database see it: a GID counter, the rows of app.items, the
     stamps, the exceptions, the link's position row; local commits stamped as
@@ -97,21 +104,23 @@ class SiteSim:
             elif t == STAMP_TABLE:
                 k = bytes.fromhex(bytes(item.new[0] or b"")[2:].decode())
                 assert (k in self.stamps) == (item.op == "U"), "an UPDATE of a stamp that is there, else an INSERT"
-                self.stamps[k] = (bytes(item.new[1] or b"").decode(), int(item.new[2] or 0), 0)
+                self.stamps[k] = (bytes(item.new[1] or b"").decode(), int(item.new[2] or 0), _us(item.new[3]))
             elif t == EXCEPTIONS_TABLE:
                 self.exceptions.append(item.new)
             elif t == lp.POSITION_TABLE:
                 v = [bytes(x or b"") for x in item.new]
                 self.position = (v[0].decode(), v[1].decode(), int(v[2]), int(v[3]), int(v[4]), 0)
 
-    def commit(self, ws: wire.Writeset) -> int:
-        """A local transaction: its GID, its rows, its stamps (every non-reference key)."""
+    def commit(self, ws: wire.Writeset, at: int = 0, stamped: Optional[int] = None) -> int:
+        """A local transaction: its GID, its rows, its stamps (every non-reference key); ``at``
+        its commit time, which its bus message gave the stamps and the log record alike
+        (``stamped``: the time its stamps say, if another)."""
         self.gid += 1
         self._apply_rows(ws)
         for k in ws.keys:
             if k.mode != wire.KeyMode.REFERENCE:
-                self.stamps[stamp_hash(k.parts)] = (self.name, self.gid, 0)
-        self.log.append(LogRecord(self.gid, "n1", 0, wire.encode(ws)))
+                self.stamps[stamp_hash(k.parts)] = (self.name, self.gid, at if stamped is None else stamped)
+        self.log.append(LogRecord(self.gid, "n1", 0, wire.encode(ws), at))
         return self.gid
 
     def apply_link(self, msg: bp.LinkWriteset) -> lp.Decision:
@@ -675,3 +684,38 @@ def test_delta_settings_are_checked() -> None:
         with pytest.raises(SettleError, match=why):
             bad.policy_for(replace(T, columns=(wire.Column("id", "integer"), wire.Column("v", "text"),
                                                wire.Column("n", "bigint"))))
+def test_latest_commit_wins_by_the_origins_commit_times() -> None:
+    """Real commit times (bus version 5, kept in the stamps and the log): the later change of one
+    row stands on both sites although the site tie-break would pick the other (B sorts last,
+    A's change is later), and both record the versions' times. Where either time is unknown (a
+    change of a release before) the tie-break alone decides, alike on both sites."""
+    a, b = sites()
+    b.commit(update("x", "from B"), at=T0 + 1_000)
+    a.commit(update("x", "from A"), at=T0 + 2_000)
+    exchange(a, b)
+    assert a.value("x") == b.value("x") == b"from A"
+    assert a.conflicts() == [('"app"."items" (id)=(x)', "row", "kept-local")]
+    assert b.conflicts() == [('"app"."items" (id)=(x)', "row", "took-remote")]
+    assert a.rows == b.rows
+    # A, the arbiter, realigned x: both hold the realignment's stamp (A's, its time unknown)
+    x = stamp_hash(key("x").parts)
+    assert a.stamps[x] == b.stamps[x] and a.stamps[x][0] == "A" and a.stamps[x][2] == 0
+    times = {(bytes(e[7] or b""), bytes(e[11] or b"")) for e in a.exceptions}
+    assert times == {(lp.timestamp_text(T0 + 2_000), lp.timestamp_text(T0 + 1_000))}  # local, remote
+    # one time unknown: the tie-break (B), on both sites
+    b.commit(update("y", "from B"), at=0)
+    a.commit(update("y", "from A"), at=T0 + 9_000)
+    exchange(a, b)
+    assert a.value("y") == b.value("y") == b"from B" and a.rows == b.rows
+
+
+def test_stamps_without_times_and_a_stream_with_them_still_settle_alike() -> None:
+    """The extension stamps local changes with no commit time (0) while the log and the stream
+    carry the real one: each site sees its own version's time as unknown and the other's as
+    known. Compared as numbers, each would take the other's version and the sites would differ;
+    an unknown time makes both compare by site and clock alone."""
+    a, b = sites()
+    a.commit(update("x", "from A"), at=T0 + 2_000, stamped=0)
+    b.commit(update("x", "from B"), at=T0 + 1_000, stamped=0)
+    exchange(a, b)
+    assert a.value("x") == b.value("x") == b"from B" and a.rows == b.rows

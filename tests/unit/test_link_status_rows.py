@@ -125,6 +125,25 @@ def test_the_inbound_says_its_oldest_waiting_transaction() -> None:
     asyncio.run(main())
 
 
+def test_the_lag_in_seconds_counts_from_the_peers_commit() -> None:
+    """With the peer's commit times in the stream, the oldest waiting transaction's lag is now
+    (this node's wall clock) minus its commit on the peer, not the time since it arrived here."""
+    link = LinkConfig("l", "west", "east", "c", "k", "pc", "s", peers=("h:1",))
+    sent: list[bp.Message] = []
+    now = [1_790_000_100.0]
+
+    async def main() -> None:
+        async def read() -> None:
+            return None
+        inbound = Inbound("w1", link, sent.append, read, window=8, wall=lambda: now[0])
+        await inbound.position()
+        await inbound.sink(RemoteTransaction("east", 6, 1_790_000_000_000_000, wire_ws()))
+        assert inbound.waiting() == (6, 100.0)
+        now[0] += 2.5
+        assert inbound.waiting() == (6, 102.5)
+    asyncio.run(main())
+
+
 def wire_ws() -> wire.Writeset:
     return wire.decode(ws((1, "eu")))
 

@@ -4,6 +4,7 @@ partner serving a growing log and a joiner (anchor, safe stop, reload, authentic
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import os
 import random
@@ -319,8 +320,8 @@ def test_records_larger_than_a_segment_stream_in_parts(tmp_path: Path, keys: rc.
     sent: list[bytes] = []
     encode = proto.encode_record_frames
 
-    def spy(r: LogRecord, protocol: int = proto.PROTOCOL) -> Iterator[bytes]:
-        for f in encode(r, protocol):
+    def spy(r: LogRecord, protocol: int = proto.PROTOCOL, times: bool = False) -> Iterator[bytes]:
+        for f in encode(r, protocol, times):
             sent.append(f[:1])
             yield f
     monkeypatch.setattr(proto, "encode_record_frames", spy)
@@ -437,5 +438,42 @@ def test_a_partner_that_goes_silent_mid_stream_is_given_up(keys: rc.ClusterKeys,
         assert time.monotonic() - started < 4
         assert [r.gid for r in got] == [1]
         server.close()
+
+    asyncio.run(main())
+
+
+def test_records_keep_their_commit_times_for_a_joiner_that_asks(tmp_path: Path, keys: rc.ClusterKeys) -> None:
+    """A joiner of this release asks for commit times in its hello and logs and stamps what the
+    partner's log kept (docs/LINKS.md section 5.1), in RECORD and PART frames alike; a joiner of a
+    release before does not ask and gets the frames it reads (no flag, no time)."""
+    r = LogRecord(7, "nöde", FLAG_DDL_SKIPPED, b"\x00payload", 1_790_000_000_000_007)
+    timed = proto.encode_record(r, times=True)
+    assert proto.decode_record(timed[5:]) == r
+    plain = proto.encode_record(r)
+    assert plain == proto.encode_record(dataclasses.replace(r, commit_time=0), times=True)
+    assert proto.decode_record(plain[5:]) == dataclasses.replace(r, commit_time=0)
+    with pytest.raises(rc.RecoveryError, match="truncated"):
+        proto.decode_record(timed[5:5 + 11 + len("nöde".encode()) + 4])
+    big = LogRecord(9, "n1", 0, b"x" * (proto.PART_BYTES + 10), 1_790_000_000_000_009)
+    parts = proto.PartAssembler()
+    out = [parts.add(f[5:]) for f in proto.encode_record_frames(big, times=True)]
+    assert out[-1] == big and out[:-1] == [None]
+
+    async def main() -> None:
+        p = _Partner(tmp_path, keys)
+        p.log.append(1, "n1", b"one", 0, 1_790_000_000_000_001)
+        p.log.append(2, "n1", b"two")
+        p.committed = 2
+        await p.server.start("127.0.0.1:0")
+        assert p.server.server is not None
+        port = p.server.server.sockets[0].getsockname()[1]
+        got: list[LogRecord] = []
+
+        async def take(rec: LogRecord) -> None:
+            got.append(rec)
+
+        assert await rc.fetch(f"127.0.0.1:{port}", keys, "cluster-1", "n9", 0, 2, take) == 2
+        assert [(x.gid, x.commit_time) for x in got] == [(1, 1_790_000_000_000_001), (2, 0)]
+        await p.server.close()
 
     asyncio.run(main())

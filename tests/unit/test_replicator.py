@@ -854,14 +854,15 @@ def test_a_joiner_delivers_what_the_answer_has_not_released_and_vouches_for_it()
     for m in g.members:
         g.act(m, g.nodes[m].on_delivery(Delivery(sender, payload)))
     assert n1.phase == Phase.ONLINE
-    g.order.appendleft(("n1", bp.encode(bp.WritesetMsg("n1", 1, writeset(0, 1)))))  # ahead of the requests
+    when = 1_790_000_000_000_001  # its commit time: the joiners get it with the answer (bus version 5)
+    g.order.appendleft(("n1", bp.encode(bp.WritesetMsg("n1", 1, writeset(0, 1), when))))  # ahead of the requests
     g.drain()
     for _ in range(3):
         g.tick()
-    assert n1.released == 1 and [a for a in g.out["n1"] if isinstance(a, LocalVerdict) and a.ok]
+    assert n1.released == 1 and [a.commit_time for a in g.out["n1"] if isinstance(a, LocalVerdict) and a.ok] == [when]
     assert g.phases() == {"n1": "online", "n2": "online", "n3": "online"}
     for m in ("n2", "n3"):
-        assert [a.gid for a in g.out[m] if isinstance(a, Apply)] == [1]
+        assert [(a.gid, a.commit_time) for a in g.out[m] if isinstance(a, Apply)] == [(1, when)]
 
 
 def test_a_node_that_gives_up_says_so_and_every_node_drops_it_at_that_place() -> None:

@@ -381,7 +381,7 @@ def test_a_catch_up_run_partly_committed_here_applies_the_rest(tmp_path: Path) -
             self.calls: list[tuple[int, int, list[wire.Writeset]]] = []
 
         async def apply_run(self, gid: int, wait_for: int, writesets: list[wire.Writeset], ddl_ok: bool = True,
-                            prev: int = -1) -> bool:
+                            prev: int = -1, commit_time: int = 0) -> bool:
             self.calls.append((gid, wait_for, list(writesets)))
             if len(self.calls) == 1:
                 raise PartlyCommitted(gid, 12)
@@ -424,7 +424,7 @@ def test_several_catch_up_runs_applied_as_one_and_partly_committed_go_again_one_
         pid = 0
 
         async def apply_run(self, gid: int, wait_for: int, writesets: list[wire.Writeset], ddl_ok: bool = True,
-                            prev: int = -1) -> bool:
+                            prev: int = -1, commit_time: int = 0) -> bool:
             raise PartlyCommitted(gid, 12)
 
     async def scenario() -> tuple[list[int], list[list[int]]]:

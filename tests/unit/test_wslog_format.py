@@ -19,13 +19,13 @@ def test_unknown_format_version_is_refused(tmp_path: Path) -> None:
     wl.close()
     path = segment_files(tmp_path)[0]
     raw = bytearray(path.read_bytes()[:64])
-    raw[8:10] = struct.pack("<H", 3)
+    raw[8:10] = struct.pack("<H", 4)
     raw[56:60] = struct.pack("<I", crc32c.crc32c(bytes(raw[:56])))
     patch(path, 0, bytes(raw))
-    with pytest.raises(LogCorrupt, match="version 3"):
+    with pytest.raises(LogCorrupt, match="version 4"):
         make(tmp_path)
     res = inspect_segment(str(path))
-    assert res["state"] == "bad header" and "version 3" in res["header_problem"]
+    assert res["state"] == "bad header" and "version 4" in res["header_problem"]
 
 
 def test_a_version_1_log_is_read_and_appended_to(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from chorus.wslog import (DATA_START, LogCorrupt, LogError, LogRangeUnavailable, LogRecord, WritesetLog, inspect_segment,
                           verify_directory)
 
-from wslog_helpers import SEG, append_records, big, fill, make, patch, read_all, record, segment_files
+from wslog_helpers import SEG, append_records, big, fill, make, patch, read_all, record, segment_files, set_version
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -283,3 +283,55 @@ def test_open_up_to_a_gid_cuts_a_record_in_pieces_whole(tmp_path: Path, upto: in
     assert read_all(wl, 0)[:5] == written
     wl.close()
     assert verify_directory(str(tmp_path))["ok"]
+
+
+def test_records_keep_their_commit_times(tmp_path: Path) -> None:
+    """Format version 3: a record may carry its origin's commit time (the bus message's, docs/LINKS.md
+    section 5.1), in its origin field; readers, a reopened log, records in pieces and `chorus log
+    inspect` return it, and a record without one reads 0."""
+    import dataclasses
+
+    wl = make(tmp_path)
+    timed = [dataclasses.replace(r, commit_time=1_790_000_000_000_000 + r.gid) for r in fill_none(range(1, 30))]
+    for r in timed:
+        wl.append(r.gid, r.origin, r.payload, r.flags, r.commit_time)
+    plain = fill(wl, [30])
+    large = dataclasses.replace(big(31, 2.5), commit_time=1_790_000_000_999_999)
+    wl.append(large.gid, large.origin, large.payload, large.flags, large.commit_time)
+    written = timed + plain + [large]
+    assert read_all(wl, 0) == written and read_all(wl, 0)[29].commit_time == 0
+    wl.close()
+    assert verify_directory(str(tmp_path))["ok"]
+    listed = {r["gid"]: r for p in segment_files(tmp_path) for r in inspect_segment(str(p))["records"]}
+    assert listed[5]["commit_time"] == 1_790_000_000_000_005 and "commit_time" not in listed[30]
+    assert listed[5]["origin"] == timed[4].origin
+    wl = make(tmp_path)
+    assert read_all(wl, 0) == written
+    wl.close()
+
+
+def fill_none(gids: range) -> list[LogRecord]:
+    return [record(g) for g in gids]
+
+
+def test_a_commit_time_starts_a_new_segment_after_one_of_an_older_format(tmp_path: Path) -> None:
+    """A log written by the release before has version 2 segments, which cannot hold a commit time
+    (that release's reader refuses the flag): the first record with one starts a version 3
+    segment; a version 2 segment holding the flag is cut there, like any record it cannot read."""
+    wl = make(tmp_path)
+    fill(wl, [1, 2])
+    wl.close()
+    set_version(segment_files(tmp_path)[0], 2)
+    wl = make(tmp_path)
+    wl.append(3, "n1", b"three", 0, 1_790_000_000_000_003)
+    assert [(r.gid, r.commit_time) for r in read_all(wl, 0)] == [(1, 0), (2, 0), (3, 1_790_000_000_000_003)]
+    assert wl.stats()["segments"] == 2
+    wl.close()
+    versions = sorted(inspect_segment(str(p))["header"]["version"] for p in segment_files(tmp_path)
+                      if inspect_segment(str(p))["records"])
+    assert versions == [2, 3]
+    # the same record in the version 2 segment: not read there (the log ends before it)
+    set_version([p for p in segment_files(tmp_path) if inspect_segment(str(p))["header"]["version"] == 3][0], 2)
+    wl = make(tmp_path)
+    assert [r.gid for r in read_all(wl, 0)] == [1, 2]
+    wl.close()

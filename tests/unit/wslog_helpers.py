@@ -40,7 +40,7 @@ def read_all(wl: WritesetLog, after_gid: int, max_gid: int = 2**63, max_bytes: i
     out: list[LogRecord] = []
     while batch := rd.read(max_gid, max_bytes):
         # a record logged in pieces is read where it lies; bytes() reads (and checks) its pieces
-        out.extend(LogRecord(r.gid, r.origin, r.flags, bytes(r.payload)) for r in batch)
+        out.extend(LogRecord(r.gid, r.origin, r.flags, bytes(r.payload), r.commit_time) for r in batch)
     rd.close()
     return out
 
@@ -72,3 +72,15 @@ def big(gid: int, segments: float) -> LogRecord:
 
 def append_records(wl: WritesetLog, records: list[LogRecord]) -> None:
     wl.append_many([(r.gid, r.origin, r.payload, r.flags) for r in records])
+
+
+def set_version(path: Path, version: int) -> None:
+    """Rewrite a segment's header to say format ``version`` (its CRC made again)."""
+    import struct
+
+    import crc32c
+
+    raw = bytearray(path.read_bytes()[:64])
+    raw[8:10] = struct.pack("<H", version)
+    raw[56:60] = struct.pack("<I", crc32c.crc32c(bytes(raw[:56])))
+    patch(path, 0, bytes(raw))

@@ -1,4 +1,4 @@
-"""Messages coordinators exchange over the bus, versions 3 and 4.
+"""Messages coordinators exchange over the bus, versions 3 to 5.
 
 Every message starts with ``u8 version`` and ``u8 type``; readers reject versions outside the
 range they speak and unknown types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8,
@@ -11,7 +11,10 @@ cluster's, bus/versions.py). Version 4 adds the protocol negotiation to the join
 cluster's version and every member's range at the request's place). Version 3 has no place for
 them: written at version 3 they ride in the two strings a version-3 reader carries without
 reading them (:func:`_fold`), so a node of this code joins a cluster of the release before and
-the cluster moves to 4 once its last version-3 node is gone.
+the cluster moves to 4 once its last version-3 node is gone. Version 5 adds the origin's commit
+time to the writeset messages (``W``, ``M``: a ``u64`` after the ticket, after the origin); a
+message written at 3 or 4 has none (read as 0, unknown), and a node that speaks up to 4 refuses a
+version-5 message as a version it does not read.
 
 | type | message | who sends it |
 | --- | --- | --- |
@@ -60,8 +63,10 @@ from chorus.spool import Concat, SpooledBuffer
 # 3: re-forming without a synced member (epochs, member records, Leave). LinkWriteset (K) came
 # later within 3: a coordinator of an earlier release refuses it as an unknown type.
 # 4: the join handshake carries the protocol versions each node speaks (module docstring).
+# 5: writeset messages (W, M) carry their origin's commit time (docs/LINKS.md section 5.1).
 MIN_VERSION = 3  # the lowest version this code reads and writes
-VERSION = 4  # the highest
+VERSION = 5  # the highest
+TIMED = 5  # the first version whose writeset messages carry a commit time
 SPEAKS = (MIN_VERSION, VERSION)
 RangeT = tuple[int, int]  # (lowest, highest) bus protocol version a node speaks
 LEGACY = (3, 3)  # what a node that says nothing of its versions speaks (a release before 4)
@@ -98,6 +103,9 @@ class WritesetMsg:
     origin: str  # node name
     ticket: int  # origin-local id matching the waiting backend
     writeset: bytes
+    # the origin's commit time: its coordinator's wall clock when it sent the message, µs since the
+    # Unix epoch (version 5; 0: unknown, a message of version 3 or 4). Every node reads the same.
+    commit_time: int = 0
 
 
 @dataclass(frozen=True)
@@ -107,9 +115,10 @@ class WritesetBatch:
 
     origin: str
     items: tuple[tuple[int, bytes], ...]  # (ticket, writeset)
+    commit_time: int = 0  # every item's (WritesetMsg.commit_time)
 
     def messages(self) -> list[WritesetMsg]:
-        return [WritesetMsg(self.origin, t, w) for t, w in self.items]
+        return [WritesetMsg(self.origin, t, w, self.commit_time) for t, w in self.items]
 
 
 @dataclass(frozen=True)
@@ -483,11 +492,13 @@ def encode(m: Message, version: int = VERSION) -> bytes:
         m = _fold(m)
     if isinstance(m, WritesetMsg):
         prefix = head + MessageType.WRITESET.value + _s(m.origin) + struct.pack(">Q", m.ticket)
+        if version >= TIMED:
+            prefix += struct.pack(">Q", m.commit_time)
         if isinstance(m.writeset, SpooledBuffer):  # a large writeset: the bus slices it from its file
             return Concat(prefix, m.writeset)  # sliced like bytes by the bus
         return prefix + m.writeset
     if isinstance(m, WritesetBatch):
-        return _encode_writesets(m.origin, m.items, version)
+        return _encode_writesets(m.origin, m.items, version, m.commit_time)
     if isinstance(m, GidRequest):
         return (head + MessageType.GID_REQUEST.value + _s(m.node) + _s(m.request_id) + _s(m.cluster_uuid)
                 + struct.pack(">QBQQ", m.last_gid, 1 if m.join else 0, m.log_after, m.log_high) + _epochs(m.epochs)
@@ -559,32 +570,40 @@ def encode(m: Message, version: int = VERSION) -> bytes:
     raise TypeError(f"not a bus message: {m!r}")
 
 
-def py_encode_writesets(origin: str, items: Iterable[tuple[int, bytes]], version: int = VERSION) -> bytes:
-    """A WritesetBatch message: the origin, the count, and each (ticket, writeset). Its layout is
-    the same in versions 3 and 4."""
+def py_encode_writesets(origin: str, items: Iterable[tuple[int, bytes]], version: int = VERSION,
+                        commit_time: int = 0) -> bytes:
+    """A WritesetBatch message: the origin, from version 5 the commit time, the count, and each
+    (ticket, writeset)."""
     items = list(items)
-    out = [bytes([_version(version)]), MessageType.WRITESET_BATCH.value, _s(origin), struct.pack(">I", len(items))]
+    out = [bytes([_version(version)]), MessageType.WRITESET_BATCH.value, _s(origin)]
+    if version >= TIMED:
+        out.append(struct.pack(">Q", commit_time))
+    out.append(struct.pack(">I", len(items)))
     out += [struct.pack(">Q", t) + _blob(w) for t, w in items]
     return b"".join(out)
 
 
-def py_decode_writesets(b: bytes, speaks: RangeT = SPEAKS) -> tuple[str, list[tuple[int, bytes]]]:
-    """(origin, [(ticket, writeset)]) of a WritesetMsg or a WritesetBatch message."""
+def py_decode_writesets(b: bytes, speaks: RangeT = SPEAKS) -> tuple[str, list[tuple[int, bytes]], int]:
+    """(origin, [(ticket, writeset)], commit time) of a WritesetMsg or a WritesetBatch message
+    (the commit time 0 before version 5)."""
     r = _R(b)
-    _check_version(r.take(1)[0], speaks)
+    version = r.take(1)[0]
+    _check_version(version, speaks)
     t = r.take(1)
     if t not in (MessageType.WRITESET.value, MessageType.WRITESET_BATCH.value):
         raise BusProtoError(f"not a writeset message: type {t!r}")
     origin = r.s()
     if t == MessageType.WRITESET.value:
         ticket = r.u64()
-        return origin, [(ticket, b[r.p:])]
+        commit_time = r.u64() if version >= TIMED else 0
+        return origin, [(ticket, b[r.p:])], commit_time
+    commit_time = r.u64() if version >= TIMED else 0
     n = r.u32()
     if n > len(b):
         raise BusProtoError("batch count exceeds the message length")
     items = [(r.u64(), r.blob()) for _ in range(n)]
     r.end()
-    return origin, items
+    return origin, items, commit_time
 
 
 def _read_link(r: "_R", version: int) -> LinkWriteset:
@@ -611,12 +630,14 @@ def _check_version(version: int, speaks: RangeT) -> None:
 def _decode_spooled(b: SpooledBuffer, speaks: RangeT) -> Message:
     """A large message the bus gathered in a spool file: a writeset message reads its head only
     and keeps the writeset where it is; another kind (never this large in practice) is read."""
-    r = _R(b[:4 + 0xFFFF + 8])
-    _check_version(r.take(1)[0], speaks)
+    r = _R(b[:4 + 0xFFFF + 16])
+    version = r.take(1)[0]
+    _check_version(version, speaks)
     if r.take(1) != MessageType.WRITESET.value:
         return decode(b[:], speaks)
     origin, ticket = r.s(), r.u64()
-    return WritesetMsg(origin, ticket, b.sub(r.p))  # type: ignore[arg-type]
+    commit_time = r.u64() if version >= TIMED else 0
+    return WritesetMsg(origin, ticket, b.sub(r.p), commit_time)  # type: ignore[arg-type]
 
 
 def carries_writesets(b: Union[bytes, SpooledBuffer]) -> bool:
@@ -635,11 +656,11 @@ def decode(b: Union[bytes, SpooledBuffer], speaks: RangeT = SPEAKS) -> Message:
     t = r.take(1)
     m: Message
     if t == MessageType.WRITESET:
-        origin, items = _decode_writesets(b, speaks)
-        return WritesetMsg(origin, *items[0])
+        origin, items, commit_time = _decode_writesets(b, speaks)
+        return WritesetMsg(origin, *items[0], commit_time)
     if t == MessageType.WRITESET_BATCH:
-        origin, items = _decode_writesets(b, speaks)
-        return WritesetBatch(origin, tuple(items))
+        origin, items, commit_time = _decode_writesets(b, speaks)
+        return WritesetBatch(origin, tuple(items), commit_time)
     if t == MessageType.GID_REQUEST:
         node, rid, uuid, last_gid, join = r.s(), r.s(), r.s(), r.u64(), r.take(1)
         if join not in (b"\x00", b"\x01"):
@@ -722,7 +743,7 @@ _cproto = impl.compiled("_cproto")
 if _cproto is not None:
     _cproto.bind_bus(sys.modules[__name__])
 IMPL = impl.chosen(_cproto)
-_encode_writesets: Callable[[str, Iterable[tuple[int, bytes]], int], bytes] = py_encode_writesets
-_decode_writesets: Callable[[bytes, RangeT], tuple[str, list[tuple[int, bytes]]]] = py_decode_writesets
+_encode_writesets: Callable[[str, Iterable[tuple[int, bytes]], int, int], bytes] = py_encode_writesets
+_decode_writesets: Callable[[bytes, RangeT], tuple[str, list[tuple[int, bytes]], int]] = py_decode_writesets
 if IMPL == "c" and _cproto is not None:
     _encode_writesets, _decode_writesets = _cproto.encode_writesets, _cproto.decode_writesets

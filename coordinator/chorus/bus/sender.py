@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import deque
 from typing import Any, Callable, Coroutine, Optional, Union
 
@@ -90,6 +91,9 @@ class BusSender:
         self._waiting = 0  # messages handed to a task because the bus could not take them at once
         self._pump_scheduled = False
         self.own = OwnMessages()
+        # the origin commit time a writeset message carries (bus version 5): this node's wall
+        # clock when it sends it, µs since the Unix epoch (the simulation sets its own)
+        self.wall_us: Callable[[], int] = lambda: time.time_ns() // 1000
         # the bus protocol version to write (the replicator's send_version: bus/versions.py)
         self.version: Callable[[], int] = lambda: bp.VERSION
 
@@ -139,8 +143,9 @@ class BusSender:
                 n += 1
                 size += len(payload)
             batch, self.outbox = self.outbox[:n], self.outbox[n:]
-            msg: bp.Message = (bp.WritesetMsg(self.node, *batch[0]) if n == 1
-                               else bp.WritesetBatch(self.node, tuple(batch)))
+            now = self.wall_us()
+            msg: bp.Message = (bp.WritesetMsg(self.node, *batch[0], commit_time=now) if n == 1
+                               else bp.WritesetBatch(self.node, tuple(batch), now))
             self.batches += 1
             self.writesets += n
             self._in_flight += 1

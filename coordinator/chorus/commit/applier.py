@@ -110,6 +110,9 @@ class ApplySession:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._waiter: Optional[asyncio.Future[Optional[pq.abc.PGresult]]] = None
         self._result: Optional[pq.abc.PGresult] = None
+        # the extension takes the origin commit time of what it applies (chorus.commit_time, for
+        # the row stamps of a site with links); False with an extension of a release before
+        self.timed = False
 
     async def connect(self) -> None:
         self.conn = await psycopg.AsyncConnection.connect(
@@ -127,9 +130,11 @@ class ApplySession:
             for setting in ("datestyle = 'ISO'", "intervalstyle = 'postgres'", "timezone = 'UTC'",
                             "extra_float_digits = 3", "bytea_output = 'hex'"):
                 await cur.execute("SET " + setting)
-            await cur.execute("SELECT pg_backend_pid()")
+            await cur.execute("SELECT pg_backend_pid(), "
+                              "pg_catalog.current_setting('chorus.commit_time', true) IS NOT NULL")
             row = await cur.fetchone()
             self.pid = int(row[0]) if row else 0
+            self.timed = bool(row[1]) if row else False
         await self._prepare()
 
     async def _prepare(self) -> None:
@@ -137,12 +142,18 @@ class ApplySession:
         connection after some commands (DROP, ALTER, ROLLBACK): then it is prepared again."""
         assert self.conn is not None
         self._stop_reading()
-        await self.conn.execute(b"PREPARE " + _APPLY + b" (bigint, bigint, bytea, bigint) AS "
-                                b"SELECT chorus.apply_writeset($1, $2, $3, $4)")
+        # with the commit time: set for the transaction before the apply runs (the subquery, kept
+        # apart by OFFSET 0, gives the row the call is evaluated on)
+        set_time = b" FROM (SELECT pg_catalog.set_config('chorus.commit_time', $%d, true) OFFSET 0) AS t"
+        await self.conn.execute(b"PREPARE " + _APPLY + b" (bigint, bigint, bytea, bigint"
+                                + (b", text" if self.timed else b"") + b") AS SELECT chorus.apply_writeset($1, $2, $3, $4)"
+                                + (set_time % 5 if self.timed else b""))
         await self.conn.execute(b"PREPARE " + _APPLY_RUN + b" (bigint, bigint, bytea, bigint) AS "
                                 b"SELECT chorus.apply_run($1, $2, $3)")
-        await self.conn.execute(b"PREPARE " + _APPLY_FILE + b" (bigint, bigint, text, bigint, bigint, bigint) AS "
-                                b"SELECT chorus.apply_writeset_file($1, $2, $3, $4, $5, $6)")
+        await self.conn.execute(b"PREPARE " + _APPLY_FILE + b" (bigint, bigint, text, bigint, bigint, bigint"
+                                + (b", text" if self.timed else b"")
+                                + b") AS SELECT chorus.apply_writeset_file($1, $2, $3, $4, $5, $6)"
+                                + (set_time % 7 if self.timed else b""))
 
     async def close(self) -> None:
         self._stop_reading()
@@ -153,17 +164,18 @@ class ApplySession:
                 self.conn = None
 
     async def apply_run(self, gid: int, wait_for: int, writesets: Sequence[wire.Writeset],
-                        ddl_ok: bool = True, prev: int = -1) -> bool:
+                        ddl_ok: bool = True, prev: int = -1, commit_time: int = 0) -> bool:
         """Apply one certified writeset, or a run of consecutive ones (no other certified GID
         between them), the last one GID ``gid``, as one transaction committed as ``gid`` once
         ``wait_for`` is committed; raise TransientApplyError or ApplyError. A writeset with schema
         changes runs once every earlier GID has committed here (the extension waits for
         ``prev``) and is always alone; one that failed on its origin (``ddl_ok`` false) commits
         nothing but its GID. ``prev``: the GID certified before the run (-1: ``wait_for``; they
-        differ with several commit lanes, where a run is one writeset). False if ``gid`` was
+        differ with several commit lanes, where a run is one writeset). ``commit_time``: the origin
+        commit time of a single writeset, which the row stamps record. False if ``gid`` was
         committed here already."""
         try:
-            await self._apply(gid, wait_for, writesets, ddl_ok, prev)
+            await self._apply(gid, wait_for, writesets, ddl_ok, prev, commit_time=commit_time)
             return True
         except AlreadyCommitted:
             return False
@@ -239,7 +251,7 @@ class ApplySession:
             raise await self._failure(0, e, "committing a schema change every node applied: ") from e
 
     async def _apply(self, gid: int, wait_for: int, writesets: Sequence[wire.Writeset], ddl_ok: bool,
-                     prev: int = -1, hold: bool = False) -> None:
+                     prev: int = -1, hold: bool = False, commit_time: int = 0) -> None:
         try:
             if self.conn is None or self.conn.closed:
                 await self.connect()
@@ -282,14 +294,14 @@ class ApplySession:
                 self._stop_reading()
                 await conn.execute(b"BEGIN")
             try:
-                await self._call(conn, name, gid, wait_for, data, prev, where)
+                await self._call(conn, name, gid, wait_for, data, prev, where, commit_time)
             except psycopg.errors.InvalidSqlStatementName:  # deallocated: nothing ran
                 if hold:  # (and the transaction it failed in is over)
                     await self._rollback()
                 await self._prepare()
                 if hold:
                     await conn.execute(b"BEGIN")
-                await self._call(conn, name, gid, wait_for, data, prev, where)
+                await self._call(conn, name, gid, wait_for, data, prev, where, commit_time)
             except psycopg.errors.InsufficientPrivilege:
                 if name != _APPLY_FILE:
                     raise
@@ -297,7 +309,8 @@ class ApplySession:
                 # writeset goes as a parameter, as a small one does (nothing ran: the check is first)
                 log.warning("GID %d: PostgreSQL cannot read the spool file %s (run the coordinator as "
                             "the server's user); sending the writeset in the statement", gid, data.decode())
-                await self._call(conn, _APPLY, gid, wait_for, bytes(first.raw or wire.encode(first)), prev)
+                await self._call(conn, _APPLY, gid, wait_for, bytes(first.raw or wire.encode(first)), prev,
+                                 commit_time=commit_time)
         except psycopg.Error as e:
             what, tail = "", ""
             if first.has_schema and ddl_ok:
@@ -316,15 +329,18 @@ class ApplySession:
             await self.concurrent.start(gid, first.statements[0])
 
     async def _call(self, conn: psycopg.AsyncConnection[Any], statement: bytes, gid: int, wait_for: int,
-                    data: bytes, prev: int, where: tuple[int, int] = (0, -1)) -> None:
+                    data: bytes, prev: int, where: tuple[int, int] = (0, -1), commit_time: int = 0) -> None:
         """Run prepared ``statement(gid, wait_for, data, prev)`` as one autocommitted statement
-        (for a spool file, ``data`` is its path and ``where`` the writeset's offset and length)."""
+        (for a spool file, ``data`` is its path and ``where`` the writeset's offset and length;
+        with an extension that takes it, the origin ``commit_time`` last)."""
         pg = conn.pgconn
+        timed = [b"%d" % commit_time] if self.timed and statement != _APPLY_RUN else []
         if statement == _APPLY_FILE:
             pg.send_query_prepared(statement, [b"%d" % gid, b"%d" % wait_for, data, b"%d" % prev,
-                                               b"%d" % where[0], b"%d" % where[1]], [0, 0, 0, 0, 0, 0])
+                                               b"%d" % where[0], b"%d" % where[1], *timed], [0] * (6 + len(timed)))
         else:
-            pg.send_query_prepared(statement, [b"%d" % gid, b"%d" % wait_for, data, b"%d" % prev], [0, 0, 1, 0])
+            pg.send_query_prepared(statement, [b"%d" % gid, b"%d" % wait_for, data, b"%d" % prev, *timed],
+                                   [0, 0, 1, 0] + [0] * len(timed))
         loop = self._loop
         if loop is None:  # kept: looking it up costs a system call (getpid) per apply in Python 3.11
             loop = self._loop = asyncio.get_running_loop()

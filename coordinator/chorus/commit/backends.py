@@ -232,7 +232,8 @@ class BackendServer:
             return
         p = self.pipeline.admit_local(v, b)
         if p is not None and b is not None:  # its backend commits it now
-            b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, p.wait_for, "", prev=v.prev))
+            # the message of a COMMIT verdict is the origin commit time the stamps record (docs/PROTOCOL.md 1)
+            b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, v.gid, p.wait_for, _time_text(v.commit_time), prev=v.prev))
 
     @staticmethod
     def settled(p: Pending, ok: bool, failure: str) -> None:
@@ -243,7 +244,7 @@ class BackendServer:
         if not isinstance(b, Backend) or b.closed:
             return
         if ok:
-            b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, p.gid, p.wait_for, "", prev=p.prev))
+            b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT, p.gid, p.wait_for, _time_text(p.commit_time), prev=p.prev))
             return
         node, _, reason = failure.partition(": ")
         state, _, text = reason.partition(" ")
@@ -258,3 +259,9 @@ class BackendServer:
         b = p.backend
         if isinstance(b, Backend) and not b.closed:
             b.send(bpf.verdict_frame(bpf.VERDICT_COMMIT if ok else bpf.VERDICT_REFUSED, p.gid, p.prev, error))
+
+
+def _time_text(commit_time: int) -> str:
+    """A COMMIT verdict's message: the writeset's origin commit time in decimal µs ("" unknown),
+    which the extension's stamps record (extension/chorus_coord.c chorus_verdict_commit_time)."""
+    return str(commit_time) if commit_time > 0 else ""

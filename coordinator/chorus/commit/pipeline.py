@@ -103,6 +103,9 @@ class Pending:
     link: Optional[bp.LinkWriteset] = None
     link_final: Optional[bytes] = None
     link_decision: Optional[link_position.Decision] = None
+    # its origin's commit time, µs since the Unix epoch, as its bus message (or log record) said:
+    # the same on every node (0: unknown); kept in its log record
+    commit_time: int = 0
 
     def run(self) -> tuple[wire.Writeset, ...]:
         """The writesets its commit applies, in GID order."""
@@ -210,7 +213,8 @@ class CommitPipeline:
             self._settle(p, *early)
         # a link writeset's record waits, as a schema change's does, for what it commits (its
         # apply decides: link/position.py), and is logged as that
-        self.feeder.certified(p.gid, p.origin, raw(p.writeset), p.writeset.toi or p.settle or p.link is not None)
+        self.feeder.certified(p.gid, p.origin, raw(p.writeset), p.writeset.toi or p.settle or p.link is not None,
+                              p.commit_time)
         if p.settle and p.settle_ok is not None:
             self._log_outcome(p)
         keys = order_keys(p.writeset)
@@ -245,7 +249,7 @@ class CommitPipeline:
         gone) or when its backend hears later (a schema change that commits once every node has
         reported: :meth:`settled`, ``Hooks.tell_backend``)."""
         assert v.ok and v.writeset is not None
-        p = Pending(v.gid, v.prev, self.name, v.writeset, backend, settle=v.settle)
+        p = Pending(v.gid, v.prev, self.name, v.writeset, backend, settle=v.settle, commit_time=v.commit_time)
         self.admit(p, local=True)
         if backend is None or backend.closed:
             log.info("backend of certified GID %d is gone: replaying it", v.gid)
@@ -509,7 +513,8 @@ class CommitPipeline:
                     self._log_link(p)
                 else:
                     done = await session.apply_run(gid, first.wait_for, writesets,
-                                                   ddl_ok=p.ddl_ok is not False and not p.skip, prev=first.prev)
+                                                   ddl_ok=p.ddl_ok is not False and not p.skip, prev=first.prev,
+                                                   commit_time=p.commit_time if len(writesets) == 1 else 0)
             finally:
                 self.waiters.pop(gid, None)
             self.last_apply_ms = (time.monotonic() - t0) * 1000

@@ -732,11 +732,13 @@ class NativeOrderCore(LocalWritesets):
         """The action of a held writeset, released or listed."""
         if ref.action is not None:
             return ref.action
+        when = ref.msg.commit_time if isinstance(ref.msg, bp.WritesetMsg) else 0
         if r.local:
-            return LocalVerdict(int(r.ticket), True, int(r.gid), int(r.prev), "", ref.writeset(), settle=bool(r.settle))
+            return LocalVerdict(int(r.ticket), True, int(r.gid), int(r.prev), "", ref.writeset(), settle=bool(r.settle),
+                                commit_time=when)
         link = ref.msg if r.link and isinstance(ref.msg, bp.LinkWriteset) else None
         return Apply(int(r.gid), int(r.prev), self._cert._names[r.origin], ref.writeset(), settle=bool(r.settle),
-                     link=link)
+                     link=link, commit_time=when)
 
     def _actions(self, ddl: Optional[tuple[bool, str, Optional[wire.Writeset]]] = None) -> list[Action]:
         """The C core's outputs of the last call, as OrderCore's actions."""

@@ -87,14 +87,21 @@ class Conflict:
 def unstable_entry(node: str, gid: int, a: Action, version: int = bp.VERSION) -> tuple[int, int, str, bytes]:
     """A held writeset as a GID answer carries it: (GID, the GID before it, origin, writeset);
     ``node`` is the answering node, the origin of its local ones; a link writeset travels as its
-    message (its origin says so), written at bus protocol ``version`` (the answer's)."""
+    message (its origin says so), written at bus protocol ``version`` (the answer's); from version
+    5 a writeset with a commit time travels as its message too (``WritesetMsg``, ticket 0), so the
+    joiner stamps it as the others did (a writeset itself begins with ``wire.MAGIC``, a message
+    with its version)."""
     if isinstance(a, LocalVerdict):
         assert a.writeset is not None
-        return gid, a.prev, node, a.writeset.raw or wire.encode(a.writeset)
-    assert isinstance(a, Apply)
-    if a.link is not None:
-        return gid, a.prev, a.origin, bp.encode(a.link, version)
-    return gid, a.prev, a.origin, a.writeset.raw or wire.encode(a.writeset)
+        origin, raw = node, a.writeset.raw or wire.encode(a.writeset)
+    else:
+        assert isinstance(a, Apply)
+        if a.link is not None:
+            return gid, a.prev, a.origin, bp.encode(a.link, version)
+        origin, raw = a.origin, a.writeset.raw or wire.encode(a.writeset)
+    if a.commit_time and version >= bp.TIMED and isinstance(raw, bytes):
+        return gid, a.prev, origin, bp.encode(bp.WritesetMsg(origin, 0, raw, a.commit_time), version)
+    return gid, a.prev, origin, raw
 
 
 # A schema change's report round: opened by the control plane for schema changes that every node
@@ -307,9 +314,10 @@ class OrderCore(LocalWritesets):
         settle = not ws.toi and ws.has_schema and not ws.concurrent and self.open_round(gid, msg.origin)
         if local:
             self.stats.local_certified += 1
-            return self._hold(gid, LocalVerdict(msg.ticket, True, gid, prev, "", ws, settle=settle))
+            return self._hold(gid, LocalVerdict(msg.ticket, True, gid, prev, "", ws, settle=settle,
+                                                commit_time=msg.commit_time))
         self.stats.remote_certified += 1
-        return self._hold(gid, Apply(gid, prev, msg.origin, ws, settle=settle))
+        return self._hold(gid, Apply(gid, prev, msg.origin, ws, settle=settle, commit_time=msg.commit_time))
 
     def ddl_settled(self, gid: int, ok: bool, error: str, content: Optional[wire.Writeset] = None) -> list[Action]:
         """Schema change ``gid``'s outcome is known: record what it touched (if it ran), then

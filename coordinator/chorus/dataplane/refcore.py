@@ -78,8 +78,8 @@ class MemoryLog:
     def max_payload(self, origin: str) -> int:
         return self._max_payload
 
-    def append_many(self, records: list[tuple[int, str, Any, int]]) -> None:
-        for gid, _, _, _ in records:
+    def append_many(self, records: list[tuple[int, str, Any, int, int]]) -> None:
+        for gid, *_ in records:
             if gid <= self.end_gid:
                 raise CoreFault(f"log append of GID {gid} after GID {self.end_gid}")
             self.gids.append(gid)
@@ -106,9 +106,9 @@ class _TappedLog:
         n: int = self.log.max_payload(origin)
         return n
 
-    def append_many(self, records: list[tuple[int, str, Any, int]]) -> None:
-        if records:
-            self.core._emit(ev.LogAppend(tuple((g, o, f, bytes(p)) for g, o, p, f in records)))
+    def append_many(self, records: list[tuple[int, str, Any, int, int]]) -> None:
+        if records:  # (the trace keeps no commit time: the reference core's messages carry none)
+            self.core._emit(ev.LogAppend(tuple((g, o, f, bytes(p)) for g, o, p, f, *_ in records)))
         self.log.append_many(records)
 
     def reset(self, after: int) -> None:

@@ -70,6 +70,17 @@ class Version:
         return (self.commit_time, self.site, self.clock)
 
 
+def latest(a: Version, b: Version) -> Version:
+    """The later of two versions by latest-commit-wins: by commit time, then site, then clock,
+    where both times are known; where either is 0 (unknown: a change made or logged by a release
+    before commit times, or the realignment's), by site then clock alone. Both sites compare the
+    same two versions, so they pick alike whichever rule applies; comparing a known time with an
+    unknown one as a number would make every unknown time lose on one side only."""
+    if a.commit_time and b.commit_time:
+        return a if a.order >= b.order else b
+    return a if (a.site, a.clock) >= (b.site, b.clock) else b
+
+
 # a key column's type as the writeset names it (format_type's name, or the catalog's)
 _INTS = {"int2": 2, "smallint": 2, "int4": 4, "integer": 4, "int8": 8, "bigint": 8, "oid": 4}
 

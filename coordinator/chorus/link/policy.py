@@ -17,7 +17,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Optional, Protocol
 
 from chorus import wire
-from chorus.link.events import SiteId, Version
+from chorus.link.events import SiteId, Version, latest
 
 
 class PolicyError(ValueError):
@@ -78,14 +78,15 @@ class PrimaryWins:
 @dataclass(frozen=True)
 class LatestCommitWins:
     """The version with the later origin commit time stands; equal times go to the site that
-    sorts last, then to the higher clock value: a total order, the same everywhere."""
+    sorts last, then to the higher clock value: a total order, the same everywhere. A version
+    whose time is unknown (0) is compared by site and clock alone (events.latest)."""
 
     name: str = "latest-commit-wins"
 
     def decide(self, table: wire.Table, local: Version, remote: Version) -> Decision:
-        if local.order == remote.order:
+        if (local.site, local.clock) == (remote.site, remote.clock):
             raise PolicyError(f"two versions with the same origin, clock and time {local.order}")
-        return _pick(local, remote, local if local.order > remote.order else remote)
+        return _pick(local, remote, latest(local, remote))
 
 
 _INT_SIZES = {"smallint": 2, "int2": 2, "integer": 4, "int4": 4, "bigint": 8, "int8": 8}
@@ -206,10 +207,9 @@ class FunctionPolicy:
         first, second = (local, remote) if local.site == self.arbiter else (remote, local)
         values = self.evaluate(self.function, table, first, second)
         if values == local.values and values == remote.values:
-            winner = max(local, remote, key=lambda v: v.order)
-            return Decision(Outcome.KEEP_LOCAL, winner, values)
+            return Decision(Outcome.KEEP_LOCAL, latest(local, remote), values)
         if values == local.values:
             return Decision(Outcome.KEEP_LOCAL, local, values)
         if values == remote.values:
             return Decision(Outcome.TAKE_REMOTE, remote, values)
-        return Decision(Outcome.MERGED, max(local, remote, key=lambda v: v.order), values)
+        return Decision(Outcome.MERGED, latest(local, remote), values)

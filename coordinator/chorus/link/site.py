@@ -96,8 +96,10 @@ def provenance(link: LinkConfig) -> Callable[[LogRecord], Provenance]:
     peer's clock value this site had applied when it committed (the link's row it wrote), which
     the sender passes back so the peer's ``max_replicated`` moves; on the link's arbiter, also
     the realignment its exceptions call for (link/settle.py ``realignment``, docs/LINKS.md
-    section 7.1), which the sender sends as this site's change at that GID. Commit times are not
-    in the log: 0 (later)."""
+    section 7.1), which the sender sends as this site's change at that GID. A record of this
+    site's own carries the commit time its log record kept (the bus message's, the same on every
+    node; 0 for one logged by a release before); a realignment carries 0, as the stamps of the
+    rows it realigns on this site say (link/settle.py)."""
     own = lp.origin(link.name)
     try:
         arbiter = link_settings(link).arbiter == link.site
@@ -114,7 +116,7 @@ def provenance(link: LinkConfig) -> Callable[[LogRecord], Provenance]:
                               realign=realignment(ws) if arbiter else None)
         if lp.is_link_origin(record.origin):
             return Provenance(0, applied_from=record.origin)  # another link's: a third site (chains: later)
-        return Provenance(0)
+        return Provenance(record.commit_time)
     return facts
 
 
@@ -196,9 +198,13 @@ class Inbound:
         self.send(msg)
 
     def waiting(self) -> tuple[Optional[int], float]:
-        """The peer GID of the oldest transaction sent on and not applied yet, and how long ago it
-        was sent on (None, 0: none waits)."""
+        """The peer GID of the oldest transaction sent on and not applied yet, and how long ago the
+        peer committed it (its commit time, by this node's wall clock: the two sites' clocks'
+        skew is in it), or, when its time is unknown (a peer of a release before), how long ago
+        this receiver sent it on (None, 0: none waits)."""
         for f in self.flights.values():
+            if f.msg.commit_time > 0:
+                return f.msg.peer_gid, max(0.0, self.wall() - f.msg.commit_time / 1e6)
             return f.msg.peer_gid, time.monotonic() - f.sent
         return None, 0.0
 

@@ -10,16 +10,21 @@ from typing import Any, Optional, Union
 
 import crc32c as _crc32c
 
-FORMAT_VERSION = 2  # what this code writes
-READ_VERSIONS = (1, 2)  # version 2 added pieces: a record may span segments
+FORMAT_VERSION = 3  # what this code writes
+READ_VERSIONS = (1, 2, 3)  # version 2 added pieces: a record may span segments; 3 commit times
 SEGMENT_MAGIC = b"CHORUSWL"
 RECORD_MAGIC = b"WR"
 SEGMENT_SUFFIX = ".wsl"
 
 FLAG_DDL_SKIPPED = 0x01  # a schema change whose origin failed: commit the GID, skip the change
 KNOWN_FLAGS = FLAG_DDL_SKIPPED  # the flags of a record, as appends give them and readers return them
+# on disk only (version 3): the origin field begins with the origin's commit time, u64 little-endian
+# µs since the Unix epoch, which the origin length counts (readers return it as LogRecord.commit_time)
+FLAG_COMMIT_TIME = 0x02
+TIME = struct.Struct("<Q")
 FLAG_PIECE = 0x80  # on disk only: this is one piece of a record that spans segments (version 2)
 DISK_FLAGS = KNOWN_FLAGS | FLAG_PIECE
+TIMED_VERSION = 3  # the first format whose records may carry a commit time
 
 MAX_ORIGIN_BYTES = 255
 MAX_PAYLOAD_BYTES = 0xFFFFFFFF  # of one record on disk (a whole record, or one piece)
@@ -64,6 +69,25 @@ class LogRecord:
     flags: int  # u8, FLAG_DDL_SKIPPED
     payload: Any  # the encoded writeset, opaque to the log: bytes, or a mapped or pieced payload
     # (spool.SpooledBuffer, reader.PiecedPayload) that len() and bytes() take
+    commit_time: int = 0  # the origin's commit time, µs since the Unix epoch (0: unknown)
+
+
+def origin_field(origin: str, commit_time: int) -> tuple[bytes, int]:
+    """The origin field of a record on disk and the flag it needs: with a commit time (version
+    3), the time then the origin."""
+    origin_b = origin.encode("utf-8")
+    if commit_time:
+        return TIME.pack(commit_time) + origin_b, FLAG_COMMIT_TIME
+    return origin_b, 0
+
+
+def split_origin(buf: Union[memoryview, mmap.mmap], start: int, length: int, flags: int) -> tuple[str, int]:
+    """(origin, commit time) of the origin field at ``start`` of a record with ``flags``."""
+    if flags & FLAG_COMMIT_TIME:
+        if length < TIME.size:
+            raise UnicodeDecodeError("utf-8", b"", 0, 0, "an origin field too short for its commit time")
+        return origin_text(buf, start + TIME.size, length - TIME.size), int(TIME.unpack_from(buf, start)[0])
+    return origin_text(buf, start, length), 0
 
 
 def segment_name(seq: int) -> str:
@@ -155,6 +179,8 @@ class ParsedRecord:
     size: int  # bytes on disk, header to end
     data_start: int  # offset of the payload bytes (of this piece) from the record's start
     piece: Optional[Piece]  # None for a record held whole
+    origin: str = ""
+    commit_time: int = 0  # the origin's commit time (0: none recorded)
 
 
 class BadRecord(Exception):
@@ -203,11 +229,13 @@ def parse_record(mv: memoryview, off: int, limit: int, seq: int, after_gid: int,
                          "(left over from an earlier use of the file)", gid, flags, None, size)
     if _crc32c.crc32c(mv[off + 4:off + size]) != crc:
         raise BadRecord("checksum", "CRC32C mismatch", gid, flags, None, size)
+    if flags & FLAG_COMMIT_TIME and version < TIMED_VERSION:
+        raise BadRecord("flags", f"record flags {flags:#x} in a version {version} segment", gid, flags, None, size)
     try:
-        origin = origin_text(mv, off + RECORD_HEADER_SIZE, origin_len)
+        origin, commit_time = split_origin(mv, off + RECORD_HEADER_SIZE, origin_len, flags)
     except UnicodeDecodeError:
         raise BadRecord("origin", "the origin is not utf-8", gid, flags, None, size) from None
-    if flags & ~(DISK_FLAGS if version >= 2 else KNOWN_FLAGS):
+    if flags & ~(DISK_FLAGS | FLAG_COMMIT_TIME if version >= 2 else KNOWN_FLAGS):
         raise BadRecord("flags", f"unknown record flags {flags:#x}", gid, flags, origin, size)
     piece = None
     if pieced:
@@ -218,4 +246,5 @@ def parse_record(mv: memoryview, off: int, limit: int, seq: int, after_gid: int,
                             f"{total} bytes", gid, flags, origin, size)
     if gid < after_gid or (gid == after_gid and (piece is None or piece.first)):
         raise BadRecord("order", f"GID {gid} does not follow GID {after_gid}", gid, flags, origin, size)
-    return ParsedRecord(gid, flags & ~FLAG_PIECE, origin_len, size, data_start, piece)
+    return ParsedRecord(gid, flags & ~(FLAG_PIECE | FLAG_COMMIT_TIME), origin_len, size, data_start, piece, origin,
+                        commit_time)

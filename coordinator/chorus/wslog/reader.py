@@ -9,8 +9,9 @@ from typing import Callable, Iterator, Optional
 
 import crc32c as _crc32c
 
-from chorus.wslog.format import (DATA_START, FLAG_PIECE, FORMAT_VERSION, PIECE, RECORD, RECORD_HEADER_SIZE, RECORD_MAGIC, LogCorrupt,
-                                 LogError, LogRangeUnavailable, LogRecord, origin_text)
+from chorus.wslog.format import (DATA_START, FLAG_COMMIT_TIME, FLAG_PIECE, FORMAT_VERSION, PIECE, RECORD, RECORD_HEADER_SIZE,
+                                 RECORD_MAGIC, LogCorrupt,
+                                 LogError, LogRangeUnavailable, LogRecord, split_origin)
 from chorus.wslog.scan import SparseIndex
 
 class SegmentFile:
@@ -103,7 +104,7 @@ class LogReader:
             if gid > max_gid or (out and used + need > max_bytes):
                 break
             start = off + RECORD_HEADER_SIZE
-            origin = origin_text(mm, start, origin_len)
+            origin, commit_time = split_origin(mm, start, origin_len, flags)
             payload: "bytes | PiecedPayload"
             if flags & FLAG_PIECE:
                 payload, seg, off = self._pieces(seg, off, gid, total)
@@ -111,7 +112,7 @@ class LogReader:
                 self._check(seg, off, size, gid)
                 payload = mm[start + origin_len:off + size]
                 off += size
-            out.append(LogRecord(gid, origin, flags & ~FLAG_PIECE, payload))
+            out.append(LogRecord(gid, origin, flags & ~(FLAG_PIECE | FLAG_COMMIT_TIME), payload, commit_time))
             used += need
             pos = gid
             if used >= max_bytes:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from chorus.wslog.format import (DATA_START, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, BadRecord,
-                                 LogCorrupt, LogVersionError, Piece, SegmentHeader, decode_segment_header, origin_text,
+                                 LogCorrupt, LogVersionError, Piece, SegmentHeader, decode_segment_header,
                                  parse_record)
 
 INDEX_EVERY_RECORDS = 64
@@ -88,8 +88,10 @@ def scan_records(mm: mmap.mmap, header: SegmentHeader, listing: bool = False, up
                 scan.beyond = True
                 break
             if scan.listing is not None:
-                entry = {"gid": gid, "origin": origin_text(mv, off + RECORD_HEADER_SIZE, rec.origin_len),
-                         "flags": rec.flags, "size": rec.size, "offset": off, "crc_ok": True}
+                entry = {"gid": gid, "origin": rec.origin, "flags": rec.flags, "size": rec.size, "offset": off,
+                         "crc_ok": True}
+                if rec.commit_time:
+                    entry["commit_time"] = rec.commit_time
                 if piece is not None:
                     entry["piece"] = {"total": piece.total, "offset": piece.offset, "length": piece.length}
                 scan.listing.append(entry)

@@ -10,9 +10,9 @@ import logging
 import mmap
 import os
 from collections import deque
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, Union
 
-from chorus.wslog.format import (DATA_START, END_MARK, FLAG_DDL_SKIPPED, FREE_HEADER, KNOWN_FLAGS, MAX_ORIGIN_BYTES,
+from chorus.wslog.format import (DATA_START, END_MARK, FLAG_DDL_SKIPPED, TIME, TIMED_VERSION, origin_field, FREE_HEADER, KNOWN_FLAGS, MAX_ORIGIN_BYTES,
                                  MAX_PAYLOAD_BYTES, MAX_RECORD_BYTES, MIN_SEGMENT_BYTES, PIECE, RECORD_HEADER_SIZE,
                                  SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, Buffer, LogCorrupt, LogError, LogRangeUnavailable,
                                  LogVersionError, SegmentHeader, encode_piece_header, encode_record_header,
@@ -233,32 +233,44 @@ class WritesetLog:
         """The largest writeset one record of ``origin`` can hold: a record may span segments, but
         never more than the ring holds besides the segment it starts in (so that writing it never
         reuses the segment holding its start)."""
-        per_segment = self._piece_room(len(origin.encode("utf-8")))
+        per_segment = self._piece_room(len(origin.encode("utf-8")) + TIME.size)  # (with a commit time)
         return min((self._capacity - 1) * per_segment, MAX_RECORD_BYTES)
 
     def _piece_room(self, origin_len: int) -> int:
         """The payload bytes one piece fills a fresh segment with."""
         return min(self._segment_bytes - DATA_START - RECORD_HEADER_SIZE - origin_len - PIECE.size, MAX_PAYLOAD_BYTES)
 
-    def append(self, gid: int, origin: str, payload: Buffer, flags: int = 0) -> None:
+    def append(self, gid: int, origin: str, payload: Buffer, flags: int = 0, commit_time: int = 0) -> None:
         """Append one certified writeset; ``gid`` must exceed ``end_gid``."""
-        self.append_many([(gid, origin, payload, flags)])
+        self.append_many([(gid, origin, payload, flags, commit_time)])
 
-    def append_many(self, records: list[tuple[int, str, Buffer, int]]) -> None:
-        """Append certified writesets ``(gid, origin, payload, flags)`` in GID order, each GID
-        above the one before; the records that land in one segment are written with one system
-        call, and a record larger than a segment in pieces, one per segment. A record that cannot
-        be logged raises ValueError; the ones before it are logged."""
+    def append_many(self, records: Sequence[Union[tuple[int, str, Buffer, int], tuple[int, str, Buffer, int, int]]]) -> None:
+        """Append certified writesets ``(gid, origin, payload, flags[, commit time])`` in GID
+        order, each GID above the one before; the records that land in one segment are written
+        with one system call, and a record larger than a segment in pieces, one per segment. A
+        record that cannot be logged raises ValueError; the ones before it are logged. A commit
+        time goes only into a segment of version 3: a record that has one starts a new segment
+        when the current one is older (a log written by a release before)."""
         self._require_open()
         out: list[Buffer] = []  # records not yet written, all in segment `seg` from offset `start`
         seg = self._live[-1]
         start = seg.end
-        for gid, origin, payload, flags in records:
-            origin_b = origin.encode("utf-8")
-            problem = self._refusal(gid, origin_b, payload, flags)
+        for record in records:
+            gid, origin, payload, flags = record[:4]
+            commit_time = record[4] if len(record) > 4 else 0
+            problem = self._refusal(gid, origin.encode("utf-8"), payload, flags)
+            if problem is None and not 0 <= commit_time < 1 << 64:
+                problem = f"commit time {commit_time} of GID {gid} is not a u64"
             if problem is not None:
                 self._write_records(seg, start, out)
                 raise ValueError(problem)
+            origin_b, timed = origin_field(origin, commit_time)
+            flags |= timed
+            if timed and seg.version < TIMED_VERSION:
+                self._write_records(seg, start, out)
+                out = []
+                seg = self._start_segment(prev_gid=seg.tip_gid, first_gid=gid)
+                start = seg.end
             size = RECORD_HEADER_SIZE + len(origin_b) + len(payload)
             if size > self._segment_bytes - DATA_START or len(payload) > MAX_PAYLOAD_BYTES:
                 self._write_records(seg, start, out)
@@ -284,8 +296,8 @@ class WritesetLog:
             return f"GID {gid} does not follow GID {self.end_gid}, the last one in the writeset log"
         if not 0 <= flags <= 0xFF or flags & ~KNOWN_FLAGS:
             return f"unknown writeset log record flags {flags:#x}"
-        if len(origin_b) > MAX_ORIGIN_BYTES:
-            return f"origin {origin_b.decode('utf-8')!r} is longer than {MAX_ORIGIN_BYTES} bytes"
+        if len(origin_b) > MAX_ORIGIN_BYTES - TIME.size:  # (its field holds a commit time too)
+            return f"origin {origin_b.decode('utf-8')!r} is longer than {MAX_ORIGIN_BYTES - TIME.size} bytes"
         limit = self.max_payload(origin_b.decode("utf-8"))
         if len(payload) > limit:
             return (f"a writeset of {len(payload)} bytes (GID {gid}) is larger than the writeset log can hold "
@@ -469,13 +481,14 @@ class LogFeeder:
 
     def __init__(self, wslog: WritesetLog) -> None:
         self.log = wslog
-        self._unwritten: deque[tuple[int, str, bytes, bool]] = deque()  # (gid, origin, payload, is a schema change)
+        # (gid, origin, payload, is a schema change, commit time)
+        self._unwritten: deque[tuple[int, str, bytes, bool, int]] = deque()
         self._outcomes: dict[int, tuple[bool, bytes]] = {}  # gid -> (ran, its content)
 
-    def certified(self, gid: int, origin: str, payload: bytes, ddl: bool) -> None:
+    def certified(self, gid: int, origin: str, payload: bytes, ddl: bool, commit_time: int = 0) -> None:
         if gid <= self.log.end_gid:
             return  # already logged (a catch-up record this node held before it restarted)
-        self._unwritten.append((gid, origin, payload, ddl))
+        self._unwritten.append((gid, origin, payload, ddl, commit_time))
         if len(self._unwritten) >= self.FLUSH_AT:
             self.flush()
 
@@ -488,14 +501,14 @@ class LogFeeder:
     @property
     def waiting(self) -> int:
         """Records held back by a schema change whose outcome is not known yet."""
-        return len(self._unwritten) if any(ddl for _, _, _, ddl in self._unwritten) else 0
+        return len(self._unwritten) if any(u[3] for u in self._unwritten) else 0
 
     def flush(self) -> None:
         """Write every record that can be written now."""
-        records: list[tuple[int, str, Buffer, int]] = []
+        records: list[tuple[int, str, Buffer, int, int]] = []
         last = self.log.end_gid
         while self._unwritten:
-            gid, origin, payload, ddl = self._unwritten[0]
+            gid, origin, payload, ddl, commit_time = self._unwritten[0]
             flags = 0
             if ddl:
                 outcome = self._outcomes.pop(gid, None)
@@ -518,6 +531,6 @@ class LogFeeder:
                             "the log now starts after it", gid, len(payload))
                 self.log.reset(gid)
             else:
-                records.append((gid, origin, payload, flags))
+                records.append((gid, origin, payload, flags, commit_time))
             last = gid
         self.log.append_many(records)
