@@ -111,13 +111,15 @@ def cpu_seconds() -> dict[str, float]:
 
 
 def class_pids(cls: str) -> list[int]:
-    """The live processes of one class (``_cpu_class``) on this machine."""
+    """The live processes of one class (``_cpu_class``) in this process's network namespace (the
+    local clusters' Corosync serves the nodes of its namespace: other namespaces' are not ours)."""
     out = []
+    here = os.readlink("/proc/self/ns/net")
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if _cpu_class(f.read()) == cls:
+                    if _cpu_class(f.read()) == cls and os.readlink(f"/proc/{pid}/ns/net") == here:
                         out.append(int(pid))
             except OSError:
                 continue
@@ -197,7 +199,7 @@ def pgbench_run(dsns: list[str], clients: int, seconds: int, logdir: Path,
 
     ``watch``: the pids of the configuration's own coordinators. Their CPU (``own_cpu_us_coordinator``)
     and context switches per transaction (``vcsw_coordinator``, ``ivcsw_coordinator``) in the same
-    window, and those of Corosync (every corosync on the machine). ``strace``: that many seconds at
+    window, and those of Corosync (every corosync in this network namespace). ``strace``: that many seconds at
     the end of the run (after the CPU window, as tracing slows the traced) under ``strace -c -f``
     of the coordinators: ``syscalls_coordinator`` per transaction, and per call ``sys_<name>``."""
     shutil.rmtree(logdir, ignore_errors=True)
@@ -274,23 +276,30 @@ def bench_args(doc: str, port_base: int) -> argparse.Namespace:
                     help="the coordinator's implementations to run (CHORUS_IMPL), comma-separated")
     ap.add_argument("--visible-capture", action="store_true",
                     help="also 1- and 3-node clusters with extension 0.1's visible capture triggers")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]",
+                    help="also 1- and 3-node clusters (compiled path) named chorus-N-NAME whose coordinators have "
+                         "these environment variables: an A/B comparison in one run, rounds interleaved")
     ap.add_argument("--strace", type=float, default=0.0, metavar="SECONDS",
                     help="count the coordinators' system calls with strace -c -f for SECONDS at the end of each "
                          "run (0, the default: not at all)")
     return ap.parse_args()
 
 
-def cluster_up(cluster: LocalCluster, nodes: int, port_base: int, impl: str) -> list[dict[str, Any]]:
-    """Start ``cluster`` with its coordinators on implementation ``impl`` (CHORUS_IMPL)."""
-    saved = os.environ.get("CHORUS_IMPL")
-    os.environ["CHORUS_IMPL"] = impl
+def cluster_up(cluster: LocalCluster, nodes: int, port_base: int, impl: str,
+               env: Optional[dict[str, str]] = None) -> list[dict[str, Any]]:
+    """Start ``cluster`` with its coordinators on implementation ``impl`` (CHORUS_IMPL), and the
+    environment variables ``env`` set for them."""
+    env = {"CHORUS_IMPL": impl, **(env or {})}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         return cluster.up(nodes, port_base)
     finally:
-        if saved is None:
-            del os.environ["CHORUS_IMPL"]
-        else:
-            os.environ["CHORUS_IMPL"] = saved
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
 
 
 def bench_root(prefix: str) -> Path:
@@ -315,6 +324,17 @@ def main() -> None:
                 cluster = LocalCluster(str(root / name))
                 clusters.append(cluster)
                 nodes_up = cluster_up(cluster, nodes, port, impl)
+                configs[name] = [n["dsn"] for n in nodes_up]
+                watch[name] = [n["coordinator_pid"] for n in nodes_up]
+                port += nodes
+        for spec in args.variant:
+            vname, _, assigns = spec.partition(":")
+            env = dict(a.split("=", 1) for a in assigns.split(",") if a)
+            for nodes in (1, 3):
+                name = f"chorus-{nodes}-{vname}"
+                cluster = LocalCluster(str(root / name))
+                clusters.append(cluster)
+                nodes_up = cluster_up(cluster, nodes, port, "c", env)
                 configs[name] = [n["dsn"] for n in nodes_up]
                 watch[name] = [n["coordinator_pid"] for n in nodes_up]
                 port += nodes
