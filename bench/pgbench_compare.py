@@ -278,7 +278,8 @@ def bench_args(doc: str, port_base: int) -> argparse.Namespace:
                     help="also 1- and 3-node clusters with extension 0.1's visible capture triggers")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]",
                     help="also 1- and 3-node clusters (compiled path) named chorus-N-NAME whose coordinators have "
-                         "these environment variables: an A/B comparison in one run, rounds interleaved")
+                         "these environment variables: an A/B comparison in one run, rounds interleaved; "
+                         "CHORUS_BIN=PATH runs that chorus program instead (another checkout's venv)")
     ap.add_argument("--strace", type=float, default=0.0, metavar="SECONDS",
                     help="count the coordinators' system calls with strace -c -f for SECONDS at the end of each "
                          "run (0, the default: not at all)")
@@ -330,9 +331,12 @@ def main() -> None:
         for spec in args.variant:
             vname, _, assigns = spec.partition(":")
             env = dict(a.split("=", 1) for a in assigns.split(",") if a)
+            program = env.pop("CHORUS_BIN", "")
             for nodes in (1, 3):
                 name = f"chorus-{nodes}-{vname}"
                 cluster = LocalCluster(str(root / name))
+                if program:  # another build's coordinator (a "before" from another checkout)
+                    cluster.venv_chorus = program
                 clusters.append(cluster)
                 nodes_up = cluster_up(cluster, nodes, port, "c", env)
                 configs[name] = [n["dsn"] for n in nodes_up]
@@ -438,6 +442,9 @@ def record(results: dict[str, list[dict[str, float]]], name: str, round_no: int,
     results[name].append(res)
     print(f"round {round_no} {name}: {res['tps']:.0f} tps, p50 {res['p50_ms']:.2f} ms, "
           f"p95 {res['p95_ms']:.2f} ms", file=sys.stderr, flush=True)
+    # every figure of the round, so that a run that fails later (a shared Corosync stopped by
+    # another session's cluster) still leaves what it measured
+    print(f"round {round_no} {name} {json.dumps(res)}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
