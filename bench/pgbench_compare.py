@@ -12,6 +12,12 @@ hot path (CHORUS_IMPL=c) and, as ``chorus-1-python`` and ``chorus-3-python``, th
 one (``--impls c`` leaves those out). A third table gives the latency Chorus adds to a commit:
 pgbench -N with one client on plain PostgreSQL and on the 1-node cluster.
 
+A fourth table counts, per transaction and from each configuration's own processes only: its
+coordinators' CPU, their context switches (voluntary: wake-ups; involuntary: preemptions),
+Corosync's, and with ``--strace SECONDS`` the coordinators' system calls by name (docs/NATIVE.md,
+"Step 5, first measures"). ``--variant NAME:VAR=VALUE`` adds clusters whose coordinators run
+with those environment variables, for an A/B in one run.
+
 ``--visible-capture`` adds ``chorus-1-visible`` and ``chorus-3-visible``: the same clusters with
 the capture as extension 0.1 made it (ordinary triggers named chorus_capture, enabled ALWAYS)
 instead of internal triggers, to measure what the internal capture costs against it (issue 35).
