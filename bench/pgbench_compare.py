@@ -12,6 +12,12 @@ hot path (CHORUS_IMPL=c) and, as ``chorus-1-python`` and ``chorus-3-python``, th
 one (``--impls c`` leaves those out). A third table gives the latency Chorus adds to a commit:
 pgbench -N with one client on plain PostgreSQL and on the 1-node cluster.
 
+A fourth table counts, per transaction and from each configuration's own processes only: its
+coordinators' CPU, their context switches (voluntary: wake-ups; involuntary: preemptions),
+Corosync's, and with ``--strace SECONDS`` the coordinators' system calls by name (docs/NATIVE.md,
+"Step 5, first measures"). ``--variant NAME:VAR=VALUE`` adds clusters whose coordinators run
+with those environment variables, for an A/B in one run.
+
 ``--visible-capture`` adds ``chorus-1-visible`` and ``chorus-3-visible``: the same clusters with
 the capture as extension 0.1 made it (ordinary triggers named chorus_capture, enabled ALWAYS)
 instead of internal triggers, to measure what the internal capture costs against it (issue 35).
@@ -25,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -109,11 +116,98 @@ def cpu_seconds() -> dict[str, float]:
     return out
 
 
+def class_pids(cls: str) -> list[int]:
+    """The live processes of one class (``_cpu_class``) in this process's network namespace (the
+    local clusters' Corosync serves the nodes of its namespace: other namespaces' are not ours)."""
+    out = []
+    here = os.readlink("/proc/self/ns/net")
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if _cpu_class(f.read()) == cls and os.readlink(f"/proc/{pid}/ns/net") == here:
+                        out.append(int(pid))
+            except OSError:
+                continue
+    return out
+
+
+def proc_counts(pids: list[int]) -> dict[str, float]:
+    """CPU seconds (user and system) and context switches so far of the processes ``pids``: their
+    threads' voluntary (the thread slept: a wake-up) and involuntary (it was preempted) switches,
+    from ``/proc/<pid>/task/<tid>/status``. A thread that ended is not counted."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out = {"cpu_s": 0.0, "vcsw": 0.0, "ivcsw": 0.0}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out["cpu_s"] += (int(fields[11]) + int(fields[12])) / hz
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/status") as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            out["vcsw"] += int(line.split()[1])
+                        elif line.startswith("nonvoluntary_ctxt_switches:"):
+                            out["ivcsw"] += int(line.split()[1])
+            except OSError:
+                continue
+    return out
+
+
+class Strace:
+    """``strace -c -f`` attached to ``pids`` until ``stop()``: the system calls they made, by name."""
+
+    def __init__(self, pids: list[int], out: Path) -> None:
+        self.out = out
+        args = ["strace", "-c", "-f", "-q", "-o", str(out)]
+        for pid in pids:
+            args += ["-p", str(pid)]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> dict[str, int]:
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=30)
+        calls: dict[str, int] = {}
+        for line in self.out.read_text().splitlines():
+            parts = line.split()
+            # "% time  seconds  usecs/call  calls  [errors]  syscall"
+            if len(parts) >= 5 and parts[0][0].isdigit() and parts[-1] != "total":
+                calls[parts[-1]] = int(parts[3])
+        return calls
+
+
+def transactions_between(logdir: Path, t0: float, t1: float) -> int:
+    """Transactions pgbench logged (``-l``) as ending between the epoch times ``t0`` and ``t1``."""
+    n = 0
+    for f in glob.glob(str(logdir / "n*")):
+        with open(f) as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 6 and parts[4].isdigit() and t0 <= int(parts[4]) + int(parts[5]) / 1e6 < t1:
+                    n += 1
+    return n
+
+
+WATCHED = ("coordinator", "corosync")
+
+
 def pgbench_run(dsns: list[str], clients: int, seconds: int, logdir: Path,
-                workload: tuple[str, ...] = ("-N",)) -> dict[str, float]:
+                workload: tuple[str, ...] = ("-N",), watch: Optional[list[int]] = None,
+                strace: float = 0.0) -> dict[str, float]:
     """Run pgbench (``workload``: its script options, -N by default) on every DSN at once,
     ``clients`` in all; total TPS, latency percentiles, and the CPU each class of process used
-    per transaction in the middle of the run (``cpu_us_<class>``: where the time goes)."""
+    per transaction in the middle of the run (``cpu_us_<class>``: where the time goes).
+
+    ``watch``: the pids of the configuration's own coordinators. Their CPU (``own_cpu_us_coordinator``)
+    and context switches per transaction (``vcsw_coordinator``, ``ivcsw_coordinator``) in the same
+    window, and those of Corosync (every corosync in this network namespace). ``strace``: that many seconds at
+    the end of the run (after the CPU window, as tracing slows the traced) under ``strace -c -f``
+    of the coordinators: ``syscalls_coordinator`` per transaction, and per call ``sys_<name>``."""
     shutil.rmtree(logdir, ignore_errors=True)
     logdir.mkdir(parents=True)
     per = [clients // len(dsns) + (1 if i < clients % len(dsns) else 0) for i in range(len(dsns))]
@@ -125,15 +219,27 @@ def pgbench_run(dsns: list[str], clients: int, seconds: int, logdir: Path,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     margin = min(1.0, seconds / 4)
     time.sleep(margin)
+    pids = {"coordinator": list(watch or ()), "corosync": class_pids("corosync") if watch else []}
+    own0 = {c: proc_counts(p) for c, p in pids.items()}
     cpu0, t0 = cpu_seconds(), time.monotonic()
-    time.sleep(max(0.1, seconds - 2 * margin))
+    time.sleep(max(0.1, seconds - 2 * margin - strace))
     cpu1, window = cpu_seconds(), time.monotonic() - t0
+    own1 = {c: proc_counts(p) for c, p in pids.items()}
+    calls: dict[str, int] = {}
+    traced = 0
+    if strace and watch:
+        tracer = Strace(list(watch), logdir / "strace.txt")
+        time.sleep(0.5)  # attached (strace -c counts from its attach on)
+        s0 = time.time()
+        time.sleep(strace)
+        s1 = time.time()
+        calls = tracer.stop()
     tps = 0.0
     for p in procs:
-        out = p.communicate(timeout=seconds + 120)[0]
-        m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
+        text = p.communicate(timeout=seconds + 120)[0]
+        m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", text)
         if p.returncode != 0 or not m:
-            raise RuntimeError(f"pgbench failed:\n{out}")
+            raise RuntimeError(f"pgbench failed:\n{text}")
         tps += float(m.group(1))
     lat: list[float] = []
     for f in glob.glob(str(logdir / "n*")):
@@ -147,6 +253,19 @@ def pgbench_run(dsns: list[str], clients: int, seconds: int, logdir: Path,
            "p95_ms": lat[int(len(lat) * 0.95)] if lat else 0.0}
     for cls in CPU_CLASSES:
         out[f"cpu_us_{cls}"] = (cpu1[cls] - cpu0[cls]) / (tps * window) * 1e6 if tps else 0.0
+    if watch and tps:
+        txs = tps * window
+        for cls in WATCHED:
+            out[f"vcsw_{cls}"] = (own1[cls]["vcsw"] - own0[cls]["vcsw"]) / txs
+            out[f"ivcsw_{cls}"] = (own1[cls]["ivcsw"] - own0[cls]["ivcsw"]) / txs
+        out["own_cpu_us_coordinator"] = (own1["coordinator"]["cpu_s"] - own0["coordinator"]["cpu_s"]) / txs * 1e6
+    if calls:
+        # the transactions that ended in the traced window, from pgbench's per-transaction log
+        traced = transactions_between(logdir, s0, s1)
+        if traced:
+            out["syscalls_coordinator"] = sum(calls.values()) / traced
+            for name, n in calls.items():
+                out[f"sys_{name}"] = n / traced
     return out
 
 
@@ -163,20 +282,31 @@ def bench_args(doc: str, port_base: int) -> argparse.Namespace:
                     help="the coordinator's implementations to run (CHORUS_IMPL), comma-separated")
     ap.add_argument("--visible-capture", action="store_true",
                     help="also 1- and 3-node clusters with extension 0.1's visible capture triggers")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]",
+                    help="also 1- and 3-node clusters (compiled path) named chorus-N-NAME whose coordinators have "
+                         "these environment variables: an A/B comparison in one run, rounds interleaved; "
+                         "CHORUS_BIN=PATH runs that chorus program instead (another checkout's venv)")
+    ap.add_argument("--strace", type=float, default=0.0, metavar="SECONDS",
+                    help="count the coordinators' system calls with strace -c -f for SECONDS at the end of each "
+                         "run (0, the default: not at all)")
     return ap.parse_args()
 
 
-def cluster_up(cluster: LocalCluster, nodes: int, port_base: int, impl: str) -> list[dict[str, Any]]:
-    """Start ``cluster`` with its coordinators on implementation ``impl`` (CHORUS_IMPL)."""
-    saved = os.environ.get("CHORUS_IMPL")
-    os.environ["CHORUS_IMPL"] = impl
+def cluster_up(cluster: LocalCluster, nodes: int, port_base: int, impl: str,
+               env: Optional[dict[str, str]] = None) -> list[dict[str, Any]]:
+    """Start ``cluster`` with its coordinators on implementation ``impl`` (CHORUS_IMPL), and the
+    environment variables ``env`` set for them."""
+    env = {"CHORUS_IMPL": impl, **(env or {})}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         return cluster.up(nodes, port_base)
     finally:
-        if saved is None:
-            del os.environ["CHORUS_IMPL"]
-        else:
-            os.environ["CHORUS_IMPL"] = saved
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
 
 
 def bench_root(prefix: str) -> Path:
@@ -191,6 +321,7 @@ def main() -> None:
     plain = Plain(root, args.port_base)
     clusters: list[LocalCluster] = []
     configs: dict[str, list[str]] = {"plain": [plain.dsn]}
+    watch: dict[str, list[int]] = {"plain": []}  # each configuration's coordinators
     try:
         plain.start()
         port = args.port_base + 1
@@ -199,14 +330,32 @@ def main() -> None:
                 name = f"chorus-{nodes}" + ("" if impl == "c" else f"-{impl}")
                 cluster = LocalCluster(str(root / name))
                 clusters.append(cluster)
-                configs[name] = [n["dsn"] for n in cluster_up(cluster, nodes, port, impl)]
+                nodes_up = cluster_up(cluster, nodes, port, impl)
+                configs[name] = [n["dsn"] for n in nodes_up]
+                watch[name] = [n["coordinator_pid"] for n in nodes_up]
+                port += nodes
+        for spec in args.variant:
+            vname, _, assigns = spec.partition(":")
+            env = dict(a.split("=", 1) for a in assigns.split(",") if a)
+            program = env.pop("CHORUS_BIN", "")
+            for nodes in (1, 3):
+                name = f"chorus-{nodes}-{vname}"
+                cluster = LocalCluster(str(root / name))
+                if program:  # another build's coordinator (a "before" from another checkout)
+                    cluster.venv_chorus = program
+                clusters.append(cluster)
+                nodes_up = cluster_up(cluster, nodes, port, "c", env)
+                configs[name] = [n["dsn"] for n in nodes_up]
+                watch[name] = [n["coordinator_pid"] for n in nodes_up]
                 port += nodes
         visible: list[str] = []
         for nodes in ((1, 3) if args.visible_capture else ()):
             name = f"chorus-{nodes}-visible"
             cluster = LocalCluster(str(root / name))
             clusters.append(cluster)
-            configs[name] = [n["dsn"] for n in cluster_up(cluster, nodes, port, "c")]
+            nodes_up = cluster_up(cluster, nodes, port, "c")
+            configs[name] = [n["dsn"] for n in nodes_up]
+            watch[name] = [n["coordinator_pid"] for n in nodes_up]
             visible.append(name)
             port += nodes
         for dsns in configs.values():
@@ -220,7 +369,8 @@ def main() -> None:
         latency: dict[str, list[dict[str, float]]] = {name: [] for name in single}
         for r in range(args.rounds):
             for name, dsns in configs.items():
-                record(results, name, r + 1, pgbench_run(dsns, args.clients, args.seconds, root / "logs" / name))
+                record(results, name, r + 1, pgbench_run(dsns, args.clients, args.seconds, root / "logs" / name,
+                                                         watch=watch[name], strace=args.strace))
             for name, dsns in single.items():
                 record(latency, name, r + 1, pgbench_run(dsns, 1, args.seconds, root / "logs" / f"1-{name}"))
     finally:
@@ -228,6 +378,7 @@ def main() -> None:
             cluster.down()
         plain.stop()
     report(results, args, "")
+    report_counts(results, args)
     report_latency(latency, args)
     shutil.rmtree(root, ignore_errors=True)
 
@@ -249,7 +400,8 @@ def report_latency(latency: dict[str, list[dict[str, float]]], args: argparse.Na
 def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace, note: str) -> None:
     """Medians of the rounds per configuration and the TPS ratio to "plain", as a table or JSON."""
     metrics = ("tps", "p50_ms", "p95_ms", *(f"cpu_us_{c}" for c in CPU_CLASSES))
-    med = {k: {m: statistics.median(x.get(m, 0.0) for x in v) for m in metrics} for k, v in results.items() if v}
+    med = {k: {m: statistics.median(x.get(m, 0.0) for x in v) for m in (*metrics, *(m for m in v[0] if m not in metrics))}
+           for k, v in results.items() if v}
     base = med["plain"]["tps"]
     if args.json:
         print(json.dumps({"median": med, "ratio_to_plain": {k: v["tps"] / base for k, v in med.items()},
@@ -268,10 +420,37 @@ def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace,
         print(f"{k:<{width}} " + " ".join(f"{x:>11.0f}" for x in cells) + f" {sum(cells):>8.0f}")
 
 
+def report_counts(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
+    """Per transaction, each configuration's own processes: its coordinators' CPU, their context
+    switches (voluntary: wake-ups; involuntary: preemptions), Corosync's, and with ``--strace``
+    the coordinators' system calls (the most frequent named)."""
+    rows = {k: v for k, v in results.items() if v and "vcsw_coordinator" in v[0]}
+    if not rows or args.json:
+        return
+    def med(v: list[dict[str, float]], m: str) -> float:
+        return statistics.median(x.get(m, 0.0) for x in v)
+    width = max(len(k) for k in rows)
+    print(f"\nPer transaction, the configuration's own coordinators (medians of {args.rounds} rounds; "
+          "csw: context switches, vol/invol)")
+    print(f"{'configuration':<{width}} {'coord us':>9} {'coord csw':>13} {'corosync csw':>13} {'syscalls':>9}")
+    for k, v in rows.items():
+        sc = med(v, "syscalls_coordinator")
+        print(f"{k:<{width}} {med(v, 'own_cpu_us_coordinator'):>9.0f} "
+              f"{med(v, 'vcsw_coordinator'):>6.2f}/{med(v, 'ivcsw_coordinator'):<6.2f} "
+              f"{med(v, 'vcsw_corosync'):>6.2f}/{med(v, 'ivcsw_corosync'):<6.2f} "
+              + (f"{sc:>9.2f}" if sc else f"{'-':>9}"))
+        names = sorted({m for x in v for m in x if m.startswith("sys_")}, key=lambda m: -med(v, m))
+        if names:
+            print(f"{'':<{width}}   " + ", ".join(f"{m[4:]} {med(v, m):.2f}" for m in names[:8]))
+
+
 def record(results: dict[str, list[dict[str, float]]], name: str, round_no: int, res: dict[str, float]) -> None:
     results[name].append(res)
     print(f"round {round_no} {name}: {res['tps']:.0f} tps, p50 {res['p50_ms']:.2f} ms, "
           f"p95 {res['p95_ms']:.2f} ms", file=sys.stderr, flush=True)
+    # every figure of the round, so that a run that fails later (a shared Corosync stopped by
+    # another session's cluster) still leaves what it measured
+    print(f"round {round_no} {name} {json.dumps(res)}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -499,3 +499,47 @@ def test_an_apply_that_fails_after_postgres_restarted_leaves_the_restarted_pipel
         log.close()
 
     asyncio.run(scenario())
+
+
+def test_the_blocker_watch_sleeps_while_no_session_commits_a_certified_writeset() -> None:
+    """lockwatch.watch_blockers looked at the database every BLOCKER_CHECK_S even on a node that
+    applied nothing (200 wake-ups a second); now it wakes when a session starts committing a
+    certified writeset, and then checks what blocks it as before."""
+    from types import SimpleNamespace
+
+    from chorus.commit.pipeline import Waiter, Waiters
+    from chorus.lockwatch import BLOCKER_CHECK_S, watch_blockers
+
+    class Db:
+        def __init__(self) -> None:
+            self.looked = 0
+            self.queries: list[Any] = []
+            self.ok = asyncio.Event()
+            self.ok.set()
+
+        @property
+        def conn(self) -> object:
+            self.looked += 1
+            return object()
+
+        async def q_all(self, sql: str, args: Any) -> list[Any]:
+            self.queries.append(args)
+            return []
+
+    async def scenario() -> tuple[int, list[Any]]:
+        db = Db()
+        pipeline = SimpleNamespace(waiters=Waiters(), pending={5: object()}, sessions=lambda: [])
+        task = asyncio.create_task(watch_blockers(db, pipeline, SimpleNamespace(pids={}), Counters(), 1.0))  # type: ignore[arg-type]
+        await asyncio.sleep(BLOCKER_CHECK_S * 12)
+        idle_looks = db.looked
+        pipeline.waiters[5] = Waiter(lambda: 123, 0.0)  # an apply session committing GID 5 for a while
+        for _ in range(100):
+            await asyncio.sleep(BLOCKER_CHECK_S)
+            if db.queries:
+                break
+        task.cancel()
+        return idle_looks, db.queries
+
+    idle_looks, queries = asyncio.run(scenario())
+    assert idle_looks == 0
+    assert queries and queries[0] == ([123],)

@@ -71,6 +71,26 @@ class Waiter:
     since: float
 
 
+class Waiters(dict[int, Waiter]):
+    """GID -> the session committing it, watched by lockwatch.py, which sleeps while there is
+    none: ``added(loop)`` is a future done at the next GID put in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._added: Optional[asyncio.Future[None]] = None
+
+    def __setitem__(self, gid: int, waiter: Waiter) -> None:
+        super().__setitem__(gid, waiter)
+        f = self._added
+        if f is not None and not f.done():
+            f.set_result(None)
+
+    def added(self, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[None]":
+        if self._added is None or self._added.done():
+            self._added = loop.create_future()
+        return self._added
+
+
 @dataclass
 class Pending:
     gid: int
@@ -169,7 +189,7 @@ class CommitPipeline:
         # rebuilt (the scheduler, the idle sessions) when it ends, failed, after it
         self.epoch = 0
         self._restarting = False
-        self.waiters: dict[int, Waiter] = {}  # GID -> the session committing it
+        self.waiters = Waiters()  # GID -> the session committing it
         self.last_apply_ms = 0.0
         # schema changes whose reports were counted before they were admitted here (this node
         # held them while catching up): GID -> (ok, failure)
