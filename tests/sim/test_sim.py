@@ -1,7 +1,7 @@
 """The deterministic simulation of the coordinator's core (tests/sim/README.md; docs/ARCHITECTURE.md
 invariants 1, 3, 5, 8 and 9; docs/RECOVERY.md, "The cluster comes back by itself").
 
-CI runs CHORUS_SIM_SEEDS random fault schedules (default 1200, from CHORUS_SIM_FIRST_SEED, on
+CI runs CHORUS_SIM_SEEDS random fault schedules (default 500, from CHORUS_SIM_FIRST_SEED, on
 CHORUS_SIM_JOBS processes), every seed that ever failed, and scripted scenarios. A failing seed
 prints its trace and the command that replays it.
 """
@@ -16,7 +16,7 @@ import pytest
 import simrun
 from simworld import Sim, Violation
 
-SEEDS = int(os.environ.get("CHORUS_SIM_SEEDS", "1200"))  # more run outside CI: simrun.py --seeds
+SEEDS = int(os.environ.get("CHORUS_SIM_SEEDS", "500"))  # more run outside CI: simrun.py --seeds
 FIRST = int(os.environ.get("CHORUS_SIM_FIRST_SEED", "1"))
 JOBS = int(os.environ.get("CHORUS_SIM_JOBS", str(min(2, os.cpu_count() or 1))))
 
