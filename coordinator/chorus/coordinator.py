@@ -532,6 +532,8 @@ class Coordinator:
             elif isinstance(a, PhaseChange):
                 self.phase_reason = a.reason
                 log.info("phase %s: %s", a.phase.value, a.reason)
+                if a.phase in (Phase.RECOVERING, Phase.ONLINE):
+                    self.voting.rejoined()
                 await self.db.set_online(a.phase == Phase.ONLINE and r is not None and r.accepts_writes,
                                          f"Phase {a.phase.value}: {a.reason}")
             elif isinstance(a, Remember):

@@ -950,10 +950,13 @@ class Replicator:
         out: list[Action] = []
         b = self.ballots.get(msg.gid)
         if b is None:
-            if msg.gid in self.decided and not msg.ok and msg.node != self.node and self.phase in _FOLLOWING:
-                # decided before the voter was there to count (it joined later and failed to apply
-                # the GID catching up): it opened a ballot the members closed, so they answer with
-                # the outcome they hold, and it concludes as they did (leaves, or commits it empty)
+            if (msg.gid in self.decided and not msg.ok and msg.node != self.node and self.phase == Phase.ONLINE
+                    and msg.node not in self.membership.synced):
+                # decided before the voter could hear it (it joined later and failed to apply the GID
+                # catching up, or was cut off before the decision reached it, seeds 11691 and 13336):
+                # it opened a ballot the members closed, so the synced members answer with the outcome
+                # they hold, and it concludes as they did (leaves, or commits it empty). A synced
+                # node's failure vote on a decided GID is such an answer: never answered in turn.
                 return [Send(bp.Vote(self.node, msg.gid, self.decided[msg.gid],
                                      "" if self.decided[msg.gid] else "the majority could not apply it"))]
             if msg.gid in self.decided or msg.gid in self.settled or msg.gid > self.last_certified:

@@ -45,6 +45,21 @@ class InconsistencyVoting:
             return
         self._conclude(gid, decided, reason)
 
+    def rejoined(self) -> None:
+        """This node is in the primary component again: ask again on the GIDs it still waits for.
+        A vote sent while it was cut off reached no node that counts (simulation seed 13336: the
+        node failed a GID after PostgreSQL came back, was isolated before its vote got out, and
+        waited for that ballot for good once it rejoined); the members open it now, or, if they
+        decided it meanwhile, answer with the outcome."""
+        for gid in sorted(self._waiting):
+            decided = self._decided(gid)
+            if decided is not None:
+                self._waiting.discard(gid)
+                self._conclude(gid, decided, self._failures.get(gid, ""))
+            else:
+                log.warning("GID %d: asking the members again for their outcome", gid)
+                self._send(bp.Vote(self.node, gid, False, self._failures.get(gid, "")))
+
     def opened(self, gid: int) -> None:
         """A node failed to apply ``gid``: say whether this one did, now or once it has."""
         if gid in self._failures:

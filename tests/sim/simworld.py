@@ -683,6 +683,8 @@ class Coord:
             self.phase_reason = a.reason
             self.sim.trace(self.name, f"phase {a.phase.value}: {a.reason}")
             self.sim.checker.phase_changed(self.host, a)
+            if a.phase in (Phase.RECOVERING, Phase.ONLINE):
+                self.voting.rejoined()
         elif isinstance(a, Remember):
             self.host.state = self.host.state.with_(epochs=a.epochs, records=dict(a.records))
         elif isinstance(a, Joined):

@@ -49,6 +49,8 @@ REGRESSIONS = {
     11691: "a node added and rebuilt from a donor with a row changed behind Chorus's back failed, catching up, a "
            "GID the cluster had voted on before it joined: the members ignored its vote (decided already) and it "
            "waited for the ballot forever (members now answer a late vote with the outcome they hold)",
+    13336: "a node failed a GID as its PostgreSQL came back and was isolated before its vote got out: back in "
+           "the primary component it waited for that ballot forever (it now asks again when it rejoins)",
 }
 
 

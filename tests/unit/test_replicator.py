@@ -17,6 +17,7 @@ from chorus.history import Epoch, MemberRecord
 from chorus.actions import (Apply, CatchUp, DdlOutcome, LocalVerdict, LogOffered, LogQueried, Pause, Phase, PhaseChange,
                             Send, VoteDecided, VoteOpened)
 from chorus.replicator import Holding, Replicator
+from chorus.voting import InconsistencyVoting
 from chorus.wire import Key, KeyMode, Row, Table, Writeset
 
 NAMES = ["n1", "n2", "n3"]
@@ -615,7 +616,9 @@ def test_a_node_that_fails_a_gid_decided_before_it_joined_hears_the_outcome() ->
     c.drain()
     assert _votes(c, [("n2", False), ("n1", True), ("n3", True)], 1) == {n: [(1, True)] for n in NAMES}
     r1, r3 = c.nodes["n1"], c.nodes["n3"]
-    r3.decided.clear()  # n3 joined after GID 1 was decided
+    r3.decided.clear()  # n3 joined after GID 1 was decided, and is catching up (not synced)
+    for r in c.nodes.values():
+        r.membership.synced.discard("n3")
     late = bp.encode(bp.Vote("n3", 1, False, "a row it changes is not as its origin had it"))
     answers = [a for a in r1.on_delivery(Delivery("n3", late)) if isinstance(a, Send)]
     assert [a.message for a in answers] == [bp.Vote("n1", 1, True, "")]
@@ -624,6 +627,47 @@ def test_a_node_that_fails_a_gid_decided_before_it_joined_hears_the_outcome() ->
     assert [(a.gid, a.ok) for a in r3.on_delivery(Delivery("n1", answer)) if isinstance(a, VoteDecided)] == [(1, True)]
     assert r1.on_delivery(Delivery("n1", answer)) == []  # counted already there: no answer to an answer
     assert not r3.ballots and r3.decided == {1: True}
+
+
+def test_the_members_answer_a_late_failure_vote_once_and_never_each_others_answers() -> None:
+    """GID 1 was decided *failed* (the majority could not apply it). A late node's failure vote
+    on it is answered by the synced members, with a failure vote each; those answers, from synced
+    nodes, are not answered in turn (else the members would answer one another for good)."""
+    c = form()
+    c.submit("n1", 0, 1)
+    c.drain()
+    assert _votes(c, [("n2", False), ("n3", False), ("n1", True)], 1) == {n: [(1, False)] for n in NAMES}
+    for r in c.nodes.values():
+        r.membership.synced.discard("n1")  # n1 left and came back: catching up, not synced
+    late = bp.encode(bp.Vote("n1", 1, False, "a row it changes is not as its origin had it"))
+    answers = [a.message for n in ("n2", "n3") for a in c.nodes[n].on_delivery(Delivery("n1", late))
+               if isinstance(a, Send)]
+    assert answers == [bp.Vote("n2", 1, False, "the majority could not apply it"),
+                       bp.Vote("n3", 1, False, "the majority could not apply it")]
+    for m in answers:
+        for n in ("n2", "n3"):
+            assert c.nodes[n].on_delivery(Delivery(m.node, bp.encode(m))) == []
+
+
+def test_a_node_asks_again_for_the_ballots_it_waits_on_when_it_rejoins() -> None:
+    """A vote sent while the node was cut off reached no member (simulation seed 13336): back in
+    the primary component, it asks again; a GID decided meanwhile concludes at once."""
+    sent: list[bp.Message] = []
+    decided: dict[int, bool] = {}
+    skipped: list[int] = []
+    left: list[str] = []
+    v = InconsistencyVoting("n1", sent.append, decided.get, lambda: 129, skipped.append, left.append)
+    v.apply_failed(130, "a row it changes is not as its origin had it")
+    v.apply_failed(131, "another")
+    assert [m.gid for m in sent if isinstance(m, bp.Vote)] == [130, 131]
+    sent.clear()
+    decided[131] = False  # the members decided 131 before this node heard
+    v.rejoined()
+    assert sent == [bp.Vote("n1", 130, False, "a row it changes is not as its origin had it")]
+    assert skipped == [131] and not left
+    sent.clear()
+    v.rejoined()  # a second rejoin asks again on what is still open only
+    assert [m.gid for m in sent if isinstance(m, bp.Vote)] == [130]
 
 
 def test_inconsistency_vote_the_origin_loses_when_the_majority_failed() -> None:
