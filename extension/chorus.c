@@ -102,7 +102,7 @@ chorus_post_parse_analyze(ParseState *pstate, Query *query, JumbleState *jstate)
 {
 	if (prev_post_parse_analyze)
 		prev_post_parse_analyze(pstate, query, jstate);
-	chorus_setval_rewrite(query);
+	chorus_setval_rewrite(query, pstate->p_sourcetext);
 }
 
 /*

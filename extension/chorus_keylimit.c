@@ -85,38 +85,86 @@ key_at(const char *buf, int len, int pos, KeyView *k)
 	return true;
 }
 
+/* Up to this many tables a writeset's counters are found by a walk of their list. */
+#define KEYLIMIT_WALK 16
+
+/* An entry of the hash table by name: the counter of the table. */
+typedef struct KeyCountEntry
+{
+	char		id[TABLE_ID_SIZE];
+	KeyCount   *count;
+} KeyCountEntry;
+
+/* Is c the counter of nsp.rel? */
+static bool
+count_is(const KeyCount *c, const char *nsp, uint32 nsplen, const char *rel, uint32 rellen)
+{
+	return c->id[nsplen] == '\0' && c->id[nsplen + 1 + rellen] == '\0' && memcmp(c->id, nsp, nsplen) == 0 &&
+		memcmp(c->id + nsplen + 1, rel, rellen) == 0;
+}
+
+/* Enter counter c into kl's hash table by name. */
+static void
+count_enter(ChorusKeyLimit *kl, KeyCount *c)
+{
+	KeyCountEntry *e = hash_search(kl->tables, c->id, HASH_ENTER, NULL);
+
+	e->count = c;
+}
+
 /* The counter of table nsp.rel (made if make), or NULL. */
 static KeyCount *
 table_count(ChorusKeyLimit *kl, MemoryContext cxt, const char *nsp, uint32 nsplen, const char *rel,
 			uint32 rellen, bool make)
 {
 	char		id[TABLE_ID_SIZE];
-	bool		found;
 	KeyCount   *c;
+	int			i;
 
 	if (nsplen >= NAMEDATALEN || rellen >= NAMEDATALEN)
 		return NULL;			/* not a table's name (a name is never this long) */
 	if (kl->tables == NULL)
 	{
-		HASHCTL		ctl;
-
+		/* the newest first: a row's keys are mostly of the table just named */
+		for (i = kl->ncounts - 1; i >= 0; i--)
+			if (count_is(kl->counts[i], nsp, nsplen, rel, rellen))
+				return kl->counts[i];
 		if (!make)
 			return NULL;
-		ctl.keysize = TABLE_ID_SIZE;
-		ctl.entrysize = sizeof(KeyCount);
-		ctl.hcxt = cxt;
-		kl->tables = hash_create("chorus row keys per table", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	}
 	memset(id, 0, sizeof(id));
 	memcpy(id, nsp, nsplen);
 	memcpy(id + nsplen + 1, rel, rellen);
-	c = hash_search(kl->tables, id, make ? HASH_ENTER : HASH_FIND, &found);
-	if (make && !found)
+	if (kl->tables != NULL)
 	{
-		c->count = 0;
-		c->escalated = false;
-		c->added = false;
-		c->referenced = false;
+		KeyCountEntry *e = hash_search(kl->tables, id, HASH_FIND, NULL);
+
+		if (e != NULL)
+			return e->count;
+		if (!make)
+			return NULL;
+	}
+	c = MemoryContextAllocZero(cxt, sizeof(KeyCount));
+	memcpy(c->id, id, sizeof(id));
+	if (kl->ncounts == kl->maxcounts)
+	{
+		kl->maxcounts = kl->maxcounts ? kl->maxcounts * 2 : 4;
+		kl->counts = kl->counts ? repalloc(kl->counts, sizeof(KeyCount *) * kl->maxcounts)
+			: MemoryContextAlloc(cxt, sizeof(KeyCount *) * kl->maxcounts);
+	}
+	kl->counts[kl->ncounts++] = c;
+	if (kl->tables != NULL)
+		count_enter(kl, c);
+	else if (kl->ncounts > KEYLIMIT_WALK)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = TABLE_ID_SIZE;
+		ctl.entrysize = sizeof(KeyCountEntry);
+		ctl.hcxt = cxt;
+		kl->tables = hash_create("chorus row keys per table", 64, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+		for (i = 0; i < kl->ncounts; i++)
+			count_enter(kl, kl->counts[i]);
 	}
 	return c;
 }
@@ -208,8 +256,8 @@ uint32
 chorus_keylimit_finish(ChorusKeyLimit *kl, StringInfo keys, uint32 nkeys)
 {
 	StringInfoData out;
-	HASH_SEQ_STATUS seq;
 	KeyCount   *c;
+	int			i;
 	KeyView		k;
 	int			pos = 0;
 	uint32		n = 0;
@@ -225,9 +273,9 @@ chorus_keylimit_finish(ChorusKeyLimit *kl, StringInfo keys, uint32 nkeys)
 		appendBinaryStringInfo(&out, keys->data + k.start, k.end - k.start);
 		n++;
 	}
-	hash_seq_init(&seq, kl->tables);
-	while ((c = hash_seq_search(&seq)) != NULL)
+	for (i = 0; i < kl->ncounts; i++)
 	{
+		c = kl->counts[i];
 		if (!c->escalated || c->added)
 			continue;
 		chorus_put_table_key(&out, CHORUS_KEY_EXCLUSIVE, c->id, c->id + strlen(c->id) + 1);

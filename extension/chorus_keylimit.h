@@ -9,10 +9,18 @@
 #include "lib/stringinfo.h"
 #include "utils/hsearch.h"
 
-/* The row keys counted per table so far, and the tables past the limit. */
+/*
+ * The row keys counted per table so far, and the tables past the limit. The
+ * counters are in the capture's context, in the order their tables came;
+ * found by a walk of that list while the writeset has few tables, by name in
+ * a hash table past that (made then: most writesets never need one).
+ */
 typedef struct ChorusKeyLimit
 {
-	HTAB	   *tables;			/* made at the first row key, in the capture's context */
+	struct KeyCount **counts;	/* every table's counter */
+	int			ncounts;
+	int			maxcounts;
+	HTAB	   *tables;			/* by name, once there are more than a few tables */
 	int			nescalated;		/* tables whose row keys became one table key */
 } ChorusKeyLimit;
 

@@ -12,7 +12,7 @@
 extern int	chorus_setval_defining;
 
 extern bool chorus_setval_stores_query(Node *stmt);
-extern void chorus_setval_rewrite(Query *query);
+extern void chorus_setval_rewrite(Query *query, const char *text);
 extern void chorus_setval_items(ChorusCapture *cap);
 extern void chorus_spread(Oid seq, bool restart, int64 restart_above);
 

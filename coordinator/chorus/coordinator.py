@@ -132,7 +132,7 @@ class Coordinator:
         # one writeset per apply transaction, in the pipeline and in catch-up
         self.stamps_rows = any(link.peers for link in cfg.links)
         if self.stamps_rows:
-            self.pipeline.max_run = 1
+            self.pipeline.stamp_rows()
         self.causal = CausalReads(cfg.name, send)
         self.backends = BackendServer(
             cfg.name, self.wslog.max_payload(cfg.name), self.counters, self.pipeline, self.sender, self.causal,

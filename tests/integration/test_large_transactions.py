@@ -67,6 +67,32 @@ def test_row_keys_past_the_limit_become_one_exclusive_table_key(cluster: Cluster
         assert c.execute("SELECT sum(v) FROM big_esc").fetchone() == (400,)
 
 
+def test_a_writeset_of_many_tables_counts_each_table_apart(cluster: Cluster) -> None:
+    """Past a few tables the counters are found by name in a hash table (chorus_keylimit.c): with
+    20 tables, each has its table key in reference mode once, the escalated ones their exclusive
+    key and no row keys, the others their row keys, also for a table written again after the
+    hash table was made."""
+    with cluster.connect(0) as c:
+        for i in range(20):
+            c.execute(f"CREATE TABLE IF NOT EXISTS many_esc_{i} (id integer PRIMARY KEY, v integer NOT NULL)")
+            c.execute(f"DELETE FROM many_esc_{i}")
+            c.execute(f"INSERT INTO many_esc_{i} SELECT g, 0 FROM generate_series(1, 3) g")
+    cluster.quiesce()
+    statements = [f"UPDATE many_esc_{i} SET v = v + 1 WHERE id <= {3 if i % 2 == 0 else 1}" for i in range(20)]
+    statements += ["UPDATE many_esc_0 SET v = v + 1 WHERE id = 1", "UPDATE many_esc_3 SET v = v + 1 WHERE id = 2"]
+    ws = _writeset_of(cluster, statements, 2)
+    for i in range(20):
+        table = (b"public", f"many_esc_{i}".encode())
+        mine = [(int(k.mode), k.parts) for k in ws.keys if k.parts[:2] == table]
+        tables = sorted(m for m, parts in mine if len(parts) == 2)
+        rows = {parts[3] for m, parts in mine if len(parts) > 2}
+        if i % 2 == 0:
+            assert tables == [int(KeyMode.REFERENCE), int(KeyMode.EXCLUSIVE)] and rows == set(), (i, mine)
+        else:
+            assert tables == [int(KeyMode.REFERENCE)] and rows == ({b"1", b"2"} if i == 3 else {b"1"}), (i, mine)
+    cluster.assert_identical()
+
+
 @pytest.mark.parametrize("limit, loses", [(50, True), (1000, False)], ids=["escalated", "row-keys"])
 def test_a_large_transaction_conflicts_with_every_concurrent_writer_of_its_table(
         cluster: Cluster, limit: int, loses: bool) -> None:

@@ -149,3 +149,43 @@ def test_the_coordinator_sets_the_site_its_links_say(server: PlainPostgres) -> N
             assert c.execute("SHOW chorus.link_site").fetchone() == (site,)
             assert c.execute("SHOW chorus.link_old_columns").fetchone() == (columns,)
     _site(server, "")
+
+
+def test_the_apply_session_sends_the_commit_time_only_where_the_node_stamps_rows(server: PlainPostgres) -> None:
+    """A node that stamps rows (a site that receives a link) gives each apply its origin commit
+    time, which the stamps record; any other node sends the plain call (no set_config: it costs
+    every apply, docs/NATIVE.md "Step 5, second measures")."""
+    import asyncio
+
+    from chorus.commit.applier import ApplySession
+
+    when = 1_790_000_000_123_456  # µs since the Unix epoch
+
+    async def apply(stamps: bool, k: int) -> tuple[str, bool]:
+        s = ApplySession(server.dsn, "stamps-test", stamps=stamps)
+        await s.connect()
+        try:
+            assert s.conn is not None
+            cur = await s.conn.execute("SELECT chorus.committed_gid()")
+            row = await cur.fetchone()
+            assert row is not None
+            g = int(row[0])
+            assert await s.apply_run(g + 1, g, [_insert(k)], commit_time=when)
+            cur = await s.conn.execute("SELECT statement FROM pg_prepared_statements WHERE name = 'chorus_apply'")
+            text = await cur.fetchone()
+            assert text is not None
+            return str(text[0]), s.timed
+        finally:
+            await s.close()
+
+    _site(server, "")
+    statement, timed = asyncio.run(apply(False, 30))
+    assert not timed and "set_config" not in statement and "commit_time" not in statement
+    _site(server, "east")
+    statement, timed = asyncio.run(apply(True, 31))
+    assert timed and "chorus.commit_time" in statement
+    with _session(server) as c:
+        row = c.execute("SELECT (extract(epoch FROM commit_time) * 1000000)::bigint FROM chorus.link_stamp "
+                        "WHERE key = %s", (stamp_hash(_key(31).parts),)).fetchone()
+    assert row == (when,)
+    _site(server, "")

@@ -174,6 +174,12 @@ def test_setval_reaches_every_node(cluster: Cluster) -> None:
         c.execute("SELECT sv_jump(10000)")
     cluster.quiesce()
     assert all(v >= 10000 for v in _next_on_every_node(cluster, "sv_items_id_seq"))
+    # however the name is spelled (the extension looks at the text first: chorus_sequence.c)
+    for value, call in ((20000, "pg_catalog.SetVal"), (30000, '"setval"'), (40000, 'U&"s\\0065tval"')):
+        with cluster.connect(1) as c:
+            c.execute(f"SELECT {call}('sv_items_id_seq', {value})")
+        cluster.quiesce()
+        assert all(v > value for v in _next_on_every_node(cluster, "sv_items_id_seq")), call
     # rolled back: this node's sequence moved (as in PostgreSQL), nothing replicated
     before = _next_on_every_node(cluster, "sv_items_id_seq")
     with cluster.connect(0, autocommit=False) as c:

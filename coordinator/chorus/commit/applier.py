@@ -97,7 +97,7 @@ class ApplySession:
     """
 
     def __init__(self, dsn: str, name: str, concurrent: Optional[ConcurrentSchemaChanges] = None,
-                 spool: Optional[Spool] = None) -> None:
+                 spool: Optional[Spool] = None, stamps: bool = False) -> None:
         self.dsn = dsn
         self.name = name
         self.spool = spool  # where a writeset larger than SPOOL_AT goes for the server to read (None: sent whole)
@@ -110,8 +110,12 @@ class ApplySession:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._waiter: Optional[asyncio.Future[Optional[pq.abc.PGresult]]] = None
         self._result: Optional[pq.abc.PGresult] = None
-        # the extension takes the origin commit time of what it applies (chorus.commit_time, for
-        # the row stamps of a site with links); False with an extension of a release before
+        # this node stamps the rows it applies (a site that receives a link: coordinator.py): each
+        # apply sets the origin commit time the stamps record (chorus.commit_time); elsewhere the
+        # statement is the plain call, which costs the server less (docs/NATIVE.md, Step 5)
+        self.stamps = stamps
+        # the apply statement sets chorus.commit_time: the node stamps rows and its extension
+        # takes the time (False with an extension of a release before)
         self.timed = False
 
     async def connect(self) -> None:
@@ -134,7 +138,7 @@ class ApplySession:
                               "pg_catalog.current_setting('chorus.commit_time', true) IS NOT NULL")
             row = await cur.fetchone()
             self.pid = int(row[0]) if row else 0
-            self.timed = bool(row[1]) if row else False
+            self.timed = self.stamps and bool(row[1]) if row else False
         await self._prepare()
 
     async def _prepare(self) -> None:

@@ -199,6 +199,14 @@ class CommitPipeline:
         # [[link]]: how each link's conflicts are settled here (link/settle.py), by link name
         self.link_settings: dict[str, Settings] = {}
 
+    def stamp_rows(self) -> None:
+        """This node stamps the rows it applies (a site that receives a link; extension/chorus_stamp.c),
+        each with its own GID and origin commit time: one writeset per apply transaction, and the
+        apply sessions give the time with each (before they connect)."""
+        self.max_run = 1
+        for w in self.sessions():
+            w.stamps = True
+
     @property
     def pending(self) -> dict[int, Pending]:
         """Certified writesets not committed here yet, by GID."""
@@ -499,7 +507,7 @@ class CommitPipeline:
             return
         log.warning("GID %d: the majority could not apply it either; it commits empty here", gid)
         p.skip = True
-        session = ApplySession(self.dsn, f"{self.name}-vote")
+        session = ApplySession(self.dsn, f"{self.name}-vote", stamps=self.workers[0].stamps)
         try:
             await self._apply(session, [gid], replay=False, pooled=False)
         finally:
