@@ -367,6 +367,8 @@ def _load(tmp_path: Any, text: str) -> Any:
 def test_a_link_is_configured(tmp_path: Any) -> None:
     cfg = _load(tmp_path, LINK_TOML)
     assert cfg.links == (LinkConfig("east-west", "west", "east", "c", "k", "p", "s", peers=("10.0.0.1:7533",)),)
+    assert cfg.links[0].max_retain_mb == 16384
+    assert _load(tmp_path, LINK_TOML + "max_retain_mb = 100\n").links[0].max_retain_mb == 100
 
 
 @pytest.mark.parametrize("change, says", [
@@ -377,6 +379,8 @@ def test_a_link_is_configured(tmp_path: Any) -> None:
     (("tls_cert = \"c\"", ""), "missing link.tls_cert"),
     (("secret_file = \"s\"", "secret_file = \"s\"\nwindow = 0"), "window must be at least 1"),
     (("secret_file = \"s\"", "secret_file = \"s\"\ncolour = 1"), "unknown key link.colour"),
+    (("secret_file = \"s\"", "secret_file = \"s\"\nmax_retain_mb = 0"), "max_retain_mb must be at least 1"),
+    (("secret_file = \"s\"", "secret_file = \"s\"\nmax_retain_mb = \"8GB\""), "link.max_retain_mb must be a int"),
 ])
 def test_a_link_that_cannot_work_is_refused(tmp_path: Any, change: tuple[str, str], says: str) -> None:
     with pytest.raises(ChorusConfigError, match=says):

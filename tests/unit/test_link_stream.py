@@ -122,9 +122,10 @@ class SiteB:
         return [i.clock for i in self.items if isinstance(i, RemoteTransaction)]
 
     def receiver(self, addresses: list[str], keys: LinkKeys, link: str = "a-b", site: str = "site-b",
-                 spool: Optional[Spool] = None) -> LinkReceiver:
+                 spool: Optional[Spool] = None, applied: bool = False) -> LinkReceiver:
         return LinkReceiver(LinkEnd(link, site, "site-a", keys), addresses, self.position, self.take, spool,
-                            backoff=(0.01, 0.1))
+                            backoff=(0.01, 0.1), applied=(lambda: self.after) if applied else None,
+                            applied_every=0.01)
 
 
 async def until(check: Callable[[], bool], what: str) -> None:
@@ -408,6 +409,76 @@ def test_rules_that_fail_stop_the_link_visibly_and_it_resumes_once_fixed(tmp_pat
         assert a.server.error is None
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        await a.server.close()
+        a.log.close()
+
+    run(main)
+
+
+SEGMENT = 64 << 10  # SiteA's log segments: about 60 of its records each
+
+
+def test_the_log_keeps_what_a_cut_off_receiver_has_not_applied(tmp_path: Path, keys: dict[str, LinkKeys]) -> None:
+    """docs/LINKS.md section 2: the receiver says what its site applied; the sender pins the log
+    there; while the receiver is away the ring (4 segments) grows rather than reuse what it has
+    not applied (within max_retain), and it resumes losing nothing; once it applied it all, the
+    ring gives the segments back."""
+    async def main() -> None:
+        a = SiteA(tmp_path, keys["a"], total_bytes=4 * SEGMENT)
+        a.server.max_retain = 16 * SEGMENT
+        for g in range(1, 51):
+            a.commit(g)
+        address = await a.start()
+        b = SiteB()
+        task = asyncio.ensure_future(b.receiver([address], keys["b"], applied=True).run())
+        await until(lambda: a.log.pins() == {"link:a-b": 50}, "the pin at what b applied")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for g in range(51, 601):  # about 9 segments: more than the ring holds
+            a.commit(g)
+        assert a.log.base_gid <= 50 and a.log.stats()["segments"] > 4
+        assert a.server.sending()[1] is None
+        task = asyncio.ensure_future(b.receiver([address], keys["b"], applied=True).run())
+        await until(lambda: a.log.pins() == {"link:a-b": 600}, "the pin at what b applied")
+        assert b.gids == list(range(1, 601))
+        for g in range(601, 700):  # the next segments reuse the ones b applied
+            a.commit(g)
+        await until(lambda: b.gids[-1:] == [699], "the rest")
+        assert a.log.stats()["segments"] <= 5 and a.log.base_gid > 50
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await a.server.close()
+        a.log.close()
+
+    run(main)
+
+
+def test_a_link_past_max_retain_is_broken_and_resumes_from_no_position(tmp_path: Path,
+                                                                      keys: dict[str, LinkKeys]) -> None:
+    """Past max_retain the pin is broken: the sender says so with the GIDs lost (status), and
+    refuses every resume, from the lost range or from a later position, until instantiated again."""
+    async def main() -> None:
+        a = SiteA(tmp_path, keys["a"], total_bytes=4 * SEGMENT)
+        a.server.max_retain = 6 * SEGMENT
+        for g in range(1, 51):
+            a.commit(g)
+        address = await a.start()
+        b = SiteB()
+        task = asyncio.ensure_future(b.receiver([address], keys["b"], applied=True).run())
+        await until(lambda: a.log.pins() == {"link:a-b": 50}, "the pin at what b applied")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for g in range(51, 801):
+            a.commit(g)
+        lost = a.log.broken("link:a-b")
+        assert lost is not None and lost[0] == 51 and a.log.base_gid >= lost[1] > 51
+        assert a.server.sending()[1] == f"link broken: GIDs 51..{lost[1]} are gone from the log"
+        with pytest.raises(LinkBroken, match=f"GIDs 51..{lost[1]} are gone"):
+            await asyncio.wait_for(b.receiver([address], keys["b"], applied=True).run(), WAIT_S)
+        later = SiteB(after=790)  # a position past the loss: still refused, nothing skipped silently
+        with pytest.raises(LinkBroken, match=f"GIDs 51..{lost[1]} are gone"):
+            await asyncio.wait_for(later.receiver([address], keys["b"], applied=True).run(), WAIT_S)
+        assert b.gids == list(range(1, 51)) and later.gids == []
         await a.server.close()
         a.log.close()
 
