@@ -483,3 +483,50 @@ def test_a_link_past_max_retain_is_broken_and_resumes_from_no_position(tmp_path:
         a.log.close()
 
     run(main)
+
+
+def test_every_node_of_the_site_keeps_what_the_peer_has_not_applied(tmp_path: Path, keys: dict[str, LinkKeys]) -> None:
+    """The node serving the stream announces where the peer is (bp.LinkApplied on its site's
+    bus); every other node that may serve the link pins its own log there, only ever forward,
+    and leaves the pin to its own streams while it serves one."""
+    from chorus.bus import proto as bp
+    from chorus.config import LinkConfig
+    from chorus.link.site import SiteLinks
+
+    async def main() -> None:
+        serving = SiteA(tmp_path / "n1", keys["a"], total_bytes=4 * SEGMENT)
+        announced: list[bp.Message] = []
+        serving.server.announce = lambda gid: announced.append(bp.LinkApplied("n1", "a-b", gid))
+        other = SiteA(tmp_path / "n2", keys["a"], total_bytes=4 * SEGMENT)  # another node of site a
+        other.server.max_retain = 16 * SEGMENT
+        link = LinkConfig("a-b", "site-a", "site-b", "c", "k", "p", "s", listen="127.0.0.1:0")
+
+        async def query(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
+            return []
+        links = SiteLinks("n2", (link,), other.log, lambda: other.committed, announced.append, query)
+        links.servers["a-b"] = other.server
+        for g in range(1, 51):
+            serving.commit(g)
+            other.commit(g)
+        address = await serving.start()
+        b = SiteB()
+        task = asyncio.ensure_future(b.receiver([address], keys["b"], applied=True).run())
+        await until(lambda: bp.LinkApplied("n1", "a-b", 50) in announced, "the serving node's announcement")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for m in announced:  # as the bus delivers them, in order, to node n2
+            assert isinstance(m, bp.LinkApplied) and bp.decode(bp.encode(m)) == m
+            links.pinned(m.node, m.link, m.gid)
+        assert other.log.pins() == {"link:a-b": 50}
+        links.pinned("n1", "a-b", 20)  # never back
+        links.pinned("n2", "a-b", 60)  # its own announcement: its own streams decided already
+        assert other.log.pins() == {"link:a-b": 50}
+        for g in range(51, 601):  # more than the ring holds, on the node that did not serve
+            other.commit(g)
+        assert other.log.base_gid <= 50
+        assert [r.gid for r in other.log.reader(50).read(600, 1 << 30)] == list(range(51, 601))
+        await serving.server.close()
+        serving.log.close()
+        other.log.close()
+
+    run(main)

@@ -148,7 +148,7 @@ class LinkServer:
     def __init__(self, wslog: WritesetLog, end: LinkEnd, committed: Callable[[], int], rules: RuleSet,
                  evaluator: SqlEvaluator, provenance: Callable[[LogRecord], Provenance],
                  clock_interval: float = CLOCK_INTERVAL_S, poll_s: float = POLL_S,
-                 max_retain: int = MAX_RETAIN_BYTES) -> None:
+                 max_retain: int = MAX_RETAIN_BYTES, announce: Optional[Callable[[int], None]] = None) -> None:
         self.log = wslog
         self.end = end
         self.committed = committed
@@ -173,6 +173,9 @@ class LinkServer:
         self.max_retain = max_retain
         self.pin = f"link:{end.link}"
         self.applied: dict[asyncio.Task[None], int] = {}
+        # tells the site's other nodes where the pin moved (SiteLinks: a bus message, bp.LinkApplied)
+        self.announce = announce
+        self._announced: Optional[int] = None
 
     async def start(self, listen: str) -> None:
         host, port = split_address(listen)
@@ -314,11 +317,15 @@ class LinkServer:
         """Pin the log at the lowest GID the open streams' receivers applied (it stays where it
         was when none is open: the peer resumes from there)."""
         if self.applied:
+            gid = min(self.applied.values())
             try:
-                self.log.pin(self.pin, min(self.applied.values()), self.max_retain)
+                self.log.pin(self.pin, gid, self.max_retain)
             except LogRangeUnavailable:
                 self._check_pin()
                 raise
+            if self.announce is not None and gid != self._announced:
+                self._announced = gid
+                self.announce(gid)
 
     def _check_pin(self) -> None:
         """A broken pin breaks the link: it resumes from no position until instantiated again."""

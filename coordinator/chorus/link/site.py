@@ -24,6 +24,7 @@ which waits for each outcome, starts the stream again from the position.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import time
@@ -44,7 +45,7 @@ from chorus.link.sender import LinkServer, Provenance
 from chorus.link.settle import realignment
 from chorus.link.sqleval import PgEvaluator
 from chorus.spool import Spool
-from chorus.wslog import LogRecord, WritesetLog
+from chorus.wslog import LogRangeUnavailable, LogRecord, WritesetLog
 
 log = logging.getLogger("chorus.link")
 
@@ -299,11 +300,32 @@ class SiteLinks:
             end = LinkEnd(link.name, link.site, link.peer_site, _keys(link))
             rules: RuleSet = link_rules(link)
             server = LinkServer(self.wslog, end, self.committed_gid, rules, evaluator(link, rules, self.dsn),
-                                provenance(link), max_retain=link.max_retain_mb << 20)
+                                provenance(link), max_retain=link.max_retain_mb << 20,
+                                announce=functools.partial(self._announce, link.name))
             await server.start(link.listen)
             self.servers[link.name] = server
             log.info("link %s: serving site %s's changes to site %s on %s", link.name, link.site, link.peer_site,
                      link.listen)
+
+    def _announce(self, link: str, gid: int) -> None:
+        self.send(bp.LinkApplied(self.node, link, gid))
+
+    def pinned(self, node: str, link: str, gid: int) -> None:
+        """Member ``node``'s sender said the peer applied this site's GIDs up to ``gid`` (a
+        bp.LinkApplied, in this site's order): this node, which may serve the link's sender too,
+        keeps its log from there (docs/LINKS.md section 2). Its own streams' receivers decide
+        where they are open; the pin only moves forward (what the peer applied only grows)."""
+        server = self.servers.get(link)
+        if node == self.node or server is None or server.applied:
+            return
+        pin = f"link:{link}"
+        held = self.wslog.pins().get(pin)
+        if self.wslog.broken(pin) is not None or (held is not None and held >= gid):
+            return
+        try:
+            self.wslog.pin(pin, gid, server.max_retain)
+        except LogRangeUnavailable as e:
+            log.error("link %s: %s", link, e)
 
     def membership(self, synced: Iterable[str], online: bool) -> None:
         """The primary component's synced members now (``online``: this node is one of them and
