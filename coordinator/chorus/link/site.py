@@ -45,7 +45,7 @@ from chorus.link.sender import LinkServer, Provenance
 from chorus.link.settle import realignment
 from chorus.link.sqleval import PgEvaluator
 from chorus.spool import Spool
-from chorus.wslog import LogRangeUnavailable, LogRecord, WritesetLog
+from chorus.wslog import LogRecord, WritesetLog
 
 log = logging.getLogger("chorus.link")
 
@@ -322,10 +322,11 @@ class SiteLinks:
         held = self.wslog.pins().get(pin)
         if self.wslog.broken(pin) is not None or (held is not None and held >= gid):
             return
-        try:
-            self.wslog.pin(pin, gid, server.max_retain)
-        except LogRangeUnavailable as e:
-            log.error("link %s: %s", link, e)
+        if gid < self.wslog.base_gid:  # this log never held it (it started later): it cannot serve from there
+            log.info("link %s: the peer applied up to GID %d; this node's log starts after GID %d, and cannot "
+                     "serve the link from there", link, gid, self.wslog.base_gid)
+            return
+        self.wslog.pin(pin, gid, server.max_retain)
 
     def membership(self, synced: Iterable[str], online: bool) -> None:
         """The primary component's synced members now (``online``: this node is one of them and
