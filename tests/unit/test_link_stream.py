@@ -530,3 +530,26 @@ def test_every_node_of_the_site_keeps_what_the_peer_has_not_applied(tmp_path: Pa
         other.log.close()
 
     run(main)
+
+
+def test_a_receiver_speaks_version_1_to_a_sender_of_the_release_before(tmp_path: Path, keys: dict[str, LinkKeys],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sender that speaks only version 1 refuses the HELLO of version 2 saying so: the receiver
+    connects again speaking 1 (no APPLIED frames; the sender's log is not pinned) and loses nothing."""
+    async def main() -> None:
+        monkeypatch.setattr(proto, "PROTOCOLS", (1,))
+        a = SiteA(tmp_path, keys["a"])
+        for g in range(1, 11):
+            a.commit(g)
+        address = await a.start()
+        b = SiteB()
+        receiver = b.receiver([address], keys["b"], applied=True)
+        task = asyncio.ensure_future(receiver.run())
+        await until(lambda: b.gids == list(range(1, 11)), "the transactions over version 1")
+        assert receiver.version == 1 and a.log.pins() == {}
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await a.server.close()
+        a.log.close()
+
+    run(main)

@@ -413,6 +413,12 @@ def error(e: Error) -> LinkError:
     return LinkError(f"the peer says: {e.text}")
 
 
+def spoken(e: Error) -> Optional[tuple[int, ...]]:
+    """The versions a sender speaks, when its ERROR says it does not speak the receiver's."""
+    m = re.fullmatch(r"link protocol version \d+ is not spoken here \(this site speaks ([0-9, ]+)\)", e.text)
+    return tuple(int(v) for v in m.group(1).split(", ") if v.isdigit()) if m else None
+
+
 def transaction(r: Record) -> RemoteTransaction:
     """The transaction a record carries, its writeset decoded."""
     raw = bytes(r.writeset.view) if isinstance(r.writeset, SpooledBuffer) else bytes(r.writeset)

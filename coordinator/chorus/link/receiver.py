@@ -59,6 +59,7 @@ class LinkReceiver:
         self.backoff = backoff
         self.applied = applied
         self.applied_every = applied_every
+        self.version = proto.PROTOCOL  # lowered when a sender of a release before says it speaks less
         self.received = 0  # items handed to the sink
         self.connected: Optional[str] = None  # the address streaming now
 
@@ -102,7 +103,7 @@ class LinkReceiver:
             last = await self._handshake(reader, writer)
             told, told_at = last, time.monotonic()
             while True:
-                if self.applied is not None and time.monotonic() - told_at >= self.applied_every:
+                if self.applied is not None and self.version >= 2 and time.monotonic() - told_at >= self.applied_every:
                     applied = self.applied()
                     if applied is not None and told < applied <= last:
                         writer.write(proto.write_applied(proto.Applied(applied)))
@@ -147,9 +148,14 @@ class LinkReceiver:
         secret = end.keys.secret()
         position = await self.position()
         nonce = secrets.token_bytes(proto.NONCE_BYTES)
-        writer.write(proto.write_hello(proto.Hello(end.link, end.site, end.peer, position, nonce)))
+        writer.write(proto.write_hello(proto.Hello(end.link, end.site, end.peer, position, nonce, self.version)))
         answer = await asyncio.wait_for(proto.read_frame(reader), proto.HANDSHAKE_TIMEOUT_S)
         if isinstance(answer, proto.Error):
+            versions = [v for v in proto.spoken(answer) or () if v in proto.PROTOCOLS and v < self.version]
+            if versions:  # a sender of a release before: speak its version (no APPLIED frames) from the next connection
+                log.warning("link %s: the sender speaks link protocol version %d: its site's log is not pinned",
+                            end.link, max(versions))
+                self.version = max(versions)
             raise proto.error(answer)
         if not isinstance(answer, proto.Proof) or not hmac.compare_digest(
                 answer.mac, proto.proof(secret, b"sender", end.link, end.peer, end.site, nonce, answer.nonce)):
