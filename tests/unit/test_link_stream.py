@@ -418,22 +418,29 @@ def test_rules_that_fail_stop_the_link_visibly_and_it_resumes_once_fixed(tmp_pat
 SEGMENT = 64 << 10  # SiteA's log segments: about 60 of its records each
 
 
+async def _cut_at_50(tmp_path: Path, keys: dict[str, LinkKeys], max_retain: int) -> tuple[SiteA, str, SiteB]:
+    """Site a (a ring of 4 segments) and its sender; site b received its first 50 transactions,
+    said so (the log is pinned at 50), and was cut off."""
+    a = SiteA(tmp_path, keys["a"], total_bytes=4 * SEGMENT)
+    a.server.max_retain = max_retain
+    for g in range(1, 51):
+        a.commit(g)
+    address = await a.start()
+    b = SiteB()
+    task = asyncio.ensure_future(b.receiver([address], keys["b"], applied=True).run())
+    await until(lambda: a.log.pins() == {"link:a-b": 50}, "the pin at what b applied")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return a, address, b
+
+
 def test_the_log_keeps_what_a_cut_off_receiver_has_not_applied(tmp_path: Path, keys: dict[str, LinkKeys]) -> None:
     """docs/LINKS.md section 2: the receiver says what its site applied; the sender pins the log
     there; while the receiver is away the ring (4 segments) grows rather than reuse what it has
     not applied (within max_retain), and it resumes losing nothing; once it applied it all, the
     ring gives the segments back."""
     async def main() -> None:
-        a = SiteA(tmp_path, keys["a"], total_bytes=4 * SEGMENT)
-        a.server.max_retain = 16 * SEGMENT
-        for g in range(1, 51):
-            a.commit(g)
-        address = await a.start()
-        b = SiteB()
-        task = asyncio.ensure_future(b.receiver([address], keys["b"], applied=True).run())
-        await until(lambda: a.log.pins() == {"link:a-b": 50}, "the pin at what b applied")
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        a, address, b = await _cut_at_50(tmp_path, keys, 16 * SEGMENT)
         for g in range(51, 601):  # about 9 segments: more than the ring holds
             a.commit(g)
         assert a.log.base_gid <= 50 and a.log.stats()["segments"] > 4
@@ -458,16 +465,7 @@ def test_a_link_past_max_retain_is_broken_and_resumes_from_no_position(tmp_path:
     """Past max_retain the pin is broken: the sender says so with the GIDs lost (status), and
     refuses every resume, from the lost range or from a later position, until instantiated again."""
     async def main() -> None:
-        a = SiteA(tmp_path, keys["a"], total_bytes=4 * SEGMENT)
-        a.server.max_retain = 6 * SEGMENT
-        for g in range(1, 51):
-            a.commit(g)
-        address = await a.start()
-        b = SiteB()
-        task = asyncio.ensure_future(b.receiver([address], keys["b"], applied=True).run())
-        await until(lambda: a.log.pins() == {"link:a-b": 50}, "the pin at what b applied")
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        a, address, b = await _cut_at_50(tmp_path, keys, 6 * SEGMENT)
         for g in range(51, 801):
             a.commit(g)
         lost = a.log.broken("link:a-b")
