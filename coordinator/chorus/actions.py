@@ -187,6 +187,15 @@ class Removed:
     reason: str
 
 
+@dataclass(frozen=True)
+class LinkPinned:
+    """A member said how far the peer site of ``link`` applied this site's GIDs (``bp.LinkApplied``):
+    this node's writeset log keeps what comes after ``gid`` (docs/LINKS.md section 2)."""
+    node: str
+    link: str
+    gid: int
+
+
 Action = Union[Send, LocalVerdict, Apply, PhaseChange, Joined, DdlOutcome, SyncReached, CatchUp,
                LogQueried, LogOffered, VoteOpened, VoteDecided, Pause, Remember, Reconfigure, Reconfigured,
-               Removed]
+               Removed, LinkPinned]

@@ -41,6 +41,8 @@ peers = ["west1:7533", "west2:7533"]  # receive the peer's changes from these se
 nodes = ["n1", "n2"]         # the nodes that may run the receiver (default: any member): the
                              # lowest-named synced member among them does
 window = 64                  # received transactions in flight on the bus at most
+max_retain_mb = 16384        # the writeset log kept for the peer while it has not applied it (the
+                             # ring grows past log.total_mb up to this); past it the link is broken
 tls_cert = "/d/keys/cluster.crt"       # the certificate this site presents, and its key
 tls_key = "/d/keys/cluster.key"
 peer_cert = "/d/keys/west.crt"         # the only certificate accepted from the peer
@@ -96,6 +98,10 @@ class LinkConfig:
     peers: tuple[str, ...] = ()  # the peer's senders; () = this site does not receive on this link
     nodes: tuple[str, ...] = ()  # the nodes that may run the receiver; () = any member
     window: int = 64
+    # the most of this site's writeset log the link may keep for its peer, in MiB, while the peer
+    # has not applied it (docs/LINKS.md section 2): the ring grows past log.total_mb up to this
+    # much; past it the link is broken
+    max_retain_mb: int = 16384
     # conflicts on the receiving side (docs/LINKS.md sections 6-7; link/settle.py): the same on
     # every node of the site, which decide alike with them
     policy: str = "latest-commit-wins"  # or primary-wins
@@ -135,7 +141,7 @@ _LINK_KEYS: dict[str, tuple[type, bool]] = {
     "name": (str, True), "site": (str, True), "peer_site": (str, True), "tls_cert": (str, True),
     "tls_key": (str, True), "peer_cert": (str, True), "secret_file": (str, True), "listen": (str, False),
     "peers": (list, False), "nodes": (list, False), "window": (int, False),
-    "policy": (str, False), "primary": (str, False), "detection": (str, False), "table_policy": (dict, False),
+    "max_retain_mb": (int, False), "policy": (str, False), "primary": (str, False), "detection": (str, False), "table_policy": (dict, False),
     "include": (list, False), "exclude": (list, False), "table": (list, False), "rules_dsn": (str, False),
     "rules_timeout_ms": (int, False), "subset": (bool, False), "delta_columns": (dict, False),
     "delta_fallback": (str, False), "conflict_function": (str, False)}
@@ -344,6 +350,9 @@ def parse_link(path: str, t: dict[str, Any]) -> LinkConfig:
         raise ChorusConfigError(f"{path}: link {link.name} has neither listen (a sender) nor peers (a receiver)")
     if link.window < 1:
         raise ChorusConfigError(f"{path}: link.window must be at least 1")
+    if not 1 <= link.max_retain_mb <= 1 << 30:
+        raise ChorusConfigError(f"{path}: link {link.name}: max_retain_mb must be at least 1 (MiB of writeset log "
+                                f"kept for the peer), not {link.max_retain_mb}")
     if link.rules_timeout_ms < 1:
         raise ChorusConfigError(f"{path}: link {link.name}: rules_timeout_ms must be at least 1")
     for address in (link.listen, *link.peers):
@@ -507,6 +516,7 @@ def _link_toml(link: LinkConfig) -> str:
         ("tls_cert", link.tls_cert), ("tls_key", link.tls_key), ("peer_cert", link.peer_cert),
         ("secret_file", link.secret_file)) if v)
         + f"peers = {strs(link.peers)}\nnodes = {strs(link.nodes)}\nwindow = {link.window}\n"
+        + f"max_retain_mb = {link.max_retain_mb}\n"
         + f"policy = {_toml_str(link.policy)}\ndetection = {_toml_str(link.detection)}\n"
         + (f"primary = {_toml_str(link.primary)}\n" if link.primary else "")
         + (f"conflict_function = {_toml_str(link.conflict_function)}\n" if link.conflict_function else "")

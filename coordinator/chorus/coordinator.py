@@ -50,9 +50,9 @@ from chorus.lockwatch import watch_blockers
 from chorus.nodedb import DB_RETRY_S, DatabaseFatal, NodeDatabase, NodeStart
 from chorus import nodestatus
 from chorus.nodestatus import Counters, NodeStatus
-from chorus.actions import (Action, Apply, CatchUp, DdlOutcome, Joined, LocalVerdict, LogOffered, LogQueried, Pause,
-                            Phase, PhaseChange, Reconfigure, Reconfigured, Remember, Removed, Send, SyncReached,
-                            VoteDecided, VoteOpened)
+from chorus.actions import (Action, Apply, CatchUp, DdlOutcome, Joined, LinkPinned, LocalVerdict, LogOffered,
+                            LogQueried, Pause, Phase, PhaseChange, Reconfigure, Reconfigured, Remember, Removed, Send,
+                            SyncReached, VoteDecided, VoteOpened)
 from chorus.membership import Holding
 from chorus.replicator import Replicator
 from chorus.spool import Spool
@@ -550,6 +550,9 @@ class Coordinator:
                     waiter.set_result(a)
             elif isinstance(a, Removed):
                 self._removed(a.reason)
+            elif isinstance(a, LinkPinned):
+                if self.links is not None:
+                    self.links.pinned(a.node, a.link, a.gid)
             elif isinstance(a, Joined):
                 self.state = self.state.with_(cluster_uuid=a.cluster_uuid, bootstrap=False,
                                               safe_to_bootstrap=False, last_gid=a.gid)

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, cast
 
 from chorus import confchange, wire
-from chorus.actions import (Action, Apply, CatchUp, Joined, LogOffered, LogQueried, Pause, Phase, PhaseChange,
-                            Reconfigure, Reconfigured, Remember, Removed, Send, SyncReached, VoteDecided, VoteOpened)
+from chorus.actions import (Action, Apply, CatchUp, Joined, LinkPinned, LogOffered, LogQueried, Pause, Phase,
+                            PhaseChange, Reconfigure, Reconfigured, Remember, Removed, Send, SyncReached, VoteDecided,
+                            VoteOpened)
 from chorus.bus import proto as bp
 from chorus.bus import Delivery, View, Votes, bus_node
 from chorus.certifier import CertificationIndex, Certifier, CertifierClass
@@ -736,6 +737,8 @@ class Replicator:
             return self.order.received_report(sender, msg, sender in self.members and self._votes_in(sender))
         if self.phase not in _FOLLOWING:
             return []
+        if isinstance(msg, bp.LinkApplied):
+            return [LinkPinned(msg.node, msg.link, msg.gid)] if msg.node in self.online else []
         if isinstance(msg, bp.LogQuery):
             # every member answers, a recovering one too: it serves what it has committed
             return [LogQueried(msg.node, msg.request_id)]

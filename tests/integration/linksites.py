@@ -164,10 +164,11 @@ def remove(*dirs: Path) -> None:
 
 @contextlib.contextmanager
 def two_sites(east: tuple[int, int, Callable[[Path], dict[str, Any]]], west: tuple[int, int, Callable[[Path], dict[str, Any]]],
-              prefix: str = "chorus-") -> Iterator[tuple[Site, Site, Path, Path]]:
+              prefix: str = "chorus-", **up: Any) -> Iterator[tuple[Site, Site, Path, Path]]:
     """Sites east and west, each ``(nodes, port, its [[link]] table given its directory)``, with
-    the link's keys; both stopped (west first: east's Corosync may be the one both use) and
-    removed at the end, the coordinators' last lines printed."""
+    the link's keys (``up``: more of LocalCluster.up's arguments, for both); both stopped (west
+    first: east's Corosync may be the one both use) and removed at the end, the coordinators'
+    last lines printed."""
     east_dir = Path(tempfile.mkdtemp(prefix=f"{prefix}east-", dir="/tmp"))
     west_dir = Path(tempfile.mkdtemp(prefix=f"{prefix}west-", dir="/tmp"))
     link_keys(east_dir, west_dir)
@@ -177,7 +178,7 @@ def two_sites(east: tuple[int, int, Callable[[Path], dict[str, Any]]], west: tup
         info = []
         for cluster, d, (nodes, port, link) in zip(clusters, (east_dir, west_dir), (east, west)):
             started.append(cluster)
-            info.append(cluster.up(nodes, port, links=[link(d)]))
+            info.append(cluster.up(nodes, port, links=[link(d)], **up))
         yield Site("east", clusters[0], info[0]), Site("west", clusters[1], info[1]), east_dir, west_dir
     finally:
         print_logs(east_dir, west_dir)

@@ -40,7 +40,8 @@ SAMPLES = [bp.encode(m) for m in (
     bp.GidRequest("n2", "r1", "c", 3), bp.Progress("n2", 9), bp.FlowControl("n2", True),
     bp.DdlResult("n2", 4, True, "", writeset(0, 3)), bp.SyncMarker("n2", 2), bp.Vote("n2", 3, False, "x"),
     bp.LogQuery("n2", "q"), bp.LogInfo("n1", "q", "n2", "h:1", 0, 5, 5, 0), bp.Received("n2", 4),
-    bp.LinkWriteset("n2", 1, "east-west", "east", 0, 5, 6, 0, 1, 2, writeset(0, 4)))]
+    bp.LinkWriteset("n2", 1, "east-west", "east", 0, 5, 6, 0, 1, 2, writeset(0, 4)),
+    bp.LinkApplied("n2", "east-west", 41))]
 # the protocol negotiation's fields (bus/versions.py), at version 4 and folded into version 3
 SAMPLES += [bp.encode(m, v) for v in (3, 4) for m in (
     bp.GidRequest("n2", "r2", "c", 3, speaks=(3, 4)), bp.Speaks("n2", (3, 4)),

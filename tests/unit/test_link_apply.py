@@ -184,6 +184,20 @@ def test_a_link_writeset_gets_a_gid_and_is_applied_on_every_node_its_receiver_to
     assert isinstance(a, Apply) and a.link == dataclasses.replace(m, ticket=2) and a.origin == "link:east-west"
 
 
+def test_where_the_peer_applied_reaches_every_node_of_the_site() -> None:
+    """bp.LinkApplied from a member (its sender heard it from the peer's receiver): every node is
+    told to pin its log there (docs/LINKS.md section 2); from a node that is not a member, none."""
+    from chorus.actions import LinkPinned
+    c = form()
+    msg = bp.LinkApplied("n2", "east-west", 17)
+    assert bp.decode(bp.encode(msg)) == msg
+    for r in c.nodes.values():
+        assert r.on_delivery(Delivery("n2", bp.encode(msg))) == [LinkPinned("n2", "east-west", 17)]
+        assert r.on_delivery(Delivery("n9", bp.encode(bp.LinkApplied("n9", "east-west", 18)))) == []
+    with pytest.raises(bp.BusProtoError, match="link name"):
+        bp.encode(bp.LinkApplied("n2", "x" * 65, 1))
+
+
 def test_a_local_transaction_that_overlaps_a_link_writeset_and_did_not_see_it_fails_everywhere() -> None:
     """Invariant 2 with the link's origin: the link writeset never fails (it is a blind write at
     its GID), the local transaction certified after it with an older snapshot does (40001), on
@@ -367,6 +381,8 @@ def _load(tmp_path: Any, text: str) -> Any:
 def test_a_link_is_configured(tmp_path: Any) -> None:
     cfg = _load(tmp_path, LINK_TOML)
     assert cfg.links == (LinkConfig("east-west", "west", "east", "c", "k", "p", "s", peers=("10.0.0.1:7533",)),)
+    assert cfg.links[0].max_retain_mb == 16384
+    assert _load(tmp_path, LINK_TOML + "max_retain_mb = 100\n").links[0].max_retain_mb == 100
 
 
 @pytest.mark.parametrize("change, says", [
@@ -377,6 +393,8 @@ def test_a_link_is_configured(tmp_path: Any) -> None:
     (("tls_cert = \"c\"", ""), "missing link.tls_cert"),
     (("secret_file = \"s\"", "secret_file = \"s\"\nwindow = 0"), "window must be at least 1"),
     (("secret_file = \"s\"", "secret_file = \"s\"\ncolour = 1"), "unknown key link.colour"),
+    (("secret_file = \"s\"", "secret_file = \"s\"\nmax_retain_mb = 0"), "max_retain_mb must be at least 1"),
+    (("secret_file = \"s\"", "secret_file = \"s\"\nmax_retain_mb = \"8GB\""), "link.max_retain_mb must be a int"),
 ])
 def test_a_link_that_cannot_work_is_refused(tmp_path: Any, change: tuple[str, str], says: str) -> None:
     with pytest.raises(ChorusConfigError, match=says):

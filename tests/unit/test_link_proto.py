@@ -43,6 +43,7 @@ def test_every_frame_reads_back_as_written() -> None:
     assert read(proto.write_proof(p)) == p
     assert read(proto.write_clock(ClockEvent("site-b", 1 << 40))) == ClockEvent("site-b", 1 << 40)
     assert read(proto.write_end(proto.End(7))) == proto.End(7)
+    assert read(proto.write_applied(proto.Applied(1 << 50))) == proto.Applied(1 << 50)
     assert read(proto.write_error(proto.Error("no"))) == proto.Error("no")
     r = proto.Record(12, "site-a", 1_700_000_000_000_000, writeset(12))
     frames = list(proto.write_record(r))
@@ -69,9 +70,11 @@ def test_a_large_transaction_goes_in_parts_and_is_joined(monkeypatch: pytest.Mon
 
 def test_an_unknown_version_is_refused_with_a_clear_error() -> None:
     frame = proto.write_hello(HELLO)
-    later = frame[:5] + struct.pack(">H", 2) + frame[7:]
-    with pytest.raises(LinkProtocolError, match="link protocol version 2 is not spoken here .this site speaks 1"):
+    later = frame[:5] + struct.pack(">H", 3) + frame[7:]
+    with pytest.raises(LinkProtocolError, match="link protocol version 3 is not spoken here .this site speaks 1, 2"):
         read(later)
+    earlier = frame[:5] + struct.pack(">H", 1) + frame[7:]  # a receiver of the release before: no APPLIED frames
+    assert read(earlier) == proto.Hello(HELLO.link, HELLO.receiver, HELLO.sender, HELLO.position, HELLO.nonce, 1)
 
 
 def test_names_are_bounded_and_plain() -> None:

@@ -122,9 +122,10 @@ class SiteB:
         return [i.clock for i in self.items if isinstance(i, RemoteTransaction)]
 
     def receiver(self, addresses: list[str], keys: LinkKeys, link: str = "a-b", site: str = "site-b",
-                 spool: Optional[Spool] = None) -> LinkReceiver:
+                 spool: Optional[Spool] = None, applied: bool = False) -> LinkReceiver:
         return LinkReceiver(LinkEnd(link, site, "site-a", keys), addresses, self.position, self.take, spool,
-                            backoff=(0.01, 0.1))
+                            backoff=(0.01, 0.1), applied=(lambda: self.after) if applied else None,
+                            applied_every=0.01)
 
 
 async def until(check: Callable[[], bool], what: str) -> None:
@@ -279,9 +280,9 @@ def test_a_receiver_speaking_another_version_is_told_so(tmp_path: Path, keys: di
         a = SiteA(tmp_path, keys["a"])
         host, port = rc.split_address(await a.start())
         reader, writer = await asyncio.open_connection(host, port, ssl=keys["b"].context(False))
-        writer.write(proto.write_hello(proto.Hello("a-b", "site-b", "site-a", Position(0), b"n" * 16, version=2)))
+        writer.write(proto.write_hello(proto.Hello("a-b", "site-b", "site-a", Position(0), b"n" * 16, version=3)))
         answer = await asyncio.wait_for(proto.read_frame(reader), WAIT_S)
-        assert answer == proto.Error("link protocol version 2 is not spoken here (this site speaks 1)")
+        assert answer == proto.Error("link protocol version 3 is not spoken here (this site speaks 1, 2)")
         writer.close()
         await a.server.close()
         a.log.close()
@@ -408,6 +409,148 @@ def test_rules_that_fail_stop_the_link_visibly_and_it_resumes_once_fixed(tmp_pat
         assert a.server.error is None
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        await a.server.close()
+        a.log.close()
+
+    run(main)
+
+
+SEGMENT = 64 << 10  # SiteA's log segments: about 60 of its records each
+
+
+async def stop(task: "asyncio.Future[None]") -> None:
+    """Cancel a receiver's task until it ends: Python 3.11's wait_for can swallow a cancellation
+    that meets a frame arriving at that moment, and the receiver would then go on streaming."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=0.1)
+
+
+async def _cut_at_50(tmp_path: Path, keys: dict[str, LinkKeys], max_retain: int) -> tuple[SiteA, str, SiteB]:
+    """Site a (a ring of 4 segments) and its sender; site b received its first 50 transactions,
+    said so (the log is pinned at 50), and was cut off."""
+    a = SiteA(tmp_path, keys["a"], total_bytes=4 * SEGMENT)
+    a.server.max_retain = max_retain
+    for g in range(1, 51):
+        a.commit(g)
+    address = await a.start()
+    b = SiteB()
+    task = asyncio.ensure_future(b.receiver([address], keys["b"], applied=True).run())
+    await until(lambda: a.log.pins() == {"link:a-b": 50}, "the pin at what b applied")
+    await stop(task)
+    return a, address, b
+
+
+def test_the_log_keeps_what_a_cut_off_receiver_has_not_applied(tmp_path: Path, keys: dict[str, LinkKeys]) -> None:
+    """docs/LINKS.md section 2: the receiver says what its site applied; the sender pins the log
+    there; while the receiver is away the ring (4 segments) grows rather than reuse what it has
+    not applied (within max_retain), and it resumes losing nothing; once it applied it all, the
+    ring gives the segments back."""
+    async def main() -> None:
+        a, address, b = await _cut_at_50(tmp_path, keys, 16 * SEGMENT)
+        for g in range(51, 601):  # about 9 segments: more than the ring holds
+            a.commit(g)
+        assert a.log.base_gid <= 50 and a.log.stats()["segments"] > 4
+        assert a.server.sending()[1] is None
+        task = asyncio.ensure_future(b.receiver([address], keys["b"], applied=True).run())
+        await until(lambda: a.log.pins() == {"link:a-b": 600}, "the pin at what b applied")
+        assert b.gids == list(range(1, 601))
+        for g in range(601, 700):  # the next segments reuse the ones b applied
+            a.commit(g)
+        await until(lambda: b.gids[-1:] == [699], "the rest")
+        assert a.log.stats()["segments"] <= 5 and a.log.base_gid > 50
+        await stop(task)
+        await a.server.close()
+        a.log.close()
+
+    run(main)
+
+
+def test_a_link_past_max_retain_is_broken_and_resumes_from_no_position(tmp_path: Path,
+                                                                      keys: dict[str, LinkKeys]) -> None:
+    """Past max_retain the pin is broken: the sender says so with the GIDs lost (status), and
+    refuses every resume, from the lost range or from a later position, until instantiated again."""
+    async def main() -> None:
+        a, address, b = await _cut_at_50(tmp_path, keys, 6 * SEGMENT)
+        for g in range(51, 801):
+            a.commit(g)
+        lost = a.log.broken("link:a-b")
+        assert lost is not None and lost[0] == 51 and a.log.base_gid >= lost[1] > 51
+        assert a.server.sending()[1] == f"link broken: GIDs 51..{lost[1]} are gone from the log"
+        with pytest.raises(LinkBroken, match=f"GIDs 51..{lost[1]} are gone"):
+            await asyncio.wait_for(b.receiver([address], keys["b"], applied=True).run(), WAIT_S)
+        later = SiteB(after=790)  # a position past the loss: still refused, nothing skipped silently
+        with pytest.raises(LinkBroken, match=f"GIDs 51..{lost[1]} are gone"):
+            await asyncio.wait_for(later.receiver([address], keys["b"], applied=True).run(), WAIT_S)
+        assert b.gids == list(range(1, 51)) and later.gids == []
+        await a.server.close()
+        a.log.close()
+
+    run(main)
+
+
+def test_every_node_of_the_site_keeps_what_the_peer_has_not_applied(tmp_path: Path, keys: dict[str, LinkKeys]) -> None:
+    """The node serving the stream announces where the peer is (bp.LinkApplied on its site's
+    bus); every other node that may serve the link pins its own log there, only ever forward,
+    and leaves the pin to its own streams while it serves one."""
+    from chorus.bus import proto as bp
+    from chorus.config import LinkConfig
+    from chorus.link.site import SiteLinks
+
+    async def main() -> None:
+        serving = SiteA(tmp_path / "n1", keys["a"], total_bytes=4 * SEGMENT)
+        announced: list[bp.Message] = []
+        serving.server.announce = lambda gid: announced.append(bp.LinkApplied("n1", "a-b", gid))
+        other = SiteA(tmp_path / "n2", keys["a"], total_bytes=4 * SEGMENT)  # another node of site a
+        other.server.max_retain = 16 * SEGMENT
+        link = LinkConfig("a-b", "site-a", "site-b", "c", "k", "p", "s", listen="127.0.0.1:0")
+
+        async def query(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
+            return []
+        links = SiteLinks("n2", (link,), other.log, lambda: other.committed, announced.append, query)
+        links.servers["a-b"] = other.server
+        for g in range(1, 51):
+            serving.commit(g)
+            other.commit(g)
+        address = await serving.start()
+        b = SiteB()
+        task = asyncio.ensure_future(b.receiver([address], keys["b"], applied=True).run())
+        await until(lambda: bp.LinkApplied("n1", "a-b", 50) in announced, "the serving node's announcement")
+        await stop(task)
+        for m in announced:  # as the bus delivers them, in order, to node n2
+            assert isinstance(m, bp.LinkApplied) and bp.decode(bp.encode(m)) == m
+            links.pinned(m.node, m.link, m.gid)
+        assert other.log.pins() == {"link:a-b": 50}
+        links.pinned("n1", "a-b", 20)  # never back
+        links.pinned("n2", "a-b", 60)  # its own announcement: its own streams decided already
+        assert other.log.pins() == {"link:a-b": 50}
+        for g in range(51, 601):  # more than the ring holds, on the node that did not serve
+            other.commit(g)
+        assert other.log.base_gid <= 50
+        assert [r.gid for r in other.log.reader(50).read(600, 1 << 30)] == list(range(51, 601))
+        await serving.server.close()
+        serving.log.close()
+        other.log.close()
+
+    run(main)
+
+
+def test_a_receiver_speaks_version_1_to_a_sender_of_the_release_before(tmp_path: Path, keys: dict[str, LinkKeys],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sender that speaks only version 1 refuses the HELLO of version 2 saying so: the receiver
+    connects again speaking 1 (no APPLIED frames; the sender's log is not pinned) and loses nothing."""
+    async def main() -> None:
+        monkeypatch.setattr(proto, "PROTOCOLS", (1,))
+        a = SiteA(tmp_path, keys["a"])
+        for g in range(1, 11):
+            a.commit(g)
+        address = await a.start()
+        b = SiteB()
+        receiver = b.receiver([address], keys["b"], applied=True)
+        task = asyncio.ensure_future(receiver.run())
+        await until(lambda: b.gids == list(range(1, 11)), "the transactions over version 1")
+        assert receiver.version == 1 and a.log.pins() == {}
+        await stop(task)
         await a.server.close()
         a.log.close()
 

@@ -33,6 +33,7 @@ version-5 message as a version it does not read.
 | ``O`` | :class:`Vote` | a node that failed to apply a certified writeset, then every node: its outcome for that GID (inconsistency voting) |
 | ``R`` | :class:`Received` | a following node whose Corosync is one of several: it has delivered every GID up to this one (uniform commit) |
 | ``K`` | :class:`LinkWriteset` | the node running a link's receiver: a transaction of the peer site, applied through this site's order (docs/LINKS.md section 3); consumes a GID |
+| ``N`` | :class:`LinkApplied` | a node serving a link's sender: the last GID of this site the peer site applied, as its receiver said (docs/LINKS.md section 2): every node pins its writeset log there |
 | ``Y`` | :class:`Speaks` | every member of version 4 or later, after a member of a release before admitted a node without saying the members' versions: the versions it speaks (bus/versions.py) |
 | ``C`` | :class:`Configure` | a member asked by ``chorus node add``/``remove``: the cluster's configured nodes from this place of the order on (docs/MEMBERSHIP.md) |
 
@@ -90,6 +91,7 @@ class MessageType(bytes, enum.Enum):
     LOG_INFO = b"I"
     LEAVE = b"X"
     LINK_WRITESET = b"K"
+    LINK_APPLIED = b"N"
     SPEAKS = b"Y"
     CONFIGURE = b"C"
 
@@ -254,6 +256,15 @@ class Leave:
 
 
 @dataclass(frozen=True)
+class LinkApplied:
+    """The peer site of link ``link`` applied this site's GIDs up to ``gid`` (its receiver said so
+    to ``node``'s sender): every node keeps its writeset log from there (docs/LINKS.md section 2)."""
+    node: str
+    link: str
+    gid: int
+
+
+@dataclass(frozen=True)
 class Progress:
     node: str
     committed_gid: int
@@ -320,7 +331,7 @@ class LogInfo:
 
 Message = Union[WritesetMsg, WritesetBatch, GidRequest, GidReply, Bootstrap, Progress, FlowControl,
                 DdlResult, SyncMarker, LogQuery, LogInfo, Received, Vote, Leave, LinkWriteset, Speaks,
-                Configure]
+                Configure, LinkApplied]
 
 _LINK_NUMBERS = struct.Struct(">QQQQQQQ")  # ticket, after, peer GID, peer clock, max replicated, commit time, sent at
 MAX_LINK_NAME = 64  # link and site names (link/proto.py's bound)
@@ -539,6 +550,10 @@ def encode(m: Message, version: int = VERSION) -> bytes:
         return head + MessageType.LEAVE.value + _s(m.node) + _s(m.reason[:4000])
     if isinstance(m, Progress):
         return head + MessageType.PROGRESS.value + _s(m.node) + struct.pack(">Q", m.committed_gid)
+    if isinstance(m, LinkApplied):
+        if len(m.link.encode()) > MAX_LINK_NAME:
+            raise BusProtoError(f"link name {m.link[:80]!r} is longer than {MAX_LINK_NAME} bytes")
+        return head + MessageType.LINK_APPLIED.value + _s(m.node) + _s(m.link) + struct.pack(">Q", m.gid)
     if isinstance(m, Received):
         return head + MessageType.RECEIVED.value + _s(m.node) + struct.pack(">Q", m.gid)
     if isinstance(m, FlowControl):
@@ -711,6 +726,11 @@ def decode(b: Union[bytes, SpooledBuffer], speaks: RangeT = SPEAKS) -> Message:
         m = Leave(r.s(), r.s())
     elif t == MessageType.PROGRESS:
         m = Progress(r.s(), r.u64())
+    elif t == MessageType.LINK_APPLIED:
+        node, link = r.s(), r.s()
+        if not link or len(link.encode()) > MAX_LINK_NAME:
+            raise BusProtoError(f"link name of {len(link.encode())} bytes")
+        m = LinkApplied(node, link, r.u64())
     elif t == MessageType.RECEIVED:
         m = Received(r.s(), r.u64())
     elif t == MessageType.FLOW_CONTROL:

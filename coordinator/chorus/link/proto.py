@@ -1,4 +1,4 @@
-"""The link stream's wire format, version 1 (docs/LINKS.md section 2; the sender and the
+"""The link stream's wire format, version 2 (docs/LINKS.md section 2; the sender and the
 receiver are sender.py and receiver.py). Each frame has a ``write_X`` beside its reading in
 :func:`decode`, as recoveryproto.py has for the recovery stream, whose record framing it reuses.
 
@@ -15,7 +15,11 @@ kinds in :class:`FrameKind`, integers big-endian, names as ``u8 length, UTF-8``:
 - sender, for as long as the connection lasts: RECORD or PART frames (one transaction each:
   recovery's record frames, the GID as the record's GID, the origin site as its origin, the
   payload ``u64 commit time, writeset``), CLOCK ``site, u64 value`` frames (section 4), and at
-  the end one END ``u64 last GID passed`` (the sender stops serving) or one ERROR (UTF-8).
+  the end one END ``u64 last GID passed`` (the sender stops serving) or one ERROR (UTF-8);
+- receiver, from version 2, for as long as the connection lasts: APPLIED ``u64 GID``, the last
+  transaction of the sending site applied here (committed in this site's order), so the sender's
+  site keeps its log from there (its pin, docs/LINKS.md section 2). Version 1 (no APPLIED) is
+  still served.
 
 Every length is bounded (:data:`MAX_BODY` per kind, names at most :data:`MAX_NAME` bytes of
 ``[A-Za-z0-9_.:-]``) and anything malformed raises :class:`LinkProtocolError`.
@@ -39,8 +43,8 @@ from chorus.recoveryproto import RecoveryError
 from chorus.spool import Spool, SpooledBuffer
 from chorus.wslog import LogRecord
 
-PROTOCOL = 1
-PROTOCOLS = (1,)  # the versions a sender serves
+PROTOCOL = 2  # 2: APPLIED frames from the receiver
+PROTOCOLS = (1, 2)  # the versions a sender serves
 NONCE_BYTES = 16
 MAC_BYTES = 32
 MAX_NAME = 64
@@ -77,6 +81,7 @@ class FrameKind(bytes, enum.Enum):
     CLOCK = b"C"
     END = b"E"
     ERROR = b"X"
+    APPLIED = b"V"
 
 
 _RECORD_HEAD = 8 + 1 + 2 + MAX_NAME  # recovery's record head with a site as origin
@@ -88,6 +93,7 @@ MAX_BODY = {
     FrameKind.CLOCK: 1 + MAX_NAME + 8,
     FrameKind.END: 8,
     FrameKind.ERROR: MAX_ERROR,
+    FrameKind.APPLIED: 8,
 }
 
 _HEAD = struct.Struct(">cI")
@@ -151,7 +157,12 @@ class Error:
     text: str
 
 
-Frame = Union[Hello, Proof, Record, Part, ClockEvent, End, Error]
+@dataclass(frozen=True)
+class Applied:
+    gid: int  # the last GID of the sending site the receiving site applied
+
+
+Frame = Union[Hello, Proof, Record, Part, ClockEvent, End, Error, Applied]
 
 
 # ---- keys ---------------------------------------------------------------------------------
@@ -248,6 +259,10 @@ def write_end(e: End) -> bytes:
     return _frame(FrameKind.END, _U64.pack(e.gid))
 
 
+def write_applied(a: Applied) -> bytes:
+    return _frame(FrameKind.APPLIED, _U64.pack(a.gid))
+
+
 def write_error(e: Error) -> bytes:
     return _frame(FrameKind.ERROR, e.text.encode()[:MAX_ERROR])
 
@@ -327,6 +342,8 @@ def decode(kind: FrameKind, body: bytes) -> Frame:
         frame = ClockEvent(b.name(), b.u64())
     elif kind == FrameKind.END:
         frame = End(b.u64())
+    elif kind == FrameKind.APPLIED:
+        frame = Applied(b.u64())
     else:
         return Error(body.decode("utf-8", "replace"))
     b.done()
@@ -394,6 +411,12 @@ def error(e: Error) -> LinkError:
     if len(words) == 3 and words[0] == BROKEN and words[1].isdigit() and words[2].isdigit():
         return LinkBroken(int(words[1]), int(words[2]))
     return LinkError(f"the peer says: {e.text}")
+
+
+def spoken(e: Error) -> Optional[tuple[int, ...]]:
+    """The versions a sender speaks, when its ERROR says it does not speak the receiver's."""
+    m = re.fullmatch(r"link protocol version \d+ is not spoken here \(this site speaks ([0-9, ]+)\)", e.text)
+    return tuple(int(v) for v in m.group(1).split(", ") if v.isdigit()) if m else None
 
 
 def transaction(r: Record) -> RemoteTransaction:

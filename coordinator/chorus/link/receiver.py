@@ -16,6 +16,7 @@ import hmac
 import logging
 import secrets
 import ssl
+import time
 from typing import Awaitable, Callable, Optional, Sequence
 
 from chorus.link import proto
@@ -29,6 +30,7 @@ log = logging.getLogger("chorus.link.receiver")
 # A sender sends this site's clock at least every clock interval (1 s) even when idle: one that
 # sends nothing for this long is frozen or cut off with the connection left open.
 FRAME_TIMEOUT_S = 30.0
+APPLIED_EVERY_S = 1.0  # how often at most the receiver tells the sender what this site applied
 BACKOFF_S = (0.1, 10.0)  # the wait after a round of the peer's addresses that got nothing: doubling, bounded
 
 
@@ -37,12 +39,15 @@ class LinkReceiver:
 
     ``position`` returns what this site durably applied of the stream (the last peer GID, the
     peer clock last seen); ``sink`` takes each item of the stream, in order, and returns once it
-    has taken it (the next frame is read then).
+    has taken it (the next frame is read then); ``applied``, cheaper, the last peer GID this site
+    applied in order as far as this node knows (None when it does not know), which goes to the
+    sender in APPLIED frames at most every ``applied_every`` seconds (the peer's log is pinned there).
     """
 
     def __init__(self, end: LinkEnd, addresses: Sequence[str], position: Callable[[], Awaitable[Position]],
                  sink: Callable[[StreamItem], Awaitable[None]], spool: Optional[Spool] = None,
-                 frame_timeout: float = FRAME_TIMEOUT_S, backoff: tuple[float, float] = BACKOFF_S) -> None:
+                 frame_timeout: float = FRAME_TIMEOUT_S, backoff: tuple[float, float] = BACKOFF_S,
+                 applied: Optional[Callable[[], Optional[int]]] = None, applied_every: float = APPLIED_EVERY_S) -> None:
         if not addresses:
             raise ValueError(f"link {end.link}: no address of site {end.peer}")
         self.end = end
@@ -52,6 +57,9 @@ class LinkReceiver:
         self.spool = spool
         self.frame_timeout = frame_timeout
         self.backoff = backoff
+        self.applied = applied
+        self.applied_every = applied_every
+        self.version = proto.PROTOCOL  # lowered when a sender of a release before says it speaks less
         self.received = 0  # items handed to the sink
         self.connected: Optional[str] = None  # the address streaming now
 
@@ -93,7 +101,13 @@ class LinkReceiver:
         self.connected = address
         try:
             last = await self._handshake(reader, writer)
+            told, told_at = last, time.monotonic()
             while True:
+                if self.applied is not None and self.version >= 2 and time.monotonic() - told_at >= self.applied_every:
+                    applied = self.applied()
+                    if applied is not None and told < applied <= last:
+                        writer.write(proto.write_applied(proto.Applied(applied)))
+                        told, told_at = applied, time.monotonic()
                 try:
                     frame = await asyncio.wait_for(proto.read_frame(reader), self.frame_timeout)
                 except asyncio.TimeoutError:
@@ -134,9 +148,14 @@ class LinkReceiver:
         secret = end.keys.secret()
         position = await self.position()
         nonce = secrets.token_bytes(proto.NONCE_BYTES)
-        writer.write(proto.write_hello(proto.Hello(end.link, end.site, end.peer, position, nonce)))
+        writer.write(proto.write_hello(proto.Hello(end.link, end.site, end.peer, position, nonce, self.version)))
         answer = await asyncio.wait_for(proto.read_frame(reader), proto.HANDSHAKE_TIMEOUT_S)
         if isinstance(answer, proto.Error):
+            versions = [v for v in proto.spoken(answer) or () if v in proto.PROTOCOLS and v < self.version]
+            if versions:  # a sender of a release before: speak its version (no APPLIED frames) from the next connection
+                log.warning("link %s: the sender speaks link protocol version %d: its site's log is not pinned",
+                            end.link, max(versions))
+                self.version = max(versions)
             raise proto.error(answer)
         if not isinstance(answer, proto.Proof) or not hmac.compare_digest(
                 answer.mac, proto.proof(secret, b"sender", end.link, end.peer, end.site, nonce, answer.nonce)):

@@ -32,6 +32,7 @@ from chorus.wslog import FLAG_DDL_SKIPPED, LogRangeUnavailable, LogRecord, Write
 log = logging.getLogger("chorus.link.sender")
 
 CLOCK_INTERVAL_S = 1.0  # link.clock_interval
+MAX_RETAIN_BYTES = 16384 << 20  # link.max_retain_mb
 POLL_S = 0.05  # how often a sender that is caught up looks at the log again
 STOP_S = 1.0  # how long closing waits for the streams to end with an END frame
 
@@ -146,7 +147,8 @@ class LinkServer:
 
     def __init__(self, wslog: WritesetLog, end: LinkEnd, committed: Callable[[], int], rules: RuleSet,
                  evaluator: SqlEvaluator, provenance: Callable[[LogRecord], Provenance],
-                 clock_interval: float = CLOCK_INTERVAL_S, poll_s: float = POLL_S) -> None:
+                 clock_interval: float = CLOCK_INTERVAL_S, poll_s: float = POLL_S,
+                 max_retain: int = MAX_RETAIN_BYTES, announce: Optional[Callable[[int], None]] = None) -> None:
         self.log = wslog
         self.end = end
         self.committed = committed
@@ -166,6 +168,14 @@ class LinkServer:
         self.outbound: dict[asyncio.Task[None], tuple[str, Outbound]] = {}
         self.ended = [0, 0, 0]  # sent, filtered, returned
         self.broken: Optional[str] = None
+        # the log's pin (docs/LINKS.md section 2): at the last GID the peer applied, as its receiver
+        # said (HELLO, then APPLIED frames), the lowest of the open streams'
+        self.max_retain = max_retain
+        self.pin = f"link:{end.link}"
+        self.applied: dict[asyncio.Task[None], int] = {}
+        # tells the site's other nodes where the pin moved (SiteLinks: a bus message, bp.LinkApplied)
+        self.announce = announce
+        self._announced: Optional[int] = None
 
     async def start(self, listen: str) -> None:
         host, port = split_address(listen)
@@ -191,9 +201,9 @@ class LinkServer:
         self.streams.add(task)
         peer = writer.get_extra_info("peername")
         try:
-            resume = await self._handshake(reader, writer)
+            resume, version = await self._handshake(reader, writer)
             log.info("link %s: streaming to %s after GID %d", self.end.link, peer, resume.applied_gid)
-            await self._stream(reader, writer, resume)
+            await self._stream(reader, writer, resume, version)
         except LinkBroken as e:
             self.broken = str(e)
             log.error("link %s to %s: %s", self.end.link, peer, e)
@@ -210,8 +220,8 @@ class LinkServer:
                 self.ended = [self.ended[0] + out.sent, self.ended[1] + out.filtered, self.ended[2] + out.returned]
             writer.close()
 
-    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Position:
-        """The receiver's resume position, once it proved it holds the link's keys."""
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[Position, int]:
+        """The receiver's resume position and protocol version, once it proved it holds the link's keys."""
         end = self.end
         secret = end.keys.secret()
         try:
@@ -231,23 +241,30 @@ class LinkServer:
         if not isinstance(answer, proto.Proof) or answer.nonce != hello.nonce or not hmac.compare_digest(
                 answer.mac, proto.proof(secret, b"receiver", end.link, end.site, end.peer, nonce, hello.nonce)):
             raise LinkError("the receiver failed authentication")
-        return hello.position
+        return hello.position, hello.version
 
-    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, resume: Position) -> None:
+    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, resume: Position,
+                      version: int = proto.PROTOCOL) -> None:
         """Follow the log from ``resume`` until the receiver goes away or the server closes (then
         END). Raises :class:`LinkBroken` when the log no longer holds what comes next."""
         out = Outbound(self.end.site, self.end.peer, resume, self.rules, self.evaluator, self.provenance,
                        self.clock_interval)
+        self._check_pin()
         retained(resume.applied_gid, self.log.base_gid)
         task = asyncio.current_task()
-        if task is not None:
-            peer = writer.get_extra_info("peername")
-            self.outbound[task] = (f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer), out)
-            self.broken = None
+        assert task is not None
+        if version >= 2:  # (a receiver of version 1 says nothing of what it applied: no pin)
+            self.applied[task] = resume.applied_gid
+            self._move_pin()
+        peer = writer.get_extra_info("peername")
+        self.outbound[task] = (f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer), out)
+        self.broken = None
         rd = self.log.reader(resume.applied_gid)
-        gone = asyncio.ensure_future(reader.read(1))  # the receiver sends nothing more: this ends when it closes
+        # the receiver sends only APPLIED frames: this ends when it closes (or sends anything else)
+        gone = asyncio.ensure_future(self._hear(reader, task, out))
         try:
             while not gone.done() and not self._stopping:
+                self._check_pin()
                 bound = min(self.committed(), self.log.end_gid)
                 try:
                     records = rd.read(bound, CHUNK_BYTES)
@@ -273,12 +290,48 @@ class LinkServer:
                     self.error = (out.position, text)
                     writer.write(proto.write_error(proto.Error(text)))
                     raise LinkError(text) from e
+            self._check_pin()
             if self._stopping:
                 writer.write(proto.write_end(proto.End(out.position)))
                 await writer.drain()
         finally:
             rd.close()
             gone.cancel()
+            self.applied.pop(task, None)
+
+    async def _hear(self, reader: asyncio.StreamReader, task: "asyncio.Task[None]", out: Outbound) -> None:
+        """Read the receiver's APPLIED frames (the last GID its site applied, never past what was
+        passed to it) and move the pin with them, until it closes or sends anything else."""
+        with contextlib.suppress(LinkError, ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
+            while True:
+                frame = await proto.read_frame(reader)
+                if not isinstance(frame, proto.Applied) or frame.gid > out.position or task not in self.applied:
+                    log.warning("link %s: the receiver sent %r (passed GID %d): ending the stream", self.end.link,
+                                frame, out.position)
+                    return
+                if frame.gid > self.applied[task]:
+                    self.applied[task] = frame.gid
+                    self._move_pin()
+
+    def _move_pin(self) -> None:
+        """Pin the log at the lowest GID the open streams' receivers applied (it stays where it
+        was when none is open: the peer resumes from there)."""
+        if self.applied:
+            gid = min(self.applied.values())
+            try:
+                self.log.pin(self.pin, gid, self.max_retain)
+            except LogRangeUnavailable:
+                self._check_pin()
+                raise
+            if self.announce is not None and gid != self._announced:
+                self._announced = gid
+                self.announce(gid)
+
+    def _check_pin(self) -> None:
+        """A broken pin breaks the link: it resumes from no position until instantiated again."""
+        lost = self.log.broken(self.pin)
+        if lost is not None:
+            raise LinkBroken(*lost)
 
     def sending(self) -> tuple[tuple[tuple[str, int], ...], Optional[str], int, int, int]:
         """For status: each open stream (the receiver's address, the GID passed), why the link is
@@ -286,7 +339,9 @@ class LinkServer:
         stream ended broken), and the records sent, filtered and not sent back, streams that
         ended included."""
         outs = list(self.outbound.values())
-        broken = (f"GID {self.error[0]} cannot be sent: {self.error[1]}" if self.error is not None else self.broken)
+        lost = self.log.broken(self.pin) if self.log.is_open else None
+        broken = (f"GID {self.error[0]} cannot be sent: {self.error[1]}" if self.error is not None
+                  else str(LinkBroken(*lost)) if lost is not None else self.broken)
         return (tuple((a, o.position) for a, o in outs), broken,
                 self.ended[0] + sum(o.sent for _a, o in outs), self.ended[1] + sum(o.filtered for _a, o in outs),
                 self.ended[2] + sum(o.returned for _a, o in outs))

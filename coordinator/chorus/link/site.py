@@ -24,6 +24,7 @@ which waits for each outcome, starts the stream again from the position.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import time
@@ -197,6 +198,16 @@ class Inbound:
         self.sent += 1
         self.send(msg)
 
+    def applied_through(self) -> Optional[int]:
+        """The last peer GID this site applied in order, as far as this node knows: the one the
+        oldest link writeset in flight follows, else the last one sent on (all of them had their
+        outcome, applied or duplicates); None once one failed (the position is read again)."""
+        if self.failed is not None:
+            return None
+        for f in self.flights.values():
+            return f.msg.after
+        return self.after
+
     def waiting(self) -> tuple[Optional[int], float]:
         """The peer GID of the oldest transaction sent on and not applied yet, and how long ago the
         peer committed it (its commit time, by this node's wall clock: the two sites' clocks'
@@ -277,18 +288,45 @@ class SiteLinks:
 
     async def start(self) -> None:
         """Start the senders this node serves (the coordinator made chorus.link_old_columns what
-        its links' delta columns say before: NodeDatabase.settle_settings)."""
+        its links' delta columns say before: NodeDatabase.settle_settings); drop the log's pins of
+        links this node no longer serves."""
+        served = {f"link:{link.name}" for link in self.links if link.listen}
+        for pin in (set(self.wslog.pins()) | set(self.wslog.broken_pins())) - served:
+            log.info("writeset log: dropping the pin %s (no such link served here now)", pin)
+            self.wslog.unpin(pin)
         for link in self.links:
             if not link.listen:
                 continue
             end = LinkEnd(link.name, link.site, link.peer_site, _keys(link))
             rules: RuleSet = link_rules(link)
             server = LinkServer(self.wslog, end, self.committed_gid, rules, evaluator(link, rules, self.dsn),
-                                provenance(link))
+                                provenance(link), max_retain=link.max_retain_mb << 20,
+                                announce=functools.partial(self._announce, link.name))
             await server.start(link.listen)
             self.servers[link.name] = server
             log.info("link %s: serving site %s's changes to site %s on %s", link.name, link.site, link.peer_site,
                      link.listen)
+
+    def _announce(self, link: str, gid: int) -> None:
+        self.send(bp.LinkApplied(self.node, link, gid))
+
+    def pinned(self, node: str, link: str, gid: int) -> None:
+        """Member ``node``'s sender said the peer applied this site's GIDs up to ``gid`` (a
+        bp.LinkApplied, in this site's order): this node, which may serve the link's sender too,
+        keeps its log from there (docs/LINKS.md section 2). Its own streams' receivers decide
+        where they are open; the pin only moves forward (what the peer applied only grows)."""
+        server = self.servers.get(link)
+        if node == self.node or server is None or server.applied:
+            return
+        pin = f"link:{link}"
+        held = self.wslog.pins().get(pin)
+        if self.wslog.broken(pin) is not None or (held is not None and held >= gid):
+            return
+        if gid < self.wslog.base_gid:  # this log never held it (it started later): it cannot serve from there
+            log.info("link %s: the peer applied up to GID %d; this node's log starts after GID %d, and cannot "
+                     "serve the link from there", link, gid, self.wslog.base_gid)
+            return
+        self.wslog.pin(pin, gid, server.max_retain)
 
     def membership(self, synced: Iterable[str], online: bool) -> None:
         """The primary component's synced members now (``online``: this node is one of them and
@@ -319,7 +357,7 @@ class SiteLinks:
         inbound = self.inbound[link.name] = Inbound(self.node, link, self.send, self._reader(link), link.window)
         end = LinkEnd(link.name, link.site, link.peer_site, _keys(link))
         receiver = self.receiving[link.name] = LinkReceiver(end, link.peers, inbound.position, inbound.sink,
-                                                             self.spool)
+                                                             self.spool, applied=inbound.applied_through)
         self.broken.pop(link.name, None)
         log.info("link %s: this node runs the receiver of site %s's changes (from %s)", link.name, link.peer_site,
                  ", ".join(link.peers))

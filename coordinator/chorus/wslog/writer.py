@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import errno
 import fcntl
+import json
 import logging
 import mmap
 import os
@@ -23,6 +24,7 @@ from chorus.wslog.scan import Analysis, FoundSegment, analyze, dirty_extent, ope
 log = logging.getLogger("chorus.wslog")
 
 _MAX_IOV = 900  # buffers in one pwritev (the system allows 1024)
+PINS_FILE = "pins.json"  # the pins (WritesetLog.pin), beside the segments
 
 def _pwrite_all(fd: int, bufs: list[Buffer], off: int) -> None:
     total = sum(len(b) for b in bufs)
@@ -57,6 +59,11 @@ class WritesetLog:
         self._free: list[SegmentFile] = []
         self._epoch = 0
         self._next_seq = 1
+        # pins (docs/WSLOG.md "Pins"): name -> (the GID after which it needs every record, the
+        # most bytes of log it may hold); a pin that needed more is broken: name -> (first, last
+        # GID lost). Both kept in PINS_FILE, so a restart keeps them.
+        self._pins: dict[str, tuple[int, int]] = {}
+        self._broken: dict[str, tuple[int, int]] = {}
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -118,6 +125,7 @@ class WritesetLog:
         for name in os.listdir(self.directory):
             if name.endswith(SEGMENT_SUFFIX + ".tmp"):
                 os.unlink(os.path.join(self.directory, name))  # a creation a crash interrupted
+        self._load_pins()
         found: list[FoundSegment] = []
         try:
             for path in segment_paths(self.directory):
@@ -357,6 +365,9 @@ class WritesetLog:
         self._require_open()
         if after_gid < 0:
             raise ValueError(f"reset point {after_gid} is negative")
+        for name, (gid, _) in list(self._pins.items()):
+            if gid < after_gid:  # it needed records that go now
+                self._break_pin(name, gid, after_gid)
         for s in self._live:
             s.valid = False
         self._free.extend(s.file for s in self._live)
@@ -385,15 +396,107 @@ class WritesetLog:
     def _take_file(self, seq: int) -> SegmentFile:
         if self._free:
             return self._free.pop()
-        if len(self._live) < self._capacity:
-            return self._create_file(os.path.join(self.directory, segment_name(seq) + ".tmp"))
-        while True:  # the ring is full: reuse the oldest segment
+        while len(self._live) >= self._capacity and self._may_drop_oldest():  # full: reuse the oldest segment
             oldest = self._live.pop(0)
             oldest.valid = False
             if len(self._live) < self._capacity:
                 return oldest.file
-            oldest.file.close()  # the ring was made smaller
+            oldest.file.close()  # the ring was made smaller, or a pin that held it moved
             os.unlink(oldest.file.path)
+        return self._create_file(os.path.join(self.directory, segment_name(seq) + ".tmp"))
+
+    def _may_drop_oldest(self) -> bool:
+        """Whether no pin holds the oldest segment: a pin whose position is before the next
+        segment's start holds it while the log from there, with one more segment, stays within
+        the pin's bytes; a pin that would need more is broken (its lost GIDs kept)."""
+        if len(self._live) < 2:
+            return False
+        after_drop = self._live[1].prev_gid
+        held = False
+        for name, (gid, max_bytes) in list(self._pins.items()):
+            if gid >= after_drop:
+                continue
+            if (len(self._live) + 1) * self._segment_bytes <= max_bytes:
+                held = True
+                continue
+            self._break_pin(name, gid, after_drop)
+        return not held
+
+    def _break_pin(self, name: str, gid: int, new_base: int) -> None:
+        max_bytes = self._pins.pop(name)[1]
+        self._broken[name] = (gid + 1, new_base)
+        log.error("writeset log %s: pin %s broken: it needed the writesets after GID %d, and keeping them would take "
+                  "more than its %d bytes; GIDs %d..%d are gone", self.directory, name, gid, max_bytes, gid + 1,
+                  new_base)
+        self._save_pins()
+
+    # -- pins -----------------------------------------------------------------------------------
+
+    def pin(self, name: str, after_gid: int, max_bytes: int) -> None:
+        """Keep every record after ``after_gid`` (set or move pin ``name``): the segment holding
+        it is not reused, and the ring grows past its size instead, as long as the log from that
+        segment on takes at most ``max_bytes``; past that the pin is broken (:meth:`broken`).
+        Raises :class:`LogRangeUnavailable` if the log no longer holds them (the pin is then
+        broken too)."""
+        self._require_open()
+        if name in self._broken:
+            first, last = self._broken[name]
+            raise LogRangeUnavailable(f"pin {name} is broken: GIDs {first}..{last} are gone from the writeset log")
+        if after_gid < self.base_gid:
+            self._pins[name] = (after_gid, max_bytes)
+            self._break_pin(name, after_gid, self.base_gid)
+            raise LogRangeUnavailable(f"pin {name}: the writeset log holds the writesets after GID {self.base_gid}, "
+                                      f"not all of those after GID {after_gid}")
+        if self._pins.get(name) != (after_gid, max_bytes):
+            self._pins[name] = (after_gid, max_bytes)
+            self._save_pins()
+
+    def unpin(self, name: str) -> None:
+        """Drop pin ``name``, and forget that it was broken (a link removed, or instantiated again)."""
+        if self._pins.pop(name, None) is not None or self._broken.pop(name, None) is not None:
+            self._save_pins()
+
+    def pins(self) -> dict[str, int]:
+        """Each pin's position (the GID after which it needs every record)."""
+        return {name: gid for name, (gid, _) in self._pins.items()}
+
+    def broken_pins(self) -> dict[str, tuple[int, int]]:
+        """Each broken pin's first and last GID lost."""
+        return dict(self._broken)
+
+    def broken(self, name: str) -> Optional[tuple[int, int]]:
+        """The first and last GID pin ``name`` lost when it broke, or None."""
+        return self._broken.get(name)
+
+    def _save_pins(self) -> None:
+        """Write the pins beside the segments (replaced whole; not flushed: after a host crash
+        the log loses its unsynced tail too, and the peer's resume position is checked again)."""
+        if self._dir_fd is None:
+            return
+        path = os.path.join(self.directory, PINS_FILE)
+        data = json.dumps({"pins": {n: list(p) for n, p in sorted(self._pins.items())},
+                           "broken": {n: list(b) for n, b in sorted(self._broken.items())}}).encode()
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.rename(path + ".tmp", path)
+
+    def _load_pins(self) -> None:
+        path = os.path.join(self.directory, PINS_FILE)
+        try:
+            with open(path, "rb") as f:
+                raw = json.loads(f.read())
+            pins = {str(n): (int(g), int(m)) for n, (g, m) in raw["pins"].items()}
+            broken = {str(n): (int(a), int(b)) for n, (a, b) in raw["broken"].items()}
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise LogCorrupt(f"writeset log {self.directory}: {PINS_FILE} is unreadable ({e}): remove it "
+                             "(the links' pins are then forgotten; a link whose resume position is gone is "
+                             "reported broken when its peer connects)") from e
+        self._pins, self._broken = pins, broken
 
     def _create_file(self, path: str) -> SegmentFile:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -451,6 +554,8 @@ class WritesetLog:
             "epoch": self._epoch,
             "oldest_seq": self._live[0].seq,
             "newest_seq": self._live[-1].seq,
+            "pins": self.pins(),
+            "broken_pins": self.broken_pins(),
         }
 
 
