@@ -47,13 +47,17 @@ def plain() -> Iterator[PlainPostgres]:
         yield pg
 
 
+CHORUS_PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 90
+CHORUS_PASSWORD = new_password()  # its postgres role's (it takes SCRAM passwords over TCP: pytest-postgresql's)
+
+
 @pytest.fixture(scope="session")
 def chorus_postgres() -> Iterator[PlainPostgres]:
-    """One PostgreSQL with the chorus extension (node 0) and no coordinator, shared by the tests of
-    the extension's link functions (test_link_stamps.py, test_link_function_call.py), each with
-    tables of its own in schema app."""
-    port = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 95
-    with temporary_postgres("chorus-ext-", port, extension=True) as pg:
+    """One PostgreSQL with the chorus extension preloaded (node 0) and no coordinator, started as a
+    node would be, shared by the tests of the apply and of the extension's link functions
+    (test_apply_function.py: databases of its own; test_link_stamps.py, test_link_function_call.py:
+    tables of their own in schema app)."""
+    with temporary_postgres("chorus-ext-", CHORUS_PORT, extension=True, password=CHORUS_PASSWORD) as pg:
         with psycopg.connect(pg.dsn, autocommit=True) as c:
             c.execute("SET chorus.capture = off")  # no coordinator: nothing is replicated
             c.execute("SET chorus.replicate_ddl = off")
