@@ -31,6 +31,8 @@ from chorus.testkit.localcluster import PlainPostgres, temporary_postgres
 from chorus.testkit.procmem import PeakMemory
 from chorus.wslog import LogRecord
 
+from linksites import Relay, Site, linked_both_ways
+
 
 PLAIN_PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 80
 PLAIN_PASSWORD = new_password()  # its postgres role's (for clients that take a password, pytest-postgresql's)
@@ -43,6 +45,53 @@ def plain() -> Iterator[PlainPostgres]:
     takes databases of its own (:func:`plain_database`)."""
     with temporary_postgres("chorus-plain-", PLAIN_PORT, password=PLAIN_PASSWORD) as pg:
         yield pg
+
+
+CHORUS_PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 90
+CHORUS_PASSWORD = new_password()  # its postgres role's (it takes SCRAM passwords over TCP: pytest-postgresql's)
+
+
+@pytest.fixture(scope="session")
+def chorus_postgres() -> Iterator[PlainPostgres]:
+    """One PostgreSQL with the chorus extension preloaded (node 0) and no coordinator, started as a
+    node would be, shared by the tests of the apply and of the extension's link functions
+    (test_apply_function.py: databases of its own; test_link_stamps.py, test_link_function_call.py:
+    tables of their own in schema app)."""
+    with temporary_postgres("chorus-ext-", CHORUS_PORT, extension=True, password=CHORUS_PASSWORD) as pg:
+        with psycopg.connect(pg.dsn, autocommit=True) as c:
+            c.execute("SET chorus.capture = off")  # no coordinator: nothing is replicated
+            c.execute("SET chorus.replicate_ddl = off")
+            c.execute("CREATE EXTENSION IF NOT EXISTS chorus")
+            c.execute("SELECT chorus.node_init(0)")
+            c.execute("CREATE SCHEMA app")
+        yield pg
+
+
+LINKED = contextlib.ExitStack()  # the shared linked sites, closed after the last test that uses them
+
+
+@pytest.fixture(scope="session")
+def linked() -> Iterator[tuple[Site, Site, list[Relay]]]:
+    """Sites "east" (one node) and "west" (two) linked both ways through relays (linksites.py),
+    shared by the link tests of several files, each with tables of its own: latest-commit-wins,
+    but ``app.counters`` (its counter ``n``) by the delta policy and ``app.merged`` by the
+    function ``app.merge`` (each site makes it). Stopped after the last test that uses them."""
+    port = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 200
+    with LINKED:
+        yield LINKED.enter_context(linked_both_ways(
+            "chorus-l", port, 1, port + 2, 2, window=8, conflict_function="app.merge",
+            table_policy={"app.counters": "delta", "app.merged": "function"}, delta_columns={"app.counters": ["n"]}))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last test that uses :func:`linked`: stop those sites (a session fixture would keep
+    them running, idle, through the rest of the run)."""
+    yield
+    if "linked" in getattr(item, "fixturenames", ()):
+        later = item.session.items[item.session.items.index(item) + 1:]
+        if not any("linked" in getattr(i, "fixturenames", ()) for i in later):
+            LINKED.close()
 
 
 @contextlib.contextmanager

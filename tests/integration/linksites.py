@@ -1,8 +1,9 @@
-"""Two local sites joined by a link, for the link tests (test_link_between_sites.py,
-test_link_conflicts.py, test_link_status.py) and bench/link_bench.py: a site's nodes as the
-tests read them, the link's keys and its [[link]] table, a relay that can cut or delay a link,
-two sites linked both ways through relays, a bounded wait, and the coordinators' last lines when
-done."""
+"""Two local sites joined by a link, for the link tests (tests/integration/test_link_*.py) and
+bench/link_bench.py: a site's nodes as the tests read them (each test on tables of its own, so
+that the tests of several files can share one pair of sites: conftest.linked), the link's keys
+and its [[link]] table, a relay that can cut or delay a link, two sites linked both ways through
+relays, the test's table made on both sites, a bounded wait, and the coordinators' last lines
+when done."""
 
 from __future__ import annotations
 
@@ -31,13 +32,25 @@ LINK = "east-west"
 
 
 class Site:
-    """One site: its cluster and its nodes' DSNs."""
+    """One site: its cluster and its nodes' DSNs; :meth:`rows` and :meth:`exceptions` read the
+    test's table (``table``, schema-qualified), so tests of several files can share a pair of
+    sites, each with tables of its own (:meth:`on`)."""
 
-    def __init__(self, name: str, cluster: LocalCluster, info: list[dict[str, Any]]) -> None:
+    def __init__(self, name: str, cluster: LocalCluster, info: list[dict[str, Any]], table: str = "app.items") -> None:
         self.name = name
         self.cluster = cluster
         self.info = info  # each node's names, DSNs, admin socket, HTTP address (LocalCluster.info)
         self.dsns = [n["dsn"] for n in info]
+        self.table = table
+
+    def on(self, table: str) -> "Site":
+        """This site, its rows and exceptions those of ``table``."""
+        return Site(self.name, self.cluster, self.info, table)
+
+    @property
+    def quoted(self) -> str:
+        """The table as the link names it (``"schema"."table"``, in exceptions and status)."""
+        return ".".join(f'"{part}"' for part in self.table.split("."))
 
     def nodes(self) -> range:
         return range(len(self.dsns))
@@ -49,9 +62,9 @@ class Site:
         with self.connect(i) as c:
             c.execute(statement, params)
 
-    def rows(self, i: int, query: str = "SELECT id, v, n FROM app.items ORDER BY id") -> list[tuple[Any, ...]]:
+    def rows(self, i: int, query: str = "", params: Any = None) -> list[tuple[Any, ...]]:
         with self.connect(i) as c:
-            return c.execute(query).fetchall()
+            return c.execute(query or f"SELECT id, v, n FROM {self.table} ORDER BY id", params).fetchall()
 
     def position(self, i: int) -> list[tuple[Any, ...]]:
         return self.rows(i, "SELECT link, peer_site, applied_gid, peer_clock, max_replicated, updated_at "
@@ -60,7 +73,8 @@ class Site:
     def exceptions(self, i: int) -> list[tuple[Any, ...]]:
         return self.rows(i, "SELECT row_key, local_site, remote_site, detection, policy, decision, "
                             "local_row->>'v', remote_row->>'v', result_row->>'v', local_clock, remote_clock, "
-                            "max_replicated FROM chorus.link_exceptions ORDER BY gid, n")
+                            "max_replicated FROM chorus.link_exceptions WHERE table_name = %s ORDER BY gid, n",
+                         (self.quoted,))
 
     def stamps(self, i: int) -> list[tuple[Any, ...]]:
         return self.rows(i, "SELECT key, site, clock FROM chorus.link_stamp ORDER BY key")
@@ -70,6 +84,40 @@ class Site:
             row = c.execute("SELECT (chorus.status()).committed_gid").fetchone()
             assert row is not None
             return int(row[0])
+
+
+@contextlib.contextmanager
+def cut(relays: list["Relay"]) -> Iterator[None]:
+    """Inside, neither site hears the other (``relays`` cut both ways): what each changes then is
+    concurrent for certain; the relays restored a second after."""
+    for r in relays:
+        r.cut()
+    try:
+        yield
+    finally:
+        time.sleep(1.0)
+        for r in relays:
+            r.restore()
+
+
+def make_tables(east: Site, west: Site, *first: str) -> None:
+    """The statements ``first``, then the schema and the test's table (east's ``table``: id, v, n)
+    on each site: links carry no schema change, each site makes its own."""
+    for site in (east, west):
+        for statement in first:
+            site.sql(statement)
+        site.sql("CREATE SCHEMA IF NOT EXISTS " + east.table.split(".")[0])
+        site.sql(TABLE.replace("app.items", east.table))
+
+
+def seed(east: Site, west: Site, count: int, v: str, *first: str) -> None:
+    """The test's table on each site (:func:`make_tables`) and rows 1 to ``count`` (``v``, 0) made
+    on east, once every node of west holds them."""
+    make_tables(east, west, *first)
+    with east.connect() as c:
+        for i in range(1, count + 1):
+            c.execute(f"INSERT INTO {east.table} VALUES (%s, %s, 0)", (i, v))
+    wait("east's rows on west", alike(east, west))
 
 
 def wait(what: str, ok: Callable[[], bool], timeout: float = WAIT_S) -> None:

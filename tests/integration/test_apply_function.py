@@ -25,29 +25,24 @@ from psycopg import sql
 from pytest_postgresql import factories
 
 from chorus import wire
-from chorus.localauth import new_password
-from chorus.testkit.localcluster import PlainPostgres, temporary_postgres
+from chorus.testkit.localcluster import PlainPostgres
 from chorus.nodedb import PIN_SEARCH_PATH
-from conftest import peak_anon_growth_kb
+from conftest import CHORUS_PASSWORD, CHORUS_PORT, peak_anon_growth_kb
 
 pytestmark = pytest.mark.integration
 
-PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 90
-PASSWORD = new_password()  # the server's postgres role's (it takes SCRAM passwords over TCP)
+PORT, PASSWORD = CHORUS_PORT, CHORUS_PASSWORD  # conftest.chorus_postgres's
 
 # the settings text values are printed and read under (chorus_values.c), as an apply session sets them
 CANONICAL = ("SET datestyle = 'ISO'; SET intervalstyle = 'postgres'; SET timezone = 'UTC'; "
              "SET extra_float_digits = 3; SET bytea_output = 'hex'")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def chorus_server() -> Iterator[PlainPostgres]:
-    """One PostgreSQL with the extension preloaded and no coordinator, started as a node would be."""
-    with temporary_postgres("chorus-apply-", PORT, extension=True, password=PASSWORD) as pg:
-        with psycopg.connect(pg.dsn, autocommit=True) as c:
-            c.execute("CREATE EXTENSION IF NOT EXISTS chorus")
-            c.execute("SELECT chorus.node_init(0)")
-        yield pg
+@pytest.fixture(scope="module", autouse=True)
+def chorus_server(chorus_postgres: PlainPostgres) -> PlainPostgres:
+    """The session's PostgreSQL with the extension (conftest.chorus_postgres), running before
+    pytest-postgresql's databases are made on it."""
+    return chorus_postgres
 
 
 def _load(host: str, port: int, user: str, dbname: str, password: Optional[str] = None, **_: Any) -> None:

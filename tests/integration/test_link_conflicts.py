@@ -10,39 +10,30 @@ To make two changes concurrent for certain, each direction of the link goes thro
 of the test's own (linksites.Relay), which it stops (cutting the connections) and starts again:
 while it is stopped neither site hears of the other's change. Two real local clusters on one
 Corosync, each started and stopped by :class:`LocalCluster`, which stops exactly the processes
-it started (by pid); the relays are threads of this process. Every wait is bounded."""
+it started (by pid); the relays are threads of this process. Every wait is bounded. The sites are
+the session's (conftest.linked), shared with other link tests; this file's table is app.items."""
 
 from __future__ import annotations
 
-import os
 import time
-from typing import Iterator
 
 import pytest
 
-from linksites import TABLE, Relay, Site, alike, linked_both_ways, settle, wait
+from linksites import Relay, Site, alike, cut, seed, settle, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-BASE = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 200
-EAST_PORT, WEST_PORT = BASE, BASE + 2  # east: one node; west: two
-
 
 @pytest.fixture(scope="module")
-def sites() -> Iterator[tuple[Site, Site, list[Relay]]]:
-    with linked_both_ways("chorus-c", EAST_PORT, 1, WEST_PORT, 2, window=8) as linked:
-        yield linked
+def sites(linked: tuple[Site, Site, list[Relay]]) -> tuple[Site, Site, list[Relay]]:
+    east, west, relays = linked
+    return east.on("app.items"), west.on("app.items"), relays
 
 
 def test_concurrent_updates_are_detected_settled_alike_and_recorded(sites: tuple[Site, Site, list[Relay]]) -> None:
     east, west, relays = sites
-    for site in (east, west):  # links carry no schema change: each site makes the table
-        site.sql("CREATE SCHEMA app")
-        site.sql(TABLE)
     # rows made on east reach west; west's changes of them, made after they arrived, reach east
-    for i in range(1, 5):
-        east.sql("INSERT INTO app.items VALUES (%s, 'east', 0)", (i,))
-    wait("east's rows on west", alike(east, west))
+    seed(east, west, 4, "east")
     west.sql("UPDATE app.items SET v = 'west after east', n = 1 WHERE id = 1", i=1)
     wait("west's change on east", lambda: (1, "west after east", 1) in east.rows(0))
     east.sql("UPDATE app.items SET v = 'east after west', n = 2 WHERE id = 1")
@@ -51,15 +42,11 @@ def test_concurrent_updates_are_detected_settled_alike_and_recorded(sites: tuple
     assert east.exceptions(0) == [] and all(west.exceptions(i) == [] for i in west.nodes())
 
     # the link cut both ways: one row changed on both sites, two others each on one
-    for r in relays:
-        r.cut()
-    east.sql("UPDATE app.items SET v = 'east, concurrent', n = 3 WHERE id = 2")
-    west.sql("UPDATE app.items SET v = 'west, concurrent', n = 4 WHERE id = 2", i=1)
-    east.sql("UPDATE app.items SET v = 'east alone' WHERE id = 3")
-    west.sql("UPDATE app.items SET v = 'west alone' WHERE id = 4", i=0)
-    time.sleep(1.0)
-    for r in relays:
-        r.restore()
+    with cut(relays):
+        east.sql("UPDATE app.items SET v = 'east, concurrent', n = 3 WHERE id = 2")
+        west.sql("UPDATE app.items SET v = 'west, concurrent', n = 4 WHERE id = 2", i=1)
+        east.sql("UPDATE app.items SET v = 'east alone' WHERE id = 3")
+        west.sql("UPDATE app.items SET v = 'west alone' WHERE id = 4", i=0)
 
     settle(east, west, "the conflict settled on every node", (1, 1))
     rows = east.rows(0)
@@ -94,26 +81,22 @@ def test_the_later_commit_wins_by_the_origins_commit_times(sites: tuple[Site, Si
     hold the origins' times, the same on both of west's nodes; an ordinary role cannot set the
     time the apply records."""
     east, west, relays = sites
-    for r in relays:
-        r.cut()
-    west.sql("UPDATE app.items SET v = 'west, earlier', n = 5 WHERE id = 3", i=1)
-    time.sleep(0.5)
-    east.sql("UPDATE app.items SET v = 'east, later', n = 6 WHERE id = 3")
-    time.sleep(1.0)
-    for r in relays:
-        r.restore()
+    with cut(relays):
+        west.sql("UPDATE app.items SET v = 'west, earlier', n = 5 WHERE id = 3", i=1)
+        time.sleep(0.5)
+        east.sql("UPDATE app.items SET v = 'east, later', n = 6 WHERE id = 3")
     settle(east, west, "the conflict of row 3 settled on every node", (2, 2))
     assert (3, "east, later", 6) in east.rows(0)
     query = ("SELECT row_key, decision, result_row->>'v', local_commit_time, remote_commit_time "
-             "FROM chorus.link_exceptions ORDER BY gid, n")
-    e = east.rows(0, query)[-1]
-    w = west.rows(0, query)[-1]
+             "FROM chorus.link_exceptions WHERE table_name = %s ORDER BY gid, n")
+    e = east.rows(0, query, (east.quoted,))[-1]
+    w = west.rows(0, query, (west.quoted,))[-1]
     assert e[:3] == ("\"app\".\"items\" (id)=(3)", "kept-local", "east, later")
     assert w[:3] == ("\"app\".\"items\" (id)=(3)", "took-remote", "east, later")
     # each side recorded both origins' times: east's later than west's, and the same on both sites
     assert e[3] > e[4] and (e[3], e[4]) == (w[4], w[3])
     assert e[3].year >= 2024 and e[4].year >= 2024  # real times, not the epoch
-    assert west.rows(0, query) == west.rows(1, query)
+    assert west.rows(0, query, (west.quoted,)) == west.rows(1, query, (west.quoted,))
     stamps = "SELECT key, site, clock, commit_time FROM chorus.link_stamp ORDER BY key"
     wait("west's stamps alike on both nodes", lambda: west.rows(0, stamps) == west.rows(1, stamps))
     assert all(s[3].year >= 2024 for s in west.rows(0, stamps) if s[1] == "west")  # its own, stamped with times

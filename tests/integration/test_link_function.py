@@ -1,11 +1,11 @@
 """The ``function`` conflict policy between two linked sites (docs/LINKS.md section 7.1, issue 38):
 site "east" (one node, the arbiter: its name sorts first) and site "west" (two nodes) linked both
-ways with ``policy = "function"`` and ``conflict_function = "app.merge"``, a function owned by an
-ordinary role on each site. Concurrent updates of one row are merged by the function, called
-with east's version first on both sites, so every node of both sites holds the same merged row
-and records it in ``chorus.link_exceptions``. A function that raises stops the link at that
-transaction on every node, visibly, with nothing after it applied and no node leaving; once the
-function is fixed the link resumes and the row is merged.
+ways (the session's, conftest.linked) with ``table_policy = { "app.merged" = "function" }`` and
+``conflict_function = "app.merge"``, a function owned by an ordinary role on each site. Concurrent
+updates of one row are merged by the function, called with east's version first on both sites, so
+every node of both sites holds the same merged row and records it in ``chorus.link_exceptions``. A
+function that raises stops the link at that transaction on every node, visibly, with nothing after
+it applied and no node leaving; once the function is fixed the link resumes and the row is merged.
 
 Concurrency is made certain by cutting the test's relays (linksites.Relay), as in
 test_link_conflicts.py. Two real local clusters on one Corosync, each stopped by pid by
@@ -13,18 +13,13 @@ test_link_conflicts.py. Two real local clusters on one Corosync, each stopped by
 
 from __future__ import annotations
 
-import os
 import time
-from typing import Iterator
 
 import pytest
 
-from linksites import TABLE, Relay, Site, alike, linked_both_ways, settle, wait
+from linksites import Relay, Site, cut, seed, settle, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-
-BASE = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 260
-EAST_PORT, WEST_PORT = BASE, BASE + 2  # east: one node; west: two
 
 SIG = "regclass, jsonb, text, jsonb, text, jsonb, jsonb"
 MERGE = ("CREATE OR REPLACE FUNCTION app.merge(t regclass, a jsonb, a_site text, b jsonb, b_site text, am jsonb, "
@@ -36,23 +31,19 @@ MERGE = ("CREATE OR REPLACE FUNCTION app.merge(t regclass, a jsonb, a_site text,
 
 
 @pytest.fixture(scope="module")
-def sites() -> Iterator[tuple[Site, Site, list[Relay]]]:
-    with linked_both_ways("chorus-f", EAST_PORT, 1, WEST_PORT, 2, window=8, policy="function",
-                          conflict_function="app.merge") as linked:
-        yield linked
+def sites(linked: tuple[Site, Site, list[Relay]]) -> tuple[Site, Site, list[Relay]]:
+    """The session's linked sites (conftest.linked): app.merged's policy is function, app.merge."""
+    east, west, relays = linked
+    return east.on("app.merged"), west.on("app.merged"), relays
 
 
 def concurrently(relays: list[Relay], east: Site, west: Site, east_sql: str, west_sql: str,
                  *more_east: str) -> None:
     """``east_sql`` (then ``more_east``) on east and ``west_sql`` on west while neither hears the other."""
-    for r in relays:
-        r.cut()
-    for statement in (east_sql, *more_east):
-        east.sql(statement)
-    west.sql(west_sql, i=1)
-    time.sleep(1.0)
-    for r in relays:
-        r.restore()
+    with cut(relays):
+        for statement in (east_sql, *more_east):
+            east.sql(statement)
+        west.sql(west_sql, i=1)
 
 
 def logs(site: Site) -> str:
@@ -63,26 +54,19 @@ def logs(site: Site) -> str:
 def test_concurrent_updates_are_merged_by_the_function_alike_everywhere(
         sites: tuple[Site, Site, list[Relay]]) -> None:
     east, west, relays = sites
-    for site in (east, west):  # links carry no schema change: each site makes its own
-        site.sql("CREATE ROLE merger NOLOGIN")
-        site.sql("CREATE SCHEMA app")
-        site.sql(TABLE)
-        site.sql(MERGE)
-        site.sql(f"ALTER FUNCTION app.merge({SIG}) OWNER TO merger")
-    for i in range(1, 6):
-        east.sql("INSERT INTO app.items VALUES (%s, 'start', 0)", (i,))
-    wait("east's rows on west", alike(east, west))
+    seed(east, west, 5, "start", "CREATE ROLE merger NOLOGIN", "CREATE SCHEMA IF NOT EXISTS app", MERGE,
+         f"ALTER FUNCTION app.merge({SIG}) OWNER TO merger")
 
-    concurrently(relays, east, west, "UPDATE app.items SET v = 'east', n = 1 WHERE id = 2",
-                 "UPDATE app.items SET v = 'west', n = 2 WHERE id = 2")
+    concurrently(relays, east, west, "UPDATE app.merged SET v = 'east', n = 1 WHERE id = 2",
+                 "UPDATE app.merged SET v = 'west', n = 2 WHERE id = 2")
     settle(east, west, "the conflict merged on every node", (1, 1))
     # east's version first on both sites: the same merged row everywhere
     assert (2, "east+west@east", 3) in east.rows(0)
     (e,) = east.exceptions(0)
-    assert e[:9] == ("\"app\".\"items\" (id)=(2)", "east", "west", "row", "function app.merge", "merged",
+    assert e[:9] == ("\"app\".\"merged\" (id)=(2)", "east", "west", "row", "function app.merge", "merged",
                      "east", "west", "east+west@east")
     (w,) = west.exceptions(0)
-    assert w[:9] == ("\"app\".\"items\" (id)=(2)", "west", "east", "row", "function app.merge", "merged",
+    assert w[:9] == ("\"app\".\"merged\" (id)=(2)", "west", "east", "row", "function app.merge", "merged",
                      "west", "east", "east+west@east")
     assert west.exceptions(0) == west.exceptions(1)
     wait("west's stamps alike on both nodes", lambda: west.stamps(0) == west.stamps(1))
@@ -94,9 +78,9 @@ def test_a_merge_that_is_not_commutative_is_realigned_by_the_arbiter(sites: tupl
     arbiter, realigns the rows it merged: afterwards every node holds east's last merge."""
     east, west, relays = sites
     before = (len(east.exceptions(0)), len(west.exceptions(0)))
-    concurrently(relays, east, west, "UPDATE app.items SET v = 'e1', n = 1 WHERE id = 5",
-                 "UPDATE app.items SET v = 'w', n = 2 WHERE id = 5",
-                 "UPDATE app.items SET v = 'e2', n = 1 WHERE id = 5")
+    concurrently(relays, east, west, "UPDATE app.merged SET v = 'e1', n = 1 WHERE id = 5",
+                 "UPDATE app.merged SET v = 'w', n = 2 WHERE id = 5",
+                 "UPDATE app.merged SET v = 'e2', n = 1 WHERE id = 5")
     settle(east, west, "the merges realigned on every node", (before[0] + 1, before[1] + 2))
     assert (5, "e2+w@east", 3) in east.rows(0)
 
@@ -104,9 +88,9 @@ def test_a_merge_that_is_not_commutative_is_realigned_by_the_arbiter(sites: tupl
 def test_a_function_that_raises_stops_the_link_there_until_fixed(sites: tuple[Site, Site, list[Relay]]) -> None:
     east, west, relays = sites
     before = (len(east.exceptions(0)), len(west.exceptions(0)))
-    concurrently(relays, east, west, "UPDATE app.items SET v = 'east, refused', n = 1 WHERE id = 3",
-                 "UPDATE app.items SET v = 'west', n = 2 WHERE id = 3")
-    east.sql("UPDATE app.items SET v = 'east later' WHERE id = 4")  # after it: must wait for it
+    concurrently(relays, east, west, "UPDATE app.merged SET v = 'east, refused', n = 1 WHERE id = 3",
+                 "UPDATE app.merged SET v = 'west', n = 2 WHERE id = 3")
+    east.sql("UPDATE app.merged SET v = 'east later' WHERE id = 4")  # after it: must wait for it
     wait("the function's error in west's logs", lambda: "no merge of row 3" in logs(west))
     wait("the function's error in east's log", lambda: "no merge of row 3" in logs(east))
     time.sleep(3.0)

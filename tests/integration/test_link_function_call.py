@@ -9,7 +9,6 @@ and is refused unless IMMUTABLE, not SECURITY DEFINER, not a superuser's, with t
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any, Iterator, Optional, Sequence
 
 import psycopg
@@ -19,11 +18,10 @@ from chorus import wire
 from chorus.link.events import Version
 from chorus.link.funcall import FunctionCall, FunctionCalls, FunctionError, decide_calls
 from chorus.nodedb import PIN_SEARCH_PATH
-from chorus.testkit.localcluster import PlainPostgres, temporary_postgres
+from chorus.testkit.localcluster import PlainPostgres
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 95
 ITEMS = wire.Table("app", "items", (wire.Column("id", "integer"), wire.Column("v", "text"),
                                     wire.Column("n", "integer")), (0,))
 SIG = "regclass, jsonb, text, jsonb, text, jsonb, jsonb"
@@ -35,65 +33,64 @@ def _int4(n: int) -> wire.Binary:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[PlainPostgres]:
-    with temporary_postgres("chorus-fcall-", PORT, extension=True) as pg:
-        with psycopg.connect(pg.dsn, autocommit=True) as c:
-            c.execute("CREATE EXTENSION IF NOT EXISTS chorus")
-            c.execute("SELECT chorus.node_init(0)")
-            c.execute("SET chorus.capture = off")  # no coordinator: nothing is replicated
-            c.execute("CREATE ROLE merger NOLOGIN")
-            c.execute("CREATE SCHEMA app")
-            c.execute("CREATE TABLE app.items (id int PRIMARY KEY, v text, n int)")
-            c.execute("CREATE TABLE app.mine (x text)")  # a table the function's owner may write
-            c.execute("CREATE TABLE app.secret (x text)")  # one it may not read or write
-            c.execute("INSERT INTO app.secret VALUES ('s3cret')")
-            c.execute("GRANT USAGE ON SCHEMA app TO merger")
-            c.execute("GRANT INSERT, SELECT ON app.mine TO merger")
-            # merge: v joined in canonical order, n added; whoever's row is absent gives the other
-            fn(c, "merge", "sql", "SELECT CASE WHEN a IS NULL OR b IS NULL THEN COALESCE(a, b) ELSE "
-               "a || jsonb_build_object('v', (a->>'v') || '+' || (b->>'v') || '@' || a_site, "
-               "'n', (a->>'n')::int + (b->>'n')::int) END")
-            fn(c, "first", "sql", "SELECT a")
-            fn(c, "second", "sql", "SELECT b")
-            fn(c, "gone", "sql", "SELECT NULL::jsonb")
-            fn(c, "jnull", "sql", "SELECT 'null'::jsonb")
-            fn(c, "arr", "sql", "SELECT '[1]'::jsonb")
-            fn(c, "extra", "sql", "SELECT a || '{\"color\": \"red\"}'")
-            fn(c, "lacking", "sql", "SELECT a - 'n'")
-            fn(c, "badtype", "sql", "SELECT a || '{\"n\": \"many\"}'")
-            fn(c, "whoami", "sql", "SELECT a || jsonb_build_object('v', current_user || ' ' || "
-               "current_setting('search_path'))")
-            fn(c, "boom", "plpgsql", "BEGIN RAISE EXCEPTION 'no merge for %', a->>'id'; END")
-            # hostile: each tries to gain what its owner has not, or to write at all
-            c.execute("CREATE FUNCTION app.put_mine(text) RETURNS int LANGUAGE sql VOLATILE AS "
-                      "'INSERT INTO app.mine VALUES ($1) RETURNING 1'")
-            c.execute("CREATE FUNCTION app.put_secret(text) RETURNS int LANGUAGE sql VOLATILE AS "
-                      "'INSERT INTO app.secret VALUES ($1) RETURNING 1'")
-            c.execute("CREATE FUNCTION app.peek() RETURNS text LANGUAGE sql VOLATILE AS "
-                      "'SELECT pg_catalog.string_agg(x, '','') FROM app.secret'")
-            c.execute("ALTER FUNCTION app.put_mine(text) OWNER TO merger")
-            c.execute("ALTER FUNCTION app.put_secret(text) OWNER TO merger")
-            c.execute("ALTER FUNCTION app.peek() OWNER TO merger")
-            fn(c, "writes_own", "sql", "SELECT a || jsonb_build_object('n', app.put_mine('x'))")
-            fn(c, "writes_secret", "sql", "SELECT a || jsonb_build_object('n', app.put_secret('x'))")
-            fn(c, "reads_secret", "sql", "SELECT a || jsonb_build_object('v', app.peek())")
-            fn(c, "setrole", "plpgsql", "BEGIN PERFORM pg_catalog.set_config('role', 'postgres', false); "
-               "RETURN a; END")
-            c.execute("CREATE FUNCTION app.become() RETURNS int LANGUAGE plpgsql VOLATILE AS "
-                      "'BEGIN SET SESSION AUTHORIZATION postgres; RETURN 1; END'")
-            c.execute("ALTER FUNCTION app.become() OWNER TO merger")
-            fn(c, "sessauth", "sql", "SELECT a || jsonb_build_object('n', app.become())")
-            c.execute("CREATE FUNCTION app.nap() RETURNS int LANGUAGE sql VOLATILE AS "
-                      "'SELECT 1 FROM pg_catalog.pg_sleep(30)'")
-            c.execute("ALTER FUNCTION app.nap() OWNER TO merger")
-            fn(c, "sleeps", "sql", "SELECT a || jsonb_build_object('n', app.nap())")
-            fn(c, "stable", "sql", "SELECT a", volatility="STABLE")
-            fn(c, "definer", "sql", "SELECT a", extra="SECURITY DEFINER")
-            fn(c, "su", "sql", "SELECT a", owner="postgres")
-            c.execute("CREATE FUNCTION app.shape(t regclass, a jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE "
-                      "AS 'SELECT a'")
-            c.execute("ALTER FUNCTION app.shape(regclass, jsonb) OWNER TO merger")
-        yield pg
+def server(chorus_postgres: PlainPostgres) -> PlainPostgres:
+    """The session's PostgreSQL with the extension (conftest.chorus_postgres), this file's tables
+    and functions in its schema app."""
+    pg = chorus_postgres
+    with psycopg.connect(pg.dsn, autocommit=True) as c:
+        c.execute("SET chorus.capture = off")  # no coordinator: nothing is replicated
+        c.execute("CREATE ROLE merger NOLOGIN")
+        c.execute("CREATE TABLE app.items (id int PRIMARY KEY, v text, n int)")
+        c.execute("CREATE TABLE app.mine (x text)")  # a table the function's owner may write
+        c.execute("CREATE TABLE app.secret (x text)")  # one it may not read or write
+        c.execute("INSERT INTO app.secret VALUES ('s3cret')")
+        c.execute("GRANT USAGE ON SCHEMA app TO merger")
+        c.execute("GRANT INSERT, SELECT ON app.mine TO merger")
+        # merge: v joined in canonical order, n added; whoever's row is absent gives the other
+        fn(c, "merge", "sql", "SELECT CASE WHEN a IS NULL OR b IS NULL THEN COALESCE(a, b) ELSE "
+           "a || jsonb_build_object('v', (a->>'v') || '+' || (b->>'v') || '@' || a_site, "
+           "'n', (a->>'n')::int + (b->>'n')::int) END")
+        fn(c, "first", "sql", "SELECT a")
+        fn(c, "second", "sql", "SELECT b")
+        fn(c, "gone", "sql", "SELECT NULL::jsonb")
+        fn(c, "jnull", "sql", "SELECT 'null'::jsonb")
+        fn(c, "arr", "sql", "SELECT '[1]'::jsonb")
+        fn(c, "extra", "sql", "SELECT a || '{\"color\": \"red\"}'")
+        fn(c, "lacking", "sql", "SELECT a - 'n'")
+        fn(c, "badtype", "sql", "SELECT a || '{\"n\": \"many\"}'")
+        fn(c, "whoami", "sql", "SELECT a || jsonb_build_object('v', current_user || ' ' || "
+           "current_setting('search_path'))")
+        fn(c, "boom", "plpgsql", "BEGIN RAISE EXCEPTION 'no merge for %', a->>'id'; END")
+        # hostile: each tries to gain what its owner has not, or to write at all
+        c.execute("CREATE FUNCTION app.put_mine(text) RETURNS int LANGUAGE sql VOLATILE AS "
+                  "'INSERT INTO app.mine VALUES ($1) RETURNING 1'")
+        c.execute("CREATE FUNCTION app.put_secret(text) RETURNS int LANGUAGE sql VOLATILE AS "
+                  "'INSERT INTO app.secret VALUES ($1) RETURNING 1'")
+        c.execute("CREATE FUNCTION app.peek() RETURNS text LANGUAGE sql VOLATILE AS "
+                  "'SELECT pg_catalog.string_agg(x, '','') FROM app.secret'")
+        c.execute("ALTER FUNCTION app.put_mine(text) OWNER TO merger")
+        c.execute("ALTER FUNCTION app.put_secret(text) OWNER TO merger")
+        c.execute("ALTER FUNCTION app.peek() OWNER TO merger")
+        fn(c, "writes_own", "sql", "SELECT a || jsonb_build_object('n', app.put_mine('x'))")
+        fn(c, "writes_secret", "sql", "SELECT a || jsonb_build_object('n', app.put_secret('x'))")
+        fn(c, "reads_secret", "sql", "SELECT a || jsonb_build_object('v', app.peek())")
+        fn(c, "setrole", "plpgsql", "BEGIN PERFORM pg_catalog.set_config('role', 'postgres', false); "
+           "RETURN a; END")
+        c.execute("CREATE FUNCTION app.become() RETURNS int LANGUAGE plpgsql VOLATILE AS "
+                  "'BEGIN SET SESSION AUTHORIZATION postgres; RETURN 1; END'")
+        c.execute("ALTER FUNCTION app.become() OWNER TO merger")
+        fn(c, "sessauth", "sql", "SELECT a || jsonb_build_object('n', app.become())")
+        c.execute("CREATE FUNCTION app.nap() RETURNS int LANGUAGE sql VOLATILE AS "
+                  "'SELECT 1 FROM pg_catalog.pg_sleep(30)'")
+        c.execute("ALTER FUNCTION app.nap() OWNER TO merger")
+        fn(c, "sleeps", "sql", "SELECT a || jsonb_build_object('n', app.nap())")
+        fn(c, "stable", "sql", "SELECT a", volatility="STABLE")
+        fn(c, "definer", "sql", "SELECT a", extra="SECURITY DEFINER")
+        fn(c, "su", "sql", "SELECT a", owner="postgres")
+        c.execute("CREATE FUNCTION app.shape(t regclass, a jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE "
+                  "AS 'SELECT a'")
+        c.execute("ALTER FUNCTION app.shape(regclass, jsonb) OWNER TO merger")
+    return pg
 
 
 def fn(c: psycopg.Connection[Any], name: str, lang: str, body: str, volatility: str = "IMMUTABLE",

@@ -21,7 +21,7 @@ from typing import Iterator
 import psycopg
 import pytest
 
-from linksites import TABLE, Relay, Site, alike, linked_both_ways, ordinary_role, settle, wait
+from linksites import Relay, Site, alike, cut, linked_both_ways, ordinary_role, seed, settle, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -38,24 +38,15 @@ def sites() -> Iterator[tuple[Site, Site, list[Relay]]]:
 
 def test_a_rejected_transactions_rows_are_realigned_on_every_node(sites: tuple[Site, Site, list[Relay]]) -> None:
     east, west, relays = sites
-    for site in (east, west):  # links carry no schema change: each site makes the table
-        site.sql("CREATE SCHEMA app")
-        site.sql(TABLE)
-    for i in range(1, 5):
-        east.sql("INSERT INTO app.items VALUES (%s, 'start', 0)", (i,))
-    wait("east's rows on west", alike(east, west))
+    seed(east, west, 4, "start")
 
-    for r in relays:
-        r.cut()
-    with east.connect(0) as c:  # one transaction: row 2 (concurrent with west's), rows 3 and 10 (not)
-        with c.transaction():
-            c.execute("UPDATE app.items SET v = 'east', n = 1 WHERE id = 2")
-            c.execute("UPDATE app.items SET v = 'east', n = 1 WHERE id = 3")
-            c.execute("INSERT INTO app.items VALUES (10, 'east', 1)")
-    west.sql("UPDATE app.items SET v = 'west', n = 2 WHERE id = 2", i=1)
-    time.sleep(1.0)
-    for r in relays:
-        r.restore()
+    with cut(relays):
+        with east.connect(0) as c:  # one transaction: row 2 (concurrent with west's), rows 3 and 10 (not)
+            with c.transaction():
+                c.execute("UPDATE app.items SET v = 'east', n = 1 WHERE id = 2")
+                c.execute("UPDATE app.items SET v = 'east', n = 1 WHERE id = 3")
+                c.execute("INSERT INTO app.items VALUES (10, 'east', 1)")
+        west.sql("UPDATE app.items SET v = 'west', n = 2 WHERE id = 2", i=1)
 
     settle(east, west, "the conflict settled and realigned on every node", (1, 3))
     # west's version of every row of east's rejected transaction, on every node of both sites

@@ -7,9 +7,8 @@ its PRE_COMMIT, needs a cluster: tests/integration/test_link_conflicts.py.)"""
 
 from __future__ import annotations
 
-import os
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -17,26 +16,21 @@ import pytest
 from chorus import wire
 from chorus.link.settle import stamp_hash
 from chorus.nodedb import PIN_SEARCH_PATH
-from chorus.testkit.localcluster import PlainPostgres, temporary_postgres
+from chorus.testkit.localcluster import PlainPostgres
 
 pytestmark = pytest.mark.integration
-
-PORT = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 96
 
 T = wire.Table("app", "t", (wire.Column("id", "integer"), wire.Column("v", "text")), (0,))
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[PlainPostgres]:
-    with temporary_postgres("chorus-stamps-", PORT, extension=True) as pg:
-        with psycopg.connect(pg.dsn, autocommit=True) as c:
-            c.execute("SET chorus.capture = off")
-            c.execute("SET chorus.replicate_ddl = off")
-            c.execute("CREATE EXTENSION IF NOT EXISTS chorus")
-            c.execute("SELECT chorus.node_init(0)")
-            c.execute("CREATE SCHEMA app")
-            c.execute("CREATE TABLE app.t (id int PRIMARY KEY, v text)")
-        yield pg
+def server(chorus_postgres: PlainPostgres) -> PlainPostgres:
+    """The session's PostgreSQL with the extension (conftest.chorus_postgres), this file's table app.t."""
+    with psycopg.connect(chorus_postgres.dsn, autocommit=True) as c:
+        c.execute("SET chorus.capture = off")
+        c.execute("SET chorus.replicate_ddl = off")
+        c.execute("CREATE TABLE app.t (id int PRIMARY KEY, v text)")
+    return chorus_postgres
 
 
 def _site(pg: PlainPostgres, name: str) -> None:

@@ -9,22 +9,18 @@ Every wait is bounded; the clusters stop exactly the processes they started (by 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 import urllib.request
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 import pytest
 
-from linksites import RELAY_OFFSET, TABLE, Relay, Site, linked_both_ways, wait
+from linksites import RELAY_OFFSET, Relay, Site, cut, make_tables, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-BASE = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 300
-EAST_PORT, WEST_PORT = BASE, BASE + 2
 
 
 class Sites:
@@ -55,26 +51,33 @@ def row(rows: list[dict[str, Any]], direction: str) -> dict[str, Any]:
     return r
 
 
+def by_table(r: dict[str, Any], site: Site) -> list[dict[str, Any]]:
+    """The conflicts of ``r`` (a status row) by decision on the site's table alone."""
+    return [c for c in r["conflicts_by"] if c["table"] == site.quoted]
+
+
 def view(site: Site, i: int) -> list[tuple[Any, ...]]:
     return site.rows(i, "SELECT direction, state, receiver_node, lag_gids, applied_gid, peer_gid, position_gid, "
                         "conflicts, conflicts_by FROM chorus.link_status ORDER BY direction")
 
 
 @pytest.fixture(scope="module")
-def sites() -> Iterator[Sites]:
-    with linked_both_ways("chorus-s", EAST_PORT, 1, WEST_PORT, 2, window=8) as (east, west, relays):
-        yield Sites(east, west, relays)
+def sites(linked: tuple[Site, Site, list[Relay]]) -> Sites:
+    """The session's linked sites (conftest.linked), this file's table app.status."""
+    east, west, relays = linked
+    return Sites(east.on("app.status"), west.on("app.status"), relays)
 
 
 def test_status_view_and_metrics_show_the_link(sites: Sites) -> None:
     east, west = sites.east, sites.west
-    for site in (east, west):
-        site.sql("CREATE SCHEMA app")
-        site.sql(TABLE)
+    # conflicts other tests of the session's sites had, before this one's (on its own table)
+    before = {site: row(sites.cli(site, 0), "in")["conflicts"] for site in ("east", "west")}
+    make_tables(east, west)
     with east.connect() as c:
         for i in range(1, 31):
-            c.execute("INSERT INTO app.items VALUES (%s, 'east', 0)", (i,))
+            c.execute("INSERT INTO app.status VALUES (%s, 'east', 0)", (i,))
     w1 = west.info[0]["name"]
+    east_port = int(str(psycopg.conninfo.conninfo_to_dict(east.dsns[0])["port"]))
 
     def caught_up() -> bool:
         r = row(sites.cli("west", 0), "in")
@@ -83,10 +86,10 @@ def test_status_view_and_metrics_show_the_link(sites: Sites) -> None:
     wait("west's receiver streaming and caught up", caught_up)
     r = row(sites.cli("west", 0), "in")
     assert (r["site"], r["peer_site"], r["receiver_node"], r["lag_seconds"]) == ("west", "east", w1, 0.0)
-    assert r["sender"] == f"127.0.0.1:{EAST_PORT + RELAY_OFFSET}"  # the peer's address it streams from
+    assert r["sender"] == f"127.0.0.1:{east_port + RELAY_OFFSET}"  # the peer's address it streams from
     assert r["peer_gid"] >= east.committed() - 1 and r["received"] >= 30 and r["applied"] >= 30
     assert r["own_clock"] == west.committed(0) or r["own_clock"] <= west.committed(0)
-    assert r["conflicts"] == 0 and r["conflicts_by"] == []
+    assert r["conflicts"] == before["west"] and not by_table(r, west)
     # west's other node does not run the receiver: it says which does, and the durable position
     other = row(sites.cli("west", 1), "in")
     assert (other["state"], other["receiver_node"], other["lag_gids"]) == ("elsewhere", w1, None)
@@ -101,30 +104,31 @@ def test_status_view_and_metrics_show_the_link(sites: Sites) -> None:
     # the view shows the same, read as a role with pg_read_all_stats
     wait("the view caught up", lambda: view(west, 0)[0][:5] == ("in", "streaming", w1, 0, east.committed()))
     (v,) = [x for x in view(west, 1) if x[0] == "in"]
-    assert v[1:3] == ("elsewhere", w1) and v[3] is None and v[6] == east.committed() and v[7] == 0
+    assert v[1:3] == ("elsewhere", w1) and v[3] is None and v[6] == east.committed() and v[7] == before["west"]
     # and /metrics
     m = sites.metrics("west", 0)
     assert 'chorus_link_state{chorus_link_state="streaming",direction="in",link="east-west"} 1.0' in m
     assert 'chorus_link_lag_gids{direction="in",link="east-west"} 0.0' in m
 
     # one row changed on both sites while the link is cut: a conflict on each site, counted
-    for rl in sites.relays:
-        rl.cut()
-    wait("west sees the link down", lambda: row(sites.cli("west", 0), "in")["state"] == "reconnecting", timeout=60)
-    east.sql("UPDATE app.items SET v = 'east, concurrent' WHERE id = 2")
-    west.sql("UPDATE app.items SET v = 'west, concurrent' WHERE id = 2", i=1)
-    time.sleep(1.0)
-    for rl in sites.relays:
-        rl.restore()
-    wait("the conflict counted on west", lambda: row(sites.cli("west", 0), "in")["conflicts"] == 1, timeout=120)
+    with cut(sites.relays):
+        wait("west sees the link down", lambda: row(sites.cli("west", 0), "in")["state"] == "reconnecting",
+             timeout=60)
+        east.sql("UPDATE app.status SET v = 'east, concurrent' WHERE id = 2")
+        west.sql("UPDATE app.status SET v = 'west, concurrent' WHERE id = 2", i=1)
+    wait("the conflict counted on west", lambda: row(sites.cli("west", 0), "in")["conflicts"] == before["west"] + 1,
+         timeout=120)
     r = row(sites.cli("west", 0), "in")
-    assert r["conflicts_by"] == [{"table": '"app"."items"', "decision": "kept-local", "count": 1}]
-    wait("the conflict counted on east", lambda: row(sites.cli("east", 0), "in")["conflicts_by"]
-         == [{"table": '"app"."items"', "decision": "took-remote", "count": 1}], timeout=120)
+    assert by_table(r, west) == [{"table": '"app"."status"', "decision": "kept-local", "count": 1}]
+    wait("the conflict counted on east", lambda: by_table(row(sites.cli("east", 0), "in"), east)
+         == [{"table": '"app"."status"', "decision": "took-remote", "count": 1}], timeout=120)
+    assert row(sites.cli("east", 0), "in")["conflicts"] == before["east"] + 1
     (v,) = [x for x in view(west, 1) if x[0] == "in"]
-    assert v[7:] == (1, [{"table": '"app"."items"', "decision": "kept-local", "count": 1}])
+    assert v[7] == before["west"] + 1
+    assert [c for c in v[8] if c["table"] == west.quoted] == [{"table": '"app"."status"', "decision": "kept-local",
+                                                               "count": 1}]
     wait("the conflict in west's metrics", lambda: 'chorus_link_conflicts_total{decision="kept-local",'
-         'link="east-west",table="\\"app\\".\\"items\\""} 1.0' in sites.metrics("west", 0))
+         'link="east-west",table="\\"app\\".\\"status\\""} 1.0' in sites.metrics("west", 0))
     wait("the lag back at 0", lambda: row(sites.cli("west", 0), "in")["lag_gids"] == 0
          and row(sites.cli("east", 0), "in")["lag_gids"] == 0)
 

@@ -37,14 +37,13 @@ from psycopg.pq import Format
 from chorus import wire
 from chorus.link import position as lp
 from chorus.link.events import Version
+from chorus.link.sqleval import COLUMN_TYPES_SQL
 
 ARGUMENTS = ("pg_catalog.regclass, pg_catalog.jsonb, pg_catalog.text, pg_catalog.jsonb, pg_catalog.text, "
              "pg_catalog.jsonb, pg_catalog.jsonb")
 
-# the columns of a table and their types, as casts name them
-TYPES_SQL = ("SELECT a.attname::pg_catalog.text, pg_catalog.format_type(a.atttypid, a.atttypmod) "
-             "FROM pg_catalog.pg_attribute a WHERE a.attrelid OPERATOR(pg_catalog.=) %s::pg_catalog.regclass "
-             "AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped")
+# the columns of a table and their types, as casts name them (the first two of each row)
+TYPES_SQL = COLUMN_TYPES_SQL.format("%s", "%s")
 
 
 class FunctionError(ValueError):
@@ -215,7 +214,7 @@ async def decide_calls(calls: Callable[[], list[FunctionCall]], functions: Funct
         for call in todo:
             name = call.table.qualified
             if name not in types:
-                types[name] = await query(TYPES_SQL, (name,))
+                types[name] = [r[:2] for r in await query(TYPES_SQL, (call.table.nspname, call.table.relname))]
             sql, params = call_sql(call, types[name])
             rows = await query(sql, params)
             functions.answers[call] = answer(call, rows[0])

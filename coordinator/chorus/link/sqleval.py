@@ -60,6 +60,16 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+# each column of a table, by its schema's name and its own, and the column's type as a cast names
+# it (with its modifier: character varying(10)) and as format_type_be does (without); {0} and {1}
+# the placeholders of the two names as the caller's driver writes them ("%s" or "$1")
+COLUMN_TYPES_SQL = ("SELECT a.attname::pg_catalog.text, pg_catalog.format_type(a.atttypid, a.atttypmod), "
+                    "pg_catalog.format_type(a.atttypid, NULL) FROM pg_catalog.pg_attribute a "
+                    "JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) a.attrelid "
+                    "JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace "
+                    "WHERE n.nspname OPERATOR(pg_catalog.=) {0} AND c.relname OPERATOR(pg_catalog.=) {1} "
+                    "AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped")
+
 class PgEvaluator:
     """:class:`~chorus.link.rules.SqlEvaluator` in PostgreSQL (module docstring). ``strict``:
     the role of ``dsn`` must not be a superuser (the operator configured a dedicated one)."""
@@ -213,13 +223,10 @@ class PgEvaluator:
         got = self.types.get(key)
         if got is not None:
             return got
-        res = pg.exec_params(
-            b"SELECT a.attname, pg_catalog.format_type(a.atttypid, NULL) FROM pg_catalog.pg_attribute a "
-            b"JOIN pg_catalog.pg_class c ON c.oid = a.attrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-            b"WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
-            [wire.name_bytes(table.nspname), wire.name_bytes(table.relname)], None, [0, 0], 0)
+        res = pg.exec_params(COLUMN_TYPES_SQL.format("$1", "$2").encode(),
+                             [wire.name_bytes(table.nspname), wire.name_bytes(table.relname)], None, [0, 0], 0)
         self._ok(res, what, table)
-        found = {wire.name_str(bytes(res.get_value(r, 0) or b"")): wire.name_str(bytes(res.get_value(r, 1) or b""))
+        found = {wire.name_str(bytes(res.get_value(r, 0) or b"")): wire.name_str(bytes(res.get_value(r, 2) or b""))
                  for r in range(res.ntuples)}
         got = tuple(found.get(c.name, c.typname) for c in table.columns)
         self.types[key] = got
