@@ -489,6 +489,56 @@ def test_a_link_past_max_retain_is_broken_and_resumes_from_no_position(tmp_path:
     run(main)
 
 
+def test_a_broken_link_shows_broken_on_the_receiving_site_and_is_tried_again_only_now_and_then(
+        tmp_path: Path, keys: dict[str, LinkKeys], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receiving site's node that runs the receiver of a broken link says so, and does not
+    start the receiver again at every membership tick (it did: its row flipped between broken and
+    reconnecting, and every tick cost the sender a refused connection); after BROKEN_RETRY_S it
+    tries again, still showing broken until the link streams."""
+    from chorus.config import LinkConfig
+    from chorus.link import site as link_site
+
+    async def main() -> None:
+        a, address, _b = await _cut_at_50(tmp_path / "a", keys, 6 * SEGMENT)
+        for g in range(51, 801):
+            a.commit(g)
+        assert a.log.broken("link:a-b") is not None
+        k = keys["b"]
+        link = LinkConfig("a-b", "site-b", "site-a", k.cert, k.key, k.peer_cert, k.secret_file, peers=(address,))
+        b_log = WritesetLog(str(tmp_path / "b-wslog"), segment_bytes=64 << 10, total_bytes=4 * SEGMENT)
+        b_log.open()
+
+        async def query(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
+            return []  # no position row yet: from the start
+        links = link_site.SiteLinks("nb", (link,), b_log, lambda: 0, lambda m: None, query)
+        starts = 0
+        start = links._start_receiver
+
+        def counted(link: LinkConfig) -> None:
+            nonlocal starts
+            starts += 1
+            start(link)
+        monkeypatch.setattr(links, "_start_receiver", counted)
+        links.membership(["nb"], True)
+        await until(lambda: "a-b" in links.broken and links.receivers["a-b"].done(), "the receiver finds it broken")
+        assert "GIDs 51.." in links.broken["a-b"]
+        for _ in range(5):  # membership ticks
+            links.membership(["nb"], True)
+            await asyncio.sleep(0.02)
+        assert starts == 1 and [r["state"] for r in links.status()] == ["broken"]
+        monkeypatch.setattr(link_site, "BROKEN_RETRY_S", 0.0)
+        links.membership(["nb"], True)
+        assert starts == 2 and "a-b" in links.broken  # tried again, and broken until it streams
+        await until(lambda: links.receivers["a-b"].done(), "refused again")
+        assert [r["state"] for r in links.status()] == ["broken"]
+        await links.close()
+        await a.server.close()
+        a.log.close()
+        b_log.close()
+
+    run(main)
+
+
 def test_every_node_of_the_site_keeps_what_the_peer_has_not_applied(tmp_path: Path, keys: dict[str, LinkKeys]) -> None:
     """The node serving the stream announces where the peer is (bp.LinkApplied on its site's
     bus); every other node that may serve the link pins its own log there, only ever forward,

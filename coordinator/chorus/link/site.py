@@ -58,6 +58,9 @@ CONFLICTS_SQL = ("SELECT link, table_name, decision, pg_catalog.count(*) FROM ch
 
 OUTCOME_TIMEOUT_S = 60.0  # a link writeset not committed here by then is taken as lost: resume from the position
 DRAIN_TIMEOUT_S = 30.0  # how long a reconnect waits for the outcomes of what is in flight
+# a receiver that found its link broken is started again after this long, not at every membership
+# tick: the link shows broken here meanwhile, and is tried again in case it was instantiated anew
+BROKEN_RETRY_S = 60.0
 
 
 def receiver_node(link: LinkConfig, synced: Iterable[str]) -> Optional[str]:
@@ -280,7 +283,8 @@ class SiteLinks:
         self.inbound: dict[str, Inbound] = {}
         self.receivers: dict[str, "asyncio.Task[None]"] = {}
         self.receiving: dict[str, LinkReceiver] = {}
-        self.broken: dict[str, str] = {}  # link -> why its receiver here stopped (broken)
+        self.broken: dict[str, str] = {}  # link -> why its receiver here stopped (broken), until it receives again
+        self._broken_at: dict[str, float] = {}  # link -> when (time.monotonic()) its receiver here stopped so
         self.receiver_nodes: dict[str, Optional[str]] = {}  # link -> the node running its receiver, as last seen
         self.durable: dict[str, ls.Durable] = {}  # link -> its row and conflicts here (refresh())
         self._exceptions_at: Optional[int] = -1  # the last GID of chorus.link_exceptions counted
@@ -339,7 +343,7 @@ class SiteLinks:
             self.receiver_nodes[link.name] = node
             runs = online and node == self.node
             task = self.receivers.get(link.name)
-            if runs and (task is None or task.done()):
+            if runs and (task is None or task.done()) and not self._resting(link.name):
                 self._start_receiver(link)
             elif not runs and task is not None and not task.done():
                 log.info("link %s: this node no longer runs the receiver", link.name)
@@ -353,12 +357,20 @@ class SiteLinks:
         if inbound is not None:
             inbound.committed(msg.ticket, decision)
 
+    def _resting(self, name: str) -> bool:
+        """Whether link ``name``'s receiver found it broken here less than BROKEN_RETRY_S ago."""
+        at = self._broken_at.get(name)
+        return at is not None and time.monotonic() - at < BROKEN_RETRY_S
+
     def _start_receiver(self, link: LinkConfig) -> None:
         inbound = self.inbound[link.name] = Inbound(self.node, link, self.send, self._reader(link), link.window)
         end = LinkEnd(link.name, link.site, link.peer_site, _keys(link))
-        receiver = self.receiving[link.name] = LinkReceiver(end, link.peers, inbound.position, inbound.sink,
+
+        async def sink(item: StreamItem) -> None:
+            self.broken.pop(link.name, None)  # it streams again: no longer broken
+            await inbound.sink(item)
+        receiver = self.receiving[link.name] = LinkReceiver(end, link.peers, inbound.position, sink,
                                                              self.spool, applied=inbound.applied_through)
-        self.broken.pop(link.name, None)
         log.info("link %s: this node runs the receiver of site %s's changes (from %s)", link.name, link.peer_site,
                  ", ".join(link.peers))
         self.receivers[link.name] = asyncio.get_running_loop().create_task(self._receive(link, receiver),
@@ -369,7 +381,8 @@ class SiteLinks:
             await receiver.run()
         except LinkError as e:  # broken: every sender said the log lost what the link needs
             self.broken[link.name] = str(e)
-            log.error("link %s is broken and stops: %s", link.name, e)
+            self._broken_at[link.name] = time.monotonic()
+            log.error("link %s is broken and stops (tried again in %.0f s): %s", link.name, BROKEN_RETRY_S, e)
 
     def _reader(self, link: LinkConfig) -> Callable[[], Awaitable[Optional[lp.PositionRow]]]:
         async def read() -> Optional[lp.PositionRow]:
