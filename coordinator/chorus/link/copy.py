@@ -221,7 +221,9 @@ def snapshot_sql(table: wire.Table) -> str:
 
 # the sending site's tables a copy considers: ordinary and partitioned tables (a partition is
 # copied through its parent when it has one), outside the system's and the extension's schemas,
-# with their columns that hold data and their primary keys (identity: the key's columns, by number)
+# with their columns that hold data, their primary keys (identity: the key's columns, by number)
+# and their owners (each table is read as its owner: a cast to text of a type its owner chose runs
+# with the owner's rights, not the coordinator's)
 TABLES_SQL = """
 SELECT n.nspname::pg_catalog.text, c.relname::pg_catalog.text, c.oid::pg_catalog.int8,
        (SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
@@ -235,7 +237,8 @@ SELECT n.nspname::pg_catalog.text, c.relname::pg_catalog.text, c.oid::pg_catalog
           FROM pg_catalog.pg_index x, pg_catalog.unnest(x.indkey) WITH ORDINALITY AS k(attnum, i),
                pg_catalog.pg_attribute a
          WHERE x.indrelid OPERATOR(pg_catalog.=) c.oid AND x.indisprimary
-           AND a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attnum OPERATOR(pg_catalog.=) k.attnum)
+           AND a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attnum OPERATOR(pg_catalog.=) k.attnum),
+       pg_catalog.pg_get_userbyid(c.relowner)::pg_catalog.text
   FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
  WHERE c.relkind OPERATOR(pg_catalog.=) ANY (ARRAY['r', 'p']::pg_catalog."char"[]) AND NOT c.relispartition
    AND n.nspname OPERATOR(pg_catalog.<>) ALL (ARRAY['pg_catalog', 'information_schema', 'chorus',
