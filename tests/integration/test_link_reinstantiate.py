@@ -12,16 +12,15 @@ Every wait is bounded; the clusters stop exactly the processes they started (by 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from linksites import LISTEN_OFFSET, RELAY_OFFSET, TABLE, Relay, Site, link_table, two_sites, wait
+from linksites import TABLE, Site, pinned_sites, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -29,22 +28,9 @@ BASE = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 600
 ROW = "x" * 20_000  # each transaction: a row of about 20 KB in the log
 
 
-@contextlib.contextmanager
-def _sites(east_port: int, west_port: int) -> Iterator[tuple[Site, Site, Relay]]:
-    relay = Relay(east_port + RELAY_OFFSET, east_port + LISTEN_OFFSET)
-    try:
-        with two_sites((1, east_port, lambda d: link_table(d, "east", "west", listen_offset=LISTEN_OFFSET,
-                                                           max_retain_mb=3)),
-                       (2, west_port, lambda d: link_table(d, "west", "east",
-                                                           peers=[f"127.0.0.1:{east_port + RELAY_OFFSET}"])),
-                       prefix="chorus-reinst-", log_segment_mb=1, log_total_mb=2) as (east, west, _, _):
-            for site in (east, west):  # links carry no schema change: each site makes the tables
-                site.sql("CREATE SCHEMA app")
-                site.sql(TABLE)
-                site.sql("CREATE TABLE app.other (a text, b int, v text, PRIMARY KEY (a, b))")
-            yield east, west, relay
-    finally:
-        relay.close()
+def _sites(east_port: int, west_port: int) -> Any:
+    return pinned_sites(east_port, west_port, max_retain_mb=3, west_nodes=2, prefix="chorus-reinst-",
+                        tables=(TABLE, "CREATE TABLE app.other (a text, b int, v text, PRIMARY KEY (a, b))"))
 
 
 def _write(site: Site, first: int, count: int, v: str = ROW) -> None:

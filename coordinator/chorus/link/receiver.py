@@ -109,13 +109,7 @@ class LinkReceiver:
                     if applied is not None and told < applied <= last:
                         writer.write(proto.write_applied(proto.Applied(applied)))
                         told, told_at = applied, time.monotonic()
-                try:
-                    frame = await asyncio.wait_for(proto.read_frame(reader), self.frame_timeout)
-                except asyncio.TimeoutError:
-                    raise LinkError(f"{address} sent nothing for {self.frame_timeout:.0f} s after GID {last}") from None
-                if parts.open and not isinstance(frame, (proto.Part, proto.Error)):
-                    raise LinkProtocolError(f"a {type(frame).__name__} frame inside a transaction sent in parts")
-                record = parts.add(frame) if isinstance(frame, proto.Part) else frame
+                record = await self._whole(reader, parts, f"{address} sent nothing after GID {last}")
                 if record is None:
                     continue
                 if isinstance(record, Record):
@@ -142,6 +136,17 @@ class LinkReceiver:
             parts.discard()
             writer.close()
 
+    async def _whole(self, reader: asyncio.StreamReader, parts: proto.Reassembler, silent: str) -> Optional[proto.Frame]:
+        """The next frame, a transaction sent in parts joined (None until its last part is in);
+        :class:`LinkError` (saying ``silent``) when nothing comes for ``frame_timeout``."""
+        try:
+            frame = await asyncio.wait_for(proto.read_frame(reader), self.frame_timeout)
+        except asyncio.TimeoutError:
+            raise LinkError(f"{silent} for {self.frame_timeout:.0f} s") from None
+        if parts.open and not isinstance(frame, (proto.Part, proto.Error)):
+            raise LinkProtocolError(f"a {type(frame).__name__} frame inside a transaction sent in parts")
+        return parts.add(frame) if isinstance(frame, proto.Part) else frame
+
     async def copy(self, address: str, snapshot: Callable[[proto.Snapshot], Awaitable[None]],
                    sink: Callable[[wire.Writeset], Awaitable[None]]) -> proto.Copied:
         """Re-instantiation (docs/LINKS.md section 10): ask the sender at ``address`` for a copy of
@@ -165,13 +170,7 @@ class LinkReceiver:
                 raise LinkProtocolError(f"expected SNAPSHOT, got {type(first).__name__}")
             await snapshot(first)
             while True:
-                try:
-                    frame = await asyncio.wait_for(proto.read_frame(reader), self.frame_timeout)
-                except asyncio.TimeoutError:
-                    raise LinkError(f"{address} sent nothing of the copy for {self.frame_timeout:.0f} s") from None
-                if parts.open and not isinstance(frame, (proto.Part, proto.Error)):
-                    raise LinkProtocolError(f"a {type(frame).__name__} frame inside a record sent in parts")
-                record = parts.add(frame) if isinstance(frame, proto.Part) else frame
+                record = await self._whole(reader, parts, f"{address} sent nothing of the copy")
                 if record is None:
                     continue
                 if isinstance(record, Record):
