@@ -335,8 +335,12 @@ class LinkServer:
 
         from chorus.nodedb import PIN_SEARCH_PATH
 
-        conn = await psycopg.AsyncConnection.connect(self.copy_dsn, autocommit=True,
-                                                     application_name=f"chorus link copy {self.end.link}")
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.copy_dsn, autocommit=True,
+                                                         application_name=f"chorus link copy {self.end.link}")
+        except psycopg.Error as e:
+            writer.write(proto.write_error(proto.Error(f"the copy failed: this node's database: {e}")))
+            raise LinkError(f"the copy failed: this node's database: {e}") from e
         try:
             # row_security off: a table whose policies would hide rows from its owner fails the copy
             # rather than send part of it (the receiving site would delete the rest)

@@ -626,6 +626,7 @@ class SiteLinks:
 
     async def close(self) -> None:
         tasks = [t for t in self.receivers.values() if not t.done()]
+        tasks += [c.task for c in self.copies.values() if c.task is not None and not c.task.done()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
