@@ -205,6 +205,10 @@ def test_stamps_turn_to_the_peers_and_unseen_local_changes_are_recorded() -> Non
     ws = wire.decode(p.final(changes, stamps))
     data = [r for r in ws.rows if isinstance(r, wire.Row) and r.table == 0]
     assert len(data) == 3
+    # a row deleted here while the link was broken, which the copy has: back, and recorded
+    back = wire.decode(p.final(p.diff([]), [_stamp(p, b"1", "west", 600)]))
+    (ex0,) = [r for r in back.rows if isinstance(r, wire.Row) and r.table == back.tables.index(EXCEPTIONS_TABLE)]
+    assert ex0.new[8] is None and ex0.new[16] == b"took-remote"
     st_i, ex_i = ws.tables.index(STAMP_TABLE), ws.tables.index(EXCEPTIONS_TABLE)
     stamped = [r for r in ws.rows if isinstance(r, wire.Row) and r.table == st_i]
     assert len(stamped) == 3 and all(r.new[1:3] == (b"east", b"40") for r in stamped)
@@ -224,6 +228,12 @@ def test_on_a_link_both_ways_an_unseen_local_change_stays_and_is_recorded() -> N
     assert STAMP_TABLE not in ws.tables  # its stamp stays this site's: the peer settles the change
     (ex,) = [r for r in ws.rows if isinstance(r, wire.Row) and r.table == ws.tables.index(EXCEPTIONS_TABLE)]
     assert ex.new[16] == b"kept-local" and json.loads(bytes(ex.new[17] or b"")) == {"id": "1", "v": "mine"}
+    # a row deleted here that the peer had not seen deleted stays deleted (the delete is on its way)
+    gone = p.diff([])
+    ws3 = wire.decode(p.final(gone, [_stamp(p, b"1", "west", 600)]))
+    assert not [r for r in ws3.rows if isinstance(r, wire.Row) and r.table == 0]
+    (ex3,) = [r for r in ws3.rows if isinstance(r, wire.Row) and r.table == ws3.tables.index(EXCEPTIONS_TABLE)]
+    assert ex3.new[8] is None and ex3.new[16] == b"kept-local" and ex3.new[17] is None
     # what the peer had applied as of the snapshot (the message's max_replicated) closes the window
     p2 = lc.CopyPlan(step(mr=601), b, lp.PositionRow("eu-us", "east", 10, 11, 500, 0), 1000, "west")
     ws2 = wire.decode(p2.final(p2.diff([("1", "mine")]), [_stamp(p2, b"1", "west", 600)]))

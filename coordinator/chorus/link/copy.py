@@ -334,7 +334,8 @@ class CopyPlan:
             for k, mine, theirs in changes:
                 sk = self._stamp_key(k)
                 st = read.get(sk)
-                unseen = mine is not None and st is not None and st.site == self.site and st.clock >= mr
+                # (a row deleted here has its stamp too: a delete is a change)
+                unseen = st is not None and st.site == self.site and st.clock >= mr
                 if unseen and self.batch.both:
                     # this site's change the peer had not applied as of the snapshot is on its way
                     # there (the link goes both ways): it stays, and the peer settles it (section 10)
@@ -359,7 +360,7 @@ class CopyPlan:
                                          (_bytea(sk), self.step.peer_site.encode("utf-8"), b"%d" % self.batch.gid,
                                           lp.timestamp_text(0))))
                     keys.append(wire.Key(wire.KeyMode.UPDATE, (b"chorus", b"link_stamp", b"key", _bytea(sk))))
-                if mine is not None and st.site == self.site and st.clock >= mr:
+                if st.site == self.site and st.clock >= mr:
                     n += 1
                     if EXCEPTIONS_TABLE not in tables:
                         tables.append(EXCEPTIONS_TABLE)
@@ -377,7 +378,7 @@ class CopyPlan:
                         else wire.Row(wire.OP_UPDATE, t, (self.step.link.encode("ascii"),), lp.row_values(moved)))
         return wire.encode(wire.Writeset(0, 0, 0, tuple(tables), tuple(rows), tuple(keys)))
 
-    def _exception(self, n: int, table: wire.Table, k: KeyValues, st: Stamp, mine: tuple[wire.Value, ...],
+    def _exception(self, n: int, table: wire.Table, k: KeyValues, st: Stamp, mine: Optional[tuple[wire.Value, ...]],
                    theirs: Optional[tuple[wire.Value, ...]], mr: int, took: bool) -> tuple[wire.Value, ...]:
         names = ", ".join(table.columns[i].name for i in table.identity)
         described = f"{table.qualified} ({names})=({', '.join(v.decode('utf-8', 'replace') for v in k)})"
