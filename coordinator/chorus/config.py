@@ -141,7 +141,8 @@ _LINK_KEYS: dict[str, tuple[type, bool]] = {
     "name": (str, True), "site": (str, True), "peer_site": (str, True), "tls_cert": (str, True),
     "tls_key": (str, True), "peer_cert": (str, True), "secret_file": (str, True), "listen": (str, False),
     "peers": (list, False), "nodes": (list, False), "window": (int, False),
-    "max_retain_mb": (int, False), "policy": (str, False), "primary": (str, False), "detection": (str, False), "table_policy": (dict, False),
+    "max_retain_mb": (int, False), "policy": (str, False), "primary": (str, False), "detection": (str, False),
+    "table_policy": (dict, False),
     "include": (list, False), "exclude": (list, False), "table": (list, False), "rules_dsn": (str, False),
     "rules_timeout_ms": (int, False), "subset": (bool, False), "delta_columns": (dict, False),
     "delta_fallback": (str, False), "conflict_function": (str, False)}

@@ -170,6 +170,7 @@ class CommitPipeline:
         self.name = name
         self.dsn = dsn
         self.max_run = max_run
+        self.stamps = False  # this node stamps the rows it applies (stamp_rows)
         self.feeder = feeder
         self.db = db
         self.counters = counters
@@ -205,6 +206,7 @@ class CommitPipeline:
         each with its own GID and origin commit time: one writeset per apply transaction, and the
         apply sessions give the time with each (before they connect)."""
         self.max_run = 1
+        self.stamps = True
         for w in self.sessions():
             w.stamps = True
 
@@ -508,7 +510,7 @@ class CommitPipeline:
             return
         log.warning("GID %d: the majority could not apply it either; it commits empty here", gid)
         p.skip = True
-        session = ApplySession(self.dsn, f"{self.name}-vote", stamps=self.workers[0].stamps)
+        session = ApplySession(self.dsn, f"{self.name}-vote", stamps=self.stamps)
         try:
             await self._apply(session, [gid], replay=False, pooled=False)
         finally:

@@ -141,6 +141,11 @@ class Outbound:
         return [ClockEvent(self.site, self.clock)]
 
 
+def pin_name(link: str) -> str:
+    """The name of the log's pin a link's sender keeps (docs/WSLOG.md, Pins)."""
+    return "link:" + link
+
+
 class LinkServer:
     """Serves one link from this node's writeset log to authenticated receivers of the peer
     site. ``committed`` is the last GID this node committed: nothing past it is sent (schema
@@ -173,7 +178,7 @@ class LinkServer:
         # the log's pin (docs/LINKS.md section 2): at the last GID the peer applied, as its receiver
         # said (HELLO, then APPLIED frames), the lowest of the open streams'
         self.max_retain = max_retain
-        self.pin = f"link:{end.link}"
+        self.pin = pin_name(end.link)
         self.applied: dict[asyncio.Task[None], int] = {}
         # tells the site's other nodes where the pin moved (SiteLinks: a bus message, bp.LinkApplied)
         self.announce = announce

@@ -43,7 +43,7 @@ from chorus.link.events import ClockEvent, RemoteTransaction, StreamItem
 from chorus.link.proto import LinkEnd, LinkError, LinkKeys, Position
 from chorus.link.receiver import LinkReceiver
 from chorus.link.rules import RuleError, RuleSet
-from chorus.link.sender import LinkServer, Provenance
+from chorus.link.sender import LinkServer, Provenance, pin_name
 from chorus.link.settle import realignment
 from chorus.link.sqleval import PgEvaluator
 from chorus.spool import Spool
@@ -362,7 +362,7 @@ class SiteLinks:
         """Start the senders this node serves (the coordinator made chorus.link_old_columns what
         its links' delta columns say before: NodeDatabase.settle_settings); drop the log's pins of
         links this node no longer serves."""
-        served = {f"link:{link.name}" for link in self.links if link.listen}
+        served = {pin_name(link.name) for link in self.links if link.listen}
         for pin in (set(self.wslog.pins()) | set(self.wslog.broken_pins())) - served:
             log.info("writeset log: dropping the pin %s (no such link served here now)", pin)
             self.wslog.unpin(pin)
@@ -391,7 +391,7 @@ class SiteLinks:
         server = self.servers.get(link)
         if node == self.node or server is None or server.applied:
             return
-        pin = f"link:{link}"
+        pin = pin_name(link)
         held = self.wslog.pins().get(pin)
         lost = self.wslog.broken(pin)
         if lost is not None and gid >= self.wslog.base_gid:
