@@ -3,7 +3,9 @@ readable by its owner only), one JSON answer per line.
 
 Requests: ``{"cmd": "status"}`` (the node's status, what ``chorus status --json`` prints),
 ``{"cmd": "settled", "upto": GID}`` (has the node committed everything it certified up to GID),
-``{"cmd": "stop"}`` / ``{"cmd": "leave"}``, ``{"cmd": "recover"}`` (rejoin after a stop). Answers
+``{"cmd": "stop"}`` / ``{"cmd": "leave"}``, ``{"cmd": "recover"}`` (rejoin after a stop),
+``{"cmd": "links"}``, ``{"cmd": "link-reinstantiate", "link": NAME, "force": bool}`` (start it; with
+``"poll": true`` how far it got, docs/LINKS.md section 10). Answers
 carry ``"ok"`` and, on error, ``"error"``.
 
 The client (:func:`admin_request`) is plain blocking sockets, importable without the daemon; the

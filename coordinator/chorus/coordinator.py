@@ -801,6 +801,19 @@ class Coordinator:
                     "conflicts": self._conflicts()[-recent:] if recent > 0 else []}
         if cmd == "links":  # chorus link status
             return {"ok": True, "node": self.cfg.name, "links": self.links.status() if self.links is not None else []}
+        if cmd == "link-reinstantiate":  # chorus link reinstantiate (docs/LINKS.md section 10)
+            name = req.get("link")
+            if self.links is None or not isinstance(name, str):
+                return {"ok": False, "error": "this node has no links" if self.links is None else "which link?"}
+            if req.get("poll"):
+                copy = self.links.copies.get(name)
+                return copy.report() if copy is not None else {"ok": False, "error": f"no re-instantiation of {name} here"}
+            try:
+                return await self.links.reinstantiate(name, bool(req.get("force")))
+            except ValueError as e:
+                return {"ok": False, "error": str(e)}
+            except Exception as e:  # the position could not be read: said
+                return {"ok": False, "error": f"{type(e).__name__}: {e}"}
         if cmd == "settled":
             # verify: has this node committed every writeset it certified up to GID upto?
             upto = int(req.get("upto", 0))

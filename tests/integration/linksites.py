@@ -364,3 +364,25 @@ def linked_both_ways(prefix: str, east_port: int, east_nodes: int, west_port: in
         for c in reversed(started):  # west first: east's Corosync may be the one both use
             c.down()
         remove(east_dir, west_dir)
+
+
+@contextlib.contextmanager
+def pinned_sites(east_port: int, west_port: int, max_retain_mb: int, west_nodes: int = 1, prefix: str = "chorus-pin-",
+                 tables: tuple[str, ...] = (TABLE,)) -> Iterator[tuple[Site, Site, Relay]]:
+    """East (one node, a log ring of two 1 MiB segments, its link's log pinned within
+    ``max_retain_mb``) streaming to west (``west_nodes``) through a :class:`Relay` the test cuts;
+    schema ``app`` and ``tables`` made on both (links carry no schema change)."""
+    relay = Relay(east_port + RELAY_OFFSET, east_port + LISTEN_OFFSET)
+    try:
+        with two_sites((1, east_port, lambda d: link_table(d, "east", "west", listen_offset=LISTEN_OFFSET,
+                                                           max_retain_mb=max_retain_mb)),
+                       (west_nodes, west_port, lambda d: link_table(d, "west", "east",
+                                                                    peers=[f"127.0.0.1:{east_port + RELAY_OFFSET}"])),
+                       prefix=prefix, log_segment_mb=1, log_total_mb=2) as (east, west, _, _):
+            for site in (east, west):
+                site.sql("CREATE SCHEMA app")
+                for table in tables:
+                    site.sql(table)
+            yield east, west, relay
+    finally:
+        relay.close()

@@ -9,17 +9,16 @@ Every wait is bounded; the clusters stop exactly the processes they started (by 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import urllib.request
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from linksites import LISTEN_OFFSET, RELAY_OFFSET, TABLE, Relay, Site, link_table, two_sites, wait
+from linksites import Site, pinned_sites, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -27,21 +26,8 @@ BASE = int(os.environ.get("CHORUS_TEST_PORT_BASE", "25433")) + 400
 ROW = "x" * 20_000  # each transaction: a row of about 20 KB in the log
 
 
-@contextlib.contextmanager
-def _sites(east_port: int, west_port: int, max_retain_mb: int) -> Iterator[tuple[Site, Site, Relay]]:
-    relay = Relay(east_port + RELAY_OFFSET, east_port + LISTEN_OFFSET)
-    try:
-        with two_sites((1, east_port, lambda d: link_table(d, "east", "west", listen_offset=LISTEN_OFFSET,
-                                                           max_retain_mb=max_retain_mb)),
-                       (1, west_port, lambda d: link_table(d, "west", "east",
-                                                           peers=[f"127.0.0.1:{east_port + RELAY_OFFSET}"])),
-                       prefix="chorus-pin-", log_segment_mb=1, log_total_mb=2) as (east, west, _, _):
-            for site in (east, west):  # links carry no schema change: each site makes the table
-                site.sql("CREATE SCHEMA app")
-                site.sql(TABLE)
-            yield east, west, relay
-    finally:
-        relay.close()
+def _sites(east_port: int, west_port: int, max_retain_mb: int) -> Any:
+    return pinned_sites(east_port, west_port, max_retain_mb)
 
 
 def _write(site: Site, first: int, count: int) -> None:

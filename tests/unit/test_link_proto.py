@@ -70,11 +70,14 @@ def test_a_large_transaction_goes_in_parts_and_is_joined(monkeypatch: pytest.Mon
 
 def test_an_unknown_version_is_refused_with_a_clear_error() -> None:
     frame = proto.write_hello(HELLO)
-    later = frame[:5] + struct.pack(">H", 3) + frame[7:]
-    with pytest.raises(LinkProtocolError, match="link protocol version 3 is not spoken here .this site speaks 1, 2"):
+    later = frame[:5] + struct.pack(">H", 4) + frame[7:]
+    with pytest.raises(LinkProtocolError, match="link protocol version 4 is not spoken here .this site speaks 1, 2, 3"):
         read(later)
-    earlier = frame[:5] + struct.pack(">H", 1) + frame[7:]  # a receiver of the release before: no APPLIED frames
-    assert read(earlier) == proto.Hello(HELLO.link, HELLO.receiver, HELLO.sender, HELLO.position, HELLO.nonce, 1)
+    # a receiver of a release before: no mode byte (version 2), and no APPLIED frames (version 1)
+    for version in (1, 2):
+        earlier = frame[:3] + struct.pack(">I", len(frame) - 6)[2:] + struct.pack(">H", version) + frame[7:-1]
+        assert read(earlier) == proto.Hello(HELLO.link, HELLO.receiver, HELLO.sender, HELLO.position, HELLO.nonce,
+                                             version)
 
 
 def test_names_are_bounded_and_plain() -> None:

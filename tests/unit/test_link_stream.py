@@ -280,9 +280,9 @@ def test_a_receiver_speaking_another_version_is_told_so(tmp_path: Path, keys: di
         a = SiteA(tmp_path, keys["a"])
         host, port = rc.split_address(await a.start())
         reader, writer = await asyncio.open_connection(host, port, ssl=keys["b"].context(False))
-        writer.write(proto.write_hello(proto.Hello("a-b", "site-b", "site-a", Position(0), b"n" * 16, version=3)))
+        writer.write(proto.write_hello(proto.Hello("a-b", "site-b", "site-a", Position(0), b"n" * 16, version=4)))
         answer = await asyncio.wait_for(proto.read_frame(reader), WAIT_S)
-        assert answer == proto.Error("link protocol version 3 is not spoken here (this site speaks 1, 2)")
+        assert answer == proto.Error("link protocol version 4 is not spoken here (this site speaks 1, 2, 3)")
         writer.close()
         await a.server.close()
         a.log.close()
@@ -580,6 +580,40 @@ def test_every_node_of_the_site_keeps_what_the_peer_has_not_applied(tmp_path: Pa
         assert [r.gid for r in other.log.reader(50).read(600, 1 << 30)] == list(range(51, 601))
         await serving.server.close()
         serving.log.close()
+        other.log.close()
+
+    run(main)
+
+
+def test_a_broken_pin_is_dropped_once_the_peer_is_announced_where_the_log_serves_it(
+        tmp_path: Path, keys: dict[str, LinkKeys]) -> None:
+    """Re-instantiation (docs/LINKS.md section 10.1): the node that served the copy pins its log
+    at the copy's GID and announces it; another node of the site whose pin of the link is broken
+    drops it and pins there, if its own log holds what follows (else it stays broken)."""
+    from chorus.config import LinkConfig
+    from chorus.link.site import SiteLinks
+    from chorus.wslog import LogRangeUnavailable
+
+    async def main() -> None:
+        other = SiteA(tmp_path / "n2", keys["a"], total_bytes=4 * SEGMENT)
+        link = LinkConfig("a-b", "site-a", "site-b", "c", "k", "p", "s", listen="127.0.0.1:0")
+
+        async def query(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
+            return []
+        links = SiteLinks("n2", (link,), other.log, lambda: other.committed, lambda m: None, query)
+        links.servers["a-b"] = other.server
+        for g in range(1, 601):
+            other.commit(g)
+        base = other.log.base_gid
+        assert base > 1
+        with pytest.raises(LogRangeUnavailable):
+            other.log.pin("link:a-b", 1, 1 << 30)
+        lost = other.log.broken("link:a-b")
+        assert lost is not None
+        links.pinned("n1", "a-b", base - 1)  # its log cannot serve from there: still broken
+        assert other.log.broken("link:a-b") == lost
+        links.pinned("n1", "a-b", 590)
+        assert other.log.broken("link:a-b") is None and other.log.pins() == {"link:a-b": 590}
         other.log.close()
 
     run(main)

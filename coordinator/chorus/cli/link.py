@@ -1,4 +1,5 @@
-"""``chorus link``: the links between sites this node has a part in (docs/LINKS.md section 9).
+"""``chorus link``: the links between sites this node has a part in (docs/LINKS.md section 9), and
+``chorus link reinstantiate NAME``, which copies the peer's rows of a broken or new link (section 10).
 
 ``chorus link status`` asks a node's coordinator over its admin socket (as ``chorus status``
 does) and prints a row per link and direction: a table for people, ``--json`` for programs (the
@@ -7,6 +8,7 @@ rows of link/status.py, which ``chorus.link_status`` and the ``chorus_link_*`` m
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
 import click
@@ -14,11 +16,11 @@ import click
 from chorus.cli.common import ChorusCliError, json_option, print_json, print_table
 
 
-def fetch_links(admin_socket: str) -> dict[str, Any]:
+def fetch_links(admin_socket: str, cmd: str = "links", **args: Any) -> dict[str, Any]:
     from chorus.admin import admin_request
 
     try:
-        resp = admin_request(admin_socket, "links")
+        resp = admin_request(admin_socket, cmd, **args)
     except (OSError, ValueError) as e:
         raise ChorusCliError(f"coordinator not reachable at {admin_socket}: {e}") from e
     if not resp.get("ok"):
@@ -58,6 +60,60 @@ def print_links(answer: dict[str, Any]) -> None:
 @click.group()
 def link() -> None:
     """Links between sites (docs/LINKS.md)."""
+
+
+_NODE_OPTIONS = (
+    click.option("--config", "config_path", type=click.Path(dir_okay=False), help="The node's configuration file."),
+    click.option("--admin", "admin_socket", help="The coordinator's admin socket (instead of --config)."),
+    click.option("--dir", "directory", type=click.Path(file_okay=False), help="A local cluster's directory (with --node)."),
+)
+
+
+def _socket(config_path: Optional[str], admin_socket: Optional[str], directory: Optional[str],
+            node: Optional[str]) -> str:
+    if admin_socket is not None:
+        return admin_socket
+    if config_path is None and directory is None:
+        raise ChorusCliError("give --config FILE, --admin SOCKET, or --dir DIR --node NAME")
+    from chorus.cli.node import _admin_of
+
+    return _admin_of(config_path, directory, node)
+
+
+@link.command()
+@_NODE_OPTIONS[0]
+@_NODE_OPTIONS[1]
+@_NODE_OPTIONS[2]
+@click.option("--node", help="The node of a local cluster (with --dir).")
+@click.option("--force", is_flag=True, help="Copy even a link that is neither broken nor new.")
+@click.option("--no-wait", is_flag=True, help="Start it and return (poll with chorus link status / the log).")
+@click.argument("name")
+def reinstantiate(config_path: Optional[str], admin_socket: Optional[str], directory: Optional[str],
+                  node: Optional[str], force: bool, no_wait: bool, name: str) -> None:
+    """Instantiate link NAME again on the receiving site (docs/LINKS.md section 10): the peer
+    copies the rows the link carries as of one of its GIDs (its log pinned there), this site
+    realigns each table to the copy through its own order, and the link streams from that GID.
+    Run it against the node running the link's receiver; refused where the link is neither
+    broken nor new unless --force. Interrupted, it loses nothing: run it again."""
+    sock = _socket(config_path, admin_socket, directory, node)
+    answer = fetch_links(sock, "link-reinstantiate", link=name, force=force)
+    shown = None
+    while True:
+        line = (f"{answer['state']}: peer {answer.get('peer') or '-'}, GID {answer.get('gid') or '-'}, "
+                f"{answer['tables']} table(s), {answer['rows']} row(s), {answer['applied']}/{answer['batches']} "
+                f"batch(es) applied, {answer['seconds']} s")
+        if line != shown:
+            click.echo(line)
+            shown = line
+        if answer["state"] == "done":
+            click.echo(f"link {name} streams again from the peer's GID {answer['gid']}")
+            return
+        if answer["state"] == "failed":
+            raise ChorusCliError(f"link {name}: re-instantiation failed: {answer['error']}")
+        if no_wait:
+            return
+        time.sleep(0.5)
+        answer = fetch_links(sock, "link-reinstantiate", link=name, poll=True)
 
 
 @link.command()

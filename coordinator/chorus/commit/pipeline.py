@@ -36,6 +36,7 @@ from chorus.concurrent import ConcurrentSchemaChanges
 from chorus.nodestatus import Counters
 from chorus.actions import DdlOutcome, LocalVerdict
 from chorus.commit.scheduler import ApplyScheduler, Scheduler
+from chorus.link import copy as link_copy
 from chorus.link import position as link_position
 from chorus.link.funcall import decide_calls
 from chorus.link.settle import SITE_SQL, STAMP_SQL, Settings, Settlement, row_sql
@@ -624,9 +625,10 @@ class CommitPipeline:
         if p.link_final is None:
             assert p.link is not None
             current = link_position.PositionRow.of(row)
-            decision = link_position.decide(p.link, current)
-            if decision == link_position.Decision.APPLY:
-                settings = self.link_settings.get(p.link.link)
+            copying = link_copy.is_copy(p.writeset)
+            decision = link_position.Decision.COPY if copying else link_position.decide(p.link, current)
+            settings = self.link_settings.get(p.link.link)
+            if decision in (link_position.Decision.APPLY, link_position.Decision.COPY):
                 if settings is None:
                     raise ValueError(f"this node has no [[link]] {p.link.link}: every node of the site needs it, "
                                      "with the same conflict settings, to apply the link's writesets")
@@ -635,6 +637,12 @@ class CommitPipeline:
                     raise ValueError(f"chorus.link_site is {here[0][0] if here else None!r} on this node, but link "
                                      f"{p.link.link} receives for site {settings.site!r}: its local changes are not "
                                      "stamped as the link's conflict windows need (docs/LINKS.md section 5)")
+            if copying and settings is not None:
+                p.link_final = await self._copy_final(p.link, wire.decode(bytes(raw(p.writeset))), current, p.gid,
+                                                      settings.site, settings.subset, query)
+                p.link_decision = decision
+                return p.link_final
+            if decision == link_position.Decision.APPLY and settings is not None:
                 plan = Settlement(p.link, wire.decode(bytes(raw(p.writeset))), current, p.gid, settings)
                 stamps = await query(STAMP_SQL, (plan.stamp_keys(),))
                 values: dict[bytes, Optional[tuple[wire.Value, ...]]] = {}
@@ -656,11 +664,34 @@ class CommitPipeline:
             p.link_decision = decision
         return p.link_final
 
+    @staticmethod
+    async def _copy_final(step: bp.LinkWriteset, ws: wire.Writeset, current: Optional[link_position.PositionRow],
+                          gid: int, site: str, subset: bool, query: LinkQuery) -> bytes:
+        """What a batch of a link's re-instantiation commits (link/copy.py): its range of the
+        table made the peer's copy, read in the apply's transaction, as every node reads it."""
+        if current is not None and current.peer_site != step.peer_site:
+            raise ValueError(f"the link's position belongs to site {current.peer_site}, its copy came from "
+                             f"{step.peer_site}")
+        batch = link_copy.decode(ws)
+        plan = link_copy.CopyPlan(step, batch, current, gid, site, subset)
+        local: list[tuple[Any, ...]] = []
+        if batch.table is not None:
+            sql, params = link_copy.range_sql(batch.table, batch.lower, batch.upper)
+            local = await query(sql, params)
+        changes = plan.diff(local)
+        stamps = await query(STAMP_SQL, (plan.stamp_keys(changes),)) if changes else []
+        if changes or batch.final:
+            log.info("GID %d: link %s, re-instantiation at peer GID %d: %s%s", gid, step.link, batch.gid,
+                     f"{batch.table.qualified}: {len(changes)} row(s) realigned" if batch.table is not None else "",
+                     "the link's position moves there" if batch.final else "")
+        return plan.final(changes, stamps)
+
     def _log_link(self, p: Pending) -> None:
         """Link writeset ``p`` committed here: its log record is what it committed (the record
         waited for this since its admission), empty if voting made it commit empty."""
         if p.skip or p.link_final is None:
-            if p.link_final is not None and p.link_decision == link_position.Decision.APPLY:
+            if p.link_final is not None and p.link_decision in (link_position.Decision.APPLY,
+                                                                 link_position.Decision.COPY):
                 p.link_decision = None  # decided, but voting had it commit empty
             p.link_final = wire.empty(p.writeset.encoding)
         self.feeder.outcome(p.gid, True, p.link_final)

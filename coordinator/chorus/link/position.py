@@ -62,6 +62,7 @@ class Decision(str, enum.Enum):
     DUPLICATE = "duplicate"
     GAP = "gap"
     WRONG_PEER = "wrong-peer"
+    COPY = "copy"  # a batch of a re-instantiation (link/copy.py), applied whatever the position
 
 
 @dataclass(frozen=True)

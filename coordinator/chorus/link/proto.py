@@ -1,4 +1,4 @@
-"""The link stream's wire format, version 2 (docs/LINKS.md section 2; the sender and the
+"""The link stream's wire format, version 3 (docs/LINKS.md section 2; the sender and the
 receiver are sender.py and receiver.py). Each frame has a ``write_X`` beside its reading in
 :func:`decode`, as recoveryproto.py has for the recovery stream, whose record framing it reuses.
 
@@ -19,7 +19,14 @@ kinds in :class:`FrameKind`, integers big-endian, names as ``u8 length, UTF-8``:
 - receiver, from version 2, for as long as the connection lasts: APPLIED ``u64 GID``, the last
   transaction of the sending site applied here (committed in this site's order), so the sender's
   site keeps its log from there (its pin, docs/LINKS.md section 2). Version 1 (no APPLIED) is
-  still served.
+  still served;
+- from version 3 the HELLO ends with ``u8 mode``: :data:`STREAM` (the above) or :data:`COPY`, a
+  re-instantiation (docs/LINKS.md section 10): after the proofs the sender pins its log at its
+  snapshot's GID G and sends SNAPSHOT ``u64 G, u8 receives, u64 applied`` (whether the sending
+  site receives the link too, and then the receiving site's last GID it had applied as of G), then the rows the link carries as of G, each
+  table's in the order of its key's text (bytewise), as RECORD or PART frames of GID G whose
+  writeset holds one table and INSERTs of a batch of its rows (a writeset of the table without
+  rows: the table is complete), and at the end COPIED ``u64 G, u64 rows sent``; or ERROR.
 
 Every length is bounded (:data:`MAX_BODY` per kind, names at most :data:`MAX_NAME` bytes of
 ``[A-Za-z0-9_.:-]``) and anything malformed raises :class:`LinkProtocolError`.
@@ -43,8 +50,9 @@ from chorus.recoveryproto import RecoveryError
 from chorus.spool import Spool, SpooledBuffer
 from chorus.wslog import LogRecord
 
-PROTOCOL = 2  # 2: APPLIED frames from the receiver
-PROTOCOLS = (1, 2)  # the versions a sender serves
+PROTOCOL = 3  # 2: APPLIED frames from the receiver; 3: the HELLO's mode, the copy (SNAPSHOT, COPIED)
+PROTOCOLS = (1, 2, 3)  # the versions a sender serves
+STREAM, COPY = 0, 1  # a HELLO's mode (version 3): stream the log, or copy the tables (re-instantiation)
 NONCE_BYTES = 16
 MAC_BYTES = 32
 MAX_NAME = 64
@@ -82,11 +90,13 @@ class FrameKind(bytes, enum.Enum):
     END = b"E"
     ERROR = b"X"
     APPLIED = b"V"
+    SNAPSHOT = b"S"
+    COPIED = b"D"
 
 
 _RECORD_HEAD = 8 + 1 + 2 + MAX_NAME  # recovery's record head with a site as origin
 MAX_BODY = {
-    FrameKind.HELLO: 2 + 3 * (1 + MAX_NAME) + 16 + NONCE_BYTES,
+    FrameKind.HELLO: 2 + 3 * (1 + MAX_NAME) + 16 + NONCE_BYTES + 1,
     FrameKind.PROOF: NONCE_BYTES + MAC_BYTES,
     FrameKind.RECORD: _RECORD_HEAD + rp.PART_BYTES,
     FrameKind.PART: _RECORD_HEAD + 16 + rp.PART_BYTES,
@@ -94,6 +104,8 @@ MAX_BODY = {
     FrameKind.END: 8,
     FrameKind.ERROR: MAX_ERROR,
     FrameKind.APPLIED: 8,
+    FrameKind.SNAPSHOT: 17,
+    FrameKind.COPIED: 16,
 }
 
 _HEAD = struct.Struct(">cI")
@@ -120,6 +132,7 @@ class Hello:
     position: Position
     nonce: bytes
     version: int = PROTOCOL
+    mode: int = STREAM  # COPY: a re-instantiation (version 3 on)
 
 
 @dataclass(frozen=True)
@@ -162,7 +175,20 @@ class Applied:
     gid: int  # the last GID of the sending site the receiving site applied
 
 
-Frame = Union[Hello, Proof, Record, Part, ClockEvent, End, Error, Applied]
+@dataclass(frozen=True)
+class Snapshot:
+    gid: int  # the sending site's GID the copy is as of (its log is pinned there)
+    receives: bool = False  # the sending site receives this link too (it goes both ways)
+    applied: int = 0  # then: the receiving site's last GID it had applied as of ``gid`` (its link_position)
+
+
+@dataclass(frozen=True)
+class Copied:
+    gid: int  # the snapshot's GID
+    rows: int  # the rows sent (after the link's rules)
+
+
+Frame = Union[Hello, Proof, Record, Part, ClockEvent, End, Error, Applied, Snapshot, Copied]
 
 
 # ---- keys ---------------------------------------------------------------------------------
@@ -233,8 +259,11 @@ def _name(s: str) -> bytes:
 def write_hello(h: Hello) -> bytes:
     if len(h.nonce) != NONCE_BYTES:
         raise ValueError(f"a nonce has {NONCE_BYTES} bytes")
+    if h.mode not in (STREAM, COPY) or (h.mode != STREAM and h.version < 3):
+        raise ValueError(f"HELLO mode {h.mode} in link protocol version {h.version}")
     return _frame(FrameKind.HELLO, _U16.pack(h.version) + _name(h.link) + _name(h.receiver) + _name(h.sender)
-                  + _U64.pack(h.position.applied_gid) + _U64.pack(h.position.peer_clock) + h.nonce)
+                  + _U64.pack(h.position.applied_gid) + _U64.pack(h.position.peer_clock) + h.nonce
+                  + (bytes([h.mode]) if h.version >= 3 else b""))
 
 
 def write_proof(p: Proof) -> bytes:
@@ -261,6 +290,14 @@ def write_end(e: End) -> bytes:
 
 def write_applied(a: Applied) -> bytes:
     return _frame(FrameKind.APPLIED, _U64.pack(a.gid))
+
+
+def write_snapshot(s: Snapshot) -> bytes:
+    return _frame(FrameKind.SNAPSHOT, _U64.pack(s.gid) + bytes([int(s.receives)]) + _U64.pack(s.applied))
+
+
+def write_copied(c: Copied) -> bytes:
+    return _frame(FrameKind.COPIED, _U64.pack(c.gid) + _U64.pack(c.rows))
 
 
 def write_error(e: Error) -> bytes:
@@ -330,7 +367,12 @@ def decode(kind: FrameKind, body: bytes) -> Frame:
         if version not in PROTOCOLS:  # a later version may lay out the rest differently
             raise LinkProtocolError(f"link protocol version {version} is not spoken here (this site speaks "
                                     f"{', '.join(map(str, PROTOCOLS))})")
-        frame = Hello(b.name(), b.name(), b.name(), Position(b.u64(), b.u64()), b.take(NONCE_BYTES), version)
+        link, receiver, sender = b.name(), b.name(), b.name()
+        position, nonce = Position(b.u64(), b.u64()), b.take(NONCE_BYTES)
+        mode = b.take(1)[0] if version >= 3 else STREAM
+        if mode not in (STREAM, COPY):
+            raise LinkProtocolError(f"HELLO frame: unknown mode {mode}")
+        frame = Hello(link, receiver, sender, position, nonce, version, mode)
     elif kind == FrameKind.PROOF:
         frame = Proof(b.take(NONCE_BYTES), b.take(MAC_BYTES))
     elif kind == FrameKind.RECORD:
@@ -344,6 +386,13 @@ def decode(kind: FrameKind, body: bytes) -> Frame:
         frame = End(b.u64())
     elif kind == FrameKind.APPLIED:
         frame = Applied(b.u64())
+    elif kind == FrameKind.SNAPSHOT:
+        gid, receives = b.u64(), b.take(1)[0]
+        if receives > 1:
+            raise LinkProtocolError(f"SNAPSHOT frame: flag {receives}")
+        frame = Snapshot(gid, bool(receives), b.u64())
+    elif kind == FrameKind.COPIED:
+        frame = Copied(b.u64(), b.u64())
     else:
         return Error(body.decode("utf-8", "replace"))
     b.done()

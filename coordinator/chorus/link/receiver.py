@@ -19,6 +19,7 @@ import ssl
 import time
 from typing import Awaitable, Callable, Optional, Sequence
 
+from chorus import wire
 from chorus.link import proto
 from chorus.link.events import ClockEvent, StreamItem
 from chorus.link.proto import LinkBroken, LinkEnd, LinkError, LinkProtocolError, Position, Record
@@ -108,13 +109,7 @@ class LinkReceiver:
                     if applied is not None and told < applied <= last:
                         writer.write(proto.write_applied(proto.Applied(applied)))
                         told, told_at = applied, time.monotonic()
-                try:
-                    frame = await asyncio.wait_for(proto.read_frame(reader), self.frame_timeout)
-                except asyncio.TimeoutError:
-                    raise LinkError(f"{address} sent nothing for {self.frame_timeout:.0f} s after GID {last}") from None
-                if parts.open and not isinstance(frame, (proto.Part, proto.Error)):
-                    raise LinkProtocolError(f"a {type(frame).__name__} frame inside a transaction sent in parts")
-                record = parts.add(frame) if isinstance(frame, proto.Part) else frame
+                record = await self._whole(reader, parts, f"{address} sent nothing after GID {last}")
                 if record is None:
                     continue
                 if isinstance(record, Record):
@@ -141,14 +136,74 @@ class LinkReceiver:
             parts.discard()
             writer.close()
 
-    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
+    async def _whole(self, reader: asyncio.StreamReader, parts: proto.Reassembler, silent: str) -> Optional[proto.Frame]:
+        """The next frame, a transaction sent in parts joined (None until its last part is in);
+        :class:`LinkError` (saying ``silent``) when nothing comes for ``frame_timeout``."""
+        try:
+            frame = await asyncio.wait_for(proto.read_frame(reader), self.frame_timeout)
+        except asyncio.TimeoutError:
+            raise LinkError(f"{silent} for {self.frame_timeout:.0f} s") from None
+        if parts.open and not isinstance(frame, (proto.Part, proto.Error)):
+            raise LinkProtocolError(f"a {type(frame).__name__} frame inside a transaction sent in parts")
+        return parts.add(frame) if isinstance(frame, proto.Part) else frame
+
+    async def copy(self, address: str, snapshot: Callable[[proto.Snapshot], Awaitable[None]],
+                   sink: Callable[[wire.Writeset], Awaitable[None]]) -> proto.Copied:
+        """Re-instantiation (docs/LINKS.md section 10): ask the sender at ``address`` for a copy of
+        the rows the link carries; ``snapshot`` hears the GID it is as of (the sender's log is
+        pinned there), ``sink`` takes each writeset of the copy in order (link/copy.py). Returns
+        the sender's COPIED frame once every row came; raises :class:`LinkError` otherwise."""
+        host, port = split_address(address)
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, ssl=self.end.keys.context(False), limit=1 << 20),
+                proto.HANDSHAKE_TIMEOUT_S)
+        except (OSError, ssl.SSLError, asyncio.TimeoutError) as e:
+            raise LinkError(f"cannot connect to {address}: {e}") from e
+        parts = proto.Reassembler(self.spool)
+        try:
+            await self._handshake(reader, writer, proto.COPY)
+            first = await asyncio.wait_for(proto.read_frame(reader), self.frame_timeout)
+            if isinstance(first, proto.Error):
+                raise proto.error(first)
+            if not isinstance(first, proto.Snapshot):
+                raise LinkProtocolError(f"expected SNAPSHOT, got {type(first).__name__}")
+            await snapshot(first)
+            while True:
+                record = await self._whole(reader, parts, f"{address} sent nothing of the copy")
+                if record is None:
+                    continue
+                if isinstance(record, Record):
+                    if record.site != self.end.peer or record.gid != first.gid:
+                        raise LinkProtocolError(f"a copy record of site {record.site} at GID {record.gid} in a copy "
+                                                f"of site {self.end.peer} at GID {first.gid}")
+                    await sink(proto.transaction(record).writeset)
+                elif isinstance(record, proto.Copied):
+                    if record.gid != first.gid:
+                        raise LinkProtocolError(f"COPIED at GID {record.gid} for a copy at GID {first.gid}")
+                    return record
+                elif isinstance(record, proto.Error):
+                    raise proto.error(record)
+                else:
+                    raise LinkProtocolError(f"a {type(record).__name__} frame in a copy")
+        except (ConnectionError, ssl.SSLError, asyncio.TimeoutError) as e:
+            raise LinkError(f"the copy from {address} broke: {e!r}") from e
+        finally:
+            parts.discard()
+            writer.close()
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         mode: int = proto.STREAM) -> int:
         """Prove both ends hold the link's keys and ask for the transactions after the sink's
-        position; that position."""
+        position (or, ``mode`` COPY, for a copy); that position."""
         end = self.end
         secret = end.keys.secret()
         position = await self.position()
         nonce = secrets.token_bytes(proto.NONCE_BYTES)
-        writer.write(proto.write_hello(proto.Hello(end.link, end.site, end.peer, position, nonce, self.version)))
+        if mode != proto.STREAM and self.version < 3:
+            self.version = proto.PROTOCOL  # (a copy needs version 3: a sender that speaks less says so)
+        writer.write(proto.write_hello(proto.Hello(end.link, end.site, end.peer, position, nonce, self.version,
+                                                   mode)))
         answer = await asyncio.wait_for(proto.read_frame(reader), proto.HANDSHAKE_TIMEOUT_S)
         if isinstance(answer, proto.Error):
             versions = [v for v in proto.spoken(answer) or () if v in proto.PROTOCOLS and v < self.version]

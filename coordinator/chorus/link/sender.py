@@ -19,13 +19,14 @@ import secrets
 import ssl
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from chorus import wire
+from chorus.link import copy as lc
 from chorus.link import proto, settle
 from chorus.link.events import ClockEvent, SiteId
 from chorus.link.proto import LinkBroken, LinkEnd, LinkError, LinkProtocolError, Position, Record
-from chorus.link.rules import RuleError, RuleSet, SqlEvaluator, route
+from chorus.link.rules import RuleError, RuleSet, SqlEvaluator, route, transform_table
 from chorus.recovery import CHUNK_BYTES, split_address
 from chorus.wslog import FLAG_DDL_SKIPPED, LogRangeUnavailable, LogRecord, WritesetLog
 
@@ -153,7 +154,8 @@ class LinkServer:
     def __init__(self, wslog: WritesetLog, end: LinkEnd, committed: Callable[[], int], rules: RuleSet,
                  evaluator: SqlEvaluator, provenance: Callable[[LogRecord], Provenance],
                  clock_interval: float = CLOCK_INTERVAL_S, poll_s: float = POLL_S,
-                 max_retain: int = MAX_RETAIN_BYTES, announce: Optional[Callable[[int], None]] = None) -> None:
+                 max_retain: int = MAX_RETAIN_BYTES, announce: Optional[Callable[[int], None]] = None,
+                 copy_dsn: Optional[str] = None, receives: bool = False) -> None:
         self.log = wslog
         self.end = end
         self.committed = committed
@@ -181,6 +183,10 @@ class LinkServer:
         # tells the site's other nodes where the pin moved (SiteLinks: a bus message, bp.LinkApplied)
         self.announce = announce
         self._announced: Optional[int] = None
+        # re-instantiation (docs/LINKS.md section 10): this node's database, read for the copy, and
+        # whether this site receives the link too
+        self.copy_dsn = copy_dsn
+        self.receives = receives
 
     async def start(self, listen: str) -> None:
         host, port = split_address(listen)
@@ -206,7 +212,10 @@ class LinkServer:
         self.streams.add(task)
         peer = writer.get_extra_info("peername")
         try:
-            resume, version = await self._handshake(reader, writer)
+            resume, version, mode = await self._handshake(reader, writer)
+            if mode == proto.COPY:
+                await self._copy(writer)
+                return
             log.info("link %s: streaming to %s after GID %d", self.end.link, peer, resume.applied_gid)
             await self._stream(reader, writer, resume, version)
         except LinkBroken as e:
@@ -225,7 +234,8 @@ class LinkServer:
                 self.ended = [self.ended[0] + out.sent, self.ended[1] + out.filtered, self.ended[2] + out.returned]
             writer.close()
 
-    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[Position, int]:
+    async def _handshake(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> tuple[Position, int, int]:
         """The receiver's resume position and protocol version, once it proved it holds the link's keys."""
         end = self.end
         secret = end.keys.secret()
@@ -246,7 +256,7 @@ class LinkServer:
         if not isinstance(answer, proto.Proof) or answer.nonce != hello.nonce or not hmac.compare_digest(
                 answer.mac, proto.proof(secret, b"receiver", end.link, end.site, end.peer, nonce, hello.nonce)):
             raise LinkError("the receiver failed authentication")
-        return hello.position, hello.version
+        return hello.position, hello.version, hello.mode
 
     async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, resume: Position,
                       version: int = proto.PROTOCOL) -> None:
@@ -317,6 +327,115 @@ class LinkServer:
                 if frame.gid > self.applied[task]:
                     self.applied[task] = frame.gid
                     self._move_pin()
+
+    async def _copy(self, writer: asyncio.StreamWriter) -> None:
+        """Serve a re-instantiation (docs/LINKS.md section 10): take a snapshot of this node's
+        database at its GID G, pin the log at G (a broken pin is dropped: the peer starts again
+        from G) and say so to the site, then send the rows the link carries as of G, through its
+        rules, table by table in key order (link/copy.py), and COPIED."""
+        if self.copy_dsn is None:
+            raise LinkError("this node cannot serve a copy of the link's tables (no database)")
+        import psycopg
+        import psycopg.sql
+
+        from chorus.nodedb import PIN_SEARCH_PATH
+
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.copy_dsn, autocommit=True,
+                                                         application_name=f"chorus link copy {self.end.link}")
+        except psycopg.Error as e:
+            writer.write(proto.write_error(proto.Error(f"the copy failed: this node's database: {e}")))
+            raise LinkError(f"the copy failed: this node's database: {e}") from e
+        try:
+            # row_security off: a table whose policies would hide rows from its owner fails the copy
+            # rather than send part of it (the receiving site would delete the rest)
+            for setting in (PIN_SEARCH_PATH, "SET datestyle = 'ISO'", "SET intervalstyle = 'postgres'",
+                            "SET timezone = 'UTC'", "SET extra_float_digits = 3", "SET bytea_output = 'hex'",
+                            "SET row_security = off"):
+                await conn.execute(setting)
+            for attempt in range(100):
+                await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                try:
+                    cur = await conn.execute("SELECT chorus.snapshot_gid()")
+                    row = await cur.fetchone()
+                    break
+                except psycopg.errors.SerializationFailure:  # a commit above the watermark is visible: a moment later
+                    await conn.execute("ROLLBACK")
+                    await asyncio.sleep(0.05)
+            else:
+                raise LinkError("no snapshot of this node's database at one GID could be taken")
+            assert row is not None
+            gid = int(row[0])
+            applied = 0
+            if self.receives:
+                cur = await conn.execute("SELECT applied_gid FROM chorus.link_position "
+                                         "WHERE link OPERATOR(pg_catalog.=) %s", (self.end.link,))
+                found = await cur.fetchone()
+                applied = int(found[0]) if found is not None else 0
+            # the pin first: nothing after G can be lost from here on
+            self.log.unpin(self.pin)
+            self.log.pin(self.pin, gid, self.max_retain)
+            self.broken = None
+            if self.announce is not None:
+                self._announced = gid
+                self.announce(gid)
+            log.info("link %s: re-instantiation: copying the link's tables as of GID %d (the log pinned there)",
+                     self.end.link, gid)
+            writer.write(proto.write_snapshot(proto.Snapshot(gid, self.receives, applied)))
+            sent = 0
+            cur = await conn.execute(lc.TABLES_SQL)
+            for schema, name, _oid, columns, types, key, owner in await cur.fetchall():
+                if not self.rules.carries(schema, name):
+                    continue
+                table = lc.table_of(schema, name, columns or [], types or [], key)
+                if table is None:
+                    log.warning("link %s: table %s has no primary key: the copy leaves it out", self.end.link,
+                                f"{schema}.{name}")
+                    continue
+                # read as its owner (a cast to text may run code the owner chose), in the snapshot
+                await conn.execute(psycopg.sql.SQL("SET LOCAL ROLE {}").format(psycopg.sql.Identifier(owner)))
+                sent += await self._copy_table(conn, writer, table, gid)
+            writer.write(proto.write_copied(proto.Copied(gid, sent)))
+            await writer.drain()
+            log.info("link %s: re-instantiation: %d row(s) sent as of GID %d", self.end.link, sent, gid)
+        except (psycopg.Error, RuleError, wire.WireError, LogRangeUnavailable) as e:
+            writer.write(proto.write_error(proto.Error(f"the copy failed: {e}")))
+            await writer.drain()
+            raise LinkError(f"the copy failed: {e}") from e
+        finally:
+            await conn.close()
+
+    async def _copy_table(self, conn: Any, writer: asyncio.StreamWriter, table: wire.Table, gid: int) -> int:
+        """Send one table's rows as of the snapshot, through the link's rules, in batches."""
+        rule = self.rules.rule_for(table.nspname, table.relname)
+        shaped = transform_table(table, rule.transformations if rule is not None else ())
+        sent = 0
+        async with conn.cursor(name="chorus_link_copy") as cur:
+            await cur.execute(lc.snapshot_sql(table))
+            while True:
+                batch: list[wire.Item] = []
+                size = 0
+                async for r in cur:
+                    values = tuple(None if v is None else str(v).encode("utf-8", "surrogateescape") for v in r)
+                    batch.append(wire.Row(wire.OP_INSERT, 0, (), values))
+                    size += sum(len(v) for v in values if v is not None)
+                    if len(batch) >= lc.BATCH_ROWS or size >= lc.BATCH_BYTES:
+                        break
+                if not batch:
+                    break
+                ws = wire.Writeset(0, 0, 0, (table,), tuple(batch), ())
+                routed = (await asyncio.to_thread(route, self.rules, ws, self.evaluator) if self.rules.needs_sql
+                          else route(self.rules, ws, self.evaluator))
+                if routed is not None and routed.rows:
+                    sent += len(routed.rows)
+                    for data in proto.write_record(Record(gid, self.end.site, 0, wire.encode(routed))):
+                        writer.write(data)
+                        await writer.drain()
+        end = wire.Writeset(0, 0, 0, (shaped,), (), ())
+        for data in proto.write_record(Record(gid, self.end.site, 0, wire.encode(end))):
+            writer.write(data)
+        await writer.drain()
+        return sent
 
     def _move_pin(self) -> None:
         """Pin the log at the lowest GID the open streams' receivers applied (it stays where it

@@ -35,7 +35,9 @@ from typing import Any, Awaitable, Callable, Iterable, Optional
 from chorus import wire
 from chorus.bus import proto as bp
 from chorus.config import LinkConfig, link_rules, link_settings
+from chorus.link import copy as lc
 from chorus.link import position as lp
+from chorus.link import proto as lproto
 from chorus.link import status as ls
 from chorus.link.events import ClockEvent, RemoteTransaction, StreamItem
 from chorus.link.proto import LinkEnd, LinkError, LinkKeys, Position
@@ -261,6 +263,71 @@ class Inbound:
         self.flights.clear()
 
 
+class Reinstantiation:
+    """One re-instantiation of a link run by this node (docs/LINKS.md section 10): its progress,
+    and the copy's link writesets waiting for their outcome here (at most ``window``)."""
+
+    def __init__(self, link: str, node: str, window: int = 4, outcome_timeout: float = OUTCOME_TIMEOUT_S) -> None:
+        self.link = link
+        self.node = node
+        self.window = max(1, min(window, 8))
+        self.outcome_timeout = outcome_timeout
+        self.state = "starting"
+        self.peer: Optional[str] = None
+        self.gid: Optional[int] = None
+        self.tables = 0
+        self.rows = 0
+        self.batches = 0  # link writesets sent on
+        self.applied = 0  # and committed here
+        self.error: Optional[str] = None
+        self.started = time.time()
+        self.ticket = secrets.randbits(62)
+        self.task: Optional["asyncio.Task[None]"] = None
+        self.flights: OrderedDict[int, tuple[bp.LinkWriteset, "asyncio.Future[Optional[lp.Decision]]"]] = OrderedDict()
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def report(self) -> dict[str, Any]:
+        return {"ok": True, "link": self.link, "node": self.node, "state": self.state, "peer": self.peer,
+                "gid": self.gid, "tables": self.tables, "rows": self.rows, "batches": self.batches,
+                "applied": self.applied, "error": self.error, "seconds": round(time.time() - self.started, 1)}
+
+    async def send(self, send: Callable[[bp.Message], None], msg: bp.LinkWriteset) -> None:
+        """Put one of the copy's link writesets on the bus, once fewer than ``window`` wait."""
+        while len(self.flights) >= self.window:
+            await self._oldest()
+        self.flights[msg.ticket] = (msg, asyncio.get_running_loop().create_future())
+        self.batches += 1
+        send(msg)
+
+    async def drain(self) -> None:
+        while self.flights:
+            await self._oldest()
+
+    async def _oldest(self) -> None:
+        ticket, (msg, done) = next(iter(self.flights.items()))
+        try:
+            decision = await asyncio.wait_for(asyncio.shield(done), self.outcome_timeout)
+        except asyncio.TimeoutError:
+            raise LinkError(f"a batch of the copy was not committed here after {self.outcome_timeout:.0f} s") from None
+        self.flights.pop(ticket, None)
+        if decision != lp.Decision.COPY:
+            raise LinkError(f"a batch of the copy committed empty ({decision.value if decision else 'failed'}): "
+                            "see this site's log")
+        self.applied += 1
+
+    def committed(self, ticket: int, decision: Optional[lp.Decision]) -> bool:
+        """One of the copy's link writesets committed here (False: not one of them)."""
+        f = self.flights.get(ticket)
+        if f is None:
+            return False
+        if not f[1].done():
+            f[1].set_result(decision)
+        return True
+
+
 class SiteLinks:
     """This node's links: their senders, and the receivers it runs (docs/LINKS.md section 10).
 
@@ -289,6 +356,7 @@ class SiteLinks:
         self.durable: dict[str, ls.Durable] = {}  # link -> its row and conflicts here (refresh())
         self._exceptions_at: Optional[int] = -1  # the last GID of chorus.link_exceptions counted
         self._conflicts: dict[str, dict[tuple[str, str], int]] = {}
+        self.copies: dict[str, Reinstantiation] = {}  # link -> its last re-instantiation run here
 
     async def start(self) -> None:
         """Start the senders this node serves (the coordinator made chorus.link_old_columns what
@@ -305,7 +373,8 @@ class SiteLinks:
             rules: RuleSet = link_rules(link)
             server = LinkServer(self.wslog, end, self.committed_gid, rules, evaluator(link, rules, self.dsn),
                                 provenance(link), max_retain=link.max_retain_mb << 20,
-                                announce=functools.partial(self._announce, link.name))
+                                announce=functools.partial(self._announce, link.name), copy_dsn=self.dsn or None,
+                                receives=bool(link.peers))
             await server.start(link.listen)
             self.servers[link.name] = server
             log.info("link %s: serving site %s's changes to site %s on %s", link.name, link.site, link.peer_site,
@@ -324,7 +393,14 @@ class SiteLinks:
             return
         pin = pin_name(link)
         held = self.wslog.pins().get(pin)
-        if self.wslog.broken(pin) is not None or (held is not None and held >= gid):
+        lost = self.wslog.broken(pin)
+        if lost is not None and gid >= self.wslog.base_gid:
+            # the link was instantiated again (docs/LINKS.md section 10): the peer has this site's
+            # changes up to ``gid``, which this log can serve from; what it lost is not needed
+            log.info("link %s: the peer applied up to GID %d (instantiated again): this node's pin, broken at "
+                     "GIDs %d..%d, holds from there", link, gid, *lost)
+            self.wslog.unpin(pin)
+        elif lost is not None or (held is not None and held >= gid):
             return
         if gid < self.wslog.base_gid:  # this log never held it (it started later): it cannot serve from there
             log.info("link %s: the peer applied up to GID %d; this node's log starts after GID %d, and cannot "
@@ -342,6 +418,9 @@ class SiteLinks:
             node = receiver_node(link, synced)
             self.receiver_nodes[link.name] = node
             runs = online and node == self.node
+            copy = self.copies.get(link.name)
+            if copy is not None and copy.running:  # a re-instantiation holds the link here
+                continue
             task = self.receivers.get(link.name)
             if runs and (task is None or task.done()) and not self._resting(link.name):
                 self._start_receiver(link)
@@ -352,6 +431,9 @@ class SiteLinks:
     def committed(self, msg: bp.LinkWriteset, decision: Optional[lp.Decision]) -> None:
         """A link writeset committed here (any node's: only this node's receiver waits)."""
         if msg.node != self.node:
+            return
+        copy = self.copies.get(msg.link)
+        if copy is not None and copy.committed(msg.ticket, decision):
             return
         inbound = self.inbound.get(msg.link)
         if inbound is not None:
@@ -383,6 +465,110 @@ class SiteLinks:
             self.broken[link.name] = str(e)
             self._broken_at[link.name] = time.monotonic()
             log.error("link %s is broken and stops (tried again in %.0f s): %s", link.name, BROKEN_RETRY_S, e)
+
+    async def reinstantiate(self, name: str, force: bool = False) -> dict[str, Any]:
+        """Start re-instantiating link ``name`` here (docs/LINKS.md section 10), or say how far
+        the one running got. Refused (``ValueError``, with why) where this node does not run the
+        link's receiver, or where the link is neither broken nor new and ``force`` is not given."""
+        link = next((k for k in self.links if k.name == name), None)
+        if link is None or not link.peers:
+            raise ValueError(f"node {self.node} has no [[link]] {name!r} that it receives (with peers)")
+        running = self.copies.get(name)
+        if running is not None and running.running:
+            return running.report()
+        runner = self.receiver_nodes.get(name)
+        if runner != self.node:
+            raise ValueError(f"link {name}'s receiver runs on node {runner or '(none now)'}, not here: "
+                             "re-instantiate it there")
+        row = await self._reader(link)()
+        if name not in self.broken and row is not None and not force:
+            raise ValueError(f"link {name} is not broken (its position is peer GID {row.applied_gid}) and not new: "
+                             "a copy would realign every table it carries; give --force to do it anyway")
+        copy = self.copies[name] = Reinstantiation(name, self.node, link.window)
+        task = self.receivers.pop(name, None)
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        copy.task = asyncio.get_running_loop().create_task(self._reinstantiate(link, copy),
+                                                           name=f"link {name} re-instantiation")
+        return copy.report()
+
+    async def _reinstantiate(self, link: LinkConfig, copy: "Reinstantiation") -> None:
+        """Copy the peer's rows of the link through this site's order, then move the position
+        (link/copy.py); the receiver starts again at the next membership tick."""
+        end = LinkEnd(link.name, link.site, link.peer_site, _keys(link))
+        reader = self._reader(link)
+
+        async def position() -> Position:
+            row = await reader()
+            return Position(row.applied_gid if row else 0, row.peer_clock if row else 0)
+
+        async def nothing(item: StreamItem) -> None:
+            raise LinkError("a copy takes no stream")
+
+        receiver = LinkReceiver(end, link.peers, position, nothing, self.spool)
+        settings = link_settings(link).fingerprint
+        ranges: Optional[lc.Ranges] = None
+        hint = 0
+
+        def message(b: lc.Batch) -> bp.LinkWriteset:
+            copy.ticket += 1
+            return bp.LinkWriteset(self.node, copy.ticket, link.name, link.peer_site, b.gid - 1, b.gid, b.gid + 1,
+                                   hint, 0, int(time.time() * 1e6), wire.encode(lc.encode(b, link.name)), settings)
+
+        async def snapshot(s: lproto.Snapshot) -> None:
+            nonlocal ranges, hint
+            if s.gid < 1:
+                raise LinkError(f"site {link.peer_site} has committed nothing yet: nothing to copy")
+            ranges = lc.Ranges(s.gid, s.receives)
+            hint = s.applied + 1 if s.receives and s.applied else 0
+            copy.gid, copy.state = s.gid, "copying"
+            log.info("link %s: re-instantiation: site %s copies its rows as of its GID %d", link.name,
+                     link.peer_site, s.gid)
+
+        async def sink(ws: wire.Writeset) -> None:
+            assert ranges is not None
+            b = ranges.take(ws)
+            if b.upper is None:
+                copy.tables += 1
+            copy.rows = ranges.rows
+            await copy.send(self.send, message(b))
+
+        try:
+            errors = []
+            for address in link.peers:
+                copy.state, copy.peer = "connecting", address
+                try:
+                    done = await receiver.copy(address, snapshot, sink)
+                    break
+                except lc.CopyError as e:
+                    raise LinkError(str(e)) from e
+                except LinkError as e:
+                    if copy.gid is not None:
+                        raise  # it had started: the copy is run again whole
+                    errors.append(f"{address}: {e}")
+            else:
+                raise LinkError(f"site {link.peer_site} is unreachable: {'; '.join(errors)}")
+            assert ranges is not None
+            if done.rows != ranges.rows:
+                raise LinkError(f"the peer sent {ranges.rows} rows and says it sent {done.rows}")
+            await copy.send(self.send, message(lc.Batch(done.gid, None, (), None, None, True, ranges.both)))
+            copy.state = "finishing"
+            await copy.drain()
+            copy.state = "done"
+            self.broken.pop(link.name, None)
+            self._broken_at.pop(link.name, None)
+            log.info("link %s: re-instantiated at site %s's GID %d (%d rows, %d tables): it streams from there",
+                     link.name, link.peer_site, done.gid, copy.rows, copy.tables)
+        except asyncio.CancelledError:
+            copy.state, copy.error = "failed", "stopped"
+            raise
+        except (LinkError, OSError) as e:
+            copy.state, copy.error = "failed", f"{e} (nothing is lost: run it again)"
+            log.error("link %s: re-instantiation failed: %s", link.name, copy.error)
+        except Exception as e:  # a psycopg error reading the position, anything else: said, not raised
+            copy.state, copy.error = "failed", f"{type(e).__name__}: {e} (nothing is lost: run it again)"
+            log.exception("link %s: re-instantiation failed", link.name)
 
     def _reader(self, link: LinkConfig) -> Callable[[], Awaitable[Optional[lp.PositionRow]]]:
         async def read() -> Optional[lp.PositionRow]:
@@ -440,6 +626,7 @@ class SiteLinks:
 
     async def close(self) -> None:
         tasks = [t for t in self.receivers.values() if not t.done()]
+        tasks += [c.task for c in self.copies.values() if c.task is not None and not c.task.done()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
