@@ -6,8 +6,10 @@ at the end)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -258,3 +260,41 @@ def test_the_range_sql_is_qualified_and_bounded() -> None:
     assert 'FROM ONLY "a b"."q""t"' in sql and sql.count("OPERATOR(pg_catalog.") == 2
     assert params == ["x", "1", "y", "2"]
     assert "WHERE" not in lc.snapshot_sql(T)
+
+
+def test_a_copy_of_a_link_both_ways_is_refused_unless_every_table_settles_by_primary_wins(tmp_path: Path) -> None:
+    """A row both sites changed while the link was broken is settled on the peer only (this site
+    sees the peer's version in the copy, never as a change): only primary-wins's arbiter realigns
+    it afterwards, so under any other policy a copy could leave the sites different: refused."""
+    from chorus.config import LinkConfig
+    from chorus.link.site import SiteLinks
+    from chorus.wslog import WritesetLog
+
+    assert lc.unsettled_both_ways("primary-wins", {}) == []
+    assert lc.unsettled_both_ways("primary-wins", {"public.c": "delta", "public.p": "primary-wins"}) == [
+        "public.c: delta"]
+    assert lc.unsettled_both_ways("latest-commit-wins", {}) == ["policy latest-commit-wins"]
+
+    log = WritesetLog(str(tmp_path / "wslog"), segment_bytes=64 << 10, total_bytes=256 << 10)
+    log.open()
+
+    async def query(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
+        return []
+
+    def links(**kw: object) -> SiteLinks:
+        link = LinkConfig("a-b", "site-b", "site-a", "c", "k", "p", "s", peers=("127.0.0.1:1",), **kw)  # type: ignore[arg-type]
+        return SiteLinks("nb", (link,), log, lambda: 0, lambda m: None, query)
+
+    async def main() -> None:
+        with pytest.raises(ValueError, match="goes both ways and settles conflicts by policy latest-commit-wins"):
+            await links(listen="127.0.0.1:2").reinstantiate("a-b")
+        with pytest.raises(ValueError, match=r"public\.c: delta"):
+            await links(listen="127.0.0.1:2", policy="primary-wins", primary="site-a",
+                        table_policy=(("public.c", "delta"),),
+                        delta_columns=(("public.c", ("n",)),)).reinstantiate("a-b")
+        # one way, or both ways under primary-wins: past this check (to the next: no receiver runs here)
+        for kw in ({}, {"listen": "127.0.0.1:2", "policy": "primary-wins", "primary": "site-a"}):
+            with pytest.raises(ValueError, match="receiver runs on node"):
+                await links(**kw).reinstantiate("a-b")
+    asyncio.run(main())
+    log.close()

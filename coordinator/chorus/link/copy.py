@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from chorus import wire
 from chorus.bus.proto import LinkWriteset
@@ -51,6 +51,19 @@ KeyValues = tuple[bytes, ...]
 
 class CopyError(ValueError):
     """A copy batch that is not one (the link writeset then fails its apply with the reason)."""
+
+
+def unsettled_both_ways(policy: str, table_policy: Mapping[str, str]) -> list[str]:
+    """Why a copy of a link both ways could leave the two sites different: the policies other
+    than ``primary-wins`` it settles tables by (``policy`` for every table not in
+    ``table_policy``). A row both sites changed while the link was broken reaches the peer as a
+    conflict, but this site sees the peer's version only in the copy, never as a change to settle;
+    only the arbiter of ``primary-wins`` realigns it afterwards (docs/LINKS.md section 10.1).
+    Empty: a copy is safe."""
+    out = [] if policy == "primary-wins" else [f"policy {policy}"]
+    out += [f"{t}: {p}" for t, p in sorted(table_policy.items()) if p != "primary-wins"]
+    return out
+
 
 
 @dataclass(frozen=True)

@@ -476,6 +476,13 @@ class SiteLinks:
         running = self.copies.get(name)
         if running is not None and running.running:
             return running.report()
+        unsettled = lc.unsettled_both_ways(link.policy, dict(link.table_policy)) if link.listen else []
+        if unsettled:
+            raise ValueError(
+                f"link {name} goes both ways and settles conflicts by {'; '.join(unsettled)}: a row both sites "
+                "changed while it was broken could stay different on the two sites after a copy. Refused: set "
+                "policy = \"primary-wins\" (and primary, table_policy) on every node of both sites for the copy, "
+                "run it, then set the policies back")
         runner = self.receiver_nodes.get(name)
         if runner != self.node:
             raise ValueError(f"link {name}'s receiver runs on node {runner or '(none now)'}, not here: "
