@@ -342,6 +342,16 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def text_of(expression: str) -> str:
+    """SQL for the value of ``expression`` as its type's output function writes it, as the
+    capture does (extension/chorus_capture.c; a boolean ``t``, a ``char(n)`` with its padding),
+    NULL kept. Never a cast to text: a role that owns a type may define one (CREATE CAST ... AS
+    text WITH FUNCTION), and the apply session that reads the row is a superuser; an output
+    function is C, which only a superuser creates."""
+    return (f"CASE WHEN pg_catalog.num_nulls({expression}) OPERATOR(pg_catalog.=) 0 "
+            f"THEN pg_catalog.concat({expression}) END")
+
+
 # Table descriptions parsed before, by their encoded schema and name: (encoded description, table).
 # Equal descriptions share one Table object, and a known one is not parsed again.
 _TABLES: dict[bytes, list[tuple[bytes, Table]]] = {}

@@ -162,3 +162,47 @@ def test_a_configured_role_must_not_be_a_superuser(db: str) -> None:
         reader.close()
 
 
+
+
+def test_the_link_reads_a_rows_values_by_output_function_never_by_a_cast_a_user_defined(db: str) -> None:
+    """The apply session (a superuser) reads a row's values for a conflict (settle.row_sql) and a
+    copy's range (link.copy.range_sql) as text: through the types' output functions, as the
+    capture writes them, never through a cast to text that a role owning a type may define (it
+    would run as the superuser)."""
+    from chorus.link import copy as lc
+    from chorus.link.settle import row_sql
+    owner = "link_cast_owner"
+    with psycopg.connect(db, autocommit=True) as c:
+        if c.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (owner,)).fetchone():
+            c.execute(f"DROP OWNED BY {owner}")
+            c.execute(f"DROP ROLE {owner}")
+        c.execute(f"CREATE ROLE {owner}")
+        c.execute(f"CREATE SCHEMA castx AUTHORIZATION {owner}")
+        c.execute("CREATE TABLE public.cast_ran (who text)")
+        c.execute(f"GRANT INSERT ON public.cast_ran TO {owner}")
+        c.execute(f"SET ROLE {owner}")
+        c.execute("CREATE TYPE castx.pair AS (a int, b int)")
+        c.execute("CREATE TYPE castx.color AS ENUM ('red', 'green')")
+        for typ in ("pair", "color"):
+            c.execute(f"CREATE FUNCTION castx.grab_{typ}(castx.{typ}) RETURNS text LANGUAGE plpgsql AS $$ BEGIN "
+                      "BEGIN RESET ROLE; EXCEPTION WHEN OTHERS THEN NULL; END; "
+                      "INSERT INTO public.cast_ran VALUES (current_user); RETURN 'x'; END $$")
+            c.execute(f"CREATE CAST (castx.{typ} AS text) WITH FUNCTION castx.grab_{typ}(castx.{typ})")
+        c.execute("CREATE TABLE castx.t (k castx.color PRIMARY KEY, flag boolean, c char(4), p castx.pair, n int)")
+        c.execute("INSERT INTO castx.t VALUES ('red', true, 'ab', ROW(1, NULL), NULL), ('green', false, NULL, NULL, 2)")
+        c.execute("RESET ROLE")
+        t = wire.Table("castx", "t", (wire.Column("k", "castx.color"), wire.Column("flag", "boolean"),
+                                      wire.Column("c", "character(4)"), wire.Column("p", "castx.pair"),
+                                      wire.Column("n", "integer")), (0,))
+        try:
+            assert c.execute(row_sql(t), ("red",)).fetchall() == [("red", "t", "ab  ", "(1,)", None)]
+            sql, params = lc.range_sql(t, None, (b"red",))
+            assert c.execute(sql, params).fetchall() == [("green", "f", None, None, "2"), ("red", "t", "ab  ", "(1,)", None)]
+            assert c.execute("SELECT count(*) FROM public.cast_ran").fetchone() == (0,)
+            # the cast is there, and a cast to text would have run it as the superuser
+            assert c.execute("SELECT p::text FROM castx.t WHERE n IS NULL").fetchone() == ("x",)
+            assert c.execute("SELECT who FROM public.cast_ran").fetchall() == [("postgres",)]
+        finally:
+            c.execute("DROP TABLE public.cast_ran")
+            c.execute("DROP SCHEMA castx CASCADE")
+            c.execute(f"DROP ROLE {owner}")

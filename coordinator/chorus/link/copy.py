@@ -203,15 +203,14 @@ class Ranges:
 # ---- SQL --------------------------------------------------------------------------------------
 
 def _key_exprs(table: wire.Table) -> list[str]:
-    return [f'{wire.quote_ident(table.columns[i].name)}::pg_catalog.text COLLATE pg_catalog."C"'
-            for i in table.identity]
+    return [f'({wire.text_of(wire.quote_ident(table.columns[i].name))}) COLLATE pg_catalog."C"' for i in table.identity]
 
 
 def range_sql(table: wire.Table, lower: Optional[KeyValues], upper: Optional[KeyValues]) -> tuple[str, list[str]]:
     """The rows of ``table`` in ``(lower, upper]`` in key order, each value's text under the
     apply's settings (as :func:`chorus.link.settle.row_sql`), and the parameters. Every name is
     quoted and every operator and type qualified: nothing here can be redirected by search_path."""
-    cols = ", ".join(f"{wire.quote_ident(c.name)}::pg_catalog.text" for c in table.columns)
+    cols = ", ".join(wire.text_of(wire.quote_ident(c.name)) for c in table.columns)
     keys = _key_exprs(table)
     row = f"ROW({', '.join(keys)})"
     holes = f"ROW({', '.join(['%s::pg_catalog.text'] * len(keys))})"

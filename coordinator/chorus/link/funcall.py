@@ -120,7 +120,7 @@ def call_sql(call: FunctionCall, types: Sequence[Sequence[Any]]) -> tuple[str, l
     cols = [wire.quote_ident(c.name).replace("%", "%%") for c in table.columns]
     qualified = table.qualified.replace("%", "%%")
     is_object = "pg_catalog.jsonb_typeof(c.r) OPERATOR(pg_catalog.=) 'object'"
-    outs = ", ".join(f"{alias}.{c}::pg_catalog.text" for alias in ("pa", "pb", "pr") for c in cols)
+    outs = ", ".join(wire.text_of(f"{alias}.{c}") for alias in ("pa", "pb", "pr") for c in cols)
     sql = (f"WITH v AS (SELECT {a} AS a, {b} AS b), "
            "c AS (SELECT v.a, v.b, chorus.link_conflict_call(%s::pg_catalog.regprocedure, %s::pg_catalog.regclass, "
            "v.a, %s::pg_catalog.text, v.b, %s::pg_catalog.text, %s::pg_catalog.jsonb, %s::pg_catalog.jsonb) AS r "

@@ -298,10 +298,10 @@ def delta_columns(table: wire.Table, columns: tuple[str, ...]) -> tuple[str, ...
 
 def row_sql(table: wire.Table) -> str:
     """The current values of one row of ``table`` in its column order, as text under the apply's
-    fixed settings (as the writeset carries them), found by its identity columns' text (one
-    parameter each, in the identity's order)."""
-    cols = ", ".join(f"{wire.quote_ident(c.name)}::pg_catalog.text" for c in table.columns)
-    where = " AND ".join(f"{wire.quote_ident(table.columns[i].name)}::pg_catalog.text OPERATOR(pg_catalog.=) %s"
+    fixed settings (as the writeset carries them, :func:`chorus.wire.text_of`), found by its identity
+    columns' text (one parameter each, in the identity's order)."""
+    cols = ", ".join(wire.text_of(wire.quote_ident(c.name)) for c in table.columns)
+    where = " AND ".join(f"{wire.text_of(wire.quote_ident(table.columns[i].name))} OPERATOR(pg_catalog.=) %s"
                          for i in table.identity)
     return f"SELECT {cols} FROM ONLY {table.qualified} WHERE {where}"
 
