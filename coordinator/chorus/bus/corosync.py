@@ -7,6 +7,13 @@ daemon. The CPG file descriptor is read in the asyncio loop (``loop.add_reader``
 ``cpg_dispatch`` runs the callbacks, which only queue events. Whether this node is in the quorate
 partition comes from ``votequorum_getinfo`` at every configuration change (and every second).
 
+Two CPG members, one per engine (docs/NATIVE.md, "Step 2, first part"): with the native core
+chosen (``CHORUS_IMPL``, dataplane/native.py) the member is ``native/bus_cpg.c``, whose C callbacks
+append every frame and configuration change of one ``cpg_dispatch`` to one buffer, read here in
+one pass in Corosync's order (:func:`batch_records`), and whose sends are ``cpg_mcast_joined`` in C;
+with ``CHORUS_IMPL=python`` it is libcpg through cffi's ABI mode with a Python callback per frame.
+Joining, quorum, reassembly of fragments, the views and the errors are this class's for both.
+
 Corosync checks IPC permissions: root always connects; another user needs
 ``uidgid { uid: USER gid: GROUP }`` in corosync.conf.
 """
@@ -369,11 +376,15 @@ class _NativeMember(_Member):
             finally:
                 lib.ch_cpg_batch_clear(self._c)
 
+    def _bytes(self, data: bytes) -> Any:
+        """``data`` as the ``const char *`` the C call takes, not copied (bytes pass as they are)."""
+        return data if type(data) is bytes else self._ffi.from_buffer(data)
+
     def send(self, frame: bytes) -> int:
-        return int(self._lib.ch_cpg_send(self._c, frame, len(frame)))
+        return int(self._lib.ch_cpg_send(self._c, self._bytes(frame), len(frame)))
 
     def send_whole(self, payload: bytes, seq: int) -> int:
-        return int(self._lib.ch_cpg_send_whole(self._c, seq & 0xFFFFFFFF, payload, len(payload)))
+        return int(self._lib.ch_cpg_send_whole(self._c, seq & 0xFFFFFFFF, self._bytes(payload), len(payload)))
 
     def leave(self) -> int:
         return int(self._lib.ch_cpg_leave(self._c))

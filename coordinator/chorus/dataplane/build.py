@@ -7,10 +7,11 @@ it with the package (cffi's ``distutils_extension``), ``scripts/setup.sh`` in pl
 file (``python coordinator/chorus/dataplane/build.py``); the unit tests and the micro-benchmark
 build it into a directory of their own with :func:`compile_into` when it is not.
 
-The cdef is ``native/ch_core.h`` itself with its preprocessor lines dropped, so the header and the
-binding cannot drift; the additions are the callbacks the scheduler's ``fits`` and the order core's
-schema-change round go through. The extension's writeset reader (``extension/chorus_wsread.c``) is
-compiled in from ``extension/``.
+The cdef is ``native/ch_core.h`` and ``native/ch_cpg.h`` themselves with their preprocessor lines
+dropped, so the headers and the binding cannot drift; the additions are the callbacks the
+scheduler's ``fits`` and the order core's schema-change round go through. The extension's writeset
+reader (``extension/chorus_wsread.c``) is compiled in from ``extension/``. ``native/bus_cpg.c``, the
+CPG member of the C engine's bus (bus/corosync.py), links Corosync's ``libcpg``.
 """
 
 from __future__ import annotations
