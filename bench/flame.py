@@ -50,7 +50,7 @@ SEGMENTS: tuple[tuple[str, str, Optional[str]], ...] = (
     ("(a)+(g) backend frames", "wire.py", None),
     ("(b) bus send", "bus/sender.py", None),
     ("(b) bus send", "bus/proto.py", r"^(encode|_encode|write_)"),
-    ("(b) bus send", "bus/corosync.py", r"^(send|send_nowait|_mcast|whole_frame|_send)$"),
+    ("(b) bus send", "bus/corosync.py", r"^(send|send_nowait|send_whole|_bytes|_mcast|whole_frame|_send)$"),
     ("(c) delivery", "bus/corosync.py", None),
     ("(c) delivery", "bus/fragment.py", None),
     ("(d) order and certification", "bus/proto.py", None),

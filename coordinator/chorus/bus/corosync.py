@@ -7,6 +7,13 @@ daemon. The CPG file descriptor is read in the asyncio loop (``loop.add_reader``
 ``cpg_dispatch`` runs the callbacks, which only queue events. Whether this node is in the quorate
 partition comes from ``votequorum_getinfo`` at every configuration change (and every second).
 
+Two CPG members, one per engine (docs/NATIVE.md, "Step 2, first part"): with the native core
+chosen (``CHORUS_IMPL``, dataplane/native.py) the member is ``native/bus_cpg.c``, whose C callbacks
+append every frame and configuration change of one ``cpg_dispatch`` to one buffer, read here in
+one pass in Corosync's order (:func:`batch_records`), and whose sends are ``cpg_mcast_joined`` in C;
+with ``CHORUS_IMPL=python`` it is libcpg through cffi's ABI mode with a Python callback per frame.
+Joining, quorum, reassembly of fragments, the views and the errors are this class's for both.
+
 Corosync checks IPC permissions: root always connects; another user needs
 ``uidgid { uid: USER gid: GROUP }`` in corosync.conf.
 """
@@ -16,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import struct
 import time
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Iterator, Optional
 
 from cffi import FFI  # type: ignore[import-untyped]
 
@@ -149,23 +157,258 @@ def _lib_c() -> Any:
     return _libs["c"]
 
 
+# ch_cpg_dispatch's "a callback could not keep its record" (native/ch_cpg.h)
+_NATIVE_ENOMEM = -3
+_D, _V = ord("D"), ord("V")
+_REC = struct.Struct("=BIII")  # a batch record's head: kind and three u32 (native/ch_cpg.h)
+_PAIR = struct.Struct("=II")
+
+
+class BatchError(ValueError):
+    """A batch buffer that does not parse (a bug of bus_cpg.c, never of the peers)."""
+
+
+Change = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]  # members, left, joined
+
+
+def _pairs(buf: Any, off: int, n: int) -> tuple[str, ...]:
+    return tuple(f"{nodeid}:{pid}" for nodeid, pid in _PAIR.iter_unpack(buf[off:off + n * _PAIR.size]))
+
+
+def batch_records(buf: Any) -> Iterator[tuple[str, Any]]:
+    """The records of one dispatch's batch (native/ch_cpg.h), in Corosync's delivery order:
+    ``(sender, frame)`` for a delivered frame (``frame`` a slice of ``buf``: bytes when ``buf``
+    is a cffi buffer or bytes) and ``("", (members, left, joined))`` for a configuration change."""
+    off, end = 0, len(buf)
+    while off < end:
+        if end - off < _REC.size:
+            raise BatchError(f"batch record head cut at {off} of {end}")
+        kind, a, b, c = _REC.unpack_from(buf, off)
+        off += _REC.size
+        if kind == _D:
+            if end - off < c:
+                raise BatchError(f"frame of {c} bytes cut at {off} of {end}")
+            yield f"{a}:{b}", buf[off:off + c]
+            off += c
+        elif kind == _V:
+            n = (a + b + c) * _PAIR.size
+            if end - off < n:
+                raise BatchError(f"configuration change cut at {off} of {end}")
+            change: Change = (_pairs(buf, off, a), _pairs(buf, off + a * _PAIR.size, b),
+                              _pairs(buf, off + (a + b) * _PAIR.size, c))
+            yield "", change
+            off += n
+        else:
+            raise BatchError(f"unknown batch record {kind} at {off - _REC.size}")
+
+
+class _Member:
+    """One CPG member's calls; each returns Corosync's cs_error_t, and ``value`` holds what the
+    last of local_get, max_msgsize and fd_get read."""
+
+    impl = ""
+    value = 0
+
+    def initialize(self) -> int: raise NotImplementedError
+    def local_get(self) -> int: raise NotImplementedError
+    def max_msgsize(self) -> int: raise NotImplementedError
+    def fd_get(self) -> int: raise NotImplementedError
+    def join(self) -> int: raise NotImplementedError
+    def dispatch(self) -> int: raise NotImplementedError
+    def send(self, frame: bytes) -> int: raise NotImplementedError
+    def send_whole(self, payload: bytes, seq: int) -> int: raise NotImplementedError
+    def leave(self) -> int: raise NotImplementedError
+    def finalize(self) -> None: raise NotImplementedError
+
+
+class _AbiMember(_Member):
+    """libcpg through cffi's ABI mode; its callbacks are Python functions, one call per frame
+    (the Python engine's bus)."""
+
+    impl = "python"
+
+    def __init__(self, bus: "CorosyncBus") -> None:
+        self._bus = bus
+        self._cpg = _lib("libcpg.so.4")
+        self._handle = _ffi.new("cpg_handle_t *")
+        self._name = _ffi.new("struct cpg_name *")
+        raw = bus.group.encode()
+        self._name.length = len(raw)
+        _ffi.memmove(self._name.value, raw, len(raw))
+        self._out = _ffi.new("unsigned int *")
+        # keep the callbacks alive as long as the handle
+        self._cb_deliver = _ffi.callback("cpg_deliver_fn_t", self._on_deliver)
+        self._cb_confchg = _ffi.callback("cpg_confchg_fn_t", self._on_confchg)
+        self._model = _ffi.new("cpg_model_v1_data_t *")
+        self._model.model = CPG_MODEL_V1
+        self._model.cpg_deliver_fn = self._cb_deliver
+        self._model.cpg_confchg_fn = self._cb_confchg
+        self._model.cpg_totem_confchg_fn = _ffi.NULL
+        self._model.flags = 0
+        self._iov = _ffi.new("struct iovec *")
+
+    def _read(self, rc: int) -> int:
+        self.value = int(self._out[0])
+        return int(rc)
+
+    def initialize(self) -> int:
+        return int(self._cpg.cpg_model_initialize(self._handle, CPG_MODEL_V1, self._model, _ffi.NULL))
+
+    def local_get(self) -> int:
+        return self._read(self._cpg.cpg_local_get(self._handle[0], self._out))
+
+    def max_msgsize(self) -> int:
+        return self._read(self._cpg.cpg_max_atomic_msgsize_get(self._handle[0], _ffi.cast("uint32_t *", self._out)))
+
+    def fd_get(self) -> int:
+        return self._read(self._cpg.cpg_fd_get(self._handle[0], _ffi.cast("int *", self._out)))
+
+    def join(self) -> int:
+        return int(self._cpg.cpg_join(self._handle[0], self._name))
+
+    def dispatch(self) -> int:
+        return int(self._cpg.cpg_dispatch(self._handle[0], CS_DISPATCH_ALL))
+
+    def send(self, frame: bytes) -> int:
+        iov = self._iov
+        iov.iov_base = _ffi.from_buffer(frame)
+        iov.iov_len = len(frame)
+        return int(self._cpg.cpg_mcast_joined(self._handle[0], CPG_TYPE_AGREED, iov, 1))
+
+    def send_whole(self, payload: bytes, seq: int) -> int:
+        return self.send(whole_frame(payload, seq))
+
+    def leave(self) -> int:
+        return int(self._cpg.cpg_leave(self._handle[0], self._name))
+
+    def finalize(self) -> None:
+        if self._handle[0]:
+            self._cpg.cpg_finalize(self._handle[0])
+            self._handle[0] = 0
+
+    def _on_deliver(self, handle: Any, group: Any, nodeid: int, pid: int, msg: Any, msg_len: int) -> None:
+        self._bus._frame(_member(nodeid, pid), bytes(_ffi.buffer(msg, msg_len)))
+
+    def _on_confchg(self, handle: Any, group: Any, members: Any, nmembers: int, left: Any, nleft: int,
+                    joined: Any, njoined: int) -> None:
+        self._bus._confchg(tuple(_member(members[i].nodeid, members[i].pid) for i in range(nmembers)),
+                           tuple(_member(left[i].nodeid, left[i].pid) for i in range(nleft)),
+                           tuple(_member(joined[i].nodeid, joined[i].pid) for i in range(njoined)))
+
+
+def _native_chosen() -> bool:
+    """Whether the bus runs bus_cpg.c's member: the data plane's native core is chosen
+    (``CHORUS_IMPL``, dataplane/native.py's ``chosen``)."""
+    from chorus import impl
+    from chorus.dataplane import native
+    if native.chosen() != "c":
+        return False
+    if hasattr(native.module().lib, "ch_cpg_new"):
+        return True
+    if impl.wanted() == "c":
+        raise ImportError("CHORUS_IMPL=c: the native core was built without bus_cpg.c "
+                          "(python coordinator/chorus/dataplane/build.py)")
+    return False
+
+
+class _NativeMember(_Member):
+    """bus_cpg.c's member (native/ch_cpg.h), bound through the native core's cffi module (API mode):
+    one C call per wake-up runs ``cpg_dispatch``, whose C callbacks gather the frames and
+    configuration changes in one buffer, read here in one pass in their order."""
+
+    impl = "c"
+
+    def __init__(self, bus: "CorosyncBus") -> None:
+        from chorus.dataplane import native
+        mod = native.module()
+        self._ffi, self._lib = mod.ffi, mod.lib
+        self._bus = bus
+        raw = bus.group.encode()
+        c = self._lib.ch_cpg_new(raw, len(raw))
+        if c == self._ffi.NULL:
+            raise MemoryError("cannot make the CPG member")
+        self._c = self._ffi.gc(c, self._lib.ch_cpg_free)
+        self._out = self._ffi.new("uint32_t *")
+        self._fd = self._ffi.new("int *")
+        self._len = self._ffi.new("size_t *")
+
+    def _read(self, rc: int) -> int:
+        self.value = int(self._out[0])
+        return int(rc)
+
+    def initialize(self) -> int:
+        return int(self._lib.ch_cpg_initialize(self._c))
+
+    def local_get(self) -> int:
+        return self._read(self._lib.ch_cpg_local_get(self._c, self._out))
+
+    def max_msgsize(self) -> int:
+        return self._read(self._lib.ch_cpg_max_msgsize(self._c, self._out))
+
+    def fd_get(self) -> int:
+        rc = int(self._lib.ch_cpg_fd(self._c, self._fd))
+        self.value = int(self._fd[0])
+        return rc
+
+    def join(self) -> int:
+        return int(self._lib.ch_cpg_join(self._c))
+
+    def dispatch(self) -> int:
+        rc = int(self._lib.ch_cpg_dispatch(self._c))
+        self.take()
+        return rc
+
+    def take(self) -> None:
+        """Hand the batch gathered so far to the bus, record by record in its order, and clear it."""
+        lib = self._lib
+        p = lib.ch_cpg_batch(self._c, self._len)
+        n = self._len[0]
+        if n:
+            bus = self._bus
+            try:
+                for sender, frame in batch_records(self._ffi.buffer(p, n)):
+                    if sender:
+                        bus._frame(sender, frame)
+                    else:
+                        bus._confchg(*frame)
+            except BatchError as e:  # what follows the broken record is lost: this member cannot follow
+                bus._fail(f"cpg_dispatch: {e}")
+            finally:
+                lib.ch_cpg_batch_clear(self._c)
+
+    def _bytes(self, data: bytes) -> Any:
+        """``data`` as the ``const char *`` the C call takes, not copied (bytes pass as they are)."""
+        return data if type(data) is bytes else self._ffi.from_buffer(data)
+
+    def send(self, frame: bytes) -> int:
+        return int(self._lib.ch_cpg_send(self._c, self._bytes(frame), len(frame)))
+
+    def send_whole(self, payload: bytes, seq: int) -> int:
+        return int(self._lib.ch_cpg_send_whole(self._c, seq & 0xFFFFFFFF, self._bytes(payload), len(payload)))
+
+    def leave(self) -> int:
+        return int(self._lib.ch_cpg_leave(self._c))
+
+    def finalize(self) -> None:
+        self._lib.ch_cpg_finalize(self._c)
+
+
 class CorosyncBus(Bus):
     """One CPG member in group ``group``."""
 
     def __init__(self, group: str, frame_limit: int = DEFAULT_FRAME_LIMIT, join_timeout: float = 30.0,
-                 send_timeout: float = 30.0) -> None:
+                 send_timeout: float = 30.0, native: Optional[bool] = None) -> None:
         if not group or len(group.encode()) > 127:
             raise ValueError("CPG group name must have 1 to 127 bytes")
         self.group = group
         self.frame_limit = frame_limit
         self.join_timeout = join_timeout
         self.send_timeout = send_timeout
-        self._cpg = _lib("libcpg.so.4")
-        self._handle = _ffi.new("cpg_handle_t *")
-        self._name = _ffi.new("struct cpg_name *")
-        raw = group.encode()
-        self._name.length = len(raw)
-        _ffi.memmove(self._name.value, raw, len(raw))
+        # the CPG member: libcpg through cffi's ABI mode with Python callbacks, or bus_cpg.c's
+        # member whose C callbacks gather a whole dispatch in one buffer (CHORUS_IMPL=c)
+        self._cpg: _Member = (_NativeMember(self) if native is None and _native_chosen() or native
+                              else _AbiMember(self))
+        self.impl = self._cpg.impl
         self._vq: Optional[Any] = None
         self._vq_handle = _ffi.new("votequorum_handle_t *")
         # events arrive in cpg_dispatch's callbacks; the consumer takes them all at once
@@ -187,16 +430,6 @@ class CorosyncBus(Bus):
         self._tie_breaker: Optional[str] = None  # read from cmap once auto_tie_breaker is seen
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._quorum_task: Optional[asyncio.Task[None]] = None
-        # keep the callbacks alive as long as the handle
-        self._cb_deliver = _ffi.callback("cpg_deliver_fn_t", self._on_deliver)
-        self._cb_confchg = _ffi.callback("cpg_confchg_fn_t", self._on_confchg)
-        self._model = _ffi.new("cpg_model_v1_data_t *")
-        self._model.model = CPG_MODEL_V1
-        self._model.cpg_deliver_fn = self._cb_deliver
-        self._model.cpg_confchg_fn = self._cb_confchg
-        self._model.cpg_totem_confchg_fn = _ffi.NULL
-        self._model.flags = 0
-        self._iov = _ffi.new("struct iovec *")
 
     @property
     def local_id(self) -> str:
@@ -219,23 +452,18 @@ class CorosyncBus(Bus):
 
     async def join(self) -> None:
         self._loop = asyncio.get_running_loop()
-        await self._retry("cpg_initialize",
-                          lambda: self._cpg.cpg_model_initialize(self._handle, CPG_MODEL_V1, self._model, _ffi.NULL),
-                          self.join_timeout)
-        h = self._handle[0]
-        nodeid = _ffi.new("unsigned int *")
-        await self._retry("cpg_local_get", lambda: self._cpg.cpg_local_get(h, nodeid), self.join_timeout)
-        self._nodeid = int(nodeid[0])
+        cpg = self._cpg
+        await self._retry("cpg_initialize", cpg.initialize, self.join_timeout)
+        await self._retry("cpg_local_get", cpg.local_get, self.join_timeout)
+        self._nodeid = cpg.value
         self._local = _member(self._nodeid, os.getpid())
-        maxsize = _ffi.new("uint32_t *")
-        if self._cpg.cpg_max_atomic_msgsize_get(h, maxsize) == CS_OK and maxsize[0] > 1024:
-            self.frame_limit = min(self.frame_limit, int(maxsize[0]))
+        if cpg.max_msgsize() == CS_OK and cpg.value > 1024:
+            self.frame_limit = min(self.frame_limit, cpg.value)
         self._init_quorum()
-        fd = _ffi.new("int *")
-        await self._retry("cpg_fd_get", lambda: self._cpg.cpg_fd_get(h, fd), self.join_timeout)
-        self._fd = int(fd[0])
+        await self._retry("cpg_fd_get", cpg.fd_get, self.join_timeout)
+        self._fd = cpg.value
         self._loop.add_reader(self._fd, self._dispatch)
-        await self._retry("cpg_join", lambda: self._cpg.cpg_join(h, self._name), self.join_timeout)
+        await self._retry("cpg_join", cpg.join, self.join_timeout)
         self._joined = True
         self._quorum_task = asyncio.create_task(self._watch_quorum())
 
@@ -284,8 +512,10 @@ class CorosyncBus(Bus):
     # ---- callbacks (run inside cpg_dispatch) --------------------------------------------
 
     def _dispatch(self) -> None:
-        rc = self._cpg.cpg_dispatch(self._handle[0], CS_DISPATCH_ALL)
-        if rc not in (CS_OK, CS_ERR_TRY_AGAIN):
+        rc = self._cpg.dispatch()
+        if rc == _NATIVE_ENOMEM:
+            self._fail("cpg_dispatch: no memory to keep what Corosync delivered")
+        elif rc not in (CS_OK, CS_ERR_TRY_AGAIN):
             self._fail(f"cpg_dispatch failed with corosync error {rc} (daemon gone?)")
 
     def _push(self, ev: Event) -> None:
@@ -305,9 +535,8 @@ class CorosyncBus(Bus):
             self._failure = BusError(why)
         self._wakeup()
 
-    def _on_deliver(self, handle: Any, group: Any, nodeid: int, pid: int, msg: Any, msg_len: int) -> None:
-        sender = _member(nodeid, pid)
-        frame = bytes(_ffi.buffer(msg, msg_len))
+    def _frame(self, sender: str, frame: bytes) -> None:
+        """One delivered frame of ``sender``, in delivery order."""
         try:
             whole = self._reassembler.feed(sender, frame)
         except FragmentError as e:
@@ -319,11 +548,8 @@ class CorosyncBus(Bus):
         if whole is not None:
             self._push(Delivery(sender, whole))
 
-    def _on_confchg(self, handle: Any, group: Any, members: Any, nmembers: int, left: Any, nleft: int,
-                    joined: Any, njoined: int) -> None:
-        m = tuple(_member(members[i].nodeid, members[i].pid) for i in range(nmembers))
-        lf = tuple(_member(left[i].nodeid, left[i].pid) for i in range(nleft))
-        jn = tuple(_member(joined[i].nodeid, joined[i].pid) for i in range(njoined))
+    def _confchg(self, m: tuple[str, ...], lf: tuple[str, ...], jn: tuple[str, ...]) -> None:
+        """A configuration change of the group, in delivery order: members, left, joined."""
         for s in lf:
             self._reassembler.drop(s)
         self._members = m
@@ -334,20 +560,13 @@ class CorosyncBus(Bus):
 
     # ---- sending ------------------------------------------------------------------------
 
-    def _mcast(self, frame: bytes) -> int:
-        buf = _ffi.from_buffer(frame)
-        iov = self._iov
-        iov.iov_base = buf
-        iov.iov_len = len(frame)
-        return int(self._cpg.cpg_mcast_joined(self._handle[0], CPG_TYPE_AGREED, iov, 1))
-
     async def send(self, payload: bytes) -> None:
         if not self._joined:
             raise BusError("not joined to the CPG group")
         async with self._send_lock:
             self._seq += 1
             for frame in fragments(payload, self._seq, self.frame_limit):
-                await self._retry("cpg_mcast_joined", lambda: self._mcast(frame), self.send_timeout)
+                await self._retry("cpg_mcast_joined", lambda: self._cpg.send(frame), self.send_timeout)
 
     def send_nowait(self, payload: bytes) -> bool:
         if not self._joined or self._send_lock.locked():
@@ -355,7 +574,7 @@ class CorosyncBus(Bus):
         if len(payload) + FRAME_HEADER.size > self.frame_limit:
             return False  # a fragmented message goes whole through send(), in order
         seq = self._seq + 1
-        if self._mcast(whole_frame(payload, seq)) != CS_OK:
+        if self._cpg.send_whole(payload, seq) != CS_OK:
             return False  # "try again" (or a failure send() will report): nothing was sent
         self._seq = seq
         return True
@@ -388,10 +607,8 @@ class CorosyncBus(Bus):
             self._fd = -1
         if self._joined:
             self._joined = False
-            self._cpg.cpg_leave(self._handle[0], self._name)
-        if self._handle[0]:
-            self._cpg.cpg_finalize(self._handle[0])
-            self._handle[0] = 0
+            self._cpg.leave()
+        self._cpg.finalize()
         if self._vq is not None:
             self._vq.votequorum_finalize(self._vq_handle[0])
             self._vq = None

@@ -7,10 +7,11 @@ it with the package (cffi's ``distutils_extension``), ``scripts/setup.sh`` in pl
 file (``python coordinator/chorus/dataplane/build.py``); the unit tests and the micro-benchmark
 build it into a directory of their own with :func:`compile_into` when it is not.
 
-The cdef is ``native/ch_core.h`` itself with its preprocessor lines dropped, so the header and the
-binding cannot drift; the additions are the callbacks the scheduler's ``fits`` and the order core's
-schema-change round go through. The extension's writeset reader (``extension/chorus_wsread.c``) is
-compiled in from ``extension/``.
+The cdef is ``native/ch_core.h`` and ``native/ch_cpg.h`` themselves with their preprocessor lines
+dropped, so the headers and the binding cannot drift; the additions are the callbacks the
+scheduler's ``fits`` and the order core's schema-change round go through. The extension's writeset
+reader (``extension/chorus_wsread.c``) is compiled in from ``extension/``. ``native/bus_cpg.c``, the
+CPG member of the C engine's bus (bus/corosync.py), links Corosync's ``libcpg``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from cffi import FFI  # type: ignore[import-untyped]
 HERE = Path(__file__).resolve().parent
 NATIVE = HERE / "native"
 EXTENSION = HERE.parents[2] / "extension"  # chorus_wire.h (the constants), chorus_wsread.c (the reader)
-SOURCES = ("mem.c", "cert.c", "sched.c", "blake2b.c", "scan.c", "order.c", "text.c", "outcomes.c")
+SOURCES = ("mem.c", "cert.c", "sched.c", "blake2b.c", "scan.c", "order.c", "text.c", "outcomes.c", "bus_cpg.c")
+HEADERS = ("ch_core.h", "ch_cpg.h")  # the cdef: the core's API, and the CPG member's (bus_cpg.c)
+LIBRARIES = ("cpg",)  # bus_cpg.c: Corosync's libcpg (Debian's libcpg-dev, scripts/setup.sh)
 # the extension's writeset reader, compiled in (not copied): one reader of the format in C
 EXTENSION_SOURCES = ("chorus_wsread.c",)
 MODULE = "chorus.dataplane._native"
@@ -37,8 +40,8 @@ CALLBACKS = ('extern "Python" int ch_py_fits(void *, const uint64_t *, size_t);\
 
 
 def cdef() -> str:
-    """ch_core.h as cffi reads it: the declarations, without #include, #ifndef and the like."""
-    lines = (NATIVE / "ch_core.h").read_text().splitlines()
+    """The headers as cffi reads them: the declarations, without #include, #ifndef and the like."""
+    lines = [line for h in HEADERS for line in (NATIVE / h).read_text().splitlines()]
     return "\n".join(line for line in lines if not line.lstrip().startswith("#")) + "\n" + CALLBACKS
 
 
@@ -48,9 +51,9 @@ def builder(sanitize: bool = False) -> FFI:
     ffi = FFI()
     extra = ["-fsanitize=address", "-fno-omit-frame-pointer", "-O1", "-g"] if sanitize else []
     ffi.cdef(cdef())
-    ffi.set_source(MODULE, '#include "ch_core.h"\n',
+    ffi.set_source(MODULE, "".join(f'#include "{h}"\n' for h in HEADERS),
                    sources=[str(NATIVE / s) for s in SOURCES] + [str(EXTENSION / s) for s in EXTENSION_SOURCES],
-                   include_dirs=[str(NATIVE), str(EXTENSION)],
+                   include_dirs=[str(NATIVE), str(EXTENSION)], libraries=list(LIBRARIES),
                    extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", *extra],
                    extra_link_args=["-fsanitize=address"] if sanitize else [])
     return ffi
