@@ -223,3 +223,33 @@ def test_the_call_checks_the_signature_and_is_the_superusers_alone(server: Plain
         with psycopg.connect(server.dsn, autocommit=True) as c:
             c.execute("SET chorus.capture = off")
             c.execute("DROP ROLE caller")
+
+
+def test_a_table_with_a_type_a_role_defined_is_refused_before_its_code_runs(apply: psycopg.Connection[Any]) -> None:
+    """The call's arguments are built in the apply session, a superuser: a domain's CHECK or a
+    cast to json a role defined would run there with every right, so a table with a column of
+    such a type fails the call (the link stops there, visibly) before anything of it runs."""
+    c = apply
+    c.execute("CREATE TABLE app.ran (who text)")
+    c.execute("GRANT INSERT ON app.ran TO merger")
+    c.execute("CREATE FUNCTION app.note(int) RETURNS boolean LANGUAGE plpgsql VOLATILE AS "
+              "'BEGIN INSERT INTO app.ran VALUES (current_user); RETURN true; END'")
+    c.execute("ALTER FUNCTION app.note(int) OWNER TO merger")
+    c.execute("CREATE DOMAIN app.watched AS int CHECK (app.note(VALUE))")
+    c.execute("CREATE TABLE app.counted (id int PRIMARY KEY, v text, n app.watched)")
+    try:
+        counted = wire.Table("app", "counted", ITEMS.columns, (0,))
+        fc = FunctionCall("app.merge", counted, Version("east", 7, 0, (b"1", b"x", b"1")),
+                          Version("west", 9, 0, (b"1", b"y", b"2")))
+
+        async def query(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+            return c.execute(sql, params).fetchall()
+        with pytest.raises(FunctionError, match="column n is of type app.watched, defined in this database"):
+            with c.transaction():
+                asyncio.run(decide_calls(lambda: [fc], FunctionCalls(), query, 2000))
+        assert c.execute("SELECT count(*) FROM app.ran").fetchone() == (0,)
+    finally:
+        c.execute("DROP TABLE app.counted")
+        c.execute("DROP DOMAIN app.watched")
+        c.execute("DROP FUNCTION app.note(int)")
+        c.execute("DROP TABLE app.ran")

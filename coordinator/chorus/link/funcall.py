@@ -45,6 +45,17 @@ ARGUMENTS = ("pg_catalog.regclass, pg_catalog.jsonb, pg_catalog.text, pg_catalog
 # the columns of a table and their types, as casts name them (the first two of each row)
 TYPES_SQL = COLUMN_TYPES_SQL.format("%s", "%s")
 
+# the columns of a table whose type (or its arrays' element type) a database's role defined,
+# outside pg_catalog: a domain's CHECK, a cast to json a role defined, would run user code as the
+# apply session's superuser while the call's arguments are built (call_sql): refused
+OWN_TYPES_SQL = (
+    "SELECT a.attname::pg_catalog.text, pg_catalog.format_type(a.atttypid, NULL) FROM pg_catalog.pg_attribute a "
+    "JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid "
+    "LEFT JOIN pg_catalog.pg_type e ON e.oid OPERATOR(pg_catalog.=) t.typelem "
+    "WHERE a.attrelid OPERATOR(pg_catalog.=) %s::pg_catalog.regclass AND a.attnum OPERATOR(pg_catalog.>) 0 "
+    "AND NOT a.attisdropped AND (t.typnamespace OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.regnamespace "
+    "OR e.typnamespace OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.regnamespace) ORDER BY a.attnum")
+
 
 class FunctionError(ValueError):
     """A conflict function's call that cannot be made or whose answer cannot be used."""
@@ -214,6 +225,13 @@ async def decide_calls(calls: Callable[[], list[FunctionCall]], functions: Funct
         for call in todo:
             name = call.table.qualified
             if name not in types:
+                own = await query(OWN_TYPES_SQL, (name,))
+                if own:
+                    raise FunctionError(
+                        f"conflict function {call.function} on {name}: column {own[0][0]} is of type {own[0][1]}, "
+                        "defined in this database: the call's arguments are built by the apply session, a superuser, "
+                        "where that type's code (a domain's CHECK, a cast to json) would run with its rights; "
+                        "the function policy takes tables of pg_catalog's types only")
                 types[name] = [r[:2] for r in await query(TYPES_SQL, (call.table.nspname, call.table.relname))]
             sql, params = call_sql(call, types[name])
             rows = await query(sql, params)
