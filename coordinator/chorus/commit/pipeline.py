@@ -29,7 +29,7 @@ import psycopg
 
 from chorus.bus import proto as bp
 from chorus import wire
-from chorus.commit.applier import (ApplyConnectionLost, ApplyError, ApplySession, LinkQuery, PartlyCommitted,
+from chorus.commit.applier import (ApplyConnectionLost, ApplyError, ApplySession, LinkApply, LinkQuery, PartlyCommitted,
                                    TransientApplyError)
 from chorus.commit.book import CommitBook
 from chorus.concurrent import ConcurrentSchemaChanges
@@ -123,6 +123,7 @@ class Pending:
     link: Optional[bp.LinkWriteset] = None
     link_final: Optional[bytes] = None
     link_decision: Optional[link_position.Decision] = None
+    link_applied: int = 0  # of its peer transactions (a batch has several), how many it applied
     # its origin's commit time, µs since the Unix epoch, as its bus message (or log record) said:
     # the same on every node (0: unknown); kept in its log record
     commit_time: int = 0
@@ -612,47 +613,86 @@ class CommitPipeline:
             self.hooks.committed_here(gid)
         self.book.advance(gid)
 
-    async def _link_final(self, p: Pending, row: Optional[tuple[object, ...]], query: LinkQuery) -> bytes:
-        """What link writeset ``p`` commits, given the link's row of ``chorus.link_position``
-        before it and, when it applies, the stamps and rows its conflicts are decided by (read
-        with ``query`` in the apply's transaction, link/settle.py): decided at the first attempt
-        and kept, then logged as the GID's record (link/position.py). A later attempt (after a
-        failure that may have committed, or a PostgreSQL restart that lost the commit) applies
-        the same bytes."""
-        if p.link_final is None:
-            assert p.link is not None
-            current = link_position.PositionRow.of(row)
-            decision = link_position.decide(p.link, current)
+    async def _link_final(self, p: Pending, row: Optional[tuple[object, ...]], query: LinkQuery,
+                          apply: LinkApply) -> bytes:
+        """Decide and apply (with ``apply``, in the apply's transaction) what link writeset ``p``
+        commits, given the link's row of ``chorus.link_position`` before it and, for each peer
+        transaction it applies, the stamps and rows its conflicts are decided by (read with
+        ``query`` in that transaction, link/settle.py). A batch's transactions are decided one
+        after another, each as a link writeset of its own from the row the one before left,
+        and applied before the next is decided, so its reads see the rows and stamps of those
+        before it. Decided at the first attempt and kept, then logged as the GID's record
+        (link/position.py ``merged``). A later attempt (after a failure that may have committed,
+        or a PostgreSQL restart that lost the commit) applies the same bytes."""
+        if p.link_final is not None:
+            await apply(p.link_final)
+            return p.link_final
+        assert p.link is not None
+        current = link_position.PositionRow.of(row)
+        finals: list[bytes] = []
+        decisions: list[link_position.Decision] = []
+        numbered = 0  # the exceptions of the batch's transactions before: each is (GID, its number)
+        checked = False
+        for step in link_position.steps(p.link):
+            decision = link_position.decide(step, current)
             if decision == link_position.Decision.APPLY:
-                settings = self.link_settings.get(p.link.link)
-                if settings is None:
-                    raise ValueError(f"this node has no [[link]] {p.link.link}: every node of the site needs it, "
-                                     "with the same conflict settings, to apply the link's writesets")
-                here = await query(SITE_SQL, ())
-                if not here or here[0][0] != settings.site:
-                    raise ValueError(f"chorus.link_site is {here[0][0] if here else None!r} on this node, but link "
-                                     f"{p.link.link} receives for site {settings.site!r}: its local changes are not "
-                                     "stamped as the link's conflict windows need (docs/LINKS.md section 5)")
-                plan = Settlement(p.link, wire.decode(bytes(raw(p.writeset))), current, p.gid, settings)
-                stamps = await query(STAMP_SQL, (plan.stamp_keys(),))
-                values: dict[bytes, Optional[tuple[wire.Value, ...]]] = {}
-                for table, key, params in plan.wanted(stamps):
-                    found = await query(row_sql(table), params)
-                    values[key.hashed()] = (tuple(None if v is None else str(v).encode("utf-8") for v in found[0])
-                                            if found else None)
-                await decide_calls(lambda: plan.function_calls(stamps, values), plan.functions, query,
-                                   settings.function_timeout_ms)
-                p.link_final = plan.final(stamps, values)
+                if not checked:
+                    await self._check_link_site(step.link, query)
+                    checked = True
+                plan, stamps, values = await self._settle_link(p, step, current, query, numbered)
+                final = plan.final(stamps, values)
+                numbered += plan.conflicts
                 if plan.conflicts:
                     log.warning("GID %d: link %s, peer GID %d: %d row(s) in conflict, settled (chorus.link_exceptions)",
-                                p.gid, p.link.link, p.link.peer_gid, plan.conflicts)
+                                p.gid, step.link, step.peer_gid, plan.conflicts)
+                current = link_position.advanced(current, step)
             else:
-                p.link_final = link_position.final_writeset(p.link, None, current, decision, p.writeset.encoding)
+                final = link_position.final_writeset(step, None, current, decision, p.writeset.encoding)
                 log.info("GID %d: link %s, peer GID %d after %d, commits empty (%s; the link is at peer GID %s)",
-                         p.gid, p.link.link, p.link.peer_gid, p.link.after, decision.value,
+                         p.gid, step.link, step.peer_gid, step.after, decision.value,
                          current.applied_gid if current is not None else "none")
-            p.link_decision = decision
+            await apply(final)
+            finals.append(final)
+            decisions.append(decision)
+        p.link_final = link_position.merged(finals)
+        p.link_applied = decisions.count(link_position.Decision.APPLY)
+        p.link_decision = link_position.outcome(decisions)
         return p.link_final
+
+    def _link_settings(self, link: str) -> Settings:
+        settings = self.link_settings.get(link)
+        if settings is None:
+            raise ValueError(f"this node has no [[link]] {link}: every node of the site needs it, "
+                             "with the same conflict settings, to apply the link's writesets")
+        return settings
+
+    async def _check_link_site(self, link: str, query: LinkQuery) -> None:
+        """This node stamps its local changes for ``link``'s site (once per link writeset)."""
+        site = self._link_settings(link).site
+        here = await query(SITE_SQL, ())
+        if not here or here[0][0] != site:
+            raise ValueError(f"chorus.link_site is {here[0][0] if here else None!r} on this node, but link "
+                             f"{link} receives for site {site!r}: its local changes are not "
+                             "stamped as the link's conflict windows need (docs/LINKS.md section 5)")
+
+    async def _settle_link(self, p: Pending, step: bp.LinkWriteset, current: Optional[link_position.PositionRow],
+                           query: LinkQuery, numbered: int) -> tuple[
+                               Settlement, list[tuple[Any, ...]], dict[bytes, Optional[tuple[wire.Value, ...]]]]:
+        """The settlement of peer transaction ``step`` of link writeset ``p`` that applies, with
+        the stamps and rows it read, its function calls made."""
+        settings = self._link_settings(step.link)
+        batched = p.link is not None and p.link.steps
+        plan = Settlement(step, wire.decode(bytes(step.writeset if batched else raw(p.writeset))),
+                          current, p.gid, settings, numbered=numbered)
+        stamps = await query(STAMP_SQL, (plan.stamp_keys(),))
+        values: dict[bytes, Optional[tuple[wire.Value, ...]]] = {}
+        for table, key, params in plan.wanted(stamps):
+            found = await query(row_sql(table), params)
+            values[key.hashed()] = (tuple(None if v is None else str(v).encode("utf-8") for v in found[0])
+                                    if found else None)
+        await decide_calls(lambda: plan.function_calls(stamps, values), plan.functions, query,
+                           settings.function_timeout_ms)
+        return plan, stamps, values
 
     def _log_link(self, p: Pending) -> None:
         """Link writeset ``p`` committed here: its log record is what it committed (the record
@@ -660,6 +700,7 @@ class CommitPipeline:
         if p.skip or p.link_final is None:
             if p.link_final is not None and p.link_decision == link_position.Decision.APPLY:
                 p.link_decision = None  # decided, but voting had it commit empty
+                p.link_applied = 0
             p.link_final = wire.empty(p.writeset.encoding)
         self.feeder.outcome(p.gid, True, p.link_final)
 
