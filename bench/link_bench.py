@@ -182,13 +182,15 @@ def main() -> None:
             print(f"{delay} ms: {json.dumps(results['lag'][delay])}", file=sys.stderr, flush=True)
         for r in relays:
             r.delay = 0.0
-        for _ in range(args.rounds if args.cost_rounds is None else args.cost_rounds):
+        cost_rounds = args.rounds if args.cost_rounds is None else args.cost_rounds
+        for _ in range(cost_rounds):
             for on in (True, False):
                 set_link(on, relays, east, west)
                 res = pgbench_run([east["dsn"]], args.clients, args.seconds, logdir)
                 results["cost"]["link" if on else "no link"].append(res["tps"])
                 print(f"link {'on' if on else 'off'}: {res['tps']:.0f} TPS", file=sys.stderr, flush=True)
-        set_link(True, relays, east, west)
+        if cost_rounds:
+            set_link(True, relays, east, west)
     report(results, args)
 
 

@@ -122,12 +122,10 @@ def test_the_pipeline_decides_each_transaction_of_a_batch_after_applying_the_one
             events.append(lp.reflected(data))
         # the link is at peer GID 3 already: the first is a duplicate, the others apply in turn
         final = await p._link_final(pend, ("east-west", "east", 3, 4, 0, 0), query, apply)
-        applied = [e for e in events if not isinstance(e, str)]
-        assert applied[0] is None  # the duplicate commits nothing
-        assert [(r.applied_gid, r.peer_clock) for r in applied[1:]] == [(5, 6), (9, 10)]
-        # each transaction's reads come after the apply of the one before it
-        assert [e if isinstance(e, str) else "apply" for e in events] == [
-            "apply", SITE_SQL, STAMP_SQL, "apply", STAMP_SQL, "apply"]
+        (applied,) = [e for e in events if not isinstance(e, str)]
+        assert (applied.applied_gid, applied.peer_clock) == (9, 10)
+        # keys apart: the transactions read their stamps together, and apply together
+        assert [e if isinstance(e, str) else "apply" for e in events] == [SITE_SQL, STAMP_SQL, "apply"]
         assert (pend.link_decision, pend.link_applied) == (lp.Decision.APPLY, 2)
         row = lp.reflected(final)
         assert row is not None and (row.applied_gid, row.peer_clock, row.max_replicated) == (9, 10, 4)
@@ -233,3 +231,43 @@ def test_a_batch_takes_one_gid_and_a_local_transaction_overlapping_any_of_it_fai
     (a,) = acts
     assert isinstance(a, Apply) and a.link is not None and lp.steps(a.link) == tuple(
         dataclasses.replace(s, node="n2", ticket=9) for s in chain(3, 5, 9))
+
+
+def test_a_transaction_that_reads_what_one_before_it_in_the_batch_writes_reads_after_its_apply(
+        tmp_path: Any) -> None:
+    """Two transactions of a batch change one row: the second reads the row's stamp (and the
+    row, when in conflict) only once the first is applied in the transaction."""
+    from test_shell_parts import Db, _pipeline
+
+    async def go() -> None:
+        p, log = _pipeline(tmp_path, Db(ok=False))
+        same = [step(after=0, peer_gid=3, peer_clock=4, writeset=wire.encode(remote(1))),
+                step(after=3, peer_gid=5, peer_clock=6, writeset=wire.encode(remote(2))),
+                step(after=5, peer_gid=8, peer_clock=9, writeset=wire.encode(remote(1)))]
+        m = lp.batch(same)
+        pend = Pending(1, 0, lp.origin(m.link), wire.scan(m.writeset), link=m)
+        p.admit(pend, local=False)
+        p.link_settings = {"east-west": Settings("west", "east")}
+        events: list[Any] = []
+
+        async def query(sql: str, params: Any) -> list[tuple[Any, ...]]:
+            events.append(sql if sql != STAMP_SQL else ("stamps", len(params[0])))
+            return [("west",)] if sql == SITE_SQL else []
+
+        async def apply(data: bytes) -> None:
+            r = lp.reflected(data)
+            events.append(("apply", r.applied_gid if r else None))
+        await p._link_final(pend, None, query, apply)
+        assert events == [SITE_SQL, ("stamps", 3), ("apply", 5), ("stamps", 2), ("apply", 8)]  # (rows and their table)
+        assert (pend.link_decision, pend.link_applied) == (lp.Decision.APPLY, 3)
+    asyncio.run(go())
+
+
+def test_segments_of_a_batch() -> None:
+    from chorus.commit.pipeline import link_segments
+    a, b = remote(1), remote(2)
+    whole = dataclasses.replace(remote(3), keys=(wire.Key(wire.KeyMode.EXCLUSIVE, (b"app", b"items")),))
+    assert link_segments([a, b, remote(3)], False) == [[0, 1, 2]]
+    assert link_segments([a, b, a, b], False) == [[0, 1], [2, 3]]
+    assert link_segments([a, whole, b], False) == [[0], [1], [2]]
+    assert link_segments([a, b], True) == [[0], [1]]

@@ -619,9 +619,10 @@ class CommitPipeline:
         commits, given the link's row of ``chorus.link_position`` before it and, for each peer
         transaction it applies, the stamps and rows its conflicts are decided by (read with
         ``query`` in that transaction, link/settle.py). A batch's transactions are decided one
-        after another, each as a link writeset of its own from the row the one before left,
-        and applied before the next is decided, so its reads see the rows and stamps of those
-        before it. Decided at the first attempt and kept, then logged as the GID's record
+        after another, each as a link writeset of its own from the row the one before left; each
+        reads the stamps and rows after those before it that touch the same keys are applied
+        (:func:`link_segments`: consecutive ones whose keys are apart read and apply together).
+        Decided at the first attempt and kept, then logged as the GID's record
         (link/position.py ``merged``). A later attempt (after a failure that may have committed,
         or a PostgreSQL restart that lost the commit) applies the same bytes."""
         if p.link_final is not None:
@@ -633,31 +634,59 @@ class CommitPipeline:
         decisions: list[link_position.Decision] = []
         numbered = 0  # the exceptions of the batch's transactions before: each is (GID, its number)
         checked = False
-        for step in link_position.steps(p.link):
-            decision = link_position.decide(step, current)
-            if decision == link_position.Decision.APPLY:
-                if not checked:
-                    await self._check_link_site(step.link, query)
-                    checked = True
-                plan, stamps, values = await self._settle_link(p, step, current, query, numbered)
-                final = plan.final(stamps, values)
-                numbered += plan.conflicts
-                if plan.conflicts:
-                    log.warning("GID %d: link %s, peer GID %d: %d row(s) in conflict, settled (chorus.link_exceptions)",
-                                p.gid, step.link, step.peer_gid, plan.conflicts)
-                current = link_position.advanced(current, step)
-            else:
-                final = link_position.final_writeset(step, None, current, decision, p.writeset.encoding)
-                log.info("GID %d: link %s, peer GID %d after %d, commits empty (%s; the link is at peer GID %s)",
-                         p.gid, step.link, step.peer_gid, step.after, decision.value,
-                         current.applied_gid if current is not None else "none")
-            await apply(final)
-            finals.append(final)
-            decisions.append(decision)
+        batched = bool(p.link.steps)
+        steps = [(step, wire.decode(bytes(step.writeset if batched else raw(p.writeset))))
+                 for step in link_position.steps(p.link)]
+        settings = self.link_settings.get(p.link.link)
+        for segment in link_segments([ws for _s, ws in steps], settings is None or settings.calls_functions):
+            plans: list[tuple[link_position.Decision, Optional[Settlement]]] = []
+            for step, remote in (steps[k] for k in segment):
+                decision = link_position.decide(step, current)
+                if decision == link_position.Decision.APPLY:
+                    if not checked:
+                        await self._check_link_site(step.link, query)
+                        checked = True
+                    plans.append((decision, Settlement(step, remote, current, p.gid, self._link_settings(step.link))))
+                    current = link_position.advanced(current, step)
+                else:
+                    plans.append((decision, None))
+                    log.info("GID %d: link %s, peer GID %d after %d, commits empty (%s; the link is at peer GID %s)",
+                             p.gid, step.link, step.peer_gid, step.after, decision.value,
+                             current.applied_gid if current is not None else "none")
+            wanted = sorted({k for _d, plan in plans if plan is not None for k in plan.stamp_keys()})
+            stamps = await query(STAMP_SQL, (wanted,)) if wanted else []
+            done: list[bytes] = []
+            for (decision, plan), k in zip(plans, segment):
+                if plan is None:
+                    step = steps[k][0]
+                    done.append(link_position.final_writeset(step, None, None, decision, p.writeset.encoding))
+                else:
+                    plan.numbered = numbered
+                    done.append(await self._settle_link(plan, stamps, query))
+                    numbered += plan.conflicts
+                decisions.append(decision)
+            await apply(link_position.merged(done))
+            finals += done
         p.link_final = link_position.merged(finals)
         p.link_applied = decisions.count(link_position.Decision.APPLY)
         p.link_decision = link_position.outcome(decisions)
         return p.link_final
+
+    async def _settle_link(self, plan: Settlement, stamps: list[tuple[Any, ...]], query: LinkQuery) -> bytes:
+        """What peer transaction ``plan`` commits, given the stamps read: the rows in conflict read,
+        the conflict function's calls made."""
+        values: dict[bytes, Optional[tuple[wire.Value, ...]]] = {}
+        for table, key, params in plan.wanted(stamps):
+            found = await query(row_sql(table), params)
+            values[key.hashed()] = (tuple(None if v is None else str(v).encode("utf-8") for v in found[0])
+                                    if found else None)
+        await decide_calls(lambda: plan.function_calls(stamps, values), plan.functions, query,
+                           plan.settings.function_timeout_ms)
+        final = plan.final(stamps, values)
+        if plan.conflicts:
+            log.warning("GID %d: link %s, peer GID %d: %d row(s) in conflict, settled (chorus.link_exceptions)",
+                        plan.gid, plan.step.link, plan.step.peer_gid, plan.conflicts)
+        return final
 
     def _link_settings(self, link: str) -> Settings:
         settings = self.link_settings.get(link)
@@ -674,25 +703,6 @@ class CommitPipeline:
             raise ValueError(f"chorus.link_site is {here[0][0] if here else None!r} on this node, but link "
                              f"{link} receives for site {site!r}: its local changes are not "
                              "stamped as the link's conflict windows need (docs/LINKS.md section 5)")
-
-    async def _settle_link(self, p: Pending, step: bp.LinkWriteset, current: Optional[link_position.PositionRow],
-                           query: LinkQuery, numbered: int) -> tuple[
-                               Settlement, list[tuple[Any, ...]], dict[bytes, Optional[tuple[wire.Value, ...]]]]:
-        """The settlement of peer transaction ``step`` of link writeset ``p`` that applies, with
-        the stamps and rows it read, its function calls made."""
-        settings = self._link_settings(step.link)
-        batched = p.link is not None and p.link.steps
-        plan = Settlement(step, wire.decode(bytes(step.writeset if batched else raw(p.writeset))),
-                          current, p.gid, settings, numbered=numbered)
-        stamps = await query(STAMP_SQL, (plan.stamp_keys(),))
-        values: dict[bytes, Optional[tuple[wire.Value, ...]]] = {}
-        for table, key, params in plan.wanted(stamps):
-            found = await query(row_sql(table), params)
-            values[key.hashed()] = (tuple(None if v is None else str(v).encode("utf-8") for v in found[0])
-                                    if found else None)
-        await decide_calls(lambda: plan.function_calls(stamps, values), plan.functions, query,
-                           settings.function_timeout_ms)
-        return plan, stamps, values
 
     def _log_link(self, p: Pending) -> None:
         """Link writeset ``p`` committed here: its log record is what it committed (the record
@@ -802,6 +812,28 @@ def reschedule(book: CommitBook[Pending], scheduler: ApplyScheduler, node: str, 
 def raw(ws: wire.Writeset) -> bytes:
     """A writeset's bytes, as received or encoded anew."""
     return ws.raw or wire.encode(ws)
+
+
+def link_segments(remotes: list[wire.Writeset], alone: bool) -> list[list[int]]:
+    """A batch's transactions (their writesets, in order) cut into runs that read and apply
+    together (docs/LINKS.md section 3.1): the transactions of a run touch keys apart, so none
+    reads what another of its run writes (its rows, their stamps); one that certifies a table
+    whole is a run of its own, and with ``alone`` (a conflict function, whose calls may read
+    anything) each is."""
+    out: list[list[int]] = []
+    seen: set[bytes] = set()
+    closed = True
+    for i, ws in enumerate(remotes):
+        keys = {k.hashed() for k in ws.keys}
+        whole = any(len(k.parts) <= 2 for k in ws.keys)
+        if closed or whole or keys & seen:
+            out.append([i])
+            seen = keys
+        else:
+            out[-1].append(i)
+            seen |= keys
+        closed = alone or whole
+    return out
 
 
 def order_keys(ws: wire.Writeset) -> list[tuple[bytes, wire.KeyMode]]:

@@ -221,6 +221,11 @@ class Settings:
     # call that times out fails the apply, and the nodes vote on it)
     function_timeout_ms: int = 1000
 
+    @property
+    def calls_functions(self) -> bool:
+        """A table of the link is settled by a conflict function (its calls may read any row)."""
+        return "function" in (self.policy, *self.table_policy.values())
+
     def __post_init__(self) -> None:
         if self.delta_fallback not in FALLBACKS:
             raise SettleError(f"delta_fallback must be one of {', '.join(FALLBACKS)}, not {self.delta_fallback!r}")
