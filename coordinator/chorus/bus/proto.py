@@ -1,4 +1,4 @@
-"""Messages coordinators exchange over the bus, versions 3 to 5.
+"""Messages coordinators exchange over the bus, versions 3 to 6.
 
 Every message starts with ``u8 version`` and ``u8 type``; readers reject versions outside the
 range they speak and unknown types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8,
@@ -32,7 +32,7 @@ version-5 message as a version it does not read.
 | ``I`` | :class:`LogInfo` | every member (synced or recovering), answering an ``L``: its log's range, what it committed, load and recovery address |
 | ``O`` | :class:`Vote` | a node that failed to apply a certified writeset, then every node: its outcome for that GID (inconsistency voting) |
 | ``R`` | :class:`Received` | a following node whose Corosync is one of several: it has delivered every GID up to this one (uniform commit) |
-| ``K`` | :class:`LinkWriteset` | the node running a link's receiver: a transaction of the peer site, applied through this site's order (docs/LINKS.md section 3); consumes a GID |
+| ``K`` | :class:`LinkWriteset` | the node running a link's receiver: a transaction of the peer site (from version 6 several: a batch), applied through this site's order (docs/LINKS.md section 3); consumes a GID |
 | ``N`` | :class:`LinkApplied` | a node serving a link's sender: the last GID of this site the peer site applied, as its receiver said (docs/LINKS.md section 2): every node pins its writeset log there |
 | ``Y`` | :class:`Speaks` | every member of version 4 or later, after a member of a release before admitted a node without saying the members' versions: the versions it speaks (bus/versions.py) |
 | ``C`` | :class:`Configure` | a member asked by ``chorus node add``/``remove``: the cluster's configured nodes from this place of the order on (docs/MEMBERSHIP.md) |
