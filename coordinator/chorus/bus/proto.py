@@ -14,7 +14,9 @@ reading them (:func:`_fold`), so a node of this code joins a cluster of the rele
 the cluster moves to 4 once its last version-3 node is gone. Version 5 adds the origin's commit
 time to the writeset messages (``W``, ``M``: a ``u64`` after the ticket, after the origin); a
 message written at 3 or 4 has none (read as 0, unknown), and a node that speaks up to 4 refuses a
-version-5 message as a version it does not read.
+version-5 message as a version it does not read. Version 6 adds batches to the link writeset
+(``K``: a ``u32`` count of peer transactions before its writeset, then each; 0: one, as before);
+a link's receiver batches only while its cluster runs at 6.
 
 | type | message | who sends it |
 | --- | --- | --- |
