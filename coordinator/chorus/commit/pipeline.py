@@ -665,8 +665,8 @@ class CommitPipeline:
                     done.append(await self._settle_link(plan, stamps, query))
                     numbered += plan.conflicts
                 decisions.append(decision)
-            await apply(link_position.merged(done))
-            finals += done
+            finals.append(link_position.merged(done))
+            await apply(finals[-1])
         p.link_final = link_position.merged(finals)
         p.link_applied = decisions.count(link_position.Decision.APPLY)
         p.link_decision = link_position.outcome(decisions)
