@@ -18,7 +18,9 @@ here (a bus round trip, then its turn), and the stream is one site's commits in 
 each link writeset names the peer GID it follows (``after``), and the apply takes it only where
 the link's position is exactly that (link/position.py), so if one is not applied (its message
 lost with a membership change, or refused), every later one commits empty too, and the receiver,
-which waits for each outcome, starts the stream again from the position.
+which waits for each outcome, starts the stream again from the position. While ``window`` wait,
+what arrives is held and sent on as one batch (bus version 6) when an outcome frees a place, so a
+receiver that falls behind catches up a batch per GID (docs/LINKS.md section 3.1).
 """
 
 from __future__ import annotations
