@@ -140,7 +140,7 @@ class Coordinator:
         self.catchup: Optional[CatchUpRunner] = None  # once the replicator exists
         # [[link]]: this node's part in its site's links to other sites (docs/LINKS.md)
         self.links = (SiteLinks(cfg.name, cfg.links, self.wslog, lambda: self.pipeline.watermark, send,
-                                self.db.q_all, self.spool, cfg.dsn) if cfg.links else None)
+                                self.db.q_all, self.spool, cfg.dsn, self._bus_version) if cfg.links else None)
         self.endpoints: Optional[Endpoints] = None  # [metrics] listen
 
     # ---- start and stop -----------------------------------------------------------------
@@ -607,10 +607,14 @@ class Coordinator:
             return None
         return r.decided.get(gid, r.settled.get(gid))
 
+    def _bus_version(self) -> int:
+        """The site's bus version (0: not in a primary component)."""
+        return self.replicator.cluster_version if self.replicator is not None else 0
+
     def _link_committed(self, p: Pending) -> None:
         """A link writeset committed here: this node's receiver of its link waits for it."""
         if self.links is not None and p.link is not None:
-            self.links.committed(p.link, p.link_decision)
+            self.links.committed(p.link, p.link_decision, p.link_applied)
 
     def _refusal(self) -> Optional[str]:
         """Why this node takes no writes now, or None if it does."""

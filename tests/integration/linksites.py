@@ -300,8 +300,9 @@ class Relay:
                 if item is None:
                     break
                 due, data = item
-                if due > time.monotonic():
-                    time.sleep(due - time.monotonic())
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
                 dst.sendall(data)
         except OSError:
             pass

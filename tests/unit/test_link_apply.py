@@ -279,7 +279,8 @@ class Site:
 def test_the_sink_chains_each_transaction_to_the_one_before_within_a_window() -> None:
     async def go() -> None:
         site = Site(lp.PositionRow("east-west", "east", 4, 5, 0, 0))
-        inbound = Inbound("n1", LINK, site.send, site.read, window=2, wall=lambda: 1.5)
+        # a site whose bus is at version 5: nothing batched, the sink waits for room
+        inbound = Inbound("n1", LINK, site.send, site.read, window=2, wall=lambda: 1.5, batches=lambda: False)
         assert (await inbound.position()).applied_gid == 4
         await inbound.sink(tx(6))
         await inbound.sink(ClockEvent("east", 9))  # the peer's clock
@@ -317,11 +318,14 @@ def test_a_link_writeset_not_applied_makes_the_receiver_resume_from_the_position
 def test_a_link_writeset_with_no_outcome_in_time_is_taken_as_lost() -> None:
     async def go() -> None:
         site = Site()
-        inbound = Inbound("n1", LINK, site.send, site.read, window=1, outcome_timeout=0.05, drain_timeout=0.01)
-        await inbound.position()
-        await inbound.sink(tx(1))
-        with pytest.raises(LinkError, match="not committed here"):
-            await inbound.sink(tx(2))
+        for batches in (False, True):
+            inbound = Inbound("n1", LINK, site.send, site.read, window=1, outcome_timeout=0.05, drain_timeout=0.01,
+                              batches=lambda: batches, batch_max=2)
+            await inbound.position()
+            await inbound.sink(tx(1))
+            with pytest.raises(LinkError, match="not committed here"):
+                await inbound.sink(tx(2))  # (batched: held, the batch full at the next)
+                await inbound.sink(tx(3))
     asyncio.run(go())
 
 
@@ -433,10 +437,14 @@ def test_the_pipeline_decides_once_and_logs_what_committed(tmp_path: Any) -> Non
         async def query(sql: str, params: Any) -> list[tuple[Any, ...]]:
             asked.append(sql)
             return [("west",)] if sql == SITE_SQL else []  # no stamps: nothing in conflict
-        final = await p._link_final(first, None, query)
-        assert asked == [SITE_SQL, STAMP_SQL]
-        assert await p._link_final(first, ("east-west", "east", 5, 6, 0, 0), query) == final  # kept
-        assert asked == [SITE_SQL, STAMP_SQL]
+        applied: list[bytes] = []
+
+        async def apply(data: bytes) -> None:
+            applied.append(data)
+        final = await p._link_final(first, None, query, apply)
+        assert asked == [SITE_SQL, STAMP_SQL] and applied == [final]
+        assert await p._link_final(first, ("east-west", "east", 5, 6, 0, 0), query, apply) == final  # kept
+        assert asked == [SITE_SQL, STAMP_SQL] and applied == [final, final]
         assert first.link_decision == lp.Decision.APPLY
         p._log_link(first)
         second.skip = True  # voting: it commits empty

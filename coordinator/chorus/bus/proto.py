@@ -1,4 +1,4 @@
-"""Messages coordinators exchange over the bus, versions 3 to 5.
+"""Messages coordinators exchange over the bus, versions 3 to 6.
 
 Every message starts with ``u8 version`` and ``u8 type``; readers reject versions outside the
 range they speak and unknown types with :class:`BusProtoError`. Strings are ``u16``-length UTF-8,
@@ -14,7 +14,9 @@ reading them (:func:`_fold`), so a node of this code joins a cluster of the rele
 the cluster moves to 4 once its last version-3 node is gone. Version 5 adds the origin's commit
 time to the writeset messages (``W``, ``M``: a ``u64`` after the ticket, after the origin); a
 message written at 3 or 4 has none (read as 0, unknown), and a node that speaks up to 4 refuses a
-version-5 message as a version it does not read.
+version-5 message as a version it does not read. Version 6 adds batches to the link writeset
+(``K``: a ``u32`` count of peer transactions before its writeset, then each; 0: one, as before);
+a link's receiver batches only while its cluster runs at 6.
 
 | type | message | who sends it |
 | --- | --- | --- |
@@ -32,7 +34,7 @@ version-5 message as a version it does not read.
 | ``I`` | :class:`LogInfo` | every member (synced or recovering), answering an ``L``: its log's range, what it committed, load and recovery address |
 | ``O`` | :class:`Vote` | a node that failed to apply a certified writeset, then every node: its outcome for that GID (inconsistency voting) |
 | ``R`` | :class:`Received` | a following node whose Corosync is one of several: it has delivered every GID up to this one (uniform commit) |
-| ``K`` | :class:`LinkWriteset` | the node running a link's receiver: a transaction of the peer site, applied through this site's order (docs/LINKS.md section 3); consumes a GID |
+| ``K`` | :class:`LinkWriteset` | the node running a link's receiver: a transaction of the peer site (from version 6 several: a batch), applied through this site's order (docs/LINKS.md section 3); consumes a GID |
 | ``N`` | :class:`LinkApplied` | a node serving a link's sender: the last GID of this site the peer site applied, as its receiver said (docs/LINKS.md section 2): every node pins its writeset log there |
 | ``Y`` | :class:`Speaks` | every member of version 4 or later, after a member of a release before admitted a node without saying the members' versions: the versions it speaks (bus/versions.py) |
 | ``C`` | :class:`Configure` | a member asked by ``chorus node add``/``remove``: the cluster's configured nodes from this place of the order on (docs/MEMBERSHIP.md) |
@@ -56,7 +58,7 @@ import re
 import struct
 import sys
 from dataclasses import dataclass
-from typing import Callable, Iterable, Union
+from typing import Callable, Iterable, Sequence, Union
 
 from chorus import impl
 from chorus.spool import Concat, SpooledBuffer
@@ -66,8 +68,9 @@ from chorus.spool import Concat, SpooledBuffer
 # 4: the join handshake carries the protocol versions each node speaks (module docstring).
 # 5: writeset messages (W, M) carry their origin's commit time (docs/LINKS.md section 5.1).
 MIN_VERSION = 3  # the lowest version this code reads and writes
-VERSION = 5  # the highest
+VERSION = 6  # the highest
 TIMED = 5  # the first version whose writeset messages carry a commit time
+BATCHED_LINKS = 6  # the first version whose link writesets may carry several peer transactions
 SPEAKS = (MIN_VERSION, VERSION)
 RangeT = tuple[int, int]  # (lowest, highest) bus protocol version a node speaks
 LEGACY = (3, 3)  # what a node that says nothing of its versions speaks (a release before 4)
@@ -150,6 +153,24 @@ class LinkWriteset:
     sent_at: int
     writeset: bytes
     settings: str = ""
+    # a batch (docs/LINKS.md section 3.1): the peer's consecutive transactions, each its own step,
+    # the first following ``after``, each following the one before; then ``peer_gid``,
+    # ``peer_clock``, ``max_replicated`` and ``commit_time`` are the last step's and ``writeset``
+    # holds the keys of them all and no rows (what certification and the scheduler read). Empty:
+    # one transaction, ``writeset`` itself.
+    steps: tuple["LinkStep", ...] = ()
+
+
+@dataclass(frozen=True)
+class LinkStep:
+    """One peer transaction of a batched :class:`LinkWriteset`: its GID, the link's window as the
+    receiver saw it with it, its commit time and its writeset."""
+
+    peer_gid: int
+    peer_clock: int
+    max_replicated: int
+    commit_time: int
+    writeset: bytes
 
 
 @dataclass(frozen=True)
@@ -581,7 +602,8 @@ def encode(m: Message, version: int = VERSION) -> bytes:
                 + _LINK_NUMBERS.pack(m.ticket, m.after, m.peer_gid, m.peer_clock, m.max_replicated, m.commit_time,
                                      m.sent_at)
                 # the receiving node's settings fingerprint: version 4 (a version-3 reader has no place for it)
-                + (_s(m.settings[:MAX_LINK_NAME]) if version >= 4 else b"") + _blob(m.writeset))
+                + (_s(m.settings[:MAX_LINK_NAME]) if version >= 4 else b"")
+                + _link_steps(m, version))
     raise TypeError(f"not a bus message: {m!r}")
 
 
@@ -621,6 +643,46 @@ def py_decode_writesets(b: bytes, speaks: RangeT = SPEAKS) -> tuple[str, list[tu
     return origin, items, commit_time
 
 
+_LINK_STEP = struct.Struct(">QQQQ")  # peer GID, peer clock, max replicated, commit time
+MAX_LINK_STEPS = 4096  # transactions in one batched link writeset
+
+
+def _check_steps(after: int, peer_gid: int, peer_clock: int, max_replicated: int, commit_time: int,
+                 steps: Sequence[LinkStep]) -> None:
+    """A batch's steps: at least two, at most MAX_LINK_STEPS, peer GIDs rising from ``after``, the
+    message's numbers the last step's."""
+    if not 2 <= len(steps) <= MAX_LINK_STEPS:
+        raise BusProtoError(f"a batched link writeset holds 2 to {MAX_LINK_STEPS} transactions, not {len(steps)}")
+    prev = after
+    for st in steps:
+        if not prev < st.peer_gid:
+            raise BusProtoError(f"a batched link writeset's peer GID {st.peer_gid} does not follow {prev}")
+        prev = st.peer_gid
+    last = steps[-1]
+    if (last.peer_gid, last.peer_clock, last.max_replicated, last.commit_time) != (
+            peer_gid, peer_clock, max_replicated, commit_time):
+        raise BusProtoError("a batched link writeset's numbers are not its last transaction's")
+
+
+def _link_steps(m: LinkWriteset, version: int) -> bytes:
+    """The writeset and, from version 6, a batch's steps: their count (0: one transaction) before
+    the writeset, then each."""
+    if version < BATCHED_LINKS:
+        if m.steps:
+            raise BusProtoError(f"a batched link writeset is a bus version {BATCHED_LINKS} message")
+        return _blob(m.writeset)
+    if m.steps:
+        _check_steps(m.after, m.peer_gid, m.peer_clock, m.max_replicated, m.commit_time, m.steps)
+    return struct.pack(">I", len(m.steps)) + _blob(m.writeset) + b"".join(
+        _LINK_STEP.pack(st.peer_gid, st.peer_clock, st.max_replicated, st.commit_time) + _blob(st.writeset)
+        for st in m.steps)
+
+
+def _read_step(r: "_R") -> LinkStep:
+    peer_gid, peer_clock, max_replicated, commit_time = _LINK_STEP.unpack(r.take(_LINK_STEP.size))
+    return LinkStep(peer_gid, peer_clock, max_replicated, commit_time, r.blob())
+
+
 def _read_link(r: "_R", version: int) -> LinkWriteset:
     node, link, site = r.s(), r.s(), r.s()
     if not (link and site) or len(link) > MAX_LINK_NAME or len(site) > MAX_LINK_NAME:
@@ -632,8 +694,16 @@ def _read_link(r: "_R", version: int) -> LinkWriteset:
     settings = r.s() if version >= 4 else ""  # (version 3: no fingerprint, nothing to compare)
     if len(settings) > MAX_LINK_NAME:
         raise BusProtoError("a link writeset's settings fingerprint is at most 64 characters")
+    n = r.u32() if version >= BATCHED_LINKS else 0
+    writeset = r.blob()
+    steps: tuple[LinkStep, ...] = ()
+    if n:  # a batch
+        if not 2 <= n <= MAX_LINK_STEPS:
+            raise BusProtoError(f"a batched link writeset holds 2 to {MAX_LINK_STEPS} transactions, not {n}")
+        steps = tuple(_read_step(r) for _ in range(n))
+        _check_steps(after, peer_gid, peer_clock, max_replicated, commit_time, steps)
     return LinkWriteset(node, ticket, link, site, after, peer_gid, peer_clock, max_replicated, commit_time, sent_at,
-                        r.blob(), settings)
+                        writeset, settings, steps)
 
 
 def _check_version(version: int, speaks: RangeT) -> None:

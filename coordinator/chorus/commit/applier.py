@@ -84,6 +84,8 @@ _U32 = struct.Struct(">I")
 
 # what the decision of a link writeset reads in its apply transaction: (sql, parameters) -> rows
 LinkQuery = Callable[[str, Sequence[Any]], Awaitable[list[tuple[Any, ...]]]]
+# what it applies in that transaction, in parts or whole: a writeset
+LinkApply = Callable[[bytes], Awaitable[None]]
 
 
 class ApplySession:
@@ -185,13 +187,15 @@ class ApplySession:
             return False
 
     async def apply_link(self, gid: int, wait_for: int, prev: int, link: str,
-                         final: Callable[[Optional[tuple[object, ...]], LinkQuery], Awaitable[bytes]],
+                         final: Callable[[Optional[tuple[object, ...]], LinkQuery, LinkApply], Awaitable[bytes]],
                          skip: bool = False) -> bool:
         """Apply link writeset ``gid`` of link ``link`` (docs/LINKS.md section 3) in one
-        transaction: read the link's row of ``chorus.link_position``, ask ``final`` what to
-        commit given that row (link/position.py: the peer's rows settled against the stamps and
-        rows it reads with the query it is given, link/settle.py, and the row moved; or nothing),
-        apply it with ``chorus.apply_writeset`` and commit as ``gid`` in its turn. What it reads
+        transaction: read the link's row of ``chorus.link_position``, have ``final`` decide and
+        apply what to commit given that row (link/position.py: the peer's rows settled against
+        the stamps and rows it reads with the query it is given, link/settle.py, and the row
+        moved; or nothing; a batch's transactions one after another, each decided after those
+        before it were applied), through the apply it is given (``chorus.apply_writeset``, in
+        this transaction), and commit as ``gid`` in its turn. What it reads
         is what every node reads at this GID: the link's writesets are applied one after another
         (the pipeline orders them by the row's key), and the rows they touch were committed
         before (certification: a local transaction certified after it that overlaps it fails).
@@ -208,8 +212,11 @@ class ApplySession:
         self._stop_reading()
         try:
             await conn.execute(b"BEGIN")
+
+            async def apply(data: bytes) -> None:
+                await conn.execute("SELECT chorus.apply_writeset(%s, %s, %s, %s)", (gid, wait_for, data, prev))
             if skip:
-                data = wire.empty()
+                await apply(wire.empty())
             else:
                 cur = await conn.execute(link_position.READ_SQL, (link,))
 
@@ -218,13 +225,12 @@ class ApplySession:
                     return await c.fetchall()
                 row = await cur.fetchone()
                 try:
-                    data = await final(row, query)
+                    await final(row, query, apply)
                 except psycopg.Error:
                     raise
                 except Exception as e:  # what cannot be decided here (settings, a key type): said, not retried
                     await self._rollback()
                     raise ApplyError(f"GID {gid}: link {link}: {e}") from e
-            await conn.execute("SELECT chorus.apply_writeset(%s, %s, %s, %s)", (gid, wait_for, data, prev))
             await conn.execute(b"COMMIT")
             return True
         except psycopg.Error as e:

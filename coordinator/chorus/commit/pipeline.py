@@ -29,7 +29,7 @@ import psycopg
 
 from chorus.bus import proto as bp
 from chorus import wire
-from chorus.commit.applier import (ApplyConnectionLost, ApplyError, ApplySession, LinkQuery, PartlyCommitted,
+from chorus.commit.applier import (ApplyConnectionLost, ApplyError, ApplySession, LinkApply, LinkQuery, PartlyCommitted,
                                    TransientApplyError)
 from chorus.commit.book import CommitBook
 from chorus.concurrent import ConcurrentSchemaChanges
@@ -124,6 +124,7 @@ class Pending:
     link: Optional[bp.LinkWriteset] = None
     link_final: Optional[bytes] = None
     link_decision: Optional[link_position.Decision] = None
+    link_applied: int = 0  # of its peer transactions (a batch has several), how many it applied
     # its origin's commit time, µs since the Unix epoch, as its bus message (or log record) said:
     # the same on every node (0: unknown); kept in its log record
     commit_time: int = 0
@@ -615,54 +616,104 @@ class CommitPipeline:
             self.hooks.committed_here(gid)
         self.book.advance(gid)
 
-    async def _link_final(self, p: Pending, row: Optional[tuple[object, ...]], query: LinkQuery) -> bytes:
-        """What link writeset ``p`` commits, given the link's row of ``chorus.link_position``
-        before it and, when it applies, the stamps and rows its conflicts are decided by (read
-        with ``query`` in the apply's transaction, link/settle.py): decided at the first attempt
-        and kept, then logged as the GID's record (link/position.py). A later attempt (after a
-        failure that may have committed, or a PostgreSQL restart that lost the commit) applies
-        the same bytes."""
-        if p.link_final is None:
-            assert p.link is not None
-            current = link_position.PositionRow.of(row)
-            copying = link_copy.is_copy(p.writeset)
-            decision = link_position.Decision.COPY if copying else link_position.decide(p.link, current)
-            settings = self.link_settings.get(p.link.link)
-            if decision in (link_position.Decision.APPLY, link_position.Decision.COPY):
-                if settings is None:
-                    raise ValueError(f"this node has no [[link]] {p.link.link}: every node of the site needs it, "
-                                     "with the same conflict settings, to apply the link's writesets")
-                here = await query(SITE_SQL, ())
-                if not here or here[0][0] != settings.site:
-                    raise ValueError(f"chorus.link_site is {here[0][0] if here else None!r} on this node, but link "
-                                     f"{p.link.link} receives for site {settings.site!r}: its local changes are not "
-                                     "stamped as the link's conflict windows need (docs/LINKS.md section 5)")
-            if copying and settings is not None:
-                p.link_final = await self._copy_final(p.link, wire.decode(bytes(raw(p.writeset))), current, p.gid,
-                                                      settings.site, settings.subset, query)
-                p.link_decision = decision
-                return p.link_final
-            if decision == link_position.Decision.APPLY and settings is not None:
-                plan = Settlement(p.link, wire.decode(bytes(raw(p.writeset))), current, p.gid, settings)
-                stamps = await query(STAMP_SQL, (plan.stamp_keys(),))
-                values: dict[bytes, Optional[tuple[wire.Value, ...]]] = {}
-                for table, key, params in plan.wanted(stamps):
-                    found = await query(row_sql(table), params)
-                    values[key.hashed()] = (tuple(None if v is None else str(v).encode("utf-8") for v in found[0])
-                                            if found else None)
-                await decide_calls(lambda: plan.function_calls(stamps, values), plan.functions, query,
-                                   settings.function_timeout_ms)
-                p.link_final = plan.final(stamps, values)
-                if plan.conflicts:
-                    log.warning("GID %d: link %s, peer GID %d: %d row(s) in conflict, settled (chorus.link_exceptions)",
-                                p.gid, p.link.link, p.link.peer_gid, plan.conflicts)
-            else:
-                p.link_final = link_position.final_writeset(p.link, None, current, decision, p.writeset.encoding)
-                log.info("GID %d: link %s, peer GID %d after %d, commits empty (%s; the link is at peer GID %s)",
-                         p.gid, p.link.link, p.link.peer_gid, p.link.after, decision.value,
-                         current.applied_gid if current is not None else "none")
-            p.link_decision = decision
+    async def _link_final(self, p: Pending, row: Optional[tuple[object, ...]], query: LinkQuery,
+                          apply: LinkApply) -> bytes:
+        """Decide and apply (with ``apply``, in the apply's transaction) what link writeset ``p``
+        commits, given the link's row of ``chorus.link_position`` before it and, for each peer
+        transaction it applies, the stamps and rows its conflicts are decided by (read with
+        ``query`` in that transaction, link/settle.py). A batch's transactions are decided one
+        after another, each as a link writeset of its own from the row the one before left; each
+        reads the stamps and rows after those before it that touch the same keys are applied
+        (:func:`link_segments`: consecutive ones whose keys are apart read and apply together).
+        Decided at the first attempt and kept, then logged as the GID's record
+        (link/position.py ``merged``). A later attempt (after a failure that may have committed,
+        or a PostgreSQL restart that lost the commit) applies the same bytes."""
+        if p.link_final is not None:
+            await apply(p.link_final)
+            return p.link_final
+        assert p.link is not None
+        current = link_position.PositionRow.of(row)
+        if link_copy.is_copy(p.writeset):  # a batch of a re-instantiation (never batched by the receiver)
+            await self._check_link_site(p.link.link, query)
+            copying = self._link_settings(p.link.link)
+            p.link_final = await self._copy_final(p.link, wire.decode(bytes(raw(p.writeset))), current, p.gid,
+                                                  copying.site, copying.subset, query)
+            p.link_decision = link_position.Decision.COPY
+            await apply(p.link_final)
+            return p.link_final
+        finals: list[bytes] = []
+        decisions: list[link_position.Decision] = []
+        numbered = 0  # the exceptions of the batch's transactions before: each is (GID, its number)
+        checked = False
+        batched = bool(p.link.steps)
+        steps = [(step, wire.decode(bytes(step.writeset if batched else raw(p.writeset))))
+                 for step in link_position.steps(p.link)]
+        settings = self.link_settings.get(p.link.link)
+        for segment in link_segments([ws for _s, ws in steps], settings is None or settings.calls_functions):
+            plans: list[tuple[link_position.Decision, Optional[Settlement]]] = []
+            for step, remote in (steps[k] for k in segment):
+                decision = link_position.decide(step, current)
+                if decision == link_position.Decision.APPLY:
+                    if not checked:
+                        await self._check_link_site(step.link, query)
+                        checked = True
+                    plans.append((decision, Settlement(step, remote, current, p.gid, self._link_settings(step.link))))
+                    current = link_position.advanced(current, step)
+                else:
+                    plans.append((decision, None))
+                    log.info("GID %d: link %s, peer GID %d after %d, commits empty (%s; the link is at peer GID %s)",
+                             p.gid, step.link, step.peer_gid, step.after, decision.value,
+                             current.applied_gid if current is not None else "none")
+            wanted = sorted({k for _d, plan in plans if plan is not None for k in plan.stamp_keys()})
+            stamps = await query(STAMP_SQL, (wanted,)) if wanted else []
+            done: list[bytes] = []
+            for (decision, plan), k in zip(plans, segment):
+                if plan is None:
+                    step = steps[k][0]
+                    done.append(link_position.final_writeset(step, None, None, decision, p.writeset.encoding))
+                else:
+                    plan.numbered = numbered
+                    done.append(await self._settle_link(plan, stamps, query))
+                    numbered += plan.conflicts
+                decisions.append(decision)
+            finals.append(link_position.merged(done))
+            await apply(finals[-1])
+        p.link_final = link_position.merged(finals)
+        p.link_applied = decisions.count(link_position.Decision.APPLY)
+        p.link_decision = link_position.outcome(decisions)
         return p.link_final
+
+    async def _settle_link(self, plan: Settlement, stamps: list[tuple[Any, ...]], query: LinkQuery) -> bytes:
+        """What peer transaction ``plan`` commits, given the stamps read: the rows in conflict read,
+        the conflict function's calls made."""
+        values: dict[bytes, Optional[tuple[wire.Value, ...]]] = {}
+        for table, key, params in plan.wanted(stamps):
+            found = await query(row_sql(table), params)
+            values[key.hashed()] = (tuple(None if v is None else str(v).encode("utf-8") for v in found[0])
+                                    if found else None)
+        await decide_calls(lambda: plan.function_calls(stamps, values), plan.functions, query,
+                           plan.settings.function_timeout_ms)
+        final = plan.final(stamps, values)
+        if plan.conflicts:
+            log.warning("GID %d: link %s, peer GID %d: %d row(s) in conflict, settled (chorus.link_exceptions)",
+                        plan.gid, plan.step.link, plan.step.peer_gid, plan.conflicts)
+        return final
+
+    def _link_settings(self, link: str) -> Settings:
+        settings = self.link_settings.get(link)
+        if settings is None:
+            raise ValueError(f"this node has no [[link]] {link}: every node of the site needs it, "
+                             "with the same conflict settings, to apply the link's writesets")
+        return settings
+
+    async def _check_link_site(self, link: str, query: LinkQuery) -> None:
+        """This node stamps its local changes for ``link``'s site (once per link writeset)."""
+        site = self._link_settings(link).site
+        here = await query(SITE_SQL, ())
+        if not here or here[0][0] != site:
+            raise ValueError(f"chorus.link_site is {here[0][0] if here else None!r} on this node, but link "
+                             f"{link} receives for site {site!r}: its local changes are not "
+                             "stamped as the link's conflict windows need (docs/LINKS.md section 5)")
 
     @staticmethod
     async def _copy_final(step: bp.LinkWriteset, ws: wire.Writeset, current: Optional[link_position.PositionRow],
@@ -693,6 +744,7 @@ class CommitPipeline:
             if p.link_final is not None and p.link_decision in (link_position.Decision.APPLY,
                                                                  link_position.Decision.COPY):
                 p.link_decision = None  # decided, but voting had it commit empty
+                p.link_applied = 0
             p.link_final = wire.empty(p.writeset.encoding)
         self.feeder.outcome(p.gid, True, p.link_final)
 
@@ -794,6 +846,28 @@ def reschedule(book: CommitBook[Pending], scheduler: ApplyScheduler, node: str, 
 def raw(ws: wire.Writeset) -> bytes:
     """A writeset's bytes, as received or encoded anew."""
     return ws.raw or wire.encode(ws)
+
+
+def link_segments(remotes: list[wire.Writeset], alone: bool) -> list[list[int]]:
+    """A batch's transactions (their writesets, in order) cut into runs that read and apply
+    together (docs/LINKS.md section 3.1): the transactions of a run touch keys apart, so none
+    reads what another of its run writes (its rows, their stamps); one that certifies a table
+    whole is a run of its own, and with ``alone`` (a conflict function, whose calls may read
+    anything) each is."""
+    out: list[list[int]] = []
+    seen: set[bytes] = set()
+    closed = True
+    for i, ws in enumerate(remotes):
+        keys = {k.hashed() for k in ws.keys}
+        whole = any(len(k.parts) <= 2 for k in ws.keys)
+        if closed or whole or keys & seen:
+            out.append([i])
+            seen = keys
+        else:
+            out[-1].append(i)
+            seen |= keys
+        closed = alone or whole
+    return out
 
 
 def order_keys(ws: wire.Writeset) -> list[tuple[bytes, wire.KeyMode]]:

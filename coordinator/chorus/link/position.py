@@ -24,10 +24,12 @@ from __future__ import annotations
 import datetime
 import enum
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
+
+import dataclasses
 
 from chorus import wire
-from chorus.bus.proto import LinkWriteset
+from chorus.bus.proto import LinkStep, LinkWriteset
 
 ORIGIN_PREFIX = "link:"
 
@@ -162,3 +164,91 @@ def reflected_in(ws: wire.Writeset) -> Optional[PositionRow]:
                                    int(v[3] or 0), int(v[4] or 0), 0)
     return None
 
+
+
+# A batch (docs/LINKS.md section 3.1): the receiver sends the peer's consecutive transactions on
+# in one link writeset, one GID here, applied in one transaction, each decided in turn as if it
+# were a link writeset of its own (:func:`steps`), each seeing the rows of those before it.
+
+def steps(msg: LinkWriteset) -> tuple[LinkWriteset, ...]:
+    """The peer transactions link writeset ``msg`` carries, each as a link writeset of its own
+    (the ticket, the time sent on and the settings are the message's; each follows the one before
+    it, the first the message's ``after``): :func:`decide`, :func:`final_writeset` and the
+    settlement take them one at a time."""
+    if not msg.steps:
+        return (msg,)
+    out = []
+    after = msg.after
+    for st in msg.steps:
+        out.append(dataclasses.replace(msg, after=after, peer_gid=st.peer_gid, peer_clock=st.peer_clock,
+                                       max_replicated=st.max_replicated, commit_time=st.commit_time,
+                                       writeset=st.writeset, steps=()))
+        after = st.peer_gid
+    return tuple(out)
+
+
+def outcome(decisions: Sequence[Decision]) -> Decision:
+    """What a link writeset did, given what each of its peer transactions did: the first that was
+    neither applied nor a duplicate (the receiver then resumes from the position), else applied
+    if any was, else a duplicate."""
+    for d in decisions:
+        if d not in (Decision.APPLY, Decision.DUPLICATE):
+            return d
+    return Decision.APPLY if Decision.APPLY in decisions else Decision.DUPLICATE
+
+
+def batchable(ws: wire.Writeset) -> bool:
+    """Whether a peer transaction may go in a batch: no schema change, and no table without a
+    primary key (the apply orders such a table's writesets by its rows' changes, which a batch's
+    writeset of keys alone does not carry); others go alone."""
+    return not ws.has_schema and not any(t.full_identity for t in ws.tables)
+
+
+def batch(items: Sequence[LinkWriteset]) -> LinkWriteset:
+    """One link writeset carrying ``items`` (consecutive ones of one link, each following the one
+    before, all sent on by one receiver): the first's ``after``, the last's numbers, and for
+    certification and the scheduler a writeset of the keys of them all, without rows. One item is
+    itself."""
+    if len(items) == 1:
+        return items[0]
+    first, last = items[0], items[-1]
+    keys: dict[wire.Key, None] = {}
+    encoding = wire.UTF8
+    for i, m in enumerate(items):
+        if i and m.after != items[i - 1].peer_gid:
+            raise ValueError(f"peer GID {m.peer_gid} follows {m.after}, not {items[i - 1].peer_gid}")
+        ws = wire.scan(m.writeset)
+        if not batchable(ws):
+            raise ValueError(f"peer GID {m.peer_gid} is a transaction sent on alone")
+        encoding = ws.encoding
+        keys.update(dict.fromkeys(ws.keys))
+    head = wire.encode(wire.Writeset(0, 0, 0, (), (), tuple(keys), encoding=encoding))
+    return dataclasses.replace(last, after=first.after, writeset=head,
+                               steps=tuple(LinkStep(m.peer_gid, m.peer_clock, m.max_replicated, m.commit_time,
+                                                    m.writeset) for m in items))
+
+
+def merged(finals: Sequence[bytes]) -> bytes:
+    """The writeset a batch commits, as its GID's log record: what each of its transactions
+    committed (:func:`final_writeset`), in order, as one writeset (its tables one after another,
+    its rows and keys in order, each table once). Applying it is applying them one after another in one
+    transaction: what a node that catches up from the log does."""
+    if len(finals) == 1:
+        return finals[0]
+    parts = [wire.decode(f) for f in finals]
+    rows: list[wire.Item] = []
+    keys: list[wire.Key] = []
+    index: dict[wire.Table, int] = {}
+    for ws in parts:
+        at = [index.setdefault(t, len(index)) for t in ws.tables]  # a table of several once
+        for r in ws.rows:
+            if not isinstance(r, wire.Row):
+                raise ValueError("a link writeset carries no schema change")
+            rows.append(r._replace(table=at[r.table]))
+        keys += ws.keys
+    tables = list(index)
+    first = next((ws for ws in parts if ws.rows), parts[0])
+    if not rows:
+        return wire.empty(first.encoding)
+    return wire.encode(wire.Writeset(first.xid, first.pid, first.last_seen, tuple(tables), tuple(rows), tuple(keys),
+                                     flags=first.flags, encoding=first.encoding))

@@ -221,6 +221,11 @@ class Settings:
     # call that times out fails the apply, and the nodes vote on it)
     function_timeout_ms: int = 1000
 
+    @property
+    def calls_functions(self) -> bool:
+        """A table of the link is settled by a conflict function (its calls may read any row)."""
+        return "function" in (self.policy, *self.table_policy.values())
+
     def __post_init__(self) -> None:
         if self.delta_fallback not in FALLBACKS:
             raise SettleError(f"delta_fallback must be one of {', '.join(FALLBACKS)}, not {self.delta_fallback!r}")
@@ -355,7 +360,7 @@ class Settlement:
     site's GID ``gid``, the peer's writeset ``remote`` decoded in full, the link's row ``current``."""
 
     def __init__(self, step: LinkWriteset, remote: wire.Writeset, current: Optional[lp.PositionRow], gid: int,
-                 settings: Settings) -> None:
+                 settings: Settings, numbered: int = 0) -> None:
         if remote.scanned:
             raise ValueError("the peer's writeset is needed decoded in full")
         if remote.has_schema:
@@ -371,6 +376,9 @@ class Settlement:
         self.remote = remote
         self.current = current
         self.gid = gid
+        # the exceptions recorded at this GID before (a batch's transactions before this one): its
+        # own are numbered after them
+        self.numbered = numbered
         self.settings = settings
         mr = max(step.max_replicated, current.max_replicated if current is not None else 0)
         self.window = LinkWindow(settings.site, settings.peer, mr, 0)
@@ -499,7 +507,7 @@ class Settlement:
             op, old = (wire.OP_UPDATE, (_bytea(sk),)) if sk in own else (wire.OP_INSERT, ())
             out_rows.append(wire.Row(op, st, old, _stamp_values(sk, after)))
             keys.append(wire.Key(wire.KeyMode.UPDATE, (b"chorus", b"link_stamp", b"key", _bytea(sk))))
-        n = 0
+        n = self.numbered
         for r in d.rows:
             if r.in_conflict:
                 n += 1

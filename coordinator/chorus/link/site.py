@@ -18,12 +18,15 @@ here (a bus round trip, then its turn), and the stream is one site's commits in 
 each link writeset names the peer GID it follows (``after``), and the apply takes it only where
 the link's position is exactly that (link/position.py), so if one is not applied (its message
 lost with a membership change, or refused), every later one commits empty too, and the receiver,
-which waits for each outcome, starts the stream again from the position.
+which waits for each outcome, starts the stream again from the position. While ``window`` wait,
+what arrives is held and sent on as one batch (bus version 6) when an outcome frees a place, so a
+receiver that falls behind catches up a batch per GID (docs/LINKS.md section 3.1).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import secrets
@@ -63,6 +66,10 @@ DRAIN_TIMEOUT_S = 30.0  # how long a reconnect waits for the outcomes of what is
 # a receiver that found its link broken is started again after this long, not at every membership
 # tick: the link shows broken here meanwhile, and is tried again in case it was instantiated anew
 BROKEN_RETRY_S = 60.0
+# a batch of peer transactions sent on as one link writeset (docs/LINKS.md section 3.1): at most
+# this many bytes of writesets (a larger transaction goes alone) and this many transactions
+BATCH_BYTES = 1 << 20
+BATCH_MAX = 1024
 
 
 def receiver_node(link: LinkConfig, synced: Iterable[str]) -> Optional[str]:
@@ -130,6 +137,7 @@ def provenance(link: LinkConfig) -> Callable[[LogRecord], Provenance]:
 class _Flight:
     msg: bp.LinkWriteset
     sent: float
+    count: int = 1  # peer transactions in it
     done: "asyncio.Future[Optional[lp.Decision]]" = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -148,7 +156,8 @@ class Inbound:
     def __init__(self, node: str, link: LinkConfig, send: Callable[[bp.Message], None],
                  read: Callable[[], Awaitable[Optional[lp.PositionRow]]], window: int = 64,
                  outcome_timeout: float = OUTCOME_TIMEOUT_S, drain_timeout: float = DRAIN_TIMEOUT_S,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, batch_bytes: int = BATCH_BYTES,
+                 batch_max: int = BATCH_MAX, batches: Callable[[], bool] = lambda: True) -> None:
         self.node = node
         self.link = link
         self.send = send
@@ -165,10 +174,19 @@ class Inbound:
         self._ticket = secrets.randbits(62)  # tickets of an earlier run of this node are not taken for these
         self.sent = 0  # transactions received and sent on
         self.applied = 0
+        # transactions received while ``window`` link writesets wait for their outcome: sent on
+        # together, as one batch, when one of those commits or the batch is full (docs/LINKS.md
+        # section 3.1)
+        self.held: list[bp.LinkWriteset] = []
+        self.held_bytes = 0
+        self.batch_bytes = batch_bytes
+        self.batch_max = min(batch_max, bp.MAX_LINK_STEPS)
+        self.batches = batches  # the site's bus carries batches (version 6): every member reads them
         self.settings = link_settings(link).fingerprint  # (every node compares it with its own)
 
     async def position(self) -> Position:
         """Where the link resumes: its committed row, once what is in flight has an outcome."""
+        self.held, self.held_bytes = [], 0  # not sent on: the stream sends them again from the position
         await self._drain()
         row = await self.read()
         self.after = row.applied_gid if row is not None else 0
@@ -190,17 +208,38 @@ class Inbound:
         if ws.has_schema:
             raise LinkError(f"link {self.link.name}: peer GID {item.clock} holds a schema change, which links do not "
                             "carry yet")
-        while len(self.flights) >= self.window:
-            await self._wait_oldest()
-            self._check()
-        self._ticket += 1
         self.peer_clock = max(self.peer_clock, item.clock + 1)
-        msg = bp.LinkWriteset(self.node, self._ticket, self.link.name, self.link.peer_site, self.after, item.clock,
+        msg = bp.LinkWriteset(self.node, 0, self.link.name, self.link.peer_site, self.after, item.clock,
                               self.peer_clock, self.max_replicated, item.commit_time, int(self.wall() * 1e6),
                               ws.raw or wire.encode(ws), self.settings)
         self.after = item.clock
-        self.flights[msg.ticket] = _Flight(msg, time.monotonic())
         self.sent += 1
+        alone = not (self.batches() and lp.batchable(ws)) or len(msg.writeset) >= self.batch_bytes
+        if alone and self.held:
+            await self._room()
+            self._flush()
+        self.held.append(msg)
+        self.held_bytes += len(msg.writeset)
+        if (alone or len(self.held) >= self.batch_max or self.held_bytes >= self.batch_bytes
+                or len(self.flights) < self.window):
+            await self._room()
+            self._flush()
+
+    async def _room(self) -> None:
+        """Wait until what is held can be sent on (fewer than ``window`` link writesets wait for
+        their outcome), or was (an outcome sent it)."""
+        while self.held and len(self.flights) >= self.window:
+            await self._wait_oldest()
+            self._check()
+
+    def _flush(self) -> None:
+        """Send what is held on as one link writeset (a batch of them all, or one alone)."""
+        if not self.held:
+            return
+        held, self.held, self.held_bytes = self.held, [], 0
+        self._ticket += 1
+        msg = dataclasses.replace(lp.batch(held), ticket=self._ticket, sent_at=int(self.wall() * 1e6))
+        self.flights[msg.ticket] = _Flight(msg, time.monotonic(), len(held))
         self.send(msg)
 
     def applied_through(self) -> Optional[int]:
@@ -211,6 +250,8 @@ class Inbound:
             return None
         for f in self.flights.values():
             return f.msg.after
+        for m in self.held:
+            return m.after
         return self.after
 
     def waiting(self) -> tuple[Optional[int], float]:
@@ -219,23 +260,28 @@ class Inbound:
         skew is in it), or, when its time is unknown (a peer of a release before), how long ago
         this receiver sent it on (None, 0: none waits)."""
         for f in self.flights.values():
-            if f.msg.commit_time > 0:
-                return f.msg.peer_gid, max(0.0, self.wall() - f.msg.commit_time / 1e6)
-            return f.msg.peer_gid, time.monotonic() - f.sent
+            first = lp.steps(f.msg)[0]
+            if first.commit_time > 0:
+                return first.peer_gid, max(0.0, self.wall() - first.commit_time / 1e6)
+            return first.peer_gid, time.monotonic() - f.sent
         return None, 0.0
 
-    def committed(self, ticket: int, decision: Optional[lp.Decision]) -> None:
-        """Link writeset ``ticket`` of this node committed here, as ``decision`` decided."""
+    def committed(self, ticket: int, decision: Optional[lp.Decision], applied: Optional[int] = None) -> None:
+        """Link writeset ``ticket`` of this node committed here, as ``decision`` decided
+        (position.outcome: a batch's), ``applied`` of its peer transactions applied (None: all of
+        them if it applied, else none). Sends on what was held meanwhile."""
         f = self.flights.pop(ticket, None)
         if f is None:
             return
         if decision == lp.Decision.APPLY:
-            self.applied += 1
+            self.applied += f.count if applied is None else applied
         elif decision != lp.Decision.DUPLICATE and self.failed is None:
             self.failed = (f"link {self.link.name}: peer GID {f.msg.peer_gid} after {f.msg.after} committed empty "
                            f"({decision.value if decision else 'skipped'}): resuming from the link's position")
         if not f.done.done():
             f.done.set_result(decision)
+        if self.held and self.failed is None and len(self.flights) < self.window:
+            self._flush()
 
     def _check(self) -> None:
         now = time.monotonic()
@@ -337,8 +383,10 @@ class SiteLinks:
     def __init__(self, node: str, links: tuple[LinkConfig, ...], wslog: WritesetLog, committed: Callable[[], int],
                  send: Callable[[bp.Message], None],
                  query: Callable[[str, tuple[Any, ...]], Awaitable[list[tuple[Any, ...]]]],
-                 spool: Optional[Spool] = None, dsn: str = "") -> None:
+                 spool: Optional[Spool] = None, dsn: str = "",
+                 bus_version: Callable[[], int] = lambda: bp.VERSION) -> None:
         self.node = node
+        self.bus_version = bus_version  # the site's bus version: batches from version 6
         self.dsn = dsn  # the node's database: the rules' evaluator connects there without rules_dsn
         self.links = links
         self.wslog = wslog
@@ -428,7 +476,7 @@ class SiteLinks:
                 log.info("link %s: this node no longer runs the receiver", link.name)
                 task.cancel()
 
-    def committed(self, msg: bp.LinkWriteset, decision: Optional[lp.Decision]) -> None:
+    def committed(self, msg: bp.LinkWriteset, decision: Optional[lp.Decision], applied: Optional[int] = None) -> None:
         """A link writeset committed here (any node's: only this node's receiver waits)."""
         if msg.node != self.node:
             return
@@ -437,7 +485,7 @@ class SiteLinks:
             return
         inbound = self.inbound.get(msg.link)
         if inbound is not None:
-            inbound.committed(msg.ticket, decision)
+            inbound.committed(msg.ticket, decision, applied)
 
     def _resting(self, name: str) -> bool:
         """Whether link ``name``'s receiver found it broken here less than BROKEN_RETRY_S ago."""
@@ -445,7 +493,9 @@ class SiteLinks:
         return at is not None and time.monotonic() - at < BROKEN_RETRY_S
 
     def _start_receiver(self, link: LinkConfig) -> None:
-        inbound = self.inbound[link.name] = Inbound(self.node, link, self.send, self._reader(link), link.window)
+        inbound = self.inbound[link.name] = Inbound(
+            self.node, link, self.send, self._reader(link), link.window,
+            batches=lambda: self.bus_version() >= bp.BATCHED_LINKS)
         end = LinkEnd(link.name, link.site, link.peer_site, _keys(link))
 
         async def sink(item: StreamItem) -> None:
