@@ -219,12 +219,7 @@ class LocalCluster:
         return pw.pw_uid, pw.pw_gid
 
     def _chown(self, path: Path) -> None:
-        owner = self._service_owner()
-        if owner is not None:
-            for root, dirs, files in os.walk(path):
-                os.chown(root, *owner, follow_symlinks=False)
-                for f in dirs + files:  # a link is changed itself, never what it points at
-                    os.chown(os.path.join(root, f), *owner, follow_symlinks=False)
+        _chown_tree(path, self._service_owner())
 
     def _peer_users(self) -> list[str]:
         """The OS users who connect as postgres over a node's socket: the service user and this one."""
@@ -920,10 +915,15 @@ def init_pgdata(run: Callable[[list[str]], object], initdb: Path, pgdata: Path, 
         except OSError:  # another process kept its own first
             shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(template, pgdata, symlinks=True, dirs_exist_ok=True)
+    _chown_tree(pgdata, owner)
+
+
+def _chown_tree(path: Path, owner: Optional[tuple[int, int]]) -> None:
+    """Give ``path`` and everything below it to ``owner`` (uid, gid); nothing when None."""
     if owner is not None:
-        for root, dirs, files in os.walk(pgdata):
+        for root, dirs, files in os.walk(path):
             os.chown(root, *owner, follow_symlinks=False)
-            for f in dirs + files:
+            for f in dirs + files:  # a link is changed itself, never what it points at
                 os.chown(os.path.join(root, f), *owner, follow_symlinks=False)
 
 
