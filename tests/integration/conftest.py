@@ -92,8 +92,8 @@ def schema_cluster() -> Iterator[Cluster]:
     leave pgbench's tables) for the schema-change tests of test_fidelity.py and
     test_migrations.py, which hold every node's whole schema and data to the first's
     (chorus.testkit.fidelity.check): each test works in schemas or tables of its own and drops
-    what it makes database-wide (roles aside, named for their file). Stopped after the last test
-    that uses it."""
+    what it makes outside them (event triggers, tablespaces, databases, publications), but for
+    test_fidelity's role app_owner. Stopped after the last test that uses it."""
     with SCHEMA_CLUSTER:
         yield SCHEMA_CLUSTER.enter_context(extra_cluster("chorus-schema-", 30))
 
