@@ -36,5 +36,9 @@ def native() -> list[Extension]:
     return [ext]
 
 
+# Cython and the C compiler on every core: the four modules are independent
+JOBS = len(os.sched_getaffinity(0))
+
 setup(ext_modules=cythonize([Extension(f"chorus.{name}", [f"coordinator/chorus/{name}.pyx"], optional=True)
-                             for name in COMPILED], language_level=3, quiet=True) + native())
+                             for name in COMPILED], language_level=3, quiet=True, nthreads=JOBS) + native(),
+      options={"build_ext": {"parallel": JOBS}})

@@ -83,15 +83,35 @@ def linked() -> Iterator[tuple[Site, Site, list[Relay]]]:
             table_policy={"app.counters": "delta", "app.merged": "function"}, delta_columns={"app.counters": ["n"]}))
 
 
+SCHEMA_CLUSTER = contextlib.ExitStack()  # the shared schema-change cluster, closed after its last test
+
+
+@pytest.fixture(scope="session")
+def schema_cluster() -> Iterator[Cluster]:
+    """A 3-node cluster of its own (not the session's :func:`cluster`, whose tests kill nodes and
+    leave pgbench's tables) for the schema-change tests of test_fidelity.py and
+    test_migrations.py, which hold every node's whole schema and data to the first's
+    (chorus.testkit.fidelity.check): each test works in schemas or tables of its own and drops
+    what it makes outside them (event triggers, tablespaces, databases, publications), but for
+    test_fidelity's role app_owner. Stopped after the last test that uses it."""
+    with SCHEMA_CLUSTER:
+        yield SCHEMA_CLUSTER.enter_context(extra_cluster("chorus-schema-", 30))
+
+
+# session fixtures stopped after the last test that uses them (kept, they would run idle through
+# the rest of the run)
+STOPPED_AFTER_LAST_USER = {"linked": LINKED, "schema_cluster": SCHEMA_CLUSTER}
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """After the last test that uses :func:`linked`: stop those sites (a session fixture would keep
-    them running, idle, through the rest of the run)."""
+    """After the last test that uses one of STOPPED_AFTER_LAST_USER: stop it."""
     yield
-    if "linked" in getattr(item, "fixturenames", ()):
-        later = item.session.items[item.session.items.index(item) + 1:]
-        if not any("linked" in getattr(i, "fixturenames", ()) for i in later):
-            LINKED.close()
+    for name, stack in STOPPED_AFTER_LAST_USER.items():
+        if name in getattr(item, "fixturenames", ()):
+            later = item.session.items[item.session.items.index(item) + 1:]
+            if not any(name in getattr(i, "fixturenames", ()) for i in later):
+                stack.close()
 
 
 @contextlib.contextmanager

@@ -13,7 +13,6 @@ import itertools
 import os
 import subprocess
 import time
-from typing import Iterator
 
 import psycopg
 import pytest
@@ -193,12 +192,6 @@ UPDATE items SET qty = nextval('counter') WHERE name = 'a';
 """
 
 
-@pytest.fixture(scope="module")
-def fcluster() -> Iterator[Cluster]:
-    with extra_cluster("chorus-fid-", 30) as c:
-        yield c
-
-
 def _run(c: Cluster, schema: str, script: str, settings: tuple[str, ...] = (), user: str = "postgres") -> str:
     """Run script in schema ``schema`` through node n1 as ``user``; psql's stderr."""
     dsn = c.dsn(0) if user == "postgres" else c.dsn_as(0, user, "app-owner-pw")
@@ -214,17 +207,17 @@ def _check(c: Cluster) -> None:
 
 
 @pytest.mark.parametrize("combo", sorted(SETTINGS))
-def test_values_mean_the_same_on_every_node(fcluster: Cluster, combo: str) -> None:
-    err = _run(fcluster, f"v_{combo.replace('-', '_')}", VALUES, SETTINGS[combo])
+def test_values_mean_the_same_on_every_node(schema_cluster: Cluster, combo: str) -> None:
+    err = _run(schema_cluster, f"v_{combo.replace('-', '_')}", VALUES, SETTINGS[combo])
     assert "ERROR" not in err, err
-    _check(fcluster)
+    _check(schema_cluster)
 
 
 @pytest.mark.parametrize("case, combo", list(itertools.product(sorted(SCHEMA_CASES), ["sql-dmy-kolkata"]))
                          + [("settings in a default", "german-chatham")])
-def test_schema_changes_replay_in_their_origins_context(fcluster: Cluster, case: str, combo: str) -> None:
+def test_schema_changes_replay_in_their_origins_context(schema_cluster: Cluster, case: str, combo: str) -> None:
     schema = "s_" + "".join(ch if ch.isalnum() else "_" for ch in case)[:30] + "_" + combo.split("-")[0]
-    err = _run(fcluster, schema, SCHEMA_CASES[case], SETTINGS[combo])
+    err = _run(schema_cluster, schema, SCHEMA_CASES[case], SETTINGS[combo])
     if case == "temporary and local objects":
         # refused before they run, with the reason: nothing of them reaches any node; temporary
         # objects made from permanent ones (LIKE, INHERITS, AS, views, their indexes) run here; a
@@ -233,50 +226,50 @@ def test_schema_changes_replay_in_their_origins_context(fcluster: Cluster, case:
         assert err.count("depend on a temporary one") == 1, err
         assert err.count("a permanent object from temporary ones") == 1, err
         assert err.count("ERROR") == 3, err
-        with fcluster.connect(2) as c:
+        with schema_cluster.connect(2) as c:
             assert c.execute("SELECT to_regclass(%s)", (f"{schema}.dropped_with_scratch",)).fetchone() == (None,)
-    _check(fcluster)
+    _check(schema_cluster)
 
 
-def test_apply_order_created_schemas_and_materialized_views(fcluster: Cluster) -> None:
-    err = _run(fcluster, "order_cases", ORDER_CASES)
+def test_apply_order_created_schemas_and_materialized_views(schema_cluster: Cluster) -> None:
+    err = _run(schema_cluster, "order_cases", ORDER_CASES)
     assert "ERROR" not in err, err
-    _check(fcluster)
-    with fcluster.connect(2) as c:
+    _check(schema_cluster)
+    with schema_cluster.connect(2) as c:
         assert c.execute("SELECT count(*) FROM made_inside.t").fetchone() == (2,)
         assert c.execute("SELECT twice FROM order_cases.mv_on_mv").fetchone() == (110,)
 
 
-def test_an_application_role_runs_ddl_and_writes(fcluster: Cluster) -> None:
-    _run(fcluster, "public", APP_ROLE)
+def test_an_application_role_runs_ddl_and_writes(schema_cluster: Cluster) -> None:
+    _run(schema_cluster, "public", APP_ROLE)
     # the value cases, as this role, in its schema
-    err = _run(fcluster, "app", VALUES, SETTINGS["sql-dmy-kolkata"], user="app_owner")
+    err = _run(schema_cluster, "app", VALUES, SETTINGS["sql-dmy-kolkata"], user="app_owner")
     assert "ERROR" not in err, err
-    err = _run(fcluster, "app", APP_WORK, SETTINGS["postgres-la"], user="app_owner")
+    err = _run(schema_cluster, "app", APP_WORK, SETTINGS["postgres-la"], user="app_owner")
     assert "ERROR" not in err, err
-    _check(fcluster)
-    with fcluster.connect(2) as c:
+    _check(schema_cluster)
+    with schema_cluster.connect(2) as c:
         assert c.execute("SELECT tableowner FROM pg_tables WHERE tablename = 'items_copy'").fetchone() == ("app_owner",)
 
 
-def test_a_tablespace_only_the_origin_has(fcluster: Cluster) -> None:
+def test_a_tablespace_only_the_origin_has(schema_cluster: Cluster) -> None:
     """Tablespaces are per node: a table created in one the others lack goes to their default."""
-    path = os.path.join(fcluster.dir, "ts_n1")
+    path = os.path.join(schema_cluster.dir, "ts_n1")
     os.makedirs(path, exist_ok=True)
     subprocess.run(["chown", "postgres:postgres", path], check=True)
-    with fcluster.connect(0) as c:
+    with schema_cluster.connect(0) as c:
         c.execute(f"CREATE TABLESPACE only_n1 LOCATION '{path}'")
-    err = _run(fcluster, "ts", "CREATE TABLE in_ts (id int PRIMARY KEY) TABLESPACE only_n1;\n"
+    err = _run(schema_cluster, "ts", "CREATE TABLE in_ts (id int PRIMARY KEY) TABLESPACE only_n1;\n"
                                "INSERT INTO in_ts VALUES (1);\n"
                                "CREATE INDEX in_ts_idx ON in_ts (id) TABLESPACE only_n1;\n"
                                "CREATE INDEX CONCURRENTLY in_ts_cidx ON in_ts (id) TABLESPACE only_n1;\n"
                                "REINDEX (TABLESPACE only_n1, CONCURRENTLY) TABLE in_ts;\n")
     assert "ERROR" not in err, err
-    _wait_valid(fcluster, "in_ts_cidx")
-    _check(fcluster)
+    _wait_valid(schema_cluster, "in_ts_cidx")
+    _check(schema_cluster)
     for i in (1, 2):
-        assert fcluster.status(i)["state"] == "online"
-    with fcluster.connect(0) as c:
+        assert schema_cluster.status(i)["state"] == "online"
+    with schema_cluster.connect(0) as c:
         c.execute("DROP TABLE ts.in_ts")
         c.execute("DROP TABLESPACE only_n1")
 
@@ -295,12 +288,12 @@ def _wait_valid(c: Cluster, index: str, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
-def test_partition_bounds_and_concurrent_detach(fcluster: Cluster) -> None:
+def test_partition_bounds_and_concurrent_detach(schema_cluster: Cluster) -> None:
     """A partition bound evaluated when it runs (current_timestamp, an expression) replicates as
     the value it took on the origin: replayed as written it would be another bound on each node
     (issue 35: the regression suite's create_table makes such partitions). DETACH PARTITION
     CONCURRENTLY replicates beside the total order, like CREATE INDEX CONCURRENTLY."""
-    with fcluster.connect(0) as c:
+    with schema_cluster.connect(0) as c:
         c.execute("SET datestyle = 'SQL, DMY'; SET timezone = 'Asia/Kolkata'")
         c.execute("CREATE TABLE bounded (at timestamptz, v int) PARTITION BY RANGE (at)")
         c.execute("CREATE TABLE bounded_now PARTITION OF bounded /* (a comment) */ FOR VALUES FROM (MINVALUE) "
@@ -316,18 +309,18 @@ def test_partition_bounds_and_concurrent_detach(fcluster: Cluster) -> None:
         c.execute("INSERT INTO lists VALUES (3), (4)")
         bounds = c.execute("SELECT relname, pg_get_expr(relpartbound, oid) FROM pg_class WHERE relname IN "
                            "('bounded_now', 'bounded_old', 'bounded_new', 'lists_3') ORDER BY 1").fetchall()
-    _check(fcluster)
+    _check(schema_cluster)
     for i in (1, 2):
-        with fcluster.connect(i) as c:
+        with schema_cluster.connect(i) as c:
             c.execute("SET datestyle = 'SQL, DMY'; SET timezone = 'Asia/Kolkata'")
             assert c.execute("SELECT relname, pg_get_expr(relpartbound, oid) FROM pg_class WHERE relname IN "
                              "('bounded_now', 'bounded_old', 'bounded_new', 'lists_3') ORDER BY 1").fetchall() == bounds
-    with fcluster.connect(0) as c:
+    with schema_cluster.connect(0) as c:
         c.execute("ALTER TABLE bounded DETACH PARTITION bounded_old CONCURRENTLY")
         c.execute("DROP TABLE bounded, lists")
         c.execute("INSERT INTO bounded_old VALUES ('2018-01-01 00:00+00', 3)")
-    _check(fcluster)
-    with fcluster.connect(2) as c:
+    _check(schema_cluster)
+    with schema_cluster.connect(2) as c:
         assert c.execute("SELECT v FROM bounded_old ORDER BY v").fetchall() == [(1,), (3,)]
         assert c.execute("SELECT to_regclass('bounded_new')").fetchone() == (None,)
 

@@ -12,21 +12,15 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import psycopg
 import pytest
 
 from chorus.testkit import fidelity
-from conftest import Cluster, commit_all, extra_cluster
+from conftest import Cluster, commit_all
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def mcluster() -> Iterator[Cluster]:
-    with extra_cluster("chorus-mig-", 70) as c:
-        yield c
 
 
 def _check(c: Cluster) -> None:
@@ -152,18 +146,19 @@ def _alembic(ini: Path, *args: str) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def test_alembic_migrations_in_transactions_under_load(mcluster: Cluster, tmp_path: Path) -> None:
+def test_alembic_migrations_in_transactions_under_load(schema_cluster: Cluster, tmp_path: Path) -> None:
     """A revision chain run by `alembic upgrade head` through n1 (PostgreSQL migrations run in
     one transaction), then `downgrade base` and `upgrade head` again, while n2 and n3 write."""
-    port = mcluster.dsn(0).split("port=")[1].split()[0]
-    ini = _alembic_project(tmp_path, f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres?passfile={mcluster.passfile}")
-    with _side_load(mcluster) as load:
+    port = schema_cluster.dsn(0).split("port=")[1].split()[0]
+    ini = _alembic_project(tmp_path,
+                           f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres?passfile={schema_cluster.passfile}")
+    with _side_load(schema_cluster) as load:
         _alembic(ini, "upgrade", "head")
         _alembic(ini, "downgrade", "base")
         _alembic(ini, "upgrade", "head")
     assert sum(load.commits) > 0
-    _check(mcluster)
-    with mcluster.connect(2) as c:
+    _check(schema_cluster)
+    with schema_cluster.connect(2) as c:
         assert c.execute("SELECT count(*), count(*) FILTER (WHERE display_name = upper(display_name)) "
                          "FROM account").fetchone() == (200, 20)
         assert c.execute("SELECT version_num FROM alembic_version").fetchone() == ("a3_rename",)
@@ -194,41 +189,41 @@ DJANGO_FIXTURE = '''[
 ]'''
 
 
-def test_django_migrate_and_loaddata(mcluster: Cluster, tmp_path: Path) -> None:
-    port = mcluster.dsn(0).split("port=")[1].split()[0]
-    (tmp_path / "chorus_settings.py").write_text(DJANGO_SETTINGS.format(port=port, passfile=mcluster.passfile))
+def test_django_migrate_and_loaddata(schema_cluster: Cluster, tmp_path: Path) -> None:
+    port = schema_cluster.dsn(0).split("port=")[1].split()[0]
+    (tmp_path / "chorus_settings.py").write_text(DJANGO_SETTINGS.format(port=port, passfile=schema_cluster.passfile))
     (tmp_path / "users.json").write_text(DJANGO_FIXTURE)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "DJANGO_SETTINGS_MODULE": "chorus_settings"}
     for cmd in (["migrate", "--noinput"], ["loaddata", str(tmp_path / "users.json")]):
         r = subprocess.run([sys.executable, "-m", "django", *cmd], capture_output=True, text=True, env=env, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
-    _check(mcluster)
-    with mcluster.connect(1) as c:
+    _check(schema_cluster)
+    with schema_cluster.connect(1) as c:
         assert c.execute("SELECT count(*) FROM auth_user").fetchone() == (2,)
         assert c.execute("SELECT count(*) FROM django_migrations WHERE app = 'auth'").fetchone()[0] > 5
 
 
-def test_a_schema_change_and_a_write_elsewhere_one_of_them_loses(mcluster: Cluster) -> None:
+def test_a_schema_change_and_a_write_elsewhere_one_of_them_loses(schema_cluster: Cluster) -> None:
     """n1 alters a table in a transaction while n2 writes it: exactly one fails with 40001,
     whichever commits first, and every node ends identical."""
-    with mcluster.connect(0) as c:
+    with schema_cluster.connect(0) as c:
         c.execute("CREATE TABLE raced (id int PRIMARY KEY, v int)")
         c.execute("INSERT INTO raced VALUES (1, 1)")
-    mcluster.quiesce()
+    schema_cluster.quiesce()
     for first in ("ddl", "write"):
-        ddl = mcluster.connect(0, autocommit=False)
+        ddl = schema_cluster.connect(0, autocommit=False)
         ddl.execute("ALTER TABLE raced ADD COLUMN IF NOT EXISTS extra int DEFAULT 7")
-        write = mcluster.connect(1, autocommit=False)
+        write = schema_cluster.connect(1, autocommit=False)
         write.execute("UPDATE raced SET v = v + 1 WHERE id = 1")
         outcomes = commit_all([ddl, write] if first == "ddl" else [write, ddl])
         assert sorted(outcomes) == ["40001", "ok"], (first, outcomes)
-        mcluster.quiesce()
-        with mcluster.connect(0) as c:
+        schema_cluster.quiesce()
+        with schema_cluster.connect(0) as c:
             c.execute("ALTER TABLE raced DROP COLUMN IF EXISTS extra")
-    _check(mcluster)
+    _check(schema_cluster)
 
 
-def test_savepoints_do_blocks_and_event_triggers(mcluster: Cluster) -> None:
+def test_savepoints_do_blocks_and_event_triggers(schema_cluster: Cluster) -> None:
     script = """
     BEGIN;
     CREATE TABLE sp_kept (id int PRIMARY KEY);
@@ -272,10 +267,10 @@ def test_savepoints_do_blocks_and_event_triggers(mcluster: Cluster) -> None:
     COMMIT;
     DROP EVENT TRIGGER audit_ddl;
     """
-    r = fidelity.run_sql(mcluster.dsn(0), script)
+    r = fidelity.run_sql(schema_cluster.dsn(0), script)
     assert r.returncode == 0 and "ERROR" not in r.stderr, r.stderr
-    _check(mcluster)
-    with mcluster.connect(2) as c:
+    _check(schema_cluster)
+    with schema_cluster.connect(2) as c:
         assert c.execute("SELECT to_regclass('sp_gone'), to_regclass('do_failed')").fetchone() == (None, None)
         assert c.execute("SELECT count(*) FROM ddl_audit WHERE tag = 'CREATE TABLE' "
                          "AND object LIKE 'public.audited%'").fetchone() == (2,)
@@ -304,7 +299,7 @@ def _wait_index(c: Cluster, name: str, want: object, timeout: float = 90) -> Non
         states = _index_states(c, name)
 
 
-def test_create_and_drop_index_concurrently_under_load(mcluster: Cluster) -> None:
+def test_create_and_drop_index_concurrently_under_load(schema_cluster: Cluster) -> None:
     """CREATE INDEX CONCURRENTLY on n1 while every node writes the table: writes go on on every
     node, each other node builds the index in a session of its own, and it ends valid
     everywhere; REINDEX CONCURRENTLY on n3 rebuilds it everywhere; DROP INDEX CONCURRENTLY on n2
@@ -312,84 +307,84 @@ def test_create_and_drop_index_concurrently_under_load(mcluster: Cluster) -> Non
     duplicates fails on its origin and leaves the index invalid on every node, as PostgreSQL
     leaves it."""
     rows = 200_000
-    with mcluster.connect(0) as c:
+    with schema_cluster.connect(0) as c:
         c.execute("CREATE TABLE cic_t (id int PRIMARY KEY, v int NOT NULL, pad text)")
         for start in range(1, rows + 1, 50_000):
             c.execute("INSERT INTO cic_t SELECT g, g %% 1000, md5(g::text) FROM generate_series(%s, %s) g",
                       (start, min(rows, start + 49_999)))
-    mcluster.quiesce()
-    before = [mcluster.status(i)["concurrent_index_changes"]["succeeded"] for i in range(3)]
-    with _table_load(mcluster, "cic_t", rows) as load:
+    schema_cluster.quiesce()
+    before = [schema_cluster.status(i)["concurrent_index_changes"]["succeeded"] for i in range(3)]
+    with _table_load(schema_cluster, "cic_t", rows) as load:
         time.sleep(0.5)
         at_start = list(load.commits)
-        with mcluster.connect(0) as c:
+        with schema_cluster.connect(0) as c:
             c.execute("CREATE INDEX CONCURRENTLY cic_ix ON cic_t (md5(pad || v::text), v)")
-        _wait_index(mcluster, "cic_ix", True)
+        _wait_index(schema_cluster, "cic_ix", True)
         during = [n - s for n, s in zip(load.commits, at_start)]
         time.sleep(0.3)
     assert all(d > 0 for d in during), f"writes per node while the index was built: {during}"
-    after = [mcluster.status(i)["concurrent_index_changes"]["succeeded"] for i in range(3)]
+    after = [schema_cluster.status(i)["concurrent_index_changes"]["succeeded"] for i in range(3)]
     # the origin's backend built it; every other node in a session of its own
     assert [a - b for a, b in zip(after, before)] == [0, 1, 1], (before, after)
 
     # REINDEX CONCURRENTLY from n3: the others rebuild beside the order too
-    with _table_load(mcluster, "cic_t", rows):
-        with mcluster.connect(2) as c:
+    with _table_load(schema_cluster, "cic_t", rows):
+        with schema_cluster.connect(2) as c:
             c.execute("REINDEX INDEX CONCURRENTLY cic_ix")
-        _wait_index(mcluster, "cic_ix", True)
+        _wait_index(schema_cluster, "cic_ix", True)
     deadline = time.monotonic() + 60
-    while [mcluster.status(i)["concurrent_index_changes"]["succeeded"] - after[i] for i in range(3)] != [1, 1, 0]:
+    while [schema_cluster.status(i)["concurrent_index_changes"]["succeeded"] - after[i] for i in range(3)] != [1, 1, 0]:
         assert time.monotonic() < deadline, "REINDEX CONCURRENTLY did not run on n1 and n2"
         time.sleep(0.2)
 
-    with _table_load(mcluster, "cic_t", rows):
-        with mcluster.connect(1) as c:
+    with _table_load(schema_cluster, "cic_t", rows):
+        with schema_cluster.connect(1) as c:
             c.execute("DROP INDEX CONCURRENTLY cic_ix")
-        _wait_index(mcluster, "cic_ix", None)
+        _wait_index(schema_cluster, "cic_ix", None)
 
-    with mcluster.connect(0) as c:
+    with schema_cluster.connect(0) as c:
         c.execute("CREATE TABLE cic_dup (id int PRIMARY KEY, v int)")
         c.execute("INSERT INTO cic_dup SELECT g, g % 10 FROM generate_series(1, 100) g")
-    mcluster.quiesce()
-    failed = [mcluster.status(i)["concurrent_index_changes"]["failed"] for i in range(3)]
-    with mcluster.connect(0) as c:
+    schema_cluster.quiesce()
+    failed = [schema_cluster.status(i)["concurrent_index_changes"]["failed"] for i in range(3)]
+    with schema_cluster.connect(0) as c:
         with pytest.raises(psycopg.errors.UniqueViolation):
             c.execute("CREATE UNIQUE INDEX CONCURRENTLY cic_dup_ix ON cic_dup (v)")
-    _wait_index(mcluster, "cic_dup_ix", False)
+    _wait_index(schema_cluster, "cic_dup_ix", False)
     deadline = time.monotonic() + 30
-    while [mcluster.status(i)["concurrent_index_changes"]["failed"] - failed[i] for i in (1, 2)] != [1, 1]:
+    while [schema_cluster.status(i)["concurrent_index_changes"]["failed"] - failed[i] for i in (1, 2)] != [1, 1]:
         assert time.monotonic() < deadline, "the failed build is not reported on n2 and n3"
         time.sleep(0.2)
-    recent = mcluster.status(1)["concurrent_index_changes"]["recent"][-1]
+    recent = schema_cluster.status(1)["concurrent_index_changes"]["recent"][-1]
     assert not recent["ok"] and recent["error"].startswith("23505"), recent
-    with mcluster.connect(2) as c:
+    with schema_cluster.connect(2) as c:
         c.execute("DROP INDEX cic_dup_ix")
-    _wait_index(mcluster, "cic_dup_ix", None)
-    _check(mcluster)
+    _wait_index(schema_cluster, "cic_dup_ix", None)
+    _check(schema_cluster)
 
 
-def test_a_local_transaction_in_the_way_of_a_schema_change_loses(mcluster: Cluster) -> None:
+def test_a_local_transaction_in_the_way_of_a_schema_change_loses(schema_cluster: Cluster) -> None:
     """n2 reads a table in a transaction and keeps it open (its lock stays); n1 alters the table
     in a migration. At its GID n2 applies the change as PostgreSQL would, with its lock: the local
     transaction in the way is aborted with 40001 (a busy one at once, an idle one after the
     grace period), not the change, and every node ends identical."""
-    with mcluster.connect(0) as c:
+    with schema_cluster.connect(0) as c:
         c.execute("CREATE TABLE in_the_way (id int PRIMARY KEY, v int)")
         c.execute("INSERT INTO in_the_way VALUES (1, 1)")
-    mcluster.quiesce()
-    local = mcluster.connect(1, autocommit=False)
+    schema_cluster.quiesce()
+    local = schema_cluster.connect(1, autocommit=False)
     assert local.execute("SELECT count(*) FROM in_the_way").fetchone() == (1,)  # holds its lock, idle
-    with mcluster.connect(0, autocommit=False) as c:
+    with schema_cluster.connect(0, autocommit=False) as c:
         c.execute("ALTER TABLE in_the_way ADD COLUMN w int DEFAULT 5")
         c.execute("INSERT INTO in_the_way VALUES (2, 2, 2)")
         c.commit()
-    mcluster.quiesce(timeout=60)  # n2 got through: the local transaction was ended
+    schema_cluster.quiesce(timeout=60)  # n2 got through: the local transaction was ended
     with pytest.raises(psycopg.Error) as exc:
         local.execute("SELECT 1")
         local.commit()
     assert exc.value.sqlstate in ("40001", None), exc.value  # None: libpq saw only the closed socket
     local.close()
-    assert mcluster.status(1)["local_aborts_for_appliers"] >= 1
-    with mcluster.connect(1) as c:
+    assert schema_cluster.status(1)["local_aborts_for_appliers"] >= 1
+    with schema_cluster.connect(1) as c:
         assert c.execute("SELECT id, v, w FROM in_the_way ORDER BY id").fetchall() == [(1, 1, 5), (2, 2, 2)]
-    _check(mcluster)
+    _check(schema_cluster)

@@ -149,9 +149,11 @@ def test_postgres_killed_again_and_again_under_load_then_a_peer_catches_up_from_
         time.sleep(1)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def small_log_cluster() -> Iterator[Cluster]:
-    """A second cluster whose writeset logs hold only 2 MiB each, so they wrap quickly."""
+    """A second cluster whose writeset logs hold only 2 MiB each, so they wrap quickly; shared by
+    the two tests below, each on a table of its own (the first leaves it as it found it: the node
+    it keeps out comes back by total recovery, and the cluster is verified identical)."""
     with extra_cluster("chorus-small-", 10, "--log-segment-mb", "1", "--log-total-mb", "2") as c:
         yield c
 

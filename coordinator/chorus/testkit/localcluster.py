@@ -55,6 +55,9 @@ from chorus.state import load_state, save_state
 # its own extension directory, as a second checkout's tests use beside the first's.
 PGBIN = Path(os.environ.get("CHORUS_PGBIN", "/usr/lib/postgresql/15/bin"))
 SERVICE_USER = "postgres"
+# Test-only: a directory where the first initdb of each kind is kept and later ones are copied
+# from (tests/conftest.py sets it for a test run; see init_pgdata)
+INITDB_CACHE = "CHORUS_INITDB_CACHE"
 
 
 class LocalClusterError(Exception):
@@ -216,12 +219,7 @@ class LocalCluster:
         return pw.pw_uid, pw.pw_gid
 
     def _chown(self, path: Path) -> None:
-        owner = self._service_owner()
-        if owner is not None:
-            for root, dirs, files in os.walk(path):
-                os.chown(root, *owner, follow_symlinks=False)
-                for f in dirs + files:  # a link is changed itself, never what it points at
-                    os.chown(os.path.join(root, f), *owner, follow_symlinks=False)
+        _chown_tree(path, self._service_owner())
 
     def _peer_users(self) -> list[str]:
         """The OS users who connect as postgres over a node's socket: the service user and this one."""
@@ -295,8 +293,8 @@ class LocalCluster:
             self.log(f"{n.name}: initdb")
             locale = "C.UTF-8" if meta.encoding.upper() in ("UTF8", "UTF-8") else "C"
             # no connection is accepted until _secure_node has written pg_hba.conf
-            self._run([str(self.pgbin(n) / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth-local=reject",
-                       "--auth-host=reject", "-E", meta.encoding, f"--locale={locale}"], f"initdb of {n.name}")
+            init_pgdata(lambda argv: self._run(argv, f"initdb of {n.name}"), self.pgbin(n) / "initdb", pgdata,
+                        meta.encoding, locale, self._service_owner())
             localauth.append_text(pgdata / "postgresql.conf",
                                   PG_CONF.format(port=n.port, run=run, number=_number(meta, n)))
         cfg = self.config(meta, n)
@@ -854,8 +852,7 @@ class PlainPostgres:
         localauth.write_private(self.passfile, localauth.passfile_text([self.port], self.password))
         pgdata = self.dir / "pgdata"
         if not pgdata.exists():
-            _as_postgres([str(PGBIN / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth-local=reject",
-                          "--auth-host=reject", "-E", "UTF8", "--locale=C.UTF-8"])
+            init_pgdata(_as_postgres, PGBIN / "initdb", pgdata, "UTF8", "C.UTF-8", owner)
             conf = PG_CONF.format(port=self.port, run=run, number=0)
             if not self.extension:  # (the directories' names may say chorus: only the settings go)
                 conf = "\n".join(line for line in conf.splitlines()
@@ -885,6 +882,49 @@ def temporary_postgres(prefix: str, port: int, extension: bool = False,
     finally:
         pg.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def init_pgdata(run: Callable[[list[str]], object], initdb: Path, pgdata: Path, encoding: str, locale: str,
+                owner: Optional[tuple[int, int]]) -> None:
+    """``initdb`` of a new data directory ``pgdata`` (superuser postgres, no connection accepted
+    until pg_hba.conf is written), ``run`` running it as the service user, whose (uid, gid) is
+    ``owner`` where it is not this process's.
+
+    Test-only: where the environment names a directory in INITDB_CACHE (the test suites' conftest
+    does), the first initdb of a kind (binary, encoding, locale) is kept there and each later one
+    is a copy of it. initdb makes the same files every time but for the system identifier, which
+    Chorus reads nowhere; a copy takes a fraction of initdb's seconds, and every test cluster
+    makes three."""
+    args = ["-U", "postgres", "--auth-local=reject", "--auth-host=reject", "-E", encoding, f"--locale={locale}"]
+    cache = os.environ.get(INITDB_CACHE)
+    if not cache:
+        run([str(initdb), "-D", str(pgdata), *args])
+        return
+    st = initdb.stat()
+    key = hashlib.sha1(repr((str(initdb), st.st_size, st.st_mtime_ns, args)).encode()).hexdigest()[:16]
+    template = Path(cache) / key
+    if not (template / "PG_VERSION").exists():
+        work = Path(cache) / f"{key}.{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(mode=0o700)
+        if owner is not None:
+            os.chown(work, *owner)
+        run([str(initdb), "-D", str(work), *args])
+        try:
+            os.rename(work, template)
+        except OSError:  # another process kept its own first
+            shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(template, pgdata, symlinks=True, dirs_exist_ok=True)
+    _chown_tree(pgdata, owner)
+
+
+def _chown_tree(path: Path, owner: Optional[tuple[int, int]]) -> None:
+    """Give ``path`` and everything below it to ``owner`` (uid, gid); nothing when None."""
+    if owner is not None:
+        for root, dirs, files in os.walk(path):
+            os.chown(root, *owner, follow_symlinks=False)
+            for f in dirs + files:  # a link is changed itself, never what it points at
+                os.chown(os.path.join(root, f), *owner, follow_symlinks=False)
 
 
 def service_dir(path: Path) -> None:
