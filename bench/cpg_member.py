@@ -30,9 +30,10 @@ MEMBER = r"""
 import asyncio, json, os, resource, sys, time
 from chorus.bus import View
 from chorus.bus.corosync import CorosyncBus
+from chorus.dataplane import native
 
 async def main(n, size):
-    b = CorosyncBus("chorus-cpg-bench")
+    b = CorosyncBus("chorus-cpg-bench", native=native.cpg_module())
     await b.join()
     got = 0
     done = asyncio.get_running_loop().create_future()

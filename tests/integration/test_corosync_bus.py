@@ -20,10 +20,11 @@ pytestmark = pytest.mark.integration
 MEMBER = textwrap.dedent("""
     import asyncio, hashlib, json, os, sys
     from chorus.bus.corosync import CorosyncBus
+    from chorus.dataplane import native
     from chorus.bus import View
 
     async def main(idx, n, group):
-        b = CorosyncBus(group)
+        b = CorosyncBus(group, native=native.cpg_module())
         assert b.impl == os.environ["CHORUS_IMPL"], b.impl
         await b.join()
         seen, views = [], []

@@ -100,7 +100,7 @@ def test_the_bus_gets_messages_and_views_in_delivery_order() -> None:
     """Through CorosyncBus: frames reassembled (a fragmented message whole at its last frame's
     place), a view between two messages of one dispatch where Corosync put it, and a sender that
     left losing its partial message."""
-    bus = CorosyncBus("g", native=True)
+    bus = CorosyncBus("g", native=native.module())
     assert bus.impl == "c"
     cpg = bus._cpg
     assert isinstance(cpg, _NativeMember)
@@ -134,7 +134,10 @@ def test_the_bus_gets_messages_and_views_in_delivery_order() -> None:
 
 
 def test_the_engine_chooses_the_member(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The data plane says which member the bus runs (the bus imports nothing of it)."""
     monkeypatch.setenv("CHORUS_IMPL", "python")
-    assert CorosyncBus("g").impl == "python"
+    assert native.cpg_module() is None
+    assert CorosyncBus("g", native=native.cpg_module()).impl == "python"
     monkeypatch.setenv("CHORUS_IMPL", "c")
-    assert CorosyncBus("g").impl == "c"
+    assert native.cpg_module() is native.module()
+    assert CorosyncBus("g", native=native.cpg_module()).impl == "c"

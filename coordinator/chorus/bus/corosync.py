@@ -7,8 +7,9 @@ daemon. The CPG file descriptor is read in the asyncio loop (``loop.add_reader``
 ``cpg_dispatch`` runs the callbacks, which only queue events. Whether this node is in the quorate
 partition comes from ``votequorum_getinfo`` at every configuration change (and every second).
 
-Two CPG members, one per engine (docs/NATIVE.md, "Step 2, first part"): with the native core
-chosen (``CHORUS_IMPL``, dataplane/native.py) the member is ``native/bus_cpg.c``, whose C callbacks
+Two CPG members, one per engine (docs/NATIVE.md, "Step 2, first part"): given the native core's
+cffi module (``native``: the caller asks dataplane/native.py's ``cpg_module``, which follows
+``CHORUS_IMPL``; the bus imports nothing of the data plane above it) the member is ``native/bus_cpg.c``, whose C callbacks
 append every frame and configuration change of one ``cpg_dispatch`` to one buffer, read here in
 one pass in Corosync's order (:func:`batch_records`), and whose sends are ``cpg_mcast_joined`` in C;
 with ``CHORUS_IMPL=python`` it is libcpg through cffi's ABI mode with a Python callback per frame.
@@ -296,21 +297,6 @@ class _AbiMember(_Member):
                            tuple(_member(joined[i].nodeid, joined[i].pid) for i in range(njoined)))
 
 
-def _native_chosen() -> bool:
-    """Whether the bus runs bus_cpg.c's member: the data plane's native core is chosen
-    (``CHORUS_IMPL``, dataplane/native.py's ``chosen``)."""
-    from chorus import impl
-    from chorus.dataplane import native
-    if native.chosen() != "c":
-        return False
-    if hasattr(native.module().lib, "ch_cpg_new"):
-        return True
-    if impl.wanted() == "c":
-        raise ImportError("CHORUS_IMPL=c: the native core was built without bus_cpg.c "
-                          "(python coordinator/chorus/dataplane/build.py)")
-    return False
-
-
 class _NativeMember(_Member):
     """bus_cpg.c's member (native/ch_cpg.h), bound through the native core's cffi module (API mode):
     one C call per wake-up runs ``cpg_dispatch``, whose C callbacks gather the frames and
@@ -318,9 +304,7 @@ class _NativeMember(_Member):
 
     impl = "c"
 
-    def __init__(self, bus: "CorosyncBus") -> None:
-        from chorus.dataplane import native
-        mod = native.module()
+    def __init__(self, bus: "CorosyncBus", mod: Any) -> None:
         self._ffi, self._lib = mod.ffi, mod.lib
         self._bus = bus
         raw = bus.group.encode()
@@ -397,7 +381,7 @@ class CorosyncBus(Bus):
     """One CPG member in group ``group``."""
 
     def __init__(self, group: str, frame_limit: int = DEFAULT_FRAME_LIMIT, join_timeout: float = 30.0,
-                 send_timeout: float = 30.0, native: Optional[bool] = None) -> None:
+                 send_timeout: float = 30.0, native: Optional[Any] = None) -> None:
         if not group or len(group.encode()) > 127:
             raise ValueError("CPG group name must have 1 to 127 bytes")
         self.group = group
@@ -406,8 +390,7 @@ class CorosyncBus(Bus):
         self.send_timeout = send_timeout
         # the CPG member: libcpg through cffi's ABI mode with Python callbacks, or bus_cpg.c's
         # member whose C callbacks gather a whole dispatch in one buffer (CHORUS_IMPL=c)
-        self._cpg: _Member = (_NativeMember(self) if native is None and _native_chosen() or native
-                              else _AbiMember(self))
+        self._cpg: _Member = _NativeMember(self, native) if native is not None else _AbiMember(self)
         self.impl = self._cpg.impl
         self._vq: Optional[Any] = None
         self._vq_handle = _ffi.new("votequorum_handle_t *")

@@ -36,6 +36,7 @@ def run(config_path: str) -> None:
 
     from chorus import eventloop
     from chorus.bus.corosync import CorosyncBus
+    from chorus.dataplane import native
     from chorus.coordinator import Coordinator, FatalError
 
     os.umask(0o077)  # whatever starts it: every file it makes is its user's alone (logs, state, sockets, spool)
@@ -49,7 +50,7 @@ def run(config_path: str) -> None:
         format=f"%(asctime)s {cfg.name} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    coord = Coordinator(cfg, lambda: CorosyncBus(cfg.cluster_group), event_loop=loop)
+    coord = Coordinator(cfg, lambda: CorosyncBus(cfg.cluster_group, native=native.cpg_module()), event_loop=loop)
     try:
         eventloop.run(coord.run, loop)
     except FatalError as e:

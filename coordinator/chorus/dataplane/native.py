@@ -141,6 +141,20 @@ def chosen() -> str:
 IMPL = chosen()  # fixed at import, as the other compiled parts' (chorus/impl.py)
 
 
+def cpg_module() -> Any:
+    """The module whose bus_cpg.c member the Corosync bus runs (``CorosyncBus(native=...)``)
+    where the native core is chosen, else None (libcpg through cffi's ABI mode)."""
+    if chosen() != "c":
+        return None
+    mod = module()
+    if hasattr(mod.lib, "ch_cpg_new"):
+        return mod
+    if impl.wanted() == "c":
+        raise ImportError("CHORUS_IMPL=c: the native core was built without bus_cpg.c "
+                          "(python coordinator/chorus/dataplane/build.py)")
+    return None
+
+
 class NativeCertifier:
     """certifier.PyCertifier's index in C (native/cert.c). Pure: no I/O."""
 
