@@ -108,8 +108,8 @@ def reinstantiate(config_path: Optional[str], admin_socket: Optional[str], direc
         if answer["state"] == "done":
             click.echo(f"link {name} streams again from the peer's GID {answer['gid']}")
             return
-        if answer["state"] == "failed":
-            raise ChorusCliError(f"link {name}: re-instantiation failed: {answer['error']}")
+        if answer["state"] in ("failed", "refused"):
+            raise ChorusCliError(f"link {name}: re-instantiation {answer['state']}: {answer['error']}")
         if no_wait:
             return
         time.sleep(0.5)

@@ -526,13 +526,8 @@ class SiteLinks:
         running = self.copies.get(name)
         if running is not None and running.running:
             return running.report()
-        unsettled = lc.unsettled_both_ways(link.policy, dict(link.table_policy)) if link.listen else []
-        if unsettled:
-            raise ValueError(
-                f"link {name} goes both ways and settles conflicts by {'; '.join(unsettled)}: a row both sites "
-                "changed while it was broken could stay different on the two sites after a copy. Refused: set "
-                "policy = \"primary-wins\" (and primary, table_policy) on every node of both sites for the copy, "
-                "run it, then set the policies back")
+        if link.listen:  # this node serves the link's other way: it goes both ways (else the peer says so)
+            lc.refuse_both_ways(name, link.policy, dict(link.table_policy))
         runner = self.receiver_nodes.get(name)
         if runner != self.node:
             raise ValueError(f"link {name}'s receiver runs on node {runner or '(none now)'}, not here: "
@@ -577,6 +572,8 @@ class SiteLinks:
             nonlocal ranges, hint
             if s.gid < 1:
                 raise LinkError(f"site {link.peer_site} has committed nothing yet: nothing to copy")
+            if s.receives:  # the peer receives the link too: it goes both ways (whichever nodes serve it here)
+                lc.refuse_both_ways(link.name, link.policy, dict(link.table_policy))
             ranges = lc.Ranges(s.gid, s.receives)
             hint = s.applied + 1 if s.receives and s.applied else 0
             copy.gid, copy.state = s.gid, "copying"
@@ -598,6 +595,8 @@ class SiteLinks:
                 try:
                     done = await receiver.copy(address, snapshot, sink)
                     break
+                except lc.BothWays:
+                    raise
                 except lc.CopyError as e:
                     raise LinkError(str(e)) from e
                 except LinkError as e:
@@ -620,6 +619,9 @@ class SiteLinks:
         except asyncio.CancelledError:
             copy.state, copy.error = "failed", "stopped"
             raise
+        except lc.BothWays as e:
+            copy.state, copy.error = "refused", str(e)
+            log.error("link %s: re-instantiation refused: %s", link.name, e)
         except (LinkError, OSError) as e:
             copy.state, copy.error = "failed", f"{e} (nothing is lost: run it again)"
             log.error("link %s: re-instantiation failed: %s", link.name, copy.error)
