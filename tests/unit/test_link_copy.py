@@ -331,7 +331,7 @@ def test_a_copy_is_refused_when_the_peer_says_it_receives_the_link_too(tmp_path:
     async def query(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
         return []
 
-    async def run() -> link_site.Reinstantiation:
+    async def run() -> tuple[SiteLinks, link_site.Reinstantiation]:
         link = LinkConfig("a-b", "site-b", "site-a", "c", "k", "p", "s", peers=("127.0.0.1:1",))
         links = SiteLinks("nb", (link,), log, lambda: 0, sent.append, query)
         links.receiver_nodes["a-b"] = "nb"
@@ -339,11 +339,13 @@ def test_a_copy_is_refused_when_the_peer_says_it_receives_the_link_too(tmp_path:
         copy = links.copies["a-b"]
         assert copy.task is not None
         await copy.task
-        return copy
+        return links, copy
 
-    copy = asyncio.run(run())
+    links, copy = asyncio.run(run())
     assert copy.state == "refused" and copy.error is not None and "goes both ways" in copy.error
     assert copy.gid is None and sent == []
+    [row] = links.status()  # what chorus link status shows: the refusal, until the receiver runs again
+    assert row["copy"]["state"] == "refused" and row["why"] == copy.error
     Peer.receives = False
-    copy = asyncio.run(run())
+    links, copy = asyncio.run(run())
     assert copy.state == "failed" and copy.gid == 7 and "the peer went away" in (copy.error or "")

@@ -53,6 +53,11 @@ def print_links(answer: dict[str, Any]) -> None:
         print_table(["link", "table", "decision", "count"],
                     [[link, c["table"], c["decision"], c["count"]] for link, c in conflicts])
     for r in rows:
+        copy = r.get("copy")
+        if copy is not None:
+            click.echo(f"\n{r['link']} ({r['direction']}): re-instantiation {copy['state']}: peer GID "
+                       f"{_cell(copy['peer_gid'])}, {copy['tables']} table(s), {copy['rows']} row(s), "
+                       f"{copy['applied']}/{copy['batches']} batch(es) applied, {copy['seconds']} s")
         if r.get("why"):
             click.echo(f"\n{r['link']} ({r['direction']}): {r['why']}")
 

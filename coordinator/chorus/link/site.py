@@ -340,6 +340,11 @@ class Reinstantiation:
                 "gid": self.gid, "tables": self.tables, "rows": self.rows, "batches": self.batches,
                 "applied": self.applied, "error": self.error, "seconds": round(time.time() - self.started, 1)}
 
+    def progress(self) -> ls.Copying:
+        """What ``chorus link status`` shows of it (link/status.py)."""
+        return ls.Copying(self.running, self.state, self.gid, self.tables, self.rows, self.batches, self.applied,
+                          round(time.time() - self.started, 1), self.error)
+
     async def send(self, send: Callable[[bp.Message], None], msg: bp.LinkWriteset) -> None:
         """Put one of the copy's link writesets on the bus, once fewer than ``window`` wait."""
         while len(self.flights) >= self.window:
@@ -674,8 +679,10 @@ class SiteLinks:
                     here = ls.Receiving(task is not None and not task.done(), self.broken.get(link.name),
                                         receiver.connected, inbound.peer_clock, inbound.max_replicated, oldest,
                                         waited, inbound.sent, inbound.applied)
+                copy = self.copies.get(link.name)
                 out.append(ls.in_row(link.name, link.site, link.peer_site, own, self.receiver_nodes.get(link.name),
-                                     self.node, here, self.durable.get(link.name, ls.Durable())))
+                                     self.node, here, self.durable.get(link.name, ls.Durable()),
+                                     copy.progress() if copy is not None else None))
             server = self.servers.get(link.name)
             if server is not None:
                 streams, broken, sent, filtered, returned = server.sending()
