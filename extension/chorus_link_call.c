@@ -30,7 +30,6 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
-#include "catalog/pg_class.h"
 #include "executor/spi.h"
 #include "mb/pg_wchar.h"
 #include "utils/array.h"
@@ -46,6 +45,8 @@
 #include "utils/lsyscache.h"
 #include "utils/regproc.h"
 #include "utils/syscache.h"
+
+#include "chorus_table.h"
 
 #define CALL_NARGS 7
 
@@ -225,22 +226,6 @@ chorus_link_conflict_call(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(result);
 }
 
-/* The owner of relation relid. */
-static Oid
-relation_owner(Oid relid)
-{
-	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
-	Oid			owner;
-
-	if (!HeapTupleIsValid(tup))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_TABLE),
-				 errmsg("chorus: relation %u does not exist", relid)));
-	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
-	ReleaseSysCache(tup);
-	return owner;
-}
-
 /*
  * eval_value
  *		The value of type typ that bytes b are, in that type's text form (read by
@@ -342,7 +327,7 @@ chorus_link_conflict_eval(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("chorus: link_conflict_eval: %d types, %d arguments, %d forms", ntypes, nargs, nbin)));
 
-	restricted_enter(&r, relation_owner(relid));
+	restricted_enter(&r, chorus_relation_owner(relid));
 	PG_TRY();
 	{
 		Oid		   *types = palloc(sizeof(Oid) * Max(nargs, 1));
