@@ -195,9 +195,7 @@ def settle(window: LinkWindow, batch: Sequence[RemoteTransaction], rows: LocalRo
                 # the two sites of a link: in a chain the local version may have come from
                 # another neighbour, and the incoming one from a third site, forwarded)
                 mine = Version(local, st.clock, st.commit_time, rows.values(table, key))
-                theirs = _version(txn, table, row)
-                dec = policy_for(table).decide(table, mine, theirs)
-                decided.append((Reason.ROW, dec))
+                decided.append((Reason.ROW, policy_for(table).decide(table, mine, _version(txn, table, row))))
             else:
                 decided.append((None, None))
         reject = depends_on is not None or (
