@@ -34,20 +34,11 @@ from chorus.link.site import Inbound, NoSql, provenance
 from chorus.wslog import LogRecord
 
 from linkmodel import TABLE, delete, khash, upsert, ws
+from test_link_apply import BASE as BASE_TOML
 
 KEYS = ("k0", "k1")
 NEIGHBOURS = {"A": ("B",), "B": ("A", "C"), "C": ("B",)}
 LINKS = [("A", "B"), ("B", "A"), ("B", "C"), ("C", "B")]
-BASE_TOML = """
-[node]
-name = "n1"
-data_dir = "/d"
-state_file = "/d/s"
-socket_path = "/d/c.sock"
-admin_socket = "/d/a.sock"
-[postgres]
-dsn = "x"
-"""
 
 
 @dataclass
