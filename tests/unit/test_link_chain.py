@@ -322,6 +322,8 @@ def test_the_sink_marks_a_forwarded_change_and_refuses_one_that_would_arrive_twi
         await inbound.sink(RemoteTransaction("B", 5, 0, ROW, origin="A"))
         assert [lp.origin_in(wire.decode(m.writeset)) for m in bus.sent] == [None, "A"]
         assert [m.peer_site for m in bus.sent] == ["B", "B"]  # the position is the neighbour's
+        with pytest.raises(LinkError, match="carries a chorus.link_origin mark"):  # only this site marks
+            await inbound.sink(RemoteTransaction("B", 6, 0, lp.with_origin(ROW, "A")))
         with pytest.raises(LinkError, match="back"):
             await inbound.sink(RemoteTransaction("B", 6, 0, ROW, origin="C"))
         # a triangle: C receives A's changes directly too

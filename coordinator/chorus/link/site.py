@@ -221,6 +221,8 @@ class Inbound:
             raise LinkError(f"link {self.link.name}: peer GID {item.clock} holds a schema change, which links do not "
                             "carry yet")
         raw = ws.raw or wire.encode(ws)
+        if lp.origin_in(ws) is not None:  # (a sender never sends schema chorus: the mark is this site's to add)
+            raise LinkError(f"link {self.link.name}: peer GID {item.clock} carries a chorus.link_origin mark")
         if item.origin is not None:  # a third site's change, forwarded by the peer (a chain)
             if item.origin == self.link.site:
                 raise LinkError(f"link {self.link.name}: site {self.link.peer_site} sent a change of this site's "
