@@ -4,7 +4,8 @@ changes reach c through b and c's reach a; there is no link a-c. Rows written on
 rows written on c arrive on a, every site ends identical, a's changes are named a on c (in the
 exceptions) and nothing circulates: once quiet, no site's committed GID moves. A row changed on
 a and on c while b hears neither (the relays of link a-b cut) is detected on b, between the
-neighbours b and a, and settled alike on all three sites.
+neighbours b and a, and settled alike on all three sites. A triangle a-b-c-a with b forwarding
+is refused on c, which would get a's changes twice.
 
 Three real local clusters on one Corosync, each started and stopped by :class:`LocalCluster`,
 which stops exactly the processes it started (by pid); the relays are threads of this process.
@@ -18,7 +19,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -41,7 +42,7 @@ def _keys(dirs: dict[str, Path]) -> None:
     for d in dirs.values():
         os.chmod(d, 0o755)
         generate_keys(str(d / "keys"))
-    for x, y in (("a", "b"), ("b", "c")):
+    for x, y in (("a", "b"), ("b", "c"), ("a", "c")):
         secret = os.urandom(32).hex() + "\n"
         for me, peer in ((x, y), (y, x)):
             keys = dirs[me] / "keys"
@@ -59,35 +60,47 @@ def _link(d: Path, name: str, site: str, peer: str, listen: int, peers: int, **k
             "peers": [f"127.0.0.1:{peers}"], "window": 8, **kw}
 
 
-@pytest.fixture(scope="module")
-def chain() -> Iterator[tuple[dict[str, Site], list[Relay]]]:
-    dirs = {s: Path(tempfile.mkdtemp(prefix=f"chorus-chain-{s}-", dir="/tmp")) for s in "abc"}
+@contextlib.contextmanager
+def _three_sites(prefix: str, port: dict[str, int],
+                 links: Callable[[dict[str, Path]], dict[str, list[dict[str, Any]]]]) -> Iterator[tuple[dict[str, Site], dict[str, Path]]]:
+    """Sites a, b, c of one node each at ``port``, their [[link]] tables ``links`` (given the
+    sites' directories, whose keys hold a secret per link of ``_keys``); stopped and removed at
+    the end, the coordinators' last lines printed."""
+    dirs = {s: Path(tempfile.mkdtemp(prefix=f"{prefix}{s}-", dir="/tmp")) for s in "abc"}
     _keys(dirs)
-    a, b, c = PORT["a"], PORT["b"], PORT["c"]
-    # link a-b goes through relays (the test cuts them): a's receiver reaches b's sender through
-    # one, b's receiver a's sender through the other
-    relays = [Relay(a + RELAY, b + SENDER), Relay(b + RELAY, a + SENDER)]
-    links = {
-        "a": [_link(dirs["a"], "a-b", "a", "b", a + SENDER, a + RELAY)],
-        "b": [_link(dirs["b"], "a-b", "b", "a", b + SENDER, b + RELAY, forward=True),
-              _link(dirs["b"], "b-c", "b", "c", b + SENDER + 1, c + SENDER, forward=True)],
-        "c": [_link(dirs["c"], "b-c", "c", "b", c + SENDER, b + SENDER + 1)],
-    }
+    tables = links(dirs)
     started: list[LocalCluster] = []
     try:
         sites = {}
         for s in "abc":
             cluster = LocalCluster(str(dirs[s]))
             started.append(cluster)
-            sites[s] = Site(s, cluster, cluster.up(1, PORT[s], links=links[s]))
-        yield sites, relays
+            sites[s] = Site(s, cluster, cluster.up(1, port[s], links=tables[s]))
+        yield sites, dirs
     finally:
-        for r in relays:
-            r.close()
         print_logs(*dirs.values())
         for cl in reversed(started):
             cl.down()
         remove(*dirs.values())
+
+
+@pytest.fixture(scope="module")
+def chain() -> Iterator[tuple[dict[str, Site], list[Relay]]]:
+    a, b, c = PORT["a"], PORT["b"], PORT["c"]
+    # link a-b goes through relays (the test cuts them): a's receiver reaches b's sender through
+    # one, b's receiver a's sender through the other
+    relays = [Relay(a + RELAY, b + SENDER), Relay(b + RELAY, a + SENDER)]
+    try:
+        with _three_sites("chorus-chain-", PORT, lambda dirs: {
+            "a": [_link(dirs["a"], "a-b", "a", "b", a + SENDER, a + RELAY)],
+            "b": [_link(dirs["b"], "a-b", "b", "a", b + SENDER, b + RELAY, forward=True),
+                  _link(dirs["b"], "b-c", "b", "c", b + SENDER + 1, c + SENDER, forward=True)],
+            "c": [_link(dirs["c"], "b-c", "c", "b", c + SENDER, b + SENDER + 1)],
+        }) as (sites, _):
+            yield sites, relays
+    finally:
+        for r in relays:
+            r.close()
 
 
 def _alike(sites: dict[str, Site]) -> bool:
@@ -155,3 +168,32 @@ def test_a_conflict_of_the_two_ends_is_settled_alike_on_every_site(chain: tuple[
     assert [e[1:6] for e in ex_b] == [("c", "a", "row", "latest-commit-wins", "kept-local")]
     assert [e[1:6] for e in ex_a] == [("a", "c", "row", "latest-commit-wins", "took-remote")]
     assert sites["c"].on("app.items").exceptions(0) == []  # a's change stopped at b
+
+
+def test_a_triangle_that_forwards_is_refused_where_a_change_would_arrive_twice() -> None:
+    """Sites a, b, c linked each to each (a-b, b-c, a-c), b forwarding: c receives a's changes
+    over a-c and would receive them again through b. c applies them once, over a-c, and refuses
+    the forwarded ones with the reason (its receiver of b-c stops there, visibly, and tries again);
+    nothing circulates."""
+    port = {s: p + 30 for s, p in PORT.items()}
+    a, b, c = port["a"], port["b"], port["c"]
+    with _three_sites("chorus-tri-", port, lambda dirs: {
+        "a": [_link(dirs["a"], "a-b", "a", "b", a + SENDER, b + SENDER),
+              _link(dirs["a"], "a-c", "a", "c", a + SENDER + 1, c + SENDER + 1)],
+        "b": [_link(dirs["b"], "a-b", "b", "a", b + SENDER, a + SENDER, forward=True),
+              _link(dirs["b"], "b-c", "b", "c", b + SENDER + 1, c + SENDER, forward=True)],
+        "c": [_link(dirs["c"], "b-c", "c", "b", c + SENDER, b + SENDER + 1),
+              _link(dirs["c"], "a-c", "c", "a", c + SENDER + 1, a + SENDER + 1)],
+    }) as (sites, dirs):
+        for site in sites.values():
+            site.sql("CREATE SCHEMA app")
+            site.sql(TABLE)
+        sites["a"].sql("INSERT INTO app.items VALUES (1, 'a 1', 0)")
+        wait("a's row on b and c", lambda: all(sites[s].rows(0) == [(1, "a 1", 0)] for s in "bc"), timeout=120)
+        why = "site b forwards site a's changes, which this site receives directly over link a-c"
+        log = dirs["c"] / "nodes" / "n1" / "coordinator.log"
+        wait("c's refusal in its log", lambda: why in log.read_text(errors="replace"), timeout=120)
+        time.sleep(2.0)
+        assert all(sites[s].rows(0) == [(1, "a 1", 0)] for s in "abc")  # once, nothing twice
+        # b's position on c did not pass a's forwarded change
+        assert [p[:2] for p in sites["c"].position(0)] == [("a-c", "a")]
