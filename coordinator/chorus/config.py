@@ -48,6 +48,8 @@ tls_key = "/d/keys/cluster.key"
 peer_cert = "/d/keys/west.crt"         # the only certificate accepted from the peer
 subset = false               # true when the peer's rules filter rows (a [[link.table]] filter there):
                              # an UPDATE of a row absent here inserts it, a DELETE of one is nothing
+forward = false              # true: this site's sender also passes on what it applied from its other
+                             # links (a chain A-B-C: B forwards A's changes to C), never back
 secret_file = "/d/keys/east-west.secret"  # the link's shared secret (at least 32 bytes)
 # What this site SENDS on the link (docs/LINKS.md section 8), checked when this file is read:
 include = ["hr.*", "sales.orders"]  # tables sent: shell patterns on "schema.table" (default: all)
@@ -120,6 +122,10 @@ class LinkConfig:
     tables: tuple["LinkTable", ...] = ()  # [[link.table]], in order: the first matching one applies
     rules_dsn: str = ""  # the session evaluating the rules' SQL; "" = [postgres] dsn
     rules_timeout_ms: int = 1000
+    # what this site's sender passes on (docs/LINKS.md section 10): off, only this site's own
+    # changes; on, also what this site applied from its other links (a chain A-B-C), never to the
+    # site a change came from nor to its origin
+    forward: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,7 +151,7 @@ _LINK_KEYS: dict[str, tuple[type, bool]] = {
     "table_policy": (dict, False),
     "include": (list, False), "exclude": (list, False), "table": (list, False), "rules_dsn": (str, False),
     "rules_timeout_ms": (int, False), "subset": (bool, False), "delta_columns": (dict, False),
-    "delta_fallback": (str, False), "conflict_function": (str, False)}
+    "delta_fallback": (str, False), "conflict_function": (str, False), "forward": (bool, False)}
 _TABLE_KEYS: dict[str, Any] = {"name": str, "filter": str, "rename": str, "rename_columns": dict, "drop": list,
                                 "compute": list, "function": str}
 _QUALIFIED = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*\Z")
@@ -250,8 +256,10 @@ def _link_table(path: str, link: str, raw: Any) -> LinkTable:
     return LinkTable(**values)
 
 
-def link_settings(link: LinkConfig) -> Any:
-    """The link's conflict settings (link/settle.py ``Settings``); ValueError if they cannot decide."""
+def link_settings(link: LinkConfig, links: Sequence[LinkConfig] = ()) -> Any:
+    """The link's conflict settings (link/settle.py ``Settings``); ValueError if they cannot decide.
+    ``links``: every link of the site (a site with others stamps every row its peer's changes
+    leave, docs/LINKS.md section 10)."""
     from chorus.link.conflict import Detection
     from chorus.link.settle import Settings
     try:
@@ -263,7 +271,8 @@ def link_settings(link: LinkConfig) -> Any:
                          f"{link.conflict_function!r}: it is looked up with search_path pg_catalog")
     return Settings(link.site, link.peer_site, link.policy, link.primary, detection, dict(link.table_policy),
                     link.subset, delta_columns=dict(link.delta_columns), delta_fallback=link.delta_fallback,
-                    function=link.conflict_function, function_timeout_ms=link.rules_timeout_ms)
+                    function=link.conflict_function, function_timeout_ms=link.rules_timeout_ms,
+                    chained=any(k.name != link.name for k in links))
 
 
 _COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\Z")
@@ -307,6 +316,11 @@ def _links(path: str, raw: Any) -> tuple[LinkConfig, ...]:
         if link.name in {x.name for x in out}:
             raise ChorusConfigError(f"{path}: two links named {link.name}")
         out.append(link)
+    if any(k.forward for k in out) and any(k.delta_columns for k in out):
+        # a forwarded change carries the rows as this site committed them, without the old values
+        # the far site's delta policy would add (docs/LINKS.md section 10)
+        raise ChorusConfigError(f"{path}: a site that forwards (link.forward) cannot settle counters by delta "
+                                "(link.delta_columns) yet: a forwarded change carries no old values")
     return tuple(out)
 
 
@@ -522,6 +536,7 @@ def _link_toml(link: LinkConfig) -> str:
         + (f"primary = {_toml_str(link.primary)}\n" if link.primary else "")
         + (f"conflict_function = {_toml_str(link.conflict_function)}\n" if link.conflict_function else "")
         + f"subset = {'true' if link.subset else 'false'}\n"
+        + f"forward = {'true' if link.forward else 'false'}\n"
         + ("table_policy = {" + ", ".join(f"{_toml_str(k)} = {_toml_str(v)}" for k, v in link.table_policy) + "}\n")
         + ("delta_columns = {" + ", ".join(f"{_toml_str(k)} = {strs(v)}" for k, v in link.delta_columns) + "}\n"
            f"delta_fallback = {_toml_str(link.delta_fallback)}\n" if link.delta_columns else "")

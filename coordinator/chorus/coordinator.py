@@ -127,7 +127,7 @@ class Coordinator:
                   connection_lost=self._check_database, fatal=self._fail, backlog_changed=self._flow_check,
                   link_committed=self._link_committed),
             self.spool)
-        self.pipeline.link_settings = {link.name: link_settings(link) for link in cfg.links}
+        self.pipeline.link_settings = {link.name: link_settings(link, cfg.links) for link in cfg.links}
         # a site that receives a link stamps its rows, each with its own GID (extension/chorus_stamp.c):
         # one writeset per apply transaction, in the pipeline and in catch-up
         self.stamps_rows = any(link.peers for link in cfg.links)

@@ -70,8 +70,8 @@ def test_a_large_transaction_goes_in_parts_and_is_joined(monkeypatch: pytest.Mon
 
 def test_an_unknown_version_is_refused_with_a_clear_error() -> None:
     frame = proto.write_hello(HELLO)
-    later = frame[:5] + struct.pack(">H", 4) + frame[7:]
-    with pytest.raises(LinkProtocolError, match="link protocol version 4 is not spoken here .this site speaks 1, 2, 3"):
+    later = frame[:5] + struct.pack(">H", 5) + frame[7:]
+    with pytest.raises(LinkProtocolError, match="link protocol version 5 is not spoken here .this site speaks 1, 2, 3, 4"):
         read(later)
     # a receiver of a release before: no mode byte (version 2), and no APPLIED frames (version 1)
     for version in (1, 2):

@@ -76,7 +76,7 @@ def test_what_came_from_the_peer_goes_back_only_as_its_clock() -> None:
     o = outbound(interval=10.0)
     assert o.take(LogRecord(1, "n1", 0, ws((1, "eu"))), now=0.0)[0] == proto.Record(1, "A", 10, ws((1, "eu")))
     assert o.take(LogRecord(2, "link:B:41", 0, ws((2, "eu"))), now=1.0) == [ClockEvent("B", 41)]
-    # a record of a third site is not sent on (chains come later), nor is its clock
+    # a record of a third site is not sent on without forward (docs/LINKS.md section 10.2), nor is its clock
     assert o.take(LogRecord(3, "link:C:7", 0, ws((3, "eu"))), now=2.0) == []
     assert o.position == 3 and (o.sent, o.filtered, o.returned) == (1, 1, 1)
 

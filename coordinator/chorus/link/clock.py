@@ -120,9 +120,9 @@ class LinkWindow:
         last change was ours and its window is open ([epoch]: "in_conflict = row_clockval >=
         maximum_replicated_clockval"). A row last changed by the peer's stream is ordered before
         this change on both sides; a row without a stamp has no open window."""
-        return stamp is not None and stamp.site == self.local and stamp.clock >= self.max_replicated
+        return stamp is not None and stamp.site != self.peer and stamp.clock >= self.max_replicated
 
     def closed(self, stamp: Stamp) -> bool:
         """The stamp can never be in conflict again through this link (max replicated only
         grows): it may be purged, by any node, at any time."""
-        return stamp.site != self.local or stamp.clock < self.max_replicated
+        return stamp.site == self.peer or stamp.clock < self.max_replicated

@@ -137,7 +137,8 @@ def dependency_closure(batch: Sequence[RemoteTransaction], seeds: set[int]) -> d
 
 
 def settle(window: LinkWindow, batch: Sequence[RemoteTransaction], rows: LocalRows,
-           policy_for: Callable[[wire.Table], Policy], detection: Detection, arbiter: SiteId) -> list[TransactionDecision]:
+           policy_for: Callable[[wire.Table], Policy], detection: Detection, arbiter: SiteId,
+           gid: Optional[int] = None) -> list[TransactionDecision]:
     """Decide a batch of the peer's transactions, in stream order, against the local rows.
 
     A row change is in conflict when its row's window is open (``window.in_conflict``); the
@@ -153,6 +154,12 @@ def settle(window: LinkWindow, batch: Sequence[RemoteTransaction], rows: LocalRo
     arbiter's transactions too, rows the arbiter applied without a conflict would stay different
     with nothing to realign them. A realignment (``txn.realign``) is settled row by row as well:
     it is the arbiter's decision, not a transaction of the application.
+
+    ``gid``: this site's GID of the apply. A row the peer's change leaves is stamped with the peer
+    (the neighbour whose stream brought it, whatever site made it) and that GID, so that in a
+    chain (docs/LINKS.md section 10) a later change of another neighbour is tested against the
+    point of this site's order where the row took it (None: the peer's clock, as a site of one
+    link only ever compares its own stamps).
     """
     local = window.local
     if arbiter != local:
@@ -168,7 +175,7 @@ def settle(window: LinkWindow, batch: Sequence[RemoteTransaction], rows: LocalRo
     for n, txn in enumerate(batch):
         if txn.site != window.peer:
             raise ValueError(f"a transaction of {txn.site} in {window.peer}'s stream")
-        remote_stamp = Stamp(txn.site, txn.clock, txn.commit_time)
+        remote_stamp = Stamp(txn.site, txn.clock if gid is None else gid, txn.commit_time)
         depends_on = None
         per_txn = detection == Detection.TRANSACTION and not txn.realign
         if per_txn:
@@ -184,7 +191,10 @@ def settle(window: LinkWindow, batch: Sequence[RemoteTransaction], rows: LocalRo
                 decided.append((Reason.DEPENDENT, None))
             elif window.in_conflict(st):
                 assert st is not None
-                mine = Version(st.site, st.clock, st.commit_time, rows.values(table, key))
+                # the versions as the link's two sites hold them (the policies settle between
+                # the two sites of a link: in a chain the local version may have come from
+                # another neighbour, and the incoming one from a third site, forwarded)
+                mine = Version(local, st.clock, st.commit_time, rows.values(table, key))
                 decided.append((Reason.ROW, policy_for(table).decide(table, mine, _version(txn, table, row))))
             else:
                 decided.append((None, None))
@@ -207,7 +217,9 @@ def settle(window: LinkWindow, batch: Sequence[RemoteTransaction], rows: LocalRo
                 applied, after = False, st
             else:
                 w = dec.winner
-                applied, after, values = True, Stamp(w.site, w.clock, w.commit_time), dec.values
+                # the row keeps the stamp of the version it is (the peer's: its stamp here)
+                after = st if w.site == local and st is not None else remote_stamp
+                applied, values = True, dec.values
             realign = arbiter == local and reason is not None
             overlay[h] = after
             row_out.append(RowDecision(i, h, st, reason, dec, applied, values, after, realign))

@@ -36,6 +36,14 @@ class RemoteTransaction:
     commit_time: int
     writeset: wire.Writeset
     realign: bool = False  # an arbiter's realignment (docs/LINKS.md section 7)
+    # the site where the transaction was made, where ``site`` (the neighbour whose stream carries
+    # it) forwarded it from a third site (a chain, docs/LINKS.md section 10); None: ``site`` itself
+    origin: Optional[SiteId] = None
+
+    @property
+    def made_at(self) -> SiteId:
+        """The site whose change this is: its origin, whoever forwarded it."""
+        return self.origin or self.site
 
 
 StreamItem = Union[ClockEvent, RemoteTransaction]

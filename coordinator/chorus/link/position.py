@@ -58,6 +58,42 @@ def is_link_origin(name: str) -> bool:
     return name.startswith(ORIGIN_PREFIX)
 
 
+# A transaction a site forwards (docs/LINKS.md section 10: a chain A-B-C, B sending A's changes on
+# to C) names its origin site: the stream's RECORD carries it (link protocol 4), and from there the
+# receiving site's link writeset carries it as a table no row uses, ``chorus.link_origin`` whose one
+# column is named after the origin site (as the realignment and the copy are marked: the writeset
+# travels as it is through the bus message, every node's apply and the log, so neither the bus
+# message nor the log record needs a new field). The apply keeps it in what it commits, so the
+# forwarding site's own sender finds the origin in its log again. No mark: the origin is the
+# link's peer itself.
+ORIGIN_TABLE = ("chorus", "link_origin")
+
+
+def with_origin(ws: wire.Writeset, site: str) -> wire.Writeset:
+    """``ws`` (a transaction of ``site`` that a neighbour forwarded) marked with its origin."""
+    if origin_in(ws) is not None:
+        raise ValueError("the writeset names its origin already")
+    mark = wire.Table(ORIGIN_TABLE[0], ORIGIN_TABLE[1], (wire.Column(site, "text"),), (0,))
+    return wire.Writeset(ws.xid, ws.pid, ws.last_seen, (*ws.tables, mark), ws.rows, ws.keys, flags=ws.flags,
+                         encoding=ws.encoding)
+
+
+def origin_in(ws: wire.Writeset) -> Optional[str]:
+    """The origin site a forwarded transaction's writeset names (None: not forwarded). Two marks
+    naming different sites, or a mark a row uses, are refused (``wire.WireError``)."""
+    found: Optional[str] = None
+    for n, t in enumerate(ws.tables):
+        if (t.nspname, t.relname) != ORIGIN_TABLE:
+            continue
+        if len(t.columns) != 1 or any(isinstance(r, wire.Row) and r.table == n for r in ws.rows):
+            raise wire.WireError("a chorus.link_origin mark with rows or other than one column")
+        site = t.columns[0].name
+        if found is not None and found != site:
+            raise wire.WireError(f"a writeset naming two origin sites, {found} and {site}")
+        found = site
+    return found
+
+
 class Decision(str, enum.Enum):
     APPLY = "apply"
     DUPLICATE = "duplicate"

@@ -1,4 +1,4 @@
-"""The link stream's wire format, version 3 (docs/LINKS.md section 2; the sender and the
+"""The link stream's wire format, version 4 (docs/LINKS.md section 2; the sender and the
 receiver are sender.py and receiver.py). Each frame has a ``write_X`` beside its reading in
 :func:`decode`, as recoveryproto.py has for the recovery stream, whose record framing it reuses.
 
@@ -26,7 +26,12 @@ kinds in :class:`FrameKind`, integers big-endian, names as ``u8 length, UTF-8``:
   site receives the link too, and then the receiving site's last GID it had applied as of G), then the rows the link carries as of G, each
   table's in the order of its key's text (bytewise), as RECORD or PART frames of GID G whose
   writeset holds one table and INSERTs of a batch of its rows (a writeset of the table without
-  rows: the table is complete), and at the end COPIED ``u64 G, u64 rows sent``; or ERROR.
+  rows: the table is complete), and at the end COPIED ``u64 G, u64 rows sent``; or ERROR;
+- from version 4 a RECORD's origin may be a third site: a transaction the sending site applied
+  from another of its links and forwards (a chain A-B-C, docs/LINKS.md section 10), never the
+  receiving site itself; the frames are laid out as in version 3. A sender that forwards
+  refuses a receiver of an earlier version (ERROR), which would take such a record for a
+  protocol error.
 
 Every length is bounded (:data:`MAX_BODY` per kind, names at most :data:`MAX_NAME` bytes of
 ``[A-Za-z0-9_.:-]``) and anything malformed raises :class:`LinkProtocolError`.
@@ -50,8 +55,10 @@ from chorus.recoveryproto import RecoveryError
 from chorus.spool import Spool, SpooledBuffer
 from chorus.wslog import LogRecord
 
-PROTOCOL = 3  # 2: APPLIED frames from the receiver; 3: the HELLO's mode, the copy (SNAPSHOT, COPIED)
-PROTOCOLS = (1, 2, 3)  # the versions a sender serves
+PROTOCOL = 4  # 2: APPLIED frames from the receiver; 3: the HELLO's mode, the copy (SNAPSHOT, COPIED);
+# 4: RECORDs of a third site's transactions, forwarded
+PROTOCOLS = (1, 2, 3, 4)  # the versions a sender serves
+FORWARDED = 4  # the first version whose receivers take a third site's transactions
 STREAM, COPY = 0, 1  # a HELLO's mode (version 3): stream the log, or copy the tables (re-instantiation)
 NONCE_BYTES = 16
 MAC_BYTES = 32

@@ -12,6 +12,7 @@ the receiver's business.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import secrets
@@ -113,11 +114,14 @@ class LinkReceiver:
                 if record is None:
                     continue
                 if isinstance(record, Record):
-                    if record.site != end.peer or record.gid <= last:
+                    # a third site's transaction the peer forwards (version 4), never this site's own
+                    forwarded = record.site != end.peer and self.version >= proto.FORWARDED
+                    if (record.site != end.peer and not forwarded) or record.site == end.site or record.gid <= last:
                         raise LinkProtocolError(f"a transaction of site {record.site} at GID {record.gid} "
                                                 f"after GID {last} of site {end.peer}")
                     last = record.gid
-                    await self._hand(proto.transaction(record))
+                    txn = proto.transaction(record)
+                    await self._hand(dataclasses.replace(txn, site=end.peer, origin=record.site) if forwarded else txn)
                 elif isinstance(record, ClockEvent):
                     if record.site not in (end.site, end.peer):
                         raise LinkProtocolError(f"a clock event of site {record.site} on link {end.link}")

@@ -53,6 +53,9 @@ class Provenance:
     # on the link's arbiter, for a record of the peer's whose conflicts it settled: the rows it
     # realigns (docs/LINKS.md section 7.1), sent after the reflection as this site's change
     realign: Optional[wire.Writeset] = None
+    # for a record a link applied here: the site where its transaction was made, where the link's
+    # peer had forwarded it from a third site (docs/LINKS.md section 10); None: the peer itself
+    origin: Optional[SiteId] = None
 
 
 def retained(after: int, base_gid: int) -> None:
@@ -69,8 +72,9 @@ class Outbound:
     rules and are sent if anything is left of them; a record the link applied from the peer is
     not sent back, only the clock event passed through with it (the reflection that closes the
     peer's windows, [epoch]) and, on the link's arbiter, then the rows it realigns, as this
-    site's change at that GID (``Provenance.realign``, docs/LINKS.md section 7.1); a record from
-    a third site is not sent (chains come later). This
+    site's change at that GID (``Provenance.realign``, docs/LINKS.md section 7.1); a record
+    another link applied here (a third site's change) is sent on only with ``forward`` (a chain,
+    docs/LINKS.md section 10), named with its origin site, and never to that origin. This
     site's clock goes out with every record sent (its GID), and in an explicit CLOCK frame
     ``(site, next GID)`` when records were filtered or the log is idle and ``clock_interval``
     seconds have passed since it last went out (the receiver's positions and lag advance, and it
@@ -80,8 +84,10 @@ class Outbound:
     """
 
     def __init__(self, site: SiteId, peer: SiteId, resume: Position, rules: RuleSet, evaluator: SqlEvaluator,
-                 provenance: Callable[[LogRecord], Provenance], clock_interval: float = CLOCK_INTERVAL_S) -> None:
+                 provenance: Callable[[LogRecord], Provenance], clock_interval: float = CLOCK_INTERVAL_S,
+                 forward: bool = False) -> None:
         self.site = site
+        self.forward = forward
         self.peer = peer
         self.rules = rules
         self.evaluator = evaluator
@@ -90,7 +96,7 @@ class Outbound:
         self.position = resume.applied_gid  # the last GID passed: sent, or filtered out
         self.clock = resume.peer_clock  # the highest value of this site's clock the receiver has
         self.sent = 0
-        self.filtered = 0  # records the rules dropped, schema changes that failed, a third site's
+        self.filtered = 0  # records the rules dropped, schema changes that failed, a third site's not forwarded
         self.returned = 0  # the peer's own changes, not sent back
         self._clock_at: Optional[float] = None  # when this site's clock last went out
 
@@ -125,6 +131,19 @@ class Outbound:
                     self._clock_at = now
                     return out + [Record(record.gid, self.site, facts.commit_time, wire.encode(settle.marked(routed)))]
                 return out + self._tick(record.gid + 1, now)
+            elif self.forward:
+                # a third site's change another link applied here (a chain): sent on as it was
+                # committed here, without this site's own tables of the link (position, stamps,
+                # exceptions, the origin's mark: schema chorus is never carried), named with its
+                # origin, never to that origin (a ring of one-way links stops there)
+                origin = facts.origin or facts.applied_from
+                routed = None if origin == self.peer else route(self.rules, wire.decode(bytes(record.payload)),
+                                                               self.evaluator)
+                if routed is not None and routed.rows:
+                    self.sent += 1
+                    self.clock = max(self.clock, record.gid + 1)
+                    self._clock_at = now
+                    return [Record(record.gid, origin, facts.commit_time, wire.encode(routed))]
         self.filtered += 1
         return out + self._tick(record.gid + 1, now)
 
@@ -155,8 +174,9 @@ class LinkServer:
                  evaluator: SqlEvaluator, provenance: Callable[[LogRecord], Provenance],
                  clock_interval: float = CLOCK_INTERVAL_S, poll_s: float = POLL_S,
                  max_retain: int = MAX_RETAIN_BYTES, announce: Optional[Callable[[int], None]] = None,
-                 copy_dsn: Optional[str] = None, receives: bool = False) -> None:
+                 copy_dsn: Optional[str] = None, receives: bool = False, forward: bool = False) -> None:
         self.log = wslog
+        self.forward = forward  # a third site's changes applied here are sent on (docs/LINKS.md section 10)
         self.end = end
         self.committed = committed
         self.rules = rules
@@ -262,8 +282,14 @@ class LinkServer:
                       version: int = proto.PROTOCOL) -> None:
         """Follow the log from ``resume`` until the receiver goes away or the server closes (then
         END). Raises :class:`LinkBroken` when the log no longer holds what comes next."""
+        if self.forward and version < proto.FORWARDED:
+            text = (f"link {self.end.link} forwards other sites' changes, which needs link protocol version "
+                    f"{proto.FORWARDED}; the receiver speaks {version}: upgrade site {self.end.peer}, or set "
+                    f"forward = false on site {self.end.site}")
+            writer.write(proto.write_error(proto.Error(text)))
+            raise LinkError(text)
         out = Outbound(self.end.site, self.end.peer, resume, self.rules, self.evaluator, self.provenance,
-                       self.clock_interval)
+                       self.clock_interval, forward=self.forward)
         self._check_pin()
         retained(resume.applied_gid, self.log.base_gid)
         task = asyncio.current_task()

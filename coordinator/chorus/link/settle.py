@@ -220,6 +220,10 @@ class Settings:
     # the statement_timeout of each of its calls (not in the fingerprint: it decides nothing; a
     # call that times out fails the apply, and the nodes vote on it)
     function_timeout_ms: int = 1000
+    # this site has other links (docs/LINKS.md section 10): a row the peer's change leaves gets a
+    # stamp even where it had none, since another neighbour's change may meet it (not in the
+    # fingerprint: it follows from the [[link]] tables, which every node of the site has alike)
+    chained: bool = False
 
     @property
     def calls_functions(self) -> bool:
@@ -391,7 +395,13 @@ class Settlement:
                                   f"link's arbiter here ({settings.arbiter}): the sites' conflict settings differ")
             remote = unmarked(remote)
             self.remote = remote
-        self.txn = RemoteTransaction(step.peer_site, step.peer_gid, step.commit_time, remote, self.realign)
+        # a transaction the peer forwarded from a third site (docs/LINKS.md section 10): its rows are
+        # stamped and its versions named with its origin; the mark stays in what is committed
+        origin = lp.origin_in(remote)
+        if origin == settings.site:
+            raise SettleError(f"link {step.link}: site {settings.peer} forwarded a change of this site's back")
+        self.txn = RemoteTransaction(step.peer_site, step.peer_gid, step.commit_time, remote, self.realign,
+                                     origin=origin)
         self.changes = row_changes(remote)
         # each row key's stamp key, and its table's
         self.stamp_of_key = {k.hashed(): (stamp_hash(k.parts), table_stamp_key(t)) for _i, t, _r, k in self.changes}
@@ -418,10 +428,16 @@ class Settlement:
         self.functions.collecting, self.functions.missing = True, []
         try:
             settle(self.window, [self.txn], _Rows(self._stamps(stamps), values), self._policy_for,
-                   self.settings.detection, self.settings.arbiter)
+                   self.settings.detection, self.settings.arbiter, self._stamp_gid)
         finally:
             self.functions.collecting = False
         return self.functions.missing
+
+    @property
+    def _stamp_gid(self) -> Optional[int]:
+        """The clock of the stamps the peer's changes leave: this GID on a site of several links
+        (chains, docs/LINKS.md section 10), else the peer's clock (conflict.settle)."""
+        return self.gid if self.settings.chained else None
 
     def stamp_keys(self) -> list[bytes]:
         """The stamp keys the decision needs (read with :data:`STAMP_SQL`): each row's and its
@@ -430,13 +446,13 @@ class Settlement:
 
     def _stamps(self, rows: Sequence[Sequence[object]]) -> dict[bytes, Stamp]:
         """The stamps read, by certification key hash: a row's own or its table's; of two, the
-        later of this site's (clocks of two sites do not compare: this site's counts, erring
-        towards a conflict)."""
+        later of those not of the peer (stamped with this site's GIDs; the peer's clocks do not
+        compare with them: those count, erring towards a conflict)."""
         read = dict(_stamp_of(r) for r in rows)
         out: dict[bytes, Stamp] = {}
         for h, (row_key, table_key) in self.stamp_of_key.items():
             found = [s for s in (read.get(row_key), read.get(table_key)) if s is not None]
-            local = [s for s in found if s.site == self.settings.site]
+            local = [s for s in found if s.site != self.settings.peer]
             if local or found:
                 out[h] = max(local, key=lambda s: s.clock) if local else found[0]
         return out
@@ -468,7 +484,7 @@ class Settlement:
         found = self._stamps(stamps)
         self.local = dict(values)
         (d,) = settle(self.window, [self.txn], _Rows(found, values), self._policy_for,
-                      self.settings.detection, self.settings.arbiter)
+                      self.settings.detection, self.settings.arbiter, self._stamp_gid)
         self.decisions = d
         by_item: dict[int, list[RowDecision]] = {}
         for r in d.rows:
@@ -496,8 +512,8 @@ class Settlement:
             before, after = found.get(r.key), r.stamp_after
             if realigned(r, self._function(r)):
                 after = Stamp(self.settings.site, self.gid, 0)  # the realignment's: this GID
-            elif before is None or after is None or after == before:
-                continue  # no stamp is as good as the peer's; a kept local version keeps its stamp
+            elif after is None or after == before or (before is None and not self.settings.chained):
+                continue  # no stamp is as good as the peer's (on a site of one link); a kept local version keeps its stamp
             st = _table_index(tables, STAMP_TABLE)
             sk = self.stamp_of_key[r.key][0]
             if sk in stamped:
@@ -580,7 +596,7 @@ class Settlement:
                 None if st is None else st.site.encode("utf-8"), None if st is None else b"%d" % st.clock,
                 None if st is None else lp.timestamp_text(st.commit_time),
                 row_json(table, mine),
-                self.txn.site.encode("utf-8"), b"%d" % self.txn.clock, lp.timestamp_text(self.txn.commit_time),
+                self.txn.made_at.encode("utf-8"), b"%d" % self.txn.clock, lp.timestamp_text(self.txn.commit_time),
                 row_json(table, None if row.op == wire.OP_DELETE else row.new),
                 b"%d" % self.window.max_replicated, r.reason.value.encode("ascii"), policy_name.encode("ascii"),
                 decision.encode("ascii"), row_json(table, result))

@@ -33,7 +33,7 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Optional
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence
 
 from chorus import wire
 from chorus.bus import proto as bp
@@ -103,7 +103,7 @@ def evaluator(link: LinkConfig, rules: RuleSet, dsn: str) -> "NoSql | PgEvaluato
     return PgEvaluator(link.rules_dsn or dsn, link.rules_timeout_ms, strict=True, name=link.name)
 
 
-def provenance(link: LinkConfig) -> Callable[[LogRecord], Provenance]:
+def provenance(link: LinkConfig, links: Sequence[LinkConfig] = ()) -> Callable[[LogRecord], Provenance]:
     """What the sender of ``link`` knows of a record: one a link applied here has its link's
     origin (link/position.py) and is not sent back; one of this link carries its reflection, the
     peer's clock value this site had applied when it committed (the link's row it wrote), which
@@ -112,8 +112,13 @@ def provenance(link: LinkConfig) -> Callable[[LogRecord], Provenance]:
     section 7.1), which the sender sends as this site's change at that GID. A record of this
     site's own carries the commit time its log record kept (the bus message's, the same on every
     node; 0 for one logged by a release before); a realignment carries 0, as the stamps of the
-    rows it realigns on this site say (link/settle.py)."""
+    rows it realigns on this site say (link/settle.py). A record another of this site's ``links``
+    applied (a third site's change, sent on where ``link.forward``, docs/LINKS.md section 10)
+    names the site it came from (that link's peer) and the site where it was made (the origin its
+    writeset names, else that peer), with the commit time its log record kept (the origin's, of
+    the last transaction it holds)."""
     own = lp.origin(link.name)
+    others = {lp.origin(k.name): k.peer_site for k in links if k.name != link.name}
     try:
         arbiter = link_settings(link).arbiter == link.site
     except ValueError:  # settings that cannot decide: the apply of every link writeset fails with the reason
@@ -127,8 +132,10 @@ def provenance(link: LinkConfig) -> Callable[[LogRecord], Provenance]:
                 return Provenance(0, applied_from=link.peer_site)
             return Provenance(0, applied_from=link.peer_site, reflection=ClockEvent(link.peer_site, row.peer_clock),
                               realign=realignment(ws) if arbiter else None)
-        if lp.is_link_origin(record.origin):
-            return Provenance(0, applied_from=record.origin)  # another link's: a third site (chains: later)
+        if lp.is_link_origin(record.origin):  # another link's: a third site's change
+            frm = others.get(record.origin, record.origin)
+            made = lp.origin_in(wire.decode(bytes(record.payload))) if link.forward else None
+            return Provenance(record.commit_time, applied_from=frm, origin=made or frm)
         return Provenance(record.commit_time)
     return facts
 
@@ -157,8 +164,13 @@ class Inbound:
                  read: Callable[[], Awaitable[Optional[lp.PositionRow]]], window: int = 64,
                  outcome_timeout: float = OUTCOME_TIMEOUT_S, drain_timeout: float = DRAIN_TIMEOUT_S,
                  wall: Callable[[], float] = time.time, batch_bytes: int = BATCH_BYTES,
-                 batch_max: int = BATCH_MAX, batches: Callable[[], bool] = lambda: True) -> None:
+                 batch_max: int = BATCH_MAX, batches: Callable[[], bool] = lambda: True,
+                 direct: Optional[Mapping[str, str]] = None) -> None:
         self.node = node
+        # the sites this site receives from over its other links (site: link): a change of one of
+        # them that this link's peer forwards would be applied twice (docs/LINKS.md section 10)
+        self.direct = dict(direct or {})
+        self.held_origin: Optional[str] = None  # the origin of what is held (a batch has one)
         self.link = link
         self.send = send
         self.read = read
@@ -208,10 +220,28 @@ class Inbound:
         if ws.has_schema:
             raise LinkError(f"link {self.link.name}: peer GID {item.clock} holds a schema change, which links do not "
                             "carry yet")
+        raw = ws.raw or wire.encode(ws)
+        if lp.origin_in(ws) is not None:  # (a sender never sends schema chorus: the mark is this site's to add)
+            raise LinkError(f"link {self.link.name}: peer GID {item.clock} carries a chorus.link_origin mark")
+        if item.origin is not None:  # a third site's change, forwarded by the peer (a chain)
+            if item.origin == self.link.site:
+                raise LinkError(f"link {self.link.name}: site {self.link.peer_site} sent a change of this site's "
+                                f"back (peer GID {item.clock})")
+            if item.origin in self.direct:
+                raise LinkError(
+                    f"link {self.link.name}: site {self.link.peer_site} forwards site {item.origin}'s changes, which "
+                    f"this site receives directly over link {self.direct[item.origin]}: each would be applied "
+                    f"twice. Set forward = false on site {self.link.peer_site}'s link {self.link.name}, or remove "
+                    f"link {self.direct[item.origin]} (a chain is A-B-C without a link A-C)")
+            raw = wire.encode(lp.with_origin(ws, item.origin))
+        if self.held and item.origin != self.held_origin:  # a batch is of one origin (its record names one)
+            await self._room()
+            self._flush()
+        self.held_origin = item.origin
         self.peer_clock = max(self.peer_clock, item.clock + 1)
         msg = bp.LinkWriteset(self.node, 0, self.link.name, self.link.peer_site, self.after, item.clock,
                               self.peer_clock, self.max_replicated, item.commit_time, int(self.wall() * 1e6),
-                              ws.raw or wire.encode(ws), self.settings)
+                              raw, self.settings)
         self.after = item.clock
         self.sent += 1
         alone = not (self.batches() and lp.batchable(ws)) or len(msg.writeset) >= self.batch_bytes
@@ -425,9 +455,9 @@ class SiteLinks:
             end = LinkEnd(link.name, link.site, link.peer_site, _keys(link))
             rules: RuleSet = link_rules(link)
             server = LinkServer(self.wslog, end, self.committed_gid, rules, evaluator(link, rules, self.dsn),
-                                provenance(link), max_retain=link.max_retain_mb << 20,
+                                provenance(link, self.links), max_retain=link.max_retain_mb << 20,
                                 announce=functools.partial(self._announce, link.name), copy_dsn=self.dsn or None,
-                                receives=bool(link.peers))
+                                receives=bool(link.peers), forward=link.forward)
             await server.start(link.listen)
             self.servers[link.name] = server
             log.info("link %s: serving site %s's changes to site %s on %s", link.name, link.site, link.peer_site,
@@ -500,7 +530,8 @@ class SiteLinks:
     def _start_receiver(self, link: LinkConfig) -> None:
         inbound = self.inbound[link.name] = Inbound(
             self.node, link, self.send, self._reader(link), link.window,
-            batches=lambda: self.bus_version() >= bp.BATCHED_LINKS)
+            batches=lambda: self.bus_version() >= bp.BATCHED_LINKS,
+            direct={k.peer_site: k.name for k in self.links if k.peers and k.name != link.name})
         end = LinkEnd(link.name, link.site, link.peer_site, _keys(link))
 
         async def sink(item: StreamItem) -> None:
