@@ -49,6 +49,8 @@ peer_cert = "/d/keys/west.crt"         # the only certificate accepted from the 
 subset = false               # true when the peer's rules filter rows (a [[link.table]] filter there):
                              # an UPDATE of a row absent here inserts it, a DELETE of one is nothing
 secret_file = "/d/keys/east-west.secret"  # the link's shared secret (at least 32 bytes)
+ddl = false                  # schema changes: send this site's that name only tables the lists
+                             # below carry, and apply the peer's (docs/LINKS.md section 8.1)
 # What this site SENDS on the link (docs/LINKS.md section 8), checked when this file is read:
 include = ["hr.*", "sales.orders"]  # tables sent: shell patterns on "schema.table" (default: all)
 exclude = ["hr.secret_*"]    # never sent, whatever include says (schema chorus never is)
@@ -120,6 +122,9 @@ class LinkConfig:
     tables: tuple["LinkTable", ...] = ()  # [[link.table]], in order: the first matching one applies
     rules_dsn: str = ""  # the session evaluating the rules' SQL; "" = [postgres] dsn
     rules_timeout_ms: int = 1000
+    # schema changes (docs/LINKS.md section 8.1): this site sends those naming only tables its
+    # lists carry, and applies the peer's (each site of a link says so for what it receives)
+    ddl: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,7 @@ _LINK_KEYS: dict[str, tuple[type, bool]] = {
     "max_retain_mb": (int, False), "policy": (str, False), "primary": (str, False), "detection": (str, False),
     "table_policy": (dict, False),
     "include": (list, False), "exclude": (list, False), "table": (list, False), "rules_dsn": (str, False),
-    "rules_timeout_ms": (int, False), "subset": (bool, False), "delta_columns": (dict, False),
+    "rules_timeout_ms": (int, False), "subset": (bool, False), "ddl": (bool, False), "delta_columns": (dict, False),
     "delta_fallback": (str, False), "conflict_function": (str, False)}
 _TABLE_KEYS: dict[str, Any] = {"name": str, "filter": str, "rename": str, "rename_columns": dict, "drop": list,
                                 "compute": list, "function": str}
@@ -207,7 +212,8 @@ def link_rules(link: LinkConfig) -> Any:
     for pattern in link.include + link.exclude:
         if not pattern:
             raise lr.RuleError("an empty pattern in include or exclude")
-    rules = lr.RuleSet(include=link.include, exclude=("chorus.*",) + link.exclude, tables=tuple(tables))
+    rules = lr.RuleSet(include=link.include, exclude=("chorus.*",) + link.exclude, tables=tuple(tables),
+                       ddl=link.ddl)
     if rules.needs_sql and not link.rules_dsn:
         # The SQL of a filter, a computed column or a row function may call functions their owners
         # can change; run by the node's own (superuser) session they would run with its rights.
@@ -522,6 +528,7 @@ def _link_toml(link: LinkConfig) -> str:
         + (f"primary = {_toml_str(link.primary)}\n" if link.primary else "")
         + (f"conflict_function = {_toml_str(link.conflict_function)}\n" if link.conflict_function else "")
         + f"subset = {'true' if link.subset else 'false'}\n"
+        + ("ddl = true\n" if link.ddl else "")
         + ("table_policy = {" + ", ".join(f"{_toml_str(k)} = {_toml_str(v)}" for k, v in link.table_policy) + "}\n")
         + ("delta_columns = {" + ", ".join(f"{_toml_str(k)} = {strs(v)}" for k, v in link.delta_columns) + "}\n"
            f"delta_fallback = {_toml_str(link.delta_fallback)}\n" if link.delta_columns else "")

@@ -55,6 +55,9 @@ def print_links(answer: dict[str, Any]) -> None:
     for r in rows:
         if r.get("why"):
             click.echo(f"\n{r['link']} ({r['direction']}): {r['why']}")
+        if r.get("ddl_skipped"):
+            click.echo(f"\n{r['link']} ({r['direction']}): {r['ddl_skipped']} schema change(s) not sent, the last "
+                       f"{r['ddl_skipped_last']}")
 
 
 @click.group()

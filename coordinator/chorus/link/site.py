@@ -205,9 +205,12 @@ class Inbound:
             return
         assert isinstance(item, RemoteTransaction)
         ws = item.writeset
-        if ws.has_schema:
-            raise LinkError(f"link {self.link.name}: peer GID {item.clock} holds a schema change, which links do not "
-                            "carry yet")
+        if ws.has_schema and not self.link.ddl:
+            raise LinkError(f"link {self.link.name}: peer GID {item.clock} holds a schema change, which this site "
+                            "does not apply: set ddl = true in its [[link]] to apply the peer's schema changes")
+        if ws.toi or ws.concurrent:
+            raise LinkError(f"link {self.link.name}: peer GID {item.clock} is a schema change's ordering request or a "
+                            "concurrent index change, which links do not carry")
         self.peer_clock = max(self.peer_clock, item.clock + 1)
         msg = bp.LinkWriteset(self.node, 0, self.link.name, self.link.peer_site, self.after, item.clock,
                               self.peer_clock, self.max_replicated, item.commit_time, int(self.wall() * 1e6),
@@ -678,7 +681,7 @@ class SiteLinks:
             if server is not None:
                 streams, broken, sent, filtered, returned = server.sending()
                 out.append(ls.out_row(link.name, link.site, link.peer_site, own, self.node,
-                                      ls.Sending(streams, broken, sent, filtered, returned)))
+                                      ls.Sending(streams, broken, sent, filtered, returned, *server.ddl_skipped())))
         return out
 
     async def close(self) -> None:
