@@ -141,7 +141,9 @@ def ddl_refusal(rules: RuleSet, ws: wire.Writeset) -> Optional[str]:
     (docs/LINKS.md section 8.1)."""
     if not rules.ddl:
         return "ddl is off for this link"
-    if ws.concurrent or ws.toi:
+    if ws.toi:
+        return "an ordering request, not a schema change's content"
+    if ws.concurrent:
         return "a concurrent index change (CONCURRENTLY) is not carried by links"
     named = ddl_tables(ws)
     if not named:
@@ -154,7 +156,8 @@ def ddl_refusal(rules: RuleSet, ws: wire.Writeset) -> Optional[str]:
         if rule is not None and any(not isinstance(x, RowFunction) for x in rule.transformations):
             raise RuleError(f"a schema change of {s}.{t}, which the link reshapes (renamed, or columns renamed, "
                             "dropped or computed): statements are sent as written, so it cannot be carried; "
-                            "make it on both sites with ddl off, or drop the transformation")
+                            "make it on the peer yourself and set ddl = false until the link passed it, or drop "
+                            "the transformation")
     return None
 
 

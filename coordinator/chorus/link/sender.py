@@ -141,7 +141,8 @@ class Outbound:
             return
         self.ddl_skipped += 1
         self.ddl_skipped_last = (gid, why)
-        log.warning("link: the schema change of GID %d is not sent: %s (its rows go by the lists)", gid, why)
+        log.warning("link %s -> %s: the schema change of GID %d is not sent: %s (its rows go by the lists)",
+                    self.site, self.peer, gid, why)
 
     def idle(self, bound: int, now: float) -> list[Outgoing]:
         """The frames to send when the log holds nothing more up to ``bound`` (the committed GID
