@@ -59,6 +59,7 @@
 #include "chorus_commit.h"
 #include "chorus_settings.h"
 #include "chorus_sequence.h"
+#include "chorus_table.h"
 #include "chorus_wswrite.h"
 
 PG_FUNCTION_INFO_V1(chorus_setval_captured);
@@ -199,20 +200,6 @@ chorus_setval_captured(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(result);
 }
 
-/* The owner of relation relid. */
-static Oid
-rel_owner(Oid relid)
-{
-	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
-	Oid			owner;
-
-	if (!HeapTupleIsValid(tup))
-		elog(ERROR, "chorus: cache lookup failed for relation %u", relid);
-	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
-	ReleaseSysCache(tup);
-	return owner;
-}
-
 /*
  * Sequence seq's increment and start (false if it is not a sequence any more).
  */
@@ -315,7 +302,7 @@ chorus_sequence_restart(Oid seq, int64 position)
 		return false;
 	first = sequence_beyond(start, increment, position, name);
 	GetUserIdAndSecContext(&save_uid, &save_sec);
-	SetUserIdAndSecContext(rel_owner(seq),
+	SetUserIdAndSecContext(chorus_relation_owner(seq),
 						   save_sec | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
 	PG_TRY();
 	{

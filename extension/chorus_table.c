@@ -12,6 +12,7 @@
 #include "access/genam.h"
 #include "access/htup_details.h"
 #include "catalog/index.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_constraint.h"
 #include "catalog/pg_index.h"
 #include "utils/builtins.h"
@@ -486,4 +487,20 @@ bool
 chorus_old_columns_valid(const char *spec)
 {
 	return old_columns_walk(NULL, spec) >= 0;
+}
+
+/* The owner of relation relid (an error if there is none). */
+Oid
+chorus_relation_owner(Oid relid)
+{
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	Oid			owner;
+
+	if (!HeapTupleIsValid(tup))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("chorus: relation %u does not exist", relid)));
+	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+	return owner;
 }

@@ -66,4 +66,6 @@ extern void chorus_table_cache_release(void);
 extern void chorus_table_old_columns(ChorusTable *t, const char *spec);
 extern bool chorus_old_columns_valid(const char *spec);
 
+extern Oid	chorus_relation_owner(Oid relid);
+
 #endif							/* CHORUS_TABLE_H */

@@ -59,6 +59,17 @@ CREATE FUNCTION chorus.link_conflict_call(fn regprocedure, tbl regclass, a_row j
     AS 'MODULE_PATHNAME', 'chorus_link_conflict_call' LANGUAGE C;
 REVOKE ALL ON FUNCTION chorus.link_conflict_call(regprocedure, regclass, jsonb, text, jsonb, text, jsonb, jsonb)
     FROM PUBLIC;
+-- The whole of such a call, as link/funcall.py makes it: build's row (the versions as jsonb, the
+-- sites, the metadata) from args made values of types, the call, then read's row (the answer read
+-- back through the table's row type) as text; build and read run as tbl's owner in a restricted
+-- security context, read-only, search_path = pg_catalog, the values made there too, so a
+-- domain's CHECK or a cast a role defined runs with that owner's rights, never the apply
+-- session's. For the apply session alone.
+CREATE FUNCTION chorus.link_conflict_eval(fn regprocedure, tbl regclass, build text, read text, types regtype[],
+                                          args bytea[], is_binary boolean[]) RETURNS text[]
+    AS 'MODULE_PATHNAME', 'chorus_link_conflict_eval' LANGUAGE C;
+REVOKE ALL ON FUNCTION chorus.link_conflict_eval(regprocedure, regclass, text, text, regtype[], bytea[], boolean[])
+    FROM PUBLIC;
 
 -- Links (docs/LINKS.md section 9): each link this node has a part in, by direction ('in': the
 -- peer's changes applied here; 'out': this site's sent from this node), as its coordinator knows

@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from chorus.link import status as link_status
 from chorus.nodestatus import NodeStatus
 
 PHASES = ("starting", "connecting", "joining", "recovering", "online", "non-primary", "needs-recovery", "failed")
@@ -117,9 +118,6 @@ class StatusCollector(Collector):
         yield from link_metrics(s.links)
 
 
-LINK_STATES = ("streaming", "reconnecting", "broken", "idle", "elsewhere")
-
-
 def link_metrics(rows: list[dict[str, Any]]) -> Iterator[Any]:
     """The links this node has a part in (link/status.py rows), by link and direction."""
     by = ["link", "direction"]
@@ -137,12 +135,15 @@ def link_metrics(rows: list[dict[str, Any]]) -> Iterator[Any]:
     records = CounterMetricFamily("chorus_link_records", "Records of a link's stream on this node: received and "
                                   "applied (in); sent, filtered by the rules, returned (the peer's own, not "
                                   "sent back) and ddl_skipped (schema changes not sent, ddl on) (out)", labels=by + ["what"])
+    copies = GaugeMetricFamily("chorus_link_copy", "in: this node's last re-instantiation of the link "
+                               "(docs/LINKS.md section 10.1): rows received, tables copied whole, batches sent on "
+                               "and applied, and running (1 while it runs)", labels=by + ["what"])
     conflicts = CounterMetricFamily("chorus_link_conflicts", "Conflicts this site's apply of a link met "
                                     "(chorus.link_exceptions), by table and decision",
                                     labels=["link", "table", "decision"])
     for r in rows:
         key = [r["link"], r["direction"]]
-        state.add_metric(key, {st: r["state"] == st for st in LINK_STATES})
+        state.add_metric(key, {st: r["state"] == st for st in link_status.STATES})
         if r.get("lag_gids") is not None:
             lag.add_metric(key, r["lag_gids"])
         if r.get("lag_seconds") is not None:
@@ -154,9 +155,14 @@ def link_metrics(rows: list[dict[str, Any]]) -> Iterator[Any]:
         for what in ("received", "applied", "sent", "filtered", "returned", "ddl_skipped"):
             if r.get(what) is not None:
                 records.add_metric(key + [what], r[what])
+        copy = r.get("copy")
+        if copy is not None:
+            for what in ("rows", "tables", "batches", "applied"):
+                copies.add_metric(key + [what], copy[what])
+            copies.add_metric(key + ["running"], int(r["state"] == "copying"))
         for c in r.get("conflicts_by") or []:
             conflicts.add_metric([r["link"], c["table"], c["decision"]], c["count"])
-    yield from (state, lag, lag_s, gids, records, conflicts)
+    yield from (state, lag, lag_s, gids, records, copies, conflicts)
 
 
 def health(s: NodeStatus, stopping: bool, database_ok: bool) -> dict[str, tuple[bool, str]]:

@@ -225,31 +225,76 @@ def test_the_call_checks_the_signature_and_is_the_superusers_alone(server: Plain
             c.execute("DROP ROLE caller")
 
 
-def test_a_table_with_a_type_a_role_defined_is_refused_before_its_code_runs(apply: psycopg.Connection[Any]) -> None:
-    """The call's arguments are built in the apply session, a superuser: a domain's CHECK or a
-    cast to json a role defined would run there with every right, so a table with a column of
-    such a type fails the call (the link stops there, visibly) before anything of it runs."""
+def test_a_types_code_a_role_wrote_runs_as_the_tables_owner_never_as_the_apply_session(
+        apply: psycopg.Connection[Any]) -> None:
+    """A domain's CHECK and a cast to json a role defined run while the call's arguments are
+    built and its answer read back: as the table's owner (as the apply of the row would), in a
+    restricted security context, read-only, never as the apply session's superuser. Code that
+    tries to write, to become the superuser or to gain the superuser's rights fails the call,
+    and the link stops there, visibly; harmless code of the same types lets the call decide."""
     c = apply
+    c.execute("CREATE ROLE tabowner NOLOGIN")
+    c.execute("GRANT USAGE, CREATE ON SCHEMA app TO tabowner")
     c.execute("CREATE TABLE app.ran (who text)")
-    c.execute("GRANT INSERT ON app.ran TO merger")
-    c.execute("CREATE FUNCTION app.note(int) RETURNS boolean LANGUAGE plpgsql VOLATILE AS "
-              "'BEGIN INSERT INTO app.ran VALUES (current_user); RETURN true; END'")
-    c.execute("ALTER FUNCTION app.note(int) OWNER TO merger")
-    c.execute("CREATE DOMAIN app.watched AS int CHECK (app.note(VALUE))")
-    c.execute("CREATE TABLE app.counted (id int PRIMARY KEY, v text, n app.watched)")
+    c.execute("GRANT INSERT ON app.ran TO tabowner")
+    for body, name in (("BEGIN RETURN $1 >= 0; END", "fine"),
+                       ("BEGIN INSERT INTO app.ran VALUES (current_user); RETURN true; END", "writes"),
+                       ("BEGIN RESET ROLE; ALTER ROLE tabowner SUPERUSER; RETURN true; END", "escalates"),
+                       ("BEGIN PERFORM pg_catalog.set_config('role', 'postgres', false); RETURN true; END", "setrole")):
+        c.execute(f"CREATE FUNCTION app.check_{name}(int) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $f${body}$f$")
+        c.execute(f"ALTER FUNCTION app.check_{name}(int) OWNER TO tabowner")
+    c.execute("CREATE TYPE app.mood AS ENUM ('calm', 'angry')")
+    c.execute("ALTER TYPE app.mood OWNER TO tabowner")
+    # the value itself where it runs as the table's owner, else a text that is no mood (the call fails)
+    c.execute("CREATE FUNCTION app.mood_json(app.mood) RETURNS json LANGUAGE plpgsql IMMUTABLE AS "
+              "$f$BEGIN RETURN pg_catalog.to_json(CASE WHEN current_user = 'tabowner' THEN $1::text "
+              "ELSE 'as ' || current_user END); END$f$")
+    c.execute("ALTER FUNCTION app.mood_json(app.mood) OWNER TO tabowner")
+    c.execute("SET ROLE tabowner")
+    c.execute("CREATE CAST (app.mood AS json) WITH FUNCTION app.mood_json(app.mood)")
+    c.execute("RESET ROLE")
     try:
-        counted = wire.Table("app", "counted", ITEMS.columns, (0,))
-        fc = FunctionCall("app.merge", counted, Version("east", 7, 0, (b"1", b"x", b"1")),
-                          Version("west", 9, 0, (b"1", b"y", b"2")))
+        for name in ("fine", "writes", "escalates", "setrole"):
+            c.execute(f"CREATE DOMAIN app.watched_{name} AS int CHECK (app.check_{name}(VALUE))")
+            c.execute(f"ALTER DOMAIN app.watched_{name} OWNER TO tabowner")
+            c.execute(f"CREATE TABLE app.counted_{name} (id int PRIMARY KEY, v app.mood, n app.watched_{name})")
+            c.execute(f"ALTER TABLE app.counted_{name} OWNER TO tabowner")
 
-        async def query(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-            return c.execute(sql, params).fetchall()
-        with pytest.raises(FunctionError, match="column n is of type app.watched, defined in this database"):
+        first = (b"1", b"calm", _int4(1))
+
+        def decide(name: str) -> Optional[tuple[wire.Value, ...]]:
+            table = wire.Table("app", f"counted_{name}", (wire.Column("id", "integer"), wire.Column("v", "app.mood"),
+                                                          wire.Column("n", f"app.watched_{name}")), (0,))
+            fc = FunctionCall("app.first", table, Version("east", 7, 0, first),
+                              Version("west", 9, 0, (b"1", b"angry", b"2")))
+            functions = FunctionCalls()
+
+            async def query(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+                return c.execute(sql, params).fetchall()
             with c.transaction():
-                asyncio.run(decide_calls(lambda: [fc], FunctionCalls(), query, 2000))
+                asyncio.run(decide_calls(lambda: [] if fc in functions.answers else [fc], functions, query, 2000))
+            return functions.answers[fc]
+
+        # the cast to json and the domain's CHECK ran as the table's owner: the first version came back
+        assert decide("fine") is first
+        for name, error in (("writes", "read-only transaction"),
+                            ("escalates", "cannot set parameter \"role\" within security-restricted operation"
+                                          "|RESET ROLE|cannot .* security-restricted"),
+                            ("setrole", "cannot set parameter \"role\" within security-")):
+            with pytest.raises(psycopg.Error, match=error):
+                decide(name)
         assert c.execute("SELECT count(*) FROM app.ran").fetchone() == (0,)
+        assert c.execute("SELECT rolsuper FROM pg_roles WHERE rolname = 'tabowner'").fetchone() == (False,)
+        assert c.execute("SELECT current_user, pg_catalog.current_setting('transaction_read_only')").fetchone() == (
+            "postgres", "off")
     finally:
-        c.execute("DROP TABLE app.counted")
-        c.execute("DROP DOMAIN app.watched")
-        c.execute("DROP FUNCTION app.note(int)")
+        for name in ("fine", "writes", "escalates", "setrole"):
+            c.execute(f"DROP TABLE IF EXISTS app.counted_{name}")
+            c.execute(f"DROP DOMAIN IF EXISTS app.watched_{name}")
+            c.execute(f"DROP FUNCTION IF EXISTS app.check_{name}(int)")
+        c.execute("DROP CAST IF EXISTS (app.mood AS json)")
+        c.execute("DROP FUNCTION IF EXISTS app.mood_json(app.mood)")
+        c.execute("DROP TYPE IF EXISTS app.mood")
         c.execute("DROP TABLE app.ran")
+        c.execute("REVOKE ALL ON SCHEMA app FROM tabowner")
+        c.execute("DROP ROLE tabowner")

@@ -10,6 +10,7 @@ import asyncio
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +21,7 @@ from chorus.bus.proto import LinkWriteset
 from chorus.link import copy as lc
 from chorus.link import position as lp
 from chorus.link import proto
-from chorus.link.proto import LinkProtocolError
+from chorus.link.proto import LinkError, LinkProtocolError
 from chorus.link.settle import EXCEPTIONS_TABLE, STAMP_TABLE
 
 T = wire.Table("app", "items", (wire.Column("id", "integer"), wire.Column("v", "text")), (0,))
@@ -299,3 +300,52 @@ def test_a_copy_of_a_link_both_ways_is_refused_unless_every_table_settles_by_pri
                 await links(**kw).reinstantiate("a-b")
     asyncio.run(main())
     log.close()
+
+
+def test_a_copy_is_refused_when_the_peer_says_it_receives_the_link_too(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no node of this site serves the link's other way from this node's settings (no
+    ``listen`` here), the peer's SNAPSHOT says the link goes both ways: the copy stops there,
+    refused, before any batch is sent; a peer that does not receive it lets the copy go on."""
+    from chorus.config import LinkConfig
+    from chorus.link import site as link_site
+    from chorus.link.site import SiteLinks
+    from chorus.wslog import WritesetLog
+
+    log = WritesetLog(str(tmp_path / "wslog"), segment_bytes=64 << 10, total_bytes=256 << 10)
+    log.open()
+    sent: list[object] = []
+
+    class Peer:
+        receives = True
+
+        def __init__(self, *args: object) -> None:
+            pass
+
+        async def copy(self, address: str, snapshot: Any, sink: Any) -> proto.Copied:
+            await snapshot(proto.Snapshot(7, Peer.receives, 3))
+            raise LinkError("the peer went away")  # (past the check: the copy had started)
+
+    monkeypatch.setattr(link_site, "LinkReceiver", Peer)
+
+    async def query(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
+        return []
+
+    async def run() -> tuple[SiteLinks, link_site.Reinstantiation]:
+        link = LinkConfig("a-b", "site-b", "site-a", "c", "k", "p", "s", peers=("127.0.0.1:1",))
+        links = SiteLinks("nb", (link,), log, lambda: 0, sent.append, query)
+        links.receiver_nodes["a-b"] = "nb"
+        await links.reinstantiate("a-b")
+        copy = links.copies["a-b"]
+        assert copy.task is not None
+        await copy.task
+        return links, copy
+
+    links, copy = asyncio.run(run())
+    assert copy.state == "refused" and copy.error is not None and "goes both ways" in copy.error
+    assert copy.gid is None and sent == []
+    [row] = links.status()  # what chorus link status shows: the refusal, until the receiver runs again
+    assert row["copy"]["state"] == "refused" and row["why"] == copy.error
+    Peer.receives = False
+    links, copy = asyncio.run(run())
+    assert copy.state == "failed" and copy.gid == 7 and "the peer went away" in (copy.error or "")

@@ -15,7 +15,7 @@ from chorus.bus import proto as bp
 from chorus.config import ChorusConfigError, LinkConfig, link_settings, parse_link
 from chorus.link import position as lp
 from chorus.link.events import Version
-from chorus.link.funcall import BinaryParam, FunctionCall, FunctionCalls, FunctionError, answer, call_sql
+from chorus.link.funcall import FunctionCall, FunctionCalls, FunctionError, answer, call_sql, result_row
 from chorus.link.settle import Settlement
 from test_link_settle import LINK, T, SiteSim, exchange, update
 
@@ -187,16 +187,29 @@ CALL = FunctionCall("app.merge", T, Version("A", 7, 0, (wire.Binary(b"\0\0\0\1")
 
 def test_the_call_passes_the_first_version_first_in_binary_or_text_form() -> None:
     sql, params = call_sql(CALL, ITEM_TYPES)
-    assert params[0] is True and params[1:3] == ["id", BinaryParam(b"\0\0\0\1")] and params[3:7] == [
-        "v", "a", "n", "1"]
-    assert params[7:14] == [True, "id", "1", "v", "b", "n", "2"]
-    assert params[14:] == ["app.merge(pg_catalog.regclass, pg_catalog.jsonb, pg_catalog.text, pg_catalog.jsonb, "
-                           "pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb)", '"app"."items"', "A", "B",
-                           '{"clock":7,"commit_time":"1970-01-01 00:00:00.000000+00"}',
-                           '{"clock":9,"commit_time":"1970-01-01 00:00:00.000000+00"}']
-    assert "%b::integer" in sql and sql.count("%") == len(params)
+    assert "chorus.link_conflict_eval(" in sql and sql.count("%s") == len(params) == 7
+    fn, table, build, read, types, args, binary = params
+    assert fn == ("app.merge(pg_catalog.regclass, pg_catalog.jsonb, pg_catalog.text, pg_catalog.jsonb, "
+                  "pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb)") and table == '"app"."items"'
+    # the first version: present, then each column's name and value, the integer in binary form
+    assert args[:7] == [b"t", b"id", b"\0\0\0\1", b"v", b"a", b"n", b"1"]
+    assert types[:7] == ["pg_catalog.bool", "pg_catalog.text", "integer", "pg_catalog.text", "text",
+                         "pg_catalog.text", "integer"]
+    assert binary[:7] == [False, False, True, False, False, False, False]
+    assert args[7:14] == [b"t", b"id", b"1", b"v", b"b", b"n", b"2"] and not any(binary[7:])
+    assert args[14:] == [b"A", b"B", b'{"clock":7,"commit_time":"1970-01-01 00:00:00.000000+00"}',
+                         b'{"clock":9,"commit_time":"1970-01-01 00:00:00.000000+00"}']
+    assert len(types) == len(args) == len(binary) == 18
+    # the build statement's parameters are all its own, numbered in order; the read one takes $1..$3
+    assert f"${len(args)}" in build and f"${len(args) + 1}" not in build and "%" not in build
+    assert "$3" in read and "$4" not in read and 'NULL::"app"."items"' in read
     with pytest.raises(FunctionError, match="column n of the peer's"):
         call_sql(CALL, ITEM_TYPES[:2])
+
+
+def test_the_answer_row_is_read_from_the_calls_texts() -> None:
+    assert result_row(["object", '["id", "v"]', "1", None]) == ["object", ["id", "v"], "1", None]
+    assert result_row([None, None, None]) == [None, None, None]
 
 
 def row(kind: Optional[str], keys: Optional[list[str]], a: list[Any], b: list[Any], r: list[Any]) -> list[Any]:

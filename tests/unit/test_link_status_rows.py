@@ -187,3 +187,29 @@ def test_metrics_of_links() -> None:
 def _samples(ep: Endpoints) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
     return {(s.name, tuple(sorted(s.labels.items())))
             for f in text_string_to_metric_families(generate_latest(ep.registry).decode()) for s in f.samples}
+
+
+def test_a_reinstantiation_shows_its_progress_until_the_receiver_runs_again() -> None:
+    running = ls.Copying(True, "copying", 70, 1, 1500, 4, 3, 12.5, None)
+    r = ls.in_row("l", "w", "e", 90, "w1", "w1", receiving(running=False), DURABLE, running)
+    assert r["state"] == "copying"
+    assert r["copy"] == {"state": "copying", "peer_gid": 70, "tables": 1, "rows": 1500, "batches": 4, "applied": 3,
+                         "seconds": 12.5, "error": None}
+    json.dumps(r)
+    refused = ls.Copying(False, "refused", None, 0, 0, 0, 0, 0.1, "link l goes both ways and settles ...")
+    r = ls.in_row("l", "w", "e", 90, "w1", "w1", receiving(running=False), DURABLE, refused)
+    assert (r["state"], r["copy"]["state"], r["why"]) == ("idle", "refused", refused.error)
+    # the receiver streams again: the copy done before is no longer shown
+    done = ls.Copying(False, "done", 70, 2, 3000, 8, 8, 30.0, None)
+    r = ls.in_row("l", "w", "e", 90, "w1", "w1", receiving(), DURABLE, done)
+    assert (r["state"], r["copy"], r["why"]) == ("streaming", None, None)
+    # the metrics of a running copy
+    row = ls.in_row("l", "w", "e", 90, "w1", "w1", None, DURABLE, running)
+    ep = Endpoints(lambda: status(links=[row]), lambda: False, lambda: True)
+    m = {(s.name, tuple(sorted(s.labels.items()))): s.value
+         for f in text_string_to_metric_families(generate_latest(ep.registry).decode()) for s in f.samples}
+    key = (("direction", "in"), ("link", "l"))
+    assert m[("chorus_link_copy", key + (("what", "rows"),))] == 1500
+    assert m[("chorus_link_copy", key + (("what", "running"),))] == 1
+    assert m[("chorus_link_state", (("chorus_link_state", "copying"),) + key)] == 1
+    assert json.loads(nodestatus.info("links", lambda: status(links=[row]), lambda: []))[0]["state"] == "copying"

@@ -53,6 +53,11 @@ def print_links(answer: dict[str, Any]) -> None:
         print_table(["link", "table", "decision", "count"],
                     [[link, c["table"], c["decision"], c["count"]] for link, c in conflicts])
     for r in rows:
+        copy = r.get("copy")
+        if copy is not None:
+            click.echo(f"\n{r['link']} ({r['direction']}): re-instantiation {copy['state']}: peer GID "
+                       f"{_cell(copy['peer_gid'])}, {copy['tables']} table(s), {copy['rows']} row(s), "
+                       f"{copy['applied']}/{copy['batches']} batch(es) applied, {copy['seconds']} s")
         if r.get("why"):
             click.echo(f"\n{r['link']} ({r['direction']}): {r['why']}")
         if r.get("ddl_skipped"):
@@ -111,8 +116,8 @@ def reinstantiate(config_path: Optional[str], admin_socket: Optional[str], direc
         if answer["state"] == "done":
             click.echo(f"link {name} streams again from the peer's GID {answer['gid']}")
             return
-        if answer["state"] == "failed":
-            raise ChorusCliError(f"link {name}: re-instantiation failed: {answer['error']}")
+        if answer["state"] in ("failed", "refused"):
+            raise ChorusCliError(f"link {name}: re-instantiation {answer['state']}: {answer['error']}")
         if no_wait:
             return
         time.sleep(0.5)

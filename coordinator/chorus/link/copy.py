@@ -65,6 +65,21 @@ def unsettled_both_ways(policy: str, table_policy: Mapping[str, str]) -> list[st
     return out
 
 
+class BothWays(CopyError):
+    """A copy of a link both ways refused: it could leave the two sites different."""
+
+
+def refuse_both_ways(link: str, policy: str, table_policy: Mapping[str, str]) -> None:
+    """Raise :class:`BothWays` where a copy of ``link``, which goes both ways, is not safe
+    (:func:`unsettled_both_ways`), saying how to make it so."""
+    unsettled = unsettled_both_ways(policy, table_policy)
+    if unsettled:
+        raise BothWays(
+            f"link {link} goes both ways and settles conflicts by {'; '.join(unsettled)}: a row both sites "
+            "changed while it was broken could stay different on the two sites after a copy. Refused: set "
+            "policy = \"primary-wins\" (and primary, table_policy) on every node of both sites for the copy, "
+            "run it, then set the policies back")
+
 
 @dataclass(frozen=True)
 class Batch:

@@ -11,8 +11,14 @@ answers from the calls made (and collects those not made yet), and what a call s
 (:func:`call_sql`, :func:`answer`). The shell: :func:`decide_calls`, which makes the calls a
 settlement needs with the apply's query.
 
+Everything of a call that can run a role's code runs as the table's owner, in a restricted
+security context, read-only, ``search_path = pg_catalog`` (``chorus.link_conflict_eval``, as the
+apply of the row runs as that owner): the values' input and receive functions, a domain's
+``CHECK``, a cast to ``json`` a role defined, the answer read back through the row type. The
+apply session, a superuser, builds nothing of it itself (docs/LINKS.md section 7.1).
+
 Both versions are passed in the canonical order (the arbiter's first) and in a canonical form:
-each version's values cast to its column's type here and turned into ``jsonb`` by PostgreSQL
+each version's values made values of its column's type and turned into ``jsonb`` by PostgreSQL
 (``jsonb_build_object``), whichever side's text or binary form they came in; the metadata is the
 version's clock and commit time. So both sites pass the same arguments. The answer is read back
 column by column through the table's row type (``jsonb_populate_record``), as text: a value of
@@ -31,9 +37,6 @@ import json
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
-import psycopg.adapt
-from psycopg.pq import Format
-
 from chorus import wire
 from chorus.link import position as lp
 from chorus.link.events import Version
@@ -45,37 +48,9 @@ ARGUMENTS = ("pg_catalog.regclass, pg_catalog.jsonb, pg_catalog.text, pg_catalog
 # the columns of a table and their types, as casts name them (the first two of each row)
 TYPES_SQL = COLUMN_TYPES_SQL.format("%s", "%s")
 
-# the columns of a table whose type (or its arrays' element type) a database's role defined,
-# outside pg_catalog: a domain's CHECK, a cast to json a role defined, would run user code as the
-# apply session's superuser while the call's arguments are built (call_sql): refused
-OWN_TYPES_SQL = (
-    "SELECT a.attname::pg_catalog.text, pg_catalog.format_type(a.atttypid, NULL) FROM pg_catalog.pg_attribute a "
-    "JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid "
-    "LEFT JOIN pg_catalog.pg_type e ON e.oid OPERATOR(pg_catalog.=) t.typelem "
-    "WHERE a.attrelid OPERATOR(pg_catalog.=) %s::pg_catalog.regclass AND a.attnum OPERATOR(pg_catalog.>) 0 "
-    "AND NOT a.attisdropped AND (t.typnamespace OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.regnamespace "
-    "OR e.typnamespace OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.regnamespace) ORDER BY a.attnum")
-
 
 class FunctionError(ValueError):
     """A conflict function's call that cannot be made or whose answer cannot be used."""
-
-
-class BinaryParam(bytes):
-    """A parameter in its type's binary send form, of the type the statement casts it to."""
-
-    __slots__ = ()
-
-
-class _BinaryParamDumper(psycopg.adapt.Dumper):
-    format = Format.BINARY
-    oid = 0  # the server takes the type from the cast around the parameter
-
-    def dump(self, obj: Any) -> bytes:
-        return bytes(obj)
-
-
-psycopg.adapters.register_dumper(BinaryParam, _BinaryParamDumper)
 
 
 @dataclass(frozen=True)
@@ -103,46 +78,67 @@ def _check(call: FunctionCall, v: Version) -> None:
 
 def call_sql(call: FunctionCall, types: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
     """The statement making ``call`` and its parameters, given the table's columns and types
-    (:data:`TYPES_SQL`). It returns the answer's ``jsonb_typeof``, its keys, then the text of each
-    column of the first version, the second, and the answer (through the table's row type)."""
+    (:data:`TYPES_SQL`): ``chorus.link_conflict_eval`` of two statements, each run as the table's
+    owner, restricted, read-only (everything of them that can run a role's code, the values'
+    types, their casts to json, a domain's CHECK, runs with that owner's rights, as the apply of
+    the row would): one builds the function's arguments (the two versions as jsonb from the
+    values, in their text or binary form, the sites, the metadata); after the call the other
+    reads the answer back. It returns the answer's ``jsonb_typeof``, its keys (a JSON array),
+    then the text of each column of the first version, the second, and the answer (through the
+    table's row type)."""
     table = call.table
-    typ = {str(n): str(t).replace("%", "%%") for n, t in types}  # (a % is psycopg's)
+    typ = {str(n): str(t) for n, t in types}
     for c in table.columns:
         if c.name not in typ:
             raise FunctionError(f"conflict function {call.function}: column {c.name} of the peer's "
                                 f"{table.qualified} is not a column of the table here")
-    params: list[Any] = []
+    names: list[str] = []  # each parameter's type, args and binary its value and form
+    args: list[Optional[bytes]] = []
+    binary: list[bool] = []
+
+    def param(type_name: str, value: Optional[bytes], is_binary: bool = False) -> str:
+        names.append(type_name)
+        args.append(value)
+        binary.append(is_binary)
+        return f"${len(args)}"
+
+    def text(v: str) -> str:
+        return param("pg_catalog.text", v.encode("utf-8", "surrogateescape"))
 
     def row(v: Version) -> str:
         _check(call, v)
-        params.append(v.values is not None)
+        present = param("pg_catalog.bool", b"t" if v.values is not None else b"f")
         parts = []
         for i, c in enumerate(table.columns):
             x = None if v.values is None else v.values[i]
-            params.append(c.name)
-            params.append(BinaryParam(x) if isinstance(x, wire.Binary) else None if x is None else bytes(x).decode(
-                "utf-8", "surrogateescape"))
-            parts.append(f"%s::pg_catalog.text, %{'b' if isinstance(x, wire.Binary) else 's'}::{typ[c.name]}")
-        return f"CASE WHEN %s THEN pg_catalog.jsonb_build_object({', '.join(parts)}) END"
+            name = text(c.name)
+            value = param(typ[c.name], None if x is None else bytes(x), isinstance(x, wire.Binary))
+            parts.append(f"{name}, {value}")
+        return f"CASE WHEN {present} THEN pg_catalog.jsonb_build_object({', '.join(parts)}) END"
 
     a, b = row(call.first), row(call.second)
-    params += [f"{call.function}({ARGUMENTS})", table.qualified, call.first.site, call.second.site,
-               _meta(call.first), _meta(call.second)]
-    cols = [wire.quote_ident(c.name).replace("%", "%%") for c in table.columns]
-    qualified = table.qualified.replace("%", "%%")
-    is_object = "pg_catalog.jsonb_typeof(c.r) OPERATOR(pg_catalog.=) 'object'"
+    build = (f"SELECT {a}, {text(call.first.site)}, {b}, {text(call.second.site)}, "
+             f"{param('pg_catalog.jsonb', _meta(call.first).encode())}, "
+             f"{param('pg_catalog.jsonb', _meta(call.second).encode())}")
+    cols = [wire.quote_ident(c.name) for c in table.columns]
+    is_object = "pg_catalog.jsonb_typeof($3) OPERATOR(pg_catalog.=) 'object'"
     outs = ", ".join(wire.text_of(f"{alias}.{c}") for alias in ("pa", "pb", "pr") for c in cols)
-    sql = (f"WITH v AS (SELECT {a} AS a, {b} AS b), "
-           "c AS (SELECT v.a, v.b, chorus.link_conflict_call(%s::pg_catalog.regprocedure, %s::pg_catalog.regclass, "
-           "v.a, %s::pg_catalog.text, v.b, %s::pg_catalog.text, %s::pg_catalog.jsonb, %s::pg_catalog.jsonb) AS r "
-           "FROM v) "
-           f"SELECT pg_catalog.jsonb_typeof(c.r), CASE WHEN {is_object} THEN "
-           "ARRAY(SELECT pg_catalog.jsonb_object_keys(c.r)) END, " + outs + " FROM c, "
-           f"LATERAL pg_catalog.jsonb_populate_record(NULL::{qualified}, c.a) AS pa, "
-           f"LATERAL pg_catalog.jsonb_populate_record(NULL::{qualified}, c.b) AS pb, "
-           f"LATERAL pg_catalog.jsonb_populate_record(NULL::{qualified}, CASE WHEN {is_object} THEN c.r END) "
-           "AS pr")
-    return sql, params
+    read = (f"SELECT pg_catalog.jsonb_typeof($3), CASE WHEN {is_object} THEN "
+            "(SELECT pg_catalog.jsonb_agg(k) FROM pg_catalog.jsonb_object_keys($3) AS k)::pg_catalog.text END, "
+            + outs + " FROM "
+            f"pg_catalog.jsonb_populate_record(NULL::{table.qualified}, $1) AS pa, "
+            f"pg_catalog.jsonb_populate_record(NULL::{table.qualified}, $2) AS pb, "
+            f"pg_catalog.jsonb_populate_record(NULL::{table.qualified}, CASE WHEN {is_object} THEN $3 END) AS pr")
+    sql = ("SELECT chorus.link_conflict_eval(%s::pg_catalog.regprocedure, %s::pg_catalog.regclass, %s::pg_catalog.text, "
+           "%s::pg_catalog.text, %s::pg_catalog.text[]::pg_catalog.regtype[], %s::pg_catalog.bytea[], "
+           "%s::pg_catalog.bool[])")
+    return sql, [f"{call.function}({ARGUMENTS})", table.qualified, build, read, names, args, binary]
+
+
+def result_row(result: Sequence[Optional[str]]) -> list[Any]:
+    """The row :func:`answer` reads, from ``chorus.link_conflict_eval``'s texts."""
+    keys = result[1]
+    return [result[0], None if keys is None else json.loads(keys), *result[2:]]
 
 
 def _texts(row: Sequence[Any]) -> tuple[wire.Value, ...]:
@@ -225,15 +221,8 @@ async def decide_calls(calls: Callable[[], list[FunctionCall]], functions: Funct
         for call in todo:
             name = call.table.qualified
             if name not in types:
-                own = await query(OWN_TYPES_SQL, (name,))
-                if own:
-                    raise FunctionError(
-                        f"conflict function {call.function} on {name}: column {own[0][0]} is of type {own[0][1]}, "
-                        "defined in this database: the call's arguments are built by the apply session, a superuser, "
-                        "where that type's code (a domain's CHECK, a cast to json) would run with its rights; "
-                        "the function policy takes tables of pg_catalog's types only")
                 types[name] = [r[:2] for r in await query(TYPES_SQL, (call.table.nspname, call.table.relname))]
             sql, params = call_sql(call, types[name])
             rows = await query(sql, params)
-            functions.answers[call] = answer(call, rows[0])
+            functions.answers[call] = answer(call, result_row(rows[0][0]))
             made += 1

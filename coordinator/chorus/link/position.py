@@ -21,12 +21,11 @@ writeset log keeps for that GID, so a node that catches up from a log applies ex
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import enum
 from dataclasses import dataclass
 from typing import Optional, Sequence
-
-import dataclasses
 
 from chorus import wire
 from chorus.bus.proto import LinkStep, LinkWriteset

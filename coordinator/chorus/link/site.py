@@ -343,6 +343,11 @@ class Reinstantiation:
                 "gid": self.gid, "tables": self.tables, "rows": self.rows, "batches": self.batches,
                 "applied": self.applied, "error": self.error, "seconds": round(time.time() - self.started, 1)}
 
+    def progress(self) -> ls.Copying:
+        """What ``chorus link status`` shows of it (link/status.py)."""
+        return ls.Copying(self.running, self.state, self.gid, self.tables, self.rows, self.batches, self.applied,
+                          round(time.time() - self.started, 1), self.error)
+
     async def send(self, send: Callable[[bp.Message], None], msg: bp.LinkWriteset) -> None:
         """Put one of the copy's link writesets on the bus, once fewer than ``window`` wait."""
         while len(self.flights) >= self.window:
@@ -529,13 +534,8 @@ class SiteLinks:
         running = self.copies.get(name)
         if running is not None and running.running:
             return running.report()
-        unsettled = lc.unsettled_both_ways(link.policy, dict(link.table_policy)) if link.listen else []
-        if unsettled:
-            raise ValueError(
-                f"link {name} goes both ways and settles conflicts by {'; '.join(unsettled)}: a row both sites "
-                "changed while it was broken could stay different on the two sites after a copy. Refused: set "
-                "policy = \"primary-wins\" (and primary, table_policy) on every node of both sites for the copy, "
-                "run it, then set the policies back")
+        if link.listen:  # this node serves the link's other way: it goes both ways (else the peer says so)
+            lc.refuse_both_ways(name, link.policy, dict(link.table_policy))
         runner = self.receiver_nodes.get(name)
         if runner != self.node:
             raise ValueError(f"link {name}'s receiver runs on node {runner or '(none now)'}, not here: "
@@ -580,6 +580,8 @@ class SiteLinks:
             nonlocal ranges, hint
             if s.gid < 1:
                 raise LinkError(f"site {link.peer_site} has committed nothing yet: nothing to copy")
+            if s.receives:  # the peer receives the link too: it goes both ways (whichever nodes serve it here)
+                lc.refuse_both_ways(link.name, link.policy, dict(link.table_policy))
             ranges = lc.Ranges(s.gid, s.receives)
             hint = s.applied + 1 if s.receives and s.applied else 0
             copy.gid, copy.state = s.gid, "copying"
@@ -601,6 +603,8 @@ class SiteLinks:
                 try:
                     done = await receiver.copy(address, snapshot, sink)
                     break
+                except lc.BothWays:
+                    raise
                 except lc.CopyError as e:
                     raise LinkError(str(e)) from e
                 except LinkError as e:
@@ -623,6 +627,9 @@ class SiteLinks:
         except asyncio.CancelledError:
             copy.state, copy.error = "failed", "stopped"
             raise
+        except lc.BothWays as e:
+            copy.state, copy.error = "refused", str(e)
+            log.error("link %s: re-instantiation refused: %s", link.name, e)
         except (LinkError, OSError) as e:
             copy.state, copy.error = "failed", f"{e} (nothing is lost: run it again)"
             log.error("link %s: re-instantiation failed: %s", link.name, copy.error)
@@ -675,8 +682,10 @@ class SiteLinks:
                     here = ls.Receiving(task is not None and not task.done(), self.broken.get(link.name),
                                         receiver.connected, inbound.peer_clock, inbound.max_replicated, oldest,
                                         waited, inbound.sent, inbound.applied)
+                copy = self.copies.get(link.name)
                 out.append(ls.in_row(link.name, link.site, link.peer_site, own, self.receiver_nodes.get(link.name),
-                                     self.node, here, self.durable.get(link.name, ls.Durable())))
+                                     self.node, here, self.durable.get(link.name, ls.Durable()),
+                                     copy.progress() if copy is not None else None))
             server = self.servers.get(link.name)
             if server is not None:
                 streams, broken, sent, filtered, returned = server.sending()

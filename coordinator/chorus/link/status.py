@@ -6,7 +6,8 @@ One row per link and direction this node has a part in:
 
 - ``in`` (the peer's changes applied here), on every node of a site that receives the link: its
   state here (``streaming``, ``reconnecting``, ``broken``, or ``elsewhere`` when another node of
-  this site runs the receiver, ``idle`` when no node may run it now), the node that runs the
+  this site runs the receiver, ``idle`` when no node may run it now, ``copying`` while this node
+  re-instantiates it, with the copy's progress), the node that runs the
   receiver and the peer address it streams from, the peer's latest GID the receiver knows (the
   last transaction or clock event of the peer's stream), the peer GID applied through, the lag
   between the two in GIDs and how long the oldest received transaction not yet applied has
@@ -28,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-STATES = ("streaming", "reconnecting", "broken", "idle", "elsewhere")
+STATES = ("streaming", "reconnecting", "broken", "idle", "elsewhere", "copying")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,25 @@ class Receiving:
 
 
 @dataclass(frozen=True)
+class Copying:
+    """This node's last re-instantiation of a link (docs/LINKS.md section 10.1), at one moment."""
+
+    running: bool
+    state: str  # starting, connecting, copying, finishing, done, failed, refused
+    peer_gid: Optional[int]  # the peer's GID the copy is as of (None: not known yet)
+    tables: int  # tables copied whole
+    rows: int  # rows received
+    batches: int  # link writesets sent on
+    applied: int  # of them, committed here
+    seconds: float
+    error: Optional[str]
+
+    def row(self) -> dict[str, Any]:
+        return {"state": self.state, "peer_gid": self.peer_gid, "tables": self.tables, "rows": self.rows,
+                "batches": self.batches, "applied": self.applied, "seconds": self.seconds, "error": self.error}
+
+
+@dataclass(frozen=True)
 class Sending:
     """This node's sender of a link, at one moment."""
 
@@ -72,10 +92,14 @@ class Sending:
 
 
 def in_row(link: str, site: str, peer: str, own_gid: int, receiver_node: Optional[str], this_node: str,
-           here: Optional[Receiving], durable: Durable) -> dict[str, Any]:
+           here: Optional[Receiving], durable: Durable, copy: Optional[Copying] = None) -> dict[str, Any]:
     """The ``in`` row of ``link`` on ``this_node``; ``receiver_node`` the node of this site that
-    runs its receiver by the membership this node sees (None: none may now)."""
-    if here is not None and here.broken is not None:
+    runs its receiver by the membership this node sees (None: none may now); ``copy`` this
+    node's last re-instantiation of it, shown (``copy``) until the receiver runs again, and the
+    state ``copying`` while it runs."""
+    if copy is not None and copy.running:
+        state = "copying"
+    elif here is not None and here.broken is not None:
         state = "broken"
     elif here is not None and here.running:
         state = "streaming" if here.connected else "reconnecting"
@@ -93,6 +117,7 @@ def in_row(link: str, site: str, peer: str, own_gid: int, receiver_node: Optiona
         lag_gids = max(0, peer_gid - applied)
         lag_s = round(here.oldest_waited_s, 3) if here.oldest_waiting is not None else 0.0
     conflicts = sorted(durable.conflicts.items())
+    shown = copy if copy is not None and (copy.running or here is None or not here.running) else None
     return {
         "link": link, "direction": "in", "site": site, "peer_site": peer, "state": state,
         "receiver_node": receiver_node, "sender": here.connected if here is not None else None,
@@ -105,7 +130,8 @@ def in_row(link: str, site: str, peer: str, own_gid: int, receiver_node: Optiona
         "sent": None, "filtered": None, "returned": None, "ddl_skipped": None, "ddl_skipped_last": None,
         "conflicts": sum(n for _k, n in conflicts),
         "conflicts_by": [{"table": t, "decision": d, "count": n} for (t, d), n in conflicts],
-        "why": here.broken if here is not None else None,
+        "why": (here.broken if here is not None else None) or (shown.error if shown is not None else None),
+        "copy": shown.row() if shown is not None else None,
     }
 
 
@@ -127,7 +153,7 @@ def out_row(link: str, site: str, peer: str, own_gid: int, this_node: str, sendi
         "sent": sending.sent, "filtered": sending.filtered, "returned": sending.returned,
         "ddl_skipped": sending.ddl_skipped, "ddl_skipped_last": sending.ddl_skipped_last,
         "conflicts": None, "conflicts_by": [],
-        "why": sending.broken,
+        "why": sending.broken, "copy": None,
     }
 
 
