@@ -126,6 +126,10 @@ def test_the_sender_counts_and_says_what_it_does_not_send() -> None:
     row = ls.out_row("l", "A", "B", 3, "n1", ls.Sending((), None, 2, 1, 0, o.ddl_skipped,
                                                         f"GID {o.ddl_skipped_last[0]}: {o.ddl_skipped_last[1]}"))
     assert row["ddl_skipped"] == 2 and "GID 3: it names app.secret_y" in row["ddl_skipped_last"]
+    from chorus.endpoints import link_metrics
+    samples = [(s.labels, s.value) for m in link_metrics([row]) for s in m.samples
+               if s.name.startswith("chorus_link_records")]
+    assert ({"link": "l", "direction": "out", "what": "ddl_skipped"}, 2.0) in samples
 
 
 BASE = '''
