@@ -51,6 +51,10 @@ subset = false               # true when the peer's rules filter rows (a [[link.
 forward = false              # true: this site's sender also passes on what it applied from its other
                              # links (a chain A-B-C: B forwards A's changes to C), never back
 secret_file = "/d/keys/east-west.secret"  # the link's shared secret (at least 32 bytes)
+ddl = false                  # schema changes: send this site's that name only tables the lists
+                             # below carry, and apply the peer's (docs/LINKS.md section 8.1)
+ddl_roles = []               # with ddl: the roles whose schema changes go both ways, e.g. ["admin"]:
+                             # roles that are the same, with the same rights, on both sites
 # What this site SENDS on the link (docs/LINKS.md section 8), checked when this file is read:
 include = ["hr.*", "sales.orders"]  # tables sent: shell patterns on "schema.table" (default: all)
 exclude = ["hr.secret_*"]    # never sent, whatever include says (schema chorus never is)
@@ -126,6 +130,12 @@ class LinkConfig:
     # changes; on, also what this site applied from its other links (a chain A-B-C), never to the
     # site a change came from nor to its origin
     forward: bool = False
+    # schema changes (docs/LINKS.md section 8.1): this site sends those naming only tables its
+    # lists carry, and applies the peer's (each site of a link says so for what it receives)
+    ddl: bool = False
+    # the roles whose schema changes the link carries, both ways (required with ddl): roles that
+    # are the same, with the same rights, on both sites; another role's is neither sent nor applied
+    ddl_roles: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -151,7 +161,8 @@ _LINK_KEYS: dict[str, tuple[type, bool]] = {
     "table_policy": (dict, False),
     "include": (list, False), "exclude": (list, False), "table": (list, False), "rules_dsn": (str, False),
     "rules_timeout_ms": (int, False), "subset": (bool, False), "delta_columns": (dict, False),
-    "delta_fallback": (str, False), "conflict_function": (str, False), "forward": (bool, False)}
+    "delta_fallback": (str, False), "conflict_function": (str, False), "forward": (bool, False),
+    "ddl": (bool, False), "ddl_roles": (list, False)}
 _TABLE_KEYS: dict[str, Any] = {"name": str, "filter": str, "rename": str, "rename_columns": dict, "drop": list,
                                 "compute": list, "function": str}
 _QUALIFIED = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*\Z")
@@ -213,7 +224,8 @@ def link_rules(link: LinkConfig) -> Any:
     for pattern in link.include + link.exclude:
         if not pattern:
             raise lr.RuleError("an empty pattern in include or exclude")
-    rules = lr.RuleSet(include=link.include, exclude=("chorus.*",) + link.exclude, tables=tuple(tables))
+    rules = lr.RuleSet(include=link.include, exclude=("chorus.*",) + link.exclude, tables=tuple(tables),
+                       ddl=link.ddl, ddl_roles=link.ddl_roles)
     if rules.needs_sql and not link.rules_dsn:
         # The SQL of a filter, a computed column or a row function may call functions their owners
         # can change; run by the node's own (superuser) session they would run with its rights.
@@ -316,6 +328,10 @@ def _links(path: str, raw: Any) -> tuple[LinkConfig, ...]:
         if link.name in {x.name for x in out}:
             raise ChorusConfigError(f"{path}: two links named {link.name}")
         out.append(link)
+    if any(k.forward for k in out) and any(k.ddl for k in out):
+        # what a forwarded schema change would do at the far site is not built nor tested
+        raise ChorusConfigError(f"{path}: a site that forwards (link.forward) cannot carry schema changes "
+                                "(link.ddl) yet: make them on each site of the chain")
     if any(k.forward for k in out) and any(k.delta_columns for k in out):
         # a forwarded change carries the rows as this site committed them, without the old values
         # the far site's delta policy would add (docs/LINKS.md section 10)
@@ -370,6 +386,15 @@ def parse_link(path: str, t: dict[str, Any]) -> LinkConfig:
                                 f"kept for the peer), not {link.max_retain_mb}")
     if link.rules_timeout_ms < 1:
         raise ChorusConfigError(f"{path}: link {link.name}: rules_timeout_ms must be at least 1")
+    if link.ddl and not link.ddl_roles:
+        # a schema change runs on the receiving site as its role there: only roles the operator
+        # says are the same on both sites (an ordinary role of the peer could otherwise run code
+        # here with another role's rights, or make nodes here fail alike; docs/SECURITY.md 3.1)
+        raise ChorusConfigError(f"{path}: link {link.name}: ddl = true needs ddl_roles, the roles whose schema "
+                                "changes the link carries: roles that are the same, with the same rights, on both "
+                                "sites (e.g. ddl_roles = [\"admin\"])")
+    if any(not r for r in link.ddl_roles):
+        raise ChorusConfigError(f"{path}: link {link.name}: an empty name in ddl_roles")
     for address in (link.listen, *link.peers):
         host, _, port = address.rpartition(":")
         if address and not (host and port.isdigit() and 0 < int(port) < 65536):
@@ -537,6 +562,8 @@ def _link_toml(link: LinkConfig) -> str:
         + (f"conflict_function = {_toml_str(link.conflict_function)}\n" if link.conflict_function else "")
         + f"subset = {'true' if link.subset else 'false'}\n"
         + f"forward = {'true' if link.forward else 'false'}\n"
+        + ("ddl = true\n" if link.ddl else "")
+        + (f"ddl_roles = {strs(link.ddl_roles)}\n" if link.ddl_roles else "")
         + ("table_policy = {" + ", ".join(f"{_toml_str(k)} = {_toml_str(v)}" for k, v in link.table_policy) + "}\n")
         + ("delta_columns = {" + ", ".join(f"{_toml_str(k)} = {strs(v)}" for k, v in link.delta_columns) + "}\n"
            f"delta_fallback = {_toml_str(link.delta_fallback)}\n" if link.delta_columns else "")

@@ -133,8 +133,8 @@ def link_metrics(rows: list[dict[str, Any]]) -> Iterator[Any]:
                              "the stream passed), position (chorus.link_position.applied_gid), max_replicated "
                              "(the highest of this site's GIDs the peer reflected)", labels=by + ["kind"])
     records = CounterMetricFamily("chorus_link_records", "Records of a link's stream on this node: received and "
-                                  "applied (in); sent, filtered by the rules and returned (the peer's own, not "
-                                  "sent back) (out)", labels=by + ["what"])
+                                  "applied (in); sent, filtered by the rules, returned (the peer's own, not "
+                                  "sent back) and ddl_skipped (schema changes not sent, ddl on) (out)", labels=by + ["what"])
     copies = GaugeMetricFamily("chorus_link_copy", "in: this node's last re-instantiation of the link "
                                "(docs/LINKS.md section 10.1): rows received, tables copied whole, batches sent on "
                                "and applied, and running (1 while it runs)", labels=by + ["what"])
@@ -152,7 +152,7 @@ def link_metrics(rows: list[dict[str, Any]]) -> Iterator[Any]:
                            ("position", "position_gid"), ("max_replicated", "max_replicated")):
             if r.get(name) is not None:
                 gids.add_metric(key + [kind], r[name])
-        for what in ("received", "applied", "sent", "filtered", "returned"):
+        for what in ("received", "applied", "sent", "filtered", "returned", "ddl_skipped"):
             if r.get(what) is not None:
                 records.add_metric(key + [what], r[what])
         copy = r.get("copy")

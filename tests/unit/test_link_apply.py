@@ -157,12 +157,23 @@ def test_the_position_key_is_the_rows_certification_key() -> None:
     assert row_key(lp.POSITION_TABLE, Row("I", 0, (), new)).parts == lp.position_key("east-west").parts
 
 
-def test_a_scanned_writeset_or_a_schema_change_is_not_made_into_an_apply() -> None:
+def test_a_scanned_writeset_or_an_ordering_request_is_not_made_into_an_apply() -> None:
     with pytest.raises(ValueError, match="decoded in full"):
         lp.final_writeset(step(), wire.scan(wire.encode(remote())), None, lp.Decision.APPLY)
-    ddl = dataclasses.replace(remote(), rows=(wire.Schema((), "postgres", b"CREATE TABLE x ()"),), flags=wire.FLAG_DDL)
-    with pytest.raises(ValueError, match="no schema change"):
-        lp.final_writeset(step(), ddl, None, lp.Decision.APPLY)
+    toi = Writeset(7, 8, 3, (), (wire.Schema((), "postgres", b"CREATE TABLE x ()"),), (),
+                   flags=wire.FLAG_DDL | wire.FLAG_TOI)
+    with pytest.raises(ValueError, match="no ordering request"):
+        lp.final_writeset(step(), toi, None, lp.Decision.APPLY)
+
+
+def test_a_schema_change_is_applied_in_its_place_before_the_links_row() -> None:
+    ddl = wire.Schema((("search_path", "app"),), "alice", b"ALTER TABLE app.items ADD c int")
+    r = remote()
+    ws = dataclasses.replace(r, rows=(ddl, *r.rows), flags=wire.FLAG_DDL)
+    out = wire.decode(lp.final_writeset(step(), ws, None, lp.Decision.APPLY))
+    assert out.has_schema and out.rows[0] == ddl and out.rows[1] == r.rows[0]
+    assert lp.reflected_in(out) is not None  # the link's row, last
+    assert not lp.batchable(ws)  # a schema change goes alone, never in a batch
 
 
 # ---- every node of the site (the replicator) ---------------------------------------------------
@@ -232,12 +243,41 @@ def test_a_malformed_link_writeset_takes_its_gid_and_is_applied_nowhere() -> Non
     c = form()
     before = c.nodes["n1"].gid
     c.order.append(("n1", bp.encode(step(writeset=b"CW\x02garbage"))))
-    ddl = dataclasses.replace(remote(), rows=(wire.Schema((), "postgres", b"CREATE TABLE x ()"),), flags=wire.FLAG_DDL)
-    c.order.append(("n1", bp.encode(step(writeset=wire.encode(ddl)))))
+    toi = Writeset(7, 8, 3, (), (wire.Schema((), "postgres", b"CREATE TABLE x ()"),), (),
+                   flags=wire.FLAG_DDL | wire.FLAG_TOI)  # a link never carries an ordering request
+    c.order.append(("n1", bp.encode(step(writeset=wire.encode(toi)))))
     c.drain()
     assert all(r.gid == before + 2 for r in c.nodes.values())
     assert all(c.applied[n] == [] for n in NAMES)
     assert all(r.stats.malformed == 2 for r in c.nodes.values())
+
+
+def ddl_remote() -> Writeset:
+    """A peer's schema change as its log holds it (docs/DDL.md): the statement, an exclusive key on
+    the table it names and the key every schema change holds."""
+    return Writeset(7, 8, 3, (), (wire.Schema((("search_path", "app"),), "alice", b"ALTER TABLE items ADD c int"),),
+                    (Key(KeyMode.EXCLUSIVE, (b"app", b"items")), Key(KeyMode.EXCLUSIVE, (b"chorus", b"schema changes"))),
+                    flags=wire.FLAG_DDL)
+
+
+def test_a_link_writeset_with_a_schema_change_is_applied_everywhere_and_fails_what_did_not_see_it() -> None:
+    """docs/LINKS.md section 8.1: a peer's schema change takes a GID on every node like any link
+    writeset (no report round: the link's apply applies it), as a barrier, and a local transaction
+    of its table certified after it with an older snapshot fails (40001) on every node."""
+    c = form()
+    seen = c.nodes["n1"].gid
+    c.order.append(("n2", bp.encode(step(node="n2", writeset=wire.encode(ddl_remote())))))
+    c.ticket += 1
+    local = Writeset(1, 1, seen, (T,), (Row("U", 0, (b"1",), (b"1", b"y")),),  # (its table's key as the extension puts it)
+                     (Key(KeyMode.UPDATE, (b"app", b"items", b"id", b"1")), Key(KeyMode.REFERENCE, (b"app", b"items"))))
+    c.order.append(("n1", bp.encode(bp.WritesetMsg("n1", c.ticket, wire.encode(local)))))
+    c.drain()
+    link_gid = seen + 1
+    for n in NAMES:
+        assert (link_gid, True) in c.log[n] and link_gid in c.applied[n]
+    assert c.log["n1"][-1] == (link_gid + 1, False)  # the local transaction's 40001
+    assert all(link_gid + 1 not in c.applied[n] for n in NAMES)
+    assert all(r.stats.malformed == 0 and r.stats.cert_failures == 1 for r in c.nodes.values())
 
 
 def test_an_unstable_link_writeset_reaches_a_joiner_as_a_link_writeset() -> None:

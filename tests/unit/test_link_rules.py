@@ -127,7 +127,8 @@ def test_key_columns_cannot_be_dropped_and_names_stay_unique() -> None:
 
 def test_schema_changes_only_with_ddl() -> None:
     ddl = wire.Schema((("search_path", "public"),), "alice", b"ALTER TABLE hr.emp ADD c int")
-    w = wire.Writeset(1, 2, 3, (EMP,), (ddl,), (), wire.FLAG_DDL)
+    w = wire.Writeset(1, 2, 3, (EMP,), (ddl,), (wire.Key(wire.KeyMode.EXCLUSIVE, (b"hr", b"emp")),), wire.FLAG_DDL)
     assert route(RuleSet(), w, Evaluator()) is None
-    out = route(RuleSet(ddl=True), w, Evaluator())
+    assert route(RuleSet(ddl=True), w, Evaluator()) is None  # alice is not among the roles it carries
+    out = route(RuleSet(ddl=True, ddl_roles=("alice",)), w, Evaluator())
     assert out is not None and out.has_schema

@@ -60,6 +60,9 @@ def print_links(answer: dict[str, Any]) -> None:
                        f"{copy['applied']}/{copy['batches']} batch(es) applied, {copy['seconds']} s")
         if r.get("why"):
             click.echo(f"\n{r['link']} ({r['direction']}): {r['why']}")
+        if r.get("ddl_skipped"):
+            click.echo(f"\n{r['link']} ({r['direction']}): {r['ddl_skipped']} schema change(s) not sent, the last "
+                       f"{r['ddl_skipped_last']}")
 
 
 @click.group()

@@ -790,7 +790,7 @@ class NativeOrderCore(LocalWritesets):
                 ref = self._refs.pop(r.ref)
                 if r.link:
                     assert isinstance(ref.msg, bp.LinkWriteset)
-                    why = "a link writeset carries no schema change"
+                    why = "a link writeset carries no ordering request or concurrent index change"
                     try:
                         wire.scan(ref.msg.writeset)
                     except wire.WireError as e:

@@ -253,16 +253,17 @@ class OrderCore(LocalWritesets):
     def link_writeset(self, msg: bp.LinkWriteset) -> list[Action]:
         """A transaction of a peer site, sent on by this site's receiver of ``msg.link``
         (docs/LINKS.md section 3): it takes a GID like any writeset, if its sender is a member
-        at this place; malformed, or with a schema change (links do not carry them yet), it
-        fails here as everywhere, and its receiver, which waits for it, sends it again from the
-        link's durable position."""
+        at this place; malformed, or a schema change's ordering request or a concurrent index
+        change (a link carries a schema change as its content, applied at its GID: docs/LINKS.md
+        section 8.1), it fails here as everywhere, and its receiver, which waits for it, sends it
+        again from the link's durable position."""
         if not self.following or not self.quorate or msg.node not in self.membership.online:
             return []
         gid = self._next_gid()
         try:
             ws = wire.scan(msg.writeset)
-            if ws.has_schema:
-                raise wire.WireError("a link writeset carries no schema change")
+            if ws.toi or ws.concurrent:
+                raise wire.WireError("a link writeset carries no ordering request or concurrent index change")
         except wire.WireError as e:
             log.warning("link writeset of link %s (peer GID %d) from %s refused: %s", msg.link, msg.peer_gid,
                         msg.node, e)

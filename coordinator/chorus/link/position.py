@@ -162,13 +162,14 @@ def final_writeset(step: LinkWriteset, remote: Optional[wire.Writeset], current:
                    decision: Decision, encoding: int = wire.UTF8) -> bytes:
     """The writeset every node applies at the link writeset's GID: for :data:`Decision.APPLY`
     ``remote`` (the peer's writeset, decoded in full) with the link's row written after its rows
-    (inserted the first time, else updated), else an empty one (the GID commits, nothing changes)."""
+    (inserted the first time, else updated), else an empty one (the GID commits, nothing changes).
+    The peer's schema changes (docs/LINKS.md section 8.1) stay in their place among its rows."""
     if decision != Decision.APPLY:
         return wire.empty(remote.encoding if remote is not None else encoding)
     if remote is None or remote.scanned:
         raise ValueError("the peer's writeset is needed decoded in full")
-    if remote.has_schema:
-        raise ValueError("a link writeset carries no schema change")
+    if remote.toi or remote.concurrent:
+        raise ValueError("a link writeset carries no ordering request or concurrent index change")
     new = row_values(advanced(current, step))
     t = len(remote.tables)
     item = (wire.Row(wire.OP_INSERT, t, (), new) if current is None
@@ -278,7 +279,7 @@ def merged(finals: Sequence[bytes]) -> bytes:
         at = [index.setdefault(t, len(index)) for t in ws.tables]  # a table of several once
         for r in ws.rows:
             if not isinstance(r, wire.Row):
-                raise ValueError("a link writeset carries no schema change")
+                raise ValueError("a batch carries no schema change (batchable)")
             rows.append(r._replace(table=at[r.table]))
         keys += ws.keys
     tables = list(index)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, replace
-from typing import Optional, Protocol, Union
+from typing import Optional, Protocol, Sequence, Union
 
 from chorus import wire
 
@@ -86,12 +86,14 @@ class TableRule:
 class RuleSet:
     """One direction of a link. A table is carried if it matches an ``include`` pattern and no
     ``exclude`` pattern; the first :class:`TableRule` matching it applies. Schema changes are
-    carried only with ``ddl`` (as written: transformations do not rewrite statements)."""
+    carried only with ``ddl``, as written (transformations do not rewrite statements), and only
+    those :func:`ddl_refusal` lets through."""
 
     include: tuple[str, ...] = ("*.*",)
     exclude: tuple[str, ...] = ("chorus.*",)
     tables: tuple[TableRule, ...] = ()
     ddl: bool = False
+    ddl_roles: tuple[str, ...] = ()  # the roles whose schema changes go (docs/LINKS.md section 8.1)
 
     @property
     def needs_sql(self) -> bool:
@@ -107,6 +109,71 @@ class RuleSet:
     def rule_for(self, schema: str, table: str) -> Optional[TableRule]:
         name = f"{schema}.{table}"
         return next((r for r in self.tables if fnmatch.fnmatchcase(name, r.pattern)), None)
+
+
+# The key every schema change holds (extension/chorus_wire.h CHORUS_SCHEMA_KEY_*): not a table.
+SCHEMA_KEY = (b"chorus", b"schema changes")
+
+
+def ddl_tables(ws: wire.Writeset) -> list[tuple[str, str]]:
+    """The tables a writeset's schema changes name: its table keys (schema, table) in exclusive
+    mode (extension/chorus_ddl_classify.c keys each table a statement makes or changes, an index
+    standing for its table), without the key every schema change holds. A writeset is one
+    transaction: the names of all its statements together (and of a TRUNCATE or a table keyed
+    whole in it, which only makes the test stricter)."""
+    out: list[tuple[str, str]] = []
+    for k in ws.keys:
+        if len(k.parts) == 2 and k.mode == wire.KeyMode.EXCLUSIVE and k.parts != SCHEMA_KEY:
+            name = (k.parts[0].decode("utf-8", "surrogateescape"), k.parts[1].decode("utf-8", "surrogateescape"))
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def foreign_roles(roles: Sequence[str], ws: wire.Writeset) -> list[str]:
+    """The roles that made schema changes of ``ws`` and are not among ``roles`` (a link's
+    ``ddl_roles``: those the operator says are the same, with the same rights, on both sites)."""
+    out: list[str] = []
+    for s in ws.statements:
+        if s.role not in roles and s.role not in out:
+            out.append(s.role)
+    return out
+
+
+def ddl_refusal(rules: RuleSet, ws: wire.Writeset) -> Optional[str]:
+    """Why the schema changes of ``ws`` (one holding some) are not sent, or None: they are. Sent
+    with ``ddl`` only, when they name at least one table and every table they name is carried by
+    the lists, and every one was made by a role of ``ddl_roles``. Not sent: another role's, a
+    statement that names no table (a function, a type, a schema, a role,
+    a grant on a function...: the lists choose tables, and roles and code are each site's own;
+    create them on each site), one naming a table outside the lists, a concurrent index change
+    (it runs beside the total order, which a link writeset does not). The transaction's rows
+    still go by the lists. One naming a table the link reshapes (renamed, a column renamed,
+    dropped or computed) cannot be carried as written: RuleError, which stops the link at it
+    (docs/LINKS.md section 8.1)."""
+    if not rules.ddl:
+        return "ddl is off for this link"
+    if ws.toi:
+        return "an ordering request, not a schema change's content"
+    if ws.concurrent:
+        return "a concurrent index change (CONCURRENTLY) is not carried by links"
+    foreign = foreign_roles(rules.ddl_roles, ws)
+    if foreign:
+        return f"made by role(s) {', '.join(foreign)}, not in the link's ddl_roles"
+    named = ddl_tables(ws)
+    if not named:
+        return "it names no table (functions, types, schemas, roles are each site's own)"
+    outside = [f"{s}.{t}" for s, t in named if not rules.carries(s, t)]
+    if outside:
+        return f"it names {', '.join(outside)}, which the link does not carry"
+    for s, t in named:
+        rule = rules.rule_for(s, t)
+        if rule is not None and any(not isinstance(x, RowFunction) for x in rule.transformations):
+            raise RuleError(f"a schema change of {s}.{t}, which the link reshapes (renamed, or columns renamed, "
+                            "dropped or computed): statements are sent as written, so it cannot be carried; "
+                            "make it on the peer yourself and set ddl = false until the link passed it, or drop "
+                            "the transformation")
+    return None
 
 
 def transform_table(table: wire.Table, steps: tuple[Transformation, ...]) -> wire.Table:
@@ -189,9 +256,10 @@ def route(rules: RuleSet, ws: wire.Writeset, ev: SqlEvaluator) -> Optional[wire.
     tables: list[wire.Table] = []
     index: dict[int, int] = {}
     items: list[wire.Item] = []
+    ddl = ws.has_schema and ddl_refusal(rules, ws) is None
     for item in ws.rows:
         if isinstance(item, wire.Schema):
-            if rules.ddl:
+            if ddl:
                 items.append(item)
             continue
         source = ws.tables[item.table]
@@ -214,7 +282,8 @@ def route(rules: RuleSet, ws: wire.Writeset, ev: SqlEvaluator) -> Optional[wire.
         items.append(routed._replace(table=index[item.table]))
     if not items:
         return None
-    keys = tuple(k for k in (_route_key(rules, k) for k in ws.keys) if k is not None)
+    keys = tuple(k for k in (k if ddl and k.parts == SCHEMA_KEY else _route_key(rules, k) for k in ws.keys)
+                 if k is not None)
     flags = ws.flags if any(isinstance(i, wire.Schema) for i in items) else ws.flags & ~(wire.FLAG_DDL | wire.FLAG_TOI)
     return wire.Writeset(ws.xid, ws.pid, ws.last_seen, tuple(tables), tuple(items), keys, flags, ws.encoding)
 

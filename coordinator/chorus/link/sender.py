@@ -26,7 +26,7 @@ from chorus.link import copy as lc
 from chorus.link import proto, settle
 from chorus.link.events import ClockEvent, SiteId
 from chorus.link.proto import LinkBroken, LinkEnd, LinkError, LinkProtocolError, Position, Record
-from chorus.link.rules import RuleError, RuleSet, SqlEvaluator, route, transform_table
+from chorus.link.rules import RuleError, RuleSet, SqlEvaluator, ddl_refusal, route, transform_table
 from chorus.recovery import CHUNK_BYTES, split_address
 from chorus.wslog import FLAG_DDL_SKIPPED, LogRangeUnavailable, LogRecord, WritesetLog
 
@@ -98,6 +98,9 @@ class Outbound:
         self.sent = 0
         self.filtered = 0  # records the rules dropped, schema changes that failed, a third site's not forwarded
         self.returned = 0  # the peer's own changes, not sent back
+        # schema changes not sent with ddl on (docs/LINKS.md 8.1), and the last one: (GID, why)
+        self.ddl_skipped = 0
+        self.ddl_skipped_last: Optional[tuple[int, str]] = None
         self._clock_at: Optional[float] = None  # when this site's clock last went out
 
     def take(self, record: LogRecord, now: float) -> list[Outgoing]:
@@ -111,6 +114,8 @@ class Outbound:
             if facts.applied_from is None:
                 raw = bytes(record.payload)
                 ws = wire.decode(raw)
+                if ws.has_schema and self.rules.ddl:
+                    self._ddl_check(record.gid, ws)
                 routed = route(self.rules, ws, self.evaluator)
                 if routed is not None:
                     self.sent += 1
@@ -146,6 +151,17 @@ class Outbound:
                     return [Record(record.gid, origin, facts.commit_time, wire.encode(routed))]
         self.filtered += 1
         return out + self._tick(record.gid + 1, now)
+
+    def _ddl_check(self, gid: int, ws: wire.Writeset) -> None:
+        """Count and say a schema change the link's lists keep from being sent (RuleError: one it
+        cannot carry, which stops the link here)."""
+        why = ddl_refusal(self.rules, ws)
+        if why is None:
+            return
+        self.ddl_skipped += 1
+        self.ddl_skipped_last = (gid, why)
+        log.warning("link %s -> %s: the schema change of GID %d is not sent: %s (its rows go by the lists)",
+                    self.site, self.peer, gid, why)
 
     def idle(self, bound: int, now: float) -> list[Outgoing]:
         """The frames to send when the log holds nothing more up to ``bound`` (the committed GID
@@ -194,6 +210,7 @@ class LinkServer:
         # streams that ended, and why the last one ended broken (cleared by the next stream)
         self.outbound: dict[asyncio.Task[None], tuple[str, Outbound]] = {}
         self.ended = [0, 0, 0]  # sent, filtered, returned
+        self.ddl_ended: tuple[int, Optional[tuple[int, str]]] = (0, None)  # schema changes not sent, the last
         self.broken: Optional[str] = None
         # the log's pin (docs/LINKS.md section 2): at the last GID the peer applied, as its receiver
         # said (HELLO, then APPLIED frames), the lowest of the open streams'
@@ -252,6 +269,7 @@ class LinkServer:
             if ended is not None:
                 out = ended[1]
                 self.ended = [self.ended[0] + out.sent, self.ended[1] + out.filtered, self.ended[2] + out.returned]
+                self.ddl_ended = (self.ddl_ended[0] + out.ddl_skipped, out.ddl_skipped_last or self.ddl_ended[1])
             writer.close()
 
     async def _handshake(self, reader: asyncio.StreamReader,
@@ -495,6 +513,15 @@ class LinkServer:
         return (tuple((a, o.position) for a, o in outs), broken,
                 self.ended[0] + sum(o.sent for _a, o in outs), self.ended[1] + sum(o.filtered for _a, o in outs),
                 self.ended[2] + sum(o.returned for _a, o in outs))
+
+    def ddl_skipped(self) -> tuple[int, Optional[str]]:
+        """For status: the schema changes not sent (ddl on, docs/LINKS.md 8.1), streams that ended
+        included, and the last one ("GID g: why")."""
+        outs = [o for _a, o in self.outbound.values()]
+        lasts = [o.ddl_skipped_last for o in outs if o.ddl_skipped_last is not None]
+        last = max(lasts) if lasts else self.ddl_ended[1]
+        return (self.ddl_ended[0] + sum(o.ddl_skipped for o in outs),
+                None if last is None else f"GID {last[0]}: {last[1]}")
 
     @staticmethod
     async def _send(writer: asyncio.StreamWriter, frames: list[Outgoing]) -> None:

@@ -367,8 +367,8 @@ class Settlement:
                  settings: Settings, numbered: int = 0) -> None:
         if remote.scanned:
             raise ValueError("the peer's writeset is needed decoded in full")
-        if remote.has_schema:
-            raise ValueError("a link writeset carries no schema change")
+        if remote.toi or remote.concurrent:
+            raise ValueError("a link writeset carries no ordering request or concurrent index change")
         if settings.peer != step.peer_site:
             raise SettleError(f"link {step.link} is configured with peer site {settings.peer}, "
                               f"its writeset came from {step.peer_site}")

@@ -45,7 +45,7 @@ from chorus.link import status as ls
 from chorus.link.events import ClockEvent, RemoteTransaction, StreamItem
 from chorus.link.proto import LinkEnd, LinkError, LinkKeys, Position
 from chorus.link.receiver import LinkReceiver
-from chorus.link.rules import RuleError, RuleSet
+from chorus.link.rules import RuleError, RuleSet, foreign_roles
 from chorus.link.sender import LinkServer, Provenance, pin_name
 from chorus.link.settle import realignment
 from chorus.link.sqleval import PgEvaluator
@@ -217,9 +217,18 @@ class Inbound:
             return
         assert isinstance(item, RemoteTransaction)
         ws = item.writeset
-        if ws.has_schema:
-            raise LinkError(f"link {self.link.name}: peer GID {item.clock} holds a schema change, which links do not "
-                            "carry yet")
+        if ws.has_schema and not self.link.ddl:
+            raise LinkError(f"link {self.link.name}: peer GID {item.clock} holds a schema change, which this site "
+                            "does not apply: set ddl = true in its [[link]] to apply the peer's schema changes")
+        foreign = foreign_roles(self.link.ddl_roles, ws) if ws.has_schema else []
+        if foreign:  # it would run here as that role, which this site does not trust as the peer's
+            raise LinkError(f"link {self.link.name}: peer GID {item.clock} holds a schema change made by role(s) "
+                            f"{', '.join(foreign)}, not in this site's ddl_roles: it is not applied here. Make it "
+                            "here yourself and add the role to ddl_roles only if it is the same, with the same "
+                            "rights, on both sites")
+        if ws.toi or ws.concurrent:
+            raise LinkError(f"link {self.link.name}: peer GID {item.clock} is a schema change's ordering request or a "
+                            "concurrent index change, which links do not carry")
         raw = ws.raw or wire.encode(ws)
         if lp.origin_in(ws) is not None:  # (a sender never sends schema chorus: the mark is this site's to add)
             raise LinkError(f"link {self.link.name}: peer GID {item.clock} carries a chorus.link_origin mark")
@@ -718,7 +727,7 @@ class SiteLinks:
             if server is not None:
                 streams, broken, sent, filtered, returned = server.sending()
                 out.append(ls.out_row(link.name, link.site, link.peer_site, own, self.node,
-                                      ls.Sending(streams, broken, sent, filtered, returned)))
+                                      ls.Sending(streams, broken, sent, filtered, returned, *server.ddl_skipped())))
         return out
 
     async def close(self) -> None:

@@ -87,6 +87,8 @@ class Sending:
     sent: int
     filtered: int  # not sent by the link's rules, schema changes that failed
     returned: int  # the peer's own changes, not sent back (only their clock reflection)
+    ddl_skipped: int = 0  # schema changes not sent with ddl on (outside the lists, naming no table)
+    ddl_skipped_last: Optional[str] = None  # the last of them: "GID g: why"
 
 
 def in_row(link: str, site: str, peer: str, own_gid: int, receiver_node: Optional[str], this_node: str,
@@ -125,7 +127,7 @@ def in_row(link: str, site: str, peer: str, own_gid: int, receiver_node: Optiona
         "max_replicated": _max(here.max_replicated if here is not None else None, durable.max_replicated),
         "position_gid": durable.applied_gid, "position_updated_at": durable.updated_at,
         "received": here.received if here is not None else 0, "applied": here.applied if here is not None else 0,
-        "sent": None, "filtered": None, "returned": None,
+        "sent": None, "filtered": None, "returned": None, "ddl_skipped": None, "ddl_skipped_last": None,
         "conflicts": sum(n for _k, n in conflicts),
         "conflicts_by": [{"table": t, "decision": d, "count": n} for (t, d), n in conflicts],
         "why": (here.broken if here is not None else None) or (shown.error if shown is not None else None),
@@ -149,6 +151,7 @@ def out_row(link: str, site: str, peer: str, own_gid: int, this_node: str, sendi
         "lag_seconds": None, "own_clock": own_gid, "peer_clock": None, "max_replicated": None,
         "position_gid": None, "position_updated_at": None, "received": None, "applied": None,
         "sent": sending.sent, "filtered": sending.filtered, "returned": sending.returned,
+        "ddl_skipped": sending.ddl_skipped, "ddl_skipped_last": sending.ddl_skipped_last,
         "conflicts": None, "conflicts_by": [],
         "why": sending.broken, "copy": None,
     }

@@ -414,7 +414,8 @@ certify(ch_order *o, const ord_ws *w, ch_order_round_fn round, void *arg)
 	o->st.last_certified = w->gid;
 	o->st.stats.certified++;
 	h.link = w->link;
-	if (!toi && (w->flags & CHORUS_WS_FLAG_DDL) && !(w->flags & CHORUS_WS_FLAG_CONCURRENT))
+	/* (a link writeset's schema change is applied by the link's apply, not settled by reports) */
+	if (!toi && !w->link && (w->flags & CHORUS_WS_FLAG_DDL) && !(w->flags & CHORUS_WS_FLAG_CONCURRENT))
 	{
 		int			opened = round != NULL ? round(arg, w->gid, w->origin) : 0;
 
@@ -475,8 +476,8 @@ delivered(ch_order *o, uint32_t origin, int local, int link, int online, uint64_
 	/* its GID (OrderCore._next_gid) */
 	o->st.gid++;
 	o->st.stats.delivered++;
-	if (info.err == 0 && link && (info.flags & (CHORUS_WS_FLAG_DDL | CHORUS_WS_FLAG_TOI)))
-		info.err = -1;			/* links do not carry schema changes (yet) */
+	if (info.err == 0 && link && (info.flags & (CHORUS_WS_FLAG_TOI | CHORUS_WS_FLAG_CONCURRENT)))
+		info.err = -1;			/* a link carries a schema change as its content, never a request */
 	if (info.err != 0)
 	{
 		ch_order_out *r = emit(o, CH_OUT_MALFORMED);
@@ -558,7 +559,8 @@ ch_order_writeset(ch_order *o, uint32_t origin, int local, int online, uint64_t 
  *		OrderCore.link_writeset: a peer site's transaction, sent on by a
  *		receiver that is online (or not) at this place, certified under its
  *		link's origin as a blind write ordered at its GID. One that does not
- *		scan, or holds a schema change (MALFORMED with scan_err -1), fails.
+ *		scan, or is an ordering request or a concurrent index change (MALFORMED
+ *		with scan_err -1), fails.
  */
 int
 ch_order_link_writeset(ch_order *o, uint32_t origin, int online, uint64_t ref, const uint8_t *buf,
