@@ -399,7 +399,7 @@ class Replicator:
         else:
             out = self._handle(d.sender, msg)
         if isinstance(msg, bp.GidRequest) and self.phase not in _FOLLOWING:
-            out += self._reform()
+            out += self._reform() or self._bootstrap_new()
         return self._pause_changed(adopted + out)
 
     def _pause_changed(self, out: list[Action]) -> list[Action]:
@@ -435,6 +435,20 @@ class Replicator:
         if now - m.request_at >= retry:
             return self._request(now)
         return []
+
+    def _bootstrap_new(self) -> list[Action]:
+        """The node told to bootstrap starts a new cluster at once, rather than after
+        BOOTSTRAP_WAIT_S, when every member of its quorate view has asked in this view and none
+        of them ever joined a cluster: nobody can answer (only a member in a primary component
+        does, and none is) and no node here holds a cluster's data. A member arriving later joins
+        the new cluster as it would after the wait."""
+        m = self.membership
+        if not (self.bootstrap and self.quorate and self.phase == Phase.JOINING and m.request_seen) or \
+                self.cluster_uuid or self._bootstrap_pending(self._now) or set(m.requests) != set(self.members) or \
+                any(r.cluster_uuid for r in m.requests.values()):
+            return []
+        m.joining_since = self._now
+        return [self._send_bootstrap(self._bootstrap_message(), self._now)]
 
     def _send_bootstrap(self, msg: bp.Bootstrap, now: float) -> Send:
         self._bootstrap_at = now

@@ -16,7 +16,7 @@ from chorus.bus import Delivery, View
 from chorus.history import Epoch, MemberRecord
 from chorus.actions import (Apply, CatchUp, DdlOutcome, LocalVerdict, LogOffered, LogQueried, Pause, Phase, PhaseChange,
                             Send, VoteDecided, VoteOpened)
-from chorus.replicator import Holding, Replicator
+from chorus.replicator import BOOTSTRAP_WAIT_S, REQUEST_RETRY_S, Holding, Replicator
 from chorus.voting import InconsistencyVoting
 from chorus.wire import Key, KeyMode, Row, Table, Writeset
 
@@ -112,6 +112,37 @@ def test_same_gids_and_verdicts_on_every_node() -> None:
     for n in NAMES:
         others = set().union(*(local_ok[m] for m in NAMES if m != n))
         assert set(c.applied[n]) == others
+
+
+def test_a_new_cluster_starts_once_every_member_asked() -> None:
+    """The node told to bootstrap starts a new cluster as soon as every member of its quorate
+    view has asked and none ever joined a cluster, without waiting BOOTSTRAP_WAIT_S: nobody could
+    answer. While a member has not asked, it waits."""
+    c = Cluster()
+    c.view(NAMES, quorum=2, expected=3)
+    sent = [type(bp.decode(p)).__name__ for _, p in c.order]
+    assert sent == ["GidRequest"] * 3
+    c.order.pop()  # n3's request is not delivered yet: n1 waits
+    c.drain()
+    assert not any(r.cluster_uuid for r in c.nodes.values())
+    assert all(r.phase == Phase.JOINING for r in c.nodes.values())
+    c.tick(REQUEST_RETRY_S)  # n3 asks again (its request was never seen): n1 starts the cluster at once
+    assert c.now < BOOTSTRAP_WAIT_S and all(r.phase == Phase.ONLINE for r in c.nodes.values()), \
+        {n: r.phase for n, r in c.nodes.items()}
+    assert len({r.cluster_uuid for r in c.nodes.values()}) == 1
+
+
+def test_a_node_that_joined_a_cluster_is_waited_for() -> None:
+    """A member that once joined a cluster may be the one to re-form it (Membership.
+    reform_decision): the node told to bootstrap does not start a new cluster at once beside it."""
+    c = Cluster()
+    c.nodes["n3"] = Replicator("n3", "6a1f5e4c-0000-4000-8000-000000000000", 0)
+    c.view(NAMES, quorum=2, expected=3)
+    c.drain()
+    for _ in range(5):
+        c.tick(1.0)
+    assert {r.cluster_uuid for r in c.nodes.values()} == {"6a1f5e4c-0000-4000-8000-000000000000"}
+    assert all(r.phase == Phase.ONLINE for r in c.nodes.values()), {n: r.phase for n, r in c.nodes.items()}
 
 
 def test_late_joiner_gets_gid_and_certification_state() -> None:
@@ -887,11 +918,12 @@ def test_a_joiner_delivers_what_the_answer_has_not_released_and_vouches_for_it()
     vouches for it."""
     g = Group(expected=3)
     for i in (1, 2, 3):
-        g.nodes[f"n{i}"] = Replicator(f"n{i}", "", 0, bootstrap=(i == 1))
+        g.nodes[f"n{i}"] = Replicator(f"n{i}", "", 0)
     g.view(["n1", "n2", "n3"])
     g.drain()
     g.now += 4
     n1 = g.nodes["n1"]
+    n1.bootstrap = True  # told after the requests (told before, it would start at the last of them)
     g.act("n1", n1.tick(g.now))  # nobody answered: n1 starts the cluster
     sender, payload = g.order.popleft()
     assert isinstance(bp.decode(payload), bp.Bootstrap)

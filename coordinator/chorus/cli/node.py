@@ -5,9 +5,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import click
 
@@ -32,7 +33,6 @@ config_option = click.option("--config", "config_path", required=True, type=clic
 @config_option
 def run(config_path: str) -> None:
     """Run the coordinator of one node (in the foreground)."""
-    import os
 
     from chorus import eventloop
     from chorus.bus.corosync import CorosyncBus
@@ -55,7 +55,20 @@ def run(config_path: str) -> None:
         eventloop.run(coord.run, loop)
     except FatalError as e:
         logging.getLogger("chorus").error("fatal: %s", e)
-        raise SystemExit(2)
+        _exit_now(2)
+    _exit_now(0)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the coordinator's process once it has stopped: everything it keeps is closed and on
+    disk by then (Coordinator._shutdown: the log synced, the state saved, the bus left, the loop's
+    worker threads joined), so the interpreter's own teardown, which frees every object one by
+    one, is skipped: it took about a second of CPU after each stop (measured with strace: from
+    the atexit handlers to exit_group), and every stop and restart of a node waited for it."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @click.command()
