@@ -12,13 +12,14 @@ the receiver's business.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hmac
 import logging
 import secrets
 import ssl
 import time
-from typing import Awaitable, Callable, Optional, Sequence
+from typing import AsyncIterator, Awaitable, Callable, NoReturn, Optional, Sequence
 
 from chorus import wire
 from chorus.link import proto
@@ -91,52 +92,63 @@ class LinkReceiver:
     async def stream(self, address: str) -> None:
         """One connection to the sender at ``address``, until it ends (END: the sender stopped
         serving). Raises :class:`LinkError` when it fails."""
-        host, port = split_address(address)
         end = self.end
+        async with self._connection(address, "stream") as (reader, writer, parts):
+            self.connected = address
+            try:
+                last = await self._handshake(reader, writer)
+                told, told_at = last, time.monotonic()
+                while True:
+                    due = time.monotonic() - told_at >= self.applied_every
+                    if self.applied is not None and self.version >= 2 and due:
+                        applied = self.applied()
+                        if applied is not None and told < applied <= last:
+                            writer.write(proto.write_applied(proto.Applied(applied)))
+                            told, told_at = applied, time.monotonic()
+                    record = await self._whole(reader, parts, f"{address} sent nothing after GID {last}")
+                    if record is None:
+                        continue
+                    if isinstance(record, Record):
+                        # a third site's transaction the peer forwards (version 4), never this site's own
+                        forwarded = record.site != end.peer and self.version >= proto.FORWARDED
+                        if (record.site != end.peer and not forwarded) or record.site == end.site or record.gid <= last:
+                            raise LinkProtocolError(f"a transaction of site {record.site} at GID {record.gid} "
+                                                    f"after GID {last} of site {end.peer}")
+                        last = record.gid
+                        txn = proto.transaction(record)
+                        await self._hand(dataclasses.replace(txn, site=end.peer, origin=record.site)
+                                         if forwarded else txn)
+                    elif isinstance(record, ClockEvent):
+                        if record.site not in (end.site, end.peer):
+                            raise LinkProtocolError(f"a clock event of site {record.site} on link {end.link}")
+                        await self._hand(record)
+                    elif isinstance(record, proto.End):
+                        log.info("link %s: %s stopped serving at GID %d", end.link, address, record.gid)
+                        return
+                    else:
+                        _unexpected(record, "mid-stream")
+            finally:
+                self.connected = None
+
+    @contextlib.asynccontextmanager
+    async def _connection(self, address: str, what: str) -> AsyncIterator[
+            tuple[asyncio.StreamReader, asyncio.StreamWriter, proto.Reassembler]]:
+        """A TLS connection to the sender at ``address`` and the reassembly of what it sends in
+        parts, both closed after; :class:`LinkError` when it cannot be made or breaks (the
+        ``what``, a stream or a copy, from ``address`` broke)."""
+        host, port = split_address(address)
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, ssl=end.keys.context(False), limit=1 << 20),
+                asyncio.open_connection(host, port, ssl=self.end.keys.context(False), limit=1 << 20),
                 proto.HANDSHAKE_TIMEOUT_S)
         except (OSError, ssl.SSLError, asyncio.TimeoutError) as e:
             raise LinkError(f"cannot connect to {address}: {e}") from e
         parts = proto.Reassembler(self.spool)
-        self.connected = address
         try:
-            last = await self._handshake(reader, writer)
-            told, told_at = last, time.monotonic()
-            while True:
-                if self.applied is not None and self.version >= 2 and time.monotonic() - told_at >= self.applied_every:
-                    applied = self.applied()
-                    if applied is not None and told < applied <= last:
-                        writer.write(proto.write_applied(proto.Applied(applied)))
-                        told, told_at = applied, time.monotonic()
-                record = await self._whole(reader, parts, f"{address} sent nothing after GID {last}")
-                if record is None:
-                    continue
-                if isinstance(record, Record):
-                    # a third site's transaction the peer forwards (version 4), never this site's own
-                    forwarded = record.site != end.peer and self.version >= proto.FORWARDED
-                    if (record.site != end.peer and not forwarded) or record.site == end.site or record.gid <= last:
-                        raise LinkProtocolError(f"a transaction of site {record.site} at GID {record.gid} "
-                                                f"after GID {last} of site {end.peer}")
-                    last = record.gid
-                    txn = proto.transaction(record)
-                    await self._hand(dataclasses.replace(txn, site=end.peer, origin=record.site) if forwarded else txn)
-                elif isinstance(record, ClockEvent):
-                    if record.site not in (end.site, end.peer):
-                        raise LinkProtocolError(f"a clock event of site {record.site} on link {end.link}")
-                    await self._hand(record)
-                elif isinstance(record, proto.End):
-                    log.info("link %s: %s stopped serving at GID %d", end.link, address, record.gid)
-                    return
-                elif isinstance(record, proto.Error):
-                    raise proto.error(record)
-                else:
-                    raise LinkProtocolError(f"a {type(record).__name__} frame mid-stream")
+            yield reader, writer, parts
         except (ConnectionError, ssl.SSLError, asyncio.TimeoutError) as e:
-            raise LinkError(f"the stream from {address} broke: {e!r}") from e
+            raise LinkError(f"the {what} from {address} broke: {e!r}") from e
         finally:
-            self.connected = None
             parts.discard()
             writer.close()
 
@@ -157,15 +169,7 @@ class LinkReceiver:
         the rows the link carries; ``snapshot`` hears the GID it is as of (the sender's log is
         pinned there), ``sink`` takes each writeset of the copy in order (link/copy.py). Returns
         the sender's COPIED frame once every row came; raises :class:`LinkError` otherwise."""
-        host, port = split_address(address)
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, ssl=self.end.keys.context(False), limit=1 << 20),
-                proto.HANDSHAKE_TIMEOUT_S)
-        except (OSError, ssl.SSLError, asyncio.TimeoutError) as e:
-            raise LinkError(f"cannot connect to {address}: {e}") from e
-        parts = proto.Reassembler(self.spool)
-        try:
+        async with self._connection(address, "copy") as (reader, writer, parts):
             await self._handshake(reader, writer, proto.COPY)
             first = await asyncio.wait_for(proto.read_frame(reader), self.frame_timeout)
             if isinstance(first, proto.Error):
@@ -186,15 +190,8 @@ class LinkReceiver:
                     if record.gid != first.gid:
                         raise LinkProtocolError(f"COPIED at GID {record.gid} for a copy at GID {first.gid}")
                     return record
-                elif isinstance(record, proto.Error):
-                    raise proto.error(record)
                 else:
-                    raise LinkProtocolError(f"a {type(record).__name__} frame in a copy")
-        except (ConnectionError, ssl.SSLError, asyncio.TimeoutError) as e:
-            raise LinkError(f"the copy from {address} broke: {e!r}") from e
-        finally:
-            parts.discard()
-            writer.close()
+                    _unexpected(record, "in a copy")
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          mode: int = proto.STREAM) -> int:
@@ -226,3 +223,11 @@ class LinkReceiver:
     async def _hand(self, item: StreamItem) -> None:
         await self.sink(item)
         self.received += 1
+
+
+def _unexpected(frame: proto.Frame, where: str) -> NoReturn:
+    """A frame that has no place ``where`` it came: the sender's ERROR as its error, else a
+    protocol error."""
+    if isinstance(frame, proto.Error):
+        raise proto.error(frame)
+    raise LinkProtocolError(f"a {type(frame).__name__} frame {where}")
