@@ -125,6 +125,8 @@ def test_changes_go_along_the_chain_both_ways_and_stop(chain: tuple[dict[str, Si
     with sites["a"].connect() as conn:
         for i in range(1, 11):
             conn.execute("INSERT INTO app.items VALUES (%s, %s, 0)", (i, f"a {i}"))
+    # c changes a's row 1 below: it must be there first (else the UPDATE finds no row)
+    wait("a's row 1 on c", lambda: (1, "a 1", 0) in sites["c"].rows(0), timeout=120)
     with sites["c"].connect() as conn:
         for i in range(101, 111):
             conn.execute("INSERT INTO app.items VALUES (%s, %s, 0)", (i, f"c {i}"))
